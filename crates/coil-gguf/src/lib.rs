@@ -1,0 +1,9 @@
+//! coil layer 0 — the file formats: GGUF read (memory-mapped, zero-copy) and
+//! write, and the tensor element/block formats with (de)quantization.
+//!
+//! Nothing here knows about compute or models.
+
+pub mod dtype;
+pub mod quant;
+
+pub use dtype::GgmlType;
