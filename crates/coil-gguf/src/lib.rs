@@ -4,6 +4,10 @@
 //! Nothing here knows about compute or models.
 
 pub mod dtype;
+pub mod gguf;
 pub mod quant;
 
 pub use dtype::GgmlType;
+pub use gguf::{
+    GgufError, GgufFile, GgufWriter, Metadata, TensorInfo, TensorSpec, TensorView, Value, ValueType,
+};

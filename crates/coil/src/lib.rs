@@ -1,1 +1,4 @@
+//! coil layers 2–4: memory (KV cells and recurrent state), models (one file
+//! per architecture), engine (batches, sampling, tokenizer, generation).
 
+pub mod models;

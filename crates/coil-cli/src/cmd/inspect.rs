@@ -1,0 +1,197 @@
+//! `coil inspect FILE.gguf [--json]`.
+
+use anyhow::{Context, Result};
+use coil::models::LayerPlan;
+use coil_gguf::{GgmlType, GgufFile, Value};
+use serde_json::{json, Map};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The GGUF file to inspect.
+    file: PathBuf,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// How many elements of long arrays to show.
+    #[arg(long, default_value_t = 8)]
+    max_items: usize,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let file = GgufFile::open(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
+    // A vocabulary-only file or an unknown architecture has no plan; that is
+    // shown, not an error.
+    let plan = LayerPlan::from_gguf(&file);
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&to_json(&file, &plan, a.max_items))?
+        );
+    } else {
+        print_text(&a, &file, &plan);
+    }
+    Ok(())
+}
+
+fn shape(dims: &[u64]) -> String {
+    let d: Vec<String> = dims.iter().map(u64::to_string).collect();
+    format!("[{}]", d.join(", "))
+}
+
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+/// Totals per tensor type: (count, elements, bytes).
+fn totals(file: &GgufFile) -> BTreeMap<GgmlType, (u64, u64, u64)> {
+    let mut by_type = BTreeMap::new();
+    for t in file.tensors() {
+        let e = by_type.entry(t.ty).or_insert((0, 0, 0));
+        e.0 += 1;
+        e.1 += t.n_elements;
+        e.2 += t.n_bytes;
+    }
+    by_type
+}
+
+fn print_text(a: &Args, file: &GgufFile, plan: &Result<LayerPlan, coil::models::plan::PlanError>) {
+    println!(
+        "{}: GGUF v{}, {}, alignment {}, data at byte {}",
+        a.file.display(),
+        file.version(),
+        human_bytes(file.file_len()),
+        file.alignment(),
+        file.data_offset()
+    );
+    println!(
+        "architecture: {}",
+        file.architecture()
+            .unwrap_or("(none: general.architecture missing)")
+    );
+    println!("\nmetadata ({} keys):", file.metadata().len());
+    for (k, v) in file.metadata().iter() {
+        let ty = match v {
+            Value::Array(t, _) => format!("[{}]", t.name()),
+            other => other.value_type().name().to_string(),
+        };
+        println!("  {k:<48} {ty:<9} {}", v.summary(a.max_items));
+    }
+    println!("\ntensors ({}):", file.tensors().len());
+    println!(
+        "  {:<40} {:<8} {:<22} {:>12}",
+        "name", "type", "shape (ne0 first)", "bytes"
+    );
+    for t in file.tensors() {
+        println!(
+            "  {:<40} {:<8} {:<22} {:>12}",
+            t.name,
+            t.ty.name(),
+            shape(&t.dims),
+            t.n_bytes
+        );
+    }
+    let by_type = totals(file);
+    let n_elem: u64 = by_type.values().map(|v| v.1).sum();
+    let n_bytes: u64 = by_type.values().map(|v| v.2).sum();
+    println!(
+        "\ntotals: {} tensors, {} parameters, {} of tensor data",
+        file.tensors().len(),
+        n_elem,
+        human_bytes(n_bytes)
+    );
+    for (ty, (n, e, b)) in &by_type {
+        println!(
+            "  {:<8} {n:>5} tensors {e:>14} elements {:>12}",
+            ty.name(),
+            human_bytes(*b)
+        );
+    }
+    println!();
+    match plan {
+        Ok(p) => print!("{p}"),
+        Err(e) => println!("layer plan: none ({e})"),
+    }
+}
+
+fn value_json(v: &Value, max_items: usize) -> serde_json::Value {
+    match v {
+        Value::String(s) => json!(s),
+        Value::Bool(b) => json!(b),
+        Value::F32(x) => json!(x),
+        Value::F64(x) => json!(x),
+        Value::Array(t, items) => {
+            let shown: Vec<_> = items
+                .iter()
+                .take(max_items)
+                .map(|x| value_json(x, max_items))
+                .collect();
+            json!({ "type": t.name(), "len": items.len(), "head": shown })
+        }
+        other => match other.as_int() {
+            Some(i) if i >= i64::MIN as i128 && i <= i64::MAX as i128 => json!(i as i64),
+            Some(i) => json!(i as u64),
+            None => json!(other.to_string()),
+        },
+    }
+}
+
+fn to_json(
+    file: &GgufFile,
+    plan: &Result<LayerPlan, coil::models::plan::PlanError>,
+    max_items: usize,
+) -> serde_json::Value {
+    let mut meta = Map::new();
+    for (k, v) in file.metadata().iter() {
+        meta.insert(k.to_string(), value_json(v, max_items));
+    }
+    let tensors: Vec<_> = file
+        .tensors()
+        .iter()
+        .map(|t| json!({ "name": t.name, "type": t.ty.name(), "shape": t.dims, "bytes": t.n_bytes, "offset": t.offset }))
+        .collect();
+    let by_type: Map<String, serde_json::Value> = totals(file)
+        .into_iter()
+        .map(|(ty, (n, e, b))| {
+            (
+                ty.name().to_string(),
+                json!({ "tensors": n, "elements": e, "bytes": b }),
+            )
+        })
+        .collect();
+    let plan_json = match plan {
+        Ok(p) => json!({
+            "pattern": p.pattern(),
+            "layers": p.layers.iter().map(|l| json!({ "mixer": l.mixer.name(), "ffn": l.ffn.name() })).collect::<Vec<_>>(),
+        }),
+        Err(e) => json!({ "error": e.to_string() }),
+    };
+    json!({
+        "version": file.version(),
+        "file_bytes": file.file_len(),
+        "alignment": file.alignment(),
+        "data_offset": file.data_offset(),
+        "architecture": file.architecture(),
+        "metadata": meta,
+        "tensors": tensors,
+        "totals": {
+            "tensors": file.tensors().len(),
+            "elements": file.tensors().iter().map(|t| t.n_elements).sum::<u64>(),
+            "bytes": file.tensors().iter().map(|t| t.n_bytes).sum::<u64>(),
+            "by_type": by_type,
+        },
+        "layer_plan": plan_json,
+    })
+}

@@ -1,0 +1,39 @@
+//! `coil`: run, inspect and serve state-space and hybrid language models.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "coil",
+    version,
+    about = "Inference for state-space (Mamba, Mamba-2) and hybrid SSM + attention models from GGUF files",
+    long_about = None,
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show a GGUF file: architecture, metadata, tensors, totals and the
+    /// per-layer plan (attention / Mamba-1 / Mamba-2 / parallel; dense / MoE).
+    Inspect(cmd::inspect::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect(a) => cmd::inspect::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! GGUF files: [`GgufFile`] reads one (memory-mapped, zero-copy tensor
+//! views), [`GgufWriter`] writes one (streaming tensor data to disk).
+//!
+//! Layout (little-endian): magic "GGUF", u32 version (2 or 3), u64 tensor
+//! count, u64 metadata count, the metadata key/values, the tensor infos
+//! (name, n_dims, ne[n_dims], ggml type, offset relative to the data
+//! section), padding to `general.alignment` (default 32), tensor data.
+
+mod reader;
+mod value;
+mod writer;
+
+pub use reader::DEFAULT_ALIGNMENT;
+pub use value::{Metadata, Value, ValueType};
+pub use writer::{encode_header, GgufWriter, TensorSpec};
+
+use crate::dtype::GgmlType;
+use memmap2::Mmap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
+/// ggml tensors have at most 4 dimensions.
+pub const MAX_DIMS: usize = 4;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GgufError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("I/O error: {0}")]
+    Write(#[from] std::io::Error),
+    #[error("not a GGUF file (magic bytes {0:02x?}, expected \"GGUF\")")]
+    BadMagic([u8; 4]),
+    #[error("GGUF version {0} is not supported (only versions 2 and 3)")]
+    UnsupportedVersion(u32),
+    #[error("big-endian GGUF files are not supported")]
+    BigEndian,
+    #[error("file truncated: {field} at byte offset {offset} needs {need} bytes, {have} left")]
+    Truncated {
+        field: String,
+        offset: u64,
+        need: u64,
+        have: u64,
+    },
+    #[error("invalid {field} at byte offset {offset}: {reason}")]
+    Invalid {
+        field: String,
+        offset: u64,
+        reason: String,
+    },
+    #[error("tensor {name:?}: data at byte offset {offset} of {n_bytes} bytes runs past the end of the file ({file_len} bytes)")]
+    TensorOutOfBounds {
+        name: String,
+        offset: u64,
+        n_bytes: u64,
+        file_len: u64,
+    },
+    #[error("tensor {name:?}: {reason}")]
+    Tensor { name: String, reason: String },
+    #[error("no tensor named {0:?}")]
+    MissingTensor(String),
+}
+
+/// One tensor's entry in the header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorInfo {
+    pub name: String,
+    /// ggml order: `dims[0]` (ne0) is the contiguous, innermost dimension.
+    pub dims: Vec<u64>,
+    pub ty: GgmlType,
+    /// Offset from the start of the data section.
+    pub offset: u64,
+    pub n_elements: u64,
+    pub n_bytes: u64,
+}
+
+impl TensorInfo {
+    /// `dims` padded with 1s to 4 entries.
+    pub fn ne(&self) -> [u64; MAX_DIMS] {
+        let mut ne = [1u64; MAX_DIMS];
+        ne[..self.dims.len()].copy_from_slice(&self.dims);
+        ne
+    }
+
+    /// Number of rows (elements / ne0) and row length (ne0).
+    pub fn rows_cols(&self) -> (u64, u64) {
+        let cols = self.dims.first().copied().unwrap_or(1);
+        if cols == 0 {
+            return (0, 0);
+        }
+        (self.n_elements / cols, cols)
+    }
+}
+
+enum Storage {
+    Mmap(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Storage {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Storage::Mmap(m) => m,
+            Storage::Owned(v) => v,
+        }
+    }
+}
+
+/// An open GGUF file. Tensor data stays in the memory map; views borrow it.
+pub struct GgufFile {
+    storage: Storage,
+    version: u32,
+    metadata: Metadata,
+    tensors: Vec<TensorInfo>,
+    alignment: u64,
+    data_offset: u64,
+}
+
+impl GgufFile {
+    /// Opens and validates a GGUF file, memory-mapping its data.
+    pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
+        let path = path.as_ref();
+        let io = |source| GgufError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        // SAFETY: the map is read-only; coil never writes the file while it is
+        // open. Another process truncating it underneath is outside what any
+        // mmap-based reader (llama.cpp included) can defend against.
+        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        Self::from_storage(Storage::Mmap(map))
+    }
+
+    /// Parses a GGUF image held in memory (tests, fuzzing, network input).
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<GgufFile, GgufError> {
+        Self::from_storage(Storage::Owned(bytes))
+    }
+
+    fn from_storage(storage: Storage) -> Result<GgufFile, GgufError> {
+        let h = reader::parse_header(storage.bytes())?;
+        Ok(GgufFile {
+            storage,
+            version: h.version,
+            metadata: h.metadata,
+            tensors: h.tensors,
+            alignment: h.alignment,
+            data_offset: h.data_offset,
+        })
+    }
+
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    pub fn alignment(&self) -> u64 {
+        self.alignment
+    }
+
+    /// Byte offset of the data section in the file.
+    pub fn data_offset(&self) -> u64 {
+        self.data_offset
+    }
+
+    pub fn file_len(&self) -> u64 {
+        self.storage.bytes().len() as u64
+    }
+
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
+    /// `general.architecture`, if present.
+    pub fn architecture(&self) -> Option<&str> {
+        self.metadata.get_str("general.architecture")
+    }
+
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    pub fn tensor_info(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// A zero-copy view of the tensor named `name`.
+    pub fn tensor(&self, name: &str) -> Result<TensorView<'_>, GgufError> {
+        let info = self
+            .tensor_info(name)
+            .ok_or_else(|| GgufError::MissingTensor(name.to_string()))?;
+        Ok(self.view(info))
+    }
+
+    /// A zero-copy view of a tensor of this file.
+    pub fn view<'a>(&'a self, info: &'a TensorInfo) -> TensorView<'a> {
+        // Bounds were checked when the header was parsed.
+        let start = (self.data_offset + info.offset) as usize;
+        let data = &self.storage.bytes()[start..start + info.n_bytes as usize];
+        TensorView { info, data }
+    }
+}
+
+/// A tensor's header entry and its bytes in the file.
+#[derive(Clone, Copy)]
+pub struct TensorView<'a> {
+    pub info: &'a TensorInfo,
+    pub data: &'a [u8],
+}
+
+/// Element types that can be viewed in place.
+pub trait Plain: Copy + 'static {
+    const TYPE: GgmlType;
+}
+impl Plain for f32 {
+    const TYPE: GgmlType = GgmlType::F32;
+}
+impl Plain for half::f16 {
+    const TYPE: GgmlType = GgmlType::F16;
+}
+impl Plain for half::bf16 {
+    const TYPE: GgmlType = GgmlType::BF16;
+}
+impl Plain for i32 {
+    const TYPE: GgmlType = GgmlType::I32;
+}
+
+impl<'a> TensorView<'a> {
+    pub fn ty(&self) -> GgmlType {
+        self.info.ty
+    }
+
+    /// The data as a typed slice, without copying. Fails if the tensor has
+    /// another type or its data is not aligned for `T` in memory.
+    pub fn as_slice<T: Plain>(&self) -> Result<&'a [T], GgufError> {
+        if self.info.ty != T::TYPE {
+            return Err(GgufError::Tensor {
+                name: self.info.name.clone(),
+                reason: format!("is {}, not {}", self.info.ty, T::TYPE),
+            });
+        }
+        let size = std::mem::size_of::<T>();
+        if self.data.as_ptr() as usize % std::mem::align_of::<T>() != 0
+            || self.data.len() % size != 0
+        {
+            return Err(GgufError::Tensor {
+                name: self.info.name.clone(),
+                reason: "data is not aligned for a typed view".into(),
+            });
+        }
+        // SAFETY: the pointer is aligned for T, the length is a whole number
+        // of T, every bit pattern is a valid f32/f16/bf16/i32, and the slice
+        // borrows the storage for 'a.
+        Ok(unsafe {
+            std::slice::from_raw_parts(self.data.as_ptr().cast::<T>(), self.data.len() / size)
+        })
+    }
+
+    /// The tensor widened to f32 (dequantized for block formats).
+    pub fn to_f32(&self) -> Result<Vec<f32>, GgufError> {
+        let n = usize::try_from(self.info.n_elements).map_err(|_| GgufError::Tensor {
+            name: self.info.name.clone(),
+            reason: "too large for this machine".into(),
+        })?;
+        let mut out = vec![0f32; n];
+        crate::quant::dequantize_row(self.info.ty, self.data, &mut out).map_err(|e| {
+            GgufError::Tensor {
+                name: self.info.name.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,252 @@
+//! The layer plan: for each layer, its token mixer and its feed-forward,
+//! derived once from GGUF metadata (and, where llama.cpp does the same, from
+//! which tensors a layer has). Memory is sized from it; `coil inspect`
+//! prints it.
+
+use coil_gguf::{GgufFile, Value};
+use std::fmt;
+
+/// What mixes information across tokens in a layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mixer {
+    Attention,
+    Mamba1,
+    Mamba2,
+    /// Attention and Mamba-2 side by side on the same input (Falcon-H1).
+    AttentionParallelMamba2,
+    /// A feed-forward-only layer (Nemotron-H `-` / `E`).
+    None,
+}
+
+/// The per-token feed-forward of a layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FeedForward {
+    Dense,
+    Moe,
+    /// Routed experts plus an always-on shared expert.
+    MoeShared,
+    /// A mixer-only layer (Mamba, Nemotron-H `M` / `*`).
+    None,
+}
+
+impl Mixer {
+    pub fn has_attention(self) -> bool {
+        matches!(self, Mixer::Attention | Mixer::AttentionParallelMamba2)
+    }
+    pub fn has_recurrent(self) -> bool {
+        matches!(
+            self,
+            Mixer::Mamba1 | Mixer::Mamba2 | Mixer::AttentionParallelMamba2
+        )
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Mixer::Attention => "attention",
+            Mixer::Mamba1 => "mamba1",
+            Mixer::Mamba2 => "mamba2",
+            Mixer::AttentionParallelMamba2 => "attention+mamba2",
+            Mixer::None => "none",
+        }
+    }
+}
+
+impl FeedForward {
+    pub fn name(self) -> &'static str {
+        match self {
+            FeedForward::Dense => "dense",
+            FeedForward::Moe => "moe",
+            FeedForward::MoeShared => "moe+shared",
+            FeedForward::None => "none",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerKind {
+    pub mixer: Mixer,
+    pub ffn: FeedForward,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerPlan {
+    pub arch: String,
+    pub layers: Vec<LayerKind>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("GGUF has no general.architecture")]
+    NoArchitecture,
+    #[error("architecture {0:?} is not supported (supported: {list})", list = SUPPORTED_ARCHS.join(", "))]
+    UnsupportedArch(String),
+    #[error("metadata {key}: {reason}")]
+    Metadata { key: String, reason: String },
+}
+
+/// GGUF architectures coil knows.
+pub const SUPPORTED_ARCHS: [&str; 8] = [
+    "mamba",
+    "mamba2",
+    "jamba",
+    "granitehybrid",
+    "falcon-h1",
+    "nemotron_h",
+    "nemotron_h_moe",
+    "llama",
+];
+
+/// A per-layer integer hyper-parameter: either one value for all layers or
+/// an array with one per layer.
+pub fn per_layer_u64(
+    file: &GgufFile,
+    key: &str,
+    n_layer: usize,
+) -> Result<Option<Vec<u64>>, PlanError> {
+    let bad = |reason: String| PlanError::Metadata {
+        key: key.to_string(),
+        reason,
+    };
+    match file.metadata().get(key) {
+        None => Ok(None),
+        Some(Value::Array(_, items)) => {
+            if items.len() != n_layer {
+                return Err(bad(format!(
+                    "has {} entries for {n_layer} layers",
+                    items.len()
+                )));
+            }
+            items
+                .iter()
+                .map(|v| {
+                    v.as_u64()
+                        .ok_or_else(|| bad(format!("entry {v} is not a count")))
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some)
+        }
+        Some(v) => v
+            .as_u64()
+            .map(|x| Some(vec![x; n_layer]))
+            .ok_or_else(|| bad(format!("{v} is not a count"))),
+    }
+}
+
+impl LayerPlan {
+    pub fn from_gguf(file: &GgufFile) -> Result<LayerPlan, PlanError> {
+        let arch = file
+            .architecture()
+            .ok_or(PlanError::NoArchitecture)?
+            .to_string();
+        if !SUPPORTED_ARCHS.contains(&arch.as_str()) {
+            return Err(PlanError::UnsupportedArch(arch));
+        }
+        let key = format!("{arch}.block_count");
+        let n_layer = file
+            .metadata()
+            .get_u64(&key)
+            .ok_or_else(|| PlanError::Metadata {
+                key: key.clone(),
+                reason: "missing".into(),
+            })?;
+        if n_layer == 0 || n_layer > 4096 {
+            return Err(PlanError::Metadata {
+                key,
+                reason: format!("{n_layer} layers is out of range"),
+            });
+        }
+        let n_layer = n_layer as usize;
+        let kv = per_layer_u64(file, &format!("{arch}.attention.head_count_kv"), n_layer)?;
+        let ff = per_layer_u64(file, &format!("{arch}.feed_forward_length"), n_layer)?;
+        let has = |i: usize, t: &str| file.tensor_info(&format!("blk.{i}.{t}.weight")).is_some();
+        let ffn_of = |i: usize| {
+            if has(i, "ffn_gate_inp") {
+                if has(i, "ffn_up_shexp") || has(i, "ffn_down_shexp") {
+                    FeedForward::MoeShared
+                } else {
+                    FeedForward::Moe
+                }
+            } else if has(i, "ffn_down") || has(i, "ffn_up") {
+                FeedForward::Dense
+            } else {
+                FeedForward::None
+            }
+        };
+        let kv_at = |i: usize| kv.as_ref().map_or(0, |v| v[i]);
+        let layers = (0..n_layer)
+            .map(|i| {
+                let mixer = match arch.as_str() {
+                    "mamba" => Mixer::Mamba1,
+                    "mamba2" => Mixer::Mamba2,
+                    "llama" => Mixer::Attention,
+                    "falcon-h1" => Mixer::AttentionParallelMamba2,
+                    "jamba" if kv_at(i) > 0 => Mixer::Attention,
+                    "jamba" => Mixer::Mamba1,
+                    "granitehybrid" if kv_at(i) > 0 => Mixer::Attention,
+                    "granitehybrid" => Mixer::Mamba2,
+                    // nemotron_h(_moe): one block per layer, chosen by the
+                    // per-layer arrays: attention, feed-forward, or Mamba-2.
+                    _ if kv_at(i) > 0 => Mixer::Attention,
+                    _ if ff.as_ref().is_some_and(|f| f[i] > 0) || has(i, "ffn_gate_inp") => {
+                        Mixer::None
+                    }
+                    _ => Mixer::Mamba2,
+                };
+                let ffn = match arch.as_str() {
+                    "mamba" | "mamba2" => FeedForward::None,
+                    "nemotron_h" | "nemotron_h_moe" if mixer != Mixer::None => FeedForward::None,
+                    _ => ffn_of(i),
+                };
+                LayerKind { mixer, ffn }
+            })
+            .collect();
+        Ok(LayerPlan { arch, layers })
+    }
+
+    pub fn n_attention(&self) -> usize {
+        self.layers
+            .iter()
+            .filter(|l| l.mixer.has_attention())
+            .count()
+    }
+
+    pub fn n_recurrent(&self) -> usize {
+        self.layers
+            .iter()
+            .filter(|l| l.mixer.has_recurrent())
+            .count()
+    }
+
+    /// A one-letter-per-layer pattern in Nemotron-H's notation: `M` Mamba,
+    /// `*` attention, `P` parallel, `-` dense FFN, `E` MoE; a layer with both
+    /// a mixer and a feed-forward shows the mixer.
+    pub fn pattern(&self) -> String {
+        self.layers
+            .iter()
+            .map(|l| match (l.mixer, l.ffn) {
+                (Mixer::Attention, _) => '*',
+                (Mixer::Mamba1 | Mixer::Mamba2, _) => 'M',
+                (Mixer::AttentionParallelMamba2, _) => 'P',
+                (Mixer::None, FeedForward::Moe | FeedForward::MoeShared) => 'E',
+                (Mixer::None, _) => '-',
+            })
+            .collect()
+    }
+}
+
+impl fmt::Display for LayerPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "layer plan ({}): {} layers, {} attention, {} recurrent, pattern {}",
+            self.arch,
+            self.layers.len(),
+            self.n_attention(),
+            self.n_recurrent(),
+            self.pattern()
+        )?;
+        for (i, l) in self.layers.iter().enumerate() {
+            writeln!(f, "  blk.{i:<3} {:<17} {}", l.mixer.name(), l.ffn.name())?;
+        }
+        Ok(())
+    }
+}
