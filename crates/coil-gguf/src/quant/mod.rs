@@ -1,4 +1,320 @@
 //! Tensor block formats: exact dequantization for every format coil reads,
 //! quantization from f32 for the simple formats.
 //!
-//! (Owned by the block-formats work; see `dequantize` / `quantize`.)
+//! Results are bit-identical to the reference `gguf` Python package
+//! (`gguf.quants`, which mirrors ggml's reference C code); the test vectors in
+//! `tests/fixtures/quant/` (made by `tools/gen_quant_vectors.py`) check it.
+//!
+//! | module      | formats                                   | direction      |
+//! |-------------|-------------------------------------------|----------------|
+//! | [`float`]   | F32, F16, BF16                            | both           |
+//! | [`legacy`]  | Q4_0, Q4_1, Q5_0, Q5_1, Q8_0              | both           |
+//! | [`kquants`] | Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K        | dequantize     |
+//! | [`iquants`] | IQ4_NL, IQ4_XS                            | dequantize     |
+//!
+//! Row functions ([`dequantize_row`], [`quantize_row`]) check lengths and
+//! return [`QuantError`] instead of panicking; each module also has
+//! per-block functions on fixed-size arrays (`dequantize_block_q4_k`, ...)
+//! for kernels that work block by block.
+
+use crate::dtype::GgmlType;
+
+pub mod float;
+pub mod iquants;
+pub mod kquants;
+pub mod legacy;
+
+pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+pub use iquants::KVALUES_IQ4NL;
+pub use kquants::{get_scale_min_k4, QK_K};
+
+/// Why a row could not be (de)quantized.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuantError {
+    /// coil has no (de)quantization code for this type.
+    #[error("{op} to/from {ty} is not supported")]
+    Unsupported {
+        ty: GgmlType,
+        /// "dequantization" or "quantization".
+        op: &'static str,
+    },
+    /// The element count is not a whole number of blocks.
+    #[error("{ty}: {n_elements} elements is not a multiple of the block size {block_size}")]
+    NotBlockMultiple {
+        ty: GgmlType,
+        n_elements: usize,
+        block_size: usize,
+    },
+    /// The byte buffer does not hold exactly the blocks for the elements.
+    #[error("{ty}: {n_elements} elements take {expected} bytes, but the buffer has {actual}")]
+    ByteLength {
+        ty: GgmlType,
+        n_elements: usize,
+        expected: usize,
+        actual: usize,
+    },
+    /// A byte buffer that is not a whole number of blocks.
+    #[error("{ty}: {n_bytes} bytes is not a whole number of {type_size}-byte blocks")]
+    PartialBlock {
+        ty: GgmlType,
+        n_bytes: usize,
+        type_size: usize,
+    },
+}
+
+/// Whether [`dequantize_row`] supports `ty`.
+pub fn can_dequantize(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(
+        ty,
+        F32 | F16
+            | BF16
+            | Q8_0
+            | Q4_0
+            | Q4_1
+            | Q5_0
+            | Q5_1
+            | Q2_K
+            | Q3_K
+            | Q4_K
+            | Q5_K
+            | Q6_K
+            | Q8_K
+            | IQ4_NL
+            | IQ4_XS
+    )
+}
+
+/// Whether [`quantize_row`] supports `ty`.
+pub fn can_quantize(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(ty, F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1)
+}
+
+/// Checks that `n_elements` elements of `ty` take exactly `n_bytes` bytes.
+fn check_lengths(ty: GgmlType, n_elements: usize, n_bytes: usize) -> Result<(), QuantError> {
+    let (block_size, type_size) = ty.block_layout();
+    if !n_elements.is_multiple_of(block_size) {
+        return Err(QuantError::NotBlockMultiple {
+            ty,
+            n_elements,
+            block_size,
+        });
+    }
+    let expected = (n_elements / block_size).checked_mul(type_size);
+    if expected != Some(n_bytes) {
+        return Err(QuantError::ByteLength {
+            ty,
+            n_elements,
+            expected: expected.unwrap_or(usize::MAX),
+            actual: n_bytes,
+        });
+    }
+    Ok(())
+}
+
+/// Decodes `dst.len()` elements of type `ty` from `src`, which must hold
+/// exactly the blocks for them (`dst.len()` a multiple of the block size).
+pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
+    use GgmlType::*;
+    if !can_dequantize(ty) {
+        return Err(QuantError::Unsupported {
+            ty,
+            op: "dequantization",
+        });
+    }
+    check_lengths(ty, dst.len(), src.len())?;
+    match ty {
+        F32 => float::dequantize_f32(src, dst),
+        F16 => float::dequantize_f16(src, dst),
+        BF16 => float::dequantize_bf16(src, dst),
+        Q4_0 => legacy::dequantize_q4_0(src, dst),
+        Q4_1 => legacy::dequantize_q4_1(src, dst),
+        Q5_0 => legacy::dequantize_q5_0(src, dst),
+        Q5_1 => legacy::dequantize_q5_1(src, dst),
+        Q8_0 => legacy::dequantize_q8_0(src, dst),
+        Q2_K => kquants::dequantize_q2_k(src, dst),
+        Q3_K => kquants::dequantize_q3_k(src, dst),
+        Q4_K => kquants::dequantize_q4_k(src, dst),
+        Q5_K => kquants::dequantize_q5_k(src, dst),
+        Q6_K => kquants::dequantize_q6_k(src, dst),
+        Q8_K => kquants::dequantize_q8_k(src, dst),
+        IQ4_NL => iquants::dequantize_iq4_nl(src, dst),
+        IQ4_XS => iquants::dequantize_iq4_xs(src, dst),
+        _ => {
+            return Err(QuantError::Unsupported {
+                ty,
+                op: "dequantization",
+            })
+        }
+    }
+    Ok(())
+}
+
+/// Encodes `src` as type `ty` into `dst`, which must have exactly the bytes
+/// of the blocks (`src.len()` a multiple of the block size).
+pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
+    use GgmlType::*;
+    if !can_quantize(ty) {
+        return Err(QuantError::Unsupported {
+            ty,
+            op: "quantization",
+        });
+    }
+    check_lengths(ty, src.len(), dst.len())?;
+    match ty {
+        F32 => float::quantize_f32(src, dst),
+        F16 => float::quantize_f16(src, dst),
+        BF16 => float::quantize_bf16(src, dst),
+        Q4_0 => legacy::quantize_q4_0(src, dst),
+        Q4_1 => legacy::quantize_q4_1(src, dst),
+        Q5_0 => legacy::quantize_q5_0(src, dst),
+        Q5_1 => legacy::quantize_q5_1(src, dst),
+        Q8_0 => legacy::quantize_q8_0(src, dst),
+        _ => {
+            return Err(QuantError::Unsupported {
+                ty,
+                op: "quantization",
+            })
+        }
+    }
+    Ok(())
+}
+
+/// [`dequantize_row`] into a new vector; the element count follows from
+/// `src.len()`, which must be a whole number of blocks.
+pub fn dequantize(ty: GgmlType, src: &[u8]) -> Result<Vec<f32>, QuantError> {
+    let (block_size, type_size) = ty.block_layout();
+    if !src.len().is_multiple_of(type_size) {
+        return Err(QuantError::PartialBlock {
+            ty,
+            n_bytes: src.len(),
+            type_size,
+        });
+    }
+    let mut out = vec![0f32; src.len() / type_size * block_size];
+    dequantize_row(ty, src, &mut out)?;
+    Ok(out)
+}
+
+/// [`quantize_row`] into a new vector.
+pub fn quantize(ty: GgmlType, src: &[f32]) -> Result<Vec<u8>, QuantError> {
+    let (block_size, type_size) = ty.block_layout();
+    let mut out = vec![0u8; src.len() / block_size * type_size];
+    quantize_row(ty, src, &mut out)?;
+    Ok(out)
+}
+
+/// `src` as whole `N`-element blocks (a trailing partial block is skipped;
+/// callers check lengths first).
+#[inline]
+pub(crate) fn blocks<const N: usize, T>(src: &[T]) -> impl Iterator<Item = &[T; N]> {
+    src.chunks_exact(N).filter_map(|c| c.try_into().ok())
+}
+
+/// `dst` as whole `N`-element blocks, mutable (see [`blocks`]).
+#[inline]
+pub(crate) fn blocks_mut<const N: usize, T>(dst: &mut [T]) -> impl Iterator<Item = &mut [T; N]> {
+    dst.chunks_exact_mut(N).filter_map(|c| c.try_into().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn support_tables() {
+        for ty in GgmlType::ALL {
+            if can_quantize(ty) {
+                assert!(can_dequantize(ty), "{ty}");
+            }
+        }
+        assert!(can_dequantize(GgmlType::IQ4_XS));
+        assert!(!can_dequantize(GgmlType::IQ2_XXS));
+        assert!(!can_quantize(GgmlType::Q4_K));
+    }
+
+    #[test]
+    fn unsupported_types_are_errors() {
+        let mut out = [0f32; 256];
+        let e = dequantize_row(GgmlType::IQ2_XXS, &[0u8; 66], &mut out).unwrap_err();
+        assert!(matches!(e, QuantError::Unsupported { .. }));
+        assert!(e.to_string().contains("IQ2_XXS"));
+        let mut bytes = [0u8; 144];
+        let e = quantize_row(GgmlType::Q4_K, &out, &mut bytes).unwrap_err();
+        assert!(matches!(e, QuantError::Unsupported { .. }));
+    }
+
+    #[test]
+    fn wrong_lengths_are_errors_for_every_type() {
+        for ty in GgmlType::ALL {
+            let (bs, ts) = ty.block_layout();
+            if can_dequantize(ty) {
+                let src = vec![0u8; 3 * ts];
+                let mut dst = vec![0f32; 3 * bs];
+                assert!(dequantize_row(ty, &src, &mut dst).is_ok(), "{ty}");
+                // one byte short / long
+                let e = dequantize_row(ty, &src[..3 * ts - 1], &mut dst).unwrap_err();
+                assert!(matches!(e, QuantError::ByteLength { .. }), "{ty}: {e}");
+                let long = vec![0u8; 3 * ts + 1];
+                assert!(dequantize_row(ty, &long, &mut dst).is_err());
+                // two blocks of bytes for three blocks of elements
+                assert!(dequantize_row(ty, &src[..2 * ts], &mut dst).is_err());
+                if bs > 1 {
+                    let e = dequantize_row(ty, &src, &mut dst[..3 * bs - 1]).unwrap_err();
+                    assert!(
+                        matches!(e, QuantError::NotBlockMultiple { .. }),
+                        "{ty}: {e}"
+                    );
+                    assert!(dequantize(ty, &src[..ts + 1]).is_err());
+                }
+                assert_eq!(dequantize(ty, &src).map(|v| v.len()), Ok(3 * bs));
+                // empty rows are fine
+                assert!(dequantize_row(ty, &[], &mut []).is_ok());
+            }
+            if can_quantize(ty) {
+                let src = vec![0.5f32; 2 * bs];
+                let mut dst = vec![0u8; 2 * ts];
+                assert!(quantize_row(ty, &src, &mut dst).is_ok(), "{ty}");
+                assert!(quantize_row(ty, &src, &mut dst[..2 * ts - 1]).is_err());
+                assert!(quantize_row(ty, &src[..bs], &mut dst).is_err());
+                if bs > 1 {
+                    let e = quantize_row(ty, &src[..2 * bs - 1], &mut dst).unwrap_err();
+                    assert!(
+                        matches!(e, QuantError::NotBlockMultiple { .. }),
+                        "{ty}: {e}"
+                    );
+                    assert!(quantize(ty, &src[..bs + 3]).is_err());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn row_round_trips() {
+        let x: Vec<f32> = (0..512)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        for ty in GgmlType::ALL.into_iter().filter(|t| can_quantize(*t)) {
+            let q = quantize(ty, &x).unwrap();
+            let y = dequantize(ty, &q).unwrap();
+            assert_eq!(y.len(), x.len());
+            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let tol = match ty {
+                GgmlType::F32 => 0.0,
+                GgmlType::F16 => amax / 1024.0,
+                GgmlType::BF16 => amax / 128.0,
+                GgmlType::Q8_0 => amax / 127.0,
+                GgmlType::Q5_0 | GgmlType::Q5_1 => amax / 15.0,
+                _ => amax / 7.0,
+            };
+            for (a, b) in x.iter().zip(&y) {
+                assert!((a - b).abs() <= tol, "{ty}: {a} vs {b}");
+            }
+            // quantizing the dequantized values again is stable for the float types
+            if ty.is_plain() {
+                assert_eq!(quantize(ty, &y).unwrap(), q, "{ty}");
+            }
+        }
+    }
+}
