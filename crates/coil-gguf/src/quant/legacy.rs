@@ -336,11 +336,7 @@ mod tests {
         let mut b = [0u8; Q4_0_BYTES];
         quantize_block_q4_0(&x, &mut b);
         dequantize_block_q4_0(&b, &mut y);
-        assert!(
-            max_err(&x, &y) <= 5.74 / 8.0 + 1e-2,
-            "{}",
-            max_err(&x, &y)
-        );
+        assert!(max_err(&x, &y) <= 5.74 / 8.0 + 1e-2, "{}", max_err(&x, &y));
 
         let mut b = [0u8; Q4_1_BYTES];
         quantize_block_q4_1(&x, &mut b);
