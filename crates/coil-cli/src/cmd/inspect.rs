@@ -121,6 +121,9 @@ fn print_text(a: &Args, file: &GgufFile, plan: &Result<LayerPlan, coil::models::
     }
     println!();
     match plan {
+        _ if file.tensors().is_empty() => {
+            println!("layer plan: none (no tensors: a vocabulary-only file)")
+        }
         Ok(p) => print!("{p}"),
         Err(e) => println!("layer plan: none ({e})"),
     }

@@ -243,8 +243,8 @@ impl<'a> TensorView<'a> {
             });
         }
         let size = std::mem::size_of::<T>();
-        if self.data.as_ptr() as usize % std::mem::align_of::<T>() != 0
-            || self.data.len() % size != 0
+        if !(self.data.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
+            || !self.data.len().is_multiple_of(size)
         {
             return Err(GgufError::Tensor {
                 name: self.info.name.clone(),

@@ -67,6 +67,15 @@ impl<'a> Cursor<'a> {
     fn string(&mut self, field: &str) -> Result<String, GgufError> {
         let at = self.pos as u64;
         let len = self.u64(field)?;
+        if len > self.remaining() {
+            // Report the offset of the string itself (its length prefix).
+            return Err(GgufError::Truncated {
+                field: field.to_string(),
+                offset: at,
+                need: len,
+                have: self.remaining(),
+            });
+        }
         let bytes = self.take(len, field)?;
         String::from_utf8(bytes.to_vec()).map_err(|_| GgufError::Invalid {
             field: field.to_string(),
@@ -127,7 +136,7 @@ impl<'a> Cursor<'a> {
                         field,
                         count_at,
                         format!(
-                            "array of {count} {} elements does not fit in the {} bytes left",
+                            "array of {count} {} elements does not fit in the {} bytes left (truncated or corrupt file)",
                             elem.name(),
                             self.remaining()
                         ),
@@ -177,14 +186,20 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Header, GgufError> {
         return Err(c.invalid(
             "metadata_kv_count",
             n_kv_at,
-            format!("{n_kv} entries cannot fit in the file"),
+            format!(
+                "{n_kv} entries cannot fit in the {} bytes left (truncated or corrupt file)",
+                c.remaining()
+            ),
         ));
     }
     if n_tensors.checked_mul(24).is_none_or(|b| b > c.remaining()) {
         return Err(c.invalid(
             "tensor_count",
             n_tensors_at,
-            format!("{n_tensors} tensors cannot fit in the file"),
+            format!(
+                "{n_tensors} tensors cannot fit in the {} bytes left (truncated or corrupt file)",
+                c.remaining()
+            ),
         ));
     }
 

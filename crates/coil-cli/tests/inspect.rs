@@ -1,0 +1,87 @@
+//! `coil inspect` on every bundled GGUF, as a user runs it.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn coil(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_coil"))
+        .args(args)
+        .output()
+        .expect("run coil");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const PLANS: [(&str, &str); 9] = [
+    ("mamba", "MMMM"),
+    ("mamba2", "MMMM"),
+    ("jamba", "MM*MM*"),
+    ("bamba", "M*M*"),
+    ("granitemoehybrid", "MM*M*"),
+    ("falcon_h1", "PPPP"),
+    ("nemotron_h", "M-M*-"),
+    ("nemotron_h_moe", "MEM*E"),
+    ("llama", "****"),
+];
+
+#[test]
+fn inspects_every_model_fixture_with_its_layer_plan() {
+    for (arch, pattern) in PLANS {
+        let path = repo().join(format!("tests/fixtures/models/{arch}/model.f16.gguf"));
+        let p = path.to_str().unwrap();
+        let (ok, out, err) = coil(&["inspect", p]);
+        assert!(ok, "{arch}: {err}");
+        assert!(
+            out.contains(&format!("pattern {pattern}")),
+            "{arch}:\n{out}"
+        );
+        assert!(out.contains("token_embd.weight"), "{arch}");
+        assert!(out.contains("tokenizer.ggml.tokens"), "{arch}");
+
+        let (ok, out, err) = coil(&["inspect", "--json", p]);
+        assert!(ok, "{arch}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["layer_plan"]["pattern"], pattern, "{arch}");
+        assert_eq!(
+            v["metadata"]["tokenizer.ggml.tokens"]["len"], 4096,
+            "{arch}"
+        );
+        let n = v["tensors"].as_array().unwrap().len();
+        assert_eq!(v["totals"]["tensors"], n, "{arch}");
+    }
+}
+
+#[test]
+fn mixers_and_ffns_are_named() {
+    let p = repo().join("tests/fixtures/models/jamba/model.f16.gguf");
+    let (ok, out, _) = coil(&["inspect", p.to_str().unwrap()]);
+    assert!(ok);
+    assert!(out.contains("blk.0   mamba1            moe"), "{out}");
+    assert!(out.contains("blk.2   attention         moe"), "{out}");
+    assert!(out.contains("blk.1   mamba1            dense"), "{out}");
+}
+
+#[test]
+fn bad_files_give_a_clear_error() {
+    let (ok, _, err) = coil(&["inspect", "no/such/file.gguf"]);
+    assert!(!ok);
+    assert!(err.contains("no/such/file.gguf"), "{err}");
+
+    let dir = std::env::temp_dir().join(format!("coil-inspect-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = std::fs::read(repo().join("tests/fixtures/models/mamba/model.f16.gguf")).unwrap();
+    let cut = dir.join("cut.gguf");
+    std::fs::write(&cut, &src[..20_000]).unwrap();
+    let (ok, _, err) = coil(&["inspect", cut.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("truncated") && err.contains("offset"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
