@@ -20,7 +20,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 
 /// Elements converted per chunk in the slice conversions (stack buffer).
-const CHUNK: usize = 64;
+const CHUNK: usize = 256;
 
 #[inline]
 fn is_f16_nan(bits: u16) -> bool {
@@ -108,17 +108,16 @@ pub(crate) fn quantize_f32(src: &[f32], dst: &mut [u8]) {
 }
 
 pub(crate) fn dequantize_f16(src: &[u8], dst: &mut [f32]) {
+    // Through a stack buffer so that `half` can use F16C where the CPU has it
+    // (several times faster than element by element), then NaNs fixed up.
     let mut buf = [f16::ZERO; CHUNK];
     for (s, d) in src.chunks(2 * CHUNK).zip(dst.chunks_mut(CHUNK)) {
         let h = &mut buf[..d.len()];
-        let mut any_nan = false;
         for (hv, c) in h.iter_mut().zip(s.chunks_exact(2)) {
-            let bits = u16::from_le_bytes([c[0], c[1]]);
-            any_nan |= is_f16_nan(bits);
-            *hv = f16::from_bits(bits);
+            *hv = f16::from_bits(u16::from_le_bytes([c[0], c[1]]));
         }
         h.convert_to_f32_slice(d);
-        if any_nan {
+        if d.iter().fold(false, |any, y| any | y.is_nan()) {
             for (hv, y) in h.iter().zip(d.iter_mut()) {
                 if is_f16_nan(hv.to_bits()) {
                     *y = f16_nan_to_f32(hv.to_bits());

@@ -81,19 +81,25 @@ fn scale_bytes(b: &[u8], at: usize) -> [u8; K_SCALE_SIZE] {
 
 #[inline]
 pub fn dequantize_block_q2_k(b: &[u8; Q2_K_BYTES], y: &mut [f32; QK_K]) {
-    let scales = &b[0..16];
-    let qs = &b[16..80];
     let d = read_f16(b, 80);
     let dmin = read_f16(b, 82);
+    let mut dl = [0f32; 16];
+    let mut ml = [0f32; 16];
+    for ((dv, mv), &sc) in dl.iter_mut().zip(ml.iter_mut()).zip(&b[0..16]) {
+        *dv = d * (sc & 0x0f) as f32;
+        *mv = dmin * (sc >> 4) as f32;
+    }
+    let qs = &b[16..80];
     for h in 0..2 {
         for s in 0..4 {
+            let out = &mut y[128 * h + 32 * s..128 * h + 32 * s + 32];
+            let q = &qs[32 * h..32 * h + 32];
             for half in 0..2 {
                 let is = 8 * h + 2 * s + half;
-                let dl = d * (scales[is] & 0x0f) as f32;
-                let ml = dmin * (scales[is] >> 4) as f32;
-                for l in 16 * half..16 * half + 16 {
-                    let q = (qs[32 * h + l] >> (2 * s)) & 3;
-                    y[128 * h + 32 * s + l] = dl * q as f32 - ml;
+                let (dl, ml) = (dl[is], ml[is]);
+                let out = &mut out[16 * half..16 * half + 16];
+                for (o, &qv) in out.iter_mut().zip(&q[16 * half..16 * half + 16]) {
+                    *o = dl * ((qv >> (2 * s)) & 3) as f32 - ml;
                 }
             }
         }
@@ -175,19 +181,27 @@ pub fn dequantize_block_q5_k(b: &[u8; Q5_K_BYTES], y: &mut [f32; QK_K]) {
 
 #[inline]
 pub fn dequantize_block_q6_k(b: &[u8; Q6_K_BYTES], y: &mut [f32; QK_K]) {
-    let ql = &b[0..128];
-    let qh = &b[128..192];
-    let scales = &b[192..208];
     let d = read_f16(b, 208);
+    // d·scale per 16-element group, rounded once as ggml and numpy do
+    let mut ds = [0f32; 16];
+    for (o, &s) in ds.iter_mut().zip(&b[192..208]) {
+        *o = d * s as i8 as f32;
+    }
     for h in 0..2 {
-        let ql = &ql[64 * h..64 * h + 64];
-        let qh = &qh[32 * h..32 * h + 32];
-        for r in 0..128 {
-            let low = (ql[r % 64] >> (4 * (r / 64))) & 0x0f;
-            let high = (qh[r % 32] >> (2 * (r / 32))) & 3;
-            let q = (low | (high << 4)) as i8 - 32;
-            let e = 128 * h + r;
-            y[e] = d * scales[e / 16] as i8 as f32 * q as f32;
+        let ql = &b[64 * h..64 * h + 64];
+        let qh = &b[128 + 32 * h..128 + 32 * h + 32];
+        let ds = &ds[8 * h..8 * h + 8];
+        let y = &mut y[128 * h..128 * h + 128];
+        for l in 0..32 {
+            let is = l / 16;
+            let q1 = ((ql[l] & 0x0f) | ((qh[l] & 3) << 4)) as i8 - 32;
+            let q2 = ((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) as i8 - 32;
+            let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i8 - 32;
+            let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i8 - 32;
+            y[l] = ds[is] * q1 as f32;
+            y[l + 32] = ds[is + 2] * q2 as f32;
+            y[l + 64] = ds[is + 4] * q3 as f32;
+            y[l + 96] = ds[is + 6] * q4 as f32;
         }
     }
 }

@@ -101,10 +101,12 @@ pub fn dequantize_block_q8_0(b: &[u8; Q8_0_BYTES], y: &mut [f32; QK8_0]) {
 
 // ---- quantization ----
 
-/// numpy's `astype(np.uint8)` of a float on x86-64: through i32, wrapping;
-/// out of i32 range (and NaN) gives 0.
+/// numpy's `np.trunc(v).astype(np.uint8)` on x86-64: truncation through
+/// i32, wrapping to 8 bits; out of i32 range (±inf) and NaN give 0.
+/// (Casting truncates by itself, so no separate `trunc` — which would be a
+/// libm call on baseline x86-64.)
 #[inline]
-fn np_u8(v: f32) -> u8 {
+fn np_trunc_u8(v: f32) -> u8 {
     if v > -2_147_483_904.0 && v < 2_147_483_648.0 {
         v as i32 as u8
     } else {
@@ -112,10 +114,19 @@ fn np_u8(v: f32) -> u8 {
     }
 }
 
-/// numpy's `astype(np.int8)` of a float on x86-64 (see [`np_u8`]).
+/// gguf's `np_roundf(v).astype(np.int8)` on x86-64: round half away from
+/// zero, then the cast of [`np_trunc_u8`] (out of range and NaN give 0).
 #[inline]
-fn np_i8(v: f32) -> i8 {
-    np_u8(v) as i8
+fn np_round_i8(v: f32) -> i8 {
+    if !(v > -2_147_483_904.0 && v < 2_147_483_648.0) {
+        return 0;
+    }
+    let t = v as i32; // toward zero
+    let frac = v - t as f32; // exact
+    let r = t
+        .wrapping_add((frac >= 0.5) as i32)
+        .wrapping_sub((frac <= -0.5) as i32);
+    r as i8
 }
 
 /// numpy's `x.max()`: the first NaN if there is one.
@@ -183,7 +194,7 @@ pub fn quantize_block_q4_0(x: &[f32; QK4_0], b: &mut [u8; Q4_0_BYTES]) {
     let d = signed_absmax(x) / -8.0;
     let id = inverse(d);
     write_f16(b, 0, d);
-    let q = |v: f32| np_u8((v * id + 8.5).trunc()).min(15);
+    let q = |v: f32| np_trunc_u8(v * id + 8.5).min(15);
     for j in 0..16 {
         b[2 + j] = q(x[j]) | (q(x[j + 16]) << 4);
     }
@@ -196,7 +207,7 @@ pub fn quantize_block_q4_1(x: &[f32; QK4_1], b: &mut [u8; Q4_1_BYTES]) {
     let id = inverse(d);
     write_f16(b, 0, d);
     write_f16(b, 2, min);
-    let q = |v: f32| np_u8(((v - min) * id + 0.5).trunc()).min(15);
+    let q = |v: f32| np_trunc_u8((v - min) * id + 0.5).min(15);
     for j in 0..16 {
         b[4 + j] = q(x[j]) | (q(x[j + 16]) << 4);
     }
@@ -206,7 +217,7 @@ pub fn quantize_block_q5_0(x: &[f32; QK5_0], b: &mut [u8; Q5_0_BYTES]) {
     let d = signed_absmax(x) / -16.0;
     let id = inverse(d);
     write_f16(b, 0, d);
-    let q = |v: f32| np_u8((v * id + 16.5).trunc()).min(31);
+    let q = |v: f32| np_trunc_u8(v * id + 16.5).min(31);
     let mut qh = 0u32;
     for j in 0..16 {
         let (q0, q1) = (q(x[j]), q(x[j + 16]));
@@ -223,7 +234,7 @@ pub fn quantize_block_q5_1(x: &[f32; QK5_1], b: &mut [u8; Q5_1_BYTES]) {
     let id = inverse(d);
     write_f16(b, 0, d);
     write_f16(b, 2, min);
-    let q = |v: f32| np_u8(((v - min) * id + 0.5).trunc()).min(31);
+    let q = |v: f32| np_trunc_u8((v - min) * id + 0.5).min(31);
     let mut qh = 0u32;
     for j in 0..16 {
         let (q0, q1) = (q(x[j]), q(x[j + 16]));
@@ -235,19 +246,20 @@ pub fn quantize_block_q5_1(x: &[f32; QK5_1], b: &mut [u8; Q5_1_BYTES]) {
 
 pub fn quantize_block_q8_0(x: &[f32; QK8_0], b: &mut [u8; Q8_0_BYTES]) {
     let mut amax = 0.0f32;
+    let mut nan = false;
     for &v in x {
-        if v.is_nan() {
-            amax = v;
-            break;
-        }
-        amax = amax.max(v.abs());
+        let a = v.abs();
+        amax = if a > amax { a } else { amax };
+        nan |= v.is_nan();
+    }
+    if nan {
+        amax = f32::NAN;
     }
     let d = amax / 127.0;
     let id = inverse(d);
     write_f16(b, 0, d);
     for (o, &v) in b[2..34].iter_mut().zip(x.iter()) {
-        // f32::round is round-half-away-from-zero, like gguf's np_roundf.
-        *o = np_i8((v * id).round()) as u8;
+        *o = np_round_i8(v * id) as u8;
     }
 }
 
@@ -392,11 +404,43 @@ mod tests {
 
     #[test]
     fn np_casts() {
-        assert_eq!(np_u8(300.0), 44);
-        assert_eq!(np_u8(-3.0), 253);
-        assert_eq!(np_u8(f32::INFINITY), 0);
-        assert_eq!(np_u8(f32::NEG_INFINITY), 0);
-        assert_eq!(np_u8(f32::NAN), 0);
-        assert_eq!(np_i8(-127.0), -127);
+        assert_eq!(np_trunc_u8(300.7), 44);
+        assert_eq!(np_trunc_u8(-3.2), 253);
+        assert_eq!(np_trunc_u8(0.99), 0);
+        assert_eq!(np_trunc_u8(f32::INFINITY), 0);
+        assert_eq!(np_trunc_u8(f32::NEG_INFINITY), 0);
+        assert_eq!(np_trunc_u8(f32::NAN), 0);
+        assert_eq!(np_round_i8(f32::NAN), 0);
+        assert_eq!(np_round_i8(f32::INFINITY), 0);
+        assert_eq!(np_round_i8(-127.0), -127);
+    }
+
+    #[test]
+    fn round_half_away_matches_f32_round() {
+        let mut v = -300.0f32;
+        while v < 300.0 {
+            for x in [
+                v,
+                f32::from_bits(v.to_bits() + 1),
+                f32::from_bits(v.to_bits().wrapping_sub(1)),
+            ] {
+                assert_eq!(np_round_i8(x), x.round() as i32 as i8, "{x}");
+            }
+            v += 0.125;
+        }
+        for x in [
+            0.49999997f32,
+            -0.49999997,
+            0.5,
+            -0.5,
+            1.5,
+            -2.5,
+            8388607.5,
+            8388609.0,
+            2147483520.0,
+            -2147483648.0,
+        ] {
+            assert_eq!(np_round_i8(x), x.round() as i64 as i8, "{x}");
+        }
     }
 }
