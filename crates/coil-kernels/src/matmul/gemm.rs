@@ -1,0 +1,276 @@
+//! Many-token products (prefill): weights decoded to f32 a panel at a time,
+//! activations packed once per call, and an f32 register-tile microkernel.
+//!
+//! Layout: the activations `x` (`[n_tokens, cols]`) are packed into blocks of
+//! [`TB`] tokens, `xp[block][k][TB]` (zero padded), so the microkernel loads
+//! `TB` tokens of one column as vectors and broadcasts one weight value per
+//! row: an `MR x TB` tile of `y^T` accumulates in registers. A work item is a
+//! panel of up to [`PANEL`] weight rows times a group of token blocks; its
+//! rows are decoded to f32 [`KC`] columns at a time (F32 weights aligned in
+//! memory are read in place). Decoding costs O(rows·cols) per item while the
+//! products cost O(rows·cols·tokens), so every weight format runs at f32
+//! GEMM speed once there are enough tokens.
+
+use super::{decode_segment, SendPtr, WeightRef};
+use crate::pool::ThreadPool;
+use crate::simd::SimdLevel;
+use coil_gguf::GgmlType;
+use std::cell::RefCell;
+
+/// Tokens per packed activation block.
+pub const TB: usize = 32;
+/// Columns decoded per step (a multiple of every block size, 256).
+pub const KC: usize = 512;
+/// Weight rows per work item (a multiple of every microkernel's row count).
+pub const PANEL: usize = 48;
+
+thread_local! {
+    static WBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Packs `x` (`[n_tokens, cols]`) into `[ceil(n/TB)][cols][TB]`.
+fn pack_x(pool: &ThreadPool, x: &[f32], n_tokens: usize, cols: usize) -> Vec<f32> {
+    let nb = n_tokens.div_ceil(TB);
+    let mut xp = vec![0f32; nb * cols * TB];
+    let ptr = SendPtr(xp.as_mut_ptr());
+    pool.parallel_for(nb, 1, |range, _| {
+        for b in range {
+            // SAFETY: block b owns xp[b*cols*TB .. (b+1)*cols*TB].
+            let dst =
+                unsafe { std::slice::from_raw_parts_mut(ptr.get().add(b * cols * TB), cols * TB) };
+            for t in 0..TB.min(n_tokens - b * TB) {
+                let src = &x[(b * TB + t) * cols..(b * TB + t + 1) * cols];
+                for (k, &v) in src.iter().enumerate() {
+                    dst[k * TB + t] = v;
+                }
+            }
+        }
+    });
+    xp
+}
+
+/// Rows of the microkernel tile for `level`.
+fn mr_for(level: SimdLevel) -> usize {
+    match level {
+        SimdLevel::Avx512 => 12,
+        SimdLevel::Avx2 => 6,
+        SimdLevel::Scalar => 4,
+    }
+}
+
+pub fn gemm(
+    pool: &ThreadPool,
+    w: &WeightRef,
+    x: &[f32],
+    y: &mut [f32],
+    n_tokens: usize,
+    level: SimdLevel,
+) {
+    let (rows, cols) = (w.rows, w.cols);
+    let xp = pack_x(pool, x, n_tokens, cols);
+    let nb = n_tokens.div_ceil(TB);
+    let panels = rows.div_ceil(PANEL);
+    // Split the token blocks into groups when there are few row panels.
+    let mut groups = 1;
+    while panels * groups < 4 * pool.n_threads() && groups < nb {
+        groups *= 2;
+    }
+    let groups = groups.min(nb);
+    let blocks_per_group = nb.div_ceil(groups);
+    let groups = nb.div_ceil(blocks_per_group);
+
+    // F32 weights aligned for f32 access are read in place.
+    let direct: Option<&[f32]> = if w.ty == GgmlType::F32 && cfg!(target_endian = "little") {
+        // SAFETY: any bit pattern is a valid f32; align_to handles alignment.
+        let (pre, mid, post) = unsafe { w.data.align_to::<f32>() };
+        (pre.is_empty() && post.is_empty()).then_some(mid)
+    } else {
+        None
+    };
+
+    let yp = SendPtr(y.as_mut_ptr());
+    let mr = mr_for(level);
+    pool.parallel_for(panels * groups, 1, |items, _| {
+        WBUF.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            if direct.is_none() && buf.len() < PANEL * KC {
+                buf.resize(PANEL * KC, 0.0);
+            }
+            for item in items {
+                let (p, g) = (item / groups, item % groups);
+                let r0 = p * PANEL;
+                let nr = PANEL.min(rows - r0);
+                let b0 = g * blocks_per_group;
+                let b1 = (b0 + blocks_per_group).min(nb);
+                let mut k0 = 0;
+                while k0 < cols {
+                    let kc = KC.min(cols - k0);
+                    // Weight rows r0..r0+nr, columns k0..k0+kc, as f32.
+                    let (wbase, ws): (*const f32, usize) = match direct {
+                        Some(wf) => (wf[r0 * cols + k0..].as_ptr(), cols),
+                        None => {
+                            for r in 0..nr {
+                                let src = w.row_range(r0 + r, k0, kc);
+                                decode_segment(w.ty, src, &mut buf[r * kc..(r + 1) * kc], level);
+                            }
+                            (buf.as_ptr(), kc)
+                        }
+                    };
+                    for b in b0..b1 {
+                        let t0 = b * TB;
+                        let nt = TB.min(n_tokens - t0);
+                        let xb = &xp[(b * cols + k0) * TB..(b * cols + k0 + kc) * TB];
+                        let mut rt = 0;
+                        while rt < nr {
+                            let m = mr.min(nr - rt);
+                            let mut tile = [[0f32; TB]; 12];
+                            // SAFETY: rows rt..rt+m of the panel exist with
+                            // stride ws and at least kc columns.
+                            unsafe {
+                                let wr = wbase.add(rt * ws);
+                                microkernel(level, m, wr, ws, xb, kc, &mut tile);
+                            }
+                            for (r, trow) in tile.iter().enumerate().take(m) {
+                                let col = r0 + rt + r;
+                                for (t, &v) in trow.iter().enumerate().take(nt) {
+                                    // SAFETY: (t0+t, col) belongs to this item only.
+                                    unsafe {
+                                        let o = yp.get().add((t0 + t) * rows + col);
+                                        if k0 == 0 {
+                                            *o = v;
+                                        } else {
+                                            *o += v;
+                                        }
+                                    }
+                                }
+                            }
+                            rt += m;
+                        }
+                    }
+                    k0 += kc;
+                }
+            }
+        });
+    });
+}
+
+/// `tile[r][t] = sum_k w[r*ws + k] * xb[k*TB + t]` for `r < m`.
+///
+/// # Safety
+/// `w` must be valid for `m` rows of stride `ws` with `kc` values each;
+/// `xb.len() >= kc * TB`; `m <= mr_for(level)`; `level` supported by the CPU.
+unsafe fn microkernel(
+    level: SimdLevel,
+    m: usize,
+    w: *const f32,
+    ws: usize,
+    xb: &[f32],
+    kc: usize,
+    tile: &mut [[f32; TB]; 12],
+) {
+    debug_assert!(xb.len() >= kc * TB);
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512 => x86::mk_avx512_dispatch(m, w, ws, xb.as_ptr(), kc, tile),
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => x86::mk_avx2_dispatch(m, w, ws, xb.as_ptr(), kc, tile),
+        _ => {
+            for (r, trow) in tile.iter_mut().enumerate().take(m) {
+                let wr = std::slice::from_raw_parts(w.add(r * ws), kc);
+                for (k, &wv) in wr.iter().enumerate() {
+                    let xk = &xb[k * TB..k * TB + TB];
+                    for t in 0..TB {
+                        trow[t] += wv * xk[t];
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::TB;
+    use std::arch::x86_64::*;
+
+    macro_rules! dispatch {
+        ($name:ident, $kern:ident, $($m:literal)*) => {
+            pub unsafe fn $name(
+                m: usize, w: *const f32, ws: usize, xb: *const f32, kc: usize,
+                tile: &mut [[f32; TB]; 12],
+            ) {
+                match m {
+                    $($m => $kern::<$m>(w, ws, xb, kc, tile),)*
+                    _ => unreachable!("microkernel rows {m}"),
+                }
+            }
+        };
+    }
+    dispatch!(mk_avx512_dispatch, mk_avx512, 1 2 3 4 5 6 7 8 9 10 11 12);
+    dispatch!(mk_avx2_dispatch, mk_avx2, 1 2 3 4 5 6);
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn mk_avx512<const M: usize>(
+        w: *const f32,
+        ws: usize,
+        xb: *const f32,
+        kc: usize,
+        tile: &mut [[f32; TB]; 12],
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); 2]; M];
+        let mut wp = [w; M];
+        for (r, p) in wp.iter_mut().enumerate() {
+            *p = w.add(r * ws);
+        }
+        let mut xk = xb;
+        for _ in 0..kc {
+            let x0 = _mm512_loadu_ps(xk);
+            let x1 = _mm512_loadu_ps(xk.add(16));
+            for r in 0..M {
+                let b = _mm512_set1_ps(*wp[r]);
+                acc[r][0] = _mm512_fmadd_ps(b, x0, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(b, x1, acc[r][1]);
+                wp[r] = wp[r].add(1);
+            }
+            xk = xk.add(TB);
+        }
+        for r in 0..M {
+            _mm512_storeu_ps(tile[r].as_mut_ptr(), acc[r][0]);
+            _mm512_storeu_ps(tile[r].as_mut_ptr().add(16), acc[r][1]);
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn mk_avx2<const M: usize>(
+        w: *const f32,
+        ws: usize,
+        xb: *const f32,
+        kc: usize,
+        tile: &mut [[f32; TB]; 12],
+    ) {
+        // Two passes of 16 tokens each: 6 rows x 2 ymm accumulators.
+        for h in 0..2 {
+            let mut acc = [[_mm256_setzero_ps(); 2]; M];
+            let mut xk = xb.add(16 * h);
+            let mut wp = [w; M];
+            for (r, p) in wp.iter_mut().enumerate() {
+                *p = w.add(r * ws);
+            }
+            for _ in 0..kc {
+                let x0 = _mm256_loadu_ps(xk);
+                let x1 = _mm256_loadu_ps(xk.add(8));
+                for r in 0..M {
+                    let b = _mm256_set1_ps(*wp[r]);
+                    acc[r][0] = _mm256_fmadd_ps(b, x0, acc[r][0]);
+                    acc[r][1] = _mm256_fmadd_ps(b, x1, acc[r][1]);
+                    wp[r] = wp[r].add(1);
+                }
+                xk = xk.add(TB);
+            }
+            for r in 0..M {
+                _mm256_storeu_ps(tile[r].as_mut_ptr().add(16 * h), acc[r][0]);
+                _mm256_storeu_ps(tile[r].as_mut_ptr().add(16 * h + 8), acc[r][1]);
+            }
+        }
+    }
+}

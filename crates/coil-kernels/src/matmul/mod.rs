@@ -1,0 +1,305 @@
+//! Weight · activation products for every weight format.
+//!
+//! `y[t, r] = sum_c w[r, c] * x[t, c]` with `w` in ggml row-major layout
+//! (`rows` rows of `cols` values, each row encoded in the weight's format),
+//! `x`: `[n_tokens, cols]` f32, `y`: `[n_tokens, rows]` f32.
+//!
+//! Two strategies:
+//! * few tokens (decode): per-row dot products; quantized formats quantize the
+//!   activations on the fly (Q8_0-style for Q8_0/Q4_0/IQ4_NL, Q8_K-style for
+//!   K-quants and IQ4_XS) and use integer dot products, as llama.cpp does;
+//!   F32/F16/BF16 convert weights to f32 in registers. Memory-bound.
+//! * many tokens (prefill) and every other format: [`gemm`] — weights decoded
+//!   to f32 panel by panel and an f32 register-tile GEMM. Compute-bound.
+
+pub mod act;
+pub mod dequant;
+pub mod gemm;
+pub mod vecdot;
+#[cfg(target_arch = "x86_64")]
+mod x86_avx2;
+#[cfg(target_arch = "x86_64")]
+mod x86_avx512;
+
+use crate::error::KernelError;
+use crate::pool::ThreadPool;
+use crate::simd::{self, SimdLevel};
+use act::QuantAct;
+use coil_gguf::GgmlType;
+
+/// A weight matrix as stored in a GGUF file (zero-copy).
+#[derive(Clone, Copy, Debug)]
+pub struct WeightRef<'a> {
+    pub ty: GgmlType,
+    pub data: &'a [u8],
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl<'a> WeightRef<'a> {
+    /// Checks that `ty` is supported, `cols` is a whole number of blocks and
+    /// `data` holds exactly `rows` encoded rows.
+    pub fn new(
+        ty: GgmlType,
+        data: &'a [u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self, KernelError> {
+        if !supported(ty) {
+            return Err(KernelError::UnsupportedType(ty));
+        }
+        let (bs, ts) = ty.block_layout();
+        if !cols.is_multiple_of(bs) {
+            return Err(KernelError::BadColumns {
+                ty,
+                cols,
+                block: bs,
+            });
+        }
+        let expected = (cols / bs)
+            .checked_mul(ts)
+            .and_then(|b| b.checked_mul(rows))
+            .unwrap_or(usize::MAX);
+        if data.len() != expected {
+            return Err(KernelError::BadLength {
+                ty,
+                rows,
+                cols,
+                expected,
+                got: data.len(),
+            });
+        }
+        Ok(WeightRef {
+            ty,
+            data,
+            rows,
+            cols,
+        })
+    }
+
+    /// Bytes per encoded row.
+    #[inline]
+    pub fn row_bytes(&self) -> usize {
+        let (bs, ts) = self.ty.block_layout();
+        self.cols / bs * ts
+    }
+
+    /// The encoded row `r`.
+    #[inline]
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        let rb = self.row_bytes();
+        &self.data[r * rb..(r + 1) * rb]
+    }
+
+    /// The bytes of row `r`, columns `k0..k0+kc` (both multiples of the block size).
+    #[inline]
+    pub fn row_range(&self, r: usize, k0: usize, kc: usize) -> &'a [u8] {
+        let (bs, ts) = self.ty.block_layout();
+        let start = r * self.row_bytes() + k0 / bs * ts;
+        &self.data[start..start + kc / bs * ts]
+    }
+
+    /// Decodes row `r` to f32 (`out.len() == cols`).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        assert_eq!(out.len(), self.cols);
+        decode_segment(self.ty, self.row(r), out, simd::level());
+    }
+}
+
+/// Whether the kernels can multiply weights of type `ty`.
+pub fn supported(ty: GgmlType) -> bool {
+    dequant::native(ty) || fallback::can_dequantize(ty)
+}
+
+/// Fallback decoding through the format layer, for formats without native code.
+mod fallback {
+    use coil_gguf::GgmlType;
+
+    pub fn can_dequantize(_ty: GgmlType) -> bool {
+        false
+    }
+
+    pub fn dequantize(_ty: GgmlType, _src: &[u8], _dst: &mut [f32]) -> bool {
+        false
+    }
+}
+
+/// Decodes whole blocks of `ty` from `src` into `dst` (f32).
+pub(crate) fn decode_segment(ty: GgmlType, src: &[u8], dst: &mut [f32], level: SimdLevel) {
+    #[cfg(target_arch = "x86_64")]
+    if level >= SimdLevel::Avx2 && x86_avx2::decode(ty, src, dst, level) {
+        return;
+    }
+    let _ = level;
+    if !dequant::dequant_row(ty, src, dst) && !fallback::dequantize(ty, src, dst) {
+        unreachable!("WeightRef::new admits only decodable types, got {ty}");
+    }
+}
+
+/// A raw pointer that may cross into pool jobs (writes go to disjoint parts).
+#[derive(Clone, Copy)]
+pub(crate) struct SendPtr<T>(pub *mut T);
+unsafe impl<T> Send for SendPtr<T> {}
+unsafe impl<T> Sync for SendPtr<T> {}
+
+impl<T> SendPtr<T> {
+    /// The pointer (a method, so closures capture the whole wrapper).
+    #[inline(always)]
+    pub fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+/// `y[t, r] = sum_c w[r, c] * x[t, c]`; `x`: `[n_tokens, w.cols]`,
+/// `y`: `[n_tokens, w.rows]` (overwritten). Uses the best SIMD level.
+pub fn matmul(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_tokens: usize) {
+    matmul_at(pool, w, x, y, n_tokens, simd::level())
+}
+
+/// [`matmul`] at a given SIMD level (capped at what the CPU supports).
+pub fn matmul_at(
+    pool: &ThreadPool,
+    w: &WeightRef,
+    x: &[f32],
+    y: &mut [f32],
+    n_tokens: usize,
+    level: SimdLevel,
+) {
+    let level = level.min(simd::detected_level());
+    assert_eq!(
+        x.len(),
+        n_tokens * w.cols,
+        "matmul: x is not [n_tokens, cols]"
+    );
+    assert_eq!(
+        y.len(),
+        n_tokens * w.rows,
+        "matmul: y is not [n_tokens, rows]"
+    );
+    if n_tokens == 0 || w.rows == 0 {
+        return;
+    }
+    if w.cols == 0 {
+        y.fill(0.0);
+        return;
+    }
+    match vec_kernel(w.ty, level) {
+        Some(k) if n_tokens < gemm_min_tokens(w.ty, level) => vec_path(pool, w, x, y, n_tokens, k),
+        _ => gemm::gemm(pool, w, x, y, n_tokens, level),
+    }
+}
+
+/// Token count from which the GEMM strategy wins over per-row dot products.
+fn gemm_min_tokens(ty: GgmlType, level: SimdLevel) -> usize {
+    match (ty, level) {
+        (_, SimdLevel::Scalar) => 4,
+        (GgmlType::F32 | GgmlType::F16 | GgmlType::BF16, _) => 4,
+        _ => 8,
+    }
+}
+
+/// Which activation quantization a dot kernel wants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ActKind {
+    Q8_0,
+    Q8K,
+}
+
+pub(crate) type FloatDot = fn(&[u8], &[f32]) -> f32;
+pub(crate) type QuantDot = fn(&[u8], &[i8], &[f32], &[i32]) -> f32;
+
+#[derive(Clone, Copy)]
+pub(crate) enum VecKernel {
+    Float(FloatDot),
+    Quant(ActKind, QuantDot),
+}
+
+fn vec_kernel(ty: GgmlType, level: SimdLevel) -> Option<VecKernel> {
+    use GgmlType::*;
+    #[cfg(target_arch = "x86_64")]
+    {
+        if level >= SimdLevel::Avx512 {
+            if let Some(k) = x86_avx512::vec_kernel(ty) {
+                return Some(k);
+            }
+        }
+        if level >= SimdLevel::Avx2 {
+            if let Some(k) = x86_avx2::vec_kernel(ty) {
+                return Some(k);
+            }
+        }
+    }
+    let _ = level;
+    Some(match ty {
+        F32 => VecKernel::Float(vecdot::dot_f32_bytes),
+        F16 => VecKernel::Float(vecdot::dot_f16),
+        BF16 => VecKernel::Float(vecdot::dot_bf16),
+        Q8_0 => VecKernel::Quant(ActKind::Q8_0, vecdot::dot_q8_0),
+        Q4_0 => VecKernel::Quant(ActKind::Q8_0, vecdot::dot_q4_0),
+        IQ4_NL => VecKernel::Quant(ActKind::Q8_0, vecdot::dot_iq4_nl),
+        Q4_K => VecKernel::Quant(ActKind::Q8K, vecdot::dot_q4_k),
+        Q5_K => VecKernel::Quant(ActKind::Q8K, vecdot::dot_q5_k),
+        Q6_K => VecKernel::Quant(ActKind::Q8K, vecdot::dot_q6_k),
+        IQ4_XS => VecKernel::Quant(ActKind::Q8K, vecdot::dot_iq4_xs),
+        _ => return None,
+    })
+}
+
+/// Rows per parallel chunk: enough chunks for dynamic balance, not too small.
+fn row_grain(rows: usize, n_threads: usize) -> usize {
+    (rows / (n_threads * 8)).clamp(16, 256)
+}
+
+fn vec_path(
+    pool: &ThreadPool,
+    w: &WeightRef,
+    x: &[f32],
+    y: &mut [f32],
+    n_tokens: usize,
+    k: VecKernel,
+) {
+    let (rows, cols) = (w.rows, w.cols);
+    let yp = SendPtr(y.as_mut_ptr());
+    let grain = row_grain(rows, pool.n_threads());
+    match k {
+        VecKernel::Float(f) => pool.parallel_for(rows, grain, |rr, _| {
+            for r in rr {
+                let row = w.row(r);
+                for t in 0..n_tokens {
+                    let v = f(row, &x[t * cols..(t + 1) * cols]);
+                    // SAFETY: element (t, r) is written by this chunk only.
+                    unsafe { *yp.get().add(t * rows + r) = v };
+                }
+            }
+        }),
+        VecKernel::Quant(kind, f) => {
+            let xa = match kind {
+                ActKind::Q8_0 => QuantAct::q8_0(x, cols),
+                ActKind::Q8K => QuantAct::q8_k(x, cols),
+            };
+            let (block, group) = match kind {
+                ActKind::Q8_0 => (32, 32),
+                ActKind::Q8K => (256, 16),
+            };
+            let (nd, ns) = (cols / block, cols / group);
+            pool.parallel_for(rows, grain, |rr, _| {
+                for r in rr {
+                    let row = w.row(r);
+                    for t in 0..n_tokens {
+                        let v = f(
+                            row,
+                            xa.qs_row(t),
+                            &xa.d[t * nd..(t + 1) * nd],
+                            &xa.sums[t * ns..(t + 1) * ns],
+                        );
+                        // SAFETY: element (t, r) is written by this chunk only.
+                        unsafe { *yp.get().add(t * rows + r) = v };
+                    }
+                }
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

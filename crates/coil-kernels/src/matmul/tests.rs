@@ -1,0 +1,133 @@
+use super::*;
+use crate::testutil::{random_weights, Rng};
+
+/// f64 reference from the scalar decoder; returns (y, sum |w||x| per output).
+fn reference(w: &WeightRef, x: &[f32], n: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut y = vec![0f64; n * w.rows];
+    let mut mag = vec![0f64; n * w.rows];
+    let mut row = vec![0f32; w.cols];
+    for r in 0..w.rows {
+        assert!(dequant::dequant_row(w.ty, w.row(r), &mut row));
+        for t in 0..n {
+            let xt = &x[t * w.cols..(t + 1) * w.cols];
+            let mut s = 0f64;
+            let mut m = 0f64;
+            for (a, b) in row.iter().zip(xt) {
+                s += *a as f64 * *b as f64;
+                m += (*a as f64 * *b as f64).abs();
+            }
+            y[t * w.rows + r] = s;
+            mag[t * w.rows + r] = m;
+        }
+    }
+    (y, mag)
+}
+
+const FORMATS: [GgmlType; 15] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::IQ4_NL,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_XS,
+];
+
+fn check(ty: GgmlType, rows: usize, cols: usize, n: usize, pool: &ThreadPool, seed: u64) {
+    let mut rng = Rng::new(seed);
+    let data = random_weights(&mut rng, ty, rows, cols);
+    let w = WeightRef::new(ty, &data, rows, cols).unwrap();
+    let x = rng.vec(n * cols);
+    let (yr, mag) = reference(&w, &x, n);
+    // Quantized activations lose ~1/254 of each block's range.
+    let tol = match ty {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1e-5,
+        _ => 2e-2,
+    };
+    for level in crate::simd::available_levels() {
+        let mut y = vec![f32::NAN; n * rows];
+        matmul_at(pool, &w, &x, &mut y, n, level);
+        for i in 0..y.len() {
+            let err = (y[i] as f64 - yr[i]).abs();
+            assert!(
+                err <= tol * mag[i] + 1e-6,
+                "{ty} {level:?} rows {rows} cols {cols} n {n}: y[{i}] = {} vs {} (mag {})",
+                y[i],
+                yr[i],
+                mag[i]
+            );
+        }
+    }
+}
+
+#[test]
+fn all_formats_all_paths() {
+    let pool = ThreadPool::new(2);
+    let mut seed = 1;
+    for ty in FORMATS {
+        let bs = ty.block_size();
+        let col_set: Vec<usize> = if bs == 1 {
+            vec![1, 17, 64, 600]
+        } else if bs == 32 {
+            vec![32, 96, 640]
+        } else {
+            vec![256, 768]
+        };
+        for &cols in &col_set {
+            for &(rows, n) in &[(1, 1), (7, 3), (50, 1), (97, 17), (13, 40), (61, 5), (5, 8)] {
+                check(ty, rows, cols, n, &pool, seed);
+                seed += 1;
+            }
+        }
+    }
+}
+
+#[test]
+fn unaligned_f32_weights() {
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng::new(7);
+    let (rows, cols, n) = (20, 33, 9);
+    let mut data = vec![0u8];
+    data.extend(random_weights(&mut rng, GgmlType::F32, rows, cols));
+    let w = WeightRef::new(GgmlType::F32, &data[1..], rows, cols).unwrap();
+    let x = rng.vec(n * cols);
+    let (yr, _) = reference(&w, &x, n);
+    let mut y = vec![0f32; n * rows];
+    matmul(&pool, &w, &x, &mut y, n);
+    for (a, b) in y.iter().zip(&yr) {
+        assert!((*a as f64 - b).abs() < 1e-4);
+    }
+}
+
+#[test]
+fn weight_ref_checks() {
+    let d = vec![0u8; 34 * 3];
+    assert!(WeightRef::new(GgmlType::Q8_0, &d, 3, 32).is_ok());
+    assert!(matches!(
+        WeightRef::new(GgmlType::Q8_0, &d, 2, 32),
+        Err(KernelError::BadLength { .. })
+    ));
+    assert!(matches!(
+        WeightRef::new(GgmlType::Q8_0, &d, 3, 33),
+        Err(KernelError::BadColumns { .. })
+    ));
+    assert!(matches!(
+        WeightRef::new(GgmlType::I64, &d, 1, 1),
+        Err(KernelError::UnsupportedType(_))
+    ));
+}
+
+#[test]
+fn single_thread_pool_matches() {
+    let p1 = ThreadPool::new(1);
+    check(GgmlType::Q4_K, 33, 512, 2, &p1, 99);
+    check(GgmlType::F16, 33, 100, 20, &p1, 98);
+}

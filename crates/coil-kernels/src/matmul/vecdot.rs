@@ -1,0 +1,205 @@
+//! Scalar row · activation dot products: the specification for the SIMD
+//! versions. `row` is one weight row of `cols` values in the given format;
+//! `xq`/`xd`/`xs` are one token's quantized activations (values, scales,
+//! group sums) from [`super::act::QuantAct`].
+
+use super::dequant::{iq4xs_scales, rd_bf16, rd_f16, scale_min_k4, KVALUES_IQ4NL};
+
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    // 8 partial sums: same association on every run, vectorizable.
+    let mut acc = [0f32; 8];
+    let ca = a.chunks_exact(8);
+    let cb = b.chunks_exact(8);
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (x, y) in ra.iter().zip(rb) {
+        s += x * y;
+    }
+    s
+}
+
+pub fn dot_f32_bytes(row: &[u8], x: &[f32]) -> f32 {
+    let mut s = 0f32;
+    for (b, v) in row.chunks_exact(4).zip(x) {
+        s += f32::from_le_bytes([b[0], b[1], b[2], b[3]]) * v;
+    }
+    s
+}
+
+pub fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
+    let mut s = 0f32;
+    for (i, v) in x.iter().enumerate() {
+        s += rd_f16(row, 2 * i) * v;
+    }
+    s
+}
+
+pub fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
+    let mut s = 0f32;
+    for (i, v) in x.iter().enumerate() {
+        s += rd_bf16(row, 2 * i) * v;
+    }
+    s
+}
+
+#[inline]
+fn idot(a: impl Iterator<Item = i32>, b: &[i8]) -> i32 {
+    a.zip(b).map(|(a, &b)| a * b as i32).sum()
+}
+
+pub fn dot_q8_0(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i32]) -> f32 {
+    let mut s = 0f32;
+    for (i, b) in row.chunks_exact(34).enumerate() {
+        let q = &xq[32 * i..32 * i + 32];
+        let isum = idot(b[2..34].iter().map(|&v| v as i8 as i32), q);
+        s += rd_f16(b, 0) * xd[i] * isum as f32;
+    }
+    s
+}
+
+pub fn dot_q4_0(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i32]) -> f32 {
+    let mut s = 0f32;
+    for (i, b) in row.chunks_exact(18).enumerate() {
+        let q = &xq[32 * i..32 * i + 32];
+        let lo = idot(b[2..18].iter().map(|&v| (v & 0xF) as i32), &q[..16]);
+        let hi = idot(b[2..18].iter().map(|&v| (v >> 4) as i32), &q[16..]);
+        s += rd_f16(b, 0) * xd[i] * (lo + hi - 8 * xs[i]) as f32;
+    }
+    s
+}
+
+pub fn dot_iq4_nl(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i32]) -> f32 {
+    let mut s = 0f32;
+    for (i, b) in row.chunks_exact(18).enumerate() {
+        let q = &xq[32 * i..32 * i + 32];
+        let lo = idot(
+            b[2..18]
+                .iter()
+                .map(|&v| KVALUES_IQ4NL[(v & 0xF) as usize] as i32),
+            &q[..16],
+        );
+        let hi = idot(
+            b[2..18]
+                .iter()
+                .map(|&v| KVALUES_IQ4NL[(v >> 4) as usize] as i32),
+            &q[16..],
+        );
+        s += rd_f16(b, 0) * xd[i] * (lo + hi) as f32;
+    }
+    s
+}
+
+/// K-quant activations: `xd` one scale per 256, `xs` sums per 16.
+pub fn dot_q4_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i32]) -> f32 {
+    let mut s = 0f32;
+    for (i, b) in row.chunks_exact(144).enumerate() {
+        let q8 = &xq[256 * i..256 * i + 256];
+        let bs = &xs[16 * i..16 * i + 16];
+        let scales = &b[4..16];
+        let (mut acc, mut macc) = (0i32, 0i32);
+        for j in 0..4 {
+            let q = &b[16 + 32 * j..16 + 32 * j + 32];
+            let (s1, m1) = scale_min_k4(2 * j, scales);
+            let (s2, m2) = scale_min_k4(2 * j + 1, scales);
+            let lo = idot(
+                q.iter().map(|&v| (v & 0xF) as i32),
+                &q8[64 * j..64 * j + 32],
+            );
+            let hi = idot(
+                q.iter().map(|&v| (v >> 4) as i32),
+                &q8[64 * j + 32..64 * j + 64],
+            );
+            acc += s1 as i32 * lo + s2 as i32 * hi;
+            macc += m1 as i32 * (bs[4 * j] + bs[4 * j + 1])
+                + m2 as i32 * (bs[4 * j + 2] + bs[4 * j + 3]);
+        }
+        s += xd[i] * (rd_f16(b, 0) * acc as f32 - rd_f16(b, 2) * macc as f32);
+    }
+    s
+}
+
+pub fn dot_q5_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i32]) -> f32 {
+    let mut s = 0f32;
+    for (i, b) in row.chunks_exact(176).enumerate() {
+        let q8 = &xq[256 * i..256 * i + 256];
+        let bs = &xs[16 * i..16 * i + 16];
+        let scales = &b[4..16];
+        let qh = &b[16..48];
+        let (mut acc, mut macc) = (0i32, 0i32);
+        for j in 0..4 {
+            let ql = &b[48 + 32 * j..48 + 32 * j + 32];
+            let (s1, m1) = scale_min_k4(2 * j, scales);
+            let (s2, m2) = scale_min_k4(2 * j + 1, scales);
+            let lo = idot(
+                (0..32).map(|l| ((ql[l] & 0xF) | (((qh[l] >> (2 * j)) & 1) << 4)) as i32),
+                &q8[64 * j..64 * j + 32],
+            );
+            let hi = idot(
+                (0..32).map(|l| ((ql[l] >> 4) | (((qh[l] >> (2 * j + 1)) & 1) << 4)) as i32),
+                &q8[64 * j + 32..64 * j + 64],
+            );
+            acc += s1 as i32 * lo + s2 as i32 * hi;
+            macc += m1 as i32 * (bs[4 * j] + bs[4 * j + 1])
+                + m2 as i32 * (bs[4 * j + 2] + bs[4 * j + 3]);
+        }
+        s += xd[i] * (rd_f16(b, 0) * acc as f32 - rd_f16(b, 2) * macc as f32);
+    }
+    s
+}
+
+pub fn dot_q6_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i32]) -> f32 {
+    let mut s = 0f32;
+    for (i, b) in row.chunks_exact(210).enumerate() {
+        let q8 = &xq[256 * i..256 * i + 256];
+        let bs = &xs[16 * i..16 * i + 16];
+        let mut q = [0i32; 256];
+        for n in 0..2 {
+            let ql = &b[64 * n..64 * n + 64];
+            let qh = &b[128 + 32 * n..128 + 32 * n + 32];
+            for l in 0..32 {
+                q[128 * n + l] = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32;
+                q[128 * n + l + 32] = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32;
+                q[128 * n + l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32;
+                q[128 * n + l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32;
+            }
+        }
+        let mut acc = 0i32;
+        for g in 0..16 {
+            let isum = idot(
+                q[16 * g..16 * g + 16].iter().copied(),
+                &q8[16 * g..16 * g + 16],
+            );
+            acc += (b[192 + g] as i8) as i32 * (isum - 32 * bs[g]);
+        }
+        s += xd[i] * rd_f16(b, 208) * acc as f32;
+    }
+    s
+}
+
+pub fn dot_iq4_xs(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i32]) -> f32 {
+    let mut s = 0f32;
+    for (i, b) in row.chunks_exact(136).enumerate() {
+        let q8 = &xq[256 * i..256 * i + 256];
+        let ls = iq4xs_scales(b);
+        let mut acc = 0i32;
+        for (ib, l) in ls.iter().enumerate() {
+            let qs = &b[8 + 16 * ib..8 + 16 * ib + 16];
+            let lo = idot(
+                qs.iter().map(|&v| KVALUES_IQ4NL[(v & 0xF) as usize] as i32),
+                &q8[32 * ib..32 * ib + 16],
+            );
+            let hi = idot(
+                qs.iter().map(|&v| KVALUES_IQ4NL[(v >> 4) as usize] as i32),
+                &q8[32 * ib + 16..32 * ib + 32],
+            );
+            acc += l * (lo + hi);
+        }
+        s += xd[i] * rd_f16(b, 0) * acc as f32;
+    }
+    s
+}

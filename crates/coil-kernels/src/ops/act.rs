@@ -1,0 +1,138 @@
+//! Activations and element-wise arithmetic.
+
+/// `x * sigmoid(x)`.
+#[inline]
+pub fn silu1(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// `ln(1 + e^x)`, exact for large `x` (as torch: linear above 20).
+#[inline]
+pub fn softplus1(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+/// `x = silu(x)` in place.
+pub fn silu_inplace(x: &mut [f32]) {
+    x.iter_mut().for_each(|v| *v = silu1(*v));
+}
+
+/// `y = silu(x)`.
+pub fn silu(x: &[f32], y: &mut [f32]) {
+    assert_eq!(x.len(), y.len());
+    y.iter_mut().zip(x).for_each(|(o, v)| *o = silu1(*v));
+}
+
+/// SwiGLU: `gate = silu(gate) * up` in place.
+pub fn swiglu_inplace(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len());
+    gate.iter_mut()
+        .zip(up)
+        .for_each(|(g, u)| *g = silu1(*g) * u);
+}
+
+/// `x = softplus(x)` in place.
+pub fn softplus_inplace(x: &mut [f32]) {
+    x.iter_mut().for_each(|v| *v = softplus1(*v));
+}
+
+/// `x = max(x, 0)^2` in place (Nemotron-H MLP).
+pub fn relu2_inplace(x: &mut [f32]) {
+    x.iter_mut().for_each(|v| {
+        let r = v.max(0.0);
+        *v = r * r;
+    });
+}
+
+/// `x = gelu(x)` (tanh approximation) in place.
+pub fn gelu_inplace(x: &mut [f32]) {
+    const C: f32 = 0.797_884_6; // sqrt(2/pi)
+    x.iter_mut()
+        .for_each(|v| *v = 0.5 * *v * (1.0 + (C * (*v + 0.044715 * *v * *v * *v)).tanh()));
+}
+
+/// `a += b`.
+pub fn add_inplace(a: &mut [f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len());
+    a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+}
+
+/// `out = a + b`.
+pub fn add(a: &[f32], b: &[f32], out: &mut [f32]) {
+    assert!(a.len() == b.len() && a.len() == out.len());
+    out.iter_mut()
+        .zip(a.iter().zip(b))
+        .for_each(|(o, (x, y))| *o = x + y);
+}
+
+/// `a *= b` element-wise.
+pub fn mul_inplace(a: &mut [f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len());
+    a.iter_mut().zip(b).for_each(|(x, y)| *x *= y);
+}
+
+/// `x *= s`.
+pub fn scale_inplace(x: &mut [f32], s: f32) {
+    x.iter_mut().for_each(|v| *v *= s);
+}
+
+/// `a += s * b` (residual with a multiplier).
+pub fn axpy(a: &mut [f32], s: f32, b: &[f32]) {
+    assert_eq!(a.len(), b.len());
+    a.iter_mut().zip(b).for_each(|(x, y)| *x += s * y);
+}
+
+/// `x[i, :] += bias` for each row of `bias.len()` values.
+pub fn add_bias_rows(x: &mut [f32], bias: &[f32]) {
+    assert!(!bias.is_empty() && x.len().is_multiple_of(bias.len()));
+    for r in x.chunks_exact_mut(bias.len()) {
+        add_inplace(r, bias);
+    }
+}
+
+/// Numerically stable softmax of each row of `dim` values, in place.
+pub fn softmax_inplace(x: &mut [f32], dim: usize) {
+    assert!(dim > 0 && x.len().is_multiple_of(dim));
+    for r in x.chunks_exact_mut(dim) {
+        let m = r.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
+        if m == f32::NEG_INFINITY {
+            r.fill(1.0 / dim as f32);
+            continue;
+        }
+        let mut s = 0f32;
+        for v in r.iter_mut() {
+            *v = (*v - m).exp();
+            s += *v;
+        }
+        let inv = 1.0 / s;
+        r.iter_mut().for_each(|v| *v *= inv);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn activations() {
+        assert!((silu1(1.0) - 0.731_058_6).abs() < 1e-6);
+        assert!((softplus1(0.0) - std::f32::consts::LN_2).abs() < 1e-6);
+        assert_eq!(softplus1(50.0), 50.0);
+        assert!(softplus1(-50.0) >= 0.0 && softplus1(-50.0) < 1e-20);
+        let mut v = [-2.0f32, 3.0];
+        relu2_inplace(&mut v);
+        assert_eq!(v, [0.0, 9.0]);
+        let mut s = [1.0f32, 2.0, 3.0, 0.0, 0.0, 0.0];
+        softmax_inplace(&mut s, 3);
+        assert!((s.iter().take(3).sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!((s[2] - 0.665_240_9).abs() < 1e-6);
+        assert!((s[4] - 1.0 / 3.0).abs() < 1e-6);
+        let mut a = [1.0f32, 2.0];
+        axpy(&mut a, 2.0, &[1.0, 1.0]);
+        assert_eq!(a, [3.0, 4.0]);
+    }
+}

@@ -1,0 +1,19 @@
+//! Element-wise and small ops on f32 slices. Shapes are row-major; a
+//! "row" is the innermost dimension. Length mismatches are programmer errors
+//! and panic at entry.
+
+pub mod act;
+pub mod attention;
+pub mod conv;
+pub mod norm;
+pub mod rope;
+pub mod ssm;
+pub mod topk;
+
+pub use act::*;
+pub use attention::{attention, KvData, KvView};
+pub use conv::{conv1d_causal, conv1d_causal_step};
+pub use norm::{group_rms_norm_gated, rms_norm, rms_norm_inplace};
+pub use rope::{rope, RopeStyle};
+pub use ssm::{mamba1_scan, mamba1_step, mamba2_scan, mamba2_step, Mamba2Dims};
+pub use topk::{top_k, top_k_into};

@@ -1,0 +1,455 @@
+//! Selective-scan recurrences (Mamba-1, Mamba-2), token by token, f32.
+//!
+//! `dt` is passed already activated (`softplus(dt + bias)`, clamped by the
+//! caller to the model's time-step limits) and `a` already as `A = −exp(A_log)`
+//! (how GGUF stores it).
+
+use crate::matmul::SendPtr;
+use crate::multiversion;
+use crate::pool::ThreadPool;
+use crate::simd::math::exp_fast;
+
+/// Mamba-2 sizes: `n_head` heads of `head_dim` channels, `n_group` groups of
+/// B/C with `d_state` each; head `h` uses group `h / (n_head / n_group)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mamba2Dims {
+    pub n_head: usize,
+    pub head_dim: usize,
+    pub n_group: usize,
+    pub d_state: usize,
+}
+
+/// `sum(a[i] * b[i])` with 16 partial sums (vectorizes).
+#[inline(always)]
+fn dot16(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..16 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut s = 0f32;
+    for (x, y) in ra.iter().zip(rb) {
+        s += x * y;
+    }
+    acc.iter().sum::<f32>() + s
+}
+
+/// One Mamba-2 head over `n_tokens` tokens.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn m2_head(
+    dims: &Mamba2Dims,
+    h: usize,
+    state: &mut [f32],
+    x: &[f32],
+    dt: &[f32],
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+    d: Option<&[f32]>,
+    y: *mut f32,
+    n_tokens: usize,
+) {
+    let (hn, p_dim, n) = (dims.n_head, dims.head_dim, dims.d_state);
+    let g = h / (hn / dims.n_group);
+    let gn = dims.n_group * n;
+    for t in 0..n_tokens {
+        let dth = dt[t * hn + h];
+        let da = exp_fast(dth * a[h]);
+        let bt = &b[t * gn + g * n..t * gn + (g + 1) * n];
+        let ct = &c[t * gn + g * n..t * gn + (g + 1) * n];
+        let dh = d.map_or(0.0, |d| d[h]);
+        for p in 0..p_dim {
+            let xv = x[(t * hn + h) * p_dim + p];
+            let xdt = xv * dth;
+            let s = &mut state[p * n..(p + 1) * n];
+            for (sv, bv) in s.iter_mut().zip(bt) {
+                *sv = *sv * da + xdt * bv;
+            }
+            let yv = dot16(s, ct) + dh * xv;
+            // SAFETY: (t, h, p) belongs to this head only.
+            unsafe { *y.add((t * hn + h) * p_dim + p) = yv };
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn m2_heads(
+    dims: &Mamba2Dims,
+    h0: usize,
+    h1: usize,
+    state: *mut f32,
+    x: &[f32],
+    dt: &[f32],
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+    d: Option<&[f32]>,
+    y: *mut f32,
+    n_tokens: usize,
+) {
+    let hs = dims.head_dim * dims.d_state;
+    for h in h0..h1 {
+        // SAFETY: head h owns state[h*hs..(h+1)*hs].
+        let st = unsafe { std::slice::from_raw_parts_mut(state.add(h * hs), hs) };
+        m2_head(dims, h, st, x, dt, a, b, c, d, y, n_tokens);
+    }
+}
+
+multiversion!(fn m2_heads_mv(
+    dims: &Mamba2Dims, h0: usize, h1: usize, state: *mut f32, x: &[f32], dt: &[f32], a: &[f32],
+    b: &[f32], c: &[f32], d: Option<&[f32]>, y: *mut f32, n_tokens: usize
+) => m2_heads);
+
+/// Mamba-2 sequential scan over `n_tokens` tokens:
+/// `S_h ← exp(dt_h·A_h)·S_h + dt_h·x_h ⊗ B_g`, `y_h = S_h·C_g + D_h·x_h`.
+///
+/// * `state`: `[n_head, head_dim, d_state]`, updated in place
+/// * `x`: `[n_tokens, n_head, head_dim]`; `dt`: `[n_tokens, n_head]` (activated)
+/// * `a`: `[n_head]` (= −exp(A_log)); `d`: `[n_head]` or `None`
+/// * `b`, `c`: `[n_tokens, n_group, d_state]`; `y`: `[n_tokens, n_head, head_dim]`
+#[allow(clippy::too_many_arguments)]
+pub fn mamba2_scan(
+    pool: &ThreadPool,
+    dims: Mamba2Dims,
+    state: &mut [f32],
+    x: &[f32],
+    dt: &[f32],
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+    d: Option<&[f32]>,
+    y: &mut [f32],
+    n_tokens: usize,
+) {
+    let Mamba2Dims {
+        n_head: hn,
+        head_dim: p,
+        n_group: g,
+        d_state: n,
+    } = dims;
+    assert!(
+        g > 0 && hn.is_multiple_of(g),
+        "mamba2: n_head must be a multiple of n_group"
+    );
+    assert_eq!(state.len(), hn * p * n, "mamba2: state is not [H, P, N]");
+    assert_eq!(x.len(), n_tokens * hn * p);
+    assert_eq!(y.len(), n_tokens * hn * p);
+    assert_eq!(dt.len(), n_tokens * hn);
+    assert_eq!(a.len(), hn);
+    assert!(b.len() == n_tokens * g * n && c.len() == b.len());
+    if let Some(d) = d {
+        assert_eq!(d.len(), hn);
+    }
+    let sp = SendPtr(state.as_mut_ptr());
+    let yp = SendPtr(y.as_mut_ptr());
+    let grain = (hn / (pool.n_threads() * 4)).max(1);
+    pool.parallel_for(hn, grain, |hr, _| {
+        m2_heads_mv(
+            &dims,
+            hr.start,
+            hr.end,
+            sp.get(),
+            x,
+            dt,
+            a,
+            b,
+            c,
+            d,
+            yp.get(),
+            n_tokens,
+        );
+    });
+}
+
+/// One Mamba-2 decode step ([`mamba2_scan`] with one token):
+/// `x`, `y`: `[n_head, head_dim]`, `dt`: `[n_head]`, `b`, `c`: `[n_group, d_state]`.
+#[allow(clippy::too_many_arguments)]
+pub fn mamba2_step(
+    pool: &ThreadPool,
+    dims: Mamba2Dims,
+    state: &mut [f32],
+    x: &[f32],
+    dt: &[f32],
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+    d: Option<&[f32]>,
+    y: &mut [f32],
+) {
+    mamba2_scan(pool, dims, state, x, dt, a, b, c, d, y, 1);
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn m1_channels(
+    d0: usize,
+    d1: usize,
+    d_inner: usize,
+    n: usize,
+    state: *mut f32,
+    x: &[f32],
+    dt: &[f32],
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+    d: Option<&[f32]>,
+    y: *mut f32,
+    n_tokens: usize,
+) {
+    for t in 0..n_tokens {
+        let bt = &b[t * n..(t + 1) * n];
+        let ct = &c[t * n..(t + 1) * n];
+        for ch in d0..d1 {
+            // SAFETY: channel ch owns state[ch*n..(ch+1)*n] and y[t, ch].
+            let s = unsafe { std::slice::from_raw_parts_mut(state.add(ch * n), n) };
+            let dtv = dt[t * d_inner + ch];
+            let xv = x[t * d_inner + ch];
+            let xdt = xv * dtv;
+            let ar = &a[ch * n..(ch + 1) * n];
+            for ((sv, av), bv) in s.iter_mut().zip(ar).zip(bt) {
+                *sv = exp_fast(dtv * av) * *sv + xdt * bv;
+            }
+            let yv = dot16(s, ct) + d.map_or(0.0, |d| d[ch]) * xv;
+            unsafe { *y.add(t * d_inner + ch) = yv };
+        }
+    }
+}
+
+multiversion!(fn m1_channels_mv(
+    d0: usize, d1: usize, d_inner: usize, n: usize, state: *mut f32, x: &[f32], dt: &[f32],
+    a: &[f32], b: &[f32], c: &[f32], d: Option<&[f32]>, y: *mut f32, n_tokens: usize
+) => m1_channels);
+
+/// Mamba-1 sequential scan over `n_tokens` tokens:
+/// `h ← exp(dt⊙A)⊙h + (dt·x)⊗B`, `y = h·C + D·x`.
+///
+/// * `state`: `[d_inner, d_state]`, updated in place
+/// * `x`, `dt` (activated), `y`: `[n_tokens, d_inner]`
+/// * `a`: `[d_inner, d_state]` (= −exp(A_log)); `d`: `[d_inner]` or `None`
+/// * `b`, `c`: `[n_tokens, d_state]`
+#[allow(clippy::too_many_arguments)]
+pub fn mamba1_scan(
+    pool: &ThreadPool,
+    d_inner: usize,
+    d_state: usize,
+    state: &mut [f32],
+    x: &[f32],
+    dt: &[f32],
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+    d: Option<&[f32]>,
+    y: &mut [f32],
+    n_tokens: usize,
+) {
+    let n = d_state;
+    assert_eq!(
+        state.len(),
+        d_inner * n,
+        "mamba1: state is not [d_inner, d_state]"
+    );
+    assert!(x.len() == n_tokens * d_inner && dt.len() == x.len() && y.len() == x.len());
+    assert_eq!(a.len(), d_inner * n);
+    assert!(b.len() == n_tokens * n && c.len() == b.len());
+    if let Some(d) = d {
+        assert_eq!(d.len(), d_inner);
+    }
+    let sp = SendPtr(state.as_mut_ptr());
+    let yp = SendPtr(y.as_mut_ptr());
+    let grain = (d_inner / (pool.n_threads() * 4)).max(16);
+    pool.parallel_for(d_inner, grain, |r, _| {
+        m1_channels_mv(
+            r.start,
+            r.end,
+            d_inner,
+            n,
+            sp.get(),
+            x,
+            dt,
+            a,
+            b,
+            c,
+            d,
+            yp.get(),
+            n_tokens,
+        );
+    });
+}
+
+/// One Mamba-1 decode step: `x`, `dt`, `y`: `[d_inner]`; `b`, `c`: `[d_state]`.
+#[allow(clippy::too_many_arguments)]
+pub fn mamba1_step(
+    pool: &ThreadPool,
+    d_inner: usize,
+    d_state: usize,
+    state: &mut [f32],
+    x: &[f32],
+    dt: &[f32],
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+    d: Option<&[f32]>,
+    y: &mut [f32],
+) {
+    mamba1_scan(pool, d_inner, d_state, state, x, dt, a, b, c, d, y, 1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::Rng;
+
+    #[test]
+    fn mamba2_matches_naive_and_steps() {
+        let pool = ThreadPool::new(2);
+        let mut rng = Rng::new(11);
+        for &(hn, p, g, n, t) in &[(4, 3, 2, 5, 7), (6, 16, 3, 32, 3), (2, 8, 1, 17, 1)] {
+            let dims = Mamba2Dims {
+                n_head: hn,
+                head_dim: p,
+                n_group: g,
+                d_state: n,
+            };
+            let x = rng.vec(t * hn * p);
+            let dt: Vec<f32> = rng.vec(t * hn).iter().map(|v| v.abs() * 0.5).collect();
+            let a: Vec<f32> = rng.vec(hn).iter().map(|v| -v.abs() - 0.1).collect();
+            let b = rng.vec(t * g * n);
+            let c = rng.vec(t * g * n);
+            let dd = rng.vec(hn);
+            let s0 = rng.vec(hn * p * n);
+            // naive in f64
+            let mut s = s0.iter().map(|v| *v as f64).collect::<Vec<_>>();
+            let mut want = vec![0f64; t * hn * p];
+            for ti in 0..t {
+                for h in 0..hn {
+                    let gi = h / (hn / g);
+                    let dtv = dt[ti * hn + h] as f64;
+                    let da = (dtv * a[h] as f64).exp();
+                    for pi in 0..p {
+                        let xv = x[(ti * hn + h) * p + pi] as f64;
+                        let mut acc = 0f64;
+                        for ni in 0..n {
+                            let si = &mut s[(h * p + pi) * n + ni];
+                            *si = *si * da + dtv * xv * b[(ti * g + gi) * n + ni] as f64;
+                            acc += *si * c[(ti * g + gi) * n + ni] as f64;
+                        }
+                        want[(ti * hn + h) * p + pi] = acc + dd[h] as f64 * xv;
+                    }
+                }
+            }
+            let mut st = s0.clone();
+            let mut y = vec![0f32; t * hn * p];
+            mamba2_scan(
+                &pool,
+                dims,
+                &mut st,
+                &x,
+                &dt,
+                &a,
+                &b,
+                &c,
+                Some(&dd),
+                &mut y,
+                t,
+            );
+            for (a, e) in y.iter().zip(&want) {
+                assert!((*a as f64 - e).abs() < 1e-4, "{a} vs {e}");
+            }
+            for (a, e) in st.iter().zip(&s) {
+                assert!((*a as f64 - e).abs() < 1e-4);
+            }
+            let mut st2 = s0.clone();
+            for ti in 0..t {
+                let mut yy = vec![0f32; hn * p];
+                mamba2_step(
+                    &pool,
+                    dims,
+                    &mut st2,
+                    &x[ti * hn * p..(ti + 1) * hn * p],
+                    &dt[ti * hn..(ti + 1) * hn],
+                    &a,
+                    &b[ti * g * n..(ti + 1) * g * n],
+                    &c[ti * g * n..(ti + 1) * g * n],
+                    Some(&dd),
+                    &mut yy,
+                );
+                assert_eq!(yy[..], y[ti * hn * p..(ti + 1) * hn * p]);
+            }
+            assert_eq!(st, st2);
+        }
+    }
+
+    #[test]
+    fn mamba1_matches_naive() {
+        let pool = ThreadPool::new(2);
+        let mut rng = Rng::new(12);
+        for &(di, n, t) in &[(40, 16, 5), (7, 3, 2), (33, 17, 1)] {
+            let x = rng.vec(t * di);
+            let dt: Vec<f32> = rng.vec(t * di).iter().map(|v| v.abs()).collect();
+            let a: Vec<f32> = rng.vec(di * n).iter().map(|v| -v.abs() * 3.0).collect();
+            let b = rng.vec(t * n);
+            let c = rng.vec(t * n);
+            let dd = rng.vec(di);
+            let s0 = rng.vec(di * n);
+            let mut s: Vec<f64> = s0.iter().map(|v| *v as f64).collect();
+            let mut want = vec![0f64; t * di];
+            for ti in 0..t {
+                for ch in 0..di {
+                    let dtv = dt[ti * di + ch] as f64;
+                    let xv = x[ti * di + ch] as f64;
+                    let mut acc = 0f64;
+                    for ni in 0..n {
+                        let si = &mut s[ch * n + ni];
+                        *si = (dtv * a[ch * n + ni] as f64).exp() * *si
+                            + dtv * xv * b[ti * n + ni] as f64;
+                        acc += *si * c[ti * n + ni] as f64;
+                    }
+                    want[ti * di + ch] = acc + dd[ch] as f64 * xv;
+                }
+            }
+            let mut st = s0.clone();
+            let mut y = vec![0f32; t * di];
+            mamba1_scan(
+                &pool,
+                di,
+                n,
+                &mut st,
+                &x,
+                &dt,
+                &a,
+                &b,
+                &c,
+                Some(&dd),
+                &mut y,
+                t,
+            );
+            for (a, e) in y.iter().zip(&want) {
+                assert!((*a as f64 - e).abs() < 1e-4, "{a} vs {e}");
+            }
+            let mut st2 = s0.clone();
+            let mut y1 = vec![0f32; di];
+            for ti in 0..t {
+                let r = ti * di..(ti + 1) * di;
+                mamba1_step(
+                    &pool,
+                    di,
+                    n,
+                    &mut st2,
+                    &x[r.clone()],
+                    &dt[r.clone()],
+                    &a,
+                    &b[ti * n..(ti + 1) * n],
+                    &c[ti * n..(ti + 1) * n],
+                    Some(&dd),
+                    &mut y1,
+                );
+                assert_eq!(y1[..], y[r]);
+            }
+        }
+    }
+}
