@@ -29,6 +29,7 @@ fn kv(i: u8) -> f32 {
     KVALUES_IQ4NL[(i & 0x0f) as usize] as f32
 }
 
+/// Decodes one IQ4_NL block.
 #[inline]
 pub fn dequantize_block_iq4_nl(b: &[u8; IQ4_NL_BYTES], y: &mut [f32; QK4_NL]) {
     let d = read_f16(b, 0);
@@ -39,6 +40,7 @@ pub fn dequantize_block_iq4_nl(b: &[u8; IQ4_NL_BYTES], y: &mut [f32; QK4_NL]) {
     }
 }
 
+/// Decodes one IQ4_XS block.
 #[inline]
 pub fn dequantize_block_iq4_xs(b: &[u8; IQ4_XS_BYTES], y: &mut [f32; QK_K]) {
     let d = read_f16(b, 0);

@@ -79,6 +79,7 @@ fn scale_bytes(b: &[u8], at: usize) -> [u8; K_SCALE_SIZE] {
     s
 }
 
+/// Decodes one Q2_K block.
 #[inline]
 pub fn dequantize_block_q2_k(b: &[u8; Q2_K_BYTES], y: &mut [f32; QK_K]) {
     let d = read_f16(b, 80);
@@ -118,6 +119,7 @@ fn q3_k_scales(s: &[u8]) -> [i8; 16] {
     out
 }
 
+/// Decodes one Q3_K block.
 #[inline]
 pub fn dequantize_block_q3_k(b: &[u8; Q3_K_BYTES], y: &mut [f32; QK_K]) {
     let hmask = &b[0..32];
@@ -139,6 +141,7 @@ pub fn dequantize_block_q3_k(b: &[u8; Q3_K_BYTES], y: &mut [f32; QK_K]) {
     }
 }
 
+/// Decodes one Q4_K block.
 #[inline]
 pub fn dequantize_block_q4_k(b: &[u8; Q4_K_BYTES], y: &mut [f32; QK_K]) {
     let d = read_f16(b, 0);
@@ -158,6 +161,7 @@ pub fn dequantize_block_q4_k(b: &[u8; Q4_K_BYTES], y: &mut [f32; QK_K]) {
     }
 }
 
+/// Decodes one Q5_K block.
 #[inline]
 pub fn dequantize_block_q5_k(b: &[u8; Q5_K_BYTES], y: &mut [f32; QK_K]) {
     let d = read_f16(b, 0);
@@ -179,6 +183,7 @@ pub fn dequantize_block_q5_k(b: &[u8; Q5_K_BYTES], y: &mut [f32; QK_K]) {
     }
 }
 
+/// Decodes one Q6_K block.
 #[inline]
 pub fn dequantize_block_q6_k(b: &[u8; Q6_K_BYTES], y: &mut [f32; QK_K]) {
     let d = read_f16(b, 208);
@@ -206,6 +211,7 @@ pub fn dequantize_block_q6_k(b: &[u8; Q6_K_BYTES], y: &mut [f32; QK_K]) {
     }
 }
 
+/// Decodes one Q8_K block.
 #[inline]
 pub fn dequantize_block_q8_k(b: &[u8; Q8_K_BYTES], y: &mut [f32; QK_K]) {
     let d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);

@@ -2,13 +2,13 @@
 //!
 //! Layouts (little-endian; `d`, `m` are f16; element `j` of a block):
 //!
-//! | type | bytes | fields (in order)                          | value of element j          |
-//! |------|-------|--------------------------------------------|-----------------------------|
-//! | Q4_0 | 18    | d, qs[16]                                  | (q_j − 8)·d                 |
-//! | Q4_1 | 20    | d, m, qs[16]                               | q_j·d + m                   |
-//! | Q5_0 | 22    | d, qh: u32, qs[16]                         | (q_j − 16)·d                |
-//! | Q5_1 | 24    | d, m, qh: u32, qs[16]                      | q_j·d + m                   |
-//! | Q8_0 | 34    | d, qs: [i8; 32]                            | q_j·d                       |
+//! | type | bytes | fields (in order)            | value of element j |
+//! |------|-------|------------------------------|--------------------|
+//! | Q4_0 | 18    | `d, qs[16]`                  | `(q_j − 8)·d`      |
+//! | Q4_1 | 20    | `d, m, qs[16]`               | `q_j·d + m`        |
+//! | Q5_0 | 22    | `d, qh: u32, qs[16]`         | `(q_j − 16)·d`     |
+//! | Q5_1 | 24    | `d, m, qh: u32, qs[16]`      | `q_j·d + m`        |
+//! | Q8_0 | 34    | `d, qs: [i8; 32]`            | `q_j·d`            |
 //!
 //! 4-bit parts: element `j < 16` is the low nibble of `qs[j]`, element
 //! `j + 16` the high nibble of `qs[j]`. 5-bit formats take bit 4 of element
@@ -25,6 +25,9 @@
 //! - float → integer casts behave like numpy's (and C's) on x86-64: a value
 //!   that does not fit an i32 (±inf, NaN — which happens when `d` is a tiny
 //!   f32 subnormal and `1 / d` overflows) becomes 0; others wrap to 8 bits.
+//! - ±inf inputs are matched too. NaN inputs never panic, but the bytes are
+//!   unspecified (numpy's NaN handling in max/min/argmax is not pinned down),
+//!   as is the sign of a zero `m` when a block's minimum is both +0.0 and -0.0.
 
 use super::float::{read_f16, write_f16};
 use super::{blocks, blocks_mut};
@@ -34,7 +37,7 @@ pub const QK4_1: usize = 32;
 pub const QK5_0: usize = 32;
 pub const QK5_1: usize = 32;
 pub const QK8_0: usize = 32;
-/// Bytes per block.
+/// Bytes per block of each format.
 pub const Q4_0_BYTES: usize = 18;
 pub const Q4_1_BYTES: usize = 20;
 pub const Q5_0_BYTES: usize = 22;
@@ -43,6 +46,7 @@ pub const Q8_0_BYTES: usize = 34;
 
 // ---- dequantization ----
 
+/// Decodes one Q4_0 block.
 #[inline]
 pub fn dequantize_block_q4_0(b: &[u8; Q4_0_BYTES], y: &mut [f32; QK4_0]) {
     let d = read_f16(b, 0);
@@ -53,6 +57,7 @@ pub fn dequantize_block_q4_0(b: &[u8; Q4_0_BYTES], y: &mut [f32; QK4_0]) {
     }
 }
 
+/// Decodes one Q4_1 block.
 #[inline]
 pub fn dequantize_block_q4_1(b: &[u8; Q4_1_BYTES], y: &mut [f32; QK4_1]) {
     let d = read_f16(b, 0);
@@ -64,6 +69,7 @@ pub fn dequantize_block_q4_1(b: &[u8; Q4_1_BYTES], y: &mut [f32; QK4_1]) {
     }
 }
 
+/// Decodes one Q5_0 block.
 #[inline]
 pub fn dequantize_block_q5_0(b: &[u8; Q5_0_BYTES], y: &mut [f32; QK5_0]) {
     let d = read_f16(b, 0);
@@ -77,6 +83,7 @@ pub fn dequantize_block_q5_0(b: &[u8; Q5_0_BYTES], y: &mut [f32; QK5_0]) {
     }
 }
 
+/// Decodes one Q5_1 block.
 #[inline]
 pub fn dequantize_block_q5_1(b: &[u8; Q5_1_BYTES], y: &mut [f32; QK5_1]) {
     let d = read_f16(b, 0);
@@ -91,6 +98,7 @@ pub fn dequantize_block_q5_1(b: &[u8; Q5_1_BYTES], y: &mut [f32; QK5_1]) {
     }
 }
 
+/// Decodes one Q8_0 block.
 #[inline]
 pub fn dequantize_block_q8_0(b: &[u8; Q8_0_BYTES], y: &mut [f32; QK8_0]) {
     let d = read_f16(b, 0);
@@ -190,6 +198,7 @@ fn inverse(d: f32) -> f32 {
     }
 }
 
+/// Encodes 32 values as one Q4_0 block.
 pub fn quantize_block_q4_0(x: &[f32; QK4_0], b: &mut [u8; Q4_0_BYTES]) {
     let d = signed_absmax(x) / -8.0;
     let id = inverse(d);
@@ -200,6 +209,7 @@ pub fn quantize_block_q4_0(x: &[f32; QK4_0], b: &mut [u8; Q4_0_BYTES]) {
     }
 }
 
+/// Encodes 32 values as one Q4_1 block.
 pub fn quantize_block_q4_1(x: &[f32; QK4_1], b: &mut [u8; Q4_1_BYTES]) {
     let max = np_max(x);
     let min = np_min(x);
@@ -213,6 +223,7 @@ pub fn quantize_block_q4_1(x: &[f32; QK4_1], b: &mut [u8; Q4_1_BYTES]) {
     }
 }
 
+/// Encodes 32 values as one Q5_0 block.
 pub fn quantize_block_q5_0(x: &[f32; QK5_0], b: &mut [u8; Q5_0_BYTES]) {
     let d = signed_absmax(x) / -16.0;
     let id = inverse(d);
@@ -227,6 +238,7 @@ pub fn quantize_block_q5_0(x: &[f32; QK5_0], b: &mut [u8; Q5_0_BYTES]) {
     b[2..6].copy_from_slice(&qh.to_le_bytes());
 }
 
+/// Encodes 32 values as one Q5_1 block.
 pub fn quantize_block_q5_1(x: &[f32; QK5_1], b: &mut [u8; Q5_1_BYTES]) {
     let max = np_max(x);
     let min = np_min(x);
@@ -244,6 +256,7 @@ pub fn quantize_block_q5_1(x: &[f32; QK5_1], b: &mut [u8; Q5_1_BYTES]) {
     b[4..8].copy_from_slice(&qh.to_le_bytes());
 }
 
+/// Encodes 32 values as one Q8_0 block.
 pub fn quantize_block_q8_0(x: &[f32; QK8_0], b: &mut [u8; Q8_0_BYTES]) {
     let mut amax = 0.0f32;
     let mut nan = false;

@@ -15,7 +15,16 @@
 //! Row functions ([`dequantize_row`], [`quantize_row`]) check lengths and
 //! return [`QuantError`] instead of panicking; each module also has
 //! per-block functions on fixed-size arrays (`dequantize_block_q4_k`, ...)
-//! for kernels that work block by block.
+//! and block-size constants (`Q4_K_BYTES`, ...) for kernels that work block
+//! by block, plus the scalar helpers [`f16_to_f32`], [`f32_to_f16`],
+//! [`bf16_to_f32`], [`f32_to_bf16`], [`get_scale_min_k4`] and
+//! [`KVALUES_IQ4NL`].
+//!
+//! Exactness: every value, NaN payloads of F16/BF16/F32 included, matches
+//! `gguf.quants` bit for bit on x86-64 (the checked platform). Elsewhere the
+//! one thing that can differ is the bit pattern of a NaN *made by arithmetic*
+//! (e.g. `inf·0` in a block whose f16 scale overflowed), which is the CPU's
+//! choice. Non-finite inputs to the quantizers never panic; see [`legacy`].
 
 use crate::dtype::GgmlType;
 
