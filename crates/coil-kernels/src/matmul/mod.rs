@@ -115,12 +115,12 @@ pub fn supported(ty: GgmlType) -> bool {
 mod fallback {
     use coil_gguf::GgmlType;
 
-    pub fn can_dequantize(_ty: GgmlType) -> bool {
-        false
+    pub fn can_dequantize(ty: GgmlType) -> bool {
+        coil_gguf::quant::can_dequantize(ty)
     }
 
-    pub fn dequantize(_ty: GgmlType, _src: &[u8], _dst: &mut [f32]) -> bool {
-        false
+    pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> bool {
+        coil_gguf::quant::dequantize_row(ty, src, dst).is_ok()
     }
 }
 

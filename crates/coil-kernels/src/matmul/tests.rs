@@ -131,3 +131,58 @@ fn single_thread_pool_matches() {
     check(GgmlType::Q4_K, 33, 512, 2, &p1, 99);
     check(GgmlType::F16, 33, 100, 20, &p1, 98);
 }
+
+#[test]
+fn native_decoder_matches_format_layer() {
+    let mut rng = Rng::new(5);
+    for ty in FORMATS {
+        let cols = ty.block_size() * 8;
+        let data = random_weights(&mut rng, ty, 3, cols);
+        let mut a = vec![0f32; 3 * cols];
+        let mut b = vec![1f32; 3 * cols];
+        assert!(dequant::dequant_row(ty, &data, &mut a));
+        coil_gguf::quant::dequantize_row(ty, &data, &mut b).unwrap();
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            assert!(
+                x.to_bits() == y.to_bits() || x == y,
+                "{ty} [{i}]: {x} vs {y}"
+            );
+        }
+        // and the SIMD decoders
+        for level in crate::simd::available_levels() {
+            let mut c = vec![2f32; 3 * cols];
+            decode_segment(ty, &data, &mut c, level);
+            assert_eq!(c, b, "{ty} {level:?}");
+        }
+    }
+}
+
+#[test]
+fn fallback_formats_via_format_layer() {
+    // Q8_K has no native kernel: decoded by coil-gguf, multiplied by the GEMM.
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng::new(77);
+    let ty = GgmlType::Q8_K;
+    assert!(supported(ty));
+    let (rows, cols, n) = (9, 512, 2);
+    let mut data = rng.bytes(rows * cols / 256 * ty.type_size());
+    for b in data.chunks_exact_mut(ty.type_size()) {
+        b[0..4].copy_from_slice(&(rng.f32() * 0.01).to_le_bytes());
+    }
+    let w = WeightRef::new(ty, &data, rows, cols).unwrap();
+    let x = rng.vec(n * cols);
+    let mut y = vec![0f32; n * rows];
+    matmul(&pool, &w, &x, &mut y, n);
+    let mut row = vec![0f32; cols];
+    for r in 0..rows {
+        coil_gguf::quant::dequantize_row(ty, w.row(r), &mut row).unwrap();
+        for t in 0..n {
+            let e: f64 = row
+                .iter()
+                .zip(&x[t * cols..])
+                .map(|(a, b)| *a as f64 * *b as f64)
+                .sum();
+            assert!((y[t * rows + r] as f64 - e).abs() < 1e-3 * (1.0 + e.abs()));
+        }
+    }
+}
