@@ -5,6 +5,7 @@
 
 pub mod dtype;
 pub mod gguf;
+pub mod npy;
 pub mod quant;
 
 pub use dtype::GgmlType;

@@ -166,6 +166,17 @@ impl GgufFile {
         self.data_offset
     }
 
+    /// The whole file image (header and data).
+    pub fn bytes(&self) -> &[u8] {
+        self.storage.bytes()
+    }
+
+    /// Byte range of a tensor's data within [`GgufFile::bytes`].
+    pub fn data_range(&self, info: &TensorInfo) -> std::ops::Range<usize> {
+        let start = (self.data_offset + info.offset) as usize;
+        start..start + info.n_bytes as usize
+    }
+
     pub fn file_len(&self) -> u64 {
         self.storage.bytes().len() as u64
     }
@@ -198,8 +209,7 @@ impl GgufFile {
     /// A zero-copy view of a tensor of this file.
     pub fn view<'a>(&'a self, info: &'a TensorInfo) -> TensorView<'a> {
         // Bounds were checked when the header was parsed.
-        let start = (self.data_offset + info.offset) as usize;
-        let data = &self.storage.bytes()[start..start + info.n_bytes as usize];
+        let data = &self.storage.bytes()[self.data_range(info)];
         TensorView { info, data }
     }
 }

@@ -1,6 +1,134 @@
 //! Layer 3: one file per architecture plus the shared blocks and the layer
-//! plan.
+//! plan. Every architecture implements [`Model`]: given a micro-batch and
+//! the memory, run the layers and return logits. Models never allocate
+//! per-sequence state and never know how many sequences exist.
 
+pub mod blocks;
+pub mod mamba;
+pub mod mamba2;
 pub mod plan;
+pub mod weights;
 
 pub use plan::{FeedForward, LayerKind, LayerPlan, Mixer};
+
+use crate::memory::{Memory, MemoryError, SeqId};
+use coil_gguf::GgufFile;
+use coil_kernels::ThreadPool;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Plan(#[from] plan::PlanError),
+    #[error("metadata key {0} is missing")]
+    MissingKey(String),
+    #[error("metadata key {key}: {reason}")]
+    BadKey { key: String, reason: String },
+    #[error("tensor {0} is missing")]
+    MissingTensor(String),
+    #[error("tensor {name} has shape {found:?}, expected {expected:?} (ggml order, ne0 first)")]
+    BadShape {
+        name: String,
+        expected: Vec<u64>,
+        found: Vec<u64>,
+    },
+    #[error("tensor {name}: {reason}")]
+    Tensor { name: String, reason: String },
+    #[error("architecture {0:?} is recognised but not implemented yet")]
+    NotImplemented(String),
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    #[error("token id {token} is outside the vocabulary of {n_vocab}")]
+    BadToken { token: u32, n_vocab: usize },
+}
+
+/// Which rows of a chunk need logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitRows {
+    None,
+    Last,
+    All,
+}
+
+/// Consecutive tokens of one sequence, starting at position `pos`.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqChunk<'a> {
+    pub seq: SeqId,
+    pub pos: usize,
+    pub tokens: &'a [u32],
+    pub logits: LogitRows,
+}
+
+impl SeqChunk<'_> {
+    pub fn n_logit_rows(&self) -> usize {
+        match self.logits {
+            LogitRows::None => 0,
+            LogitRows::Last => usize::from(!self.tokens.is_empty()),
+            LogitRows::All => self.tokens.len(),
+        }
+    }
+}
+
+/// A micro-batch: chunks of distinct sequences, processed in one pass; the
+/// rows of all chunks are stacked in order.
+#[derive(Clone, Debug, Default)]
+pub struct UBatch<'a> {
+    pub chunks: Vec<SeqChunk<'a>>,
+}
+
+impl UBatch<'_> {
+    pub fn n_tokens(&self) -> usize {
+        self.chunks.iter().map(|c| c.tokens.len()).sum()
+    }
+
+    /// Row index ranges of each chunk in the stacked activations.
+    pub fn row_ranges(&self) -> Vec<std::ops::Range<usize>> {
+        let mut at = 0;
+        self.chunks
+            .iter()
+            .map(|c| {
+                let r = at..at + c.tokens.len();
+                at = r.end;
+                r
+            })
+            .collect()
+    }
+}
+
+/// What a user (and the engine) needs to know about a loaded model.
+#[derive(Clone, Debug)]
+pub struct ModelInfo {
+    pub arch: String,
+    pub name: String,
+    pub n_vocab: usize,
+    pub n_embd: usize,
+    pub n_ctx_train: usize,
+    pub plan: LayerPlan,
+}
+
+pub trait Model: Send + Sync {
+    fn info(&self) -> &ModelInfo;
+
+    /// Memory for `n_seq_max` sequences of up to `n_ctx` tokens each.
+    fn new_memory(&self, n_seq_max: usize, n_ctx: usize) -> Memory;
+
+    /// Runs the micro-batch and returns the wanted logits rows, stacked in
+    /// chunk order: `[Σ n_logit_rows, n_vocab]`.
+    fn forward(
+        &self,
+        pool: &ThreadPool,
+        ub: &UBatch,
+        mem: &mut Memory,
+    ) -> Result<Vec<f32>, ModelError>;
+}
+
+/// Loads the model of a GGUF file, choosing the architecture from
+/// `general.architecture`.
+pub fn load(file: Arc<GgufFile>) -> Result<Box<dyn Model>, ModelError> {
+    let plan = LayerPlan::from_gguf(&file)?;
+    match plan.arch.as_str() {
+        "mamba" => Ok(Box::new(mamba::Mamba::load(file, plan)?)),
+        "mamba2" => Ok(Box::new(mamba2::Mamba2::load(file, plan)?)),
+        other => Err(ModelError::NotImplemented(other.to_string())),
+    }
+}

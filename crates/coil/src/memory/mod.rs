@@ -1,0 +1,173 @@
+//! Layer 2: per-sequence memory. Attention layers keep KV cells (one per
+//! token); recurrent layers keep a fixed-size state slot per sequence (conv
+//! window + SSM state). A layer of one kind takes no memory of the other.
+
+pub mod recurrent;
+
+pub use recurrent::{RecurrentLayerShape, RecurrentMemory, RecurrentState};
+
+/// A sequence's index in a memory (0..n_seq_max).
+pub type SeqId = usize;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum MemoryError {
+    #[error("sequence {seq} is out of range: this memory holds {n_seq_max} sequences (raise --parallel)")]
+    SeqOutOfRange { seq: SeqId, n_seq_max: usize },
+    #[error(
+        "sequence {seq} would grow to {len} tokens, beyond the context size {n_ctx} (raise --ctx)"
+    )]
+    ContextFull {
+        seq: SeqId,
+        len: usize,
+        n_ctx: usize,
+    },
+    #[error("sequence {seq} is at position {have}, but the batch starts at {want}")]
+    PositionMismatch {
+        seq: SeqId,
+        have: usize,
+        want: usize,
+    },
+    #[error("cannot truncate sequence {seq} to position {pos} (it holds {len}): recurrent state cannot go back without rollback checkpoints")]
+    CannotTruncate { seq: SeqId, pos: usize, len: usize },
+}
+
+/// The sequence operations every memory supports.
+pub trait SequenceMemory {
+    fn n_seq_max(&self) -> usize;
+    /// Number of tokens sequence `s` holds (= its next position).
+    fn seq_len(&self, s: SeqId) -> Result<usize, MemoryError>;
+    /// Forgets everything of `s`.
+    fn seq_clear(&mut self, s: SeqId) -> Result<(), MemoryError>;
+    /// Drops positions ≥ `p` of `s`.
+    fn seq_truncate(&mut self, s: SeqId, p: usize) -> Result<(), MemoryError>;
+    /// Makes `dst` a copy of `src`.
+    fn seq_fork(&mut self, src: SeqId, dst: SeqId) -> Result<(), MemoryError>;
+    /// Clears every sequence but `s`.
+    fn seq_keep(&mut self, s: SeqId) -> Result<(), MemoryError>;
+    /// Positions held by `s` (empty range when it holds none).
+    fn seq_pos_range(&self, s: SeqId) -> Result<std::ops::Range<usize>, MemoryError> {
+        Ok(0..self.seq_len(s)?)
+    }
+    /// Bytes of state this memory holds.
+    fn bytes(&self) -> usize;
+}
+
+/// The memory of one model: recurrent slots for recurrent layers (and, with
+/// the hybrid architectures, KV cells for attention layers), sized from the
+/// layer plan.
+pub struct Memory {
+    pub recurrent: Option<RecurrentMemory>,
+    n_seq_max: usize,
+    n_ctx: usize,
+}
+
+impl Memory {
+    pub fn new(recurrent: Option<RecurrentMemory>, n_seq_max: usize, n_ctx: usize) -> Self {
+        Memory {
+            recurrent,
+            n_seq_max: n_seq_max.max(1),
+            n_ctx,
+        }
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    fn parts(&self) -> impl Iterator<Item = &dyn SequenceMemory> {
+        self.recurrent.iter().map(|r| r as &dyn SequenceMemory)
+    }
+
+    fn parts_mut(&mut self) -> impl Iterator<Item = &mut dyn SequenceMemory> {
+        self.recurrent
+            .iter_mut()
+            .map(|r| r as &mut dyn SequenceMemory)
+    }
+
+    fn check(&self, s: SeqId) -> Result<(), MemoryError> {
+        if s >= self.n_seq_max {
+            return Err(MemoryError::SeqOutOfRange {
+                seq: s,
+                n_seq_max: self.n_seq_max,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks that `n` tokens at `pos` can be appended to `s`.
+    pub fn check_append(&self, s: SeqId, pos: usize, n: usize) -> Result<(), MemoryError> {
+        let have = self.seq_len(s)?;
+        if pos != have {
+            return Err(MemoryError::PositionMismatch {
+                seq: s,
+                have,
+                want: pos,
+            });
+        }
+        if have + n > self.n_ctx {
+            return Err(MemoryError::ContextFull {
+                seq: s,
+                len: have + n,
+                n_ctx: self.n_ctx,
+            });
+        }
+        Ok(())
+    }
+
+    /// Records that `n` more tokens of `s` went through every layer.
+    pub fn advance(&mut self, s: SeqId, n: usize) -> Result<(), MemoryError> {
+        if let Some(r) = &mut self.recurrent {
+            r.advance(s, n)?;
+        }
+        Ok(())
+    }
+}
+
+impl SequenceMemory for Memory {
+    fn n_seq_max(&self) -> usize {
+        self.n_seq_max
+    }
+
+    fn seq_len(&self, s: SeqId) -> Result<usize, MemoryError> {
+        self.check(s)?;
+        let mut len = 0;
+        for p in self.parts() {
+            len = len.max(p.seq_len(s)?);
+        }
+        Ok(len)
+    }
+
+    fn seq_clear(&mut self, s: SeqId) -> Result<(), MemoryError> {
+        self.check(s)?;
+        self.parts_mut().try_for_each(|p| p.seq_clear(s))
+    }
+
+    fn seq_truncate(&mut self, s: SeqId, p: usize) -> Result<(), MemoryError> {
+        self.check(s)?;
+        // Refuse before changing anything.
+        let len = self.seq_len(s)?;
+        if p < len && p > 0 && self.recurrent.is_some() {
+            return Err(MemoryError::CannotTruncate {
+                seq: s,
+                pos: p,
+                len,
+            });
+        }
+        self.parts_mut().try_for_each(|m| m.seq_truncate(s, p))
+    }
+
+    fn seq_fork(&mut self, src: SeqId, dst: SeqId) -> Result<(), MemoryError> {
+        self.check(src)?;
+        self.check(dst)?;
+        self.parts_mut().try_for_each(|p| p.seq_fork(src, dst))
+    }
+
+    fn seq_keep(&mut self, s: SeqId) -> Result<(), MemoryError> {
+        self.check(s)?;
+        self.parts_mut().try_for_each(|p| p.seq_keep(s))
+    }
+
+    fn bytes(&self) -> usize {
+        self.parts().map(|p| p.bytes()).sum()
+    }
+}

@@ -1,0 +1,109 @@
+//! The parts every language model shares: token embedding, the check of a
+//! micro-batch against the memory, and the output head.
+
+use crate::memory::Memory;
+use crate::models::weights::{Loader, Matrix};
+use crate::models::{ModelError, UBatch};
+use coil_gguf::GgufFile;
+use coil_kernels::{matmul, ops::norm::rms_norm, ThreadPool};
+
+/// `token_embd`: `[n_vocab, n_embd]`.
+pub struct Embedding {
+    pub table: Matrix,
+}
+
+impl Embedding {
+    pub fn load(ld: &Loader, n_vocab: usize, n_embd: usize) -> Result<Self, ModelError> {
+        Ok(Embedding {
+            table: ld.matrix("token_embd.weight", n_vocab, n_embd)?,
+        })
+    }
+
+    /// Rows of the table for `tokens`: `[tokens.len(), n_embd]`.
+    pub fn forward(
+        &self,
+        file: &GgufFile,
+        tokens: &[u32],
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let d = self.table.cols;
+        for (&t, row) in tokens.iter().zip(out.chunks_exact_mut(d)) {
+            if t as usize >= self.table.rows {
+                return Err(ModelError::BadToken {
+                    token: t,
+                    n_vocab: self.table.rows,
+                });
+            }
+            self.table.row_f32(file, t as usize, row)?;
+        }
+        Ok(())
+    }
+}
+
+/// Final RMSNorm and the output projection (`output`, or the embedding
+/// table when tied).
+pub struct OutputHead {
+    pub norm: Vec<f32>,
+    pub output: Matrix,
+    pub eps: f32,
+}
+
+impl OutputHead {
+    pub fn load(ld: &Loader, n_vocab: usize, n_embd: usize, eps: f32) -> Result<Self, ModelError> {
+        let output = if ld.has("output.weight") {
+            ld.matrix("output.weight", n_vocab, n_embd)?
+        } else {
+            ld.matrix("token_embd.weight", n_vocab, n_embd)?
+        };
+        Ok(OutputHead {
+            norm: ld.vector("output_norm.weight", &[n_embd])?,
+            output,
+            eps,
+        })
+    }
+
+    /// Logits for the rows the micro-batch asks for. `x`: `[n_tokens, n_embd]`.
+    pub fn forward(&self, file: &GgufFile, pool: &ThreadPool, ub: &UBatch, x: &[f32]) -> Vec<f32> {
+        let d = self.output.cols;
+        let mut rows: Vec<usize> = Vec::new();
+        for (c, r) in ub.chunks.iter().zip(ub.row_ranges()) {
+            match c.logits {
+                crate::models::LogitRows::None => {}
+                crate::models::LogitRows::Last => rows.extend(r.end.checked_sub(1)),
+                crate::models::LogitRows::All => rows.extend(r),
+            }
+        }
+        let mut h = vec![0f32; rows.len() * d];
+        for (i, &r) in rows.iter().enumerate() {
+            rms_norm(
+                &x[r * d..(r + 1) * d],
+                Some(&self.norm),
+                self.eps,
+                &mut h[i * d..(i + 1) * d],
+                d,
+            );
+        }
+        let mut logits = vec![0f32; rows.len() * self.output.rows];
+        if !rows.is_empty() {
+            matmul(pool, &self.output.get(file), &h, &mut logits, rows.len());
+        }
+        logits
+    }
+}
+
+/// Checks every chunk continues its sequence and fits the context.
+pub fn check_ubatch(ub: &UBatch, mem: &Memory) -> Result<(), ModelError> {
+    for (i, c) in ub.chunks.iter().enumerate() {
+        if ub.chunks[..i].iter().any(|o| o.seq == c.seq) {
+            return Err(ModelError::Memory(
+                crate::memory::MemoryError::PositionMismatch {
+                    seq: c.seq,
+                    have: c.pos,
+                    want: c.pos,
+                },
+            ));
+        }
+        mem.check_append(c.seq, c.pos, c.tokens.len())?;
+    }
+    Ok(())
+}

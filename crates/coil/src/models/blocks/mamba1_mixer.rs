@@ -1,0 +1,212 @@
+//! The Mamba-1 selective-SSM mixer (Gu & Dao 2023), as in transformers'
+//! torch path:
+//!
+//! `in_proj → [x | z]`; causal depthwise conv + SiLU on x;
+//! `x_proj(x) → [δ (R) | B (N) | C (N)]` (Jamba: RMSNorms with weights on δ,
+//! B, C; Falcon-Mamba: without); `dt = softplus(dt_proj(δ))` (d_in wide);
+//! `h ← exp(dt⊙A)⊙h + (dt·x)⊗B`, `y = h·C + D·x`; `y·silu(z)`; `out_proj`.
+
+use crate::memory::{RecurrentLayerShape, RecurrentMemory, SeqId};
+use crate::models::weights::{Loader, Matrix};
+use crate::models::ModelError;
+use coil_gguf::GgufFile;
+use coil_kernels::ops::act::{silu1, silu_inplace, softplus_inplace};
+use coil_kernels::ops::conv::conv1d_causal;
+use coil_kernels::ops::norm::rms_norm_inplace;
+use coil_kernels::ops::ssm::mamba1_scan;
+use coil_kernels::{matmul, ThreadPool};
+use std::ops::Range;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Mamba1Params {
+    pub d_model: usize,
+    pub d_inner: usize,
+    pub d_state: usize,
+    pub d_conv: usize,
+    /// R, the rank of δ.
+    pub dt_rank: usize,
+    pub eps: f32,
+    /// Weightless RMSNorms on δ, B, C (Falcon-Mamba).
+    pub dt_b_c_rms: bool,
+}
+
+impl Mamba1Params {
+    pub fn from_gguf(ld: &Loader, d_model: usize, eps: f32) -> Result<Self, ModelError> {
+        Ok(Mamba1Params {
+            d_model,
+            d_inner: ld.u_in("ssm.inner_size", 1, 1 << 20)?,
+            d_state: ld.u_in("ssm.state_size", 1, 1 << 12)?,
+            d_conv: ld.u_in("ssm.conv_kernel", 1, 64)?,
+            dt_rank: ld.u_in("ssm.time_step_rank", 1, 1 << 16)?,
+            eps,
+            dt_b_c_rms: ld.bool_opt("ssm.dt_b_c_rms").unwrap_or(false),
+        })
+    }
+
+    pub fn state_shape(&self) -> RecurrentLayerShape {
+        RecurrentLayerShape {
+            conv: (self.d_conv - 1) * self.d_inner,
+            ssm: self.d_inner * self.d_state,
+        }
+    }
+}
+
+/// Optional RMSNorm weights on δ, B and C (Jamba).
+pub struct DtBcNorms {
+    pub dt: Vec<f32>,
+    pub b: Vec<f32>,
+    pub c: Vec<f32>,
+}
+
+pub struct Mamba1Mixer {
+    pub p: Mamba1Params,
+    pub in_proj: Matrix,
+    /// `[d_inner, K]`
+    pub conv_w: Vec<f32>,
+    pub conv_b: Vec<f32>,
+    pub x_proj: Matrix,
+    pub dt_proj: Matrix,
+    pub dt_proj_b: Vec<f32>,
+    /// −exp(A_log), `[d_inner, N]`.
+    pub a: Vec<f32>,
+    pub d: Vec<f32>,
+    pub norms: Option<DtBcNorms>,
+    pub out_proj: Matrix,
+}
+
+impl Mamba1Mixer {
+    pub fn load(ld: &Loader, layer: usize, p: Mamba1Params) -> Result<Self, ModelError> {
+        let n = |t: &str| format!("blk.{layer}.{t}");
+        let (di, ns, r) = (p.d_inner, p.d_state, p.dt_rank);
+        let norms = if ld.has(&n("ssm_dt_norm.weight")) {
+            Some(DtBcNorms {
+                dt: ld.vector(&n("ssm_dt_norm.weight"), &[r])?,
+                b: ld.vector(&n("ssm_b_norm.weight"), &[ns])?,
+                c: ld.vector(&n("ssm_c_norm.weight"), &[ns])?,
+            })
+        } else {
+            None
+        };
+        Ok(Mamba1Mixer {
+            in_proj: ld.matrix(&n("ssm_in.weight"), 2 * di, p.d_model)?,
+            conv_w: ld.vector(&n("ssm_conv1d.weight"), &[p.d_conv, di])?,
+            conv_b: ld.vector(&n("ssm_conv1d.bias"), &[di])?,
+            x_proj: ld.matrix(&n("ssm_x.weight"), r + 2 * ns, di)?,
+            dt_proj: ld.matrix(&n("ssm_dt.weight"), di, r)?,
+            dt_proj_b: ld.vector(&n("ssm_dt.bias"), &[di])?,
+            a: ld.vector(&n("ssm_a"), &[ns, di])?,
+            d: ld.vector(&n("ssm_d"), &[di])?,
+            norms,
+            out_proj: ld.matrix(&n("ssm_out.weight"), p.d_model, di)?,
+            p,
+        })
+    }
+
+    /// `h`: normed input `[n_tokens, d_model]` stacked over `chunks`;
+    /// `out`: `[n_tokens, d_model]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        file: &GgufFile,
+        pool: &ThreadPool,
+        layer: usize,
+        chunks: &[(SeqId, Range<usize>)],
+        mem: &mut RecurrentMemory,
+        h: &[f32],
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let p = &self.p;
+        let n_tokens = h.len() / p.d_model;
+        let (di, ns, r) = (p.d_inner, p.d_state, p.dt_rank);
+
+        // [n_tokens, 2·d_inner] = [x | z]
+        let mut xz = vec![0f32; n_tokens * 2 * di];
+        matmul(pool, &self.in_proj.get(file), h, &mut xz, n_tokens);
+        let mut x_in = vec![0f32; n_tokens * di];
+        let mut z = vec![0f32; n_tokens * di];
+        for t in 0..n_tokens {
+            x_in[t * di..(t + 1) * di].copy_from_slice(&xz[t * 2 * di..t * 2 * di + di]);
+            z[t * di..(t + 1) * di].copy_from_slice(&xz[t * 2 * di + di..(t + 1) * 2 * di]);
+        }
+        // Convolution per sequence, with its carried window.
+        let mut x = vec![0f32; n_tokens * di];
+        for (seq, rows) in chunks {
+            let st = mem.state(layer, *seq)?.ok_or_else(|| ModelError::Tensor {
+                name: format!("blk.{layer}"),
+                reason: "memory has no recurrent state for this layer".into(),
+            })?;
+            let span = rows.start * di..rows.end * di;
+            conv1d_causal(
+                &x_in[span.clone()],
+                st.conv,
+                &self.conv_w,
+                Some(&self.conv_b),
+                &mut x[span],
+                di,
+                p.d_conv,
+            );
+        }
+        silu_inplace(&mut x);
+
+        // [n_tokens, R + 2N] = [δ | B | C]
+        let w = r + 2 * ns;
+        let mut dbc = vec![0f32; n_tokens * w];
+        matmul(pool, &self.x_proj.get(file), &x, &mut dbc, n_tokens);
+        let mut delta = vec![0f32; n_tokens * r];
+        let mut b = vec![0f32; n_tokens * ns];
+        let mut c = vec![0f32; n_tokens * ns];
+        for t in 0..n_tokens {
+            let row = &dbc[t * w..(t + 1) * w];
+            delta[t * r..(t + 1) * r].copy_from_slice(&row[..r]);
+            b[t * ns..(t + 1) * ns].copy_from_slice(&row[r..r + ns]);
+            c[t * ns..(t + 1) * ns].copy_from_slice(&row[r + ns..]);
+        }
+        if let Some(nw) = &self.norms {
+            rms_norm_inplace(&mut delta, Some(&nw.dt), p.eps, r);
+            rms_norm_inplace(&mut b, Some(&nw.b), p.eps, ns);
+            rms_norm_inplace(&mut c, Some(&nw.c), p.eps, ns);
+        } else if p.dt_b_c_rms {
+            rms_norm_inplace(&mut delta, None, p.eps, r);
+            rms_norm_inplace(&mut b, None, p.eps, ns);
+            rms_norm_inplace(&mut c, None, p.eps, ns);
+        }
+        // dt = softplus(dt_proj(δ) + bias): [n_tokens, d_inner]
+        let mut dt = vec![0f32; n_tokens * di];
+        matmul(pool, &self.dt_proj.get(file), &delta, &mut dt, n_tokens);
+        for row in dt.chunks_exact_mut(di) {
+            row.iter_mut()
+                .zip(&self.dt_proj_b)
+                .for_each(|(v, b)| *v += b);
+        }
+        softplus_inplace(&mut dt);
+
+        let mut y = vec![0f32; n_tokens * di];
+        for (seq, rows) in chunks {
+            let st = mem.state(layer, *seq)?.ok_or_else(|| ModelError::Tensor {
+                name: format!("blk.{layer}"),
+                reason: "memory has no recurrent state for this layer".into(),
+            })?;
+            let (sd, sn) = (
+                rows.start * di..rows.end * di,
+                rows.start * ns..rows.end * ns,
+            );
+            mamba1_scan(
+                pool,
+                di,
+                ns,
+                st.ssm,
+                &x[sd.clone()],
+                &dt[sd.clone()],
+                &self.a,
+                &b[sn.clone()],
+                &c[sn],
+                Some(&self.d),
+                &mut y[sd],
+                rows.len(),
+            );
+        }
+        y.iter_mut().zip(&z).for_each(|(v, g)| *v *= silu1(*g));
+        matmul(pool, &self.out_proj.get(file), &y, out, n_tokens);
+        Ok(())
+    }
+}

@@ -1,0 +1,229 @@
+//! The Mamba-2 mixer (Dao & Gu 2024), as in transformers' torch path:
+//!
+//! `in_proj(x) → [z (d_in) | xBC (d_in + 2GN) | dt (H)]`; causal depthwise
+//! conv over xBC (window K, bias) then SiLU; split x `[H, P]`, B `[G, N]`,
+//! C `[G, N]`; `dt = softplus(dt + dt_bias)` clamped to time_step_limit;
+//! `S_h ← exp(dt_h·A_h)·S_h + dt_h·x_h ⊗ B_g`, `y_h = S_h·C_g + D_h·x_h`;
+//! gated RMSNorm per group (`y·silu(z)` before the norm); `out_proj`.
+
+use crate::memory::{RecurrentLayerShape, RecurrentMemory, SeqId};
+use crate::models::weights::{Loader, Matrix};
+use crate::models::ModelError;
+use coil_gguf::GgufFile;
+use coil_kernels::ops::act::{silu_inplace, softplus1};
+use coil_kernels::ops::conv::conv1d_causal;
+use coil_kernels::ops::norm::group_rms_norm_gated;
+use coil_kernels::ops::ssm::{mamba2_scan, Mamba2Dims};
+use coil_kernels::{matmul, ThreadPool};
+use std::ops::Range;
+
+/// Hyper-parameters of a Mamba-2 mixer, from `{arch}.ssm.*`.
+#[derive(Clone, Copy, Debug)]
+pub struct Mamba2Params {
+    pub d_model: usize,
+    /// d_in = H·P.
+    pub d_inner: usize,
+    pub n_head: usize,
+    pub head_dim: usize,
+    pub n_group: usize,
+    pub d_state: usize,
+    pub d_conv: usize,
+    pub eps: f32,
+    /// time_step_limit: dt is clamped to this range after softplus.
+    pub dt_min: f32,
+    pub dt_max: f32,
+}
+
+impl Mamba2Params {
+    pub fn from_gguf(ld: &Loader, d_model: usize, eps: f32) -> Result<Self, ModelError> {
+        let d_inner = ld.u_in("ssm.inner_size", 1, 1 << 20)?;
+        let n_head = ld.u_in("ssm.time_step_rank", 1, d_inner)?;
+        let n_group = ld.u_in("ssm.group_count", 1, n_head)?;
+        let d_state = ld.u_in("ssm.state_size", 1, 1 << 12)?;
+        let d_conv = ld.u_in("ssm.conv_kernel", 1, 64)?;
+        let key = |s: &str| format!("{}.{s}", ld.arch);
+        if d_inner % n_head != 0 {
+            return Err(ModelError::BadKey {
+                key: key("ssm.time_step_rank"),
+                reason: format!("{n_head} heads do not divide ssm.inner_size {d_inner}"),
+            });
+        }
+        if n_head % n_group != 0 {
+            return Err(ModelError::BadKey {
+                key: key("ssm.group_count"),
+                reason: format!("{n_group} groups do not divide the {n_head} heads"),
+            });
+        }
+        // Optional (coil's converter writes it; llama.cpp never clamps).
+        let dt_min = ld.f32_opt("ssm.time_step_min")?.unwrap_or(0.0);
+        let dt_max = ld.f32_opt("ssm.time_step_max")?.unwrap_or(f32::INFINITY);
+        Ok(Mamba2Params {
+            d_model,
+            d_inner,
+            n_head,
+            head_dim: d_inner / n_head,
+            n_group,
+            d_state,
+            d_conv,
+            eps,
+            dt_min,
+            dt_max,
+        })
+    }
+
+    /// Channels of the convolution: x, B and C.
+    pub fn conv_channels(&self) -> usize {
+        self.d_inner + 2 * self.n_group * self.d_state
+    }
+
+    /// Width of in_proj's output: z, xBC, dt.
+    pub fn d_in_proj(&self) -> usize {
+        self.d_inner + self.conv_channels() + self.n_head
+    }
+
+    pub fn state_shape(&self) -> RecurrentLayerShape {
+        RecurrentLayerShape {
+            conv: (self.d_conv - 1) * self.conv_channels(),
+            ssm: self.n_head * self.head_dim * self.d_state,
+        }
+    }
+}
+
+pub struct Mamba2Mixer {
+    pub p: Mamba2Params,
+    pub in_proj: Matrix,
+    /// `[channels, K]`
+    pub conv_w: Vec<f32>,
+    pub conv_b: Vec<f32>,
+    pub dt_bias: Vec<f32>,
+    /// −exp(A_log), `[H]`.
+    pub a: Vec<f32>,
+    pub d: Vec<f32>,
+    /// Gated-norm weight `[d_inner]`, absent where the model has no norm.
+    pub norm: Option<Vec<f32>>,
+    pub out_proj: Matrix,
+}
+
+impl Mamba2Mixer {
+    /// Loads `blk.{layer}.ssm_*`.
+    pub fn load(ld: &Loader, layer: usize, p: Mamba2Params) -> Result<Self, ModelError> {
+        let n = |t: &str| format!("blk.{layer}.{t}");
+        let ch = p.conv_channels();
+        let norm_name = n("ssm_norm.weight");
+        let norm = if ld.has(&norm_name) {
+            Some(ld.vector(&norm_name, &[p.d_inner / p.n_group, p.n_group])?)
+        } else {
+            None
+        };
+        Ok(Mamba2Mixer {
+            in_proj: ld.matrix(&n("ssm_in.weight"), p.d_in_proj(), p.d_model)?,
+            conv_w: ld.vector(&n("ssm_conv1d.weight"), &[p.d_conv, ch])?,
+            conv_b: ld.vector(&n("ssm_conv1d.bias"), &[ch])?,
+            dt_bias: ld.vector(&n("ssm_dt.bias"), &[p.n_head])?,
+            a: ld.vector(&n("ssm_a"), &[1, p.n_head])?,
+            d: ld.vector(&n("ssm_d"), &[1, p.n_head])?,
+            norm,
+            out_proj: ld.matrix(&n("ssm_out.weight"), p.d_model, p.d_inner)?,
+            p,
+        })
+    }
+
+    /// `h`: normed input `[n_tokens, d_model]` stacked over `chunks` (one
+    /// sequence each); `out`: `[n_tokens, d_model]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        file: &GgufFile,
+        pool: &ThreadPool,
+        layer: usize,
+        chunks: &[(SeqId, Range<usize>)],
+        mem: &mut RecurrentMemory,
+        h: &[f32],
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let p = &self.p;
+        let n_tokens = h.len() / p.d_model;
+        let dip = p.d_in_proj();
+        let ch = p.conv_channels();
+        let (di, hn, gn) = (p.d_inner, p.n_head, p.n_group * p.d_state);
+
+        // [n_tokens, d_in_proj] = [z | xBC | dt]
+        let mut zxbcdt = vec![0f32; n_tokens * dip];
+        matmul(pool, &self.in_proj.get(file), h, &mut zxbcdt, n_tokens);
+
+        let mut y = vec![0f32; n_tokens * di];
+        let mut z = vec![0f32; n_tokens * di];
+        for (seq, rows) in chunks {
+            let t = rows.len();
+            let st = mem.state(layer, *seq)?.ok_or_else(|| ModelError::Tensor {
+                name: format!("blk.{layer}"),
+                reason: "memory has no recurrent state for this layer".into(),
+            })?;
+            // Gather the chunk's columns.
+            let mut xbc_in = vec![0f32; t * ch];
+            let mut dt = vec![0f32; t * hn];
+            for (i, r) in rows.clone().enumerate() {
+                let row = &zxbcdt[r * dip..(r + 1) * dip];
+                z[r * di..(r + 1) * di].copy_from_slice(&row[..di]);
+                xbc_in[i * ch..(i + 1) * ch].copy_from_slice(&row[di..di + ch]);
+                for (hh, v) in dt[i * hn..(i + 1) * hn].iter_mut().enumerate() {
+                    let raw = row[di + ch + hh] + self.dt_bias[hh];
+                    *v = softplus1(raw).clamp(p.dt_min, p.dt_max);
+                }
+            }
+            let mut xbc = vec![0f32; t * ch];
+            conv1d_causal(
+                &xbc_in,
+                st.conv,
+                &self.conv_w,
+                Some(&self.conv_b),
+                &mut xbc,
+                ch,
+                p.d_conv,
+            );
+            silu_inplace(&mut xbc);
+            // Split into x [t, H·P], B [t, G·N], C [t, G·N].
+            let mut x = vec![0f32; t * di];
+            let mut b = vec![0f32; t * gn];
+            let mut c = vec![0f32; t * gn];
+            for i in 0..t {
+                let row = &xbc[i * ch..(i + 1) * ch];
+                x[i * di..(i + 1) * di].copy_from_slice(&row[..di]);
+                b[i * gn..(i + 1) * gn].copy_from_slice(&row[di..di + gn]);
+                c[i * gn..(i + 1) * gn].copy_from_slice(&row[di + gn..]);
+            }
+            let dims = Mamba2Dims {
+                n_head: hn,
+                head_dim: p.head_dim,
+                n_group: p.n_group,
+                d_state: p.d_state,
+            };
+            let ys = &mut y[rows.start * di..rows.end * di];
+            mamba2_scan(
+                pool,
+                dims,
+                st.ssm,
+                &x,
+                &dt,
+                &self.a,
+                &b,
+                &c,
+                Some(&self.d),
+                ys,
+                t,
+            );
+        }
+        // Gate and normalise: y·silu(z), RMSNorm per group.
+        let mut g = vec![0f32; n_tokens * di];
+        match &self.norm {
+            Some(w) => group_rms_norm_gated(&y, Some(&z), w, p.n_group, p.eps, &mut g, di),
+            None => {
+                g.copy_from_slice(&y);
+                silu_inplace(&mut z);
+                g.iter_mut().zip(&z).for_each(|(a, b)| *a *= b);
+            }
+        }
+        matmul(pool, &self.out_proj.get(file), &g, out, n_tokens);
+        Ok(())
+    }
+}
