@@ -44,7 +44,6 @@ impl Mamba2 {
             .collect::<Result<Vec<_>, ModelError>>()?;
         let embed = Embedding::load(&ld, info.n_vocab, info.n_embd)?;
         let head = OutputHead::load(&ld, info.n_vocab, info.n_embd, eps)?;
-        drop(ld);
         Ok(Mamba2 {
             file,
             info,
