@@ -19,13 +19,17 @@ use std::cell::RefCell;
 
 /// Tokens per packed activation block.
 pub const TB: usize = 32;
-/// Columns decoded per step (a multiple of every block size, 256).
-pub const KC: usize = 512;
+/// Columns decoded per step (a multiple of every block size, 256): one
+/// packed activation block of `TB x KC` f32 (32 KiB) stays in L1.
+pub const KC: usize = 256;
 /// Weight rows per work item (a multiple of every microkernel's row count).
-pub const PANEL: usize = 48;
+pub const PANEL: usize = 96;
+/// Largest microkernel row count.
+const MR_MAX: usize = 12;
 
 thread_local! {
     static WBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static CBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Packs `x` (`[n_tokens, cols]`) into `[ceil(n/TB)][cols][TB]`.
@@ -90,71 +94,95 @@ pub fn gemm(
 
     let yp = SendPtr(y.as_mut_ptr());
     let mr = mr_for(level);
+    let row_tiles_max = PANEL.div_ceil(mr);
     pool.parallel_for(panels * groups, 1, |items, _| {
-        WBUF.with(|buf| {
-            let mut buf = buf.borrow_mut();
-            if direct.is_none() && buf.len() < PANEL * KC {
-                buf.resize(PANEL * KC, 0.0);
-            }
-            for item in items {
-                let (p, g) = (item / groups, item % groups);
-                let r0 = p * PANEL;
-                let nr = PANEL.min(rows - r0);
-                let b0 = g * blocks_per_group;
-                let b1 = (b0 + blocks_per_group).min(nb);
-                let mut k0 = 0;
-                while k0 < cols {
-                    let kc = KC.min(cols - k0);
-                    // Weight rows r0..r0+nr, columns k0..k0+kc, as f32.
-                    let (wbase, ws): (*const f32, usize) = match direct {
-                        Some(wf) => (wf[r0 * cols + k0..].as_ptr(), cols),
-                        None => {
-                            for r in 0..nr {
-                                let src = w.row_range(r0 + r, k0, kc);
-                                decode_segment(w.ty, src, &mut buf[r * kc..(r + 1) * kc], level);
+        WBUF.with(|wbuf| {
+            CBUF.with(|cbuf| {
+                let mut wbuf = wbuf.borrow_mut();
+                let mut cbuf = cbuf.borrow_mut();
+                if direct.is_none() && wbuf.len() < PANEL * KC {
+                    wbuf.resize(PANEL * KC, 0.0);
+                }
+                // Accumulators: [block in group][row tile][MR_MAX][TB].
+                let csize = blocks_per_group * row_tiles_max * MR_MAX * TB;
+                if cbuf.len() < csize {
+                    cbuf.resize(csize, 0.0);
+                }
+                for item in items {
+                    let (p, g) = (item / groups, item % groups);
+                    let r0 = p * PANEL;
+                    let nr = PANEL.min(rows - r0);
+                    let b0 = g * blocks_per_group;
+                    let b1 = (b0 + blocks_per_group).min(nb);
+                    let mut k0 = 0;
+                    while k0 < cols {
+                        let kc = KC.min(cols - k0);
+                        // Weight rows r0..r0+nr, columns k0..k0+kc, as f32.
+                        let (wbase, ws): (*const f32, usize) = match direct {
+                            Some(wf) => (wf[r0 * cols + k0..].as_ptr(), cols),
+                            None => {
+                                for r in 0..nr {
+                                    let src = w.row_range(r0 + r, k0, kc);
+                                    decode_segment(
+                                        w.ty,
+                                        src,
+                                        &mut wbuf[r * kc..(r + 1) * kc],
+                                        level,
+                                    );
+                                }
+                                (wbuf.as_ptr(), kc)
                             }
-                            (buf.as_ptr(), kc)
+                        };
+                        for b in b0..b1 {
+                            let xb = &xp[(b * cols + k0) * TB..(b * cols + k0 + kc) * TB];
+                            let mut rt = 0;
+                            while rt < nr {
+                                let m = mr.min(nr - rt);
+                                let ci = ((b - b0) * row_tiles_max + rt / mr) * MR_MAX * TB;
+                                let tile = &mut cbuf[ci..ci + MR_MAX * TB];
+                                // SAFETY: rows rt..rt+m of the panel exist with
+                                // stride ws and at least kc columns.
+                                unsafe {
+                                    let wr = wbase.add(rt * ws);
+                                    microkernel(level, m, wr, ws, xb, kc, tile, k0 == 0);
+                                }
+                                rt += m;
+                            }
                         }
-                    };
+                        k0 += kc;
+                    }
+                    // Scatter the accumulators to y.
                     for b in b0..b1 {
                         let t0 = b * TB;
                         let nt = TB.min(n_tokens - t0);
-                        let xb = &xp[(b * cols + k0) * TB..(b * cols + k0 + kc) * TB];
                         let mut rt = 0;
                         while rt < nr {
                             let m = mr.min(nr - rt);
-                            let mut tile = [[0f32; TB]; 12];
-                            // SAFETY: rows rt..rt+m of the panel exist with
-                            // stride ws and at least kc columns.
-                            unsafe {
-                                let wr = wbase.add(rt * ws);
-                                microkernel(level, m, wr, ws, xb, kc, &mut tile);
-                            }
-                            for (r, trow) in tile.iter().enumerate().take(m) {
-                                let col = r0 + rt + r;
-                                for (t, &v) in trow.iter().enumerate().take(nt) {
-                                    // SAFETY: (t0+t, col) belongs to this item only.
-                                    unsafe {
-                                        let o = yp.get().add((t0 + t) * rows + col);
-                                        if k0 == 0 {
-                                            *o = v;
-                                        } else {
-                                            *o += v;
-                                        }
-                                    }
+                            let ci = ((b - b0) * row_tiles_max + rt / mr) * MR_MAX * TB;
+                            let tile = &cbuf[ci..ci + MR_MAX * TB];
+                            for t in 0..nt {
+                                // SAFETY: y[t0+t, r0+rt .. +m] belongs to this item only.
+                                let o = unsafe {
+                                    std::slice::from_raw_parts_mut(
+                                        yp.get().add((t0 + t) * rows + r0 + rt),
+                                        m,
+                                    )
+                                };
+                                for (r, ov) in o.iter_mut().enumerate() {
+                                    *ov = tile[r * TB + t];
                                 }
                             }
                             rt += m;
                         }
                     }
-                    k0 += kc;
                 }
-            }
+            })
         });
     });
 }
 
-/// `tile[r][t] = sum_k w[r*ws + k] * xb[k*TB + t]` for `r < m`.
+/// `tile[r*TB + t] (+)= sum_k w[r*ws + k] * xb[k*TB + t]` for `r < m`
+/// (`init`: overwrite instead of accumulate).
 ///
 /// # Safety
 /// `w` must be valid for `m` rows of stride `ws` with `kc` values each;
@@ -166,16 +194,24 @@ unsafe fn microkernel(
     ws: usize,
     xb: &[f32],
     kc: usize,
-    tile: &mut [[f32; TB]; 12],
+    tile: &mut [f32],
+    init: bool,
 ) {
-    debug_assert!(xb.len() >= kc * TB);
+    debug_assert!(xb.len() >= kc * TB && tile.len() >= MR_MAX * TB);
     match level {
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx512 => x86::mk_avx512_dispatch(m, w, ws, xb.as_ptr(), kc, tile),
+        SimdLevel::Avx512 => {
+            x86::mk_avx512_dispatch(m, w, ws, xb.as_ptr(), kc, tile.as_mut_ptr(), init)
+        }
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 => x86::mk_avx2_dispatch(m, w, ws, xb.as_ptr(), kc, tile),
+        SimdLevel::Avx2 => {
+            x86::mk_avx2_dispatch(m, w, ws, xb.as_ptr(), kc, tile.as_mut_ptr(), init)
+        }
         _ => {
-            for (r, trow) in tile.iter_mut().enumerate().take(m) {
+            if init {
+                tile.fill(0.0);
+            }
+            for (r, trow) in tile.chunks_exact_mut(TB).enumerate().take(m) {
                 let wr = std::slice::from_raw_parts(w.add(r * ws), kc);
                 for (k, &wv) in wr.iter().enumerate() {
                     let xk = &xb[k * TB..k * TB + TB];
@@ -197,10 +233,10 @@ mod x86 {
         ($name:ident, $kern:ident, $($m:literal)*) => {
             pub unsafe fn $name(
                 m: usize, w: *const f32, ws: usize, xb: *const f32, kc: usize,
-                tile: &mut [[f32; TB]; 12],
+                tile: *mut f32, init: bool,
             ) {
                 match m {
-                    $($m => $kern::<$m>(w, ws, xb, kc, tile),)*
+                    $($m => $kern::<$m>(w, ws, xb, kc, tile, init),)*
                     _ => unreachable!("microkernel rows {m}"),
                 }
             }
@@ -215,9 +251,16 @@ mod x86 {
         ws: usize,
         xb: *const f32,
         kc: usize,
-        tile: &mut [[f32; TB]; 12],
+        tile: *mut f32,
+        init: bool,
     ) {
         let mut acc = [[_mm512_setzero_ps(); 2]; M];
+        if !init {
+            for r in 0..M {
+                acc[r][0] = _mm512_loadu_ps(tile.add(r * TB));
+                acc[r][1] = _mm512_loadu_ps(tile.add(r * TB + 16));
+            }
+        }
         let mut wp = [w; M];
         for (r, p) in wp.iter_mut().enumerate() {
             *p = w.add(r * ws);
@@ -235,8 +278,8 @@ mod x86 {
             xk = xk.add(TB);
         }
         for r in 0..M {
-            _mm512_storeu_ps(tile[r].as_mut_ptr(), acc[r][0]);
-            _mm512_storeu_ps(tile[r].as_mut_ptr().add(16), acc[r][1]);
+            _mm512_storeu_ps(tile.add(r * TB), acc[r][0]);
+            _mm512_storeu_ps(tile.add(r * TB + 16), acc[r][1]);
         }
     }
 
@@ -246,11 +289,18 @@ mod x86 {
         ws: usize,
         xb: *const f32,
         kc: usize,
-        tile: &mut [[f32; TB]; 12],
+        tile: *mut f32,
+        init: bool,
     ) {
         // Two passes of 16 tokens each: 6 rows x 2 ymm accumulators.
         for h in 0..2 {
             let mut acc = [[_mm256_setzero_ps(); 2]; M];
+            if !init {
+                for r in 0..M {
+                    acc[r][0] = _mm256_loadu_ps(tile.add(r * TB + 16 * h));
+                    acc[r][1] = _mm256_loadu_ps(tile.add(r * TB + 16 * h + 8));
+                }
+            }
             let mut xk = xb.add(16 * h);
             let mut wp = [w; M];
             for (r, p) in wp.iter_mut().enumerate() {
@@ -268,8 +318,8 @@ mod x86 {
                 xk = xk.add(TB);
             }
             for r in 0..M {
-                _mm256_storeu_ps(tile[r].as_mut_ptr().add(16 * h), acc[r][0]);
-                _mm256_storeu_ps(tile[r].as_mut_ptr().add(16 * h + 8), acc[r][1]);
+                _mm256_storeu_ps(tile.add(r * TB + 16 * h), acc[r][0]);
+                _mm256_storeu_ps(tile.add(r * TB + 16 * h + 8), acc[r][1]);
             }
         }
     }
