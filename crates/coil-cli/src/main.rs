@@ -22,12 +22,20 @@ enum Command {
     /// Show a GGUF file: architecture, metadata, tensors, totals and the
     /// per-layer plan (attention / Mamba-1 / Mamba-2 / parallel; dense / MoE).
     Inspect(cmd::inspect::Args),
+    /// Generate text from a prompt, streamed as it is produced; prompt and
+    /// generation speed are printed on stderr at the end.
+    Run(cmd::run::Args),
+    /// Write the logits of every position of a token list to a float32 .npy
+    /// file [n_tokens, n_vocab] (for checking coil against other engines).
+    Logits(cmd::logits::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(a) => cmd::inspect::run(a),
+        Command::Run(a) => cmd::run::run(a),
+        Command::Logits(a) => cmd::logits::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

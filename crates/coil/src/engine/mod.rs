@@ -1,6 +1,9 @@
 //! Layer 4: the engine a Rust user embeds — a loaded model, its memory and a
 //! thread pool; feeding tokens of sequences through micro-batches.
 
+pub mod generate;
+pub mod sampling;
+
 use crate::memory::{Memory, SeqId, SequenceMemory};
 use crate::models::{self, LogitRows, Model, ModelError, SeqChunk, UBatch};
 use coil_gguf::{GgufError, GgufFile};

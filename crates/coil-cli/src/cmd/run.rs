@@ -1,0 +1,147 @@
+//! `coil run -m MODEL -p PROMPT`: generate text, streamed to stdout, with
+//! prompt and generation speed on stderr.
+
+use super::common::{mib, ModelArgs};
+use anyhow::{bail, Context, Result};
+use coil::engine::generate::{generate, GenerateOptions};
+use coil::engine::sampling::{Sampler, SamplingParams};
+use coil::memory::SequenceMemory;
+use coil::tokenizer::Tokenizer;
+use std::io::Write;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The prompt text.
+    #[arg(short = 'p', long = "prompt")]
+    prompt: String,
+    /// Tokens to generate.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    n_predict: usize,
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    temp: f32,
+    /// Random seed (default: from the clock).
+    #[arg(long = "seed", short = 's')]
+    seed: Option<u64>,
+    /// Keep only the k most likely tokens (0 = off).
+    #[arg(long = "top-k", default_value_t = 40)]
+    top_k: usize,
+    /// Keep the most likely tokens up to this total probability (1 = off).
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    top_p: f32,
+    /// Drop tokens less likely than this fraction of the best one (0 = off).
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    min_p: f32,
+    /// Penalise repeating recent tokens (1 = off).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// How many recent tokens the penalties look at.
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    repeat_last_n: usize,
+    /// Subtract from the logit of every token already present.
+    #[arg(long = "presence-penalty", default_value_t = 0.0)]
+    presence_penalty: f32,
+    /// Subtract per occurrence of a token already present.
+    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
+    frequency_penalty: f32,
+    /// Stop when this text appears (repeatable).
+    #[arg(long = "stop")]
+    stop: Vec<String>,
+    /// Keep generating after an end-of-generation token.
+    #[arg(long = "ignore-eos")]
+    ignore_eos: bool,
+    /// Tokens per micro-batch when processing the prompt.
+    #[arg(long = "ubatch", default_value_t = 512)]
+    ubatch: usize,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.ubatch == 0 {
+        bail!("--ubatch must be at least 1");
+    }
+    let seed = a.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+    });
+    let params = SamplingParams {
+        temperature: a.temp,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repeat_penalty: a.repeat_penalty,
+        repeat_last_n: a.repeat_last_n,
+        presence_penalty: a.presence_penalty,
+        frequency_penalty: a.frequency_penalty,
+        seed,
+    };
+    params.validate().map_err(anyhow::Error::msg)?;
+
+    let mut engine = a.model.load(1, a.ubatch)?;
+    let tokenizer = Tokenizer::from_gguf(&engine.file)
+        .with_context(|| format!("reading the tokenizer of {}", a.model.model.display()))?;
+    let info = engine.model.info();
+    eprintln!(
+        "model: {} ({}), {} layers [{}], vocab {}, {} threads",
+        a.model.model.display(),
+        info.arch,
+        info.plan.layers.len(),
+        info.plan.pattern(),
+        info.n_vocab,
+        engine.pool.n_threads()
+    );
+    eprintln!(
+        "memory: {:.2} MiB for 1 sequence of up to {} tokens",
+        mib(engine.mem.bytes()),
+        a.model.ctx
+    );
+    let prompt = tokenizer.encode(&a.prompt, true);
+    if prompt.is_empty() {
+        bail!("the prompt is empty after tokenization");
+    }
+    if prompt.len() + a.n_predict > a.model.ctx {
+        bail!(
+            "prompt ({} tokens) + --n-predict {} exceed the context of {} (raise --ctx)",
+            prompt.len(),
+            a.n_predict,
+            a.model.ctx
+        );
+    }
+    let mut sampler = Sampler::new(params);
+    let opts = GenerateOptions {
+        max_tokens: a.n_predict,
+        stop: a.stop.clone(),
+        stop_at_eos: !a.ignore_eos,
+    };
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let _ = write!(out, "{}", a.prompt);
+    let _ = out.flush();
+    let stats = generate(
+        &mut engine,
+        &tokenizer,
+        0,
+        &prompt,
+        &mut sampler,
+        &opts,
+        |text| {
+            // A closed stdout (e.g. `| head`) ends generation quietly.
+            write!(out, "{text}").and_then(|_| out.flush()).is_ok()
+        },
+    )?;
+    let _ = writeln!(out);
+    eprintln!(
+        "\nprompt: {} tokens in {:.3} s ({:.2} tokens/s) | generation: {} tokens in {:.3} s ({:.2} tokens/s) | stop: {:?}",
+        stats.n_prompt,
+        stats.prompt_secs,
+        stats.prompt_tps(),
+        stats.n_gen,
+        stats.gen_secs,
+        stats.gen_tps(),
+        stats.stop
+    );
+    Ok(())
+}

@@ -1,0 +1,201 @@
+//! `coil run` and `coil logits` as a user runs them.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn coil(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_coil"))
+        .args(args)
+        .output()
+        .expect("run coil");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn model(arch: &str) -> String {
+    repo()
+        .join(format!("tests/fixtures/models/{arch}/model.f16.gguf"))
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("coil-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+#[test]
+fn logits_writes_npy_that_matches_the_reference() {
+    let dir = repo().join("tests/fixtures/models/mamba2");
+    let tokens = std::fs::read_to_string(dir.join("tokens.json")).unwrap();
+    let tokens = tokens
+        .trim()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .replace(' ', "");
+    let want = coil_gguf::npy::parse_f32(&std::fs::read(dir.join("logits.npy")).unwrap()).unwrap();
+    for ub in ["1", "5", "48"] {
+        let out = tmp(&format!("l{ub}.npy"));
+        let (ok, _, err) = coil(&[
+            "logits",
+            "-m",
+            &model("mamba2"),
+            "--tokens",
+            &tokens,
+            "--ubatch",
+            ub,
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(ok, "{err}");
+        let got = coil_gguf::npy::parse_f32(&std::fs::read(&out).unwrap()).unwrap();
+        assert_eq!(got.shape, want.shape);
+        let max = want.data.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let diff = got
+            .data
+            .iter()
+            .zip(&want.data)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(diff <= 1e-4 * max, "ubatch {ub}: {diff}");
+    }
+}
+
+#[test]
+fn logits_rejects_bad_input_clearly() {
+    let out = tmp("bad.npy");
+    let o = out.to_str().unwrap();
+    let (ok, _, err) = coil(&[
+        "logits",
+        "-m",
+        &model("mamba"),
+        "--tokens",
+        "1,x",
+        "--out",
+        o,
+    ]);
+    assert!(!ok && err.contains("\"x\" is not a token id"), "{err}");
+    let (ok, _, err) = coil(&[
+        "logits",
+        "-m",
+        &model("mamba"),
+        "--tokens",
+        "1,99999",
+        "--out",
+        o,
+    ]);
+    assert!(
+        !ok && err.contains("99999") && err.contains("vocabulary"),
+        "{err}"
+    );
+    let (ok, _, err) = coil(&["logits", "-m", "missing.gguf", "--tokens", "1", "--out", o]);
+    assert!(!ok && err.contains("missing.gguf"), "{err}");
+    let (ok, _, err) = coil(&[
+        "logits",
+        "-m",
+        &model("mamba"),
+        "--tokens",
+        "1",
+        "--ubatch",
+        "0",
+        "--out",
+        o,
+    ]);
+    assert!(!ok && err.contains("--ubatch"), "{err}");
+    assert!(!out.exists());
+}
+
+#[test]
+fn run_streams_text_and_reports_speed() {
+    for arch in ["mamba", "mamba2"] {
+        let args = [
+            "run",
+            "-m",
+            &model(arch),
+            "-p",
+            "ROMEO:",
+            "-n",
+            "12",
+            "--temp",
+            "0",
+            "-t",
+            "1",
+        ];
+        let (ok, out1, err) = coil(&args);
+        assert!(ok, "{err}");
+        assert!(out1.starts_with("ROMEO:"), "{out1}");
+        assert!(out1.len() > "ROMEO:".len() + 5, "{out1}");
+        assert!(
+            err.contains("prompt: 3 tokens") || err.contains("prompt:"),
+            "{err}"
+        );
+        assert!(
+            err.contains("generation: 12 tokens") && err.contains("tokens/s"),
+            "{err}"
+        );
+        assert!(err.contains("memory:"), "{err}");
+        // Greedy is deterministic, and thread count does not change it.
+        let args2 = [
+            "run",
+            "-m",
+            &model(arch),
+            "-p",
+            "ROMEO:",
+            "-n",
+            "12",
+            "--temp",
+            "0",
+            "-t",
+            "2",
+        ];
+        let (_, out2, _) = coil(&args2);
+        assert_eq!(out1, out2);
+        // A seed makes sampling reproducible.
+        let s = [
+            "run",
+            "-m",
+            &model(arch),
+            "-p",
+            "ROMEO:",
+            "-n",
+            "12",
+            "--temp",
+            "1",
+            "--seed",
+            "5",
+        ];
+        assert_eq!(coil(&s).1, coil(&s).1);
+    }
+}
+
+#[test]
+fn run_rejects_bad_flags_clearly() {
+    let (ok, _, err) = coil(&["run", "-m", &model("mamba"), "-p", "x", "--top-p", "2"]);
+    assert!(!ok && err.contains("top_p"), "{err}");
+    let (ok, _, err) = coil(&["run", "-m", &model("mamba"), "-p", "x", "-t", "0"]);
+    assert!(!ok && err.contains("--threads"), "{err}");
+    let (ok, _, err) = coil(&[
+        "run",
+        "-m",
+        &model("mamba"),
+        "-p",
+        "x",
+        "-n",
+        "10",
+        "--ctx",
+        "4",
+    ]);
+    assert!(!ok && err.contains("--ctx"), "{err}");
+    let (ok, _, err) = coil(&["run", "-m", &model("llama"), "-p", "x"]);
+    assert!(
+        !ok && err.contains("llama") && !err.contains("panicked"),
+        "{err}"
+    );
+}
