@@ -80,6 +80,13 @@ impl std::fmt::Debug for Tokenizer {
 
 impl Tokenizer {
     /// Builds the tokenizer; checks the vocabulary first.
+    ///
+    /// Like llama.cpp's vocabulary loader, this also adjusts token types
+    /// (visible through [`Tokenizer::vocab`]): empty texts become
+    /// `[EMPTY_<id>]`; end-of-turn / end-of-generation / fill-in-the-middle
+    /// tokens recognised by their text (`<|im_end|>`, `<|endoftext|>`,
+    /// `<fim_prefix>`, ...) become control tokens; an absent EOT / EOM id is
+    /// filled in from those texts.
     pub fn new(mut vocab: Vocab) -> Result<Self, TokenizerError> {
         vocab.validate()?;
         let n = vocab.len();
@@ -88,6 +95,11 @@ impl Tokenizer {
         }
         if vocab.scores.is_empty() {
             vocab.scores = vec![0.0; n];
+        }
+        for (i, t) in vocab.tokens.iter_mut().enumerate() {
+            if t.is_empty() {
+                *t = format!("[EMPTY_{i}]");
+            }
         }
         let pre = match vocab.kind {
             VocabKind::Bpe => PreTokenizer::from_name(vocab.pre.as_deref())?,
@@ -99,6 +111,7 @@ impl Tokenizer {
         for (i, t) in vocab.tokens.iter().enumerate() {
             token_to_id.insert(t.clone(), i as u32);
         }
+        let eog = special_fixups(&mut vocab, &token_to_id);
 
         let algo = match vocab.kind {
             VocabKind::Bpe => Algo::Bpe(Bpe::new(
@@ -115,7 +128,7 @@ impl Tokenizer {
                 matches!(
                     vocab.token_types[id as usize],
                     TokenType::Control | TokenType::UserDefined | TokenType::Unknown
-                ) && !vocab.tokens[id as usize].is_empty()
+                )
             })
             .collect();
         specials.sort_by_key(|&id| std::cmp::Reverse(vocab.tokens[id as usize].len()));
@@ -127,28 +140,6 @@ impl Tokenizer {
             hidden.push(matches!(ty, TokenType::Control | TokenType::Unknown));
             render_piece(vocab.kind, text, ty, &mut pieces);
             piece_ends.push(pieces.len());
-        }
-
-        let mut eog: Vec<u32> = [vocab.eos_id, vocab.eot_id, vocab.eom_id]
-            .into_iter()
-            .flatten()
-            .collect();
-        // Well-known end-of-turn markers (llama.cpp finds these by text too).
-        for text in [
-            "<|eot_id|>",
-            "<|im_end|>",
-            "<|end|>",
-            "<end_of_turn>",
-            "<|endoftext|>",
-            "<|end_of_text|>",
-            "<EOT>",
-            "<|eom_id|>",
-        ] {
-            if let Some(&id) = token_to_id.get(text) {
-                if vocab.token_types[id as usize] == TokenType::Control && !eog.contains(&id) {
-                    eog.push(id);
-                }
-            }
         }
 
         Ok(Tokenizer {
@@ -398,6 +389,134 @@ enum Fragment<'a> {
     Token(u32),
 }
 
+/// llama.cpp's text-based special-token detection (`llama_vocab::load`):
+/// fills in EOT / EOM, forces end-of-generation and fill-in-the-middle
+/// tokens to control type, and returns the end-of-generation ids (sorted).
+/// Where llama.cpp picks one of several matching texts in hash order, the
+/// lowest id is taken here.
+fn special_fixups(vocab: &mut Vocab, token_to_id: &HashMap<String, u32>) -> Vec<u32> {
+    let find = |texts: &[&str]| {
+        texts
+            .iter()
+            .filter_map(|t| token_to_id.get(*t).copied())
+            .min()
+    };
+    let mut force_control = Vec::new();
+
+    if vocab.eot_id.is_none() {
+        vocab.eot_id = find(&[
+            "<|eot_id|>",
+            "<|im_end|>",
+            "<|end|>",
+            "<end_of_turn>",
+            "<|endoftext|>",
+            "<|end_of_text|>",
+            "<EOT>",
+            "_<EOT>",
+            "<｜end▁of▁sentence｜>",
+            "<end_of_utterance>",
+        ]);
+        force_control.extend(vocab.eot_id);
+    }
+    if vocab.eom_id.is_none() {
+        vocab.eom_id = find(&["<|eom_id|>"]);
+        force_control.extend(vocab.eom_id);
+    }
+    let fim: [&[&str]; 6] = [
+        &[
+            "<|fim_prefix|>",
+            "<fim-prefix>",
+            "<fim_prefix>",
+            "<｜fim▁begin｜>",
+            "<PRE>",
+            "▁<PRE>",
+            "<|code_prefix|>",
+        ],
+        &[
+            "<|fim_suffix|>",
+            "<fim-suffix>",
+            "<fim_suffix>",
+            "<｜fim▁hole｜>",
+            "<SUF>",
+            "▁<SUF>",
+            "<|code_suffix|>",
+        ],
+        &[
+            "<|fim_middle|>",
+            "<fim-middle>",
+            "<fim_middle>",
+            "<｜fim▁end｜>",
+            "<MID>",
+            "▁<MID>",
+            "<|code_middle|>",
+        ],
+        &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"],
+        &[
+            "<|fim_repo|>",
+            "<|repo_name|>",
+            "<fim-repo>",
+            "<REPO>",
+            "<reponame>",
+        ],
+        &["<|file_sep|>"],
+    ];
+    let mut eog = Vec::new();
+    for (k, texts) in fim.iter().enumerate() {
+        if let Some(id) = find(texts) {
+            force_control.push(id);
+            // FIM pad, repo and file separator end generation.
+            if k >= 3 {
+                eog.push(id);
+            }
+        }
+    }
+    for text in [
+        "<|eot_id|>",
+        "<|im_end|>",
+        "<|end|>",
+        "<|return|>",
+        "<|call|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "<|eom_id|>",
+        "<EOT>",
+        "_<EOT>",
+        "<|end_of_text|>",
+        "<end_of_utterance>",
+    ] {
+        if let Some(&id) = token_to_id.get(text) {
+            force_control.push(id);
+            eog.push(id);
+        }
+    }
+    for id in force_control {
+        vocab.token_types[id as usize] = TokenType::Control;
+    }
+    // gpt-oss: always rendered.
+    for text in ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
+        if let Some(&id) = token_to_id.get(text) {
+            vocab.token_types[id as usize] = TokenType::UserDefined;
+        }
+    }
+    eog.extend(
+        [vocab.eos_id, vocab.eot_id, vocab.eom_id]
+            .into_iter()
+            .flatten(),
+    );
+    eog.sort_unstable();
+    eog.dedup();
+    // o200k_harmony: "<|end|>" is not an end of generation when "<|return|>"
+    // and "<|call|>" are.
+    let in_eog = |t: &str| token_to_id.get(t).is_some_and(|id| eog.contains(id));
+    if in_eog("<|return|>") && in_eog("<|call|>") {
+        if let Some(&end) = token_to_id.get("<|end|>") {
+            eog.retain(|&id| id != end);
+            vocab.token_types[end as usize] = TokenType::UserDefined;
+        }
+    }
+    eog
+}
+
 /// Appends the bytes token `text` of type `ty` decodes to (llama.cpp's
 /// `token_to_piece` with `special = true`; hiding control tokens is left to
 /// the caller).
@@ -568,6 +687,32 @@ mod tests {
             parse_special: true,
         };
         assert_eq!(t.encode_with("hi<s>hi", opts), [id("▁hi"), 1, id("▁hi")]);
+    }
+
+    #[test]
+    fn special_fixups_like_llama_cpp() {
+        let t = tiny_bpe("gpt2");
+        let mut v = t.vocab().clone();
+        // A user-defined "<|im_end|>" becomes a control, end-of-generation
+        // token; EOT is the lowest id with an end-of-turn text
+        // ("<|endoftext|>"); an empty text gets a placeholder.
+        v.scores.clear();
+        v.tokens.push("<|im_end|>".into());
+        v.token_types.push(TokenType::UserDefined);
+        v.tokens.push(String::new());
+        v.token_types.push(TokenType::Normal);
+        let n = v.tokens.len() as u32;
+        let t = Tokenizer::new(v).unwrap();
+        let im_end = n - 2;
+        assert_eq!(t.vocab().token_type(im_end), TokenType::Control);
+        assert_eq!(t.vocab().eot_id, Some(0));
+        assert!(t.is_eog(im_end) && t.is_eog(0));
+        assert_eq!(t.eog_ids(), [0, im_end]);
+        assert!(!t.encode("a<|im_end|>", false).contains(&im_end));
+        assert_eq!(
+            t.token_text(n - 1),
+            Some(format!("[EMPTY_{}]", n - 1).as_str())
+        );
     }
 
     #[test]

@@ -14,10 +14,11 @@ use super::TokenizerError;
 enum Stage {
     /// `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
     Gpt2,
-    /// `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
-    Llama3,
-    /// `[\p{P}\$\+<=>\^`\|~]` — one punctuation-like code point.
-    PunctOrSymbolChar,
+    /// `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+    /// with N = the digit group size (3 for LLaMA-3, 1 for Qwen2).
+    Llama3 { digits: usize },
+    /// `[\p{P}\$\+<=>\^~\|]+`, plus `` ` `` when the flag is set.
+    PunctRun { backtick: bool },
     /// `\p{N}+`
     NumberRun,
     /// `\p{N}` — one number code point.
@@ -26,39 +27,59 @@ enum Stage {
     ThreeAsciiDigits,
 }
 
-/// The pre-tokenizer families llama.cpp knows, by `tokenizer.ggml.pre`.
+/// The pre-tokenizers llama.cpp knows (its `LLAMA_VOCAB_PRE_TYPE_*`), as
+/// far as coil implements them, by `tokenizer.ggml.pre`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PreTokenizer {
-    /// llama.cpp's "default" (also used when the key is missing): punctuation
-    /// split off one by one, then GPT-2, then number runs, then digit triples.
+    /// llama.cpp's "default" (also used when the key is missing):
+    /// punctuation runs split off, then GPT-2, number runs, digit triples.
     Default,
-    /// The GPT-2 regex (gpt-2, mpt, olmo, jais, phi-2, ... and GPT-NeoX).
+    /// The GPT-2 regex: gpt-2, mpt, olmo (GPT-NeoX, the Mamba families),
+    /// jais, trillion, phi-2, granite-docling, exaone4, ...
     Gpt2,
-    /// The LLaMA-3 regex (llama3, llama-bpe, falcon3, falcon-h1, ...). Whole
-    /// pre-tokens that are in the vocabulary bypass the merges.
+    /// The LLaMA-3 regex (llama3, llama-bpe, falcon3, falcon-h1, pixtral,
+    /// ...). Whole pre-tokens that are tokens bypass the merges, and BOS is
+    /// added by default.
     Llama3,
-    /// Single digits split off, then GPT-2 (refact, starcoder).
+    /// The LLaMA-3 regex with plain merges (dbrx, smaug-bpe, glm4).
+    Dbrx,
+    /// The LLaMA-3 regex with single digits (qwen2, stablelm2, hunyuan,
+    /// grok-2, megrez, ...).
+    Qwen2,
+    /// Single digits split off, then GPT-2 (refact, starcoder, command-r,
+    /// smollm, codeshell, exaone, minerva-7b).
     Refact,
+    /// Punctuation runs, GPT-2, digit triples (falcon).
+    Falcon,
 }
 
 impl PreTokenizer {
     /// The pre-tokenizer llama.cpp uses for a `tokenizer.ggml.pre` value.
     /// `None` (key missing) gives [`PreTokenizer::Default`], like llama.cpp.
+    /// A name coil does not implement is an error (llama.cpp would warn and
+    /// fall back to "default"; set [`Vocab::pre`](super::Vocab::pre) to
+    /// `"default"` to do the same).
     pub fn from_name(name: Option<&str>) -> Result<Self, TokenizerError> {
         let Some(name) = name else {
             return Ok(PreTokenizer::Default);
         };
         Ok(match name {
             "default" => PreTokenizer::Default,
-            // "gpt-neox" and "gpt2" are not llama.cpp names; accepted as the
-            // obvious aliases.
+            // "gpt2" and "gpt-neox" are not llama.cpp names; accepted as
+            // the obvious aliases.
             "gpt-2" | "gpt2" | "gpt-neox" | "mpt" | "olmo" | "jais" | "trillion" | "phi-2"
-            | "jina-es" | "jina-de" | "jina-v1-en" | "jina-v2-es" | "jina-v2-de" | "gigachat"
-            | "mellum" | "a.x-4.0" | "modern-bert" => PreTokenizer::Gpt2,
+            | "jina-es" | "jina-de" | "jina-v1-en" | "jina-v2-es" | "jina-v2-de"
+            | "jina-v2-code" | "roberta-bpe" | "gigachat" | "mellum" | "a.x-4.0"
+            | "granite-docling" | "exaone4" => PreTokenizer::Gpt2,
             "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
             | "midm-2.0" | "lfm2" => PreTokenizer::Llama3,
-            "refact" | "starcoder" => PreTokenizer::Refact,
+            "dbrx" | "smaug-bpe" | "glm4" | "chatglm-bpe" => PreTokenizer::Dbrx,
+            "qwen2" | "deepseek-r1-qwen" | "kormo" | "megrez" | "stablelm2" | "hunyuan"
+            | "grok-2" => PreTokenizer::Qwen2,
+            "refact" | "starcoder" | "command-r" | "smollm" | "codeshell" | "exaone"
+            | "minerva-7b" => PreTokenizer::Refact,
+            "falcon" => PreTokenizer::Falcon,
             other => return Err(TokenizerError::UnknownPreTokenizer(other.to_string())),
         })
     }
@@ -78,14 +99,20 @@ impl PreTokenizer {
     fn stages(self) -> &'static [Stage] {
         match self {
             PreTokenizer::Default => &[
-                Stage::PunctOrSymbolChar,
+                Stage::PunctRun { backtick: false },
                 Stage::Gpt2,
                 Stage::NumberRun,
                 Stage::ThreeAsciiDigits,
             ],
             PreTokenizer::Gpt2 => &[Stage::Gpt2],
-            PreTokenizer::Llama3 => &[Stage::Llama3],
+            PreTokenizer::Llama3 | PreTokenizer::Dbrx => &[Stage::Llama3 { digits: 3 }],
+            PreTokenizer::Qwen2 => &[Stage::Llama3 { digits: 1 }],
             PreTokenizer::Refact => &[Stage::NumberChar, Stage::Gpt2],
+            PreTokenizer::Falcon => &[
+                Stage::PunctRun { backtick: true },
+                Stage::Gpt2,
+                Stage::ThreeAsciiDigits,
+            ],
         }
     }
 
@@ -125,12 +152,20 @@ impl PreTokenizer {
                 };
                 match stage {
                     Stage::Gpt2 => split_gpt2(&seg, &mut sink),
-                    Stage::Llama3 => split_llama3(&seg, &mut sink),
-                    Stage::PunctOrSymbolChar => split_matches(&seg, &mut sink, |seg, pos| {
-                        let c = seg.cpts[pos];
-                        let single = seg.flags[pos] & PUNCTUATION != 0
-                            || matches!(c, '$' | '+' | '<' | '=' | '>' | '^' | '`' | '|' | '~');
-                        usize::from(single)
+                    Stage::Llama3 { digits } => split_llama3(&seg, &mut sink, digits),
+                    Stage::PunctRun { backtick } => split_matches(&seg, &mut sink, |seg, pos| {
+                        let punct = |p: usize| {
+                            seg.cpt(p).is_some_and(|c| {
+                                seg.flags[p] & PUNCTUATION != 0
+                                    || matches!(c, '$' | '+' | '<' | '=' | '>' | '^' | '~' | '|')
+                                    || (backtick && c == '`')
+                            })
+                        };
+                        let mut p = pos;
+                        while punct(p) {
+                            p += 1;
+                        }
+                        p - pos
                     }),
                     Stage::NumberRun => split_matches(&seg, &mut sink, |seg, pos| {
                         let mut p = pos;
@@ -315,8 +350,10 @@ fn split_gpt2(seg: &Seg<'_>, sink: &mut Sink<'_>) {
     }
 }
 
-/// llama.cpp's `unicode_regex_split_custom_llama3`.
-fn split_llama3(seg: &Seg<'_>, sink: &mut Sink<'_>) {
+/// llama.cpp's `unicode_regex_split_custom_llama3`, with the digit group
+/// size as a parameter (3; 1 gives the Qwen2 regex, which llama.cpp runs
+/// through `std::regex` with the same result).
+fn split_llama3(seg: &Seg<'_>, sink: &mut Sink<'_>, digits: usize) {
     let is_rn = |c: Option<char>| matches!(c, Some('\r' | '\n'));
     let lower = |c: char| c.to_ascii_lowercase();
     let mut pos = seg.ini;
@@ -359,7 +396,7 @@ fn split_llama3(seg: &Seg<'_>, sink: &mut Sink<'_>) {
             let mut ini = pos;
             while seg.flag(pos) & NUMBER != 0 {
                 pos += 1;
-                if pos - ini >= 3 {
+                if pos - ini >= digits {
                     sink.add(pos);
                     ini = pos;
                 }
@@ -461,8 +498,8 @@ mod tests {
     #[test]
     fn default_and_refact() {
         assert_eq!(
-            split(PreTokenizer::Default, "Hello, world!!! 12345"),
-            ["Hello", ",", " world", "!", "!", "!", " ", "123", "45"]
+            split(PreTokenizer::Default, "Hello, world!!! 12345 a`b"),
+            ["Hello", ",", " world", "!!!", " ", "123", "45", " a", "`", "b"]
         );
         assert_eq!(
             split(PreTokenizer::Refact, "ab12 c"),

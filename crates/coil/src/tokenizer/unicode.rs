@@ -119,22 +119,36 @@ pub(crate) fn flags(c: char) -> u8 {
     }
 }
 
+/// Whether GPT-2's byte map keeps byte `b` as the code point of the same
+/// value (printable Latin-1).
+const fn keeps_byte(b: u32) -> bool {
+    (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF)
+}
+
+/// The 68 bytes GPT-2 moves to U+0100.., in increasing order.
+const MOVED_BYTES: [u8; 68] = {
+    let mut t = [0u8; 68];
+    let (mut b, mut n) = (0u32, 0usize);
+    while b < 256 {
+        if !keeps_byte(b) {
+            t[n] = b as u8;
+            n += 1;
+        }
+        b += 1;
+    }
+    t
+};
+
 /// GPT-2's `bytes_to_unicode`: every byte maps to a printable code point.
 /// Printable Latin-1 bytes map to themselves, the others to U+0100 onwards.
 pub(crate) fn byte_to_char_table() -> [char; 256] {
     let mut table = ['\0'; 256];
-    let mut n = 0u32;
     for b in 0..256u32 {
-        let keep =
-            (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
-        let cp = if keep {
-            b
-        } else {
-            n += 1;
-            255 + n
-        };
-        // Every value here is below U+0144, a valid scalar value.
-        table[b as usize] = char::from_u32(cp).unwrap_or('\u{FFFD}');
+        table[b as usize] = char::from_u32(b).unwrap_or('\0');
+    }
+    for (k, &b) in MOVED_BYTES.iter().enumerate() {
+        // At most U+0143: a valid scalar value.
+        table[b as usize] = char::from_u32(0x100 + k as u32).unwrap_or('\0');
     }
     table
 }
@@ -144,26 +158,10 @@ pub(crate) fn byte_to_char_table() -> [char; 256] {
 #[inline]
 pub(crate) fn char_to_byte(c: char) -> Option<u8> {
     let cp = c as u32;
-    match cp {
-        0x21..=0x7E | 0xA1..=0xAC | 0xAE..=0xFF => Some(cp as u8),
-        0x100..=0x143 => {
-            // The 68 unprintable bytes, in increasing order.
-            let k = cp - 0x100;
-            let mut seen = 0u32;
-            for b in 0..=255u32 {
-                let keep = (0x21..=0x7E).contains(&b)
-                    || (0xA1..=0xAC).contains(&b)
-                    || (0xAE..=0xFF).contains(&b);
-                if !keep {
-                    if seen == k {
-                        return Some(b as u8);
-                    }
-                    seen += 1;
-                }
-            }
-            None
-        }
-        _ => None,
+    if cp < 0x100 {
+        keeps_byte(cp).then_some(cp as u8)
+    } else {
+        MOVED_BYTES.get((cp - 0x100) as usize).copied()
     }
 }
 
