@@ -12,7 +12,7 @@ pub struct QuantAct {
     /// One scale per block: `[n_tokens, cols / block]`.
     pub d: Vec<f32>,
     /// Sums of `qs` per group: Q8_0 style per block of 32, Q8_K style per 16.
-    pub sums: Vec<i32>,
+    pub sums: Vec<i16>,
     pub cols: usize,
 }
 
@@ -58,7 +58,7 @@ impl QuantAct {
             }
         }
         for (s, qg) in self.sums.iter_mut().zip(self.qs.chunks_exact(group)) {
-            *s = qg.iter().map(|&q| q as i32).sum();
+            *s = qg.iter().map(|&q| q as i16).sum();
         }
     }
 

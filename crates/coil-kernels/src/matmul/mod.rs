@@ -206,7 +206,7 @@ pub(crate) enum ActKind {
 }
 
 pub(crate) type FloatDot = fn(&[u8], &[f32]) -> f32;
-pub(crate) type QuantDot = fn(&[u8], &[i8], &[f32], &[i32]) -> f32;
+pub(crate) type QuantDot = fn(&[u8], &[i8], &[f32], &[i16]) -> f32;
 
 #[derive(Clone, Copy)]
 pub(crate) enum VecKernel {

@@ -186,3 +186,48 @@ fn fallback_formats_via_format_layer() {
         }
     }
 }
+
+/// Every SIMD dot kernel against the scalar kernel on the same quantized
+/// activations: only float rounding may differ.
+#[test]
+fn simd_dots_match_scalar_dots() {
+    let mut rng = Rng::new(31);
+    for ty in FORMATS {
+        let Some(scalar) = vec_kernel(ty, SimdLevel::Scalar) else {
+            continue;
+        };
+        for level in crate::simd::available_levels() {
+            let Some(k) = vec_kernel(ty, level) else {
+                continue;
+            };
+            for &blocks in &[1usize, 2, 3, 5, 16] {
+                let cols =
+                    ty.block_size().max(16) * blocks + if ty.block_size() == 1 { 7 } else { 0 };
+                let data = random_weights(&mut rng, ty, 1, cols);
+                let x: Vec<f32> = (0..cols).map(|_| rng.f32() * 4.0).collect();
+                let (a, b) = match (scalar, k) {
+                    (VecKernel::Float(f), VecKernel::Float(g)) => (f(&data, &x), g(&data, &x)),
+                    (VecKernel::Quant(ka, f), VecKernel::Quant(kb, g)) => {
+                        assert_eq!(ka, kb);
+                        let xa = match ka {
+                            ActKind::Q8_0 => QuantAct::q8_0(&x, cols),
+                            ActKind::Q8K => QuantAct::q8_k(&x, cols),
+                        };
+                        (
+                            f(&data, &xa.qs, &xa.d, &xa.sums),
+                            g(&data, &xa.qs, &xa.d, &xa.sums),
+                        )
+                    }
+                    _ => panic!("kernel kinds differ for {ty}"),
+                };
+                let mut row = vec![0f32; cols];
+                dequant::dequant_row(ty, &data, &mut row);
+                let mag: f32 = row.iter().zip(&x).map(|(w, v)| (w * v).abs()).sum();
+                assert!(
+                    (a - b).abs() <= 1e-5 * mag + 1e-6,
+                    "{ty} {level:?} cols {cols}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}

@@ -52,7 +52,7 @@ fn idot(a: impl Iterator<Item = i32>, b: &[i8]) -> i32 {
     a.zip(b).map(|(a, &b)| a * b as i32).sum()
 }
 
-pub fn dot_q8_0(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i32]) -> f32 {
+pub fn dot_q8_0(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
     let mut s = 0f32;
     for (i, b) in row.chunks_exact(34).enumerate() {
         let q = &xq[32 * i..32 * i + 32];
@@ -62,18 +62,18 @@ pub fn dot_q8_0(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i32]) -> f32 {
     s
 }
 
-pub fn dot_q4_0(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i32]) -> f32 {
+pub fn dot_q4_0(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
     let mut s = 0f32;
     for (i, b) in row.chunks_exact(18).enumerate() {
         let q = &xq[32 * i..32 * i + 32];
         let lo = idot(b[2..18].iter().map(|&v| (v & 0xF) as i32), &q[..16]);
         let hi = idot(b[2..18].iter().map(|&v| (v >> 4) as i32), &q[16..]);
-        s += rd_f16(b, 0) * xd[i] * (lo + hi - 8 * xs[i]) as f32;
+        s += rd_f16(b, 0) * xd[i] * (lo + hi - 8 * xs[i] as i32) as f32;
     }
     s
 }
 
-pub fn dot_iq4_nl(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i32]) -> f32 {
+pub fn dot_iq4_nl(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
     let mut s = 0f32;
     for (i, b) in row.chunks_exact(18).enumerate() {
         let q = &xq[32 * i..32 * i + 32];
@@ -95,7 +95,7 @@ pub fn dot_iq4_nl(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i32]) -> f32 {
 }
 
 /// K-quant activations: `xd` one scale per 256, `xs` sums per 16.
-pub fn dot_q4_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i32]) -> f32 {
+pub fn dot_q4_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
     let mut s = 0f32;
     for (i, b) in row.chunks_exact(144).enumerate() {
         let q8 = &xq[256 * i..256 * i + 256];
@@ -115,15 +115,15 @@ pub fn dot_q4_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i32]) -> f32 {
                 &q8[64 * j + 32..64 * j + 64],
             );
             acc += s1 as i32 * lo + s2 as i32 * hi;
-            macc += m1 as i32 * (bs[4 * j] + bs[4 * j + 1])
-                + m2 as i32 * (bs[4 * j + 2] + bs[4 * j + 3]);
+            macc += m1 as i32 * (bs[4 * j] as i32 + bs[4 * j + 1] as i32)
+                + m2 as i32 * (bs[4 * j + 2] as i32 + bs[4 * j + 3] as i32);
         }
         s += xd[i] * (rd_f16(b, 0) * acc as f32 - rd_f16(b, 2) * macc as f32);
     }
     s
 }
 
-pub fn dot_q5_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i32]) -> f32 {
+pub fn dot_q5_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
     let mut s = 0f32;
     for (i, b) in row.chunks_exact(176).enumerate() {
         let q8 = &xq[256 * i..256 * i + 256];
@@ -144,15 +144,15 @@ pub fn dot_q5_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i32]) -> f32 {
                 &q8[64 * j + 32..64 * j + 64],
             );
             acc += s1 as i32 * lo + s2 as i32 * hi;
-            macc += m1 as i32 * (bs[4 * j] + bs[4 * j + 1])
-                + m2 as i32 * (bs[4 * j + 2] + bs[4 * j + 3]);
+            macc += m1 as i32 * (bs[4 * j] as i32 + bs[4 * j + 1] as i32)
+                + m2 as i32 * (bs[4 * j + 2] as i32 + bs[4 * j + 3] as i32);
         }
         s += xd[i] * (rd_f16(b, 0) * acc as f32 - rd_f16(b, 2) * macc as f32);
     }
     s
 }
 
-pub fn dot_q6_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i32]) -> f32 {
+pub fn dot_q6_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
     let mut s = 0f32;
     for (i, b) in row.chunks_exact(210).enumerate() {
         let q8 = &xq[256 * i..256 * i + 256];
@@ -174,14 +174,14 @@ pub fn dot_q6_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i32]) -> f32 {
                 q[16 * g..16 * g + 16].iter().copied(),
                 &q8[16 * g..16 * g + 16],
             );
-            acc += (b[192 + g] as i8) as i32 * (isum - 32 * bs[g]);
+            acc += (b[192 + g] as i8) as i32 * (isum - 32 * bs[g] as i32);
         }
         s += xd[i] * rd_f16(b, 208) * acc as f32;
     }
     s
 }
 
-pub fn dot_iq4_xs(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i32]) -> f32 {
+pub fn dot_iq4_xs(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
     let mut s = 0f32;
     for (i, b) in row.chunks_exact(136).enumerate() {
         let q8 = &xq[256 * i..256 * i + 256];

@@ -1,7 +1,418 @@
-//! AVX-512 (F/BW/VL/DQ + VNNI) kernels.
-use super::VecKernel;
-use coil_gguf::GgmlType;
+//! AVX-512 (F/BW/VL/DQ + VNNI) row · activation dot products.
+//!
+//! Quantized weights against quantized activations with integer dot
+//! products: `vpdpbusd` (u8 × i8 → i32) where the weight values are
+//! non-negative, `vpmaddubsw` + `vpdpwssd` where a per-group scale must be
+//! applied in the integer domain (K-quants, IQ4_XS). Signed weight values
+//! (Q8_0, IQ4_*) use the absolute value and move the sign onto the
+//! activation.
 
-pub(super) fn vec_kernel(_ty: GgmlType) -> Option<VecKernel> {
-    None
+use super::dequant::{iq4xs_scales, KVALUES_IQ4NL};
+use super::x86_avx2::f16c;
+use super::{vecdot, ActKind, VecKernel};
+use coil_gguf::GgmlType;
+use std::arch::x86_64::*;
+
+pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
+    use ActKind::*;
+    // SAFETY (all): selected only when the CPU has the AVX-512 level.
+    Some(match ty {
+        GgmlType::F32 => VecKernel::Float(|r, x| unsafe { dot_f32(r, x) }),
+        GgmlType::F16 => VecKernel::Float(|r, x| unsafe { dot_f16(r, x) }),
+        GgmlType::BF16 => VecKernel::Float(|r, x| unsafe { dot_bf16(r, x) }),
+        GgmlType::Q8_0 => VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_q8_0(r, q, d, s) }),
+        GgmlType::Q4_0 => VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_q4_0(r, q, d, s) }),
+        GgmlType::IQ4_NL => VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_iq4_nl(r, q, d, s) }),
+        GgmlType::Q4_K => VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_q4_k(r, q, d, s) }),
+        GgmlType::Q5_K => VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_q5_k(r, q, d, s) }),
+        GgmlType::Q6_K => VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_q6_k(r, q, d, s) }),
+        GgmlType::IQ4_XS => VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_iq4_xs(r, q, d, s) }),
+        _ => return None,
+    })
+}
+
+macro_rules! float_dot {
+    ($name:ident, $elt:expr, $load:expr, $scalar:path) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+        unsafe fn $name(row: &[u8], x: &[f32]) -> f32 {
+            let n = x.len();
+            debug_assert!(row.len() >= $elt * n);
+            let (w, xp) = (row.as_ptr(), x.as_ptr());
+            let ld = $load;
+            let mut a = [_mm512_setzero_ps(); 4];
+            let mut i = 0;
+            while i + 64 <= n {
+                for (j, acc) in a.iter_mut().enumerate() {
+                    let o = i + 16 * j;
+                    *acc = _mm512_fmadd_ps(ld(w, o), _mm512_loadu_ps(xp.add(o)), *acc);
+                }
+                i += 64;
+            }
+            while i + 16 <= n {
+                a[0] = _mm512_fmadd_ps(ld(w, i), _mm512_loadu_ps(xp.add(i)), a[0]);
+                i += 16;
+            }
+            let s = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
+            let mut s = _mm512_reduce_add_ps(s);
+            if i < n {
+                s += $scalar(&row[$elt * i..], &x[i..]);
+            }
+            s
+        }
+    };
+}
+
+float_dot!(
+    dot_f32,
+    4,
+    |w: *const u8, i: usize| _mm512_loadu_ps((w as *const f32).add(i)),
+    vecdot::dot_f32_bytes
+);
+float_dot!(
+    dot_f16,
+    2,
+    |w: *const u8, i: usize| _mm512_cvtph_ps(_mm256_loadu_si256(w.add(2 * i) as *const __m256i)),
+    vecdot::dot_f16
+);
+float_dot!(
+    dot_bf16,
+    2,
+    |w: *const u8, i: usize| {
+        let h = _mm256_loadu_si256(w.add(2 * i) as *const __m256i);
+        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+    },
+    vecdot::dot_bf16
+);
+
+#[inline(always)]
+unsafe fn rd16(p: *const u8) -> u16 {
+    (p as *const u16).read_unaligned()
+}
+
+/// `[a x8 | b x8]` as f32 lanes.
+#[inline(always)]
+unsafe fn two_scales(a: f32, b: f32) -> __m512 {
+    _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1)
+}
+
+/// Two 16-byte nibble groups → 64 u8: `[lo(p0), hi(p0), lo(p1), hi(p1)]`.
+#[inline(always)]
+unsafe fn nibbles2(p0: *const u8, p1: *const u8) -> __m512i {
+    let m = _mm_set1_epi8(0xF);
+    let q0 = _mm_loadu_si128(p0 as *const __m128i);
+    let q1 = _mm_loadu_si128(p1 as *const __m128i);
+    let b0 = _mm256_set_m128i(
+        _mm_and_si128(_mm_srli_epi16(q0, 4), m),
+        _mm_and_si128(q0, m),
+    );
+    let b1 = _mm256_set_m128i(
+        _mm_and_si128(_mm_srli_epi16(q1, 4), m),
+        _mm_and_si128(q1, m),
+    );
+    _mm512_inserti64x4(_mm512_castsi256_si512(b0), b1, 1)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c")]
+unsafe fn dot_q8_0(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+    let nb = xd.len();
+    let (w, x) = (row.as_ptr(), xq.as_ptr());
+    let zero = _mm512_setzero_si512();
+    let mut acc = _mm512_setzero_ps();
+    let mut i = 0;
+    while i + 2 <= nb {
+        let b0 = w.add(34 * i);
+        let b1 = b0.add(34);
+        let wv = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256(b0.add(2) as *const __m256i)),
+            _mm256_loadu_si256(b1.add(2) as *const __m256i),
+            1,
+        );
+        let xv = _mm512_loadu_si512(x.add(32 * i) as *const _);
+        let sx = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(wv), zero, xv);
+        let dot = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(wv), sx);
+        let sc = two_scales(f16c(rd16(b0)) * xd[i], f16c(rd16(b1)) * xd[i + 1]);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc);
+        i += 2;
+    }
+    let mut s = _mm512_reduce_add_ps(acc);
+    if i < nb {
+        s += vecdot::dot_q8_0(&row[34 * i..], &xq[32 * i..], &xd[i..], &xs[i..]);
+    }
+    s
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c")]
+unsafe fn dot_q4_0(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+    let nb = xd.len();
+    let (w, x) = (row.as_ptr(), xq.as_ptr());
+    let zero = _mm512_setzero_si512();
+    let mut acc = _mm512_setzero_ps();
+    let mut corr = 0f32;
+    let mut i = 0;
+    while i + 2 <= nb {
+        let b0 = w.add(18 * i);
+        let b1 = b0.add(18);
+        let wv = nibbles2(b0.add(2), b1.add(2));
+        let xv = _mm512_loadu_si512(x.add(32 * i) as *const _);
+        let dot = _mm512_dpbusd_epi32(zero, wv, xv);
+        let (s0, s1) = (f16c(rd16(b0)) * xd[i], f16c(rd16(b1)) * xd[i + 1]);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), two_scales(s0, s1), acc);
+        corr += s0 * xs[i] as f32 + s1 * xs[i + 1] as f32;
+        i += 2;
+    }
+    let mut s = _mm512_reduce_add_ps(acc) - 8.0 * corr;
+    if i < nb {
+        s += vecdot::dot_q4_0(&row[18 * i..], &xq[32 * i..], &xd[i..], &xs[i..]);
+    }
+    s
+}
+
+#[inline(always)]
+unsafe fn iq4_tables() -> (__m512i, __m512i) {
+    let mut abs = [0u8; 16];
+    for (a, k) in abs.iter_mut().zip(KVALUES_IQ4NL) {
+        *a = k.unsigned_abs();
+    }
+    let t = _mm_loadu_si128(abs.as_ptr() as *const __m128i);
+    (_mm512_broadcast_i32x4(t), _mm512_set1_epi8(8))
+}
+
+/// |kvalue[idx]| as u8 and the activation with kvalue's sign applied.
+#[inline(always)]
+unsafe fn iq4_lookup(
+    tbl: __m512i,
+    eight: __m512i,
+    idx: __m512i,
+    xv: __m512i,
+) -> (__m512i, __m512i) {
+    let v = _mm512_shuffle_epi8(tbl, idx);
+    let neg = _mm512_cmplt_epu8_mask(idx, eight);
+    (v, _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv))
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c")]
+unsafe fn dot_iq4_nl(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+    let nb = xd.len();
+    let (w, x) = (row.as_ptr(), xq.as_ptr());
+    let (tbl, eight) = iq4_tables();
+    let zero = _mm512_setzero_si512();
+    let mut acc = _mm512_setzero_ps();
+    let mut i = 0;
+    while i + 2 <= nb {
+        let b0 = w.add(18 * i);
+        let b1 = b0.add(18);
+        let idx = nibbles2(b0.add(2), b1.add(2));
+        let xv = _mm512_loadu_si512(x.add(32 * i) as *const _);
+        let (v, sx) = iq4_lookup(tbl, eight, idx, xv);
+        let dot = _mm512_dpbusd_epi32(zero, v, sx);
+        let sc = two_scales(f16c(rd16(b0)) * xd[i], f16c(rd16(b1)) * xd[i + 1]);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc);
+        i += 2;
+    }
+    let mut s = _mm512_reduce_add_ps(acc);
+    if i < nb {
+        s += vecdot::dot_iq4_nl(&row[18 * i..], &xq[32 * i..], &xd[i..], &xs[i..]);
+    }
+    s
+}
+
+/// i16 lane-index vector `[a x16 | b x16]`.
+#[inline(always)]
+unsafe fn idx_pair(a: i16, b: i16) -> __m512i {
+    _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_set1_epi16(a)),
+        _mm256_set1_epi16(b),
+        1,
+    )
+}
+
+/// Q4_K / Q5_K: 8 scales and 8 mins (6-bit) as bytes `[sc0..7, m0..7]`.
+#[inline(always)]
+unsafe fn k4_scales_mins(sc: *const u8) -> __m128i {
+    const KMASK1: u32 = 0x3f3f_3f3f;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    const KMASK3: u32 = 0x0303_0303;
+    let u0 = (sc as *const u32).read_unaligned();
+    let u1 = (sc.add(4) as *const u32).read_unaligned();
+    let u2 = (sc.add(8) as *const u32).read_unaligned();
+    let m_hi = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
+    let s_hi = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
+    let m_lo = u1 & KMASK1;
+    let s_lo = u0 & KMASK1;
+    _mm_set_epi32(m_hi as i32, m_lo as i32, s_hi as i32, s_lo as i32)
+}
+
+/// Shared body of Q4_K and Q5_K: `HIGH` adds the fifth bit from `qh`.
+#[inline(always)]
+unsafe fn dot_k45<const HIGH: bool>(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+    let nb = xd.len();
+    let bsz = if HIGH { 176 } else { 144 };
+    let m4 = _mm256_set1_epi8(0xF);
+    let bit4 = _mm256_set1_epi8(0x10);
+    let idx = [
+        idx_pair(0, 1),
+        idx_pair(2, 3),
+        idx_pair(4, 5),
+        idx_pair(6, 7),
+    ];
+    // mins duplicated per pair of 16-sums: lanes 8,8,9,9,..,15,15
+    let idx_m = _mm512_castsi256_si512(_mm256_setr_epi16(
+        8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15,
+    ));
+    let mut facc = _mm512_setzero_ps();
+    let mut macc = _mm256_setzero_ps();
+    for i in 0..nb {
+        let b = row.as_ptr().add(bsz * i);
+        let dd = _mm_cvtph_ps(_mm_cvtsi32_si128((b as *const i32).read_unaligned()));
+        let dxd = _mm_mul_ps(dd, _mm_set1_ps(xd[i])); // [d*xd, dmin*xd]
+        let sm = _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(k4_scales_mins(b.add(4))));
+        let x = xq.as_ptr().add(256 * i);
+        let qs = b.add(if HIGH { 48 } else { 16 });
+        let mut hbits = if HIGH {
+            _mm256_loadu_si256(b.add(16) as *const __m256i)
+        } else {
+            _mm256_setzero_si256()
+        };
+        let mut iacc = _mm512_setzero_si512();
+        for j in 0..4 {
+            let q = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
+            let mut lo = _mm256_and_si256(q, m4);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            if HIGH {
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hbits, 4), bit4));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hbits, 3), bit4));
+                hbits = _mm256_srli_epi16(hbits, 2);
+            }
+            let wv = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+            let xv = _mm512_loadu_si512(x.add(64 * j) as *const _);
+            let p = _mm512_maddubs_epi16(wv, xv);
+            let sc = _mm512_permutexvar_epi16(idx[j], sm);
+            iacc = _mm512_dpwssd_epi32(iacc, p, sc);
+        }
+        facc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc), _mm512_broadcastss_ps(dxd), facc);
+        let mins = _mm512_castsi512_si256(_mm512_permutexvar_epi16(idx_m, sm));
+        let bs = _mm256_loadu_si256(xs.as_ptr().add(16 * i) as *const __m256i);
+        let mprod = _mm256_madd_epi16(mins, bs);
+        let dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dxd));
+        macc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mprod), dmin, macc);
+    }
+    let m = _mm_add_ps(_mm256_castps256_ps128(macc), _mm256_extractf128_ps(macc, 1));
+    let m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    _mm512_reduce_add_ps(facc) - _mm_cvtss_f32(m)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_q4_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+    dot_k45::<false>(row, xq, xd, xs)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_q5_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+    dot_k45::<true>(row, xq, xd, xs)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_q6_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+    let nb = xd.len();
+    let m4 = _mm512_set1_epi8(0xF);
+    let m3 = _mm256_set1_epi8(3);
+    // chunk c covers 16-groups 4c..4c+4: i16 lane l -> group 4c + l/8
+    let mut idx = [_mm512_setzero_si512(); 4];
+    for (c, v) in idx.iter_mut().enumerate() {
+        let mut lanes = [0i16; 32];
+        for (l, o) in lanes.iter_mut().enumerate() {
+            *o = (4 * c + l / 8) as i16;
+        }
+        *v = _mm512_loadu_si512(lanes.as_ptr() as *const _);
+    }
+    let mut facc = _mm512_setzero_ps();
+    let mut cacc = _mm256_setzero_ps();
+    for i in 0..nb {
+        let b = row.as_ptr().add(210 * i);
+        let d = f16c(rd16(b.add(208))) * xd[i];
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
+        let sc = _mm512_castsi256_si512(sc16);
+        let x = xq.as_ptr().add(256 * i);
+        let mut iacc = _mm512_setzero_si512();
+        for n in 0..2 {
+            let l = _mm512_loadu_si512(b.add(64 * n) as *const _);
+            let h = _mm256_loadu_si256(b.add(128 + 32 * n) as *const __m256i);
+            let h12 = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_and_si256(h, m3)),
+                _mm256_and_si256(_mm256_srli_epi16(h, 2), m3),
+                1,
+            );
+            let h34 = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3)),
+                _mm256_and_si256(_mm256_srli_epi16(h, 6), m3),
+                1,
+            );
+            let q12 = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_slli_epi16(h12, 4));
+            let q34 = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                _mm512_slli_epi16(h34, 4),
+            );
+            let x12 = _mm512_loadu_si512(x.add(128 * n) as *const _);
+            let x34 = _mm512_loadu_si512(x.add(128 * n + 64) as *const _);
+            let p12 = _mm512_maddubs_epi16(q12, x12);
+            let p34 = _mm512_maddubs_epi16(q34, x34);
+            iacc = _mm512_dpwssd_epi32(iacc, p12, _mm512_permutexvar_epi16(idx[2 * n], sc));
+            iacc = _mm512_dpwssd_epi32(iacc, p34, _mm512_permutexvar_epi16(idx[2 * n + 1], sc));
+        }
+        let dv = _mm512_set1_ps(d);
+        facc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc), dv, facc);
+        let bs = _mm256_loadu_si256(xs.as_ptr().add(16 * i) as *const __m256i);
+        let corr = _mm256_madd_epi16(sc16, bs);
+        cacc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_set1_ps(d), cacc);
+    }
+    let m = _mm_add_ps(_mm256_castps256_ps128(cacc), _mm256_extractf128_ps(cacc, 1));
+    let m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    _mm512_reduce_add_ps(facc) - 32.0 * _mm_cvtss_f32(m)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_iq4_xs(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
+    let nb = xd.len();
+    let (tbl, eight) = iq4_tables();
+    let m4 = _mm256_set1_epi8(0xF);
+    let idx = [
+        idx_pair(0, 1),
+        idx_pair(2, 3),
+        idx_pair(4, 5),
+        idx_pair(6, 7),
+    ];
+    let mut facc = _mm512_setzero_ps();
+    for i in 0..nb {
+        let b = row.as_ptr().add(136 * i);
+        let blk = std::slice::from_raw_parts(b, 136);
+        let ls = iq4xs_scales(blk);
+        let ls16 = _mm512_castsi128_si512(_mm_setr_epi16(
+            ls[0] as i16,
+            ls[1] as i16,
+            ls[2] as i16,
+            ls[3] as i16,
+            ls[4] as i16,
+            ls[5] as i16,
+            ls[6] as i16,
+            ls[7] as i16,
+        ));
+        let x = xq.as_ptr().add(256 * i);
+        let mut iacc = _mm512_setzero_si512();
+        for k in 0..4 {
+            let q = _mm256_loadu_si256(b.add(8 + 32 * k) as *const __m256i);
+            let lo = _mm256_and_si256(q, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            let t = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+            let nib = _mm512_shuffle_i64x2(t, t, 0b11_01_10_00);
+            let xv = _mm512_loadu_si512(x.add(64 * k) as *const _);
+            let (v, sx) = iq4_lookup(tbl, eight, nib, xv);
+            let p = _mm512_maddubs_epi16(v, sx);
+            iacc = _mm512_dpwssd_epi32(iacc, p, _mm512_permutexvar_epi16(idx[k], ls16));
+        }
+        let d = f16c(rd16(b)) * xd[i];
+        facc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc), _mm512_set1_ps(d), facc);
+    }
+    _mm512_reduce_add_ps(facc)
 }
