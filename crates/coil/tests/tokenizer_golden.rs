@@ -74,6 +74,13 @@ fn check_golden(tok: &Tokenizer, stem: &str) {
 }
 
 #[test]
+fn tokenizer_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Tokenizer>();
+    check::<StreamDecoder>();
+}
+
+#[test]
 fn golden_gpt_neox_mpt() {
     let tok = gpt_neox();
     assert_eq!(tok.kind(), VocabKind::Bpe);

@@ -23,6 +23,9 @@ pub enum TokenizerError {
     #[error("tokenizer: unsupported tokenizer model `{0}` (GGUF key `tokenizer.ggml.model`; supported: gpt2, llama)")]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer coil does not implement.
-    #[error("tokenizer: unknown pre-tokenizer `{0}` (GGUF key `tokenizer.ggml.pre`)")]
+    #[error(
+        "tokenizer: unsupported pre-tokenizer `{0}` (GGUF key `tokenizer.ggml.pre`); \
+         to tokenize with llama.cpp's \"default\" split instead, set `Vocab::pre` to \"default\""
+    )]
     UnknownPreTokenizer(String),
 }

@@ -12,6 +12,21 @@
 //! (`"llama"`). Like llama.cpp, no Unicode normalization (NFC) is applied.
 //! User-defined tokens (type 4) are always matched verbatim in the input;
 //! control and unknown tokens only with [`EncodeOptions::parse_special`].
+//!
+//! ```no_run
+//! use coil::tokenizer::{StreamDecoder, Tokenizer};
+//!
+//! let file = coil_gguf::GgufFile::open("model.gguf")?;
+//! let tok = Tokenizer::from_gguf(&file)?;
+//! let ids = tok.encode("Hello world", true); // BOS added if the model asks
+//! assert_eq!(tok.decode(&ids), "Hello world");
+//!
+//! let mut stream = StreamDecoder::new();
+//! for &id in &ids {
+//!     print!("{}", stream.push(&tok, id)); // complete UTF-8 only
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod bpe;
 mod error;

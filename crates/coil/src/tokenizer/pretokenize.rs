@@ -73,7 +73,7 @@ impl PreTokenizer {
             | "jina-v2-code" | "roberta-bpe" | "gigachat" | "mellum" | "a.x-4.0"
             | "granite-docling" | "exaone4" => PreTokenizer::Gpt2,
             "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
-            | "midm-2.0" | "lfm2" => PreTokenizer::Llama3,
+            | "midm-2.0" | "lfm2" | "jina-v5-nano" => PreTokenizer::Llama3,
             "dbrx" | "smaug-bpe" | "glm4" | "chatglm-bpe" => PreTokenizer::Dbrx,
             "qwen2" | "deepseek-r1-qwen" | "kormo" | "megrez" | "stablelm2" | "hunyuan"
             | "grok-2" => PreTokenizer::Qwen2,
