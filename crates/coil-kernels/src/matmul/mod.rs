@@ -127,8 +127,13 @@ mod fallback {
 /// Decodes whole blocks of `ty` from `src` into `dst` (f32).
 pub(crate) fn decode_segment(ty: GgmlType, src: &[u8], dst: &mut [f32], level: SimdLevel) {
     #[cfg(target_arch = "x86_64")]
-    if level >= SimdLevel::Avx2 && x86_avx2::decode(ty, src, dst, level) {
-        return;
+    {
+        if level >= SimdLevel::Avx512 && x86_avx512::decode(ty, src, dst) {
+            return;
+        }
+        if level >= SimdLevel::Avx2 && x86_avx2::decode(ty, src, dst, level) {
+            return;
+        }
     }
     let _ = level;
     if !dequant::dequant_row(ty, src, dst) && !fallback::dequantize(ty, src, dst) {
@@ -185,6 +190,7 @@ pub fn matmul_at(
     }
     match vec_kernel(w.ty, level) {
         Some(k) if n_tokens < gemm_min_tokens(w.ty, level) => vec_path(pool, w, x, y, n_tokens, k),
+        None if n_tokens < 4 => decode_vec_path(pool, w, x, y, n_tokens, level),
         _ => gemm::gemm(pool, w, x, y, n_tokens, level),
     }
 }
@@ -248,6 +254,44 @@ fn vec_kernel(ty: GgmlType, level: SimdLevel) -> Option<VecKernel> {
 /// Rows per parallel chunk: enough chunks for dynamic balance, not too small.
 fn row_grain(rows: usize, n_threads: usize) -> usize {
     (rows / (n_threads * 8)).clamp(16, 256)
+}
+
+thread_local! {
+    static ROWBUF: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Few tokens, format without a dot kernel: decode each row to f32 once,
+/// then f32 dot products with every token.
+fn decode_vec_path(
+    pool: &ThreadPool,
+    w: &WeightRef,
+    x: &[f32],
+    y: &mut [f32],
+    n_tokens: usize,
+    level: SimdLevel,
+) {
+    let (rows, cols) = (w.rows, w.cols);
+    let Some(VecKernel::Float(dot)) = vec_kernel(GgmlType::F32, level) else {
+        unreachable!("F32 always has a float dot kernel")
+    };
+    let yp = SendPtr(y.as_mut_ptr());
+    pool.parallel_for(rows, row_grain(rows, pool.n_threads()), |rr, _| {
+        ROWBUF.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            buf.resize(cols, 0.0);
+            for r in rr {
+                decode_segment(w.ty, w.row(r), &mut buf, level);
+                // SAFETY: reading f32 storage as bytes.
+                let bytes =
+                    unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, cols * 4) };
+                for t in 0..n_tokens {
+                    let v = dot(bytes, &x[t * cols..(t + 1) * cols]);
+                    // SAFETY: element (t, r) is written by this chunk only.
+                    unsafe { *yp.get().add(t * rows + r) = v };
+                }
+            }
+        })
+    });
 }
 
 fn vec_path(
