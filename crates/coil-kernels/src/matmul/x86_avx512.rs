@@ -89,82 +89,111 @@ unsafe fn rd16(p: *const u8) -> u16 {
     (p as *const u16).read_unaligned()
 }
 
-/// `[a x8 | b x8]` as f32 lanes.
+/// Shared body of the 32-value block formats (Q8_0, Q4_0, IQ4_NL) against
+/// Q8_0-style activations, 8 blocks per step.
+///
+/// Weight values are made unsigned (`u = w + OFFSET`) for `vpdpbusd`; the
+/// offset is removed with the activation block sums:
+/// `sum (u - OFFSET)·x = dot(u, x) - OFFSET·sum(x)`. The 8 block scales are
+/// fetched with one gather and converted together.
 #[inline(always)]
-unsafe fn two_scales(a: f32, b: f32) -> __m512 {
-    _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1)
+unsafe fn dot_b32<const BYTES: usize, const KIND: u8>(
+    row: &[u8],
+    xq: &[i8],
+    xd: &[f32],
+    xs: &[i16],
+) -> f32 {
+    // KIND: 0 = Q8_0 (offset 128 via xor), 1 = Q4_0 (nibbles, offset 8), 2 = IQ4_NL (table + 128)
+    let nb = xd.len();
+    let (w, x) = (row.as_ptr(), xq.as_ptr());
+    let offset = if KIND == 1 { 8.0 } else { 128.0 };
+    let zero = _mm512_setzero_si512();
+    let x80 = _mm512_set1_epi8(-128);
+    let m4 = _mm256_set1_epi8(0xF);
+    let mut tblu = [0u8; 16];
+    for (t, k) in tblu.iter_mut().zip(KVALUES_IQ4NL) {
+        *t = (k as i16 + 128) as u8;
+    }
+    let tbl = _mm512_broadcast_i32x4(_mm_loadu_si128(tblu.as_ptr() as *const __m128i));
+    let gidx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let gidx = _mm256_mullo_epi32(gidx, _mm256_set1_epi32(BYTES as i32));
+    let pidx = [
+        _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+        _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3),
+        _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5),
+        _mm512_setr_epi32(6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7),
+    ];
+    let mut acc = [_mm512_setzero_ps(); 2];
+    let mut corr = _mm256_setzero_ps();
+    let mut i = 0;
+    while i + 8 <= nb {
+        let base = w.add(BYTES * i);
+        let dbits = _mm256_i32gather_epi32::<1>(base as *const i32, gidx);
+        let d8 = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(dbits));
+        let s8 = _mm256_mul_ps(d8, _mm256_loadu_ps(xd.as_ptr().add(i)));
+        let xs8 = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm_loadu_si128(
+            xs.as_ptr().add(i) as *const __m128i
+        )));
+        corr = _mm256_fmadd_ps(s8, xs8, corr);
+        let s16 = _mm512_castps256_ps512(s8);
+        for k in 0..4 {
+            let b0 = base.add(BYTES * 2 * k);
+            let b1 = b0.add(BYTES);
+            let wu = if KIND == 0 {
+                let wv = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256(b0.add(2) as *const __m256i)),
+                    _mm256_loadu_si256(b1.add(2) as *const __m256i),
+                    1,
+                );
+                _mm512_xor_si512(wv, x80)
+            } else {
+                let q =
+                    _mm256_loadu2_m128i(b1.add(2) as *const __m128i, b0.add(2) as *const __m128i);
+                let lo = _mm256_and_si256(q, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                let t = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                let nib = _mm512_shuffle_i64x2(t, t, 0b11_01_10_00);
+                if KIND == 2 {
+                    _mm512_shuffle_epi8(tbl, nib)
+                } else {
+                    nib
+                }
+            };
+            let xv = _mm512_loadu_si512(x.add(32 * (i + 2 * k)) as *const _);
+            let dot = _mm512_dpbusd_epi32(zero, wu, xv);
+            let sc = _mm512_permutexvar_ps(pidx[k], s16);
+            acc[k % 2] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc[k % 2]);
+        }
+        i += 8;
+    }
+    let c = _mm_add_ps(_mm256_castps256_ps128(corr), _mm256_extractf128_ps(corr, 1));
+    let c = _mm_add_ps(c, _mm_movehl_ps(c, c));
+    let c = _mm_add_ss(c, _mm_movehdup_ps(c));
+    let mut s = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) - offset * _mm_cvtss_f32(c);
+    if i < nb {
+        let (r, q, d, xs) = (&row[BYTES * i..], &xq[32 * i..], &xd[i..], &xs[i..]);
+        s += match KIND {
+            0 => vecdot::dot_q8_0(r, q, d, xs),
+            1 => vecdot::dot_q4_0(r, q, d, xs),
+            _ => vecdot::dot_iq4_nl(r, q, d, xs),
+        };
+    }
+    s
 }
 
-/// Two 16-byte nibble groups → 64 u8: `[lo(p0), hi(p0), lo(p1), hi(p1)]`.
-#[inline(always)]
-unsafe fn nibbles2(p0: *const u8, p1: *const u8) -> __m512i {
-    let m = _mm_set1_epi8(0xF);
-    let q0 = _mm_loadu_si128(p0 as *const __m128i);
-    let q1 = _mm_loadu_si128(p1 as *const __m128i);
-    let b0 = _mm256_set_m128i(
-        _mm_and_si128(_mm_srli_epi16(q0, 4), m),
-        _mm_and_si128(q0, m),
-    );
-    let b1 = _mm256_set_m128i(
-        _mm_and_si128(_mm_srli_epi16(q1, 4), m),
-        _mm_and_si128(q1, m),
-    );
-    _mm512_inserti64x4(_mm512_castsi256_si512(b0), b1, 1)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn dot_q8_0(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
-    let nb = xd.len();
-    let (w, x) = (row.as_ptr(), xq.as_ptr());
-    let zero = _mm512_setzero_si512();
-    let mut acc = _mm512_setzero_ps();
-    let mut i = 0;
-    while i + 2 <= nb {
-        let b0 = w.add(34 * i);
-        let b1 = b0.add(34);
-        let wv = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256(b0.add(2) as *const __m256i)),
-            _mm256_loadu_si256(b1.add(2) as *const __m256i),
-            1,
-        );
-        let xv = _mm512_loadu_si512(x.add(32 * i) as *const _);
-        let sx = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(wv), zero, xv);
-        let dot = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(wv), sx);
-        let sc = two_scales(f16c(rd16(b0)) * xd[i], f16c(rd16(b1)) * xd[i + 1]);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc);
-        i += 2;
-    }
-    let mut s = _mm512_reduce_add_ps(acc);
-    if i < nb {
-        s += vecdot::dot_q8_0(&row[34 * i..], &xq[32 * i..], &xd[i..], &xs[i..]);
-    }
-    s
+    dot_b32::<34, 0>(row, xq, xd, xs)
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn dot_q4_0(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
-    let nb = xd.len();
-    let (w, x) = (row.as_ptr(), xq.as_ptr());
-    let zero = _mm512_setzero_si512();
-    let mut acc = _mm512_setzero_ps();
-    let mut corr = 0f32;
-    let mut i = 0;
-    while i + 2 <= nb {
-        let b0 = w.add(18 * i);
-        let b1 = b0.add(18);
-        let wv = nibbles2(b0.add(2), b1.add(2));
-        let xv = _mm512_loadu_si512(x.add(32 * i) as *const _);
-        let dot = _mm512_dpbusd_epi32(zero, wv, xv);
-        let (s0, s1) = (f16c(rd16(b0)) * xd[i], f16c(rd16(b1)) * xd[i + 1]);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), two_scales(s0, s1), acc);
-        corr += s0 * xs[i] as f32 + s1 * xs[i + 1] as f32;
-        i += 2;
-    }
-    let mut s = _mm512_reduce_add_ps(acc) - 8.0 * corr;
-    if i < nb {
-        s += vecdot::dot_q4_0(&row[18 * i..], &xq[32 * i..], &xd[i..], &xs[i..]);
-    }
-    s
+    dot_b32::<18, 1>(row, xq, xd, xs)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_iq4_nl(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+    dot_b32::<18, 2>(row, xq, xd, xs)
 }
 
 #[inline(always)]
@@ -188,32 +217,6 @@ unsafe fn iq4_lookup(
     let v = _mm512_shuffle_epi8(tbl, idx);
     let neg = _mm512_cmplt_epu8_mask(idx, eight);
     (v, _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv))
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c")]
-unsafe fn dot_iq4_nl(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
-    let nb = xd.len();
-    let (w, x) = (row.as_ptr(), xq.as_ptr());
-    let (tbl, eight) = iq4_tables();
-    let zero = _mm512_setzero_si512();
-    let mut acc = _mm512_setzero_ps();
-    let mut i = 0;
-    while i + 2 <= nb {
-        let b0 = w.add(18 * i);
-        let b1 = b0.add(18);
-        let idx = nibbles2(b0.add(2), b1.add(2));
-        let xv = _mm512_loadu_si512(x.add(32 * i) as *const _);
-        let (v, sx) = iq4_lookup(tbl, eight, idx, xv);
-        let dot = _mm512_dpbusd_epi32(zero, v, sx);
-        let sc = two_scales(f16c(rd16(b0)) * xd[i], f16c(rd16(b1)) * xd[i + 1]);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc);
-        i += 2;
-    }
-    let mut s = _mm512_reduce_add_ps(acc);
-    if i < nb {
-        s += vecdot::dot_iq4_nl(&row[18 * i..], &xq[32 * i..], &xd[i..], &xs[i..]);
-    }
-    s
 }
 
 /// i16 lane-index vector `[a x16 | b x16]`.
