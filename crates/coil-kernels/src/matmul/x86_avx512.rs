@@ -375,7 +375,7 @@ unsafe fn dot_q6_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
     _mm512_reduce_add_ps(facc) - 32.0 * _mm_cvtss_f32(m)
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
 unsafe fn dot_iq4_xs(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
     let nb = xd.len();
     let (tbl, eight) = iq4_tables();
@@ -389,18 +389,12 @@ unsafe fn dot_iq4_xs(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
     let mut facc = _mm512_setzero_ps();
     for i in 0..nb {
         let b = row.as_ptr().add(136 * i);
-        let blk = std::slice::from_raw_parts(b, 136);
-        let ls = iq4xs_scales(blk);
-        let ls16 = _mm512_castsi128_si512(_mm_setr_epi16(
-            ls[0] as i16,
-            ls[1] as i16,
-            ls[2] as i16,
-            ls[3] as i16,
-            ls[4] as i16,
-            ls[5] as i16,
-            ls[6] as i16,
-            ls[7] as i16,
-        ));
+        // 8 six-bit scales: low nibbles from bytes 4..8, high 2 bits from the u16 at 2.
+        let sl = (b.add(4) as *const u32).read_unaligned() as u64;
+        let sh = rd16(b.add(2)) as u64;
+        let ls8 = _pdep_u64(sl, 0x0F0F_0F0F_0F0F_0F0F) | _pdep_u64(sh, 0x3030_3030_3030_3030);
+        let ls8 = _mm_sub_epi8(_mm_cvtsi64_si128(ls8 as i64), _mm_set1_epi8(32));
+        let ls16 = _mm512_castsi128_si512(_mm_cvtepi8_epi16(ls8));
         let x = xq.as_ptr().add(256 * i);
         let mut iacc = _mm512_setzero_si512();
         for k in 0..4 {

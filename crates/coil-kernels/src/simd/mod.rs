@@ -15,7 +15,7 @@ pub enum SimdLevel {
     Scalar = 1,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2 = 2,
-    /// x86-64 AVX-512 F/BW/VL/DQ with VNNI (plus everything in `Avx2`).
+    /// x86-64 AVX-512 F/BW/VL/DQ with VNNI, BMI2 (plus everything in `Avx2`).
     Avx512 = 3,
 }
 
@@ -71,6 +71,7 @@ fn detect() -> SimdLevel {
         && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx512dq")
         && is_x86_feature_detected!("avx512vnni")
+        && is_x86_feature_detected!("bmi2")
         && is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("f16c")
