@@ -17,6 +17,12 @@ enum Stage {
     /// `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
     /// with N = the digit group size (3 for LLaMA-3, 1 for Qwen2).
     Llama3 { digits: usize },
+    /// The case-aware regexes of Tekken and GPT-4o, as llama.cpp adapts
+    /// them (an "upper" letter is any letter but `a-z`, a "lower" one any
+    /// letter but `A-Z`):
+    /// `[^\r\n\p{L}\p{N}]?U*L+C?|[^\r\n\p{L}\p{N}]?U+L*C?|\p{N}{1,N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+    /// where `C` is the contraction group (GPT-4o only).
+    Cased { contractions: bool, digits: usize },
     /// `[\p{P}\$\+<=>\^~\|]+`, plus `` ` `` when the flag is set.
     PunctRun { backtick: bool },
     /// `\p{N}+`
@@ -52,6 +58,12 @@ pub enum PreTokenizer {
     Refact,
     /// Punctuation runs, GPT-2, digit triples (falcon).
     Falcon,
+    /// Mistral's Tekken regex (tekken): case-aware words, single digits.
+    /// Whole pre-tokens that are tokens bypass the merges; BOS by default.
+    Tekken,
+    /// The GPT-4o regex (gpt-4o, llama4, minimax-m2): case-aware words with
+    /// contractions, digit triples.
+    Gpt4o,
 }
 
 impl PreTokenizer {
@@ -80,6 +92,8 @@ impl PreTokenizer {
             "refact" | "starcoder" | "command-r" | "smollm" | "codeshell" | "exaone"
             | "minerva-7b" => PreTokenizer::Refact,
             "falcon" => PreTokenizer::Falcon,
+            "tekken" => PreTokenizer::Tekken,
+            "gpt-4o" | "llama4" | "minimax-m2" => PreTokenizer::Gpt4o,
             other => return Err(TokenizerError::UnknownPreTokenizer(other.to_string())),
         })
     }
@@ -87,13 +101,13 @@ impl PreTokenizer {
     /// Whether whole pre-tokens found in the vocabulary skip the BPE merges
     /// (llama.cpp's `ignore_merges`).
     pub fn ignore_merges(self) -> bool {
-        matches!(self, PreTokenizer::Llama3)
+        matches!(self, PreTokenizer::Llama3 | PreTokenizer::Tekken)
     }
 
     /// Whether llama.cpp defaults `add_bos` to true for this family (when
     /// `tokenizer.ggml.add_bos_token` is absent).
     pub fn default_add_bos(self) -> bool {
-        matches!(self, PreTokenizer::Llama3)
+        matches!(self, PreTokenizer::Llama3 | PreTokenizer::Tekken)
     }
 
     fn stages(self) -> &'static [Stage] {
@@ -113,6 +127,14 @@ impl PreTokenizer {
                 Stage::Gpt2,
                 Stage::ThreeAsciiDigits,
             ],
+            PreTokenizer::Tekken => &[Stage::Cased {
+                contractions: false,
+                digits: 1,
+            }],
+            PreTokenizer::Gpt4o => &[Stage::Cased {
+                contractions: true,
+                digits: 3,
+            }],
         }
     }
 
@@ -153,6 +175,10 @@ impl PreTokenizer {
                 match stage {
                     Stage::Gpt2 => split_gpt2(&seg, &mut sink),
                     Stage::Llama3 { digits } => split_llama3(&seg, &mut sink, digits),
+                    Stage::Cased {
+                        contractions,
+                        digits,
+                    } => split_cased(&seg, &mut sink, contractions, digits),
                     Stage::PunctRun { backtick } => split_matches(&seg, &mut sink, |seg, pos| {
                         let punct = |p: usize| {
                             seg.cpt(p).is_some_and(|c| {
@@ -449,6 +475,113 @@ fn split_llama3(seg: &Seg<'_>, sink: &mut Sink<'_>, digits: usize) {
         // no match
         pos += 1;
         sink.add(pos);
+    }
+}
+
+/// The Tekken / GPT-4o regexes (see [`Stage::Cased`]), matched with the
+/// backtracking semantics of llama.cpp's `std::regex` run.
+fn split_cased(seg: &Seg<'_>, sink: &mut Sink<'_>, contractions: bool, digits: usize) {
+    let is_letter = |p: usize| seg.flag(p) & LETTER != 0;
+    let is_upper = |p: usize| is_letter(p) && !seg.cpt(p).is_some_and(|c| c.is_ascii_lowercase());
+    let is_lower = |p: usize| is_letter(p) && !seg.cpt(p).is_some_and(|c| c.is_ascii_uppercase());
+    let is_other = |p: usize| {
+        let f = seg.flag(p);
+        f & VALID != 0 && f & (WHITESPACE | LETTER | NUMBER) == 0
+    };
+    let is_rn = |p: usize| matches!(seg.cpt(p), Some('\r' | '\n'));
+    let lower = |p: usize| seg.cpt(p).map(|c| c.to_ascii_lowercase());
+    // (?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?
+    let contraction = |p: usize| -> usize {
+        if !contractions || seg.cpt(p) != Some('\'') {
+            return 0;
+        }
+        match (lower(p + 1), lower(p + 2)) {
+            (Some('s' | 't' | 'm' | 'd'), _) => 2,
+            (Some('r' | 'v'), Some('e')) | (Some('l'), Some('l')) => 3,
+            _ => 0,
+        }
+    };
+
+    let mut pos = seg.ini;
+    while pos < seg.end {
+        // [^\r\n\p{L}\p{N}]? — taking it is tried first; leaving it out can
+        // only help when the character is a letter, which it then is not.
+        let flags = seg.flags[pos];
+        let q = if !is_rn(pos) && flags & (LETTER | NUMBER) == 0 {
+            pos + 1
+        } else {
+            pos
+        };
+        let mut u = q;
+        while is_upper(u) {
+            u += 1;
+        }
+        // U*L+ : the greedy U* gives back letters until one starts an L run.
+        if let Some(k) = (q..=u).rev().find(|&k| is_lower(k)) {
+            let mut e = k;
+            while is_lower(e) {
+                e += 1;
+            }
+            e += contraction(e);
+            sink.add(e);
+            pos = e;
+            continue;
+        }
+        // U+L*
+        if u > q {
+            let mut e = u;
+            while is_lower(e) {
+                e += 1;
+            }
+            e += contraction(e);
+            sink.add(e);
+            pos = e;
+            continue;
+        }
+        // \p{N}{1,N}
+        if flags & NUMBER != 0 {
+            let mut e = pos;
+            while e - pos < digits && seg.flag(e) & NUMBER != 0 {
+                e += 1;
+            }
+            sink.add(e);
+            pos = e;
+            continue;
+        }
+        // ' ?[^\s\p{L}\p{N}]+[\r\n/]*'
+        let p2 = if seg.cpts[pos] == ' ' { pos + 1 } else { pos };
+        if is_other(p2) {
+            let mut e = p2;
+            while is_other(e) {
+                e += 1;
+            }
+            while matches!(seg.cpt(e), Some('\r' | '\n' | '/')) {
+                e += 1;
+            }
+            sink.add(e);
+            pos = e;
+            continue;
+        }
+        // \s*[\r\n]+ , \s+(?!\S) , \s+
+        let mut w = pos;
+        let mut last_rn = None;
+        while seg.flag(w) & WHITESPACE != 0 {
+            if is_rn(w) {
+                last_rn = Some(w + 1);
+            }
+            w += 1;
+        }
+        let e = if let Some(e) = last_rn {
+            e
+        } else if w - pos > 1 && w < seg.end {
+            w - 1
+        } else if w > pos {
+            w
+        } else {
+            pos + 1 // no match (cannot happen: every class is covered)
+        };
+        sink.add(e);
+        pos = e;
     }
 }
 
