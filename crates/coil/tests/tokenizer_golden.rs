@@ -253,3 +253,61 @@ fn encode_one_megabyte() {
         assert!(dt.as_secs_f64() < 20.0, "encoding 1 MB took {dt:?}");
     }
 }
+
+/// Random strings (letters of many scripts, marks, emoji, odd white space,
+/// contractions, digits) split by every pre-tokenizer and compared with the
+/// regexes of llama.cpp run by Python's `regex` module, and encoded with the
+/// GPT-NeoX vocabulary against a reference BPE. Vectors made by
+/// `fixtures/tokenizers/gen_regex_vectors.py`.
+#[test]
+fn pretokenizers_match_reference_regexes() {
+    let inp = std::fs::read_to_string(fixture("pretok-regex.inp")).unwrap();
+    let inputs: Vec<&str> = inp.split('\0').collect();
+    let out = std::fs::read_to_string(fixture("pretok-regex.out")).unwrap();
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for line in out.lines() {
+        let mut cols = line.split('\t');
+        let (name, idx, want) = (
+            cols.next().unwrap(),
+            cols.next().unwrap(),
+            cols.next().unwrap_or(""),
+        );
+        let pre = PreTokenizer::from_name(Some(name)).unwrap();
+        let text = inputs[idx.parse::<usize>().unwrap()];
+        let mut pieces = Vec::new();
+        pre.split(text, &mut pieces);
+        assert_eq!(pieces.concat(), text);
+        let got: Vec<String> = pieces
+            .iter()
+            .map(|p| p.chars().count().to_string())
+            .collect();
+        if got.join(" ") != want {
+            failures.push(format!(
+                "{name} {text:?}: want {want}, got {}",
+                got.join(" ")
+            ));
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 9 * inputs.len());
+    assert!(
+        failures.is_empty(),
+        "{} splits differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+
+    let tok = gpt_neox();
+    let bpe = std::fs::read_to_string(fixture("neox-bpe.out")).unwrap();
+    for line in bpe.lines() {
+        let (idx, want) = line.split_once('\t').unwrap();
+        let text = inputs[idx.parse::<usize>().unwrap()];
+        let want: Vec<u32> = want
+            .split_whitespace()
+            .map(|t| t.parse().unwrap())
+            .collect();
+        assert_eq!(tok.encode(text, false), want, "{text:?}");
+        assert_eq!(tok.decode(&want), text);
+    }
+}
