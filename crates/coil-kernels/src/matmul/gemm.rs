@@ -133,6 +133,14 @@ pub fn gemm(
                                 (wbuf.as_ptr(), kc)
                             }
                         };
+                        // The panel's rows are many concurrent streams, more than
+                        // hardware prefetchers follow: fetch the next block ahead.
+                        if k0 + kc < cols {
+                            let nkc = KC.min(cols - k0 - kc);
+                            for r in 0..nr {
+                                prefetch(w.row_range(r0 + r, k0 + kc, nkc));
+                            }
+                        }
                         for b in b0..b1 {
                             let xb = &xp[(b * cols + k0) * TB..(b * cols + k0 + kc) * TB];
                             let mut rt = 0;
@@ -179,6 +187,23 @@ pub fn gemm(
             })
         });
     });
+}
+
+/// Hints the CPU to bring `bytes` into L2.
+#[inline(always)]
+fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        let mut off = 0;
+        while off < bytes.len() {
+            // SAFETY: prefetching an address inside the slice has no effect on memory.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(bytes.as_ptr().add(off) as *const i8) };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
 }
 
 /// `tile[r*TB + t] (+)= sum_k w[r*ws + k] * xb[k*TB + t]` for `r < m`

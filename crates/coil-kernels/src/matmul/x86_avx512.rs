@@ -425,6 +425,9 @@ pub(super) fn decode(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> bool {
             GgmlType::Q4_0 => decode_q4_0_nl::<false>(src, dst),
             GgmlType::IQ4_NL => decode_q4_0_nl::<true>(src, dst),
             GgmlType::IQ4_XS => decode_iq4_xs(src, dst),
+            GgmlType::F16 => decode_f16(src, dst),
+            GgmlType::BF16 => decode_bf16(src, dst),
+            GgmlType::Q8_0 => decode_q8_0(src, dst),
             _ => return false,
         }
     }
@@ -577,5 +580,60 @@ unsafe fn decode_iq4_xs(src: &[u8], dst: &mut [f32]) {
                 _mm512_mul_ps(i8x16_ps(hi), dl),
             );
         }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn decode_f16(src: &[u8], dst: &mut [f32]) {
+    let n = dst.len();
+    let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+    let mut i = 0;
+    while i + 16 <= n {
+        _mm512_storeu_ps(
+            d.add(i),
+            _mm512_cvtph_ps(_mm256_loadu_si256(s.add(2 * i) as *const __m256i)),
+        );
+        i += 16;
+    }
+    if i < n {
+        let m = (1u16 << (n - i)) - 1;
+        let h = _mm256_maskz_loadu_epi16(m, s.add(2 * i) as *const i16);
+        _mm512_mask_storeu_ps(d.add(i), m, _mm512_cvtph_ps(h));
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn decode_bf16(src: &[u8], dst: &mut [f32]) {
+    let n = dst.len();
+    let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+    let mut i = 0;
+    while i + 16 <= n {
+        let h = _mm256_loadu_si256(s.add(2 * i) as *const __m256i);
+        _mm512_storeu_si512(
+            d.add(i) as *mut _,
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16),
+        );
+        i += 16;
+    }
+    if i < n {
+        let m = (1u16 << (n - i)) - 1;
+        let h = _mm256_maskz_loadu_epi16(m, s.add(2 * i) as *const i16);
+        _mm512_mask_storeu_epi32(
+            d.add(i) as *mut i32,
+            m,
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16),
+        );
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn decode_q8_0(src: &[u8], dst: &mut [f32]) {
+    for (bi, y) in dst.chunks_exact_mut(32).enumerate() {
+        let b = src.as_ptr().add(34 * bi);
+        let d = _mm512_set1_ps(f16c(rd16(b)));
+        let q0 = _mm_loadu_si128(b.add(2) as *const __m128i);
+        let q1 = _mm_loadu_si128(b.add(18) as *const __m128i);
+        _mm512_storeu_ps(y.as_mut_ptr(), _mm512_mul_ps(i8x16_ps(q0), d));
+        _mm512_storeu_ps(y.as_mut_ptr().add(16), _mm512_mul_ps(i8x16_ps(q1), d));
     }
 }
