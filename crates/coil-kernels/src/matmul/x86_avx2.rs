@@ -1,15 +1,28 @@
 //! AVX2 (+FMA, F16C) kernels: float-format dot products and decoding.
 
-use super::{SimdLevel, VecKernel};
+use super::dequant::{iq4xs_scales, KVALUES_IQ4NL};
+use super::{ActKind, SimdLevel, VecKernel};
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 
 pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
+    use ActKind::*;
     // SAFETY (all): selected only when the CPU has AVX2+FMA+F16C.
     Some(match ty {
         GgmlType::F32 => VecKernel::Float(|r, x| unsafe { dot_f32(r, x) }),
         GgmlType::F16 => VecKernel::Float(|r, x| unsafe { dot_f16(r, x) }),
         GgmlType::BF16 => VecKernel::Float(|r, x| unsafe { dot_bf16(r, x) }),
+        GgmlType::Q8_0 => VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_q8_0(r, q, d, s) }),
+        GgmlType::Q4_0 => VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_q4_0(r, q, d, s) }),
+        GgmlType::IQ4_NL => VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_iq4_nl(r, q, d, s) }),
+        GgmlType::Q4_K => {
+            VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_k45::<false>(r, q, d, s) })
+        }
+        GgmlType::Q5_K => {
+            VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_k45::<true>(r, q, d, s) })
+        }
+        GgmlType::Q6_K => VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_q6_k(r, q, d, s) }),
+        GgmlType::IQ4_XS => VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_iq4_xs(r, q, d, s) }),
         _ => return None,
     })
 }
@@ -180,4 +193,202 @@ unsafe fn decode_q8_0(src: &[u8], dst: &mut [f32]) {
             _mm256_storeu_ps(y.as_mut_ptr().add(8 * k), _mm256_mul_ps(v, d));
         }
     }
+}
+
+// ---- integer dot products (maddubs: u8 x i8 -> i16 pairs, madd -> i32) ----
+
+#[inline(always)]
+unsafe fn rd16(p: *const u8) -> u16 {
+    (p as *const u16).read_unaligned()
+}
+
+/// 16 packed nibbles → 32 u8 `[lo | hi]`.
+#[inline(always)]
+unsafe fn nibbles(p: *const u8) -> __m256i {
+    let q = _mm_loadu_si128(p as *const __m128i);
+    let m = _mm_set1_epi8(0xF);
+    _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m))
+}
+
+/// `sum u[i]*s[i]` as 8 i32 lanes (`u` ≤ 128 unsigned so pairs fit in i16).
+#[inline(always)]
+unsafe fn dot_us(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+}
+
+/// Q8_0 / Q4_0 / IQ4_NL against Q8_0-style activations, one block per step.
+#[inline(always)]
+unsafe fn dot_b32<const BYTES: usize, const KIND: u8>(
+    row: &[u8],
+    xq: &[i8],
+    xd: &[f32],
+    xs: &[i16],
+) -> f32 {
+    let nb = xd.len();
+    let tbl =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
+    let mut acc = [_mm256_setzero_ps(); 2];
+    let mut corr = 0f32;
+    for i in 0..nb {
+        let b = row.as_ptr().add(BYTES * i);
+        let xv = _mm256_loadu_si256(xq.as_ptr().add(32 * i) as *const __m256i);
+        let dot = match KIND {
+            0 => {
+                let wv = _mm256_loadu_si256(b.add(2) as *const __m256i);
+                dot_us(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv))
+            }
+            1 => dot_us(nibbles(b.add(2)), xv),
+            _ => {
+                let v = _mm256_shuffle_epi8(tbl, nibbles(b.add(2)));
+                dot_us(_mm256_abs_epi8(v), _mm256_sign_epi8(xv, v))
+            }
+        };
+        let s = f16c(rd16(b)) * xd[i];
+        if KIND == 1 {
+            corr += s * xs[i] as f32;
+        }
+        acc[i % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(s), acc[i % 2]);
+    }
+    hsum256(_mm256_add_ps(acc[0], acc[1])) - 8.0 * corr
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+    dot_b32::<34, 0>(row, xq, xd, xs)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_0(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+    dot_b32::<18, 1>(row, xq, xd, xs)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_iq4_nl(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+    dot_b32::<18, 2>(row, xq, xd, xs)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_k45<const HIGH: bool>(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+    let nb = xd.len();
+    let bsz = if HIGH { 176 } else { 144 };
+    let m4 = _mm256_set1_epi8(0xF);
+    let bit4 = _mm256_set1_epi8(0x10);
+    let mut facc = _mm256_setzero_ps();
+    let mut msum = 0f32;
+    for i in 0..nb {
+        let b = row.as_ptr().add(bsz * i);
+        let blk = std::slice::from_raw_parts(b, bsz);
+        let x = xq.as_ptr().add(256 * i);
+        let bs = &xs[16 * i..16 * i + 16];
+        let qs = b.add(if HIGH { 48 } else { 16 });
+        let mut hbits = if HIGH {
+            _mm256_loadu_si256(b.add(16) as *const __m256i)
+        } else {
+            _mm256_setzero_si256()
+        };
+        let mut iacc = _mm256_setzero_si256();
+        let mut mins = 0i32;
+        for j in 0..4 {
+            let (s1, m1) = super::dequant::scale_min_k4(2 * j, &blk[4..16]);
+            let (s2, m2) = super::dequant::scale_min_k4(2 * j + 1, &blk[4..16]);
+            let q = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
+            let mut lo = _mm256_and_si256(q, m4);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            if HIGH {
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hbits, 4), bit4));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hbits, 3), bit4));
+                hbits = _mm256_srli_epi16(hbits, 2);
+            }
+            let xl = _mm256_loadu_si256(x.add(64 * j) as *const __m256i);
+            let xh = _mm256_loadu_si256(x.add(64 * j + 32) as *const __m256i);
+            let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_set1_epi16(s1 as i16));
+            let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), _mm256_set1_epi16(s2 as i16));
+            iacc = _mm256_add_epi32(iacc, _mm256_add_epi32(pl, ph));
+            mins += m1 as i32 * (bs[4 * j] as i32 + bs[4 * j + 1] as i32)
+                + m2 as i32 * (bs[4 * j + 2] as i32 + bs[4 * j + 3] as i32);
+        }
+        let d = f16c(rd16(b)) * xd[i];
+        facc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc), _mm256_set1_ps(d), facc);
+        msum += f16c(rd16(b.add(2))) * xd[i] * mins as f32;
+    }
+    hsum256(facc) - msum
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q6_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+    let nb = xd.len();
+    let m4 = _mm256_set1_epi8(0xF);
+    let m3 = _mm256_set1_epi8(3);
+    let mut facc = _mm256_setzero_ps();
+    for i in 0..nb {
+        let b = row.as_ptr().add(210 * i);
+        let sc = b.add(192) as *const i8;
+        let x = xq.as_ptr().add(256 * i);
+        let mut iacc = _mm256_setzero_si256();
+        for n in 0..2 {
+            let la = _mm256_loadu_si256(b.add(64 * n) as *const __m256i);
+            let lb = _mm256_loadu_si256(b.add(64 * n + 32) as *const __m256i);
+            let h = _mm256_loadu_si256(b.add(128 + 32 * n) as *const __m256i);
+            let q = [
+                _mm256_or_si256(
+                    _mm256_and_si256(la, m4),
+                    _mm256_slli_epi16(_mm256_and_si256(h, m3), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(lb, m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(la, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(lb, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4),
+                ),
+            ];
+            for (k, qk) in q.iter().enumerate() {
+                // 32 values = 16-groups g, g+1 with g = 8n + 2k
+                let g = 8 * n + 2 * k;
+                let xv = _mm256_loadu_si256(x.add(128 * n + 32 * k) as *const __m256i);
+                let p = _mm256_maddubs_epi16(*qk, xv);
+                let s = _mm256_set_m128i(
+                    _mm_set1_epi16(*sc.add(g + 1) as i16),
+                    _mm_set1_epi16(*sc.add(g) as i16),
+                );
+                iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(p, s));
+            }
+        }
+        // minus 32 * sum_g sc_g * bsum_g
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc as *const __m128i));
+        let bs16 = _mm256_loadu_si256(xs.as_ptr().add(16 * i) as *const __m256i);
+        let corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs16), 5);
+        iacc = _mm256_sub_epi32(iacc, corr);
+        let d = f16c(rd16(b.add(208))) * xd[i];
+        facc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc), _mm256_set1_ps(d), facc);
+    }
+    hsum256(facc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_iq4_xs(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
+    let nb = xd.len();
+    let tbl =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
+    let mut facc = _mm256_setzero_ps();
+    for i in 0..nb {
+        let b = row.as_ptr().add(136 * i);
+        let ls = iq4xs_scales(std::slice::from_raw_parts(b, 136));
+        let x = xq.as_ptr().add(256 * i);
+        let mut iacc = _mm256_setzero_si256();
+        for (ib, &l) in ls.iter().enumerate() {
+            let v = _mm256_shuffle_epi8(tbl, nibbles(b.add(8 + 16 * ib)));
+            let xv = _mm256_loadu_si256(x.add(32 * ib) as *const __m256i);
+            let p = _mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(xv, v));
+            iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(p, _mm256_set1_epi16(l as i16)));
+        }
+        let d = f16c(rd16(b)) * xd[i];
+        facc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc), _mm256_set1_ps(d), facc);
+    }
+    hsum256(facc)
 }
