@@ -2,8 +2,10 @@
 //! token); recurrent layers keep a fixed-size state slot per sequence (conv
 //! window + SSM state). A layer of one kind takes no memory of the other.
 
+pub mod kv;
 pub mod recurrent;
 
+pub use kv::{KvLayerShape, KvMemory};
 pub use recurrent::{RecurrentLayerShape, RecurrentMemory, RecurrentState};
 
 /// A sequence's index in a memory (0..n_seq_max).
@@ -57,14 +59,21 @@ pub trait SequenceMemory {
 /// layer plan.
 pub struct Memory {
     pub recurrent: Option<RecurrentMemory>,
+    pub kv: Option<KvMemory>,
     n_seq_max: usize,
     n_ctx: usize,
 }
 
 impl Memory {
-    pub fn new(recurrent: Option<RecurrentMemory>, n_seq_max: usize, n_ctx: usize) -> Self {
+    pub fn new(
+        recurrent: Option<RecurrentMemory>,
+        kv: Option<KvMemory>,
+        n_seq_max: usize,
+        n_ctx: usize,
+    ) -> Self {
         Memory {
             recurrent,
+            kv,
             n_seq_max: n_seq_max.max(1),
             n_ctx,
         }
@@ -75,13 +84,43 @@ impl Memory {
     }
 
     fn parts(&self) -> impl Iterator<Item = &dyn SequenceMemory> {
-        self.recurrent.iter().map(|r| r as &dyn SequenceMemory)
+        let r = self.recurrent.iter().map(|r| r as &dyn SequenceMemory);
+        r.chain(self.kv.iter().map(|k| k as &dyn SequenceMemory))
     }
 
     fn parts_mut(&mut self) -> impl Iterator<Item = &mut dyn SequenceMemory> {
-        self.recurrent
+        let r = self
+            .recurrent
             .iter_mut()
-            .map(|r| r as &mut dyn SequenceMemory)
+            .map(|r| r as &mut dyn SequenceMemory);
+        r.chain(self.kv.iter_mut().map(|k| k as &mut dyn SequenceMemory))
+    }
+
+    /// A line for logs: what this memory holds and may grow to.
+    pub fn describe(&self) -> String {
+        let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
+        let mut parts = Vec::new();
+        if let Some(r) = &self.recurrent {
+            parts.push(format!(
+                "recurrent state {:.2} MiB ({:.2} MiB per sequence)",
+                mib(r.bytes()),
+                mib(r.bytes_per_seq())
+            ));
+        }
+        if let Some(k) = &self.kv {
+            parts.push(format!(
+                "KV cells {:.2} MiB in use, up to {:.2} MiB ({} KiB per token)",
+                mib(k.bytes()),
+                mib(k.max_bytes()),
+                k.bytes_per_token() / 1024
+            ));
+        }
+        format!(
+            "{} for {} sequence(s) of up to {} tokens",
+            parts.join(" + "),
+            self.n_seq_max,
+            self.n_ctx
+        )
     }
 
     fn check(&self, s: SeqId) -> Result<(), MemoryError> {
@@ -118,6 +157,9 @@ impl Memory {
     pub fn advance(&mut self, s: SeqId, n: usize) -> Result<(), MemoryError> {
         if let Some(r) = &mut self.recurrent {
             r.advance(s, n)?;
+        }
+        if let Some(k) = &mut self.kv {
+            k.advance(s, n)?;
         }
         Ok(())
     }

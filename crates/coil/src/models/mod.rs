@@ -4,8 +4,14 @@
 //! per-sequence state and never know how many sequences exist.
 
 pub mod blocks;
+pub mod falcon_h1;
+pub mod granite_hybrid;
+pub mod hparams;
+pub mod jamba;
+pub mod llama;
 pub mod mamba;
 pub mod mamba2;
+pub mod nemotron_h;
 pub mod plan;
 pub mod weights;
 
@@ -126,9 +132,15 @@ pub trait Model: Send + Sync {
 /// `general.architecture`.
 pub fn load(file: Arc<GgufFile>) -> Result<Box<dyn Model>, ModelError> {
     let plan = LayerPlan::from_gguf(&file)?;
-    match plan.arch.as_str() {
-        "mamba" => Ok(Box::new(mamba::Mamba::load(file, plan)?)),
-        "mamba2" => Ok(Box::new(mamba2::Mamba2::load(file, plan)?)),
-        other => Err(ModelError::NotImplemented(other.to_string())),
-    }
+    let stack = match plan.arch.as_str() {
+        "mamba" => mamba::load(file, plan)?,
+        "mamba2" => mamba2::load(file, plan)?,
+        "jamba" => jamba::load(file, plan)?,
+        "granitehybrid" => granite_hybrid::load(file, plan)?,
+        "falcon-h1" => falcon_h1::load(file, plan)?,
+        "nemotron_h" | "nemotron_h_moe" => nemotron_h::load(file, plan)?,
+        "llama" => llama::load(file, plan)?,
+        other => return Err(ModelError::NotImplemented(other.to_string())),
+    };
+    Ok(Box::new(stack))
 }

@@ -162,6 +162,33 @@ impl<'a> Loader<'a> {
         })
     }
 
+    /// `n` matrices `[rows, cols]` stored back to back (ggml ne = [cols,
+    /// rows, n]), as one matrix of `n · rows` rows.
+    pub fn matrix3(
+        &self,
+        name: &str,
+        n: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Matrix, ModelError> {
+        let info = self.info(name)?;
+        Self::check_dims(info, &[cols as u64, rows as u64, n as u64])?;
+        let total = n * rows;
+        WeightRef::new(info.ty, self.file.view(info).data, total, cols).map_err(|e| {
+            ModelError::Tensor {
+                name: name.to_string(),
+                reason: e.to_string(),
+            }
+        })?;
+        Ok(Matrix {
+            name: name.to_string(),
+            ty: info.ty,
+            rows: total,
+            cols,
+            range: self.file.data_range(info),
+        })
+    }
+
     /// Any tensor widened to f32, checking its ggml dims.
     pub fn vector(&self, name: &str, dims: &[usize]) -> Result<Vec<f32>, ModelError> {
         let info = self.info(name)?;

@@ -6,7 +6,8 @@
 //! B, C; Falcon-Mamba: without); `dt = softplus(dt_proj(δ))` (d_in wide);
 //! `h ← exp(dt⊙A)⊙h + (dt·x)⊗B`, `y = h·C + D·x`; `y·silu(z)`; `out_proj`.
 
-use crate::memory::{RecurrentLayerShape, RecurrentMemory, SeqId};
+use super::stack::Rows;
+use crate::memory::{Memory, RecurrentLayerShape, RecurrentMemory};
 use crate::models::weights::{Loader, Matrix};
 use crate::models::ModelError;
 use coil_gguf::GgufFile;
@@ -15,7 +16,6 @@ use coil_kernels::ops::conv::conv1d_causal;
 use coil_kernels::ops::norm::rms_norm_inplace;
 use coil_kernels::ops::ssm::mamba1_scan;
 use coil_kernels::{matmul, ThreadPool};
-use std::ops::Range;
 
 #[derive(Clone, Copy, Debug)]
 pub struct Mamba1Params {
@@ -110,12 +110,17 @@ impl Mamba1Mixer {
         file: &GgufFile,
         pool: &ThreadPool,
         layer: usize,
-        chunks: &[(SeqId, Range<usize>)],
-        mem: &mut RecurrentMemory,
+        chunks: &[Rows],
+        mem: &mut Memory,
         h: &[f32],
         out: &mut [f32],
     ) -> Result<(), ModelError> {
         let p = &self.p;
+        let mem: &mut RecurrentMemory =
+            mem.recurrent.as_mut().ok_or_else(|| ModelError::Tensor {
+                name: format!("blk.{layer}"),
+                reason: "memory has no recurrent state".into(),
+            })?;
         let n_tokens = h.len() / p.d_model;
         let (di, ns, r) = (p.d_inner, p.d_state, p.dt_rank);
 
@@ -130,7 +135,7 @@ impl Mamba1Mixer {
         }
         // Convolution per sequence, with its carried window.
         let mut x = vec![0f32; n_tokens * di];
-        for (seq, rows) in chunks {
+        for Rows { seq, rows, .. } in chunks {
             let st = mem.state(layer, *seq)?.ok_or_else(|| ModelError::Tensor {
                 name: format!("blk.{layer}"),
                 reason: "memory has no recurrent state for this layer".into(),
@@ -181,7 +186,7 @@ impl Mamba1Mixer {
         softplus_inplace(&mut dt);
 
         let mut y = vec![0f32; n_tokens * di];
-        for (seq, rows) in chunks {
+        for Rows { seq, rows, .. } in chunks {
             let st = mem.state(layer, *seq)?.ok_or_else(|| ModelError::Tensor {
                 name: format!("blk.{layer}"),
                 reason: "memory has no recurrent state for this layer".into(),

@@ -6,7 +6,8 @@
 //! `S_h ← exp(dt_h·A_h)·S_h + dt_h·x_h ⊗ B_g`, `y_h = S_h·C_g + D_h·x_h`;
 //! gated RMSNorm per group (`y·silu(z)` before the norm); `out_proj`.
 
-use crate::memory::{RecurrentLayerShape, RecurrentMemory, SeqId};
+use super::stack::Rows;
+use crate::memory::{Memory, RecurrentLayerShape, RecurrentMemory};
 use crate::models::weights::{Loader, Matrix};
 use crate::models::ModelError;
 use coil_gguf::GgufFile;
@@ -15,7 +16,6 @@ use coil_kernels::ops::conv::conv1d_causal;
 use coil_kernels::ops::norm::group_rms_norm_gated;
 use coil_kernels::ops::ssm::{mamba2_scan, Mamba2Dims};
 use coil_kernels::{matmul, ThreadPool};
-use std::ops::Range;
 
 /// Hyper-parameters of a Mamba-2 mixer, from `{arch}.ssm.*`.
 #[derive(Clone, Copy, Debug)]
@@ -136,12 +136,17 @@ impl Mamba2Mixer {
         file: &GgufFile,
         pool: &ThreadPool,
         layer: usize,
-        chunks: &[(SeqId, Range<usize>)],
-        mem: &mut RecurrentMemory,
+        chunks: &[Rows],
+        mem: &mut Memory,
         h: &[f32],
         out: &mut [f32],
     ) -> Result<(), ModelError> {
         let p = &self.p;
+        let mem: &mut RecurrentMemory =
+            mem.recurrent.as_mut().ok_or_else(|| ModelError::Tensor {
+                name: format!("blk.{layer}"),
+                reason: "memory has no recurrent state".into(),
+            })?;
         let n_tokens = h.len() / p.d_model;
         let dip = p.d_in_proj();
         let ch = p.conv_channels();
@@ -153,7 +158,7 @@ impl Mamba2Mixer {
 
         let mut y = vec![0f32; n_tokens * di];
         let mut z = vec![0f32; n_tokens * di];
-        for (seq, rows) in chunks {
+        for Rows { seq, rows, .. } in chunks {
             let t = rows.len();
             let st = mem.state(layer, *seq)?.ok_or_else(|| ModelError::Tensor {
                 name: format!("blk.{layer}"),

@@ -1,5 +1,8 @@
 //! Blocks shared by several architectures.
 
+pub mod attention;
 pub mod common;
+pub mod ffn;
 pub mod mamba1_mixer;
 pub mod mamba2_mixer;
+pub mod stack;

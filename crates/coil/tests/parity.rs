@@ -1,4 +1,4 @@
-//! Parity of the Mamba and Mamba-2 forward passes with transformers'
+//! Parity of every architecture's forward pass with transformers'
 //! float32 logits on llama.cpp-converted GGUFs (f16 weights that are exactly
 //! f16-representable, f32 compute): max |Δ| ≤ 1e-4 · max|logit|, same
 //! argmax everywhere — for full prefill, token by token and mixed
@@ -90,6 +90,41 @@ fn run(arch: &str, ubatches: &[usize]) {
         }
         compare(arch, "mixed micro-batches", &got, &want, n_vocab);
     }
+}
+
+#[test]
+fn jamba_matches_transformers() {
+    run("jamba", &[48, 1, 7]);
+}
+
+#[test]
+fn bamba_matches_transformers() {
+    run("bamba", &[48, 1, 7]);
+}
+
+#[test]
+fn granitemoehybrid_matches_transformers() {
+    run("granitemoehybrid", &[48, 1, 7]);
+}
+
+#[test]
+fn falcon_h1_matches_transformers() {
+    run("falcon_h1", &[48, 1, 7]);
+}
+
+#[test]
+fn nemotron_h_matches_transformers() {
+    run("nemotron_h", &[48, 1, 7]);
+}
+
+#[test]
+fn nemotron_h_moe_matches_transformers() {
+    run("nemotron_h_moe", &[48, 1, 7]);
+}
+
+#[test]
+fn llama_matches_transformers() {
+    run("llama", &[48, 1, 7]);
 }
 
 #[test]
