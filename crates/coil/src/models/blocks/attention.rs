@@ -1,0 +1,225 @@
+//! Multi-head attention with grouped-query KV heads: `q, k, v = x·Wq, x·Wk,
+//! x·Wv` (+ optional biases), optional RoPE on the first `n_rot` lanes of
+//! each head, keys and values appended to the sequence's KV cells, causal
+//! softmax attention over them, `out = attn·Wo`.
+
+use super::stack::Rows;
+use crate::memory::Memory;
+use crate::models::weights::{Loader, Matrix};
+use crate::models::ModelError;
+use coil_gguf::GgufFile;
+use coil_kernels::ops::act::add_bias_rows;
+use coil_kernels::ops::attention::attention;
+use coil_kernels::ops::rope::{rope, RopeStyle};
+use coil_kernels::{matmul, ThreadPool};
+
+#[derive(Clone, Copy, Debug)]
+pub struct Rope {
+    pub n_rot: usize,
+    pub freq_base: f32,
+    pub freq_scale: f32,
+    pub style: RopeStyle,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionParams {
+    pub d_model: usize,
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    /// Multiplies q·k (1/√head_dim unless the model says otherwise).
+    pub scale: f32,
+    pub rope: Option<Rope>,
+}
+
+pub struct Attention {
+    pub p: AttentionParams,
+    pub wq: Matrix,
+    pub wk: Matrix,
+    pub wv: Matrix,
+    pub wo: Matrix,
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    pub bo: Option<Vec<f32>>,
+    /// Lane order fix-up applied to q and k within each head:
+    /// `new[r] = old[perm[r]]` (see [`bamba_qk_lane_fix`]).
+    pub qk_lane_perm: Option<Vec<usize>>,
+}
+
+impl Attention {
+    pub fn load(ld: &Loader, layer: usize, p: AttentionParams) -> Result<Self, ModelError> {
+        let n = |t: &str| format!("blk.{layer}.{t}");
+        let (qd, kvd) = (p.n_head * p.head_dim, p.n_kv_head * p.head_dim);
+        let bias = |t: &str, len: usize| -> Result<Option<Vec<f32>>, ModelError> {
+            let name = n(t);
+            if ld.has(&name) {
+                ld.vector(&name, &[len]).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        if p.n_kv_head == 0 || !p.n_head.is_multiple_of(p.n_kv_head) {
+            return Err(ModelError::BadKey {
+                key: format!("{}.attention.head_count_kv", ld.arch),
+                reason: format!(
+                    "layer {layer}: {} KV heads do not divide {} heads",
+                    p.n_kv_head, p.n_head
+                ),
+            });
+        }
+        Ok(Attention {
+            wq: ld.matrix(&n("attn_q.weight"), qd, p.d_model)?,
+            wk: ld.matrix(&n("attn_k.weight"), kvd, p.d_model)?,
+            wv: ld.matrix(&n("attn_v.weight"), kvd, p.d_model)?,
+            wo: ld.matrix(&n("attn_output.weight"), p.d_model, qd)?,
+            bq: bias("attn_q.bias", qd)?,
+            bk: bias("attn_k.bias", kvd)?,
+            bv: bias("attn_v.bias", kvd)?,
+            bo: bias("attn_output.bias", p.d_model)?,
+            qk_lane_perm: None,
+            p,
+        })
+    }
+
+    fn permute_lanes(&self, x: &mut [f32]) {
+        let Some(perm) = &self.qk_lane_perm else {
+            return;
+        };
+        let hd = self.p.head_dim;
+        let mut tmp = vec![0f32; hd];
+        for head in x.chunks_exact_mut(hd) {
+            for (t, &src) in tmp.iter_mut().zip(perm) {
+                *t = head[src];
+            }
+            head.copy_from_slice(&tmp);
+        }
+    }
+
+    /// `h`: normed input `[n_tokens, d_model]` stacked over `rows`;
+    /// `out`: `[n_tokens, d_model]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        file: &GgufFile,
+        pool: &ThreadPool,
+        layer: usize,
+        rows: &[Rows],
+        mem: &mut Memory,
+        h: &[f32],
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let p = &self.p;
+        let n = h.len() / p.d_model;
+        let (qd, kvd) = (p.n_head * p.head_dim, p.n_kv_head * p.head_dim);
+        let mut q = vec![0f32; n * qd];
+        let mut k = vec![0f32; n * kvd];
+        let mut v = vec![0f32; n * kvd];
+        matmul(pool, &self.wq.get(file), h, &mut q, n);
+        matmul(pool, &self.wk.get(file), h, &mut k, n);
+        matmul(pool, &self.wv.get(file), h, &mut v, n);
+        for (x, b) in [(&mut q, &self.bq), (&mut k, &self.bk), (&mut v, &self.bv)] {
+            if let Some(b) = b {
+                add_bias_rows(x, b);
+            }
+        }
+        self.permute_lanes(&mut q);
+        self.permute_lanes(&mut k);
+        let kv = mem.kv.as_mut().ok_or_else(|| ModelError::Tensor {
+            name: format!("blk.{layer}"),
+            reason: "memory has no KV cells for attention layers".into(),
+        })?;
+        let mut att = vec![0f32; n * qd];
+        for r in rows {
+            let t = r.rows.len();
+            let positions: Vec<usize> = (r.pos..r.pos + t).collect();
+            let qs = &mut q[r.rows.start * qd..r.rows.end * qd];
+            let ks = &mut k[r.rows.start * kvd..r.rows.end * kvd];
+            if let Some(rp) = p.rope {
+                rope(
+                    qs,
+                    p.n_head,
+                    p.head_dim,
+                    rp.n_rot,
+                    &positions,
+                    rp.freq_base,
+                    rp.freq_scale,
+                    rp.style,
+                );
+                rope(
+                    ks,
+                    p.n_kv_head,
+                    p.head_dim,
+                    rp.n_rot,
+                    &positions,
+                    rp.freq_base,
+                    rp.freq_scale,
+                    rp.style,
+                );
+            }
+            kv.append(layer, r.seq, ks, &v[r.rows.start * kvd..r.rows.end * kvd])?;
+            let view = kv.view(layer, r.seq)?.ok_or_else(|| ModelError::Tensor {
+                name: format!("blk.{layer}"),
+                reason: "memory has no KV cells for this layer".into(),
+            })?;
+            let kv_len: Vec<usize> = (1..=t).map(|i| r.pos + i).collect();
+            attention(
+                pool,
+                qs,
+                p.n_head,
+                &view,
+                &kv_len,
+                p.scale,
+                &mut att[r.rows.start * qd..r.rows.end * qd],
+            );
+        }
+        matmul(pool, &self.wo.get(file), &att, out, n);
+        if let Some(b) = &self.bo {
+            add_bias_rows(out, b);
+        }
+        Ok(())
+    }
+}
+
+/// llama.cpp's converter permutes the rows of the *whole* Q/K head into
+/// adjacent-pair order for Bamba, although only the first `n_rot` lanes
+/// rotate. This maps its lane order back to the correct one (only the rotary
+/// lanes in adjacent pairs, the rest in Hugging Face order):
+/// `new[r] = old[perm[r]]`.
+pub fn bamba_qk_lane_fix(head_dim: usize, n_rot: usize) -> Vec<usize> {
+    let half = head_dim / 2;
+    // Where llama.cpp put Hugging Face lane k: row 2i + j holds HF j·half + i.
+    let gguf_pos = |k: usize| 2 * (k % half) + k / half;
+    (0..head_dim)
+        .map(|r| {
+            let hf = if r < n_rot {
+                // Correct order: row 2i + j holds HF j·(n_rot/2) + i.
+                (r % 2) * (n_rot / 2) + r / 2
+            } else {
+                r
+            };
+            gguf_pos(hf)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bamba_lane_fix_matches_the_documented_layout() {
+        // head_dim 16, n_rot 8: GGUF row 2i holds HF i, row 2i+1 holds HF i+8.
+        let p = bamba_qk_lane_fix(16, 8);
+        // Correct rows 0, 1 = HF 0, 4 → GGUF rows 0, 8.
+        assert_eq!(&p[..4], &[0, 8, 2, 10]);
+        // Correct row 8 = HF 8 → GGUF row 1; row 15 = HF 15 → GGUF row 15.
+        assert_eq!(p[8], 1);
+        assert_eq!(p[15], 15);
+        let mut sorted = p.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..16).collect::<Vec<_>>());
+        // Full rotary: the fix is the identity.
+        assert_eq!(bamba_qk_lane_fix(8, 8), (0..8).collect::<Vec<_>>());
+    }
+}

@@ -1,0 +1,243 @@
+//! Feed-forward blocks: the dense MLP (SwiGLU `down(silu(gate·x) ⊙ up·x)` or
+//! squared-ReLU `down(relu(up·x)²)`), and the mixture of experts with its
+//! router (softmax or sigmoid gating, optional score-correction bias,
+//! top-k, optional renormalisation and scaling) and optional shared expert.
+
+use crate::models::weights::{Loader, Matrix};
+use crate::models::ModelError;
+use coil_gguf::GgufFile;
+use coil_kernels::ops::act::{add_bias_rows, relu2_inplace, swiglu_inplace};
+use coil_kernels::ops::topk::top_k;
+use coil_kernels::{matmul, ThreadPool, WeightRef};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// `silu(gate·x) ⊙ up·x`
+    SwiGlu,
+    /// `relu(up·x)²`
+    Relu2,
+}
+
+pub struct DenseFfn {
+    pub up: Matrix,
+    pub gate: Option<Matrix>,
+    pub down: Matrix,
+    pub up_b: Option<Vec<f32>>,
+    pub gate_b: Option<Vec<f32>>,
+    pub down_b: Option<Vec<f32>>,
+    pub act: Activation,
+}
+
+impl DenseFfn {
+    /// Loads `blk.{layer}.ffn_{up,gate,down}{suffix}` (suffix "" or "_shexp").
+    pub fn load(
+        ld: &Loader,
+        layer: usize,
+        suffix: &str,
+        d_model: usize,
+        n_ff: usize,
+        act: Activation,
+    ) -> Result<Self, ModelError> {
+        let n = |t: &str| format!("blk.{layer}.ffn_{t}{suffix}.weight");
+        let b = |t: &str, len: usize| -> Result<Option<Vec<f32>>, ModelError> {
+            let name = format!("blk.{layer}.ffn_{t}{suffix}.bias");
+            if ld.has(&name) {
+                ld.vector(&name, &[len]).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let gate = match act {
+            Activation::SwiGlu => Some(ld.matrix(&n("gate"), n_ff, d_model)?),
+            Activation::Relu2 => None,
+        };
+        Ok(DenseFfn {
+            up: ld.matrix(&n("up"), n_ff, d_model)?,
+            gate,
+            down: ld.matrix(&n("down"), d_model, n_ff)?,
+            up_b: b("up", n_ff)?,
+            gate_b: b("gate", n_ff)?,
+            down_b: b("down", d_model)?,
+            act,
+        })
+    }
+
+    /// `x`: `[n, d_model]` → `out`: `[n, d_model]`.
+    pub fn forward(&self, file: &GgufFile, pool: &ThreadPool, x: &[f32], out: &mut [f32]) {
+        let n = x.len() / self.up.cols;
+        let n_ff = self.up.rows;
+        let mut up = vec![0f32; n * n_ff];
+        matmul(pool, &self.up.get(file), x, &mut up, n);
+        if let Some(b) = &self.up_b {
+            add_bias_rows(&mut up, b);
+        }
+        match &self.gate {
+            Some(g) => {
+                let mut gate = vec![0f32; n * n_ff];
+                matmul(pool, &g.get(file), x, &mut gate, n);
+                if let Some(b) = &self.gate_b {
+                    add_bias_rows(&mut gate, b);
+                }
+                swiglu_inplace(&mut gate, &up);
+                up = gate;
+            }
+            None => relu2_inplace(&mut up),
+        }
+        matmul(pool, &self.down.get(file), &up, out, n);
+        if let Some(b) = &self.down_b {
+            add_bias_rows(out, b);
+        }
+    }
+}
+
+/// `n_expert` matrices `[rows, cols]` stored one after another (ggml ne =
+/// [cols, rows, n_expert]).
+pub struct Experts {
+    pub all: Matrix,
+    pub n_expert: usize,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl Experts {
+    pub fn load(
+        ld: &Loader,
+        name: &str,
+        n_expert: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self, ModelError> {
+        Ok(Experts {
+            all: ld.matrix3(name, n_expert, rows, cols)?,
+            n_expert,
+            rows,
+            cols,
+        })
+    }
+
+    pub fn get<'a>(&self, file: &'a GgufFile, e: usize) -> WeightRef<'a> {
+        let w = self.all.get(file);
+        let per = w.data.len() / self.n_expert;
+        WeightRef {
+            ty: w.ty,
+            data: &w.data[e * per..(e + 1) * per],
+            rows: self.rows,
+            cols: self.cols,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    Softmax,
+    Sigmoid,
+}
+
+pub struct Moe {
+    /// `[n_expert, d_model]`
+    pub router: Matrix,
+    pub up: Experts,
+    pub gate: Option<Experts>,
+    pub down: Experts,
+    pub gating: Gating,
+    /// Added to the gate probabilities for choosing experts only.
+    pub select_bias: Option<Vec<f32>>,
+    pub n_used: usize,
+    /// Renormalise the chosen experts' weights to sum to 1.
+    pub norm_weights: bool,
+    /// Multiplies the weights (1 = none).
+    pub weights_scale: f32,
+    pub act: Activation,
+    pub shared: Option<DenseFfn>,
+}
+
+impl Moe {
+    /// Per token: the chosen experts and their weights.
+    fn route(&self, file: &GgufFile, pool: &ThreadPool, x: &[f32]) -> Vec<Vec<(usize, f32)>> {
+        let ne = self.router.rows;
+        let n = x.len() / self.router.cols;
+        let mut logits = vec![0f32; n * ne];
+        matmul(pool, &self.router.get(file), x, &mut logits, n);
+        logits
+            .chunks_exact(ne)
+            .map(|l| {
+                let probs: Vec<f32> = match self.gating {
+                    Gating::Softmax => {
+                        let m = l.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                        let e: Vec<f32> = l.iter().map(|v| (v - m).exp()).collect();
+                        let s: f32 = e.iter().sum();
+                        e.iter().map(|v| v / s).collect()
+                    }
+                    Gating::Sigmoid => l.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect(),
+                };
+                let select: Vec<f32> = match &self.select_bias {
+                    Some(b) => probs.iter().zip(b).map(|(p, b)| p + b).collect(),
+                    None => probs.clone(),
+                };
+                let chosen = top_k(&select, self.n_used);
+                let mut w: Vec<(usize, f32)> = chosen.iter().map(|&(e, _)| (e, probs[e])).collect();
+                if self.norm_weights {
+                    let s: f32 = w.iter().map(|x| x.1).sum();
+                    if s > 0.0 {
+                        w.iter_mut().for_each(|x| x.1 /= s);
+                    }
+                }
+                if self.weights_scale != 0.0 && self.weights_scale != 1.0 {
+                    w.iter_mut().for_each(|x| x.1 *= self.weights_scale);
+                }
+                w
+            })
+            .collect()
+    }
+
+    /// `x`: `[n, d_model]` → `out`: `[n, d_model]`.
+    pub fn forward(&self, file: &GgufFile, pool: &ThreadPool, x: &[f32], out: &mut [f32]) {
+        let d = self.router.cols;
+        let n = x.len() / d;
+        let n_ff = self.up.rows;
+        let routes = self.route(file, pool, x);
+        out.fill(0.0);
+        // Group the tokens by expert so each expert runs one batched product.
+        for e in 0..self.up.n_expert {
+            let users: Vec<(usize, f32)> = routes
+                .iter()
+                .enumerate()
+                .filter_map(|(t, r)| r.iter().find(|(ee, _)| *ee == e).map(|&(_, w)| (t, w)))
+                .collect();
+            if users.is_empty() {
+                continue;
+            }
+            let m = users.len();
+            let mut xe = vec![0f32; m * d];
+            for (i, &(t, _)) in users.iter().enumerate() {
+                xe[i * d..(i + 1) * d].copy_from_slice(&x[t * d..(t + 1) * d]);
+            }
+            let mut up = vec![0f32; m * n_ff];
+            matmul(pool, &self.up.get(file, e), &xe, &mut up, m);
+            match &self.gate {
+                Some(g) => {
+                    let mut gate = vec![0f32; m * n_ff];
+                    matmul(pool, &g.get(file, e), &xe, &mut gate, m);
+                    swiglu_inplace(&mut gate, &up);
+                    up = gate;
+                }
+                None => relu2_inplace(&mut up),
+            }
+            let mut ye = vec![0f32; m * d];
+            matmul(pool, &self.down.get(file, e), &up, &mut ye, m);
+            for (i, &(t, w)) in users.iter().enumerate() {
+                for (o, y) in out[t * d..(t + 1) * d]
+                    .iter_mut()
+                    .zip(&ye[i * d..(i + 1) * d])
+                {
+                    *o += w * y;
+                }
+            }
+        }
+        if let Some(sh) = &self.shared {
+            let mut s = vec![0f32; n * d];
+            sh.forward(file, pool, x, &mut s);
+            out.iter_mut().zip(&s).for_each(|(o, v)| *o += v);
+        }
+    }
+}

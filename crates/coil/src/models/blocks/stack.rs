@@ -1,0 +1,240 @@
+//! The residual decoder stack every architecture here is an instance of:
+//!
+//! ```text
+//! x = embed(tokens) · embedding_scale
+//! per layer:  x += residual_scale · mixer(RMSNorm(x))        (if a mixer)
+//!             x += residual_scale · ffn(RMSNorm_ffn(x))       (if a feed-forward)
+//! logits = output(RMSNorm(x)) / logit_scale
+//! ```
+//!
+//! where the mixer is attention, Mamba-1, Mamba-2 or attention ∥ Mamba-2
+//! (their outputs summed, Falcon-H1). Architecture files choose the blocks.
+
+use super::attention::Attention;
+use super::common::{check_ubatch, Embedding, OutputHead};
+use super::ffn::{DenseFfn, Moe};
+use super::mamba1_mixer::Mamba1Mixer;
+use super::mamba2_mixer::Mamba2Mixer;
+use crate::memory::{KvLayerShape, KvMemory, Memory, RecurrentLayerShape, RecurrentMemory, SeqId};
+use crate::models::weights::Loader;
+use crate::models::{Model, ModelError, ModelInfo, UBatch};
+use coil_gguf::GgufFile;
+use coil_kernels::ops::norm::rms_norm;
+use coil_kernels::ThreadPool;
+use std::ops::Range;
+use std::sync::Arc;
+
+/// The rows of one sequence in a micro-batch: its tokens at positions
+/// `pos..pos + rows.len()`.
+#[derive(Clone, Debug)]
+pub struct Rows {
+    pub seq: SeqId,
+    pub pos: usize,
+    pub rows: Range<usize>,
+}
+
+pub enum MixerBlock {
+    None,
+    Attention(Box<Attention>),
+    Mamba1(Box<Mamba1Mixer>),
+    Mamba2(Box<Mamba2Mixer>),
+    /// Attention and Mamba-2 on the same normed input, outputs summed.
+    Parallel(Box<Attention>, Box<Mamba2Mixer>),
+}
+
+pub enum FfnBlock {
+    None,
+    Dense(Box<DenseFfn>),
+    Moe(Box<Moe>),
+}
+
+pub struct StackLayer {
+    pub norm: Vec<f32>,
+    pub mixer: MixerBlock,
+    /// The norm before the feed-forward; `None` reuses `norm` (a layer
+    /// whose only block is its feed-forward).
+    pub ffn_norm: Option<Vec<f32>>,
+    pub ffn: FfnBlock,
+}
+
+impl StackLayer {
+    fn recurrent_shape(&self) -> Option<RecurrentLayerShape> {
+        match &self.mixer {
+            MixerBlock::Mamba1(m) => Some(m.p.state_shape()),
+            MixerBlock::Mamba2(m) | MixerBlock::Parallel(_, m) => Some(m.p.state_shape()),
+            _ => None,
+        }
+    }
+
+    fn kv_shape(&self) -> Option<KvLayerShape> {
+        match &self.mixer {
+            MixerBlock::Attention(a) | MixerBlock::Parallel(a, _) => Some(KvLayerShape {
+                n_kv_head: a.p.n_kv_head,
+                head_dim: a.p.head_dim,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Granite-style µP multipliers (1 where a model has none).
+#[derive(Clone, Copy, Debug)]
+pub struct Scales {
+    pub embedding: f32,
+    pub residual: f32,
+    /// Logits are divided by this.
+    pub logit_div: f32,
+}
+
+impl Default for Scales {
+    fn default() -> Self {
+        Scales {
+            embedding: 1.0,
+            residual: 1.0,
+            logit_div: 1.0,
+        }
+    }
+}
+
+pub struct DecoderStack {
+    pub file: Arc<GgufFile>,
+    pub info: ModelInfo,
+    pub embed: Embedding,
+    pub layers: Vec<StackLayer>,
+    pub head: OutputHead,
+    pub eps: f32,
+    pub scales: Scales,
+}
+
+impl DecoderStack {
+    /// Adds the embedding and output head to loaded layers.
+    pub fn build(
+        file: Arc<GgufFile>,
+        info: ModelInfo,
+        layers: Vec<StackLayer>,
+        eps: f32,
+        scales: Scales,
+    ) -> Result<Self, ModelError> {
+        let ld = Loader::new(&file, &info.arch);
+        let embed = Embedding::load(&ld, info.n_vocab, info.n_embd)?;
+        let head = OutputHead::load(&ld, info.n_vocab, info.n_embd, eps)?;
+        Ok(DecoderStack {
+            file,
+            info,
+            embed,
+            layers,
+            head,
+            eps,
+            scales,
+        })
+    }
+
+    fn mixer(
+        &self,
+        pool: &ThreadPool,
+        l: usize,
+        rows: &[Rows],
+        mem: &mut Memory,
+        h: &[f32],
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let file = &self.file;
+        match &self.layers[l].mixer {
+            MixerBlock::None => out.fill(0.0),
+            MixerBlock::Attention(a) => a.forward(file, pool, l, rows, mem, h, out)?,
+            MixerBlock::Mamba1(m) => m.forward(file, pool, l, rows, mem, h, out)?,
+            MixerBlock::Mamba2(m) => m.forward(file, pool, l, rows, mem, h, out)?,
+            MixerBlock::Parallel(a, m) => {
+                a.forward(file, pool, l, rows, mem, h, out)?;
+                let mut o2 = vec![0f32; out.len()];
+                m.forward(file, pool, l, rows, mem, h, &mut o2)?;
+                out.iter_mut().zip(&o2).for_each(|(a, b)| *a += b);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Model for DecoderStack {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn new_memory(&self, n_seq_max: usize, n_ctx: usize) -> Memory {
+        let rec: Vec<Option<RecurrentLayerShape>> = self
+            .layers
+            .iter()
+            .map(StackLayer::recurrent_shape)
+            .collect();
+        let kv: Vec<Option<KvLayerShape>> = self.layers.iter().map(StackLayer::kv_shape).collect();
+        let recurrent = rec
+            .iter()
+            .any(Option::is_some)
+            .then(|| RecurrentMemory::new(rec, n_seq_max));
+        let kv = kv
+            .iter()
+            .any(Option::is_some)
+            .then(|| KvMemory::new(kv, n_seq_max, n_ctx));
+        Memory::new(recurrent, kv, n_seq_max, n_ctx)
+    }
+
+    fn forward(
+        &self,
+        pool: &ThreadPool,
+        ub: &UBatch,
+        mem: &mut Memory,
+    ) -> Result<Vec<f32>, ModelError> {
+        check_ubatch(ub, mem)?;
+        let d = self.info.n_embd;
+        let n = ub.n_tokens();
+        let tokens: Vec<u32> = ub
+            .chunks
+            .iter()
+            .flat_map(|c| c.tokens.iter().copied())
+            .collect();
+        let rows: Vec<Rows> = ub
+            .chunks
+            .iter()
+            .zip(ub.row_ranges())
+            .map(|(c, r)| Rows {
+                seq: c.seq,
+                pos: c.pos,
+                rows: r,
+            })
+            .collect();
+        let mut x = vec![0f32; n * d];
+        self.embed.forward(&self.file, &tokens, &mut x)?;
+        if self.scales.embedding != 1.0 {
+            x.iter_mut().for_each(|v| *v *= self.scales.embedding);
+        }
+        let rs = self.scales.residual;
+        let mut h = vec![0f32; n * d];
+        let mut o = vec![0f32; n * d];
+        for (l, layer) in self.layers.iter().enumerate() {
+            if !matches!(layer.mixer, MixerBlock::None) {
+                rms_norm(&x, Some(&layer.norm), self.eps, &mut h, d);
+                self.mixer(pool, l, &rows, mem, &h, &mut o)?;
+                x.iter_mut().zip(&o).for_each(|(a, b)| *a += rs * b);
+            }
+            if !matches!(layer.ffn, FfnBlock::None) {
+                let w = layer.ffn_norm.as_ref().unwrap_or(&layer.norm);
+                rms_norm(&x, Some(w), self.eps, &mut h, d);
+                match &layer.ffn {
+                    FfnBlock::Dense(f) => f.forward(&self.file, pool, &h, &mut o),
+                    FfnBlock::Moe(f) => f.forward(&self.file, pool, &h, &mut o),
+                    FfnBlock::None => {}
+                }
+                x.iter_mut().zip(&o).for_each(|(a, b)| *a += rs * b);
+            }
+        }
+        for c in &ub.chunks {
+            mem.advance(c.seq, c.tokens.len())?;
+        }
+        let mut logits = self.head.forward(&self.file, pool, ub, &x);
+        if self.scales.logit_div != 1.0 {
+            let s = 1.0 / self.scales.logit_div;
+            logits.iter_mut().for_each(|v| *v *= s);
+        }
+        Ok(logits)
+    }
+}
