@@ -150,7 +150,10 @@ fn main() {
         GgmlType::Q4_1,
         GgmlType::Q5_0,
     ];
-    println!("matvec (1 token), {} x {} weight:", 16384, 4096);
+    // Decode: one token; rows chosen so each matrix is >= 256 MB (8x L3), so
+    // every run streams the weights from memory.
+    let cols = 4096;
+    println!("matvec (1 token), R x {cols} weight of >= 256 MB:");
     println!(
         "{:>8} {:>9} {:>10} {:>9} {:>8}",
         "format", "MB", "ms", "GB/s", "%read"
@@ -159,12 +162,13 @@ fn main() {
         if !filter.is_empty() && !ty.name().eq_ignore_ascii_case(&filter) {
             continue;
         }
-        let (rows, cols) = (if ty == GgmlType::F32 { 8192 } else { 16384 }, 4096);
+        let row_bytes = cols / ty.block_size() * ty.type_size();
+        let rows = (256usize << 20).div_ceil(row_bytes).next_multiple_of(64);
         let data = random_weights(&mut rng, ty, rows, cols);
         let w = WeightRef::new(ty, &data, rows, cols).unwrap();
         let x = rng.vec(cols);
         let mut y = vec![0f32; rows];
-        let secs = best_of(10, || matmul(&pool, &w, &x, &mut y, 1));
+        let secs = best_of(5, || matmul(&pool, &w, &x, &mut y, 1));
         let gbs = data.len() as f64 / secs / 1e9;
         println!(
             "{:>8} {:>9.1} {:>10.3} {:>9.1} {:>7.0}%",
@@ -191,7 +195,7 @@ fn main() {
         }
         let data = random_weights(&mut rng, ty, rows, cols);
         let w = WeightRef::new(ty, &data, rows, cols).unwrap();
-        let secs = best_of(3, || matmul(&pool, &w, &x, &mut y, n));
+        let secs = best_of(5, || matmul(&pool, &w, &x, &mut y, n));
         let gf = 2.0 * (n * rows * cols) as f64 / secs / 1e9;
         println!(
             "{:>8} {:>10.2} {:>9.1} {:>7.0}%",
@@ -204,7 +208,7 @@ fn main() {
     // Small batches: decode of a few sequences.
     println!("\nmatmul, few tokens, 4096 x 4096 weight (ms):");
     print!("{:>8}", "format");
-    let ns = [2usize, 4, 8, 16, 32];
+    let ns = [2usize, 4, 8, 16, 24, 32, 64];
     for n in ns {
         print!(" {:>8}", format!("n={n}"));
     }
@@ -230,4 +234,123 @@ fn main() {
         }
         println!();
     }
+    if filter.is_empty() || filter.eq_ignore_ascii_case("ops") {
+        ops_bench(&pool, &mut rng, bw);
+    }
+}
+
+fn ops_bench(pool: &ThreadPool, rng: &mut Rng, bw: f64) {
+    use coil_kernels::ops::attention::{attention, KvData, KvView};
+    use coil_kernels::ops::ssm::{mamba1_scan, mamba2_scan, Mamba2Dims};
+    println!("\nops (mamba2-370m-like shapes: 32 heads x 64, d_state 128, 1 group):");
+    println!(
+        "{:>34} {:>10} {:>9} {:>9}",
+        "kernel", "ms", "GFLOP/s", "GB/s"
+    );
+    let dims = Mamba2Dims {
+        n_head: 32,
+        head_dim: 64,
+        n_group: 1,
+        d_state: 128,
+    };
+    let sn = 32 * 64 * 128;
+    for t in [1usize, 512] {
+        let mut state = rng.vec(sn);
+        let x = rng.vec(t * 32 * 64);
+        let dt: Vec<f32> = rng.vec(t * 32).iter().map(|v| v.abs() * 0.1).collect();
+        let a: Vec<f32> = rng.vec(32).iter().map(|v| -v.abs()).collect();
+        let b = rng.vec(t * 128);
+        let c = rng.vec(t * 128);
+        let d = rng.vec(32);
+        let mut y = vec![0f32; t * 32 * 64];
+        let secs = best_of(10, || {
+            mamba2_scan(
+                pool,
+                dims,
+                &mut state,
+                &x,
+                &dt,
+                &a,
+                &b,
+                &c,
+                Some(&d),
+                &mut y,
+                t,
+            )
+        });
+        // per state element and token: 2 FMA (update) + 1 FMA (output)
+        let flops = 6.0 * (sn * t) as f64;
+        let bytes = if t == 1 { 8.0 * sn as f64 } else { f64::NAN };
+        println!(
+            "{:>34} {:>10.3} {:>9.1} {:>9.1}",
+            format!("mamba2_scan T={t}"),
+            secs * 1e3,
+            flops / secs / 1e9,
+            bytes / secs / 1e9
+        );
+    }
+    // Mamba-1 (mamba-790m-like: d_inner 3072, d_state 16)
+    let (di, n) = (3072usize, 16usize);
+    for t in [1usize, 512] {
+        let mut state = rng.vec(di * n);
+        let x = rng.vec(t * di);
+        let dt: Vec<f32> = rng.vec(t * di).iter().map(|v| v.abs() * 0.1).collect();
+        let a: Vec<f32> = rng.vec(di * n).iter().map(|v| -v.abs()).collect();
+        let b = rng.vec(t * n);
+        let c = rng.vec(t * n);
+        let d = rng.vec(di);
+        let mut y = vec![0f32; t * di];
+        let secs = best_of(10, || {
+            mamba1_scan(
+                pool,
+                di,
+                n,
+                &mut state,
+                &x,
+                &dt,
+                &a,
+                &b,
+                &c,
+                Some(&d),
+                &mut y,
+                t,
+            )
+        });
+        let flops = 8.0 * (di * n * t) as f64; // exp counted as ~2
+        println!(
+            "{:>34} {:>10.3} {:>9.1} {:>9}",
+            format!("mamba1_scan d_inner 3072 T={t}"),
+            secs * 1e3,
+            flops / secs / 1e9,
+            ""
+        );
+    }
+    // Attention: 12 heads, 4 KV heads, head_dim 64, over 4096 positions.
+    let (nh, nkv, hd, npos) = (12usize, 4usize, 64usize, 4096usize);
+    let k = rng.vec(npos * nkv * hd);
+    let v = rng.vec(npos * nkv * hd);
+    let k16: Vec<half::f16> = k.iter().map(|x| half::f16::from_f32(*x)).collect();
+    let v16: Vec<half::f16> = v.iter().map(|x| half::f16::from_f32(*x)).collect();
+    for (name, kd, vd, esz) in [
+        ("f32", KvData::F32(&k), KvData::F32(&v), 4.0),
+        ("f16", KvData::F16(&k16), KvData::F16(&v16), 2.0),
+    ] {
+        let view = KvView::dense(kd, vd, nkv, hd);
+        for nq in [1usize, 64] {
+            let q = rng.vec(nq * nh * hd);
+            let lens: Vec<usize> = (0..nq).map(|i| npos - nq + 1 + i).collect();
+            let mut out = vec![0f32; q.len()];
+            let secs = best_of(5, || attention(pool, &q, nh, &view, &lens, 0.125, &mut out));
+            let flops = 4.0 * (nq * nh * hd * npos) as f64;
+            let bytes = 2.0 * esz * (npos * nkv * hd) as f64;
+            println!(
+                "{:>34} {:>10.3} {:>9.1} {:>9.1}",
+                format!("attention {name} KV 4096, {nq} q"),
+                secs * 1e3,
+                flops / secs / 1e9,
+                bytes / secs / 1e9
+            );
+        }
+    }
+    let _ = bw;
 }

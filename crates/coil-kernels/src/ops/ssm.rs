@@ -19,24 +19,6 @@ pub struct Mamba2Dims {
     pub d_state: usize,
 }
 
-/// `sum(a[i] * b[i])` with 16 partial sums (vectorizes).
-#[inline(always)]
-fn dot16(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 16];
-    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..16 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut s = 0f32;
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
-    }
-    acc.iter().sum::<f32>() + s
-}
-
 /// One Mamba-2 head over `n_tokens` tokens.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -66,10 +48,28 @@ fn m2_head(
             let xv = x[(t * hn + h) * p_dim + p];
             let xdt = xv * dth;
             let s = &mut state[p * n..(p + 1) * n];
-            for (sv, bv) in s.iter_mut().zip(bt) {
-                *sv = *sv * da + xdt * bv;
+            // update and output in one pass over the state row
+            let mut acc = [0f32; 16];
+            let mut sc = s.chunks_exact_mut(16);
+            let (mut bc, mut cc) = (bt.chunks_exact(16), ct.chunks_exact(16));
+            for ((s16, b16), c16) in (&mut sc).zip(&mut bc).zip(&mut cc) {
+                for i in 0..16 {
+                    let v = s16[i] * da + xdt * b16[i];
+                    s16[i] = v;
+                    acc[i] += v * c16[i];
+                }
             }
-            let yv = dot16(s, ct) + dh * xv;
+            let mut tail = 0f32;
+            for ((sv, &bv), &cv) in sc
+                .into_remainder()
+                .iter_mut()
+                .zip(bc.remainder())
+                .zip(cc.remainder())
+            {
+                *sv = *sv * da + xdt * bv;
+                tail += *sv * cv;
+            }
+            let yv = acc.iter().sum::<f32>() + tail + dh * xv;
             // SAFETY: (t, h, p) belongs to this head only.
             unsafe { *y.add((t * hn + h) * p_dim + p) = yv };
         }
@@ -184,6 +184,9 @@ pub fn mamba2_step(
     mamba2_scan(pool, dims, state, x, dt, a, b, c, d, y, 1);
 }
 
+/// Mamba-1 over channels `d0..d1` (at most [`M1_CHUNK`]): the state slice is
+/// transposed to `[d_state][channels]` so every inner loop runs along
+/// channels (contiguous, vectorizable), then transposed back.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn m1_channels(
@@ -201,24 +204,55 @@ fn m1_channels(
     y: *mut f32,
     n_tokens: usize,
 ) {
+    let len = d1 - d0;
+    let mut ht = vec![0f32; n * len]; // [n][len]
+    let mut at = vec![0f32; n * len];
+    // SAFETY: channels d0..d1 own state[d0*n..d1*n].
+    let st = unsafe { std::slice::from_raw_parts_mut(state.add(d0 * n), len * n) };
+    for i in 0..len {
+        for k in 0..n {
+            ht[k * len + i] = st[i * n + k];
+            at[k * len + i] = a[(d0 + i) * n + k];
+        }
+    }
+    let mut xdt = vec![0f32; len];
+    let mut yacc = vec![0f32; len];
     for t in 0..n_tokens {
-        let bt = &b[t * n..(t + 1) * n];
-        let ct = &c[t * n..(t + 1) * n];
-        for ch in d0..d1 {
-            // SAFETY: channel ch owns state[ch*n..(ch+1)*n] and y[t, ch].
-            let s = unsafe { std::slice::from_raw_parts_mut(state.add(ch * n), n) };
-            let dtv = dt[t * d_inner + ch];
-            let xv = x[t * d_inner + ch];
-            let xdt = xv * dtv;
-            let ar = &a[ch * n..(ch + 1) * n];
-            for ((sv, av), bv) in s.iter_mut().zip(ar).zip(bt) {
-                *sv = exp_fast(dtv * av) * *sv + xdt * bv;
+        let dtv = &dt[t * d_inner + d0..t * d_inner + d1];
+        let xv = &x[t * d_inner + d0..t * d_inner + d1];
+        for i in 0..len {
+            xdt[i] = xv[i] * dtv[i];
+            yacc[i] = d.map_or(0.0, |d| d[d0 + i]) * xv[i];
+        }
+        for k in 0..n {
+            let (bk, ck) = (b[t * n + k], c[t * n + k]);
+            let hrow = &mut ht[k * len..(k + 1) * len];
+            let arow = &at[k * len..(k + 1) * len];
+            for ((((h, &av), &dv), &xd), ya) in hrow
+                .iter_mut()
+                .zip(arow)
+                .zip(dtv)
+                .zip(&xdt)
+                .zip(yacc.iter_mut())
+            {
+                let hv = exp_fast(dv * av) * *h + xd * bk;
+                *h = hv;
+                *ya += hv * ck;
             }
-            let yv = dot16(s, ct) + d.map_or(0.0, |d| d[ch]) * xv;
-            unsafe { *y.add(t * d_inner + ch) = yv };
+        }
+        // SAFETY: y[t, d0..d1] belongs to this chunk only.
+        let yo = unsafe { std::slice::from_raw_parts_mut(y.add(t * d_inner + d0), len) };
+        yo.copy_from_slice(&yacc);
+    }
+    for i in 0..len {
+        for k in 0..n {
+            st[i * n + k] = ht[k * len + i];
         }
     }
 }
+
+/// Channels per Mamba-1 work chunk (keeps the transposed state in L1).
+const M1_CHUNK: usize = 256;
 
 multiversion!(fn m1_channels_mv(
     d0: usize, d1: usize, d_inner: usize, n: usize, state: *mut f32, x: &[f32], dt: &[f32],
@@ -261,7 +295,9 @@ pub fn mamba1_scan(
     }
     let sp = SendPtr(state.as_mut_ptr());
     let yp = SendPtr(y.as_mut_ptr());
-    let grain = (d_inner / (pool.n_threads() * 4)).max(16);
+    let grain = (d_inner / (pool.n_threads() * 4))
+        .clamp(16, M1_CHUNK)
+        .next_multiple_of(16);
     pool.parallel_for(d_inner, grain, |r, _| {
         m1_channels_mv(
             r.start,

@@ -9,7 +9,8 @@ pub fn exp_fast(x: f32) -> f32 {
     const LN2_LO: f32 = -2.121_944_4e-4;
     const MAGIC: f32 = 12_582_912.0; // 1.5 · 2^23: round to nearest
     let xc = x.clamp(-87.3, 88.7);
-    let k = (xc * LOG2E + MAGIC) - MAGIC;
+    let kt = xc * LOG2E + MAGIC; // round(x·log2 e) in the low mantissa bits
+    let k = kt - MAGIC;
     let r = xc - k * LN2_HI - k * LN2_LO;
     let p = 1.0 / 720.0;
     let p = p * r + 1.0 / 120.0;
@@ -18,7 +19,10 @@ pub fn exp_fast(x: f32) -> f32 {
     let p = p * r + 0.5;
     let p = p * r + 1.0;
     let p = p * r + 1.0;
-    let scale = f32::from_bits((((k as i32) + 127) as u32) << 23);
+    // 2^k from the integer in kt's mantissa (no float→int conversion, which
+    // would not vectorize): kt.bits − MAGIC.bits = k.
+    let ki = (kt.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
+    let scale = f32::from_bits((ki.wrapping_add(127) as u32) << 23);
     let v = p * scale;
     if x < -87.3 {
         0.0
