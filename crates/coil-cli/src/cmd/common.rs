@@ -37,7 +37,3 @@ impl ModelArgs {
         Engine::load(&self.model, opts).with_context(|| format!("loading {}", self.model.display()))
     }
 }
-
-pub fn mib(bytes: usize) -> f64 {
-    bytes as f64 / (1024.0 * 1024.0)
-}

@@ -1,11 +1,10 @@
 //! `coil run -m MODEL -p PROMPT`: generate text, streamed to stdout, with
 //! prompt and generation speed on stderr.
 
-use super::common::{mib, ModelArgs};
+use super::common::ModelArgs;
 use anyhow::{bail, Context, Result};
 use coil::engine::generate::{generate, GenerateOptions};
 use coil::engine::sampling::{Sampler, SamplingParams};
-use coil::memory::SequenceMemory;
 use coil::tokenizer::Tokenizer;
 use std::io::Write;
 
@@ -93,11 +92,7 @@ pub fn run(a: Args) -> Result<()> {
         info.n_vocab,
         engine.pool.n_threads()
     );
-    eprintln!(
-        "memory: {:.2} MiB for 1 sequence of up to {} tokens",
-        mib(engine.mem.bytes()),
-        a.model.ctx
-    );
+    eprintln!("memory: {}", engine.mem.describe());
     let prompt = tokenizer.encode(&a.prompt, true);
     if prompt.is_empty() {
         bail!("the prompt is empty after tokenization");

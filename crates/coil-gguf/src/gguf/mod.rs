@@ -25,11 +25,12 @@ pub const MAX_DIMS: usize = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read or write {path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        // Shown in the message; not chained as a source, so that error
+        // chains do not repeat it.
+        error: std::io::Error,
     },
     #[error("I/O error: {0}")]
     Write(#[from] std::io::Error),
@@ -124,9 +125,9 @@ impl GgufFile {
     /// Opens and validates a GGUF file, memory-mapping its data.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
-        let io = |source| GgufError::Io {
+        let io = |error| GgufError::Io {
             path: path.to_path_buf(),
-            source,
+            error,
         };
         let file = File::open(path).map_err(io)?;
         // SAFETY: the map is read-only; coil never writes the file while it is

@@ -176,9 +176,9 @@ impl GgufWriter {
             .unwrap_or_default();
         tmp_name.push(".partial");
         let tmp_path = final_path.with_file_name(tmp_name);
-        let io = |source| GgufError::Io {
+        let io = |error| GgufError::Io {
             path: tmp_path.clone(),
-            source,
+            error,
         };
         let file = File::create(&tmp_path).map_err(io)?;
         let mut w = GgufWriter {
@@ -204,10 +204,10 @@ impl GgufWriter {
         })
     }
 
-    fn io_err(&self, source: std::io::Error) -> GgufError {
+    fn io_err(&self, error: std::io::Error) -> GgufError {
         GgufError::Io {
             path: self.tmp_path.clone(),
-            source,
+            error,
         }
     }
 
@@ -281,9 +281,9 @@ impl GgufWriter {
             let file = out.into_inner().map_err(|e| self.io_err(e.into_error()))?;
             file.sync_all().map_err(|e| self.io_err(e))?;
         }
-        std::fs::rename(&self.tmp_path, &self.final_path).map_err(|source| GgufError::Io {
+        std::fs::rename(&self.tmp_path, &self.final_path).map_err(|error| GgufError::Io {
             path: self.final_path.clone(),
-            source,
+            error,
         })
     }
 }

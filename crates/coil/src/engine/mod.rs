@@ -23,6 +23,14 @@ pub enum EngineError {
     Invalid(String),
 }
 
+/// One sequence's part of a [`Engine::decode_batch`] call.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchEntry<'a> {
+    pub seq: SeqId,
+    pub tokens: &'a [u32],
+    pub logits: LogitRows,
+}
+
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
     /// Worker threads (default: physical cores).
@@ -87,6 +95,74 @@ impl Engine {
 
     pub fn n_vocab(&self) -> usize {
         self.model.info().n_vocab
+    }
+
+    /// Decodes tokens of several sequences in one call: each entry appends
+    /// its tokens to its sequence (a prompt for one, single tokens for
+    /// others). The work is split into micro-batches of at most `n_ubatch`
+    /// tokens, each holding every sequence at most once. Returns, per entry,
+    /// the logits rows it asked for (`[rows, n_vocab]`). Everything is
+    /// checked before anything runs: a bad entry changes no sequence.
+    pub fn decode_batch(&mut self, entries: &[BatchEntry]) -> Result<Vec<Vec<f32>>, EngineError> {
+        let n_vocab = self.n_vocab();
+        for (i, e) in entries.iter().enumerate() {
+            if entries[..i].iter().any(|o| o.seq == e.seq) {
+                return Err(EngineError::Invalid(format!(
+                    "sequence {} appears twice in one batch",
+                    e.seq
+                )));
+            }
+            let pos = self.mem.seq_len(e.seq)?;
+            self.mem.check_append(e.seq, pos, e.tokens.len())?;
+            if let Some(&t) = e.tokens.iter().find(|&&t| t as usize >= n_vocab) {
+                return Err(EngineError::Invalid(format!(
+                    "token id {t} is outside the vocabulary of {n_vocab}"
+                )));
+            }
+        }
+        let mut done = vec![0usize; entries.len()];
+        let mut out = vec![Vec::new(); entries.len()];
+        loop {
+            let mut budget = self.opts.n_ubatch;
+            let mut chunks = Vec::new();
+            let mut owners = Vec::new();
+            for (i, e) in entries.iter().enumerate() {
+                let left = e.tokens.len() - done[i];
+                if left == 0 || budget == 0 {
+                    continue;
+                }
+                let take = left.min(budget);
+                budget -= take;
+                let part = &e.tokens[done[i]..done[i] + take];
+                let is_end = done[i] + take == e.tokens.len();
+                let logits = match e.logits {
+                    LogitRows::All => LogitRows::All,
+                    LogitRows::Last if is_end => LogitRows::Last,
+                    _ => LogitRows::None,
+                };
+                chunks.push(SeqChunk {
+                    seq: e.seq,
+                    pos: self.mem.seq_len(e.seq)?,
+                    tokens: part,
+                    logits,
+                });
+                owners.push(i);
+                done[i] += take;
+            }
+            if chunks.is_empty() {
+                break;
+            }
+            let rows: Vec<usize> = chunks.iter().map(|c| c.n_logit_rows()).collect();
+            let logits = self
+                .model
+                .forward(&self.pool, &UBatch { chunks }, &mut self.mem)?;
+            let mut at = 0;
+            for (&i, &r) in owners.iter().zip(&rows) {
+                out[i].extend_from_slice(&logits[at * n_vocab..(at + r) * n_vocab]);
+                at += r;
+            }
+        }
+        Ok(out)
     }
 
     /// Appends `tokens` to sequence `seq`, `ubatch` tokens per micro-batch

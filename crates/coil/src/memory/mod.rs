@@ -109,10 +109,10 @@ impl Memory {
         }
         if let Some(k) = &self.kv {
             parts.push(format!(
-                "KV cells {:.2} MiB in use, up to {:.2} MiB ({} KiB per token)",
+                "KV cells {:.2} MiB in use, up to {:.2} MiB ({} bytes per token)",
                 mib(k.bytes()),
                 mib(k.max_bytes()),
-                k.bytes_per_token() / 1024
+                k.bytes_per_token()
             ));
         }
         format!(

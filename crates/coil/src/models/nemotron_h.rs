@@ -51,6 +51,18 @@ fn relu2_moe(ld: &Loader, info: &ModelInfo, l: usize) -> Result<Moe, ModelError>
     })
 }
 
+/// The MLP width of layer `l`; where llama.cpp's converter wrote 0 (a
+/// pattern mixing dense and MoE layers), the width of `ffn_up`.
+fn dense_width(ld: &Loader, info: &ModelInfo, l: usize) -> Result<usize, ModelError> {
+    match n_ff(ld, info, l)? {
+        0 => match ld.file.tensor_info(&format!("blk.{l}.ffn_up.weight")) {
+            Some(t) if t.dims.len() == 2 => Ok(t.dims[1] as usize),
+            _ => Err(ModelError::MissingTensor(format!("blk.{l}.ffn_up.weight"))),
+        },
+        f => Ok(f),
+    }
+}
+
 pub fn load(file: Arc<GgufFile>, plan: LayerPlan) -> Result<DecoderStack, ModelError> {
     let arch = plan.arch.clone();
     let ld = Loader::new(&file, &arch);
@@ -79,7 +91,7 @@ pub fn load(file: Arc<GgufFile>, plan: LayerPlan) -> Result<DecoderStack, ModelE
                     l,
                     "",
                     d,
-                    n_ff(&ld, &info, l)?,
+                    dense_width(&ld, &info, l)?,
                     Activation::Relu2,
                 )?)),
             ),

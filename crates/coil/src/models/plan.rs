@@ -186,7 +186,12 @@ impl LayerPlan {
                     // nemotron_h(_moe): one block per layer, chosen by the
                     // per-layer arrays: attention, feed-forward, or Mamba-2.
                     _ if kv_at(i) > 0 => Mixer::Attention,
-                    _ if ff.as_ref().is_some_and(|f| f[i] > 0) || has(i, "ffn_gate_inp") => {
+                    // llama.cpp's converter writes n_ff 0 for dense layers of
+                    // patterns that mix dense and MoE, so look at the tensors too.
+                    _ if ff.as_ref().is_some_and(|f| f[i] > 0)
+                        || has(i, "ffn_gate_inp")
+                        || has(i, "ffn_up") =>
+                    {
                         Mixer::None
                     }
                     _ => Mixer::Mamba2,
