@@ -2,6 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use coil::engine::{Engine, EngineOptions};
+use coil::memory::CheckpointPolicy;
 use std::path::PathBuf;
 
 #[derive(clap::Args, Clone, Debug)]
@@ -15,6 +16,14 @@ pub struct ModelArgs {
     /// Context size: the most tokens a sequence may hold.
     #[arg(short = 'c', long = "ctx", default_value_t = 4096)]
     pub ctx: usize,
+    /// Tokens between recurrent-state checkpoints (for rollback; 0 = only
+    /// at the end of each prompt or generation step).
+    #[arg(long = "checkpoint-interval", default_value_t = 256)]
+    pub checkpoint_interval: usize,
+    /// Memory for checkpoints per sequence, in MiB; over it they are thinned
+    /// out (spaced further apart), never dropped entirely.
+    #[arg(long = "checkpoint-budget", default_value_t = 256)]
+    pub checkpoint_budget_mib: usize,
 }
 
 impl ModelArgs {
@@ -33,6 +42,11 @@ impl ModelArgs {
             n_seq_max,
             n_ctx: self.ctx,
             n_ubatch,
+            checkpoints: CheckpointPolicy {
+                interval: self.checkpoint_interval,
+                budget_bytes: self.checkpoint_budget_mib.saturating_mul(1 << 20),
+                ..Default::default()
+            },
         };
         Engine::load(&self.model, opts).with_context(|| format!("loading {}", self.model.display()))
     }

@@ -4,7 +4,7 @@
 pub mod generate;
 pub mod sampling;
 
-use crate::memory::{Memory, SeqId, SequenceMemory};
+use crate::memory::{CheckpointPolicy, Memory, SeqId, SequenceMemory};
 use crate::models::{self, LogitRows, Model, ModelError, SeqChunk, UBatch};
 use coil_gguf::{GgufError, GgufFile};
 use coil_kernels::ThreadPool;
@@ -21,6 +21,30 @@ pub enum EngineError {
     Memory(#[from] crate::memory::MemoryError),
     #[error("{0}")]
     Invalid(String),
+}
+
+/// What a rollback did.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RollbackStats {
+    pub from: usize,
+    pub to: usize,
+    /// Tokens re-processed from the restored checkpoint.
+    pub replayed: usize,
+    pub secs: f64,
+}
+
+/// Rollbacks are logged to stderr when `COIL_LOG=rollback` (or `all`).
+fn log_rollback(s: &RollbackStats, seq: SeqId) {
+    let on = std::env::var("COIL_LOG").is_ok_and(|v| v.contains("rollback") || v == "all");
+    if on {
+        eprintln!(
+            "rollback: sequence {seq} from {} to {} tokens, replayed {} in {:.3} ms",
+            s.from,
+            s.to,
+            s.replayed,
+            s.secs * 1e3
+        );
+    }
 }
 
 /// One sequence's part of a [`Engine::decode_batch`] call.
@@ -41,6 +65,8 @@ pub struct EngineOptions {
     pub n_ctx: usize,
     /// Most tokens per micro-batch.
     pub n_ubatch: usize,
+    /// Recurrent-state checkpoints for rollback.
+    pub checkpoints: CheckpointPolicy,
 }
 
 impl Default for EngineOptions {
@@ -50,6 +76,7 @@ impl Default for EngineOptions {
             n_seq_max: 1,
             n_ctx: 4096,
             n_ubatch: 512,
+            checkpoints: CheckpointPolicy::default(),
         }
     }
 }
@@ -75,7 +102,10 @@ impl Engine {
             ));
         }
         let model = models::load(file.clone())?;
-        let mem = model.new_memory(opts.n_seq_max, opts.n_ctx);
+        let mut mem = model.new_memory(opts.n_seq_max, opts.n_ctx);
+        if let Some(r) = &mut mem.recurrent {
+            r.policy = opts.checkpoints;
+        }
         Ok(Engine {
             file,
             model,
@@ -131,7 +161,11 @@ impl Engine {
                 if left == 0 || budget == 0 {
                     continue;
                 }
-                let take = left.min(budget);
+                let mut take = left.min(budget);
+                // End the micro-batch on the next periodic checkpoint position.
+                if let Some(k) = self.mem.tokens_to_checkpoint(e.seq)? {
+                    take = take.min(k);
+                }
                 budget -= take;
                 let part = &e.tokens[done[i]..done[i] + take];
                 let is_end = done[i] + take == e.tokens.len();
@@ -156,6 +190,10 @@ impl Engine {
             let logits = self
                 .model
                 .forward(&self.pool, &UBatch { chunks }, &mut self.mem)?;
+            for &i in &owners {
+                let e = &entries[i];
+                self.mem.after_ubatch(e.seq, done[i] == e.tokens.len())?;
+            }
             let mut at = 0;
             for (&i, &r) in owners.iter().zip(&rows) {
                 out[i].extend_from_slice(&logits[at * n_vocab..(at + r) * n_vocab]);
@@ -166,7 +204,7 @@ impl Engine {
     }
 
     /// Appends `tokens` to sequence `seq`, `ubatch` tokens per micro-batch
-    /// (0: the engine's default), and returns the logits asked for:
+    /// at most (0: the engine's default), and returns the logits asked for:
     /// `[tokens.len(), n_vocab]` for `All`, `[1, n_vocab]` for `Last`.
     pub fn eval(
         &mut self,
@@ -175,32 +213,49 @@ impl Engine {
         rows: LogitRows,
         ubatch: usize,
     ) -> Result<Vec<f32>, EngineError> {
-        let ub = if ubatch == 0 {
-            self.opts.n_ubatch
-        } else {
-            ubatch
-        };
-        let mut pos = self.mem.seq_len(seq)?;
-        self.mem.check_append(seq, pos, tokens.len())?;
-        let mut out = Vec::new();
-        let n_chunks = tokens.len().div_ceil(ub);
-        for (i, part) in tokens.chunks(ub).enumerate() {
-            let logits = match rows {
-                LogitRows::All => LogitRows::All,
-                LogitRows::Last if i + 1 == n_chunks => LogitRows::Last,
-                _ => LogitRows::None,
-            };
-            let batch = UBatch {
-                chunks: vec![SeqChunk {
-                    seq,
-                    pos,
-                    tokens: part,
-                    logits,
-                }],
-            };
-            out.extend(self.model.forward(&self.pool, &batch, &mut self.mem)?);
-            pos += part.len();
+        let saved = self.opts.n_ubatch;
+        if ubatch > 0 {
+            self.opts.n_ubatch = ubatch;
         }
-        Ok(out)
+        let entry = BatchEntry {
+            seq,
+            tokens,
+            logits: rows,
+        };
+        let out = self.decode_batch(&[entry]);
+        self.opts.n_ubatch = saved;
+        Ok(out?.pop().unwrap_or_default())
+    }
+
+    /// Rolls sequence `seq` back to position `p` (drops positions ≥ p):
+    /// restores the newest recurrent checkpoint at or before `p` and
+    /// replays the tokens from there. Exact: the state equals that of a
+    /// sequence that only ever saw the first `p` tokens.
+    pub fn seq_truncate(&mut self, seq: SeqId, p: usize) -> Result<RollbackStats, EngineError> {
+        let t0 = std::time::Instant::now();
+        let from = self.mem.seq_len(seq)?;
+        let replay = self.mem.rollback(seq, p)?;
+        if !replay.is_empty() {
+            self.eval(seq, &replay, LogitRows::None, 0)?;
+        }
+        let stats = RollbackStats {
+            from,
+            to: p.min(from),
+            replayed: replay.len(),
+            secs: t0.elapsed().as_secs_f64(),
+        };
+        log_rollback(&stats, seq);
+        Ok(stats)
+    }
+
+    /// Makes `dst` a copy of `src`; they then evolve independently
+    /// (checkpoints are shared, not copied).
+    pub fn seq_fork(&mut self, src: SeqId, dst: SeqId) -> Result<(), EngineError> {
+        Ok(self.mem.seq_fork(src, dst)?)
+    }
+
+    /// Forgets sequence `seq`.
+    pub fn seq_clear(&mut self, seq: SeqId) -> Result<(), EngineError> {
+        Ok(self.mem.seq_clear(seq)?)
     }
 }

@@ -6,7 +6,9 @@ pub mod kv;
 pub mod recurrent;
 
 pub use kv::{KvLayerShape, KvMemory};
-pub use recurrent::{RecurrentLayerShape, RecurrentMemory, RecurrentState};
+pub use recurrent::{
+    Checkpoint, CheckpointPolicy, RecurrentLayerShape, RecurrentMemory, RecurrentState,
+};
 
 /// A sequence's index in a memory (0..n_seq_max).
 pub type SeqId = usize;
@@ -60,6 +62,8 @@ pub trait SequenceMemory {
 pub struct Memory {
     pub recurrent: Option<RecurrentMemory>,
     pub kv: Option<KvMemory>,
+    /// Each sequence's tokens, for replaying after a rollback.
+    tokens: Vec<Vec<u32>>,
     n_seq_max: usize,
     n_ctx: usize,
 }
@@ -74,6 +78,7 @@ impl Memory {
         Memory {
             recurrent,
             kv,
+            tokens: vec![Vec::new(); n_seq_max.max(1)],
             n_seq_max: n_seq_max.max(1),
             n_ctx,
         }
@@ -153,15 +158,68 @@ impl Memory {
         Ok(())
     }
 
-    /// Records that `n` more tokens of `s` went through every layer.
-    pub fn advance(&mut self, s: SeqId, n: usize) -> Result<(), MemoryError> {
+    /// Records that `tokens` of `s` went through every layer.
+    pub fn advance(&mut self, s: SeqId, tokens: &[u32]) -> Result<(), MemoryError> {
+        self.check(s)?;
+        let n = tokens.len();
         if let Some(r) = &mut self.recurrent {
             r.advance(s, n)?;
         }
         if let Some(k) = &mut self.kv {
             k.advance(s, n)?;
         }
+        self.tokens[s].extend_from_slice(tokens);
         Ok(())
+    }
+
+    /// The tokens sequence `s` holds.
+    pub fn seq_tokens(&self, s: SeqId) -> Result<&[u32], MemoryError> {
+        self.check(s)?;
+        Ok(&self.tokens[s])
+    }
+
+    /// After a micro-batch: takes a recurrent checkpoint of `s` when it sits
+    /// on a periodic position or at the end of a decode call.
+    pub fn after_ubatch(&mut self, s: SeqId, call_end: bool) -> Result<(), MemoryError> {
+        if let Some(r) = &mut self.recurrent {
+            let len = r.seq_len(s)?;
+            let k = r.policy.interval;
+            if call_end || (k > 0 && len % k == 0) {
+                r.checkpoint(s)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// How many tokens `s` may take before it reaches its next periodic
+    /// checkpoint position (micro-batches are cut there).
+    pub fn tokens_to_checkpoint(&self, s: SeqId) -> Result<Option<usize>, MemoryError> {
+        match &self.recurrent {
+            Some(r) => r.tokens_to_next_period(s),
+            None => Ok(None),
+        }
+    }
+
+    /// First half of a rollback of `s` to position `p`: restores the newest
+    /// recurrent checkpoint at or before `p` (attention cells are cut
+    /// there too) and returns the tokens that must be replayed through the
+    /// model to reach `p`. Positions ≥ the length are a no-op.
+    pub fn rollback(&mut self, s: SeqId, p: usize) -> Result<Vec<u32>, MemoryError> {
+        self.check(s)?;
+        let len = self.seq_len(s)?;
+        if p >= len {
+            return Ok(Vec::new());
+        }
+        let c = match &mut self.recurrent {
+            Some(r) => r.restore(s, p)?,
+            None => p,
+        };
+        if let Some(k) = &mut self.kv {
+            k.seq_truncate(s, c)?;
+        }
+        let replay = self.tokens[s][c..p].to_vec();
+        self.tokens[s].truncate(c);
+        Ok(replay)
     }
 }
 
@@ -181,31 +239,50 @@ impl SequenceMemory for Memory {
 
     fn seq_clear(&mut self, s: SeqId) -> Result<(), MemoryError> {
         self.check(s)?;
+        self.tokens[s].clear();
         self.parts_mut().try_for_each(|p| p.seq_clear(s))
     }
 
+    /// Without the model, a recurrent memory can only go back to a position
+    /// whose state it holds (a checkpoint or 0); `Engine::seq_truncate`
+    /// replays tokens to reach any position.
     fn seq_truncate(&mut self, s: SeqId, p: usize) -> Result<(), MemoryError> {
         self.check(s)?;
-        // Refuse before changing anything.
         let len = self.seq_len(s)?;
-        if p < len && p > 0 && self.recurrent.is_some() {
-            return Err(MemoryError::CannotTruncate {
-                seq: s,
-                pos: p,
-                len,
-            });
+        if p >= len {
+            return Ok(());
         }
-        self.parts_mut().try_for_each(|m| m.seq_truncate(s, p))
+        if let Some(r) = &self.recurrent {
+            let known = p == 0 || r.checkpoints(s)?.iter().any(|c| c.pos == p);
+            if !known {
+                return Err(MemoryError::CannotTruncate {
+                    seq: s,
+                    pos: p,
+                    len,
+                });
+            }
+        }
+        let replay = self.rollback(s, p)?;
+        debug_assert!(replay.is_empty());
+        Ok(())
     }
 
     fn seq_fork(&mut self, src: SeqId, dst: SeqId) -> Result<(), MemoryError> {
         self.check(src)?;
         self.check(dst)?;
+        if src != dst {
+            self.tokens[dst] = self.tokens[src].clone();
+        }
         self.parts_mut().try_for_each(|p| p.seq_fork(src, dst))
     }
 
     fn seq_keep(&mut self, s: SeqId) -> Result<(), MemoryError> {
         self.check(s)?;
+        for (i, t) in self.tokens.iter_mut().enumerate() {
+            if i != s {
+                t.clear();
+            }
+        }
         self.parts_mut().try_for_each(|p| p.seq_keep(s))
     }
 

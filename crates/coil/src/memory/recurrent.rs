@@ -2,8 +2,16 @@
 //! conv window `[d_conv − 1, channels]` and the SSM state (`[H, P, N]` for
 //! Mamba-2, `[d_inner, N]` for Mamba-1), in f32. Sized once; never grows
 //! with context.
+//!
+//! Each sequence also keeps checkpoints: copies of its whole state at
+//! earlier positions, so that it can be rolled back (restore the newest
+//! checkpoint ≤ p, then replay the tokens up to p). Checkpoints are shared
+//! between forks (`Arc`), and bounded by a byte budget per sequence:
+//! eviction thins them out (doubles their spacing) rather than dropping
+//! the ability to roll back — position 0 (the zero state) is always there.
 
 use super::{MemoryError, SeqId, SequenceMemory};
+use std::sync::Arc;
 
 /// Sizes of one recurrent layer's state, in f32 elements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,36 +26,78 @@ pub struct RecurrentState<'a> {
     pub ssm: &'a mut [f32],
 }
 
+/// When to take checkpoints and how much memory they may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckpointPolicy {
+    /// Tokens between periodic checkpoints (the finest spacing). 0 disables
+    /// periodic checkpoints.
+    pub interval: usize,
+    /// Bytes of checkpoints one sequence may hold (at least two always fit).
+    pub budget_bytes: usize,
+    /// Checkpoints at the ends of decode calls kept regardless of spacing.
+    pub keep_recent: usize,
+}
+
+impl Default for CheckpointPolicy {
+    fn default() -> Self {
+        CheckpointPolicy {
+            interval: 256,
+            budget_bytes: 256 << 20,
+            keep_recent: 2,
+        }
+    }
+}
+
+/// A sequence's whole recurrent state at `pos`.
+#[derive(Clone, Debug)]
+pub struct Checkpoint {
+    pub pos: usize,
+    pub state: Arc<Vec<f32>>,
+}
+
 #[derive(Clone)]
 struct Slot {
     len: usize,
-    /// Per layer (empty for non-recurrent layers).
-    conv: Vec<Vec<f32>>,
-    ssm: Vec<Vec<f32>>,
+    /// All layers' conv and SSM state, flat (see `offsets`).
+    state: Vec<f32>,
+    /// Sorted by position, all < or = `len`.
+    checkpoints: Vec<Checkpoint>,
+    /// Current spacing level: periodic checkpoints are `interval · 2^level`
+    /// apart.
+    level: u32,
 }
 
 pub struct RecurrentMemory {
     shapes: Vec<Option<RecurrentLayerShape>>,
+    /// Per layer: (conv offset, ssm offset) in a slot's flat state.
+    offsets: Vec<(usize, usize)>,
+    state_len: usize,
     slots: Vec<Slot>,
+    pub policy: CheckpointPolicy,
 }
 
 impl RecurrentMemory {
     /// `shapes[l]` is `None` for a layer without recurrent state.
     pub fn new(shapes: Vec<Option<RecurrentLayerShape>>, n_seq_max: usize) -> Self {
+        let mut offsets = Vec::with_capacity(shapes.len());
+        let mut at = 0;
+        for s in &shapes {
+            let (c, m) = s.map_or((0, 0), |s| (s.conv, s.ssm));
+            offsets.push((at, at + c));
+            at += c + m;
+        }
         let slot = Slot {
             len: 0,
-            conv: shapes
-                .iter()
-                .map(|s| vec![0.0; s.map_or(0, |s| s.conv)])
-                .collect(),
-            ssm: shapes
-                .iter()
-                .map(|s| vec![0.0; s.map_or(0, |s| s.ssm)])
-                .collect(),
+            state: vec![0.0; at],
+            checkpoints: Vec::new(),
+            level: 0,
         };
         RecurrentMemory {
             shapes,
+            offsets,
+            state_len: at,
             slots: vec![slot; n_seq_max.max(1)],
+            policy: CheckpointPolicy::default(),
         }
     }
 
@@ -65,13 +115,18 @@ impl RecurrentMemory {
         self.shapes.len()
     }
 
+    pub fn shapes(&self) -> &[Option<RecurrentLayerShape>] {
+        &self.shapes
+    }
+
     /// Bytes of state per sequence.
     pub fn bytes_per_seq(&self) -> usize {
-        self.shapes
-            .iter()
-            .flatten()
-            .map(|s| (s.conv + s.ssm) * 4)
-            .sum()
+        self.state_len * 4
+    }
+
+    /// Most checkpoints one sequence may hold under the budget.
+    pub fn max_checkpoints(&self) -> usize {
+        (self.policy.budget_bytes / self.bytes_per_seq().max(1)).max(2)
     }
 
     /// The state of `layer` for sequence `s`, or `None` if the layer has none.
@@ -81,14 +136,37 @@ impl RecurrentMemory {
         s: SeqId,
     ) -> Result<Option<RecurrentState<'_>>, MemoryError> {
         self.check(s)?;
-        if self.shapes.get(layer).copied().flatten().is_none() {
+        let Some(shape) = self.shapes.get(layer).copied().flatten() else {
             return Ok(None);
-        }
+        };
+        let (c, m) = self.offsets[layer];
         let slot = &mut self.slots[s];
-        Ok(Some(RecurrentState {
-            conv: &mut slot.conv[layer],
-            ssm: &mut slot.ssm[layer],
-        }))
+        let (conv, rest) = slot.state[c..m + shape.ssm].split_at_mut(shape.conv);
+        Ok(Some(RecurrentState { conv, ssm: rest }))
+    }
+
+    /// The whole flat state of `s` (all layers).
+    pub fn flat_state(&self, s: SeqId) -> Result<&[f32], MemoryError> {
+        self.check(s)?;
+        Ok(&self.slots[s].state)
+    }
+
+    /// Replaces the whole state of `s` and its length (loading a session).
+    pub fn set_flat_state(
+        &mut self,
+        s: SeqId,
+        len: usize,
+        state: &[f32],
+    ) -> Result<(), MemoryError> {
+        self.check(s)?;
+        let slot = &mut self.slots[s];
+        slot.state.copy_from_slice(state);
+        slot.len = len;
+        Ok(())
+    }
+
+    pub fn state_len(&self) -> usize {
+        self.state_len
     }
 
     /// Records that `n` more tokens of `s` went through every layer.
@@ -96,6 +174,102 @@ impl RecurrentMemory {
         self.check(s)?;
         self.slots[s].len += n;
         Ok(())
+    }
+
+    pub fn checkpoints(&self, s: SeqId) -> Result<&[Checkpoint], MemoryError> {
+        self.check(s)?;
+        Ok(&self.slots[s].checkpoints)
+    }
+
+    /// Replaces the checkpoints of `s` (loading a session).
+    pub fn set_checkpoints(&mut self, s: SeqId, cps: Vec<Checkpoint>) -> Result<(), MemoryError> {
+        self.check(s)?;
+        self.slots[s].checkpoints = cps;
+        Ok(())
+    }
+
+    /// Bytes held by the checkpoints of `s` (shared ones counted in full).
+    pub fn checkpoint_bytes(&self, s: SeqId) -> Result<usize, MemoryError> {
+        Ok(self.checkpoints(s)?.len() * self.bytes_per_seq())
+    }
+
+    /// Takes a checkpoint of `s` at its current length (no-op at 0 or if one
+    /// exists there), then thins the checkpoints to the budget.
+    pub fn checkpoint(&mut self, s: SeqId) -> Result<(), MemoryError> {
+        self.check(s)?;
+        let max = self.max_checkpoints();
+        let policy = self.policy;
+        let slot = &mut self.slots[s];
+        if slot.len == 0 || slot.checkpoints.last().is_some_and(|c| c.pos == slot.len) {
+            return Ok(());
+        }
+        slot.checkpoints.push(Checkpoint {
+            pos: slot.len,
+            state: Arc::new(slot.state.clone()),
+        });
+        thin(slot, policy, max);
+        Ok(())
+    }
+
+    /// Whether appending `n` tokens to `s` crosses a periodic checkpoint
+    /// position; returns how many tokens to take to land on it.
+    pub fn tokens_to_next_period(&self, s: SeqId) -> Result<Option<usize>, MemoryError> {
+        self.check(s)?;
+        let k = self.policy.interval;
+        if k == 0 {
+            return Ok(None);
+        }
+        let len = self.slots[s].len;
+        Ok(Some(k - len % k))
+    }
+
+    /// Restores `s` to the newest checkpoint at or before `p` (the zero
+    /// state at 0 when there is none), dropping checkpoints past it.
+    /// Returns the restored position.
+    pub fn restore(&mut self, s: SeqId, p: usize) -> Result<usize, MemoryError> {
+        self.check(s)?;
+        let slot = &mut self.slots[s];
+        slot.checkpoints.retain(|c| c.pos <= p);
+        match slot.checkpoints.last() {
+            Some(c) => {
+                slot.state.copy_from_slice(&c.state);
+                slot.len = c.pos;
+            }
+            None => {
+                slot.state.fill(0.0);
+                slot.len = 0;
+            }
+        }
+        Ok(slot.len)
+    }
+}
+
+/// Thins `slot`'s checkpoints to at most `max`: raising the spacing level
+/// (periodic checkpoints `interval · 2^level` apart) keeps the older history
+/// reachable with longer replays; the most recent ones are kept as they are.
+fn thin(slot: &mut Slot, policy: CheckpointPolicy, max: usize) {
+    let base = policy.interval.max(1);
+    while slot.checkpoints.len() > max {
+        let n = slot.checkpoints.len();
+        let recent = policy.keep_recent.min(n);
+        let spacing = base.saturating_mul(1usize << slot.level.min(40));
+        let mut kept: Vec<Checkpoint> = Vec::with_capacity(n);
+        let mut last = 0usize;
+        for (i, c) in slot.checkpoints.iter().enumerate() {
+            if i >= n - recent || c.pos - last >= spacing {
+                last = c.pos;
+                kept.push(c.clone());
+            }
+        }
+        if kept.len() == n {
+            if spacing >= slot.len.max(1) {
+                // Spacing already spans the sequence: drop the oldest.
+                kept.remove(0);
+            } else {
+                slot.level += 1;
+            }
+        }
+        slot.checkpoints = kept;
     }
 }
 
@@ -113,32 +287,37 @@ impl SequenceMemory for RecurrentMemory {
         self.check(s)?;
         let slot = &mut self.slots[s];
         slot.len = 0;
-        slot.conv
-            .iter_mut()
-            .chain(slot.ssm.iter_mut())
-            .for_each(|v| v.fill(0.0));
+        slot.state.fill(0.0);
+        slot.checkpoints.clear();
+        slot.level = 0;
         Ok(())
     }
 
+    /// Without replaying tokens (which needs the model: see
+    /// `Engine::seq_truncate`), only positions where the state is known can
+    /// be reached: the current length, a checkpoint, or 0.
     fn seq_truncate(&mut self, s: SeqId, p: usize) -> Result<(), MemoryError> {
         let len = self.seq_len(s)?;
         if p >= len {
-            Ok(())
-        } else if p == 0 {
-            self.seq_clear(s)
-        } else {
-            Err(MemoryError::CannotTruncate {
-                seq: s,
-                pos: p,
-                len,
-            })
+            return Ok(());
         }
+        if p == 0 || self.slots[s].checkpoints.iter().any(|c| c.pos == p) {
+            self.restore(s, p)?;
+            return Ok(());
+        }
+        Err(MemoryError::CannotTruncate {
+            seq: s,
+            pos: p,
+            len,
+        })
     }
 
     fn seq_fork(&mut self, src: SeqId, dst: SeqId) -> Result<(), MemoryError> {
         self.check(src)?;
         self.check(dst)?;
         if src != dst {
+            // The state is copied (it diverges at once); checkpoints are
+            // shared.
             let copy = self.slots[src].clone();
             self.slots[dst] = copy;
         }
@@ -201,5 +380,52 @@ mod tests {
         ));
         m.seq_truncate(2, 0).unwrap();
         assert_eq!(m.seq_pos_range(2), Ok(0..0));
+    }
+
+    #[test]
+    fn checkpoints_restore_and_are_shared_by_forks() {
+        let mut m = mem();
+        m.advance(0, 3).unwrap();
+        m.state(2, 0).unwrap().unwrap().conv[0] = 3.0;
+        m.checkpoint(0).unwrap();
+        m.advance(0, 4).unwrap();
+        m.state(2, 0).unwrap().unwrap().conv[0] = 7.0;
+        m.seq_fork(0, 1).unwrap();
+        assert!(Arc::ptr_eq(
+            &m.checkpoints(0).unwrap()[0].state,
+            &m.checkpoints(1).unwrap()[0].state
+        ));
+        assert_eq!(m.restore(0, 5), Ok(3));
+        assert_eq!(m.state(2, 0).unwrap().unwrap().conv[0], 3.0);
+        // The fork is untouched.
+        assert_eq!(m.seq_len(1), Ok(7));
+        assert_eq!(m.state(2, 1).unwrap().unwrap().conv[0], 7.0);
+        assert_eq!(m.restore(1, 2), Ok(0));
+        assert_eq!(m.state(2, 1).unwrap().unwrap().conv[0], 0.0);
+        // A truncation onto a checkpoint needs no replay.
+        m.advance(0, 10).unwrap();
+        m.seq_truncate(0, 3).unwrap();
+        assert_eq!(m.seq_len(0), Ok(3));
+    }
+
+    #[test]
+    fn thinning_keeps_rollback_with_coarser_spacing() {
+        let mut m = mem();
+        m.policy = CheckpointPolicy {
+            interval: 4,
+            budget_bytes: m.bytes_per_seq() * 6,
+            keep_recent: 2,
+        };
+        for _ in 0..100 {
+            m.advance(0, 4).unwrap();
+            m.checkpoint(0).unwrap();
+        }
+        let cps = m.checkpoints(0).unwrap();
+        assert!(cps.len() <= 6, "{}", cps.len());
+        let pos: Vec<usize> = cps.iter().map(|c| c.pos).collect();
+        // The latest stays; the older ones are spread out over the history.
+        assert_eq!(*pos.last().unwrap(), 400);
+        assert!(pos[0] <= 200, "{pos:?}");
+        assert!(pos.windows(2).all(|w| w[0] < w[1]));
     }
 }

@@ -228,7 +228,7 @@ impl Model for DecoderStack {
             }
         }
         for c in &ub.chunks {
-            mem.advance(c.seq, c.tokens.len())?;
+            mem.advance(c.seq, c.tokens)?;
         }
         let mut logits = self.head.forward(&self.file, pool, ub, &x);
         if self.scales.logit_div != 1.0 {
