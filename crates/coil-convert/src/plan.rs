@@ -1,0 +1,276 @@
+//! What to write: each output tensor's GGUF name, shape and the recipe that
+//! makes its data from checkpoint tensors (stack, split, `−exp`, scale, Q/K
+//! row permutation, reshape). Recipes run one tensor at a time.
+
+use crate::error::{ConvertError, Result};
+use crate::safetensors_src::{Checkpoint, SrcDtype};
+use coil_gguf::GgmlType;
+
+/// Where an output tensor's elements come from.
+#[derive(Clone, Debug)]
+pub enum Source {
+    One(String),
+    /// `torch.stack(tensors, dim=0)` (MoE experts).
+    Stack(Vec<String>),
+    /// `t.split(n_rows, dim=-2)[part]`: rows `part·n_rows ..` of every
+    /// trailing matrix (merged gate/up projections).
+    SplitRows {
+        name: String,
+        part: usize,
+        n_rows: usize,
+    },
+}
+
+/// An element-wise or row transform, applied in order.
+#[derive(Clone, Debug)]
+pub enum Op {
+    /// `A = −exp(A_log)`.
+    NegExp,
+    /// Multiply everything by a constant.
+    Scale(f64),
+    /// Multiply rows `start..end` (outermost dimension) by a constant.
+    ScaleRows {
+        start: usize,
+        end: usize,
+        factor: f64,
+    },
+    /// Reorder the rows of each of `n_head` heads from transformers'
+    /// rotate-half layout to ggml's adjacent pairs, over the first `rot`
+    /// rows of each head (llama.cpp's `LlamaModel.permute` when `rot` is the
+    /// whole head).
+    PermuteQk { n_head: usize, rot: usize },
+}
+
+/// One tensor of the output file.
+#[derive(Clone, Debug)]
+pub struct OutTensor {
+    pub name: String,
+    /// Row-major shape, outermost first (the GGUF dims are its reverse).
+    pub shape: Vec<usize>,
+    pub src: Source,
+    pub ops: Vec<Op>,
+}
+
+impl OutTensor {
+    pub fn one(name: impl Into<String>, src: &str, shape: &[usize]) -> OutTensor {
+        OutTensor {
+            name: name.into(),
+            shape: shape.to_vec(),
+            src: Source::One(src.to_string()),
+            ops: Vec::new(),
+        }
+    }
+
+    pub fn with(mut self, op: Op) -> OutTensor {
+        self.ops.push(op);
+        self
+    }
+
+    pub fn n_elements(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// GGUF dims (ne0 first).
+    pub fn dims(&self) -> Vec<u64> {
+        self.shape.iter().rev().map(|&d| d as u64).collect()
+    }
+
+    fn sources(&self) -> Vec<&str> {
+        match &self.src {
+            Source::One(n) | Source::SplitRows { name: n, .. } => vec![n.as_str()],
+            Source::Stack(v) => v.iter().map(String::as_str).collect(),
+        }
+    }
+
+    /// Computes the data as f32, rounding after each arithmetic step to the
+    /// source's precision the way the reference converter (PyTorch) does:
+    /// f16 stays f16, bf16 and f32 work in f32.
+    pub fn materialize(&self, ck: &Checkpoint) -> Result<Vec<f32>> {
+        let mut half_work = true;
+        for s in self.sources() {
+            let t = ck.req(s)?;
+            if t.dtype != SrcDtype::F16 {
+                half_work = false;
+            }
+        }
+        let round = |v: &mut [f32]| {
+            if half_work {
+                for x in v.iter_mut() {
+                    *x = half::f16::from_f32(*x).to_f32();
+                }
+            }
+        };
+        let mut data = match &self.src {
+            Source::One(n) => ck.read_f32(ck.req(n)?)?,
+            Source::Stack(names) => {
+                let first = ck.req(&names[0])?;
+                let mut out = Vec::with_capacity(first.n_elements() * names.len());
+                for n in names {
+                    let t = ck.req(n)?;
+                    if t.shape != first.shape {
+                        return Err(ConvertError::Shape {
+                            name: n.clone(),
+                            actual: t.shape.clone(),
+                            expected: first.shape.clone(),
+                        });
+                    }
+                    out.extend(ck.read_f32(t)?);
+                }
+                out
+            }
+            Source::SplitRows { name, part, n_rows } => {
+                let t = ck.req(name)?;
+                let all = ck.read_f32(t)?;
+                let nd = t.shape.len();
+                if nd < 2 || t.shape[nd - 2] < (part + 1) * n_rows {
+                    return Err(ConvertError::tensor(
+                        name,
+                        format!(
+                            "shape {:?} cannot be split into parts of {n_rows} rows",
+                            t.shape
+                        ),
+                    ));
+                }
+                let cols = t.shape[nd - 1];
+                let rows = t.shape[nd - 2];
+                let mut out = Vec::with_capacity(all.len() / (rows / n_rows).max(1));
+                for m in all.chunks_exact(rows * cols) {
+                    out.extend_from_slice(&m[part * n_rows * cols..(part + 1) * n_rows * cols]);
+                }
+                out
+            }
+        };
+        if data.len() != self.n_elements() {
+            return Err(ConvertError::tensor(
+                &self.name,
+                format!(
+                    "{} elements from the checkpoint, {} expected for shape {:?}",
+                    data.len(),
+                    self.n_elements(),
+                    self.shape
+                ),
+            ));
+        }
+        let n_rows = self.shape.first().copied().unwrap_or(1).max(1);
+        let row_len = data.len() / n_rows;
+        for op in &self.ops {
+            match *op {
+                Op::NegExp => {
+                    for x in data.iter_mut() {
+                        *x = -x.exp();
+                    }
+                    round(&mut data);
+                }
+                Op::Scale(f) => {
+                    let f = f as f32;
+                    for x in data.iter_mut() {
+                        *x *= f;
+                    }
+                    round(&mut data);
+                }
+                Op::ScaleRows { start, end, factor } => {
+                    let f = factor as f32;
+                    let end = end.min(n_rows);
+                    let start = start.min(end);
+                    let part = &mut data[start * row_len..end * row_len];
+                    for x in part.iter_mut() {
+                        *x *= f;
+                    }
+                    round(part);
+                }
+                Op::PermuteQk { n_head, rot } => {
+                    permute_qk(&self.name, &mut data, n_rows, n_head, rot)?
+                }
+            }
+        }
+        Ok(data)
+    }
+}
+
+/// Row permutation of Q/K: within each head of `hd = rows / n_head` rows,
+/// output row `2i + j` takes input row `j·rot/2 + i` for `i < rot/2`,
+/// `j < 2`; rows `rot..hd` stay.
+fn permute_qk(name: &str, data: &mut [f32], rows: usize, n_head: usize, rot: usize) -> Result<()> {
+    if n_head == 0 || !rows.is_multiple_of(n_head) {
+        return Err(ConvertError::tensor(
+            name,
+            format!("{rows} rows do not divide into {n_head} heads"),
+        ));
+    }
+    let hd = rows / n_head;
+    if rot > hd || !rot.is_multiple_of(2) {
+        return Err(ConvertError::tensor(
+            name,
+            format!("rotary dimension {rot} does not fit head size {hd} (must be even and ≤ it)"),
+        ));
+    }
+    let cols = data.len() / rows;
+    let src = data.to_vec();
+    let half = rot / 2;
+    for h in 0..n_head {
+        for i in 0..half {
+            for j in 0..2 {
+                let dst_row = h * hd + 2 * i + j;
+                let src_row = h * hd + j * half + i;
+                data[dst_row * cols..(dst_row + 1) * cols]
+                    .copy_from_slice(&src[src_row * cols..(src_row + 1) * cols]);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The output type llama.cpp's converter picks for a tensor, given the
+/// requested file type: 1-D tensors, norms, router weights, `ssm_conv1d`
+/// and anything not named `*.weight` (`ssm_a`, `ssm_d`, biases) stay F32;
+/// Q8_0 falls back to F16 when rows are not whole blocks.
+pub fn output_type(name: &str, shape: &[usize], requested: GgmlType) -> GgmlType {
+    let f32_names = [
+        ".ffn_gate_inp.weight",
+        ".ffn_gate_inp_shexp.weight",
+        ".ssm_conv1d.weight",
+        "position_embd.weight",
+        "token_types.weight",
+    ];
+    if shape.len() <= 1
+        || name.ends_with("_norm.weight")
+        || f32_names.iter().any(|s| name.ends_with(s))
+        || !name.ends_with(".weight")
+    {
+        return GgmlType::F32;
+    }
+    let ne0 = shape.last().copied().unwrap_or(1);
+    if !ne0.is_multiple_of(requested.block_size()) {
+        return GgmlType::F16;
+    }
+    requested
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permute_matches_llama_cpp() {
+        // 1 head of 4 rows, 1 column: reshape(1, 2, 2).swapaxes(1, 2) → rows 0, 2, 1, 3
+        let mut d = vec![0.0, 1.0, 2.0, 3.0];
+        permute_qk("q", &mut d, 4, 1, 4).unwrap();
+        assert_eq!(d, [0.0, 2.0, 1.0, 3.0]);
+        // partial: 6 rows, rot 4 → 0, 2, 1, 3, 4, 5
+        let mut d: Vec<f32> = (0..6).map(|x| x as f32).collect();
+        permute_qk("q", &mut d, 6, 1, 4).unwrap();
+        assert_eq!(d, [0.0, 2.0, 1.0, 3.0, 4.0, 5.0]);
+        assert!(permute_qk("q", &mut d, 6, 4, 4).is_err());
+    }
+
+    #[test]
+    fn types() {
+        use GgmlType::*;
+        assert_eq!(output_type("blk.0.ssm_a", &[4, 1], F16), F32);
+        assert_eq!(output_type("blk.0.ssm_norm.weight", &[2, 32], F16), F32);
+        assert_eq!(output_type("blk.0.ssm_in.weight", &[196, 32], Q8_0), Q8_0);
+        assert_eq!(output_type("blk.0.ssm_x.weight", &[36, 64], Q8_0), Q8_0);
+        assert_eq!(output_type("blk.0.ssm_dt.weight", &[64, 4], Q8_0), F16);
+        assert_eq!(output_type("blk.0.ffn_gate_inp.weight", &[6, 32], F16), F32);
+    }
+}

@@ -1,0 +1,148 @@
+//! coil's conversion of each tiny fixture checkpoint against llama.cpp's
+//! converter output (`tests/fixtures/models/<name>/model.f16.gguf`): same
+//! metadata keys and values, same tensors (names, shapes, types, bytes),
+//! except where coil deliberately follows transformers (Bamba's partial
+//! Q/K permutation).
+
+use coil_convert::{convert, ConvertOptions, OutType};
+use coil_gguf::GgufFile;
+use std::path::PathBuf;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("coil-convert-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+/// Differences between two GGUF files (empty when identical up to the
+/// allowed exceptions).
+fn diff(
+    ours: &GgufFile,
+    theirs: &GgufFile,
+    skip_tensors: &[&str],
+    extra_keys: &[&str],
+) -> Vec<String> {
+    let mut d = Vec::new();
+    for (k, v) in theirs.metadata().iter() {
+        match ours.metadata().get(k) {
+            None => d.push(format!("missing key {k}")),
+            Some(o) if o != v => d.push(format!(
+                "key {k}: ours {} theirs {}",
+                o.summary(8),
+                v.summary(8)
+            )),
+            _ => {}
+        }
+    }
+    for (k, _) in ours.metadata().iter() {
+        if theirs.metadata().get(k).is_none() && !extra_keys.contains(&k) {
+            d.push(format!("extra key {k}"));
+        }
+    }
+    for t in theirs.tensors() {
+        let Some(o) = ours.tensor_info(&t.name) else {
+            d.push(format!("missing tensor {}", t.name));
+            continue;
+        };
+        if o.dims != t.dims || o.ty != t.ty {
+            d.push(format!(
+                "tensor {}: ours {:?} {} theirs {:?} {}",
+                t.name, o.dims, o.ty, t.dims, t.ty
+            ));
+            continue;
+        }
+        if skip_tensors.iter().any(|s| t.name.contains(s)) {
+            continue;
+        }
+        let a = ours.view(o).data;
+        let b = theirs.view(t).data;
+        if a != b {
+            let n = a.chunks(2).zip(b.chunks(2)).filter(|(x, y)| x != y).count();
+            d.push(format!("tensor {}: {n} elements differ", t.name));
+        }
+    }
+    for o in ours.tensors() {
+        if theirs.tensor_info(&o.name).is_none() {
+            d.push(format!("extra tensor {}", o.name));
+        }
+    }
+    let order_ours: Vec<&str> = ours.tensors().iter().map(|t| t.name.as_str()).collect();
+    let order_theirs: Vec<&str> = theirs.tensors().iter().map(|t| t.name.as_str()).collect();
+    if d.is_empty() && order_ours != order_theirs {
+        d.push("tensor order differs".into());
+    }
+    d
+}
+
+fn check(name: &str, skip: &[&str], extra: &[&str]) {
+    let out = tmp(&format!("{name}.gguf"));
+    let opts = ConvertOptions {
+        out_type: OutType::F16,
+        name: Some("Hf".into()),
+        progress: false,
+    };
+    convert(&root().join("hf").join(name), &out, &opts).unwrap();
+    let ours = GgufFile::open(&out).unwrap();
+    let theirs = GgufFile::open(root().join("models").join(name).join("model.f16.gguf")).unwrap();
+    let d = diff(&ours, &theirs, skip, extra);
+    let _ = std::fs::remove_file(&out);
+    assert!(
+        d.is_empty(),
+        "{name}: {} differences:\n{}",
+        d.len(),
+        d.join("\n")
+    );
+}
+
+#[test]
+fn mamba() {
+    check("mamba", &[], &[]);
+}
+
+#[test]
+fn mamba2() {
+    check("mamba2", &[], &[]);
+}
+
+#[test]
+fn jamba() {
+    check("jamba", &[], &[]);
+}
+
+#[test]
+fn bamba() {
+    check(
+        "bamba",
+        &["attn_q", "attn_k"],
+        &["coil.rope.partial_permute"],
+    );
+}
+
+#[test]
+fn granitemoehybrid() {
+    check("granitemoehybrid", &[], &[]);
+}
+
+#[test]
+fn falcon_h1() {
+    check("falcon_h1", &[], &[]);
+}
+
+#[test]
+fn nemotron_h() {
+    check("nemotron_h", &[], &[]);
+}
+
+#[test]
+fn nemotron_h_moe() {
+    check("nemotron_h_moe", &[], &[]);
+}
+
+#[test]
+fn llama() {
+    check("llama", &[], &[]);
+}
