@@ -52,16 +52,54 @@ impl<'a> KvView<'a> {
     }
 }
 
+/// Positions per block.
+const PB: usize = 32;
+/// Queries per work item.
+const QB: usize = 16;
+/// From this many (query, head) rows per item on, scores use a transposed
+/// K block (vectorized over positions) instead of per-position dot products.
+const TRANSPOSE_ROWS: usize = 8;
+
+/// Rows `p0..p0+nb` of one KV head as f32 `[nb][hd]` (into `buf` if a
+/// conversion is needed).
 #[inline(always)]
-fn load_row(src: &KvData, off: usize, out: &mut [f32]) {
+fn kv_block<'a>(
+    src: &'a KvData,
+    kv: &KvView,
+    kvh: usize,
+    p0: usize,
+    nb: usize,
+    buf: &'a mut [f32],
+) -> KvRows<'a> {
+    let hd = kv.head_dim;
     match src {
-        KvData::F32(s) => out.copy_from_slice(&s[off..off + out.len()]),
+        KvData::F32(s) => KvRows {
+            data: &s[p0 * kv.row_stride + kvh * hd..],
+            stride: kv.row_stride,
+        },
         KvData::F16(s) => {
-            let n = out.len();
-            for (o, v) in out.iter_mut().zip(&s[off..off + n]) {
-                *o = v.to_f32();
+            use half::slice::HalfFloatSliceExt;
+            for j in 0..nb {
+                let off = (p0 + j) * kv.row_stride + kvh * hd;
+                s[off..off + hd].convert_to_f32_slice(&mut buf[j * hd..(j + 1) * hd]);
+            }
+            KvRows {
+                data: &buf[..nb * hd],
+                stride: hd,
             }
         }
+    }
+}
+
+struct KvRows<'a> {
+    data: &'a [f32],
+    stride: usize,
+}
+
+impl KvRows<'_> {
+    #[inline(always)]
+    fn row(&self, j: usize, hd: usize) -> &[f32] {
+        &self.data[j * self.stride..j * self.stride + hd]
     }
 }
 
@@ -82,76 +120,153 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + s
 }
 
-const BLOCK: usize = 32;
+/// Scratch of one work item.
+#[derive(Default)]
+struct Scratch {
+    q: Vec<f32>,  // [rows][hd], pre-scaled
+    o: Vec<f32>,  // [rows][hd]
+    m: Vec<f32>,  // [rows]
+    l: Vec<f32>,  // [rows]
+    kt: Vec<f32>, // [hd][PB]
+    kb: Vec<f32>, // [PB][hd]
+    vb: Vec<f32>, // [PB][hd]
+}
 
-/// One (query, head): `out = softmax(scale · q·K[0..len]) · V[0..len]`.
-#[inline(always)]
+/// One work item: queries `t0..t1`, KV head `kvh` and its `group` query heads.
 #[allow(clippy::too_many_arguments)]
-fn one_head(
-    q: &[f32],
-    kv: &KvView,
+#[inline(always)]
+fn item(
+    t0: usize,
+    t1: usize,
     kvh: usize,
-    len: usize,
+    q: &[f32],
+    n_heads: usize,
+    kv: &KvView,
+    kv_len: &[usize],
     scale: f32,
-    out: &mut [f32],
-    krow: &mut [f32],
-    scores: &mut [f32; BLOCK],
+    out: *mut f32,
+    sc: &mut Scratch,
 ) {
     let hd = kv.head_dim;
-    out.fill(0.0);
-    let mut m = f32::NEG_INFINITY;
-    let mut l = 0f32;
+    let group = n_heads / kv.n_kv_heads;
+    let rows = (t1 - t0) * group;
+    sc.q.resize(rows * hd, 0.0);
+    sc.o.clear();
+    sc.o.resize(rows * hd, 0.0);
+    sc.m.clear();
+    sc.m.resize(rows, f32::NEG_INFINITY);
+    sc.l.clear();
+    sc.l.resize(rows, 0.0);
+    sc.kt.resize(hd * PB, 0.0);
+    sc.kb.resize(PB * hd, 0.0);
+    sc.vb.resize(PB * hd, 0.0);
+    for t in t0..t1 {
+        for j in 0..group {
+            let h = kvh * group + j;
+            let r = (t - t0) * group + j;
+            let src = &q[(t * n_heads + h) * hd..(t * n_heads + h + 1) * hd];
+            for (d, s) in sc.q[r * hd..(r + 1) * hd].iter_mut().zip(src) {
+                *d = s * scale;
+            }
+        }
+    }
+    let max_len = kv_len[t0..t1].iter().copied().max().unwrap_or(0);
+    let transpose = rows >= TRANSPOSE_ROWS;
+    let mut s = [0f32; PB];
     let mut p0 = 0;
-    while p0 < len {
-        let nb = BLOCK.min(len - p0);
-        let mut bmax = f32::NEG_INFINITY;
-        for j in 0..nb {
-            let off = (p0 + j) * kv.row_stride + kvh * hd;
-            let s = match &kv.k {
-                KvData::F32(k) => dot(q, &k[off..off + hd]),
-                KvData::F16(_) => {
-                    load_row(&kv.k, off, krow);
-                    dot(q, krow)
+    while p0 < max_len {
+        let nb = PB.min(max_len - p0);
+        let kr = kv_block(&kv.k, kv, kvh, p0, nb, &mut sc.kb);
+        if transpose {
+            if nb < PB {
+                sc.kt.fill(0.0);
+            }
+            for j in 0..nb {
+                for (i, &v) in kr.row(j, hd).iter().enumerate() {
+                    sc.kt[i * PB + j] = v;
                 }
-            } * scale;
-            scores[j] = s;
-            bmax = bmax.max(s);
+            }
         }
-        let m_new = m.max(bmax);
-        if m_new == f32::NEG_INFINITY {
-            p0 += nb;
-            continue; // all scores -inf so far
-        }
-        let corr = exp_fast(m - m_new);
-        if corr != 1.0 {
-            out.iter_mut().for_each(|o| *o *= corr);
-            l *= corr;
-        }
-        m = m_new;
-        for j in 0..nb {
-            let p = exp_fast(scores[j] - m);
-            l += p;
-            let off = (p0 + j) * kv.row_stride + kvh * hd;
-            match &kv.v {
-                KvData::F32(v) => {
-                    for (o, vv) in out.iter_mut().zip(&v[off..off + hd]) {
-                        *o += p * vv;
+        let vr = kv_block(&kv.v, kv, kvh, p0, nb, &mut sc.vb);
+        for r in 0..rows {
+            let len = kv_len[t0 + r / group];
+            if len <= p0 {
+                continue;
+            }
+            let valid = nb.min(len - p0);
+            let qr = &sc.q[r * hd..(r + 1) * hd];
+            if transpose {
+                s = [0f32; PB];
+                for (i, &qv) in qr.iter().enumerate() {
+                    let kt = &sc.kt[i * PB..(i + 1) * PB];
+                    for j in 0..PB {
+                        s[j] += qv * kt[j];
                     }
                 }
-                KvData::F16(_) => {
-                    load_row(&kv.v, off, krow);
-                    for (o, vv) in out.iter_mut().zip(krow.iter()) {
-                        *o += p * vv;
+            } else {
+                for (j, sj) in s.iter_mut().enumerate().take(valid) {
+                    *sj = dot(qr, kr.row(j, hd));
+                }
+            }
+            let bmax = s[..valid].iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
+            let m_old = sc.m[r];
+            let m_new = m_old.max(bmax);
+            if m_new == f32::NEG_INFINITY {
+                continue;
+            }
+            let o = &mut sc.o[r * hd..(r + 1) * hd];
+            let corr = exp_fast(m_old - m_new);
+            if corr != 1.0 {
+                o.iter_mut().for_each(|v| *v *= corr);
+                sc.l[r] *= corr;
+            }
+            sc.m[r] = m_new;
+            let mut pb = [0f32; PB];
+            for j in 0..PB {
+                let e = exp_fast(s[j] - m_new);
+                pb[j] = if j < valid { e } else { 0.0 };
+            }
+            sc.l[r] += pb.iter().sum::<f32>();
+            // o += sum_j p_j v_j, 16 lanes of o held in registers over j
+            let mut oc = o.chunks_exact_mut(16);
+            let mut c0 = 0;
+            for o16 in &mut oc {
+                let mut acc = [0f32; 16];
+                acc.copy_from_slice(o16);
+                for (j, &pj) in pb.iter().enumerate().take(valid) {
+                    let v16 = &vr.row(j, hd)[c0..c0 + 16];
+                    for i in 0..16 {
+                        acc[i] += pj * v16[i];
                     }
+                }
+                o16.copy_from_slice(&acc);
+                c0 += 16;
+            }
+            for (i, ov) in oc.into_remainder().iter_mut().enumerate() {
+                for (j, &pj) in pb.iter().enumerate().take(valid) {
+                    *ov += pj * vr.row(j, hd)[c0 + i];
                 }
             }
         }
         p0 += nb;
     }
-    if l > 0.0 {
-        let inv = 1.0 / l;
-        out.iter_mut().for_each(|o| *o *= inv);
+    for t in t0..t1 {
+        for j in 0..group {
+            let h = kvh * group + j;
+            let r = (t - t0) * group + j;
+            let inv = if sc.l[r] > 0.0 { 1.0 / sc.l[r] } else { 0.0 };
+            // SAFETY: (t, h) belongs to this item only.
+            let dst =
+                unsafe { std::slice::from_raw_parts_mut(out.add((t * n_heads + h) * hd), hd) };
+            for (d, v) in dst.iter_mut().zip(&sc.o[r * hd..(r + 1) * hd]) {
+                *d = v * inv;
+            }
+        }
     }
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -165,32 +280,20 @@ fn items(
     kv_len: &[usize],
     scale: f32,
     out: *mut f32,
+    sc: &mut Scratch,
 ) {
-    let hd = kv.head_dim;
-    let group = n_heads / kv.n_kv_heads;
-    let mut krow = vec![0f32; hd];
-    let mut scores = [0f32; BLOCK];
+    let n_q = kv_len.len();
     for it in i0..i1 {
-        let (t, h) = (it / n_heads, it % n_heads);
-        let qh = &q[(t * n_heads + h) * hd..(t * n_heads + h + 1) * hd];
-        // SAFETY: item (t, h) owns out[(t*n_heads+h)*hd..][..hd].
-        let o = unsafe { std::slice::from_raw_parts_mut(out.add((t * n_heads + h) * hd), hd) };
-        one_head(
-            qh,
-            kv,
-            h / group,
-            kv_len[t],
-            scale,
-            o,
-            &mut krow,
-            &mut scores,
-        );
+        let (qb, kvh) = (it / kv.n_kv_heads, it % kv.n_kv_heads);
+        let t0 = qb * QB;
+        let t1 = (t0 + QB).min(n_q);
+        item(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc);
     }
 }
 
 multiversion!(fn items_mv(
     i0: usize, i1: usize, q: &[f32], n_heads: usize, kv: &KvView, kv_len: &[usize], scale: f32,
-    out: *mut f32
+    out: *mut f32, sc: &mut Scratch
 ) => items);
 
 /// `out[t, h] = softmax_p(scale · q[t, h] · K[p, h/g]) · V[p, h/g]` over
@@ -234,10 +337,23 @@ pub fn attention(
         "attention: kv_len beyond the view"
     );
     let op = SendPtr(out.as_mut_ptr());
-    let n_items = n_q * n_heads;
-    let grain = (n_items / (pool.n_threads() * 8)).max(1);
+    let n_items = n_q.div_ceil(QB) * kv.n_kv_heads;
+    let grain = (n_items / (pool.n_threads() * 4)).max(1);
     pool.parallel_for(n_items, grain, |r, _| {
-        items_mv(r.start, r.end, q, n_heads, kv, kv_len, scale, op.get());
+        SCRATCH.with(|sc| {
+            let mut sc = sc.borrow_mut();
+            items_mv(
+                r.start,
+                r.end,
+                q,
+                n_heads,
+                kv,
+                kv_len,
+                scale,
+                op.get(),
+                &mut sc,
+            );
+        });
     });
 }
 
@@ -250,12 +366,22 @@ mod tests {
     fn matches_naive_softmax() {
         let pool = ThreadPool::new(2);
         let mut rng = Rng::new(21);
-        for &(nq, nh, nkv, hd, npos) in &[(3, 4, 2, 8, 40), (1, 2, 2, 64, 100), (17, 6, 1, 5, 17)] {
+        for &(nq, nh, nkv, hd, npos) in &[
+            (3, 4, 2, 8, 40),
+            (1, 2, 2, 64, 100),
+            (17, 6, 1, 5, 17),
+            (40, 8, 2, 16, 70),
+            (5, 3, 3, 32, 65),
+        ] {
             let stride = nkv * hd + 3;
             let q = rng.vec(nq * nh * hd);
             let k = rng.vec(npos * stride);
             let v = rng.vec(npos * stride);
-            let lens: Vec<usize> = (0..nq).map(|i| npos - (nq - 1 - i).min(npos - 1)).collect();
+            let mut lens: Vec<usize> = (0..nq).map(|i| npos - (nq - 1 - i).min(npos - 1)).collect();
+            if nq > 2 {
+                lens[1] = 0; // a query that sees nothing gives zeros
+                lens[2] = 33.min(npos);
+            }
             let scale = 1.0 / (hd as f32).sqrt();
             let mut want = vec![0f64; nq * nh * hd];
             for t in 0..nq {
