@@ -216,3 +216,65 @@ fn run_rejects_bad_flags_clearly() {
         "{err}"
     );
 }
+
+#[test]
+fn sessions_continue_a_generation_without_reprocessing() {
+    for arch in ["mamba2", "jamba", "nemotron_h"] {
+        let m = model(arch);
+        let file = tmp(&format!("{arch}.session"));
+        let f = file.to_str().unwrap();
+        let (ok, whole, err) = coil(&["run", "-m", &m, "-p", "ROMEO:", "-n", "30", "--temp", "0"]);
+        assert!(ok, "{err}");
+        let (ok, first, err) = coil(&[
+            "run",
+            "-m",
+            &m,
+            "-p",
+            "ROMEO:",
+            "-n",
+            "20",
+            "--temp",
+            "0",
+            "--save-session",
+            f,
+        ]);
+        assert!(ok, "{err}");
+        assert!(err.contains("session: 25 tokens saved"), "{err}");
+        let (ok, rest, err) = coil(&[
+            "run",
+            "-m",
+            &m,
+            "-n",
+            "10",
+            "--temp",
+            "0",
+            "--load-session",
+            f,
+        ]);
+        assert!(ok, "{err}");
+        assert!(err.contains("session: 25 tokens loaded"), "{err}");
+        assert!(err.contains("prompt: 1 tokens"), "{err}");
+        // The two halves make the whole generation.
+        assert_eq!(
+            format!(
+                "{}{}",
+                first.trim_end_matches('\n'),
+                rest.trim_end_matches('\n')
+            ),
+            whole.trim_end_matches('\n'),
+            "{arch}"
+        );
+    }
+    // Another model's session is refused with a clear message.
+    let file = tmp("mamba2.session");
+    let (ok, _, err) = coil(&[
+        "run",
+        "-m",
+        &model("jamba"),
+        "-n",
+        "3",
+        "--load-session",
+        file.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("another model"), "{err}");
+}

@@ -190,3 +190,93 @@ fn checkpoints_cut_replays_and_respect_the_budget() {
     let st = e.seq_truncate(0, 10).unwrap();
     assert_eq!(st.to, 10);
 }
+
+fn tmpfile(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("coil-session-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+#[test]
+fn save_load_continue_equals_continue() {
+    for arch in ARCHS {
+        let (path, tokens) = fixture(arch);
+        let mut e = engine(&path, 8);
+        e.eval(0, &tokens[..30], LogitRows::None, 0).unwrap();
+        let file = tmpfile(&format!("{arch}.session"));
+        e.save_session(0, &file).unwrap();
+        let want = e.eval(0, &tokens[30..36], LogitRows::All, 0).unwrap();
+
+        // Load into another engine, into another sequence slot.
+        let mut e2 = engine(&path, 8);
+        e2.eval(2, &tokens[..5], LogitRows::None, 0).unwrap();
+        e2.load_session(1, &file).unwrap();
+        assert_eq!(e2.mem.seq_tokens(1).unwrap(), &tokens[..30]);
+        let got = e2.eval(1, &tokens[30..36], LogitRows::All, 0).unwrap();
+        assert_close(&format!("{arch} save/load/continue"), &got, &want, 0.0);
+        // Checkpoints came along: a rollback after loading is exact too.
+        e2.seq_truncate(1, 17).unwrap();
+        let got = e2.eval(1, &tokens[40..42], LogitRows::All, 0).unwrap();
+        let mut fresh = engine(&path, 8);
+        fresh.eval(0, &tokens[..17], LogitRows::None, 0).unwrap();
+        let want = fresh.eval(0, &tokens[40..42], LogitRows::All, 0).unwrap();
+        assert_close(&format!("{arch} rollback after load"), &got, &want, 1e-6);
+        // Sequence 2 was not touched.
+        assert_eq!(e2.mem.seq_tokens(2).unwrap(), &tokens[..5]);
+    }
+}
+
+#[test]
+fn bad_session_files_fail_clearly_and_change_nothing() {
+    let (path, tokens) = fixture("granitemoehybrid");
+    let mut e = engine(&path, 8);
+    e.eval(0, &tokens[..12], LogitRows::None, 0).unwrap();
+    let file = tmpfile("good.session");
+    e.save_session(0, &file).unwrap();
+    let good = std::fs::read(&file).unwrap();
+
+    let mut target = engine(&path, 8);
+    target.eval(0, &tokens[20..23], LogitRows::None, 0).unwrap();
+    let check_untouched = |t: &Engine| {
+        assert_eq!(t.mem.seq_tokens(0).unwrap(), &tokens[20..23]);
+    };
+    let bad = tmpfile("bad.session");
+    // Truncated anywhere.
+    for cut in [0, 5, 27, 40, good.len() / 2, good.len() - 1] {
+        std::fs::write(&bad, &good[..cut]).unwrap();
+        let err = target.load_session(0, &bad).unwrap_err().to_string();
+        assert!(
+            err.contains("truncated") || err.contains("corrupted") || err.contains("magic"),
+            "{cut}: {err}"
+        );
+        check_untouched(&target);
+    }
+    // A flipped byte in the payload.
+    let mut c = good.clone();
+    let mid = c.len() / 2;
+    c[mid] ^= 0x40;
+    std::fs::write(&bad, &c).unwrap();
+    let err = target.load_session(0, &bad).unwrap_err().to_string();
+    assert!(err.contains("checksum"), "{err}");
+    check_untouched(&target);
+    // Another model's session.
+    let (other, otoks) = fixture("mamba2");
+    let mut o = engine(&other, 8);
+    o.eval(0, &otoks[..4], LogitRows::None, 0).unwrap();
+    o.save_session(0, &bad).unwrap();
+    let err = target.load_session(0, &bad).unwrap_err().to_string();
+    assert!(err.contains("another model"), "{err}");
+    check_untouched(&target);
+    // Not a session at all; a missing file.
+    std::fs::write(&bad, b"hello world, this is not a session file at all").unwrap();
+    assert!(target
+        .load_session(0, &bad)
+        .unwrap_err()
+        .to_string()
+        .contains("magic"));
+    assert!(target.load_session(0, &tmpfile("missing.session")).is_err());
+    check_untouched(&target);
+    // The good one still loads.
+    target.load_session(0, &file).unwrap();
+    assert_eq!(target.mem.seq_tokens(0).unwrap(), &tokens[..12]);
+}

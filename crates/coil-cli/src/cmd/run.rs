@@ -5,6 +5,8 @@ use super::common::ModelArgs;
 use anyhow::{bail, Context, Result};
 use coil::engine::generate::{generate, GenerateOptions};
 use coil::engine::sampling::{Sampler, SamplingParams};
+use coil::memory::SequenceMemory;
+use coil::models::LogitRows;
 use coil::tokenizer::Tokenizer;
 use std::io::Write;
 
@@ -12,9 +14,22 @@ use std::io::Write;
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// The prompt text.
-    #[arg(short = 'p', long = "prompt")]
+    /// The prompt text (with --load-session: text to append to the saved
+    /// sequence; may be omitted to just continue it).
+    #[arg(
+        short = 'p',
+        long = "prompt",
+        required_unless_present = "load_session",
+        default_value = ""
+    )]
     prompt: String,
+    /// Save the sequence (prompt + generated tokens, with its state) to
+    /// FILE at the end, to continue later without re-processing it.
+    #[arg(long = "save-session", value_name = "FILE")]
+    save_session: Option<std::path::PathBuf>,
+    /// Continue a sequence saved with --save-session.
+    #[arg(long = "load-session", value_name = "FILE")]
+    load_session: Option<std::path::PathBuf>,
     /// Tokens to generate.
     #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
     n_predict: usize,
@@ -93,19 +108,46 @@ pub fn run(a: Args) -> Result<()> {
         engine.pool.n_threads()
     );
     eprintln!("memory: {}", engine.mem.describe());
-    let prompt = tokenizer.encode(&a.prompt, true);
+    let mut sampler = Sampler::new(params);
+    let mut prompt = match &a.load_session {
+        Some(path) => {
+            engine
+                .load_session(0, path)
+                .with_context(|| format!("loading the session {}", path.display()))?;
+            let held = engine.mem.seq_tokens(0)?.to_vec();
+            eprintln!(
+                "session: {} tokens loaded from {}",
+                held.len(),
+                path.display()
+            );
+            held.iter().for_each(|&t| sampler.accept(t));
+            let mut more = tokenizer.encode(&a.prompt, false);
+            if more.is_empty() {
+                // Continue from the saved end: step back one token (an exact
+                // rollback) so that its logits are computed again.
+                let Some(&last) = held.last() else {
+                    bail!("the session is empty and no --prompt was given");
+                };
+                engine.seq_truncate(0, held.len() - 1)?;
+                more.push(last);
+            }
+            more
+        }
+        None => tokenizer.encode(&a.prompt, true),
+    };
     if prompt.is_empty() {
         bail!("the prompt is empty after tokenization");
     }
-    if prompt.len() + a.n_predict > a.model.ctx {
+    let held = engine.mem.seq_len(0)?;
+    if held + prompt.len() + a.n_predict > a.model.ctx {
         bail!(
-            "prompt ({} tokens) + --n-predict {} exceed the context of {} (raise --ctx)",
+            "prompt ({} tokens, {} already held) + --n-predict {} exceed the context of {} (raise --ctx)",
             prompt.len(),
+            held,
             a.n_predict,
             a.model.ctx
         );
     }
-    let mut sampler = Sampler::new(params);
     let opts = GenerateOptions {
         max_tokens: a.n_predict,
         stop: a.stop.clone(),
@@ -119,7 +161,7 @@ pub fn run(a: Args) -> Result<()> {
         &mut engine,
         &tokenizer,
         0,
-        &prompt,
+        &std::mem::take(&mut prompt),
         &mut sampler,
         &opts,
         |text| {
@@ -128,6 +170,20 @@ pub fn run(a: Args) -> Result<()> {
         },
     )?;
     let _ = writeln!(out);
+    if let Some(path) = &a.save_session {
+        // The last sampled token has not gone through the model yet.
+        if let Some(&last) = stats.tokens.last() {
+            engine.eval(0, &[last], LogitRows::None, 0)?;
+        }
+        engine
+            .save_session(0, path)
+            .with_context(|| format!("saving the session to {}", path.display()))?;
+        eprintln!(
+            "session: {} tokens saved to {}",
+            engine.mem.seq_len(0)?,
+            path.display()
+        );
+    }
     eprintln!(
         "\nprompt: {} tokens in {:.3} s ({:.2} tokens/s) | generation: {} tokens in {:.3} s ({:.2} tokens/s) | stop: {:?}",
         stats.n_prompt,

@@ -4,6 +4,7 @@
 pub mod generate;
 pub mod sampling;
 
+use crate::memory::session::{self, SessionError};
 use crate::memory::{CheckpointPolicy, Memory, SeqId, SequenceMemory};
 use crate::models::{self, LogitRows, Model, ModelError, SeqChunk, UBatch};
 use coil_gguf::{GgufError, GgufFile};
@@ -252,6 +253,43 @@ impl Engine {
     /// (checkpoints are shared, not copied).
     pub fn seq_fork(&mut self, src: SeqId, dst: SeqId) -> Result<(), EngineError> {
         Ok(self.mem.seq_fork(src, dst)?)
+    }
+
+    /// A fingerprint of the model file (its header: architecture, metadata,
+    /// tensor table) that session files carry.
+    pub fn model_identity(&self) -> u64 {
+        let header = &self.file.bytes()[..self.file.data_offset() as usize];
+        let h = session::fnv1a(header, session::FNV_OFFSET);
+        session::fnv1a(&self.file.file_len().to_le_bytes(), h)
+    }
+
+    /// Saves sequence `seq` (tokens, recurrent state, checkpoints, attention
+    /// cells) to `path`, atomically (temporary file, then rename).
+    pub fn save_session(&self, seq: SeqId, path: &Path) -> Result<(), SessionError> {
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".partial");
+        let tmp = std::path::PathBuf::from(tmp);
+        let result = (|| {
+            let f = std::fs::File::create(&tmp)?;
+            let mut w = std::io::BufWriter::new(f);
+            session::save(&self.mem, seq, self.model_identity(), &mut w)?;
+            let f = w.into_inner().map_err(|e| e.into_error())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)?;
+            Ok(())
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result
+    }
+
+    /// Loads a session saved by [`Engine::save_session`] into `seq`. On any
+    /// error (truncated, corrupted, another model's) the memory is untouched.
+    pub fn load_session(&mut self, seq: SeqId, path: &Path) -> Result<(), SessionError> {
+        let f = std::fs::File::open(path)?;
+        let id = self.model_identity();
+        session::load(&mut self.mem, seq, id, &mut std::io::BufReader::new(f))
     }
 
     /// Forgets sequence `seq`.

@@ -111,6 +111,37 @@ impl KvMemory {
         )))
     }
 
+    /// The cells of `s`: per layer, keys and values `[len, row]` (empty for
+    /// layers without attention).
+    pub fn seq_cells(&self, s: SeqId) -> Result<(&[Vec<f32>], &[Vec<f32>]), MemoryError> {
+        self.check(s)?;
+        let c = &self.seqs[s];
+        Ok((&c.k, &c.v))
+    }
+
+    /// Replaces the cells of `s` (loading a session). The caller checked
+    /// the sizes with [`KvMemory::expected_len`].
+    pub fn set_seq_cells(
+        &mut self,
+        s: SeqId,
+        len: usize,
+        k: Vec<Vec<f32>>,
+        v: Vec<Vec<f32>>,
+    ) -> Result<(), MemoryError> {
+        self.check(s)?;
+        self.seqs[s] = SeqCells { len, k, v };
+        Ok(())
+    }
+
+    /// Elements layer `layer` holds for `len` positions (K or V).
+    pub fn expected_len(&self, layer: usize, len: usize) -> usize {
+        self.shape(layer).map_or(0, |sh| sh.row() * len)
+    }
+
+    pub fn n_layer(&self) -> usize {
+        self.shapes.len()
+    }
+
     pub fn advance(&mut self, s: SeqId, n: usize) -> Result<(), MemoryError> {
         self.check(s)?;
         self.seqs[s].len += n;

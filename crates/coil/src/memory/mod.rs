@@ -4,6 +4,7 @@
 
 pub mod kv;
 pub mod recurrent;
+pub mod session;
 
 pub use kv::{KvLayerShape, KvMemory};
 pub use recurrent::{
@@ -169,6 +170,13 @@ impl Memory {
             k.advance(s, n)?;
         }
         self.tokens[s].extend_from_slice(tokens);
+        Ok(())
+    }
+
+    /// Sets the token history of `s` (loading a session).
+    pub(crate) fn set_tokens(&mut self, s: SeqId, tokens: Vec<u32>) -> Result<(), MemoryError> {
+        self.check(s)?;
+        self.tokens[s] = tokens;
         Ok(())
     }
 
