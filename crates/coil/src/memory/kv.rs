@@ -19,6 +19,9 @@ impl KvLayerShape {
     }
 }
 
+/// Per layer: keys and values.
+pub type LayerCells<'a> = (&'a [Vec<f32>], &'a [Vec<f32>]);
+
 #[derive(Clone, Default)]
 struct SeqCells {
     len: usize,
@@ -113,7 +116,7 @@ impl KvMemory {
 
     /// The cells of `s`: per layer, keys and values `[len, row]` (empty for
     /// layers without attention).
-    pub fn seq_cells(&self, s: SeqId) -> Result<(&[Vec<f32>], &[Vec<f32>]), MemoryError> {
+    pub fn seq_cells(&self, s: SeqId) -> Result<LayerCells<'_>, MemoryError> {
         self.check(s)?;
         let c = &self.seqs[s];
         Ok((&c.k, &c.v))
