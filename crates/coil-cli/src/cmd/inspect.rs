@@ -1,11 +1,13 @@
 //! `coil inspect FILE.gguf [--json]`.
 
 use anyhow::{Context, Result};
+use coil::memory::CheckpointPolicy;
 use coil::models::LayerPlan;
 use coil_gguf::{GgmlType, GgufFile, Value};
 use serde_json::{json, Map};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -20,7 +22,8 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let file = GgufFile::open(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
+    let file =
+        Arc::new(GgufFile::open(&a.file).with_context(|| format!("reading {}", a.file.display()))?);
     // A vocabulary-only file or an unknown architecture has no plan; that is
     // shown, not an error.
     let plan = LayerPlan::from_gguf(&file);
@@ -67,7 +70,11 @@ fn totals(file: &GgufFile) -> BTreeMap<GgmlType, (u64, u64, u64)> {
     by_type
 }
 
-fn print_text(a: &Args, file: &GgufFile, plan: &Result<LayerPlan, coil::models::plan::PlanError>) {
+fn print_text(
+    a: &Args,
+    file: &Arc<GgufFile>,
+    plan: &Result<LayerPlan, coil::models::plan::PlanError>,
+) {
     println!(
         "{}: GGUF v{}, {}, alignment {}, data at byte {}",
         a.file.display(),
@@ -124,9 +131,42 @@ fn print_text(a: &Args, file: &GgufFile, plan: &Result<LayerPlan, coil::models::
         _ if file.tensors().is_empty() => {
             println!("layer plan: none (no tensors: a vocabulary-only file)")
         }
-        Ok(p) => print!("{p}"),
+        Ok(p) => {
+            print!("{p}");
+            println!("\n{}", memory_summary(file));
+        }
         Err(e) => println!("layer plan: none ({e})"),
     }
+}
+
+/// What running the model costs in memory, and what rollback costs: the
+/// defaults of `coil run` (one sequence, context 4096, checkpoint policy).
+fn memory_summary(file: &Arc<GgufFile>) -> String {
+    let model = match coil::models::load(file.clone()) {
+        Ok(m) => m,
+        Err(e) => return format!("memory: the model does not load: {e}"),
+    };
+    let mem = model.new_memory(1, 4096);
+    let mut out = format!("memory: {}", mem.describe());
+    if let Some(r) = &mem.recurrent {
+        let p = CheckpointPolicy::default();
+        let per = r.bytes_per_seq();
+        let n = (p.budget_bytes / per.max(1)).max(2);
+        out.push_str(&format!(
+            "\nrollback checkpoints: one every {} tokens and at the end of each call, {:.2} MiB each; \
+             budget {} MiB per sequence = {} checkpoints (beyond that they are spaced further apart); \
+             a rollback replays at most {} tokens while {} × {} tokens fit the budget \
+             (--checkpoint-interval, --checkpoint-budget)",
+            p.interval,
+            per as f64 / (1024.0 * 1024.0),
+            p.budget_bytes >> 20,
+            n,
+            p.interval.saturating_sub(1),
+            n,
+            p.interval
+        ));
+    }
+    out
 }
 
 fn value_json(v: &Value, max_items: usize) -> serde_json::Value {
