@@ -10,6 +10,7 @@
 //! | [`float`]   | F32, F16, BF16                            | both           |
 //! | [`legacy`]  | Q4_0, Q4_1, Q5_0, Q5_1, Q8_0              | both           |
 //! | [`kquants`] | Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K        | dequantize     |
+//! | [`kquants_quantize`] | Q4_K, Q5_K, Q6_K                 | quantize       |
 //! | [`iquants`] | IQ4_NL, IQ4_XS                            | dequantize     |
 //!
 //! Row functions ([`dequantize_row`], [`quantize_row`]) check lengths and
@@ -31,6 +32,7 @@ use crate::dtype::GgmlType;
 pub mod float;
 pub mod iquants;
 pub mod kquants;
+pub mod kquants_quantize;
 pub mod legacy;
 
 pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
@@ -97,7 +99,10 @@ pub fn can_dequantize(ty: GgmlType) -> bool {
 /// Whether [`quantize_row`] supports `ty`.
 pub fn can_quantize(ty: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(ty, F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1)
+    matches!(
+        ty,
+        F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K
+    )
 }
 
 /// Checks that `n_elements` elements of `ty` take exactly `n_bytes` bytes.
@@ -180,6 +185,9 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         Q5_0 => legacy::quantize_q5_0(src, dst),
         Q5_1 => legacy::quantize_q5_1(src, dst),
         Q8_0 => legacy::quantize_q8_0(src, dst),
+        Q4_K => kquants_quantize::quantize_q4_k(src, dst),
+        Q5_K => kquants_quantize::quantize_q5_k(src, dst),
+        Q6_K => kquants_quantize::quantize_q6_k(src, dst),
         _ => {
             return Err(QuantError::Unsupported {
                 ty,
@@ -240,7 +248,8 @@ mod tests {
         }
         assert!(can_dequantize(GgmlType::IQ4_XS));
         assert!(!can_dequantize(GgmlType::IQ2_XXS));
-        assert!(!can_quantize(GgmlType::Q4_K));
+        assert!(can_quantize(GgmlType::Q4_K));
+        assert!(!can_quantize(GgmlType::Q2_K));
     }
 
     #[test]
@@ -249,8 +258,8 @@ mod tests {
         let e = dequantize_row(GgmlType::IQ2_XXS, &[0u8; 66], &mut out).unwrap_err();
         assert!(matches!(e, QuantError::Unsupported { .. }));
         assert!(e.to_string().contains("IQ2_XXS"));
-        let mut bytes = [0u8; 144];
-        let e = quantize_row(GgmlType::Q4_K, &out, &mut bytes).unwrap_err();
+        let mut bytes = [0u8; 84];
+        let e = quantize_row(GgmlType::Q2_K, &out, &mut bytes).unwrap_err();
         assert!(matches!(e, QuantError::Unsupported { .. }));
     }
 
