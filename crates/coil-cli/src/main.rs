@@ -28,6 +28,11 @@ enum Command {
     /// Write the logits of every position of a token list to a float32 .npy
     /// file [n_tokens, n_vocab] (for checking coil against other engines).
     Logits(cmd::logits::Args),
+    /// Convert a Hugging Face checkpoint (safetensors) to GGUF, as llama.cpp's
+    /// convert_hf_to_gguf.py does.
+    Convert(cmd::convert::Args),
+    /// Quantize a GGUF file with llama.cpp's per-tensor type mixtures.
+    Quantize(cmd::quantize::Args),
 }
 
 fn main() -> ExitCode {
@@ -36,6 +41,8 @@ fn main() -> ExitCode {
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Run(a) => cmd::run::run(a),
         Command::Logits(a) => cmd::logits::run(a),
+        Command::Convert(a) => cmd::convert::run(a),
+        Command::Quantize(a) => cmd::quantize::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

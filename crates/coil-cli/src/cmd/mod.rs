@@ -1,6 +1,8 @@
 //! One module per subcommand.
 
 pub mod common;
+pub mod convert;
 pub mod inspect;
 pub mod logits;
+pub mod quantize;
 pub mod run;
