@@ -244,6 +244,7 @@ fn main() {
         "{:>8} {:>10} {:>9} {:>8}",
         "format", "ms", "GFLOP/s", "%peak"
     );
+    println!("         (best of 6 runs; %peak = median of 3 ratios to the FMA peak measured just before)");
     let x = rng.vec(n * cols);
     let mut y = vec![0f32; n * rows];
     for ty in formats {

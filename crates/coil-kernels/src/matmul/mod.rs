@@ -196,15 +196,24 @@ pub fn matmul_at(
 }
 
 /// Token count from which the GEMM strategy wins over per-row dot products.
-/// (Measured on a 2-core AVX-512 machine: a dot kernel costs about 1/20 of
-/// a 32-token GEMM block for the quantized formats, 1/8 for F16.)
+/// (Measured on a 2-core AVX-512 machine: with the 4-token dot kernels the
+/// quantized formats cross over at ~24 tokens, F16 at ~8.)
+/// `COIL_GEMM_MIN_TOKENS` in the environment overrides it (for tuning).
 fn gemm_min_tokens(ty: GgmlType, level: SimdLevel) -> usize {
     use GgmlType::*;
+    static OVERRIDE: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let o = OVERRIDE.get_or_init(|| {
+        std::env::var("COIL_GEMM_MIN_TOKENS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    });
+    if let Some(o) = *o {
+        return o;
+    }
     match (ty, level) {
         (_, SimdLevel::Scalar) => 4,
         (F32 | F16 | BF16, _) => 8,
-        (Q8_0 | Q4_0 | IQ4_NL, _) => 16,
-        _ => 20,
+        _ => 24,
     }
 }
 
@@ -217,11 +226,13 @@ pub(crate) enum ActKind {
 
 pub(crate) type FloatDot = fn(&[u8], &[f32]) -> f32;
 pub(crate) type QuantDot = fn(&[u8], &[i8], &[f32], &[i16]) -> f32;
+/// Four tokens at once (the weight row is unpacked once).
+pub(crate) type QuantDot4 = fn(&[u8], [&[i8]; 4], [&[f32]; 4], [&[i16]; 4]) -> [f32; 4];
 
 #[derive(Clone, Copy)]
 pub(crate) enum VecKernel {
     Float(FloatDot),
-    Quant(ActKind, QuantDot),
+    Quant(ActKind, QuantDot, Option<QuantDot4>),
 }
 
 fn vec_kernel(ty: GgmlType, level: SimdLevel) -> Option<VecKernel> {
@@ -244,13 +255,13 @@ fn vec_kernel(ty: GgmlType, level: SimdLevel) -> Option<VecKernel> {
         F32 => VecKernel::Float(vecdot::dot_f32_bytes),
         F16 => VecKernel::Float(vecdot::dot_f16),
         BF16 => VecKernel::Float(vecdot::dot_bf16),
-        Q8_0 => VecKernel::Quant(ActKind::Q8_0, vecdot::dot_q8_0),
-        Q4_0 => VecKernel::Quant(ActKind::Q8_0, vecdot::dot_q4_0),
-        IQ4_NL => VecKernel::Quant(ActKind::Q8_0, vecdot::dot_iq4_nl),
-        Q4_K => VecKernel::Quant(ActKind::Q8K, vecdot::dot_q4_k),
-        Q5_K => VecKernel::Quant(ActKind::Q8K, vecdot::dot_q5_k),
-        Q6_K => VecKernel::Quant(ActKind::Q8K, vecdot::dot_q6_k),
-        IQ4_XS => VecKernel::Quant(ActKind::Q8K, vecdot::dot_iq4_xs),
+        Q8_0 => VecKernel::Quant(ActKind::Q8_0, vecdot::dot_q8_0, None),
+        Q4_0 => VecKernel::Quant(ActKind::Q8_0, vecdot::dot_q4_0, None),
+        IQ4_NL => VecKernel::Quant(ActKind::Q8_0, vecdot::dot_iq4_nl, None),
+        Q4_K => VecKernel::Quant(ActKind::Q8K, vecdot::dot_q4_k, None),
+        Q5_K => VecKernel::Quant(ActKind::Q8K, vecdot::dot_q5_k, None),
+        Q6_K => VecKernel::Quant(ActKind::Q8K, vecdot::dot_q6_k, None),
+        IQ4_XS => VecKernel::Quant(ActKind::Q8K, vecdot::dot_iq4_xs, None),
         _ => return None,
     })
 }
@@ -320,7 +331,7 @@ fn vec_path(
                 }
             }
         }),
-        VecKernel::Quant(kind, f) => {
+        VecKernel::Quant(kind, f, f4) => {
             let xa = match kind {
                 ActKind::Q8_0 => QuantAct::q8_0(x, cols),
                 ActKind::Q8K => QuantAct::q8_k(x, cols),
@@ -331,17 +342,33 @@ fn vec_path(
             };
             let (nd, ns) = (cols / block, cols / group);
             pool.parallel_for(rows, grain, |rr, _| {
+                let act = |t: usize| {
+                    (
+                        xa.qs_row(t),
+                        &xa.d[t * nd..(t + 1) * nd],
+                        &xa.sums[t * ns..(t + 1) * ns],
+                    )
+                };
                 for r in rr {
                     let row = w.row(r);
-                    for t in 0..n_tokens {
-                        let v = f(
-                            row,
-                            xa.qs_row(t),
-                            &xa.d[t * nd..(t + 1) * nd],
-                            &xa.sums[t * ns..(t + 1) * ns],
-                        );
+                    let mut t = 0;
+                    if let Some(f4) = f4 {
+                        while t + 4 <= n_tokens {
+                            let a = [act(t), act(t + 1), act(t + 2), act(t + 3)];
+                            let v = f4(row, a.map(|a| a.0), a.map(|a| a.1), a.map(|a| a.2));
+                            for (k, vk) in v.iter().enumerate() {
+                                // SAFETY: element (t+k, r) is written by this chunk only.
+                                unsafe { *yp.get().add((t + k) * rows + r) = *vk };
+                            }
+                            t += 4;
+                        }
+                    }
+                    while t < n_tokens {
+                        let (q, d, s) = act(t);
+                        let v = f(row, q, d, s);
                         // SAFETY: element (t, r) is written by this chunk only.
                         unsafe { *yp.get().add(t * rows + r) = v };
+                        t += 1;
                     }
                 }
             });

@@ -207,16 +207,43 @@ fn simd_dots_match_scalar_dots() {
                 let x: Vec<f32> = (0..cols).map(|_| rng.f32() * 4.0).collect();
                 let (a, b) = match (scalar, k) {
                     (VecKernel::Float(f), VecKernel::Float(g)) => (f(&data, &x), g(&data, &x)),
-                    (VecKernel::Quant(ka, f), VecKernel::Quant(kb, g)) => {
+                    (VecKernel::Quant(ka, f, _), VecKernel::Quant(kb, g, g4)) => {
                         assert_eq!(ka, kb);
                         let xa = match ka {
                             ActKind::Q8_0 => QuantAct::q8_0(&x, cols),
                             ActKind::Q8K => QuantAct::q8_k(&x, cols),
                         };
-                        (
+                        let (a, b) = (
                             f(&data, &xa.qs, &xa.d, &xa.sums),
                             g(&data, &xa.qs, &xa.d, &xa.sums),
-                        )
+                        );
+                        if let Some(g4) = g4 {
+                            // four different tokens: lane k equals the one-token result of token k
+                            let xs4: Vec<Vec<f32>> = (0..4)
+                                .map(|_| (0..cols).map(|_| rng.f32()).collect())
+                                .collect();
+                            let q4: Vec<QuantAct> = xs4
+                                .iter()
+                                .map(|x| match ka {
+                                    ActKind::Q8_0 => QuantAct::q8_0(x, cols),
+                                    ActKind::Q8K => QuantAct::q8_k(x, cols),
+                                })
+                                .collect();
+                            let v = g4(
+                                &data,
+                                [0, 1, 2, 3].map(|k| &q4[k].qs[..]),
+                                [0, 1, 2, 3].map(|k| &q4[k].d[..]),
+                                [0, 1, 2, 3].map(|k| &q4[k].sums[..]),
+                            );
+                            for (k, vk) in v.iter().enumerate() {
+                                let one = g(&data, &q4[k].qs, &q4[k].d, &q4[k].sums);
+                                assert!(
+                                    (vk - one).abs() <= 1e-5 * one.abs().max(1.0),
+                                    "{ty} {level:?} dot4[{k}] {vk} vs {one}"
+                                );
+                            }
+                        }
+                        (a, b)
                     }
                     _ => panic!("kernel kinds differ for {ty}"),
                 };

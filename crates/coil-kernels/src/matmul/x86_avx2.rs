@@ -12,17 +12,29 @@ pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
         GgmlType::F32 => VecKernel::Float(|r, x| unsafe { dot_f32(r, x) }),
         GgmlType::F16 => VecKernel::Float(|r, x| unsafe { dot_f16(r, x) }),
         GgmlType::BF16 => VecKernel::Float(|r, x| unsafe { dot_bf16(r, x) }),
-        GgmlType::Q8_0 => VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_q8_0(r, q, d, s) }),
-        GgmlType::Q4_0 => VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_q4_0(r, q, d, s) }),
-        GgmlType::IQ4_NL => VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_iq4_nl(r, q, d, s) }),
-        GgmlType::Q4_K => {
-            VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_k45::<false>(r, q, d, s) })
+        GgmlType::Q8_0 => {
+            VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_q8_0(r, q, d, s) }, None)
         }
-        GgmlType::Q5_K => {
-            VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_k45::<true>(r, q, d, s) })
+        GgmlType::Q4_0 => {
+            VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_q4_0(r, q, d, s) }, None)
         }
-        GgmlType::Q6_K => VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_q6_k(r, q, d, s) }),
-        GgmlType::IQ4_XS => VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_iq4_xs(r, q, d, s) }),
+        GgmlType::IQ4_NL => {
+            VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_iq4_nl(r, q, d, s) }, None)
+        }
+        GgmlType::Q4_K => VecKernel::Quant(
+            Q8K,
+            |r, q, d, s| unsafe { dot_k45::<false>(r, q, d, s) },
+            None,
+        ),
+        GgmlType::Q5_K => VecKernel::Quant(
+            Q8K,
+            |r, q, d, s| unsafe { dot_k45::<true>(r, q, d, s) },
+            None,
+        ),
+        GgmlType::Q6_K => VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_q6_k(r, q, d, s) }, None),
+        GgmlType::IQ4_XS => {
+            VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_iq4_xs(r, q, d, s) }, None)
+        }
         _ => return None,
     })
 }

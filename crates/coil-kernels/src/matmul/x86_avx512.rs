@@ -13,20 +13,29 @@ use super::{vecdot, ActKind, VecKernel};
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 
+macro_rules! quant {
+    ($act:ident, $one:ident, $four:ident) => {
+        VecKernel::Quant(
+            ActKind::$act,
+            |r, q, d, s| unsafe { $one(r, q, d, s) },
+            Some(|r, q, d, s| unsafe { $four(r, q, d, s) }),
+        )
+    };
+}
+
 pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
-    use ActKind::*;
     // SAFETY (all): selected only when the CPU has the AVX-512 level.
     Some(match ty {
         GgmlType::F32 => VecKernel::Float(|r, x| unsafe { dot_f32(r, x) }),
         GgmlType::F16 => VecKernel::Float(|r, x| unsafe { dot_f16(r, x) }),
         GgmlType::BF16 => VecKernel::Float(|r, x| unsafe { dot_bf16(r, x) }),
-        GgmlType::Q8_0 => VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_q8_0(r, q, d, s) }),
-        GgmlType::Q4_0 => VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_q4_0(r, q, d, s) }),
-        GgmlType::IQ4_NL => VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_iq4_nl(r, q, d, s) }),
-        GgmlType::Q4_K => VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_q4_k(r, q, d, s) }),
-        GgmlType::Q5_K => VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_q5_k(r, q, d, s) }),
-        GgmlType::Q6_K => VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_q6_k(r, q, d, s) }),
-        GgmlType::IQ4_XS => VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_iq4_xs(r, q, d, s) }),
+        GgmlType::Q8_0 => quant!(Q8_0, dot_q8_0, dot4_q8_0),
+        GgmlType::Q4_0 => quant!(Q8_0, dot_q4_0, dot4_q4_0),
+        GgmlType::IQ4_NL => quant!(Q8_0, dot_iq4_nl, dot4_iq4_nl),
+        GgmlType::Q4_K => quant!(Q8K, dot_q4_k, dot4_q4_k),
+        GgmlType::Q5_K => quant!(Q8K, dot_q5_k, dot4_q5_k),
+        GgmlType::Q6_K => quant!(Q8K, dot_q6_k, dot4_q6_k),
+        GgmlType::IQ4_XS => quant!(Q8K, dot_iq4_xs, dot4_iq4_xs),
         _ => return None,
     })
 }
@@ -89,23 +98,33 @@ unsafe fn rd16(p: *const u8) -> u16 {
     (p as *const u16).read_unaligned()
 }
 
+/// One token's quantized activations: values, block scales, group sums.
+type Act<'a> = (&'a [i8], &'a [f32], &'a [i16]);
+
+#[inline(always)]
+unsafe fn hsum256(v: __m256) -> f32 {
+    let m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    _mm_cvtss_f32(m)
+}
+
 /// Shared body of the 32-value block formats (Q8_0, Q4_0, IQ4_NL) against
-/// Q8_0-style activations, 8 blocks per step.
+/// Q8_0-style activations of `NT` tokens, 8 blocks per step.
 ///
 /// Weight values are made unsigned (`u = w + OFFSET`) for `vpdpbusd`; the
 /// offset is removed with the activation block sums:
 /// `sum (u - OFFSET)·x = dot(u, x) - OFFSET·sum(x)`. The 8 block scales are
-/// fetched with one gather and converted together.
+/// fetched with one gather and converted together. Weights are unpacked
+/// once for all `NT` tokens.
 #[inline(always)]
-unsafe fn dot_b32<const BYTES: usize, const KIND: u8>(
+unsafe fn dot_b32<const BYTES: usize, const KIND: u8, const NT: usize>(
     row: &[u8],
-    xq: &[i8],
-    xd: &[f32],
-    xs: &[i16],
-) -> f32 {
+    xa: [Act; NT],
+) -> [f32; NT] {
     // KIND: 0 = Q8_0 (offset 128 via xor), 1 = Q4_0 (nibbles, offset 8), 2 = IQ4_NL (table + 128)
-    let nb = xd.len();
-    let (w, x) = (row.as_ptr(), xq.as_ptr());
+    let nb = xa[0].1.len();
+    let w = row.as_ptr();
     let offset = if KIND == 1 { 8.0 } else { 128.0 };
     let zero = _mm512_setzero_si512();
     let x80 = _mm512_set1_epi8(-128);
@@ -115,27 +134,33 @@ unsafe fn dot_b32<const BYTES: usize, const KIND: u8>(
         *t = (k as i16 + 128) as u8;
     }
     let tbl = _mm512_broadcast_i32x4(_mm_loadu_si128(tblu.as_ptr() as *const __m128i));
-    let gidx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    let gidx = _mm256_mullo_epi32(gidx, _mm256_set1_epi32(BYTES as i32));
+    let gidx = _mm256_mullo_epi32(
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        _mm256_set1_epi32(BYTES as i32),
+    );
     let pidx = [
         _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
         _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3),
         _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5),
         _mm512_setr_epi32(6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7),
     ];
-    let mut acc = [_mm512_setzero_ps(); 2];
-    let mut corr = _mm256_setzero_ps();
+    let mut acc = [[_mm512_setzero_ps(); 2]; NT];
+    let mut corr = [_mm256_setzero_ps(); NT];
     let mut i = 0;
     while i + 8 <= nb {
         let base = w.add(BYTES * i);
         let dbits = _mm256_i32gather_epi32::<1>(base as *const i32, gidx);
         let d8 = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(dbits));
-        let s8 = _mm256_mul_ps(d8, _mm256_loadu_ps(xd.as_ptr().add(i)));
-        let xs8 = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm_loadu_si128(
-            xs.as_ptr().add(i) as *const __m128i
-        )));
-        corr = _mm256_fmadd_ps(s8, xs8, corr);
-        let s16 = _mm512_castps256_ps512(s8);
+        let mut s16 = [_mm512_setzero_ps(); NT];
+        for t in 0..NT {
+            let (_, xd, xs) = xa[t];
+            let s8 = _mm256_mul_ps(d8, _mm256_loadu_ps(xd.as_ptr().add(i)));
+            let xs8 = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm_loadu_si128(
+                xs.as_ptr().add(i) as *const __m128i,
+            )));
+            corr[t] = _mm256_fmadd_ps(s8, xs8, corr[t]);
+            s16[t] = _mm512_castps256_ps512(s8);
+        }
         for k in 0..4 {
             let b0 = base.add(BYTES * 2 * k);
             let b1 = b0.add(BYTES);
@@ -151,72 +176,38 @@ unsafe fn dot_b32<const BYTES: usize, const KIND: u8>(
                     _mm256_loadu2_m128i(b1.add(2) as *const __m128i, b0.add(2) as *const __m128i);
                 let lo = _mm256_and_si256(q, m4);
                 let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-                let t = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-                let nib = _mm512_shuffle_i64x2(t, t, 0b11_01_10_00);
+                let tt = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                let nib = _mm512_shuffle_i64x2(tt, tt, 0b11_01_10_00);
                 if KIND == 2 {
                     _mm512_shuffle_epi8(tbl, nib)
                 } else {
                     nib
                 }
             };
-            let xv = _mm512_loadu_si512(x.add(32 * (i + 2 * k)) as *const _);
-            let dot = _mm512_dpbusd_epi32(zero, wu, xv);
-            let sc = _mm512_permutexvar_ps(pidx[k], s16);
-            acc[k % 2] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc[k % 2]);
+            for t in 0..NT {
+                let xv = _mm512_loadu_si512(xa[t].0.as_ptr().add(32 * (i + 2 * k)) as *const _);
+                let dot = _mm512_dpbusd_epi32(zero, wu, xv);
+                let sc = _mm512_permutexvar_ps(pidx[k], s16[t]);
+                acc[t][k % 2] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc[t][k % 2]);
+            }
         }
         i += 8;
     }
-    let c = _mm_add_ps(_mm256_castps256_ps128(corr), _mm256_extractf128_ps(corr, 1));
-    let c = _mm_add_ps(c, _mm_movehl_ps(c, c));
-    let c = _mm_add_ss(c, _mm_movehdup_ps(c));
-    let mut s = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) - offset * _mm_cvtss_f32(c);
-    if i < nb {
-        let (r, q, d, xs) = (&row[BYTES * i..], &xq[32 * i..], &xd[i..], &xs[i..]);
-        s += match KIND {
-            0 => vecdot::dot_q8_0(r, q, d, xs),
-            1 => vecdot::dot_q4_0(r, q, d, xs),
-            _ => vecdot::dot_iq4_nl(r, q, d, xs),
-        };
+    let mut out = [0f32; NT];
+    for t in 0..NT {
+        out[t] =
+            _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1])) - offset * hsum256(corr[t]);
+        if i < nb {
+            let (q, d, xs) = xa[t];
+            let (r, q, d, xs) = (&row[BYTES * i..], &q[32 * i..], &d[i..], &xs[i..]);
+            out[t] += match KIND {
+                0 => vecdot::dot_q8_0(r, q, d, xs),
+                1 => vecdot::dot_q4_0(r, q, d, xs),
+                _ => vecdot::dot_iq4_nl(r, q, d, xs),
+            };
+        }
     }
-    s
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q8_0(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
-    dot_b32::<34, 0>(row, xq, xd, xs)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q4_0(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
-    dot_b32::<18, 1>(row, xq, xd, xs)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_iq4_nl(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
-    dot_b32::<18, 2>(row, xq, xd, xs)
-}
-
-#[inline(always)]
-unsafe fn iq4_tables() -> (__m512i, __m512i) {
-    let mut abs = [0u8; 16];
-    for (a, k) in abs.iter_mut().zip(KVALUES_IQ4NL) {
-        *a = k.unsigned_abs();
-    }
-    let t = _mm_loadu_si128(abs.as_ptr() as *const __m128i);
-    (_mm512_broadcast_i32x4(t), _mm512_set1_epi8(8))
-}
-
-/// |kvalue[idx]| as u8 and the activation with kvalue's sign applied.
-#[inline(always)]
-unsafe fn iq4_lookup(
-    tbl: __m512i,
-    eight: __m512i,
-    idx: __m512i,
-    xv: __m512i,
-) -> (__m512i, __m512i) {
-    let v = _mm512_shuffle_epi8(tbl, idx);
-    let neg = _mm512_cmplt_epu8_mask(idx, eight);
-    (v, _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv))
+    out
 }
 
 /// i16 lane-index vector `[a x16 | b x16]`.
@@ -245,10 +236,11 @@ unsafe fn k4_scales_mins(sc: *const u8) -> __m128i {
     _mm_set_epi32(m_hi as i32, m_lo as i32, s_hi as i32, s_lo as i32)
 }
 
-/// Shared body of Q4_K and Q5_K: `HIGH` adds the fifth bit from `qh`.
+/// Shared body of Q4_K and Q5_K (`HIGH` adds the fifth bit from `qh`) for
+/// `NT` tokens of Q8_K-style activations.
 #[inline(always)]
-unsafe fn dot_k45<const HIGH: bool>(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
-    let nb = xd.len();
+unsafe fn dot_k45<const HIGH: bool, const NT: usize>(row: &[u8], xa: [Act; NT]) -> [f32; NT] {
+    let nb = xa[0].1.len();
     let bsz = if HIGH { 176 } else { 144 };
     let m4 = _mm256_set1_epi8(0xF);
     let bit4 = _mm256_set1_epi8(0x10);
@@ -262,21 +254,19 @@ unsafe fn dot_k45<const HIGH: bool>(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16
     let idx_m = _mm512_castsi256_si512(_mm256_setr_epi16(
         8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15,
     ));
-    let mut facc = _mm512_setzero_ps();
-    let mut macc = _mm256_setzero_ps();
+    let mut facc = [_mm512_setzero_ps(); NT];
+    let mut macc = [_mm256_setzero_ps(); NT];
     for i in 0..nb {
         let b = row.as_ptr().add(bsz * i);
         let dd = _mm_cvtph_ps(_mm_cvtsi32_si128((b as *const i32).read_unaligned()));
-        let dxd = _mm_mul_ps(dd, _mm_set1_ps(xd[i])); // [d*xd, dmin*xd]
         let sm = _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(k4_scales_mins(b.add(4))));
-        let x = xq.as_ptr().add(256 * i);
         let qs = b.add(if HIGH { 48 } else { 16 });
         let mut hbits = if HIGH {
             _mm256_loadu_si256(b.add(16) as *const __m256i)
         } else {
             _mm256_setzero_si256()
         };
-        let mut iacc = _mm512_setzero_si512();
+        let mut iacc = [_mm512_setzero_si512(); NT];
         for j in 0..4 {
             let q = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
             let mut lo = _mm256_and_si256(q, m4);
@@ -287,37 +277,37 @@ unsafe fn dot_k45<const HIGH: bool>(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16
                 hbits = _mm256_srli_epi16(hbits, 2);
             }
             let wv = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-            let xv = _mm512_loadu_si512(x.add(64 * j) as *const _);
-            let p = _mm512_maddubs_epi16(wv, xv);
             let sc = _mm512_permutexvar_epi16(idx[j], sm);
-            iacc = _mm512_dpwssd_epi32(iacc, p, sc);
+            for t in 0..NT {
+                let xv = _mm512_loadu_si512(xa[t].0.as_ptr().add(256 * i + 64 * j) as *const _);
+                iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(wv, xv), sc);
+            }
         }
-        facc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc), _mm512_broadcastss_ps(dxd), facc);
         let mins = _mm512_castsi512_si256(_mm512_permutexvar_epi16(idx_m, sm));
-        let bs = _mm256_loadu_si256(xs.as_ptr().add(16 * i) as *const __m256i);
-        let mprod = _mm256_madd_epi16(mins, bs);
-        let dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dxd));
-        macc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mprod), dmin, macc);
+        for t in 0..NT {
+            let (_, xd, xs) = xa[t];
+            let dxd = _mm_mul_ps(dd, _mm_set1_ps(xd[i])); // [d*xd, dmin*xd]
+            facc[t] = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(iacc[t]),
+                _mm512_broadcastss_ps(dxd),
+                facc[t],
+            );
+            let bs = _mm256_loadu_si256(xs.as_ptr().add(16 * i) as *const __m256i);
+            let mprod = _mm256_madd_epi16(mins, bs);
+            let dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dxd));
+            macc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mprod), dmin, macc[t]);
+        }
     }
-    let m = _mm_add_ps(_mm256_castps256_ps128(macc), _mm256_extractf128_ps(macc, 1));
-    let m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-    let m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    _mm512_reduce_add_ps(facc) - _mm_cvtss_f32(m)
+    let mut out = [0f32; NT];
+    for t in 0..NT {
+        out[t] = _mm512_reduce_add_ps(facc[t]) - hsum256(macc[t]);
+    }
+    out
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q4_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
-    dot_k45::<false>(row, xq, xd, xs)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q5_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
-    dot_k45::<true>(row, xq, xd, xs)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q6_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
-    let nb = xd.len();
+#[inline(always)]
+unsafe fn dot_q6k<const NT: usize>(row: &[u8], xa: [Act; NT]) -> [f32; NT] {
+    let nb = xa[0].1.len();
     let m4 = _mm512_set1_epi8(0xF);
     let m3 = _mm256_set1_epi8(3);
     // chunk c covers 16-groups 4c..4c+4: i16 lane l -> group 4c + l/8
@@ -329,15 +319,14 @@ unsafe fn dot_q6_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
         }
         *v = _mm512_loadu_si512(lanes.as_ptr() as *const _);
     }
-    let mut facc = _mm512_setzero_ps();
-    let mut cacc = _mm256_setzero_ps();
+    let mut facc = [_mm512_setzero_ps(); NT];
+    let mut cacc = [_mm256_setzero_ps(); NT];
     for i in 0..nb {
         let b = row.as_ptr().add(210 * i);
-        let d = f16c(rd16(b.add(208))) * xd[i];
+        let d = f16c(rd16(b.add(208)));
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
         let sc = _mm512_castsi256_si512(sc16);
-        let x = xq.as_ptr().add(256 * i);
-        let mut iacc = _mm512_setzero_si512();
+        let mut iacc = [_mm512_setzero_si512(); NT];
         for n in 0..2 {
             let l = _mm512_loadu_si512(b.add(64 * n) as *const _);
             let h = _mm256_loadu_si256(b.add(128 + 32 * n) as *const __m256i);
@@ -356,29 +345,41 @@ unsafe fn dot_q6_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
                 _mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
                 _mm512_slli_epi16(h34, 4),
             );
-            let x12 = _mm512_loadu_si512(x.add(128 * n) as *const _);
-            let x34 = _mm512_loadu_si512(x.add(128 * n + 64) as *const _);
-            let p12 = _mm512_maddubs_epi16(q12, x12);
-            let p34 = _mm512_maddubs_epi16(q34, x34);
-            iacc = _mm512_dpwssd_epi32(iacc, p12, _mm512_permutexvar_epi16(idx[2 * n], sc));
-            iacc = _mm512_dpwssd_epi32(iacc, p34, _mm512_permutexvar_epi16(idx[2 * n + 1], sc));
+            let s12 = _mm512_permutexvar_epi16(idx[2 * n], sc);
+            let s34 = _mm512_permutexvar_epi16(idx[2 * n + 1], sc);
+            for t in 0..NT {
+                let x = xa[t].0.as_ptr().add(256 * i + 128 * n);
+                let x12 = _mm512_loadu_si512(x as *const _);
+                let x34 = _mm512_loadu_si512(x.add(64) as *const _);
+                iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(q12, x12), s12);
+                iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(q34, x34), s34);
+            }
         }
-        let dv = _mm512_set1_ps(d);
-        facc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc), dv, facc);
-        let bs = _mm256_loadu_si256(xs.as_ptr().add(16 * i) as *const __m256i);
-        let corr = _mm256_madd_epi16(sc16, bs);
-        cacc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_set1_ps(d), cacc);
+        for t in 0..NT {
+            let (_, xd, xs) = xa[t];
+            let dv = d * xd[i];
+            facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t]), _mm512_set1_ps(dv), facc[t]);
+            let bs = _mm256_loadu_si256(xs.as_ptr().add(16 * i) as *const __m256i);
+            let corr = _mm256_madd_epi16(sc16, bs);
+            cacc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_set1_ps(dv), cacc[t]);
+        }
     }
-    let m = _mm_add_ps(_mm256_castps256_ps128(cacc), _mm256_extractf128_ps(cacc, 1));
-    let m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-    let m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    _mm512_reduce_add_ps(facc) - 32.0 * _mm_cvtss_f32(m)
+    let mut out = [0f32; NT];
+    for t in 0..NT {
+        out[t] = _mm512_reduce_add_ps(facc[t]) - 32.0 * hsum256(cacc[t]);
+    }
+    out
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
-unsafe fn dot_iq4_xs(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
-    let nb = xd.len();
-    let (tbl, eight) = iq4_tables();
+#[inline(always)]
+unsafe fn dot_iq4xs<const NT: usize>(row: &[u8], xa: [Act; NT]) -> [f32; NT] {
+    let nb = xa[0].1.len();
+    let mut abs = [0u8; 16];
+    for (a, k) in abs.iter_mut().zip(KVALUES_IQ4NL) {
+        *a = k.unsigned_abs();
+    }
+    let tbl = _mm512_broadcast_i32x4(_mm_loadu_si128(abs.as_ptr() as *const __m128i));
+    let eight = _mm512_set1_epi8(8);
     let m4 = _mm256_set1_epi8(0xF);
     let idx = [
         idx_pair(0, 1),
@@ -386,7 +387,7 @@ unsafe fn dot_iq4_xs(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
         idx_pair(4, 5),
         idx_pair(6, 7),
     ];
-    let mut facc = _mm512_setzero_ps();
+    let mut facc = [_mm512_setzero_ps(); NT];
     for i in 0..nb {
         let b = row.as_ptr().add(136 * i);
         // 8 six-bit scales: low nibbles from bytes 4..8, high 2 bits from the u16 at 2.
@@ -395,24 +396,56 @@ unsafe fn dot_iq4_xs(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
         let ls8 = _pdep_u64(sl, 0x0F0F_0F0F_0F0F_0F0F) | _pdep_u64(sh, 0x3030_3030_3030_3030);
         let ls8 = _mm_sub_epi8(_mm_cvtsi64_si128(ls8 as i64), _mm_set1_epi8(32));
         let ls16 = _mm512_castsi128_si512(_mm_cvtepi8_epi16(ls8));
-        let x = xq.as_ptr().add(256 * i);
-        let mut iacc = _mm512_setzero_si512();
+        let mut iacc = [_mm512_setzero_si512(); NT];
         for k in 0..4 {
             let q = _mm256_loadu_si256(b.add(8 + 32 * k) as *const __m256i);
             let lo = _mm256_and_si256(q, m4);
             let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            let t = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-            let nib = _mm512_shuffle_i64x2(t, t, 0b11_01_10_00);
-            let xv = _mm512_loadu_si512(x.add(64 * k) as *const _);
-            let (v, sx) = iq4_lookup(tbl, eight, nib, xv);
-            let p = _mm512_maddubs_epi16(v, sx);
-            iacc = _mm512_dpwssd_epi32(iacc, p, _mm512_permutexvar_epi16(idx[k], ls16));
+            let tt = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+            let nib = _mm512_shuffle_i64x2(tt, tt, 0b11_01_10_00);
+            // |kvalue| as u8; the sign moves onto the activation
+            let v = _mm512_shuffle_epi8(tbl, nib);
+            let neg = _mm512_cmplt_epu8_mask(nib, eight);
+            let sc = _mm512_permutexvar_epi16(idx[k], ls16);
+            for t in 0..NT {
+                let xv = _mm512_loadu_si512(xa[t].0.as_ptr().add(256 * i + 64 * k) as *const _);
+                let sx = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+                iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(v, sx), sc);
+            }
         }
-        let d = f16c(rd16(b)) * xd[i];
-        facc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc), _mm512_set1_ps(d), facc);
+        let d = f16c(rd16(b));
+        for t in 0..NT {
+            let dv = d * xa[t].1[i];
+            facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t]), _mm512_set1_ps(dv), facc[t]);
+        }
     }
-    _mm512_reduce_add_ps(facc)
+    let mut out = [0f32; NT];
+    for t in 0..NT {
+        out[t] = _mm512_reduce_add_ps(facc[t]);
+    }
+    out
 }
+
+/// Entry points: one token (`dot_*`) and four tokens (`dot4_*`).
+macro_rules! entries {
+    ($one:ident, $four:ident, $body:ident $(, $c:expr)*) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
+        unsafe fn $one(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+            $body::<$($c,)* 1>(row, [(xq, xd, xs)])[0]
+        }
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
+        unsafe fn $four(row: &[u8], xq: [&[i8]; 4], xd: [&[f32]; 4], xs: [&[i16]; 4]) -> [f32; 4] {
+            $body::<$($c,)* 4>(row, [0, 1, 2, 3].map(|t| (xq[t], xd[t], xs[t])))
+        }
+    };
+}
+entries!(dot_q8_0, dot4_q8_0, dot_b32, 34, 0);
+entries!(dot_q4_0, dot4_q4_0, dot_b32, 18, 1);
+entries!(dot_iq4_nl, dot4_iq4_nl, dot_b32, 18, 2);
+entries!(dot_q4_k, dot4_q4_k, dot_k45, false);
+entries!(dot_q5_k, dot4_q5_k, dot_k45, true);
+entries!(dot_q6_k, dot4_q6_k, dot_q6k);
+entries!(dot_iq4_xs, dot4_iq4_xs, dot_iq4xs);
 
 /// AVX-512 decoding to f32 for the GEMM path; false = not handled here.
 pub(super) fn decode(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> bool {
