@@ -358,12 +358,12 @@ pub fn attention(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::testutil::Rng;
 
     #[test]
-    fn matches_naive_softmax() {
+    pub(crate) fn matches_naive_softmax() {
         let pool = ThreadPool::new(2);
         let mut rng = Rng::new(21);
         for &(nq, nh, nkv, hd, npos) in &[

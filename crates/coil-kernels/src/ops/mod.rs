@@ -17,3 +17,22 @@ pub use norm::{group_rms_norm_gated, rms_norm, rms_norm_inplace};
 pub use rope::{rope, RopeStyle};
 pub use ssm::{mamba1_scan, mamba1_step, mamba2_scan, mamba2_step, Mamba2Dims};
 pub use topk::{top_k, top_k_into};
+
+#[cfg(test)]
+mod level_tests {
+    use crate::simd::{available_levels, force_level};
+
+    /// The vectorized ops (compiled per SIMD level) at every level the CPU
+    /// has, including the portable one. (Matmul tests pick levels
+    /// explicitly, so the process-wide cap does not disturb them.)
+    #[test]
+    fn ops_at_every_level() {
+        for level in available_levels() {
+            force_level(Some(level));
+            super::ssm::tests::mamba2_matches_naive_and_steps();
+            super::ssm::tests::mamba1_matches_naive();
+            super::attention::tests::matches_naive_softmax();
+        }
+        force_level(None);
+    }
+}

@@ -336,12 +336,12 @@ pub fn mamba1_step(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::testutil::Rng;
 
     #[test]
-    fn mamba2_matches_naive_and_steps() {
+    pub(crate) fn mamba2_matches_naive_and_steps() {
         let pool = ThreadPool::new(2);
         let mut rng = Rng::new(11);
         for &(hn, p, g, n, t) in &[(4, 3, 2, 5, 7), (6, 16, 3, 32, 3), (2, 8, 1, 17, 1)] {
@@ -421,7 +421,7 @@ mod tests {
     }
 
     #[test]
-    fn mamba1_matches_naive() {
+    pub(crate) fn mamba1_matches_naive() {
         let pool = ThreadPool::new(2);
         let mut rng = Rng::new(12);
         for &(di, n, t) in &[(40, 16, 5), (7, 3, 2), (33, 17, 1)] {
