@@ -1,0 +1,96 @@
+//! `coil serve`'s library: an OpenAI-compatible HTTP server over the coil
+//! engine, with continuous batching and a prefix cache that resumes each
+//! request from the longest prompt prefix already in memory.
+//!
+//! - [`api`]: OpenAI request / response shapes and errors.
+//! - [`template`]: chat templates (the model's Jinja, or ChatML).
+//! - [`scheduler`]: the engine thread — continuous batching, slots, the
+//!   prefix cache's use of fork and rollback.
+//! - [`prefix_cache`]: the radix tree over token ids with LRU eviction.
+//! - [`metrics`]: Prometheus counters.
+//! - [`routes`]: the axum router.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use coil::engine::{Engine, EngineOptions};
+//! use coil_server::{Server, scheduler::SchedulerConfig};
+//!
+//! let cfg = SchedulerConfig { parallel: 2, ..Default::default() };
+//! let opts = EngineOptions { n_seq_max: 6, ..Default::default() };
+//! let engine = Engine::load("model.gguf", opts)?;
+//! let server = Server::new(engine, cfg, "model".into())?;
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! server.serve(listener, std::future::pending()).await?;
+//! # Ok(()) }
+//! ```
+
+pub mod api;
+pub mod metrics;
+pub mod prefix_cache;
+pub mod routes;
+pub mod scheduler;
+pub mod template;
+
+use coil::engine::Engine;
+use coil::tokenizer::{Tokenizer, TokenizerError};
+use routes::ServerState;
+use scheduler::{Scheduler, SchedulerConfig, SchedulerError};
+use std::future::Future;
+use std::sync::Arc;
+use template::{ChatTemplate, TemplateError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("reading the tokenizer: {0}")]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    #[error(transparent)]
+    Scheduler(#[from] SchedulerError),
+}
+
+/// A model ready to serve: the engine thread is running.
+pub struct Server {
+    pub state: Arc<ServerState>,
+    engine_thread: std::thread::JoinHandle<()>,
+}
+
+impl Server {
+    /// Starts the engine thread on `engine` (which must hold at least
+    /// `cfg.parallel` sequences; the rest are prefix-cache room).
+    pub fn new(
+        engine: Engine,
+        cfg: SchedulerConfig,
+        model_id: String,
+    ) -> Result<Self, ServerError> {
+        let tokenizer = Arc::new(Tokenizer::from_gguf(&engine.file)?);
+        let template = ChatTemplate::from_gguf(&engine.file, &tokenizer)?;
+        let (scheduler, engine_thread) = Scheduler::start(engine, tokenizer.clone(), cfg)?;
+        let state = Arc::new(ServerState::new(scheduler, tokenizer, template, model_id));
+        Ok(Server {
+            state,
+            engine_thread,
+        })
+    }
+
+    pub fn router(&self) -> axum::Router {
+        routes::router(self.state.clone())
+    }
+
+    /// Serves HTTP on `listener` until `shutdown` completes.
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let app = self.router();
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await?;
+        drop(self.state);
+        // The engine thread ends once every handle is gone and its work
+        // is done; don't wait on clients that still hold one.
+        drop(self.engine_thread);
+        Ok(())
+    }
+}

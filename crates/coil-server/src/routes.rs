@@ -1,0 +1,413 @@
+//! HTTP routes: `POST /v1/completions`, `POST /v1/chat/completions`
+//! (streamed as server-sent events or not), `GET /v1/models`, `GET /health`,
+//! `GET /metrics`.
+
+use crate::api::{self, ApiError, ChatRequest, CompletionRequest, Prompt, ResponseMeta};
+use crate::scheduler::{Event, GenRequest, Scheduler};
+use crate::template::ChatTemplate;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::sse::{self, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use coil::engine::sampling::SamplingParams;
+use coil::tokenizer::{EncodeOptions, Tokenizer};
+use futures_util::stream::{self, Stream};
+use serde_json::{json, Value};
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+/// What the handlers share.
+pub struct ServerState {
+    pub scheduler: Scheduler,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: ChatTemplate,
+    /// The name `/v1/models` lists and responses carry.
+    pub model_id: String,
+    pub created: u64,
+    next_id: AtomicU64,
+}
+
+impl ServerState {
+    pub fn new(
+        scheduler: Scheduler,
+        tokenizer: Arc<Tokenizer>,
+        template: ChatTemplate,
+        model_id: String,
+    ) -> Self {
+        ServerState {
+            scheduler,
+            tokenizer,
+            template,
+            model_id,
+            created: now(),
+            next_id: AtomicU64::new(0),
+        }
+    }
+
+    fn meta(&self, prefix: &str) -> ResponseMeta {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        ResponseMeta {
+            id: format!("{prefix}-{:x}{n:04x}", self.created),
+            created: now(),
+            model: self.model_id.clone(),
+        }
+    }
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, Json(self.body())).into_response()
+    }
+}
+
+pub fn router(state: Arc<ServerState>) -> Router {
+    Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
+        .route("/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::not_found(format!("no route for {}", uri.path()))
+}
+
+async fn health() -> Json<Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+async fn models(State(st): State<Arc<ServerState>>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": st.model_id,
+            "object": "model",
+            "created": st.created,
+            "owned_by": "coil",
+            "meta": { "n_ctx": st.scheduler.n_ctx, "n_vocab": st.scheduler.n_vocab },
+        }],
+    }))
+}
+
+async fn metrics(State(st): State<Arc<ServerState>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        st.scheduler.metrics.render(),
+    )
+        .into_response()
+}
+
+/// A checked request, ready for the engine thread.
+struct Job {
+    prompt: Vec<u32>,
+    params: SamplingParams,
+    max_tokens: usize,
+    stop: Vec<String>,
+    stop_at_eos: bool,
+    stream: bool,
+    include_usage: bool,
+}
+
+/// The prompt plus the completion must fit the context; an absent
+/// `max_tokens` takes `default` (or what is left) within it.
+fn token_limit(
+    n_prompt: usize,
+    requested: Option<u64>,
+    default: Option<usize>,
+    n_ctx: usize,
+    param: &'static str,
+) -> Result<usize, ApiError> {
+    let too_long = |want: u64| {
+        ApiError::bad_request(format!(
+            "This model's maximum context length is {n_ctx} tokens. However, you requested {} tokens ({n_prompt} in the prompt, {want} for the completion). Please reduce the prompt or the completion length.",
+            (n_prompt as u64).saturating_add(want)
+        ))
+        .with_param(param)
+        .with_code("context_length_exceeded")
+    };
+    if n_prompt > n_ctx {
+        return Err(too_long(0).with_param("prompt"));
+    }
+    let left = n_ctx - n_prompt;
+    match requested {
+        Some(m) if m > left as u64 => Err(too_long(m)),
+        Some(m) => Ok(m as usize),
+        None => Ok(default.map_or(left, |d| d.min(left))),
+    }
+}
+
+fn completion_prompt(st: &ServerState, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
+    let encode = |text: &str| {
+        st.tokenizer.encode_with(
+            text,
+            EncodeOptions {
+                add_special: true,
+                parse_special: true,
+            },
+        )
+    };
+    let bad = |m: &str| ApiError::bad_request(m).with_param("prompt");
+    let tokens = match prompt {
+        Prompt::Text(t) => encode(&t),
+        Prompt::Texts(v) if v.len() == 1 => encode(&v[0]),
+        Prompt::Tokens(v) => v,
+        Prompt::TokenLists(mut v) if v.len() == 1 => v.swap_remove(0),
+        Prompt::Texts(_) | Prompt::TokenLists(_) => {
+            return Err(bad("one prompt per request is supported"))
+        }
+    };
+    let n_vocab = st.scheduler.n_vocab;
+    if let Some(&t) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+        return Err(bad(&format!(
+            "token id {t} is outside the vocabulary of {n_vocab}"
+        )));
+    }
+    if tokens.is_empty() {
+        return Err(bad("the prompt is empty"));
+    }
+    Ok(tokens)
+}
+
+async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let req: CompletionRequest = match api::parse_body(&body) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let job = match completion_job(&st, req) {
+        Ok(j) => j,
+        Err(e) => return e.into_response(),
+    };
+    let meta = st.meta("cmpl");
+    run_job(&st, job, meta, Kind::Completion).await
+}
+
+fn completion_job(st: &ServerState, req: CompletionRequest) -> Result<Job, ApiError> {
+    if req.echo {
+        return Err(ApiError::bad_request("echo is not supported").with_param("echo"));
+    }
+    let params = req.sampling.params()?;
+    let prompt = completion_prompt(st, req.prompt)?;
+    let max_tokens = token_limit(
+        prompt.len(),
+        req.max_tokens,
+        Some(16),
+        st.scheduler.n_ctx,
+        "max_tokens",
+    )?;
+    Ok(Job {
+        prompt,
+        params,
+        max_tokens,
+        stop: req.sampling.stops(),
+        stop_at_eos: !req.sampling.ignore_eos,
+        stream: req.sampling.stream,
+        include_usage: req.sampling.include_usage(),
+    })
+}
+
+async fn chat_completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let req: ChatRequest = match api::parse_body(&body) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let job = match chat_job(&st, req) {
+        Ok(j) => j,
+        Err(e) => return e.into_response(),
+    };
+    let meta = st.meta("chatcmpl");
+    run_job(&st, job, meta, Kind::Chat).await
+}
+
+/// Renders chat messages with the template and tokenizes them (special
+/// token texts become their tokens; BOS is added when the vocabulary asks
+/// for it and the template did not write it).
+pub fn chat_prompt(
+    template: &ChatTemplate,
+    tokenizer: &Tokenizer,
+    messages: &[Value],
+) -> Result<Vec<u32>, ApiError> {
+    let text = template
+        .render(messages, true)
+        .map_err(|e| ApiError::bad_request(e.to_string()).with_param("messages"))?;
+    let has_bos = !template.bos_token.is_empty() && text.starts_with(&template.bos_token);
+    Ok(tokenizer.encode_with(
+        &text,
+        EncodeOptions {
+            add_special: !has_bos,
+            parse_special: true,
+        },
+    ))
+}
+
+fn chat_job(st: &ServerState, req: ChatRequest) -> Result<Job, ApiError> {
+    let params = req.sampling.params()?;
+    let messages = api::normalise_messages(&req.messages)?;
+    let prompt = chat_prompt(&st.template, &st.tokenizer, &messages)?;
+    if prompt.is_empty() {
+        return Err(
+            ApiError::bad_request("the rendered chat prompt is empty").with_param("messages")
+        );
+    }
+    let (requested, param) = match (req.max_completion_tokens, req.max_tokens) {
+        (Some(m), _) => (Some(m), "max_completion_tokens"),
+        (None, m) => (m, "max_tokens"),
+    };
+    let max_tokens = token_limit(prompt.len(), requested, None, st.scheduler.n_ctx, param)?;
+    let mut stop = req.sampling.stops();
+    stop.extend(st.template.extra_stops.iter().cloned());
+    Ok(Job {
+        prompt,
+        params,
+        max_tokens,
+        stop,
+        stop_at_eos: !req.sampling.ignore_eos,
+        stream: req.sampling.stream,
+        include_usage: req.sampling.include_usage(),
+    })
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Completion,
+    Chat,
+}
+
+async fn run_job(st: &ServerState, job: Job, meta: ResponseMeta, kind: Kind) -> Response {
+    let (tx, mut rx) = unbounded_channel();
+    let submitted = st.scheduler.submit(GenRequest {
+        prompt: job.prompt,
+        params: job.params,
+        max_tokens: job.max_tokens,
+        stop: job.stop,
+        stop_at_eos: job.stop_at_eos,
+        events: tx,
+    });
+    if !submitted {
+        return ApiError::unavailable("the engine has stopped").into_response();
+    }
+    if job.stream {
+        let sse = Sse::new(event_stream(rx, meta, kind, job.include_usage));
+        return sse.keep_alive(KeepAlive::default()).into_response();
+    }
+    let mut text = String::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Text(t) => text.push_str(&t),
+            Event::Done { finish, usage } => {
+                let body = match kind {
+                    Kind::Completion => api::completion(&meta, &text, finish, &usage),
+                    Kind::Chat => api::chat_completion(&meta, &text, finish, &usage),
+                };
+                return Json(body).into_response();
+            }
+            Event::Error(m) => return ApiError::server(m).into_response(),
+        }
+    }
+    ApiError::server("the engine stopped before the request ended").into_response()
+}
+
+struct StreamState {
+    rx: UnboundedReceiver<Event>,
+    meta: ResponseMeta,
+    kind: Kind,
+    include_usage: bool,
+    out: VecDeque<String>,
+    ended: bool,
+}
+
+/// Server-sent events in OpenAI's chunk format, ending with `[DONE]`.
+/// Dropping the stream (client gone) drops the receiver, which tells the
+/// engine thread to free the request's slot.
+fn event_stream(
+    rx: UnboundedReceiver<Event>,
+    meta: ResponseMeta,
+    kind: Kind,
+    include_usage: bool,
+) -> impl Stream<Item = Result<sse::Event, Infallible>> {
+    let mut out = VecDeque::new();
+    if kind == Kind::Chat {
+        let first = api::chat_chunk(&meta, json!({"role": "assistant", "content": ""}), None);
+        out.push_back(first.to_string());
+    }
+    let st = StreamState {
+        rx,
+        meta,
+        kind,
+        include_usage,
+        out,
+        ended: false,
+    };
+    stream::unfold(st, |mut st| async move {
+        loop {
+            if let Some(data) = st.out.pop_front() {
+                return Some((Ok(sse::Event::default().data(data)), st));
+            }
+            if st.ended {
+                return None;
+            }
+            let Some(ev) = st.rx.recv().await else {
+                let e = ApiError::server("the engine stopped before the request ended");
+                st.out.push_back(e.body().to_string());
+                st.ended = true;
+                continue;
+            };
+            st.push(ev);
+        }
+    })
+}
+
+impl StreamState {
+    fn push(&mut self, ev: Event) {
+        let object = match self.kind {
+            Kind::Completion => "text_completion",
+            Kind::Chat => "chat.completion.chunk",
+        };
+        match ev {
+            Event::Text(t) => {
+                let chunk = match self.kind {
+                    Kind::Completion => api::completion_chunk(&self.meta, &t, None),
+                    Kind::Chat => api::chat_chunk(&self.meta, json!({ "content": t }), None),
+                };
+                self.out.push_back(chunk.to_string());
+            }
+            Event::Done { finish, usage } => {
+                let last = match self.kind {
+                    Kind::Completion => api::completion_chunk(&self.meta, "", Some(finish)),
+                    Kind::Chat => api::chat_chunk(&self.meta, json!({}), Some(finish)),
+                };
+                self.out.push_back(last.to_string());
+                if self.include_usage {
+                    self.out
+                        .push_back(api::usage_chunk(&self.meta, object, &usage).to_string());
+                }
+                self.out.push_back("[DONE]".into());
+                self.ended = true;
+            }
+            Event::Error(m) => {
+                self.out.push_back(ApiError::server(m).body().to_string());
+                self.out.push_back("[DONE]".into());
+                self.ended = true;
+            }
+        }
+    }
+}

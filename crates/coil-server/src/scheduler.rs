@@ -1,0 +1,697 @@
+//! The engine thread: continuous batching over the engine's sequence slots,
+//! with the prefix cache.
+//!
+//! The engine is not `Sync`, so one thread owns it and loops:
+//! 1. take new requests from a channel (blocking only when idle);
+//! 2. drop requests whose client went away (their receiver is gone);
+//! 3. give waiting requests a slot while fewer than `parallel` run: find
+//!    the longest cached prefix of the prompt (parked sequences in the
+//!    radix tree, and running sequences), fork or adopt that sequence and
+//!    roll it back to the common length (restore the nearest recurrent
+//!    checkpoint, replay the few tokens past it);
+//! 4. run one `decode_batch` holding a chunk of every new prompt (within a
+//!    per-step token budget) and one token of every generating sequence;
+//! 5. sample, send text to each request's channel, finish the ones that
+//!    stop; a finished sequence is *parked* (kept, indexed by its tokens)
+//!    instead of cleared, and evicted least-recently-used first when slots
+//!    or the byte budget run out.
+//!
+//! The prompt's last token is always processed (never taken from the
+//! cache) so that its logits exist; it goes through the model in a step
+//! after the rest of the prompt, which puts a recurrent checkpoint right
+//! before it (checkpoints are taken at the end of every decode call).
+
+use crate::api::{FinishReason, Usage};
+use crate::metrics::{self, Metrics};
+use crate::prefix_cache::PrefixCache;
+use coil::engine::generate::StopMatcher;
+use coil::engine::sampling::{Sampler, SamplingParams};
+use coil::engine::{BatchEntry, Engine};
+use coil::memory::{SeqId, SequenceMemory};
+use coil::models::LogitRows;
+use coil::tokenizer::{StreamDecoder, Tokenizer};
+use std::collections::VecDeque;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// Scheduling settings.
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Requests processed at once (the rest wait in a queue).
+    pub parallel: usize,
+    /// Bytes the parked sequences may hold (attention cells, recurrent
+    /// state and checkpoints); beyond it the least recently used go.
+    pub cache_bytes: usize,
+    /// Prompt tokens processed per step over all new requests, so that
+    /// running generations keep streaming while a long prompt goes in.
+    pub prefill_chunk: usize,
+    /// Extend a cached prefix where the prompt spells the cached tokens'
+    /// text with other tokens (see [`align_by_text`]).
+    pub reuse_by_text: bool,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            parallel: 4,
+            cache_bytes: 2 << 30,
+            prefill_chunk: 512,
+            reuse_by_text: true,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SchedulerError {
+    #[error("--parallel must be at least 1")]
+    NoParallel,
+    #[error("the engine holds {have} sequences; {want} are needed (parallel {parallel})")]
+    TooFewSlots {
+        have: usize,
+        want: usize,
+        parallel: usize,
+    },
+    #[error("the prefill chunk must be at least 1 token")]
+    NoChunk,
+    #[error("cannot start the engine thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+/// One generation request, as the engine thread sees it.
+#[derive(Debug)]
+pub struct GenRequest {
+    /// The prompt's tokens (at least one).
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    pub max_tokens: usize,
+    pub stop: Vec<String>,
+    /// Stop at an end-of-generation token.
+    pub stop_at_eos: bool,
+    /// Where events go; when the receiver is dropped (client gone) the
+    /// request is cancelled and its slot freed.
+    pub events: UnboundedSender<Event>,
+}
+
+/// What the engine thread tells a request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// Generated text, final (stop strings already cut).
+    Text(String),
+    Done {
+        finish: FinishReason,
+        usage: Usage,
+    },
+    Error(String),
+}
+
+/// A handle to the engine thread; cheap to clone. The thread ends when every
+/// handle is gone and its work is done.
+#[derive(Clone, Debug)]
+pub struct Scheduler {
+    tx: mpsc::Sender<GenRequest>,
+    pub metrics: Arc<Metrics>,
+    pub n_ctx: usize,
+    pub n_vocab: usize,
+}
+
+impl Scheduler {
+    /// Starts the engine thread. The engine must hold at least
+    /// `cfg.parallel` sequences; those beyond `parallel` are room for the
+    /// prefix cache.
+    pub fn start(
+        engine: Engine,
+        tokenizer: Arc<Tokenizer>,
+        cfg: SchedulerConfig,
+    ) -> Result<(Scheduler, std::thread::JoinHandle<()>), SchedulerError> {
+        if cfg.parallel == 0 {
+            return Err(SchedulerError::NoParallel);
+        }
+        if cfg.prefill_chunk == 0 {
+            return Err(SchedulerError::NoChunk);
+        }
+        let have = engine.mem.n_seq_max();
+        if have < cfg.parallel {
+            return Err(SchedulerError::TooFewSlots {
+                have,
+                want: cfg.parallel,
+                parallel: cfg.parallel,
+            });
+        }
+        let (tx, rx) = mpsc::channel();
+        let metrics = Arc::new(Metrics::default());
+        let handle = Scheduler {
+            tx,
+            metrics: metrics.clone(),
+            n_ctx: engine.mem.n_ctx(),
+            n_vocab: engine.n_vocab(),
+        };
+        let worker = Worker {
+            busy: vec![false; have],
+            engine,
+            tok: tokenizer,
+            cfg,
+            metrics,
+            cache: PrefixCache::new(),
+            active: Vec::new(),
+            queue: VecDeque::new(),
+            rx,
+            rates: Rates::default(),
+        };
+        let join = std::thread::Builder::new()
+            .name("coil-engine".into())
+            .spawn(move || worker.run())?;
+        Ok((handle, join))
+    }
+
+    /// Queues a request; `false` when the engine thread has stopped.
+    pub fn submit(&self, req: GenRequest) -> bool {
+        self.tx.send(req).is_ok()
+    }
+}
+
+/// A request holding a slot.
+struct Active {
+    seq: SeqId,
+    events: UnboundedSender<Event>,
+    prompt: Vec<u32>,
+    /// Prompt tokens in memory.
+    done: usize,
+    max_tokens: usize,
+    stop_at_eos: bool,
+    sampler: Sampler,
+    decoder: StreamDecoder,
+    stops: StopMatcher,
+    /// A sampled token not yet fed to the model.
+    next: Option<u32>,
+    usage: Usage,
+}
+
+enum Outcome {
+    Continue,
+    Finished(FinishReason, bool),
+    Gone,
+}
+
+/// Tokens and busy time since the speeds were last published.
+#[derive(Default)]
+struct Rates {
+    prompt: usize,
+    gen: usize,
+    secs: f64,
+}
+
+struct Worker {
+    engine: Engine,
+    tok: Arc<Tokenizer>,
+    cfg: SchedulerConfig,
+    metrics: Arc<Metrics>,
+    cache: PrefixCache,
+    /// Slots held by active requests.
+    busy: Vec<bool>,
+    active: Vec<Active>,
+    queue: VecDeque<GenRequest>,
+    rx: mpsc::Receiver<GenRequest>,
+    rates: Rates,
+}
+
+fn common_len(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl Worker {
+    fn run(mut self) {
+        loop {
+            if self.active.is_empty() && self.queue.is_empty() {
+                self.publish_rates();
+                self.gauges();
+                match self.rx.recv() {
+                    Ok(r) => self.enqueue(r),
+                    Err(_) => return,
+                }
+            }
+            while let Ok(r) = self.rx.try_recv() {
+                self.enqueue(r);
+            }
+            self.drop_gone();
+            while self.active.len() < self.cfg.parallel {
+                let Some(req) = self.queue.pop_front() else {
+                    break;
+                };
+                self.admit(req);
+            }
+            self.gauges();
+            if !self.active.is_empty() {
+                self.step();
+            }
+        }
+    }
+
+    fn enqueue(&mut self, r: GenRequest) {
+        metrics::add(&self.metrics.requests, 1);
+        self.queue.push_back(r);
+    }
+
+    fn gauges(&self) {
+        let m = &self.metrics;
+        metrics::set(&m.queue_length, self.queue.len());
+        metrics::set(&m.active_sequences, self.active.len());
+        metrics::set(&m.cached_sequences, self.cache.len());
+        metrics::set(&m.cached_bytes, self.cache.bytes());
+    }
+
+    /// Cancels requests whose client is gone: queued ones are dropped,
+    /// running ones give their slot back at once (their sequence is
+    /// parked: what it processed stays reusable).
+    fn drop_gone(&mut self) {
+        let before = self.queue.len();
+        self.queue.retain(|r| !r.events.is_closed());
+        let n = before - self.queue.len();
+        metrics::add(&self.metrics.requests_cancelled, n);
+        let mut i = 0;
+        while i < self.active.len() {
+            if self.active[i].events.is_closed() {
+                let a = self.active.remove(i);
+                metrics::add(&self.metrics.requests_cancelled, 1);
+                self.release(a.seq, true);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Bytes sequence `s` holds.
+    fn seq_bytes(&self, s: SeqId) -> usize {
+        let mem = &self.engine.mem;
+        let len = mem.seq_len(s).unwrap_or(0);
+        let kv = mem.kv.as_ref().map_or(0, |k| k.bytes_per_token() * len);
+        let rec = mem.recurrent.as_ref().map_or(0, |r| {
+            r.bytes_per_seq() + r.checkpoint_bytes(s).unwrap_or(0)
+        });
+        kv + rec
+    }
+
+    /// Gives slot `s` back: parked in the cache (`keep`) or cleared.
+    fn release(&mut self, s: SeqId, keep: bool) {
+        self.busy[s] = false;
+        let tokens = match self.engine.mem.seq_tokens(s) {
+            Ok(t) if keep && !t.is_empty() => t.to_vec(),
+            _ => {
+                let _ = self.engine.seq_clear(s);
+                return;
+            }
+        };
+        let bytes = self.seq_bytes(s);
+        self.cache.insert(s, &tokens, bytes);
+        while self.cache.bytes() > self.cfg.cache_bytes {
+            let Some(victim) = self.cache.lru(None) else {
+                break;
+            };
+            self.evict(victim);
+        }
+    }
+
+    fn evict(&mut self, s: SeqId) {
+        self.cache.remove(s);
+        let _ = self.engine.seq_clear(s);
+        metrics::add(&self.metrics.cache_evictions, 1);
+    }
+
+    /// A slot neither running nor parked.
+    fn unused_slot(&self) -> Option<SeqId> {
+        (0..self.busy.len()).find(|&s| !self.busy[s] && !self.cache.contains(s))
+    }
+
+    /// An unused slot, evicting the least recently used parked sequence
+    /// (other than `keep`) when there is none.
+    fn take_slot(&mut self, keep: Option<SeqId>) -> Option<SeqId> {
+        if let Some(s) = self.unused_slot() {
+            return Some(s);
+        }
+        let victim = self.cache.lru(keep)?;
+        self.evict(victim);
+        Some(victim)
+    }
+
+    /// Gives `req` a slot holding the longest cached prefix of its prompt.
+    fn admit(&mut self, mut req: GenRequest) {
+        match self.prepare(&mut req) {
+            Ok((seq, cached)) => {
+                let n = req.prompt.len();
+                let m = &self.metrics;
+                metrics::add(&m.prompt_tokens, n);
+                metrics::add(&m.prompt_tokens_cached, cached);
+                metrics::add(&m.prompt_tokens_processed, n - cached);
+                let mut sampler = Sampler::new(req.params);
+                for &t in &req.prompt {
+                    sampler.accept(t);
+                }
+                self.busy[seq] = true;
+                self.active.push(Active {
+                    seq,
+                    events: req.events,
+                    done: seq_len_or_zero(&self.engine, seq),
+                    prompt: req.prompt,
+                    max_tokens: req.max_tokens,
+                    stop_at_eos: req.stop_at_eos,
+                    sampler,
+                    decoder: self.tok.stream_decoder(),
+                    stops: StopMatcher::new(&req.stop),
+                    next: None,
+                    usage: Usage {
+                        prompt_tokens: n,
+                        cached_tokens: cached,
+                        completion_tokens: 0,
+                    },
+                });
+            }
+            Err(msg) => {
+                metrics::add(&self.metrics.requests_failed, 1);
+                let _ = req.events.send(Event::Error(msg));
+            }
+        }
+    }
+
+    /// Picks the slot and rolls it to the reused prefix; returns the slot
+    /// and how many prompt tokens it already holds (not replayed).
+    fn prepare(&mut self, req: &mut GenRequest) -> Result<(SeqId, usize), String> {
+        let n = req.prompt.len();
+        if n == 0 {
+            return Err("the prompt has no tokens".into());
+        }
+        let query = &req.prompt[..n - 1];
+        // (source, common length, parked?)
+        let mut best = self
+            .cache
+            .longest_match(query)
+            .map(|m| (m.seq, m.len, true));
+        for a in &self.active {
+            let toks = self
+                .engine
+                .mem
+                .seq_tokens(a.seq)
+                .map_err(|e| e.to_string())?;
+            let l = common_len(toks, query);
+            if l > best.map_or(0, |b| b.1) {
+                best = Some((a.seq, l, false));
+            }
+        }
+        if let Some((src, len, parked)) = best.filter(|b| b.1 > 0 && self.cfg.reuse_by_text) {
+            let held = self.engine.mem.seq_tokens(src).map_err(|e| e.to_string())?;
+            let bytes = |t: u32| self.tok.token_to_bytes_with(t, true);
+            if let Some((prompt, l)) = align_by_text(&req.prompt, held, len, bytes) {
+                if prompt.len() + req.max_tokens <= self.engine.mem.n_ctx() {
+                    req.prompt = prompt;
+                    best = Some((src, l, parked));
+                }
+            }
+        }
+        let (slot, len) = match best {
+            Some((src, len, parked)) if len > 0 => {
+                let src_len = seq_len_or_zero(&self.engine, src);
+                // Adopt a parked sequence (no copy) when nothing is lost by
+                // it; fork it otherwise, into a free slot.
+                let adopt = parked
+                    && (len == src_len
+                        || (self.unused_slot().is_none()
+                            && (self.cache.lru(None) == Some(src) || 2 * len >= src_len)));
+                let slot = if adopt {
+                    self.cache.remove(src);
+                    src
+                } else {
+                    let Some(slot) = self.take_slot(Some(src)) else {
+                        return Err("no free sequence slot".into());
+                    };
+                    self.engine.seq_fork(src, slot).map_err(|e| e.to_string())?;
+                    if parked {
+                        self.cache.touch(src);
+                    }
+                    slot
+                };
+                (slot, len)
+            }
+            _ => {
+                let Some(slot) = self.take_slot(None) else {
+                    return Err("no free sequence slot".into());
+                };
+                (slot, 0)
+            }
+        };
+        if len == 0 {
+            self.engine.seq_clear(slot).map_err(|e| e.to_string())?;
+            return Ok((slot, 0));
+        }
+        let stats = match self.engine.seq_truncate(slot, len) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = self.engine.seq_clear(slot);
+                return Err(e.to_string());
+            }
+        };
+        metrics::add(&self.metrics.rollback_tokens_replayed, stats.replayed);
+        Ok((slot, len - stats.replayed.min(len)))
+    }
+
+    /// One batched forward pass over every active request.
+    fn step(&mut self) {
+        let mut budget = self.cfg.prefill_chunk;
+        // (active index, tokens, logits wanted, is a prompt chunk)
+        let mut plan: Vec<(usize, Vec<u32>, LogitRows, bool)> = Vec::new();
+        for (i, a) in self.active.iter().enumerate() {
+            if let Some(t) = a.next {
+                plan.push((i, vec![t], LogitRows::Last, false));
+            } else if a.done < a.prompt.len() && budget > 0 {
+                // The last prompt token goes in a call of its own, so that a
+                // checkpoint lands right before it: the same prompt sent
+                // again then reuses all but that token.
+                let n = a.prompt.len();
+                let target = if a.done + 1 < n { n - 1 } else { n };
+                let take = (target - a.done).min(budget);
+                budget -= take;
+                let end = a.done + take == n;
+                let rows = if end && a.max_tokens > 0 {
+                    LogitRows::Last
+                } else {
+                    LogitRows::None
+                };
+                plan.push((i, a.prompt[a.done..a.done + take].to_vec(), rows, true));
+            }
+        }
+        if plan.is_empty() {
+            return;
+        }
+        let entries: Vec<BatchEntry> = plan
+            .iter()
+            .map(|(i, toks, rows, _)| BatchEntry {
+                seq: self.active[*i].seq,
+                tokens: toks,
+                logits: *rows,
+            })
+            .collect();
+        let t0 = Instant::now();
+        let result = self.engine.decode_batch(&entries);
+        let secs = t0.elapsed().as_secs_f64();
+        drop(entries);
+        metrics::add(&self.metrics.decode_steps, 1);
+        metrics::add(&self.metrics.busy_us, (secs * 1e6) as usize);
+        let logits = match result {
+            Ok(l) => l,
+            Err(e) => {
+                // A failed pass may leave its sequences half-advanced:
+                // fail those requests and clear their slots.
+                let msg = format!("the model failed: {e}");
+                let mut idx: Vec<usize> = plan.iter().map(|p| p.0).collect();
+                idx.sort_unstable();
+                for &i in idx.iter().rev() {
+                    let a = self.active.remove(i);
+                    metrics::add(&self.metrics.requests_failed, 1);
+                    let _ = a.events.send(Event::Error(msg.clone()));
+                    self.release(a.seq, false);
+                }
+                return;
+            }
+        };
+        let n_prompt: usize = plan.iter().filter(|p| p.3).map(|p| p.1.len()).sum();
+        self.rates.prompt += n_prompt;
+        self.rates.gen += plan.len() - plan.iter().filter(|p| p.3).count();
+        self.rates.secs += secs;
+        if self.rates.secs >= 1.0 {
+            self.publish_rates();
+        }
+
+        let mut ended: Vec<(usize, Option<(FinishReason, bool)>)> = Vec::new();
+        for ((i, toks, rows, is_prompt), row) in plan.into_iter().zip(logits) {
+            let a = &mut self.active[i];
+            if is_prompt {
+                a.done += toks.len();
+            } else {
+                a.next = None;
+            }
+            if a.done == a.prompt.len() && a.max_tokens == 0 {
+                ended.push((i, Some((FinishReason::Length, true))));
+                continue;
+            }
+            if rows == LogitRows::None {
+                continue;
+            }
+            match sample(a, &self.tok, &row) {
+                Outcome::Continue => {}
+                Outcome::Finished(reason, flush) => ended.push((i, Some((reason, flush)))),
+                Outcome::Gone => ended.push((i, None)),
+            }
+        }
+        ended.sort_unstable_by_key(|e| e.0);
+        for (i, how) in ended.into_iter().rev() {
+            let mut a = self.active.remove(i);
+            match how {
+                Some((reason, flush)) => {
+                    if flush {
+                        let mut rest = a.stops.push(&a.decoder.flush()).0;
+                        rest.push_str(&a.stops.flush());
+                        if !rest.is_empty() {
+                            let _ = a.events.send(Event::Text(rest));
+                        }
+                    }
+                    metrics::add(&self.metrics.completion_tokens, a.usage.completion_tokens);
+                    let _ = a.events.send(Event::Done {
+                        finish: reason,
+                        usage: a.usage,
+                    });
+                }
+                None => {
+                    metrics::add(&self.metrics.completion_tokens, a.usage.completion_tokens);
+                    metrics::add(&self.metrics.requests_cancelled, 1);
+                }
+            }
+            self.release(a.seq, true);
+        }
+    }
+
+    fn publish_rates(&mut self) {
+        let r = std::mem::take(&mut self.rates);
+        if r.secs > 0.0 {
+            if r.prompt > 0 {
+                metrics::set_f64(&self.metrics.prompt_tps, r.prompt as f64 / r.secs);
+            }
+            if r.gen > 0 {
+                metrics::set_f64(&self.metrics.generation_tps, r.gen as f64 / r.secs);
+            }
+        }
+    }
+}
+
+/// Extends a token-level match by text: past the `len` tokens that
+/// `prompt` and `held` share, the prompt may spell the same text with other
+/// tokens (a model's own output re-tokenized differently, e.g. six `\n`
+/// tokens read back as one `\n\n\n\n\n\n`). Finds the furthest point
+/// where both token lists end on the same byte offset with equal bytes,
+/// and returns the prompt rewritten to use `held`'s tokens up to there
+/// (the same text, so the same request) and the new common length. The
+/// prompt keeps at least its last token. `None` when nothing is gained.
+pub fn align_by_text<'t>(
+    prompt: &[u32],
+    held: &[u32],
+    len: usize,
+    bytes: impl Fn(u32) -> &'t [u8],
+) -> Option<(Vec<u32>, usize)> {
+    let n = prompt.len();
+    if len >= n.saturating_sub(1) || len >= held.len() {
+        return None;
+    }
+    // The prompt's text past the match (but its last token), and where its
+    // tokens end in it.
+    let mut text = Vec::new();
+    let mut ends = Vec::new();
+    for &t in &prompt[len..n - 1] {
+        text.extend_from_slice(bytes(t));
+        ends.push(text.len());
+    }
+    let mut at = 0;
+    let mut best = None;
+    for (j, &t) in held[len..].iter().enumerate() {
+        let b = bytes(t);
+        if b.is_empty() || text.get(at..at + b.len()) != Some(b) {
+            break;
+        }
+        at += b.len();
+        if let Ok(i) = ends.binary_search(&at) {
+            best = Some((len + i + 1, len + j + 1));
+        }
+    }
+    let (i, j) = best?;
+    if j - len <= i - len && held[len..j] == prompt[len..i] {
+        return None;
+    }
+    let mut out = Vec::with_capacity(j + n - i);
+    out.extend_from_slice(&held[..j]);
+    out.extend_from_slice(&prompt[i..]);
+    Some((out, j))
+}
+
+fn seq_len_or_zero(engine: &Engine, s: SeqId) -> usize {
+    engine.mem.seq_len(s).unwrap_or(0)
+}
+
+/// Samples the next token of `a` from `logits` and streams its text.
+fn sample(a: &mut Active, tok: &Tokenizer, logits: &[f32]) -> Outcome {
+    let t = a.sampler.sample(logits);
+    if a.stop_at_eos && tok.is_eog(t) {
+        return Outcome::Finished(FinishReason::Stop, true);
+    }
+    a.sampler.accept(t);
+    a.usage.completion_tokens += 1;
+    let (text, hit) = a.stops.push(&a.decoder.push(tok, t));
+    if !text.is_empty() && a.events.send(Event::Text(text)).is_err() {
+        return Outcome::Gone;
+    }
+    if hit {
+        return Outcome::Finished(FinishReason::Stop, false);
+    }
+    if a.usage.completion_tokens >= a.max_tokens {
+        return Outcome::Finished(FinishReason::Length, true);
+    }
+    a.next = Some(t);
+    Outcome::Continue
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn piece(t: u32) -> &'static [u8] {
+        // Token ids 1..=3: "a", "b", "\n"; 10: "ab"; 11: "\n\n"; 0: "".
+        match t {
+            1 => b"a",
+            2 => b"b",
+            3 => b"\n",
+            10 => b"ab",
+            11 => b"\n\n",
+            _ => b"",
+        }
+    }
+
+    #[test]
+    fn text_alignment_reuses_held_tokens() {
+        // Held: a b \n \n (the model's own tokens); the prompt re-tokenized
+        // them as "ab" "\n\n", then goes on with "a".
+        let held = [1, 2, 3, 3];
+        let prompt = [10, 11, 1, 2];
+        assert_eq!(
+            align_by_text(&prompt, &held, 0, piece),
+            Some((vec![1, 2, 3, 3, 1, 2], 4))
+        );
+        // Only the part that ends on a shared boundary is reused.
+        let held = [1, 2, 3, 1];
+        let prompt = [10, 11, 2];
+        assert_eq!(
+            align_by_text(&prompt, &held, 0, piece),
+            Some((vec![1, 2, 11, 2], 2))
+        );
+        // Identical tokens: nothing to gain; a different text: nothing.
+        assert_eq!(align_by_text(&[1, 2, 3], &[1, 2, 3], 2, piece), None);
+        assert_eq!(align_by_text(&[1, 2, 2], &[1, 3, 3], 1, piece), None);
+        // The prompt's last token is never taken from the cache.
+        assert_eq!(align_by_text(&[1, 11], &[1, 3, 3], 1, piece), None);
+    }
+}

@@ -1,0 +1,195 @@
+//! A server on a fixture model at an OS-assigned loopback port, and a
+//! plain HTTP/1.1 client over `TcpStream`.
+
+#![allow(dead_code)]
+
+use coil::engine::{Engine, EngineOptions};
+use coil_server::scheduler::SchedulerConfig;
+use coil_server::Server;
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub fn fixture(arch: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/models")
+        .join(arch)
+        .join("model.f16.gguf")
+}
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+}
+
+/// Starts a server on the Granite 4.0-H fixture (Mamba-2 + attention +
+/// MoE) with `parallel` slots, `cache` more for the prefix cache and a
+/// context of `ctx`.
+pub fn start(parallel: usize, cache: usize, ctx: usize) -> TestServer {
+    start_arch("granitemoehybrid", parallel, cache, ctx)
+}
+
+pub fn start_arch(arch: &str, parallel: usize, cache: usize, ctx: usize) -> TestServer {
+    let opts = EngineOptions {
+        n_threads: 1,
+        n_seq_max: parallel + cache,
+        n_ctx: ctx,
+        n_ubatch: 512,
+        ..Default::default()
+    };
+    let engine = Engine::load(fixture(arch), opts).expect("load the fixture");
+    let cfg = SchedulerConfig {
+        parallel,
+        cache_bytes: 1 << 30,
+        prefill_chunk: 64,
+        ..Default::default()
+    };
+    let server = Server::new(engine, cfg, "fixture".into()).expect("start the server");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("address");
+    listener.set_nonblocking(true).expect("nonblocking");
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::from_std(listener).expect("listener");
+            server
+                .serve(l, std::future::pending())
+                .await
+                .expect("serve");
+        });
+    });
+    TestServer { addr }
+}
+
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+    /// The `data:` payloads of a server-sent event stream.
+    pub fn events(&self) -> Vec<String> {
+        self.text()
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: ").or(l.strip_prefix("data:")))
+            .map(|s| s.to_string())
+            .collect()
+    }
+}
+
+impl TestServer {
+    pub fn connect(&self) -> TcpStream {
+        let s = TcpStream::connect(self.addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(60))).ok();
+        s
+    }
+
+    pub fn send(&self, method: &str, path: &str, body: Option<&str>) -> TcpStream {
+        let mut s = self.connect();
+        let body = body.unwrap_or("");
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.addr,
+            body.len()
+        );
+        s.write_all(req.as_bytes()).expect("write");
+        s
+    }
+
+    pub fn request(&self, method: &str, path: &str, body: Option<&str>) -> Reply {
+        let mut s = self.send(method, path, body);
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).expect("read");
+        parse(&raw)
+    }
+
+    pub fn get(&self, path: &str) -> Reply {
+        self.request("GET", path, None)
+    }
+
+    pub fn post(&self, path: &str, body: &Value) -> Reply {
+        self.request("POST", path, Some(&body.to_string()))
+    }
+
+    /// `/metrics` as name → value.
+    pub fn metrics(&self) -> std::collections::HashMap<String, f64> {
+        let r = self.get("/metrics");
+        assert_eq!(r.status, 200);
+        let mut out = std::collections::HashMap::new();
+        for line in r.text().lines() {
+            if line.starts_with('#') || line.trim().is_empty() {
+                continue;
+            }
+            let (name, value) = line.split_once(' ').expect("name value");
+            let v: f64 = value.parse().expect("a number");
+            out.insert(name.to_string(), v);
+        }
+        out
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+pub fn parse(raw: &[u8]) -> Reply {
+    let end = find(raw, b"\r\n\r\n").expect("end of headers");
+    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status: u16 = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .expect("status line");
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let mut body = raw[end + 4..].to_vec();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    if chunked {
+        body = dechunk(&body);
+    }
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(eol) = find(b, b"\r\n") {
+        let size_text = String::from_utf8_lossy(&b[..eol]);
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
+            .expect("chunk size");
+        b = &b[eol + 2..];
+        if size == 0 {
+            break;
+        }
+        out.extend_from_slice(&b[..size]);
+        b = &b[size + 2..];
+    }
+    out
+}

@@ -1,0 +1,373 @@
+//! `coil serve` over HTTP on a fixture model: OpenAI shapes, streaming,
+//! continuous batching, the prefix cache, cancellation, errors, metrics.
+//! The fixture has random weights: its text is gibberish, but greedy
+//! output is deterministic.
+
+mod common;
+
+use common::{start, TestServer};
+use serde_json::{json, Value};
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+fn complete(s: &TestServer, prompt: &str, max_tokens: usize) -> Value {
+    let r = s.post(
+        "/v1/completions",
+        &json!({"model": "fixture", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+fn usage(v: &Value) -> (u64, u64, u64) {
+    let u = &v["usage"];
+    (
+        u["prompt_tokens"].as_u64().unwrap(),
+        u["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap(),
+        u["completion_tokens"].as_u64().unwrap(),
+    )
+}
+
+#[test]
+fn health_models_and_completion_shapes() {
+    let s = start(2, 2, 512);
+    let h = s.get("/health");
+    assert_eq!(h.status, 200);
+    assert_eq!(h.json()["status"], "ok");
+    let m = s.get("/v1/models").json();
+    assert_eq!(m["object"], "list");
+    assert_eq!(m["data"][0]["id"], "fixture");
+    assert_eq!(m["data"][0]["object"], "model");
+
+    let v = complete(&s, "The quick brown fox", 8);
+    assert_eq!(v["object"], "text_completion");
+    assert!(v["id"].as_str().unwrap().starts_with("cmpl-"));
+    assert!(v["created"].as_u64().unwrap() > 0);
+    assert_eq!(v["model"], "fixture");
+    let c = &v["choices"][0];
+    assert_eq!(c["index"], 0);
+    assert!(c["logprobs"].is_null());
+    assert_eq!(c["finish_reason"], "length");
+    assert!(!c["text"].as_str().unwrap().is_empty());
+    let (p, cached, n) = usage(&v);
+    assert!(p > 0);
+    assert_eq!(cached, 0);
+    assert_eq!(n, 8);
+    assert_eq!(v["usage"]["total_tokens"].as_u64().unwrap(), p + n);
+
+    // The same request again: deterministic, and the prompt (but its last
+    // token) comes from the cache.
+    let again = complete(&s, "The quick brown fox", 8);
+    assert_eq!(again["choices"][0]["text"], c["text"]);
+    assert_eq!(usage(&again).1, p - 1);
+
+    // Streamed: the same text in OpenAI chunks, then [DONE].
+    let r = s.post(
+        "/v1/completions",
+        &json!({"prompt": "The quick brown fox", "max_tokens": 8, "temperature": 0,
+                "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}}),
+    );
+    assert_eq!(r.status, 200);
+    assert!(r
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let ev = r.events();
+    assert_eq!(ev.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = ev[..ev.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let mut text = String::new();
+    for ch in &chunks[..chunks.len() - 2] {
+        assert_eq!(ch["object"], "text_completion");
+        assert!(ch["choices"][0]["finish_reason"].is_null());
+        text.push_str(ch["choices"][0]["text"].as_str().unwrap());
+    }
+    assert_eq!(text, c["text"].as_str().unwrap());
+    let last = &chunks[chunks.len() - 2];
+    assert_eq!(last["choices"][0]["finish_reason"], "length");
+    let u = &chunks[chunks.len() - 1];
+    assert_eq!(u["choices"].as_array().unwrap().len(), 0);
+    assert_eq!(u["usage"]["completion_tokens"], 8);
+
+    // Token-id prompts work too.
+    let r = s.post(
+        "/v1/completions",
+        &json!({"prompt": [10, 20, 30], "max_tokens": 3, "temperature": 0, "ignore_eos": true}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(usage(&r.json()).0, 3);
+}
+
+#[test]
+fn chat_completions_streamed_and_not() {
+    let s = start(2, 2, 512);
+    let body = json!({
+        "model": "fixture",
+        "messages": [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Say something."}
+        ],
+        "max_tokens": 10, "temperature": 0, "ignore_eos": true
+    });
+    let r = s.post("/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    let c = &v["choices"][0];
+    assert_eq!(c["message"]["role"], "assistant");
+    let content = c["message"]["content"].as_str().unwrap().to_string();
+    assert!(["stop", "length"].contains(&c["finish_reason"].as_str().unwrap()));
+    let (p, _, n) = usage(&v);
+    assert!(p > 10 && n > 0);
+
+    let mut sb = body.clone();
+    sb["stream"] = json!(true);
+    let r = s.post("/v1/chat/completions", &sb);
+    assert_eq!(r.status, 200);
+    let ev = r.events();
+    assert_eq!(ev.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = ev[..ev.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let mut text = String::new();
+    for ch in &chunks {
+        assert_eq!(ch["object"], "chat.completion.chunk");
+        if let Some(t) = ch["choices"][0]["delta"]["content"].as_str() {
+            text.push_str(t);
+        }
+    }
+    assert_eq!(text, content);
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], c["finish_reason"]);
+    assert_eq!(last["choices"][0]["delta"], json!({}));
+}
+
+#[test]
+fn concurrent_requests_match_sequential_ones() {
+    let prompts = [
+        "Once upon a time",
+        "In a hole in the ground there lived",
+        "It was the best of times, it was the worst of times",
+        "Call me",
+        "All happy families are alike",
+        "The sky above the port",
+    ];
+    // Sequential, on a server of its own.
+    let seq_server = start(1, 0, 512);
+    let sequential: Vec<String> = prompts
+        .iter()
+        .map(|p| {
+            complete(&seq_server, p, 12)["choices"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    // All at once on a server batching 4 (2 wait in the queue).
+    let s = start(4, 2, 512);
+    let threads: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let addr = s.addr;
+            let p = p.to_string();
+            std::thread::spawn(move || {
+                let s = TestServer { addr };
+                complete(&s, &p, 12)["choices"][0]["text"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+        })
+        .collect();
+    let concurrent: Vec<String> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_eq!(concurrent, sequential);
+    let m = s.metrics();
+    assert_eq!(m["coil_requests_total"], prompts.len() as f64);
+    assert!(m["coil_decode_steps_total"] < (prompts.len() * 13) as f64);
+}
+
+/// A 10-turn chat: each turn reuses the whole previous conversation from
+/// the prefix cache and processes only its new tokens.
+#[test]
+fn multi_turn_chat_processes_only_new_tokens() {
+    let s = start(1, 2, 2048);
+    let mut messages = vec![json!({"role": "system", "content": "You are a helpful assistant."})];
+    let mut prev: Option<(u64, u64)> = None; // (prompt tokens, completion tokens)
+    let mut total_processed = 0;
+    let mut total_prompt = 0;
+    for turn in 0..10 {
+        messages.push(
+            json!({"role": "user", "content": format!("Question number {turn}: what next?")}),
+        );
+        let r = s.post(
+            "/v1/chat/completions",
+            &json!({"messages": messages, "max_tokens": 6, "temperature": 0, "ignore_eos": true}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        let (p, cached, n) = usage(&v);
+        let processed = p - cached;
+        eprintln!("turn {turn}: prompt {p}, cached {cached}, processed {processed}, generated {n}");
+        total_processed += processed;
+        total_prompt += p;
+        if let Some((pp, pn)) = prev {
+            // Everything the previous turn held (its prompt and all but its
+            // last generated token, which was never fed) is reused...
+            assert_eq!(cached, pp + pn - 1, "turn {turn}: previous {pp}+{pn}");
+            // ...and only this turn's new tokens are processed.
+            assert!(processed <= p - pp, "turn {turn}: processed {processed}");
+        }
+        prev = Some((p, n));
+        let content = v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        messages.push(json!({"role": "assistant", "content": content}));
+    }
+    let m = s.metrics();
+    assert_eq!(m["coil_prompt_tokens_total"], total_prompt as f64);
+    assert_eq!(
+        m["coil_prompt_tokens_processed_total"],
+        total_processed as f64
+    );
+    assert_eq!(
+        m["coil_prompt_tokens_cached_total"] + m["coil_prompt_tokens_processed_total"],
+        m["coil_prompt_tokens_total"]
+    );
+}
+
+#[test]
+fn a_dropped_stream_frees_its_slot() {
+    let s = start(1, 1, 8192);
+    let mut stream = s.send(
+        "POST",
+        "/v1/completions",
+        Some(
+            &json!({"prompt": "Tell me a very long story", "max_tokens": 8000,
+                    "temperature": 0, "ignore_eos": true, "stream": true})
+            .to_string(),
+        ),
+    );
+    // Read until the first token arrives, then hang up.
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&got).contains("\"text\"") {
+        let n = stream.read(&mut buf).unwrap();
+        assert!(n > 0, "stream ended early");
+        got.extend_from_slice(&buf[..n]);
+    }
+    drop(stream);
+    let t0 = Instant::now();
+    loop {
+        let m = s.metrics();
+        if m["coil_active_sequences"] == 0.0 && m["coil_requests_cancelled_total"] == 1.0 {
+            assert!(m["coil_completion_tokens_total"] < 8000.0);
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "slot not freed: {m:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The only slot serves the next request.
+    let v = complete(&s, "Another prompt", 4);
+    assert_eq!(usage(&v).2, 4);
+}
+
+#[test]
+fn bad_requests_get_openai_errors() {
+    let s = start(1, 1, 256);
+    let check = |path: &str, body: &str, param: Option<&str>, needle: &str| {
+        let r = s.request("POST", path, Some(body));
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        let v = r.json();
+        let e = &v["error"];
+        assert_eq!(e["type"], "invalid_request_error", "{v}");
+        let msg = e["message"].as_str().unwrap();
+        assert!(msg.contains(needle), "{body}: {msg}");
+        if let Some(p) = param {
+            assert_eq!(e["param"], p, "{v}");
+        }
+    };
+    check("/v1/completions", "{\"prompt\": ", None, "not valid JSON");
+    check("/v1/completions", "{\"max_tokens\": 3}", None, "prompt");
+    check(
+        "/v1/completions",
+        r#"{"prompt": "hi", "max_tokens": 1000}"#,
+        Some("max_tokens"),
+        "maximum context length is 256",
+    );
+    check(
+        "/v1/completions",
+        r#"{"prompt": "hi", "top_p": 2}"#,
+        Some("top_p"),
+        "top_p",
+    );
+    check(
+        "/v1/completions",
+        r#"{"prompt": "hi", "temperature": -1}"#,
+        Some("temperature"),
+        "temperature",
+    );
+    check(
+        "/v1/completions",
+        r#"{"prompt": [1, 999999]}"#,
+        Some("prompt"),
+        "vocabulary",
+    );
+    check(
+        "/v1/chat/completions",
+        r#"{"messages": []}"#,
+        Some("messages"),
+        "empty",
+    );
+    check(
+        "/v1/chat/completions",
+        r#"{"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5000}"#,
+        Some("max_completion_tokens"),
+        "maximum context length",
+    );
+    let r = s.get("/v1/nothing");
+    assert_eq!(r.status, 404);
+    assert!(r.json()["error"]["message"].is_string());
+    // The server is still fine.
+    assert_eq!(
+        complete(&s, "ok", 2)["choices"][0]["finish_reason"],
+        "length"
+    );
+}
+
+#[test]
+fn metrics_parse_and_count() {
+    let s = start(1, 1, 256);
+    complete(&s, "one two three", 5);
+    complete(&s, "one two three four", 5);
+    let m = s.metrics();
+    for name in [
+        "coil_requests_total",
+        "coil_prompt_tokens_total",
+        "coil_prompt_tokens_cached_total",
+        "coil_prompt_tokens_processed_total",
+        "coil_completion_tokens_total",
+        "coil_queue_length",
+        "coil_active_sequences",
+        "coil_cached_sequences",
+        "coil_generation_tokens_per_second",
+        "coil_prompt_tokens_per_second",
+    ] {
+        assert!(m.contains_key(name), "{name} missing");
+    }
+    assert_eq!(m["coil_requests_total"], 2.0);
+    assert_eq!(m["coil_completion_tokens_total"], 10.0);
+    assert!(m["coil_prompt_tokens_cached_total"] > 0.0);
+    assert!(m["coil_generation_tokens_per_second"] > 0.0);
+    assert_eq!(m["coil_queue_length"], 0.0);
+}
