@@ -192,7 +192,7 @@ impl Config {
             return Ok(None);
         };
         match as_f64(v) {
-            Some(x) if x == 0.0 => Ok(None),
+            Some(0.0) => Ok(None),
             Some(x) => Ok(Some(x)),
             None => Err(ConvertError::config(
                 k,

@@ -149,8 +149,8 @@ pub(crate) fn size_label(tensors: &[(String, Vec<u64>)]) -> (u64, String) {
             } else {
                 dims[2]
             };
-            if count > 0 {
-                expert += size / count;
+            if let Some(per) = size.checked_div(count) {
+                expert += per;
                 expert_sum += count;
                 n_expert_tensors += 1;
             }
@@ -159,11 +159,7 @@ pub(crate) fn size_label(tensors: &[(String, Vec<u64>)]) -> (u64, String) {
         }
         total += size;
     }
-    let count = if n_expert_tensors > 0 {
-        expert_sum / n_expert_tensors
-    } else {
-        0
-    };
+    let count = expert_sum.checked_div(n_expert_tensors).unwrap_or(0);
     let label = if count > 0 {
         format!("{count}x{}", rounded_count(shared + expert, 2))
     } else {
@@ -323,12 +319,7 @@ pub fn convert(dir: &Path, out: &Path, opts: &ConvertOptions) -> Result<ConvertR
     let mut w = GgufWriter::create(out, &md, &specs)?;
     for (t, spec) in plan.iter().zip(&specs) {
         pb.set_message(t.name.clone());
-        let data = t.materialize(&ck)?;
-        let mut bytes = vec![0u8; spec.ty.bytes_for(data.len() as u64).unwrap_or(0) as usize];
-        coil_gguf::quant::quantize_row(spec.ty, &data, &mut bytes)
-            .map_err(|e| ConvertError::tensor(&t.name, e.to_string()))?;
-        drop(data);
-        w.write_tensor_data(&bytes)?;
+        write_tensor(&ck, t, spec.ty, &mut w)?;
         pb.inc(t.n_elements() as u64 * 4);
     }
     let output = w.finish()?;
@@ -340,6 +331,38 @@ pub fn convert(dir: &Path, out: &Path, opts: &ConvertOptions) -> Result<ConvertR
         n_params,
         output,
     })
+}
+
+/// Rows per step when a tensor is streamed (about 4 M elements).
+const CHUNK_ELEMENTS: usize = 1 << 22;
+
+/// Makes one output tensor and writes it, a block of rows at a time when
+/// its recipe allows, so memory stays near one block rather than one tensor.
+fn write_tensor(ck: &Checkpoint, t: &OutTensor, ty: GgmlType, w: &mut GgufWriter) -> Result<()> {
+    let n_rows = t.shape.first().copied().unwrap_or(1).max(1);
+    let row_len = t.n_elements() / n_rows;
+    let encode = |data: &[f32], w: &mut GgufWriter| -> Result<()> {
+        let n = ty.bytes_for(data.len() as u64).unwrap_or(0) as usize;
+        let mut bytes = vec![0u8; n];
+        coil_gguf::quant::quantize_row(ty, data, &mut bytes)
+            .map_err(|e| ConvertError::tensor(&t.name, e.to_string()))?;
+        w.write_tensor_data(&bytes)?;
+        Ok(())
+    };
+    if t.streamable() && t.shape.len() > 1 && row_len > 0 {
+        let step = (CHUNK_ELEMENTS / row_len).max(1);
+        let mut r = 0;
+        while r < n_rows {
+            let e = (r + step).min(n_rows);
+            let data = t.materialize_rows(ck, r, e)?;
+            encode(&data, w)?;
+            r = e;
+        }
+        Ok(())
+    } else {
+        let data = t.materialize(ck)?;
+        encode(&data, w)
+    }
 }
 
 fn first_duplicate(plan: &[OutTensor]) -> Option<&str> {

@@ -93,13 +93,6 @@ impl OutTensor {
                 half_work = false;
             }
         }
-        let round = |v: &mut [f32]| {
-            if half_work {
-                for x in v.iter_mut() {
-                    *x = half::f16::from_f32(*x).to_f32();
-                }
-            }
-        };
         let mut data = match &self.src {
             Source::One(n) => ck.read_f32(ck.req(n)?)?,
             Source::Stack(names) => {
@@ -152,38 +145,87 @@ impl OutTensor {
             ));
         }
         let n_rows = self.shape.first().copied().unwrap_or(1).max(1);
-        let row_len = data.len() / n_rows;
+        self.apply_ops(&mut data, 0, n_rows, half_work)?;
+        Ok(data)
+    }
+
+    /// Whether the tensor can be made a block of rows at a time (one source,
+    /// no Q/K permutation).
+    pub fn streamable(&self) -> bool {
+        matches!(self.src, Source::One(_))
+            && !self.ops.iter().any(|o| matches!(o, Op::PermuteQk { .. }))
+    }
+
+    /// Rows `r0..r1` (outermost dimension) of a [`OutTensor::streamable`]
+    /// tensor.
+    pub fn materialize_rows(&self, ck: &Checkpoint, r0: usize, r1: usize) -> Result<Vec<f32>> {
+        let Source::One(n) = &self.src else {
+            return Err(ConvertError::tensor(&self.name, "not streamable"));
+        };
+        let t = ck.req(n)?;
+        if t.n_elements() != self.n_elements() {
+            return Err(ConvertError::Shape {
+                name: t.name.clone(),
+                actual: t.shape.clone(),
+                expected: self.shape.clone(),
+            });
+        }
+        let n_rows = self.shape.first().copied().unwrap_or(1).max(1);
+        let row_len = self.n_elements() / n_rows;
+        let mut data = ck.read_f32_range(t, r0 * row_len, r1 * row_len)?;
+        self.apply_ops(&mut data, r0, n_rows, t.dtype == SrcDtype::F16)?;
+        Ok(data)
+    }
+
+    /// Applies the element / row ops to `data`, which holds rows
+    /// `row0..` of a tensor of `n_rows` rows.
+    fn apply_ops(
+        &self,
+        data: &mut [f32],
+        row0: usize,
+        n_rows: usize,
+        half_work: bool,
+    ) -> Result<()> {
+        let round = |v: &mut [f32]| {
+            if half_work {
+                for x in v.iter_mut() {
+                    *x = half::f16::from_f32(*x).to_f32();
+                }
+            }
+        };
+        let row_len = self.n_elements() / n_rows.max(1);
+        let have_rows = data.len().checked_div(row_len).unwrap_or(0);
         for op in &self.ops {
             match *op {
                 Op::NegExp => {
                     for x in data.iter_mut() {
                         *x = -x.exp();
                     }
-                    round(&mut data);
+                    round(data);
                 }
                 Op::Scale(f) => {
                     let f = f as f32;
                     for x in data.iter_mut() {
                         *x *= f;
                     }
-                    round(&mut data);
+                    round(data);
                 }
                 Op::ScaleRows { start, end, factor } => {
                     let f = factor as f32;
-                    let end = end.min(n_rows);
-                    let start = start.min(end);
-                    let part = &mut data[start * row_len..end * row_len];
-                    for x in part.iter_mut() {
-                        *x *= f;
+                    let s = start.clamp(row0, row0 + have_rows) - row0;
+                    let e = end.clamp(row0, row0 + have_rows) - row0;
+                    if s < e {
+                        let part = &mut data[s * row_len..e * row_len];
+                        for x in part.iter_mut() {
+                            *x *= f;
+                        }
+                        round(part);
                     }
-                    round(part);
                 }
-                Op::PermuteQk { n_head, rot } => {
-                    permute_qk(&self.name, &mut data, n_rows, n_head, rot)?
-                }
+                Op::PermuteQk { n_head, rot } => permute_qk(&self.name, data, n_rows, n_head, rot)?,
             }
         }
-        Ok(data)
+        Ok(())
     }
 }
 

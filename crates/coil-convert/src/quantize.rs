@@ -328,11 +328,7 @@ pub fn quantize(input: &Path, output: &Path, opts: &QuantizeOptions) -> Result<Q
             let row_in = t.ty.bytes_for(ne0 as u64).unwrap_or(0) as usize;
             let row_out = ty.bytes_for(ne0 as u64).unwrap_or(0) as usize;
             let rows_per_chunk = (CHUNK_ELEMENTS / ne0.max(1)).max(1);
-            let n_rows = if ne0 == 0 {
-                0
-            } else {
-                (t.n_elements as usize) / ne0
-            };
+            let n_rows = (t.n_elements as usize).checked_div(ne0).unwrap_or(0);
             let mut f = vec![0f32; rows_per_chunk.min(n_rows.max(1)) * ne0];
             let mut q = vec![0u8; rows_per_chunk.min(n_rows.max(1)) * row_out];
             let mut r = 0;

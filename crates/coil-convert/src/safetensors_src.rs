@@ -254,8 +254,48 @@ impl Checkpoint {
         self.tensors.iter().map(|t| (t.end - t.start) as u64).sum()
     }
 
-    /// The tensor widened to f32.
+    /// Lets the kernel drop the tensor's pages from this process's resident
+    /// set (they stay in the page cache); a later read faults them back in.
+    pub fn release(&self, t: &SrcTensor) {
+        #[cfg(unix)]
+        {
+            let map = &self.parts[t.file].map;
+            // SAFETY: `map` is a read-only shared file mapping: after
+            // MADV_DONTNEED, reads fault the unchanged file contents back in,
+            // so live slices stay valid.
+            let _ = unsafe {
+                map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    t.start,
+                    t.end - t.start,
+                )
+            };
+        }
+    }
+
+    /// The tensor widened to f32 (its mapped pages released afterwards).
     pub fn read_f32(&self, t: &SrcTensor) -> Result<Vec<f32>> {
+        let v = self.read_f32_inner(t);
+        self.release(t);
+        v
+    }
+
+    /// Elements `e0..e1` of the tensor widened to f32 (pages released).
+    pub fn read_f32_range(&self, t: &SrcTensor, e0: usize, e1: usize) -> Result<Vec<f32>> {
+        let es = match t.dtype {
+            SrcDtype::F32 => 4,
+            SrcDtype::F16 | SrcDtype::BF16 => 2,
+            SrcDtype::Other => 1,
+        };
+        let sub = SrcTensor {
+            start: t.start + e0 * es,
+            end: (t.start + e1 * es).min(t.end),
+            ..t.clone()
+        };
+        self.read_f32(&sub)
+    }
+
+    fn read_f32_inner(&self, t: &SrcTensor) -> Result<Vec<f32>> {
         let b = self.bytes(t);
         Ok(match t.dtype {
             SrcDtype::F32 => b

@@ -197,7 +197,7 @@ pub(crate) fn permute_attn(
 ) -> OutTensor {
     let rows = o.shape.first().copied().unwrap_or(0);
     let pick = |heads: usize| {
-        let hd = if heads > 0 { rows / heads } else { 0 };
+        let hd = rows.checked_div(heads).unwrap_or(0);
         Op::PermuteQk {
             n_head: heads,
             rot: rot.unwrap_or(hd).min(hd),

@@ -90,7 +90,10 @@ impl Arch for Mamba1<'_> {
             // A tied head stored anyway: identical to the embeddings → omit.
             if let Some(e) = self.ctx.ck.get("backbone.embeddings.weight") {
                 let ck = self.ctx.ck;
-                if e.shape == t.shape && e.dtype == t.dtype && ck.bytes(e) == ck.bytes(t) {
+                let same = e.shape == t.shape && e.dtype == t.dtype && ck.bytes(e) == ck.bytes(t);
+                ck.release(e);
+                ck.release(t);
+                if same {
                     return Ok(());
                 }
             }

@@ -214,17 +214,9 @@ fn read_hf_bpe(path: &Path) -> Result<(HfBpe, Json)> {
 /// The `tokenizer.ggml.pre` name: tokenizes [`CHKTXT`] with each
 /// pre-tokenizer coil implements and looks the sha256 of the ids up in
 /// llama.cpp's table.
-fn find_pre(bpe: &HfBpe, texts: &[String]) -> Result<String> {
+fn find_pre(bpe: &HfBpe, texts: &[String], types: &[i32]) -> Result<String> {
     use coil::tokenizer::{TokenType, Tokenizer, Vocab};
-    let types: Vec<TokenType> = bpe
-        .added
-        .iter()
-        .map(|a| match a {
-            Some(true) => TokenType::Control,
-            Some(false) => TokenType::UserDefined,
-            None => TokenType::Normal,
-        })
-        .collect();
+    let types: Vec<TokenType> = types.iter().map(|&t| TokenType::from_i32(t)).collect();
     let mut tried = Vec::new();
     for cand in [
         "gpt-2",
@@ -239,8 +231,12 @@ fn find_pre(bpe: &HfBpe, texts: &[String]) -> Result<String> {
     ] {
         let mut v = Vocab::bpe(texts.to_vec(), bpe.merges.clone(), Some(cand));
         v.token_types = types.clone();
-        let Ok(tok) = Tokenizer::new(v) else {
-            continue;
+        let tok = match Tokenizer::new(v) {
+            Ok(t) => t,
+            Err(e) => {
+                tried.push(format!("{cand}: {e}"));
+                continue;
+            }
         };
         let mut ids: Vec<u32> = bpe.prefix_ids.clone();
         ids.extend(tok.encode(CHKTXT, false));
@@ -309,7 +305,7 @@ fn write_bpe(
             },
         }
     }
-    let pre = find_pre(&bpe, &texts)?;
+    let pre = find_pre(&bpe, &texts, &types)?;
     md.insert("tokenizer.ggml.model", Value::String("gpt2".into()));
     md.insert("tokenizer.ggml.pre", Value::String(pre));
     md.insert("tokenizer.ggml.tokens", strings(texts));
