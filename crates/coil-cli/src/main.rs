@@ -33,6 +33,13 @@ enum Command {
     Convert(cmd::convert::Args),
     /// Quantize a GGUF file with llama.cpp's per-tensor type mixtures.
     Quantize(cmd::quantize::Args),
+    /// Serve the model over HTTP with OpenAI's API (/v1/completions,
+    /// /v1/chat/completions, streaming), continuous batching and a prefix
+    /// cache that never re-processes a conversation's history.
+    Serve(cmd::serve::Args),
+    /// Chat with the model in the terminal (its chat template, streamed
+    /// replies, history kept in memory without re-processing).
+    Chat(cmd::chat::Args),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +50,8 @@ fn main() -> ExitCode {
         Command::Logits(a) => cmd::logits::run(a),
         Command::Convert(a) => cmd::convert::run(a),
         Command::Quantize(a) => cmd::quantize::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
+        Command::Chat(a) => cmd::chat::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

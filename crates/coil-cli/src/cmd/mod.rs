@@ -1,8 +1,10 @@
 //! One module per subcommand.
 
+pub mod chat;
 pub mod common;
 pub mod convert;
 pub mod inspect;
 pub mod logits;
 pub mod quantize;
 pub mod run;
+pub mod serve;

@@ -1,0 +1,210 @@
+//! `coil chat -m MODEL`: an interactive chat in the terminal, on the
+//! server's engine (chat template, streaming, prefix cache): each turn
+//! processes only its new tokens, the history stays in memory.
+//! Commands: `/reset` forgets the conversation, `/exit` (or end of input)
+//! quits.
+
+use super::common::ModelArgs;
+use anyhow::{anyhow, bail, Context, Result};
+use coil::engine::sampling::SamplingParams;
+use coil::tokenizer::Tokenizer;
+use coil_server::routes::chat_prompt;
+use coil_server::scheduler::{Event, GenRequest, Scheduler, SchedulerConfig};
+use coil_server::template::ChatTemplate;
+use serde_json::{json, Value};
+use std::io::{BufRead, IsTerminal, Write};
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// A system message that opens the conversation.
+    #[arg(long = "system")]
+    system: Option<String>,
+    /// Most tokens per reply.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
+    n_predict: usize,
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    temp: f32,
+    /// Random seed (default: from the clock).
+    #[arg(long = "seed", short = 's')]
+    seed: Option<u64>,
+    /// Keep only the k most likely tokens (0 = off).
+    #[arg(long = "top-k", default_value_t = 40)]
+    top_k: usize,
+    /// Keep the most likely tokens up to this total probability (1 = off).
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    top_p: f32,
+    /// Drop tokens less likely than this fraction of the best one (0 = off).
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    min_p: f32,
+    /// Penalise repeating recent tokens (1 = off).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Subtract from the logit of every token already present.
+    #[arg(long = "presence-penalty", default_value_t = 0.0)]
+    presence_penalty: f32,
+    /// Subtract per occurrence of a token already present.
+    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
+    frequency_penalty: f32,
+    /// Also stop a reply when this text appears (repeatable).
+    #[arg(long = "stop")]
+    stop: Vec<String>,
+    /// Tokens per micro-batch when processing a prompt.
+    #[arg(long = "ubatch", default_value_t = 512)]
+    ubatch: usize,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.ubatch == 0 {
+        bail!("--ubatch must be at least 1");
+    }
+    let seed = a.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+    });
+    let params = SamplingParams {
+        temperature: a.temp,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repeat_penalty: a.repeat_penalty,
+        presence_penalty: a.presence_penalty,
+        frequency_penalty: a.frequency_penalty,
+        seed,
+        ..SamplingParams::default()
+    };
+    params.validate().map_err(anyhow::Error::msg)?;
+
+    // One slot for the reply being generated, one keeping the conversation.
+    let engine = a.model.load(2, a.ubatch)?;
+    let tokenizer = Arc::new(
+        Tokenizer::from_gguf(&engine.file)
+            .with_context(|| format!("reading the tokenizer of {}", a.model.model.display()))?,
+    );
+    let template = ChatTemplate::from_gguf(&engine.file, &tokenizer)?;
+    let info = engine.model.info();
+    eprintln!(
+        "model: {} ({}), {} layers [{}]; chat template: {}",
+        a.model.model.display(),
+        info.arch,
+        info.plan.layers.len(),
+        info.plan.pattern(),
+        if template.from_model {
+            "the model's"
+        } else {
+            "ChatML (the model has none)"
+        }
+    );
+    let cfg = SchedulerConfig {
+        parallel: 1,
+        ..Default::default()
+    };
+    let (sched, _engine_thread) = Scheduler::start(engine, tokenizer.clone(), cfg)?;
+    let n_ctx = sched.n_ctx;
+
+    let stdin = std::io::stdin();
+    let interactive = stdin.is_terminal();
+    if interactive {
+        eprintln!("type a message and press Enter; /reset forgets the conversation, /exit or Ctrl-D quits");
+    }
+    let opening: Vec<Value> = a
+        .system
+        .iter()
+        .map(|s| json!({"role": "system", "content": s}))
+        .collect();
+    let mut messages = opening.clone();
+    let stdout = std::io::stdout();
+    let mut input = stdin.lock();
+    let mut line = String::new();
+    loop {
+        if interactive {
+            eprint!("> ");
+            let _ = std::io::stderr().flush();
+        }
+        line.clear();
+        if input
+            .read_line(&mut line)
+            .context("reading standard input")?
+            == 0
+        {
+            break;
+        }
+        let text = line.trim_end_matches(['\n', '\r']);
+        match text.trim() {
+            "" => continue,
+            "/exit" | "/quit" => break,
+            "/reset" => {
+                messages = opening.clone();
+                eprintln!("[conversation reset]");
+                continue;
+            }
+            _ => {}
+        }
+        messages.push(json!({"role": "user", "content": text}));
+        let prompt =
+            chat_prompt(&template, &tokenizer, &messages).map_err(|e| anyhow!("{}", e.message))?;
+        if prompt.len() >= n_ctx {
+            messages.pop();
+            eprintln!(
+                "[the conversation ({} tokens) no longer fits the context of {n_ctx}: /reset, or raise --ctx]",
+                prompt.len()
+            );
+            continue;
+        }
+        let mut stops = a.stop.clone();
+        stops.extend(template.extra_stops.iter().cloned());
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let max_tokens = a.n_predict.min(n_ctx - prompt.len());
+        let req = GenRequest {
+            prompt,
+            params: SamplingParams {
+                seed: params.seed.wrapping_add(messages.len() as u64),
+                ..params.clone()
+            },
+            max_tokens,
+            stop: stops,
+            stop_at_eos: true,
+            events: tx,
+        };
+        if !sched.submit(req) {
+            bail!("the engine stopped");
+        }
+        let t0 = Instant::now();
+        let mut reply = String::new();
+        let mut out = stdout.lock();
+        loop {
+            match rx.blocking_recv() {
+                Some(Event::Text(t)) => {
+                    reply.push_str(&t);
+                    let _ = write!(out, "{t}");
+                    let _ = out.flush();
+                }
+                Some(Event::Done { usage, .. }) => {
+                    let _ = writeln!(out);
+                    let _ = out.flush();
+                    let secs = t0.elapsed().as_secs_f64();
+                    eprintln!(
+                        "[prompt {} tokens: {} cached, {} processed | reply {} tokens in {:.2} s, {:.1} tokens/s]",
+                        usage.prompt_tokens,
+                        usage.cached_tokens,
+                        usage.prompt_tokens - usage.cached_tokens,
+                        usage.completion_tokens,
+                        secs,
+                        if secs > 0.0 { usage.completion_tokens as f64 / secs } else { 0.0 }
+                    );
+                    break;
+                }
+                Some(Event::Error(m)) => bail!("{m}"),
+                None => bail!("the engine stopped"),
+            }
+        }
+        messages.push(json!({"role": "assistant", "content": reply}));
+    }
+    Ok(())
+}

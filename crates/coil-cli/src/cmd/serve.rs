@@ -1,0 +1,109 @@
+//! `coil serve -m MODEL`: an OpenAI-compatible HTTP server
+//! (`/v1/completions`, `/v1/chat/completions`, `/v1/models`, `/health`,
+//! `/metrics`) with continuous batching and a prefix cache.
+
+use super::common::ModelArgs;
+use anyhow::{bail, Context, Result};
+use coil_server::scheduler::SchedulerConfig;
+use coil_server::Server;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Address to listen on.
+    #[arg(long = "host", default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port; the address is printed).
+    #[arg(long = "port", default_value_t = 8080)]
+    port: u16,
+    /// Requests processed at once; the rest wait in a queue.
+    #[arg(long = "parallel", short = 'P', default_value_t = 4)]
+    parallel: usize,
+    /// Sequence slots beyond --parallel that keep finished conversations
+    /// for prefix reuse (least recently used evicted first).
+    #[arg(long = "cache-slots", default_value_t = 4)]
+    cache_slots: usize,
+    /// Memory the prefix cache may hold, in MiB.
+    #[arg(long = "cache-mib", default_value_t = 4096)]
+    cache_mib: usize,
+    /// Prompt tokens processed per step over all new requests (running
+    /// generations keep streaming in between).
+    #[arg(long = "prefill-chunk", default_value_t = 512)]
+    prefill_chunk: usize,
+    /// Tokens per micro-batch.
+    #[arg(long = "ubatch", default_value_t = 512)]
+    ubatch: usize,
+    /// The model name `/v1/models` reports (default: the file's name).
+    #[arg(long = "alias")]
+    alias: Option<String>,
+    /// Reuse a cached prefix only where the prompt's tokens are identical
+    /// (by default, a prompt that spells the cached tokens' text with other
+    /// tokens — a model's output re-tokenized — reuses them too).
+    #[arg(long = "exact-tokens")]
+    exact_tokens: bool,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.parallel == 0 {
+        bail!("--parallel must be at least 1");
+    }
+    if a.ubatch == 0 || a.prefill_chunk == 0 {
+        bail!("--ubatch and --prefill-chunk must be at least 1");
+    }
+    let engine = a.model.load(a.parallel + a.cache_slots, a.ubatch)?;
+    let info = engine.model.info();
+    eprintln!(
+        "model: {} ({}), {} layers [{}], vocab {}, {} threads",
+        a.model.model.display(),
+        info.arch,
+        info.plan.layers.len(),
+        info.plan.pattern(),
+        info.n_vocab,
+        engine.pool.n_threads()
+    );
+    eprintln!("memory: {}", engine.mem.describe());
+    let model_id = a.alias.clone().unwrap_or_else(|| {
+        a.model
+            .model
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into())
+    });
+    let cfg = SchedulerConfig {
+        parallel: a.parallel,
+        cache_bytes: a.cache_mib.saturating_mul(1 << 20),
+        prefill_chunk: a.prefill_chunk,
+        reuse_by_text: !a.exact_tokens,
+    };
+    let server = Server::new(engine, cfg, model_id).context("starting the server")?;
+    eprintln!(
+        "chat template: {}",
+        if server.state.template.from_model {
+            "the model's (tokenizer.chat_template)"
+        } else {
+            "ChatML (the model has none)"
+        }
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let addr = format!("{}:{}", a.host, a.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        let local = listener.local_addr().context("reading the bound address")?;
+        eprintln!(
+            "listening on http://{local} ({} parallel, {} cache slots); Ctrl-C stops",
+            a.parallel, a.cache_slots
+        );
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+            eprintln!("shutting down");
+        };
+        server.serve(listener, shutdown).await.context("serving")
+    })
+}
