@@ -7,6 +7,7 @@ pub mod attention;
 pub mod conv;
 pub mod norm;
 pub mod rope;
+pub mod ssd;
 pub mod ssm;
 pub mod topk;
 
@@ -15,6 +16,7 @@ pub use attention::{attention, KvData, KvView};
 pub use conv::{conv1d_causal, conv1d_causal_step};
 pub use norm::{group_rms_norm_gated, rms_norm, rms_norm_inplace};
 pub use rope::{rope, RopeStyle};
+pub use ssd::mamba2_chunked_scan;
 pub use ssm::{mamba1_scan, mamba1_step, mamba2_scan, mamba2_step, Mamba2Dims};
 pub use topk::{top_k, top_k_into};
 
@@ -30,6 +32,7 @@ mod level_tests {
         for level in available_levels() {
             force_level(Some(level));
             super::ssm::tests::mamba2_matches_naive_and_steps();
+            super::ssd::tests::chunked_matches_sequential();
             super::ssm::tests::mamba1_matches_naive();
             super::attention::tests::matches_naive_softmax();
         }
