@@ -52,6 +52,12 @@ pub(super) fn decode(ty: GgmlType, src: &[u8], dst: &mut [f32], _level: SimdLeve
                 }
             }
             GgmlType::Q8_0 => decode_q8_0(src, dst),
+            GgmlType::Q4_K => decode_k45::<false>(src, dst),
+            GgmlType::Q5_K => decode_k45::<true>(src, dst),
+            GgmlType::Q6_K => decode_q6_k(src, dst),
+            GgmlType::Q4_0 => decode_q4_0_nl::<false>(src, dst),
+            GgmlType::IQ4_NL => decode_q4_0_nl::<true>(src, dst),
+            GgmlType::IQ4_XS => decode_iq4_xs(src, dst),
             _ => return false,
         }
     }
@@ -403,4 +409,155 @@ unsafe fn dot_iq4_xs(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
         facc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc), _mm256_set1_ps(d), facc);
     }
     hsum256(facc)
+}
+
+// ---- decoding to f32 (GEMM panels) ----
+
+/// 16 u8 → f32 at `out[0..16]`, as `v * d - m`.
+#[inline(always)]
+unsafe fn store_u8x16(out: *mut f32, v: __m128i, d: __m256, m: __m256) {
+    let a = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+    let b = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
+    _mm256_storeu_ps(out, _mm256_fmsub_ps(a, d, m));
+    _mm256_storeu_ps(out.add(8), _mm256_fmsub_ps(b, d, m));
+}
+
+/// 16 i8 → f32 at `out[0..16]`, as `v * d`.
+#[inline(always)]
+unsafe fn store_i8x16(out: *mut f32, v: __m128i, d: __m256) {
+    let a = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+    let b = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)));
+    _mm256_storeu_ps(out, _mm256_mul_ps(a, d));
+    _mm256_storeu_ps(out.add(8), _mm256_mul_ps(b, d));
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_k45<const HIGH: bool>(src: &[u8], dst: &mut [f32]) {
+    let bsz = if HIGH { 176 } else { 144 };
+    let m4 = _mm_set1_epi8(0xF);
+    let bit4 = _mm_set1_epi8(0x10);
+    for (bi, y) in dst.chunks_exact_mut(256).enumerate() {
+        let blk = &src[bsz * bi..bsz * (bi + 1)];
+        let b = blk.as_ptr();
+        let d = f16c(rd16(b));
+        let dmin = f16c(rd16(b.add(2)));
+        let mut sm = [(0u8, 0u8); 8];
+        for (j, v) in sm.iter_mut().enumerate() {
+            *v = super::dequant::scale_min_k4(j, &blk[4..16]);
+        }
+        let qs = b.add(if HIGH { 48 } else { 16 });
+        let yp = y.as_mut_ptr();
+        for h in 0..2 {
+            let mut hb = if HIGH {
+                _mm_loadu_si128(b.add(16 + 16 * h) as *const __m128i)
+            } else {
+                _mm_setzero_si128()
+            };
+            for j in 0..4 {
+                let (s1, n1) = sm[2 * j];
+                let (s2, n2) = sm[2 * j + 1];
+                let q = _mm_loadu_si128(qs.add(32 * j + 16 * h) as *const __m128i);
+                let mut lo = _mm_and_si128(q, m4);
+                let mut hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+                if HIGH {
+                    lo = _mm_or_si128(lo, _mm_and_si128(_mm_slli_epi16(hb, 4), bit4));
+                    hi = _mm_or_si128(hi, _mm_and_si128(_mm_slli_epi16(hb, 3), bit4));
+                    hb = _mm_srli_epi16(hb, 2);
+                }
+                let (d1, m1) = (
+                    _mm256_set1_ps(d * s1 as f32),
+                    _mm256_set1_ps(dmin * n1 as f32),
+                );
+                let (d2, m2) = (
+                    _mm256_set1_ps(d * s2 as f32),
+                    _mm256_set1_ps(dmin * n2 as f32),
+                );
+                store_u8x16(yp.add(64 * j + 16 * h), lo, d1, m1);
+                store_u8x16(yp.add(64 * j + 32 + 16 * h), hi, d2, m2);
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_q6_k(src: &[u8], dst: &mut [f32]) {
+    let m4 = _mm_set1_epi8(0xF);
+    let m3 = _mm_set1_epi8(3);
+    let off = _mm_set1_epi8(32);
+    for (bi, y) in dst.chunks_exact_mut(256).enumerate() {
+        let b = src.as_ptr().add(210 * bi);
+        let d = f16c(rd16(b.add(208)));
+        let yp = y.as_mut_ptr();
+        for n in 0..2 {
+            let ql = b.add(64 * n);
+            let qh = b.add(128 + 32 * n);
+            let sc = b.add(192 + 8 * n) as *const i8;
+            for l in [0usize, 16] {
+                let is = l / 16;
+                let a = _mm_loadu_si128(ql.add(l) as *const __m128i);
+                let c = _mm_loadu_si128(ql.add(l + 32) as *const __m128i);
+                let h = _mm_loadu_si128(qh.add(l) as *const __m128i);
+                let h0 = _mm_slli_epi16(_mm_and_si128(h, m3), 4);
+                let h2 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 2), m3), 4);
+                let h4 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 4), m3), 4);
+                let h6 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 6), m3), 4);
+                let q1 = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(a, m4), h0), off);
+                let q2 = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(c, m4), h2), off);
+                let q3 = _mm_sub_epi8(
+                    _mm_or_si128(_mm_and_si128(_mm_srli_epi16(a, 4), m4), h4),
+                    off,
+                );
+                let q4 = _mm_sub_epi8(
+                    _mm_or_si128(_mm_and_si128(_mm_srli_epi16(c, 4), m4), h6),
+                    off,
+                );
+                let base = yp.add(128 * n + l);
+                let s = |k: usize| _mm256_set1_ps(d * *sc.add(is + 2 * k) as f32);
+                store_i8x16(base, q1, s(0));
+                store_i8x16(base.add(32), q2, s(1));
+                store_i8x16(base.add(64), q3, s(2));
+                store_i8x16(base.add(96), q4, s(3));
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_q4_0_nl<const NL: bool>(src: &[u8], dst: &mut [f32]) {
+    let m4 = _mm_set1_epi8(0xF);
+    let tbl = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
+    let eight = _mm_set1_epi8(8);
+    for (bi, y) in dst.chunks_exact_mut(32).enumerate() {
+        let b = src.as_ptr().add(18 * bi);
+        let d = _mm256_set1_ps(f16c(rd16(b)));
+        let q = _mm_loadu_si128(b.add(2) as *const __m128i);
+        let lo = _mm_and_si128(q, m4);
+        let hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+        let (lo, hi) = if NL {
+            (_mm_shuffle_epi8(tbl, lo), _mm_shuffle_epi8(tbl, hi))
+        } else {
+            (_mm_sub_epi8(lo, eight), _mm_sub_epi8(hi, eight))
+        };
+        store_i8x16(y.as_mut_ptr(), lo, d);
+        store_i8x16(y.as_mut_ptr().add(16), hi, d);
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_iq4_xs(src: &[u8], dst: &mut [f32]) {
+    let m4 = _mm_set1_epi8(0xF);
+    let tbl = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
+    for (bi, y) in dst.chunks_exact_mut(256).enumerate() {
+        let blk = &src[136 * bi..136 * bi + 136];
+        let d = f16c(rd16(blk.as_ptr()));
+        let ls = iq4xs_scales(blk);
+        for (ib, &l) in ls.iter().enumerate() {
+            let dl = _mm256_set1_ps(d * l as f32);
+            let q = _mm_loadu_si128(blk.as_ptr().add(8 + 16 * ib) as *const __m128i);
+            let lo = _mm_shuffle_epi8(tbl, _mm_and_si128(q, m4));
+            let hi = _mm_shuffle_epi8(tbl, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
+            store_i8x16(y.as_mut_ptr().add(32 * ib), lo, dl);
+            store_i8x16(y.as_mut_ptr().add(32 * ib + 16), hi, dl);
+        }
+    }
 }
