@@ -28,6 +28,9 @@ enum Command {
     /// Write the logits of every position of a token list to a float32 .npy
     /// file [n_tokens, n_vocab] (for checking coil against other engines).
     Logits(cmd::logits::Args),
+    /// Measure prompt processing (pp) and generation (tg) speed in tokens/s,
+    /// as llama.cpp's llama-bench does (random tokens, mean ± std over runs).
+    Bench(cmd::bench::Args),
     /// Convert a Hugging Face checkpoint (safetensors) to GGUF, as llama.cpp's
     /// convert_hf_to_gguf.py does.
     Convert(cmd::convert::Args),
@@ -48,6 +51,7 @@ fn main() -> ExitCode {
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Run(a) => cmd::run::run(a),
         Command::Logits(a) => cmd::logits::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
         Command::Convert(a) => cmd::convert::run(a),
         Command::Quantize(a) => cmd::quantize::run(a),
         Command::Serve(a) => cmd::serve::run(a),

@@ -1,0 +1,269 @@
+//! `coil bench -m MODEL -p 512 -n 128`: prompt-processing and generation
+//! speed, measured the way llama.cpp's `llama-bench` measures them, so that
+//! the two can be compared on the same GGUF file.
+//!
+//! - pp: a prompt of `p` random tokens is processed from an empty sequence,
+//!   in micro-batches of `--ubatch` tokens, logits of the last token only;
+//! - tg: `n` tokens are fed one at a time from an empty sequence, each call
+//!   returning its logits (no sampling: the next token is random, as in
+//!   llama-bench);
+//! - one warm-up run of each (the whole prompt, one generated token), then
+//!   `r` timed repetitions; tokens/s is the mean over repetitions of
+//!   tokens ÷ seconds, with its sample standard deviation.
+
+use super::common::ModelArgs;
+use anyhow::{bail, Result};
+use coil::engine::Engine;
+use coil::models::LogitRows;
+use coil_gguf::GgufFile;
+use serde_json::json;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt tokens to process (0: skip the prompt test).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    n_prompt: usize,
+    /// Tokens to generate one by one (0: skip the generation test).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    n_gen: usize,
+    /// Timed repetitions of each test.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    reps: usize,
+    /// Tokens per micro-batch when processing the prompt.
+    #[arg(short = 'u', long = "ubatch", default_value_t = 512)]
+    ubatch: usize,
+    /// Skip the warm-up run.
+    #[arg(long = "no-warmup")]
+    no_warmup: bool,
+    /// Seed of the random tokens.
+    #[arg(long = "seed", default_value_t = 1)]
+    seed: u64,
+    /// Print one JSON object instead of a table.
+    #[arg(long = "json")]
+    json: bool,
+}
+
+/// Mean and sample standard deviation of tokens/s over repetitions.
+#[derive(Clone, Debug, Default)]
+struct Stats {
+    mean: f64,
+    std: f64,
+    secs: Vec<f64>,
+}
+
+impl Stats {
+    fn new(n_tokens: usize, secs: Vec<f64>) -> Stats {
+        let tps: Vec<f64> = secs.iter().map(|&s| n_tokens as f64 / s).collect();
+        let n = tps.len() as f64;
+        let mean = tps.iter().sum::<f64>() / n;
+        let std = if tps.len() > 1 {
+            (tps.iter().map(|t| (t - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
+        } else {
+            0.0
+        };
+        Stats { mean, std, secs }
+    }
+}
+
+/// A small deterministic generator (splitmix64) for the random tokens.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn token(&mut self, n_vocab: usize) -> u32 {
+        (self.next() % n_vocab as u64) as u32
+    }
+}
+
+/// llama.cpp's `general.file_type` values (`enum llama_ftype`).
+fn ftype_name(v: u64) -> String {
+    let name = match v {
+        0 => "F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        7 => "Q8_0",
+        8 => "Q5_0",
+        9 => "Q5_1",
+        10 => "Q2_K",
+        11 => "Q3_K_S",
+        12 => "Q3_K_M",
+        13 => "Q3_K_L",
+        14 => "Q4_K_S",
+        15 => "Q4_K_M",
+        16 => "Q5_K_S",
+        17 => "Q5_K_M",
+        18 => "Q6_K",
+        19 => "IQ2_XXS",
+        20 => "IQ2_XS",
+        21 => "Q2_K_S",
+        22 => "IQ3_XS",
+        23 => "IQ3_XXS",
+        24 => "IQ1_S",
+        25 => "IQ4_NL",
+        26 => "IQ3_S",
+        27 => "IQ3_M",
+        28 => "IQ2_S",
+        29 => "IQ2_M",
+        30 => "IQ4_XS",
+        31 => "IQ1_M",
+        32 => "BF16",
+        36 => "TQ1_0",
+        37 => "TQ2_0",
+        38 => "MXFP4_MOE",
+        _ => return format!("ftype {v}"),
+    };
+    name.to_string()
+}
+
+/// (tensor bytes, parameters, file type) as llama-bench reports them.
+fn model_totals(file: &GgufFile) -> (u64, u64, String) {
+    let bytes = file.tensors().iter().map(|t| t.n_bytes).sum();
+    let params = file.tensors().iter().map(|t| t.n_elements).sum();
+    let ftype = file
+        .metadata()
+        .get_u64("general.file_type")
+        .map(ftype_name)
+        .unwrap_or_else(|| "?".to_string());
+    (bytes, params, ftype)
+}
+
+/// Peak resident memory of this process (Linux; `None` elsewhere).
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// One prompt test: `n` random tokens from an empty sequence.
+fn run_prompt(engine: &mut Engine, rng: &mut Rng, n: usize, ubatch: usize) -> Result<f64> {
+    let n_vocab = engine.n_vocab();
+    let tokens: Vec<u32> = (0..n).map(|_| rng.token(n_vocab)).collect();
+    engine.seq_clear(0)?;
+    let t0 = Instant::now();
+    engine.eval(0, &tokens, LogitRows::Last, ubatch)?;
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+/// One generation test: `n` single-token calls from an empty sequence.
+fn run_gen(engine: &mut Engine, rng: &mut Rng, n: usize) -> Result<f64> {
+    let n_vocab = engine.n_vocab();
+    engine.seq_clear(0)?;
+    let t0 = Instant::now();
+    for _ in 0..n {
+        let t = rng.token(n_vocab);
+        engine.eval(0, &[t], LogitRows::Last, 1)?;
+    }
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.reps == 0 {
+        bail!("--repetitions must be at least 1");
+    }
+    if a.ubatch == 0 {
+        bail!("--ubatch must be at least 1");
+    }
+    if a.n_prompt == 0 && a.n_gen == 0 {
+        bail!("nothing to measure: -p and -n are both 0");
+    }
+    let mut margs = a.model.clone();
+    margs.ctx = margs.ctx.max(a.n_prompt).max(a.n_gen);
+    let t_load = Instant::now();
+    let mut engine = margs.load(1, a.ubatch)?;
+    let load_secs = t_load.elapsed().as_secs_f64();
+    let (size, params, ftype) = model_totals(&engine.file);
+    let arch = engine.model.info().arch.clone();
+    let model_type = format!("{arch} {ftype}");
+    let threads = engine.pool.n_threads();
+    let mut rng = Rng(a.seed);
+
+    if !a.no_warmup {
+        if a.n_prompt > 0 {
+            run_prompt(&mut engine, &mut rng, a.n_prompt, a.ubatch)?;
+        }
+        if a.n_gen > 0 {
+            run_gen(&mut engine, &mut rng, 1)?;
+        }
+    }
+    let mut pp = None;
+    if a.n_prompt > 0 {
+        let mut secs = Vec::with_capacity(a.reps);
+        for _ in 0..a.reps {
+            secs.push(run_prompt(&mut engine, &mut rng, a.n_prompt, a.ubatch)?);
+        }
+        pp = Some(Stats::new(a.n_prompt, secs));
+    }
+    let mut tg = None;
+    if a.n_gen > 0 {
+        let mut secs = Vec::with_capacity(a.reps);
+        for _ in 0..a.reps {
+            secs.push(run_gen(&mut engine, &mut rng, a.n_gen)?);
+        }
+        tg = Some(Stats::new(a.n_gen, secs));
+    }
+    engine.seq_clear(0)?;
+
+    if a.json {
+        let mean = |s: &Option<Stats>| s.as_ref().map(|s| s.mean);
+        let std = |s: &Option<Stats>| s.as_ref().map(|s| s.std);
+        let secs = |s: &Option<Stats>| s.as_ref().map(|s| s.secs.clone());
+        let out = json!({
+            "model": a.model.model.display().to_string(),
+            "model_type": model_type,
+            "arch": arch,
+            "ftype": ftype,
+            "model_size": size,
+            "model_n_params": params,
+            "file_size": engine.file.file_len(),
+            "threads": threads,
+            "n_prompt": a.n_prompt,
+            "n_gen": a.n_gen,
+            "n_ubatch": a.ubatch,
+            "repetitions": a.reps,
+            "checkpoint_interval": margs.checkpoint_interval,
+            "pp_tps": mean(&pp),
+            "pp_tps_std": std(&pp),
+            "pp_secs": secs(&pp),
+            "tg_tps": mean(&tg),
+            "tg_tps_std": std(&tg),
+            "tg_secs": secs(&tg),
+            "load_secs": load_secs,
+            "peak_rss_bytes": peak_rss_bytes(),
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+
+    let mib = size as f64 / (1u64 << 20) as f64;
+    let mparams = params as f64 / 1e6;
+    println!("| model | size | params | threads | test | t/s |");
+    println!("| --- | ---: | ---: | ---: | --- | ---: |");
+    let rows = [
+        (format!("pp{}", a.n_prompt), &pp),
+        (format!("tg{}", a.n_gen), &tg),
+    ];
+    for (test, s) in rows {
+        if let Some(s) = s {
+            println!(
+                "| {model_type} | {mib:.2} MiB | {mparams:.2} M | {threads} | {test} | {:.2} ± {:.2} |",
+                s.mean, s.std
+            );
+        }
+    }
+    if let Some(rss) = peak_rss_bytes() {
+        eprintln!("peak RSS: {:.1} MiB", rss as f64 / (1u64 << 20) as f64);
+    }
+    Ok(())
+}

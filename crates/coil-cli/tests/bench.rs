@@ -1,0 +1,78 @@
+//! `coil bench` as a user runs it (no timing assertions: only the report).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn model(arch: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("../../tests/fixtures/models/{arch}/model.f16.gguf"))
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn coil(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_coil"))
+        .args(args)
+        .output()
+        .expect("run coil");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bench_json_reports_both_tests() {
+    for (arch, want_arch) in [("mamba2", "mamba2"), ("granitemoehybrid", "granitehybrid")] {
+        let m = model(arch);
+        let (ok, out, err) = coil(&[
+            "bench", "-m", &m, "-p", "16", "-n", "4", "-r", "2", "-t", "2", "--json",
+        ]);
+        assert!(ok, "{arch}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("bench prints JSON");
+        assert_eq!(v["n_prompt"], 16);
+        assert_eq!(v["n_gen"], 4);
+        assert_eq!(v["threads"], 2);
+        assert_eq!(v["repetitions"], 2);
+        assert_eq!(v["arch"], want_arch);
+        assert_eq!(v["model_type"], format!("{want_arch} F16"));
+        for key in ["pp_tps", "tg_tps", "pp_tps_std", "tg_tps_std"] {
+            let x = v[key].as_f64().unwrap_or(f64::NAN);
+            assert!(x.is_finite() && x >= 0.0, "{arch}: {key} = {}", v[key]);
+        }
+        assert!(v["pp_tps"].as_f64().unwrap() > 0.0);
+        assert!(v["tg_tps"].as_f64().unwrap() > 0.0);
+        assert_eq!(v["pp_secs"].as_array().map(|a| a.len()), Some(2));
+        assert_eq!(v["tg_secs"].as_array().map(|a| a.len()), Some(2));
+        assert!(v["model_size"].as_u64().unwrap() > 0);
+        assert!(v["model_n_params"].as_u64().unwrap() > 0);
+    }
+}
+
+#[test]
+fn bench_table_and_errors() {
+    let m = model("mamba2");
+    let (ok, out, err) = coil(&["bench", "-m", &m, "-p", "8", "-n", "0", "-r", "1"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("| pp8 |"), "{out}");
+    assert!(!out.contains("tg0"), "{out}");
+
+    let (ok, _, err) = coil(&["bench", "-m", &m, "-p", "0", "-n", "0"]);
+    assert!(!ok);
+    assert!(err.contains("nothing to measure"), "{err}");
+    let (ok, _, err) = coil(&["bench", "-m", &m, "-r", "0"]);
+    assert!(!ok);
+    assert!(err.contains("--repetitions"), "{err}");
+    let (ok, _, err) = coil(&[
+        "bench",
+        "-m",
+        "/nonexistent/model.gguf",
+        "-p",
+        "4",
+        "-n",
+        "1",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("error"), "{err}");
+}

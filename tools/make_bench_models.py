@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""Random-weight Hugging Face checkpoints of real model shapes, for benchmarks.
+
+    python3 tools/make_bench_models.py --tokenizer PATH/gpt-neox-20b_tokenizer.json \
+        [--out DIR] [--only mamba2-370m-like|hybrid-350m-like ...] [--seed N] [--force]
+
+Writes, under --out (default: ../bench-models relative to the repository root,
+i.e. outside the repository), one folder per model with `config.json`,
+`model.safetensors` (float16; `A_log` float32, so that llama.cpp's converter
+computes A = -exp(A_log) in f32), `tokenizer.json` (the GPT-NeoX-20B
+tokenizer given with --tokenizer) and `tokenizer_config.json`.
+
+The two shapes are those of docs/PERFORMANCE-ANCHOR (llama.cpp's reference
+numbers on the development machine):
+
+- mamba2-370m-like: Mamba2ForCausalLM, 48 layers, d_model 1024, expand 2
+  (d_inner 2048 = 32 heads x 64), d_state 128, 1 group, d_conv 4, vocab
+  50280, tied embeddings (~368 M parameters, 704 MiB as an F16 GGUF);
+- hybrid-350m-like: GraniteMoeHybridForCausalLM without routed experts
+  (Granite-4.0-H dense style), 32 layers, d_model 768, attention (12 heads,
+  4 KV heads, head_dim 64, no positional encoding) at layers 5, 13, 21, 29,
+  Mamba-2 elsewhere (24 heads x 64, d_state 128, 1 group), a shared SwiGLU
+  MLP of 2560 in every layer, vocab 50280, tied (648 MiB as an F16 GGUF).
+
+Random weights cost the same compute as trained ones. Init: every matrix
+N(0, 1/fan_in) (unit-variance activations), tied embeddings N(0, (4/sqrt(d))^2)
+(logits of std ~4), norms 1; A_log, dt_bias, D and the conv1d weights at
+transformers' own init. Every value is f16-representable.
+
+Run it with the Python that runs llama.cpp's convert_hf_to_gguf.py: the
+converter of the pinned llama.cpp expects transformers 4.x. With
+transformers 5 the script still works: it writes GraniteMoeHybrid's
+`layer_types` in the 4.x spelling ("mamba" / "attention") that the converter
+reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+VOCAB = 50280
+
+MODELS = ("mamba2-370m-like", "hybrid-350m-like")
+
+
+def mamba2_config():
+    from transformers import Mamba2Config
+
+    return Mamba2Config(
+        vocab_size=VOCAB,
+        hidden_size=1024,
+        num_hidden_layers=48,
+        expand=2,
+        head_dim=64,
+        num_heads=32,
+        state_size=128,
+        n_groups=1,
+        conv_kernel=4,
+        chunk_size=256,
+        use_bias=False,
+        use_conv_bias=True,
+        layer_norm_epsilon=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=1,
+        residual_in_fp32=True,
+        time_step_limit=(0.0, float("inf")),
+    )
+
+
+ATTN_LAYERS = (5, 13, 21, 29)
+
+
+def hybrid_config():
+    from transformers import GraniteMoeHybridConfig
+
+    n_layer = 32
+    kw = dict(
+        vocab_size=VOCAB,
+        hidden_size=768,
+        num_hidden_layers=n_layer,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        intermediate_size=2560,
+        shared_intermediate_size=2560,
+        num_local_experts=0,
+        num_experts_per_tok=0,
+        hidden_act="silu",
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-5,
+        attention_bias=False,
+        position_embedding_type="nope",
+        embedding_multiplier=12.0,
+        residual_multiplier=0.246,
+        attention_multiplier=0.015625,
+        logits_scaling=4.0,
+        mamba_n_heads=24,
+        mamba_d_head=64,
+        mamba_n_groups=1,
+        mamba_d_state=128,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_chunk_size=256,
+        mamba_conv_bias=True,
+        mamba_proj_bias=False,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=1,
+    )
+    # transformers 4.x spells the layer types "mamba" / "attention",
+    # transformers 5 "linear_attention" / "full_attention".
+    for mamba, attn in (("mamba", "attention"), ("linear_attention", "full_attention")):
+        types = [attn if i in ATTN_LAYERS else mamba for i in range(n_layer)]
+        try:
+            cfg = GraniteMoeHybridConfig(layer_types=types, **kw)
+        except (ValueError, TypeError):
+            continue
+        got = list(getattr(cfg, "layer_types", None) or [])
+        if got == types:
+            return cfg
+    sys.exit("error: this transformers version accepts no known spelling of GraniteMoeHybrid layer_types")
+
+
+def build(name: str):
+    import torch
+    from transformers import GraniteMoeHybridForCausalLM, Mamba2ForCausalLM
+
+    if name == "mamba2-370m-like":
+        cfg = mamba2_config()
+        cls = Mamba2ForCausalLM
+    else:
+        cfg = hybrid_config()
+        cls = GraniteMoeHybridForCausalLM
+    model = cls(cfg).float().eval()
+    d = cfg.hidden_size
+    keep = ("A_log", "dt_bias", ".D", "conv1d")
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if any(k in pname for k in keep):
+                continue
+            if "embed" in pname or "embedding" in pname:
+                p.normal_(0.0, 4.0 / d**0.5)
+            elif p.ndim == 2:
+                p.normal_(0.0, 1.0 / p.shape[1] ** 0.5)
+            elif pname.endswith("norm.weight") or "norm" in pname:
+                p.fill_(1.0)
+            elif "bias" in pname:
+                p.zero_()
+            # Everything f16-representable (A_log is then saved as f32).
+            p.copy_(p.half().float())
+    return model
+
+
+def save(model, out: Path, tokenizer: Path):
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    model = model.half()
+    for pname, p in model.named_parameters():
+        if pname.endswith("A_log"):
+            p.data = p.data.to(torch.float32)
+    # The tensors themselves, written directly: save_pretrained's checks on
+    # tied weights differ between transformers versions. A tied lm_head is
+    # left out, as save_pretrained does.
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for pname, t in model.state_dict().items():
+        if pname == "lm_head.weight" and model.config.tie_word_embeddings:
+            continue
+        tensors[pname] = t.contiguous()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    model.config.save_pretrained(out)
+    if hasattr(model, "generation_config") and model.generation_config is not None:
+        model.generation_config.save_pretrained(out)
+    cfg_path = out / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["architectures"] = [type(model).__name__]
+    cfg["dtype"] = "float16"
+    if "layer_types" in cfg:
+        spell = {"linear_attention": "mamba", "full_attention": "attention"}
+        cfg["layer_types"] = [spell.get(t, t) for t in cfg["layer_types"]]
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    shutil.copyfile(tokenizer, out / "tokenizer.json")
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "GPTNeoXTokenizerFast",
+                "bos_token": "<|endoftext|>",
+                "eos_token": "<|endoftext|>",
+                "unk_token": "<|endoftext|>",
+                "pad_token": "<|padding|>",
+                "add_bos_token": False,
+                "add_eos_token": False,
+                "model_max_length": 1000000,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokenizer", type=Path, required=True, help="the GPT-NeoX-20B tokenizer.json")
+    ap.add_argument("--out", type=Path, default=REPO.parent / "bench-models")
+    ap.add_argument("--only", nargs="*", choices=MODELS, default=list(MODELS))
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--force", action="store_true", help="rebuild models that already exist")
+    a = ap.parse_args()
+
+    import torch
+
+    if not a.tokenizer.is_file():
+        sys.exit(f"error: tokenizer {a.tokenizer} not found")
+    out_root = a.out.resolve()
+    if out_root == REPO or REPO in out_root.parents:
+        sys.exit(f"error: --out {out_root} is inside the repository; put it outside")
+    for i, name in enumerate(a.only):
+        out = out_root / name / "hf"
+        if (out / "model.safetensors").is_file() and not a.force:
+            print(f"{name}: {out} exists (--force rebuilds it)")
+            continue
+        torch.manual_seed(a.seed + i)
+        model = build(name)
+        n = sum(p.numel() for p in model.parameters())
+        save(model, out, a.tokenizer)
+        print(f"{name}: {n / 1e6:.1f} M parameters -> {out}")
+
+
+if __name__ == "__main__":
+    main()
