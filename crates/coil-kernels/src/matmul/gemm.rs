@@ -32,17 +32,27 @@ thread_local! {
     static CBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Packs `x` (`[n_tokens, cols]`) into `[ceil(n/TB)][cols][TB]`.
-fn pack_x(pool: &ThreadPool, x: &[f32], n_tokens: usize, cols: usize) -> Vec<f32> {
+/// Packs `x` (`[n_tokens, cols]`) into `xp` as `[ceil(n/TB)][cols][TB]`
+/// (padding tokens zero). `xp` is reused between calls: a fresh multi-MB
+/// buffer per call would cost page faults comparable to the product itself.
+fn pack_x(pool: &ThreadPool, x: &[f32], n_tokens: usize, cols: usize, xp: &mut Vec<f32>) {
     let nb = n_tokens.div_ceil(TB);
-    let mut xp = vec![0f32; nb * cols * TB];
+    if xp.len() < nb * cols * TB {
+        xp.resize(nb * cols * TB, 0.0);
+    }
+    // Every element in use is written below (full blocks by copying, the
+    // last partial block by zero-filling first).
     let ptr = SendPtr(xp.as_mut_ptr());
     pool.parallel_for(nb, 1, |range, _| {
         for b in range {
             // SAFETY: block b owns xp[b*cols*TB .. (b+1)*cols*TB].
             let dst =
                 unsafe { std::slice::from_raw_parts_mut(ptr.get().add(b * cols * TB), cols * TB) };
-            for t in 0..TB.min(n_tokens - b * TB) {
+            let nt = TB.min(n_tokens - b * TB);
+            if nt < TB {
+                dst.fill(0.0);
+            }
+            for t in 0..nt {
                 let src = &x[(b * TB + t) * cols..(b * TB + t + 1) * cols];
                 for (k, &v) in src.iter().enumerate() {
                     dst[k * TB + t] = v;
@@ -50,7 +60,11 @@ fn pack_x(pool: &ThreadPool, x: &[f32], n_tokens: usize, cols: usize) -> Vec<f32
             }
         }
     });
-    xp
+}
+
+thread_local! {
+    /// The calling thread's packed-activation buffer.
+    static XP: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Rows of the microkernel tile for `level`.
@@ -71,7 +85,9 @@ pub fn gemm(
     level: SimdLevel,
 ) {
     let (rows, cols) = (w.rows, w.cols);
-    let xp = pack_x(pool, x, n_tokens, cols);
+    // Reuse this thread's buffer (taken out so nested use cannot alias it).
+    let mut xp = XP.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    pack_x(pool, x, n_tokens, cols, &mut xp);
     let nb = n_tokens.div_ceil(TB);
     let panels = rows.div_ceil(PANEL);
     // Split the token blocks into groups when there are few row panels.
@@ -187,6 +203,7 @@ pub fn gemm(
             })
         });
     });
+    XP.with(|b| *b.borrow_mut() = xp);
 }
 
 /// Hints the CPU to bring `bytes` into L2.
