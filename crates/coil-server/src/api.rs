@@ -275,11 +275,13 @@ pub fn normalise_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
                                 text.push_str(t);
                             }
                         }
-                        other => return Err(ApiError::bad_request(format!(
+                        other => {
+                            return Err(ApiError::bad_request(format!(
                             "messages[{i}]: content parts of type {} are not supported (text only)",
                             other.unwrap_or("(none)")
                         ))
-                        .with_param("messages")),
+                            .with_param("messages"))
+                        }
                     }
                 }
                 text

@@ -13,8 +13,9 @@ pub struct Metrics {
     pub prompt_tokens_cached: AtomicU64,
     pub prompt_tokens_processed: AtomicU64,
     pub completion_tokens: AtomicU64,
-    /// Tokens replayed after restoring a recurrent checkpoint.
-    pub rollback_tokens_replayed: AtomicU64,
+    /// Prompt tokens found in the cache but processed again, because the
+    /// nearest recurrent checkpoint lies before the shared length.
+    pub prefix_tokens_recomputed: AtomicU64,
     pub cache_evictions: AtomicU64,
     /// Micro-seconds spent in the model's forward passes.
     pub busy_us: AtomicU64,
@@ -93,9 +94,9 @@ impl Metrics {
                 "Generated tokens.",
             ),
             (
-                "rollback_tokens_replayed_total",
-                &self.rollback_tokens_replayed,
-                "Tokens replayed from a recurrent checkpoint to reach a cached prefix.",
+                "prefix_tokens_recomputed_total",
+                &self.prefix_tokens_recomputed,
+                "Prompt tokens shared with a cached sequence but processed again (no recurrent checkpoint at the shared length).",
             ),
             (
                 "cache_evictions_total",

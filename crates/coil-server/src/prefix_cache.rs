@@ -249,6 +249,54 @@ impl PrefixCache {
         best.map(|(_, seq)| Match { seq, len: depth })
     }
 
+    /// Every parked sequence sharing at least one token with `query`, with
+    /// the length it shares (one walk down the query's path: a subtree
+    /// leaving the path shares the depth where it leaves).
+    pub fn matches(&self, query: &[u32]) -> Vec<Match> {
+        let mut out = Vec::new();
+        let mut node = ROOT;
+        let mut depth = 0;
+        loop {
+            let next = query
+                .get(depth)
+                .and_then(|t| self.nodes[node].children.get(t));
+            for &child in self.nodes[node].children.values() {
+                if Some(&child) != next {
+                    self.collect(child, depth, &mut out);
+                }
+            }
+            let Some(&child) = next else {
+                break;
+            };
+            let n = common_len(&self.nodes[child].edge, &query[depth..]);
+            depth += n;
+            if n < self.nodes[child].edge.len() {
+                self.collect(child, depth, &mut out);
+                break;
+            }
+            node = child;
+            for &s in &self.nodes[node].seqs {
+                out.push(Match { seq: s, len: depth });
+            }
+        }
+        out.retain(|m| m.len > 0);
+        out
+    }
+
+    /// Pushes every sequence below `node` as sharing `len` tokens.
+    fn collect(&self, node: NodeId, len: usize, out: &mut Vec<Match>) {
+        let mut stack = vec![node];
+        while let Some(n) = stack.pop() {
+            out.extend(self.nodes[n].seqs.iter().map(|&seq| Match { seq, len }));
+            stack.extend(self.nodes[n].children.values().copied());
+        }
+    }
+
+    /// When `seq` was last used (larger: more recent).
+    pub fn last_used(&self, seq: SeqId) -> Option<u64> {
+        self.entries.get(&seq).map(|e| e.last_used)
+    }
+
     /// Marks `seq` as just used.
     pub fn touch(&mut self, seq: SeqId) {
         let t = self.tick();
@@ -353,6 +401,18 @@ mod tests {
             let len = rnd(8) as usize;
             let q: Vec<u32> = (0..len).map(|_| rnd(3) as u32).collect();
             let want = plain.values().map(|t| common_len(t, &q)).max().unwrap_or(0);
+            let mut all = c.matches(&q);
+            all.sort_by_key(|m| m.seq);
+            let mut want_all: Vec<Match> = plain
+                .iter()
+                .map(|(&seq, t)| Match {
+                    seq,
+                    len: common_len(t, &q),
+                })
+                .filter(|m| m.len > 0)
+                .collect();
+            want_all.sort_by_key(|m| m.seq);
+            assert_eq!(all, want_all);
             match c.longest_match(&q) {
                 None => assert_eq!(want, 0),
                 Some(m) => {

@@ -373,19 +373,47 @@ impl Worker {
         }
     }
 
-    /// Picks the slot and rolls it to the reused prefix; returns the slot
-    /// and how many prompt tokens it already holds (not replayed).
+    /// Where sequence `s`, sharing `len` tokens with a prompt, can resume
+    /// with nothing replayed: its end if it holds no more than that, else
+    /// its newest recurrent checkpoint at or before `len` (attention-only
+    /// memory is simply cut at `len`).
+    fn resume_point(&self, s: SeqId, len: usize) -> usize {
+        let have = seq_len_or_zero(&self.engine, s);
+        if len >= have {
+            return have;
+        }
+        match &self.engine.mem.recurrent {
+            None => len,
+            Some(r) => r.checkpoints(s).map_or(0, |cps| {
+                cps.iter()
+                    .rev()
+                    .map(|c| c.pos)
+                    .find(|&p| p <= len)
+                    .unwrap_or(0)
+            }),
+        }
+    }
+
+    /// Picks the slot and rolls it back to the reused prefix; returns the
+    /// slot and how many prompt tokens it already holds.
+    ///
+    /// Candidates are the parked sequences (from the radix tree) and the
+    /// running ones; the best is the one that resumes furthest. The tokens
+    /// between its resume point (a checkpoint) and the shared length are
+    /// processed with the rest of the prompt, batched like any prefill,
+    /// rather than replayed here.
     fn prepare(&mut self, req: &mut GenRequest) -> Result<(SeqId, usize), String> {
         let n = req.prompt.len();
         if n == 0 {
             return Err("the prompt has no tokens".into());
         }
         let query = &req.prompt[..n - 1];
-        // (source, common length, parked?)
-        let mut best = self
+        let mut cands: Vec<(SeqId, usize, bool)> = self
             .cache
-            .longest_match(query)
-            .map(|m| (m.seq, m.len, true));
+            .matches(query)
+            .into_iter()
+            .map(|m| (m.seq, m.len, true))
+            .collect();
         for a in &self.active {
             let toks = self
                 .engine
@@ -393,64 +421,91 @@ impl Worker {
                 .seq_tokens(a.seq)
                 .map_err(|e| e.to_string())?;
             let l = common_len(toks, query);
-            if l > best.map_or(0, |b| b.1) {
-                best = Some((a.seq, l, false));
+            if l > 0 {
+                cands.push((a.seq, l, false));
             }
         }
-        if let Some((src, len, parked)) = best.filter(|b| b.1 > 0 && self.cfg.reuse_by_text) {
-            let held = self.engine.mem.seq_tokens(src).map_err(|e| e.to_string())?;
-            let bytes = |t: u32| self.tok.token_to_bytes_with(t, true);
-            if let Some((prompt, l)) = align_by_text(&req.prompt, held, len, bytes) {
-                if prompt.len() + req.max_tokens <= self.engine.mem.n_ctx() {
-                    req.prompt = prompt;
-                    best = Some((src, l, parked));
+        struct Pick {
+            seq: SeqId,
+            len: usize,
+            at: usize,
+            parked: bool,
+            prompt: Option<Vec<u32>>,
+            key: (usize, bool, u64),
+        }
+        let n_ctx = self.engine.mem.n_ctx();
+        let mut best: Option<Pick> = None;
+        for (seq, len, parked) in cands {
+            let held = self.engine.mem.seq_tokens(seq).map_err(|e| e.to_string())?;
+            let (mut len, mut prompt) = (len, None);
+            if self.cfg.reuse_by_text {
+                let bytes = |t: u32| self.tok.token_to_bytes_with(t, true);
+                if let Some((p, l)) = align_by_text(&req.prompt, held, len, bytes) {
+                    if p.len() + req.max_tokens <= n_ctx {
+                        prompt = Some(p);
+                        len = l;
+                    }
                 }
             }
+            let at = self.resume_point(seq, len);
+            if at == 0 {
+                continue;
+            }
+            let recency = match parked {
+                true => self.cache.last_used(seq).unwrap_or(0),
+                false => u64::MAX,
+            };
+            let key = (at, len == held.len(), recency);
+            if best.as_ref().is_none_or(|b| key > b.key) {
+                best = Some(Pick {
+                    seq,
+                    len,
+                    at,
+                    parked,
+                    prompt,
+                    key,
+                });
+            }
         }
-        let (slot, len) = match best {
-            Some((src, len, parked)) if len > 0 => {
-                let src_len = seq_len_or_zero(&self.engine, src);
-                // Adopt a parked sequence (no copy) when nothing is lost by
-                // it; fork it otherwise, into a free slot.
-                let adopt = parked
-                    && (len == src_len
-                        || (self.unused_slot().is_none()
-                            && (self.cache.lru(None) == Some(src) || 2 * len >= src_len)));
-                let slot = if adopt {
-                    self.cache.remove(src);
-                    src
-                } else {
-                    let Some(slot) = self.take_slot(Some(src)) else {
-                        return Err("no free sequence slot".into());
-                    };
-                    self.engine.seq_fork(src, slot).map_err(|e| e.to_string())?;
-                    if parked {
-                        self.cache.touch(src);
-                    }
-                    slot
-                };
-                (slot, len)
-            }
-            _ => {
-                let Some(slot) = self.take_slot(None) else {
-                    return Err("no free sequence slot".into());
-                };
-                (slot, 0)
-            }
-        };
-        if len == 0 {
+        let Some(mut pick) = best else {
+            let slot = self.take_slot(None).ok_or("no free sequence slot")?;
             self.engine.seq_clear(slot).map_err(|e| e.to_string())?;
             return Ok((slot, 0));
+        };
+        if let Some(p) = pick.prompt.take() {
+            req.prompt = p;
         }
-        let stats = match self.engine.seq_truncate(slot, len) {
+        let src = pick.seq;
+        let src_len = seq_len_or_zero(&self.engine, src);
+        // Adopt a parked sequence (no copy) when nothing is lost by it, or
+        // when a slot must be freed anyway and it is the one to go; fork it
+        // otherwise.
+        let adopt = pick.parked
+            && (pick.at == src_len
+                || (self.unused_slot().is_none()
+                    && (self.cache.lru(None) == Some(src) || 2 * pick.at >= src_len)));
+        let slot = if adopt {
+            self.cache.remove(src);
+            src
+        } else {
+            let slot = self.take_slot(Some(src)).ok_or("no free sequence slot")?;
+            self.engine.seq_fork(src, slot).map_err(|e| e.to_string())?;
+            if pick.parked {
+                self.cache.touch(src);
+            }
+            slot
+        };
+        // A checkpoint (or the end, or a cut of attention cells): nothing
+        // is replayed here.
+        let stats = match self.engine.seq_truncate(slot, pick.at) {
             Ok(s) => s,
             Err(e) => {
                 let _ = self.engine.seq_clear(slot);
                 return Err(e.to_string());
             }
         };
-        metrics::add(&self.metrics.rollback_tokens_replayed, stats.replayed);
-        Ok((slot, len - stats.replayed.min(len)))
+        metrics::add(&self.metrics.prefix_tokens_recomputed, pick.len - pick.at);
+        Ok((slot, pick.at - stats.replayed.min(pick.at)))
     }
 
     /// One batched forward pass over every active request.
@@ -542,29 +597,34 @@ impl Worker {
             }
         }
         ended.sort_unstable_by_key(|e| e.0);
+        let mut replies = Vec::new();
         for (i, how) in ended.into_iter().rev() {
             let mut a = self.active.remove(i);
+            metrics::add(&self.metrics.completion_tokens, a.usage.completion_tokens);
             match how {
                 Some((reason, flush)) => {
+                    let mut rest = String::new();
                     if flush {
-                        let mut rest = a.stops.push(&a.decoder.flush()).0;
+                        rest = a.stops.push(&a.decoder.flush()).0;
                         rest.push_str(&a.stops.flush());
-                        if !rest.is_empty() {
-                            let _ = a.events.send(Event::Text(rest));
-                        }
                     }
-                    metrics::add(&self.metrics.completion_tokens, a.usage.completion_tokens);
-                    let _ = a.events.send(Event::Done {
+                    let done = Event::Done {
                         finish: reason,
                         usage: a.usage,
-                    });
+                    };
+                    replies.push((a.events, rest, done));
                 }
-                None => {
-                    metrics::add(&self.metrics.completion_tokens, a.usage.completion_tokens);
-                    metrics::add(&self.metrics.requests_cancelled, 1);
-                }
+                None => metrics::add(&self.metrics.requests_cancelled, 1),
             }
             self.release(a.seq, true);
+        }
+        // Counters and gauges are current before a client hears the end.
+        self.gauges();
+        for (events, rest, done) in replies {
+            if !rest.is_empty() {
+                let _ = events.send(Event::Text(rest));
+            }
+            let _ = events.send(done);
         }
     }
 

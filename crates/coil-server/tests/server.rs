@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{start, TestServer};
+use common::{start, start_arch, start_with_template, TestServer};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::time::{Duration, Instant};
@@ -370,4 +370,107 @@ fn metrics_parse_and_count() {
     assert!(m["coil_prompt_tokens_cached_total"] > 0.0);
     assert!(m["coil_generation_tokens_per_second"] > 0.0);
     assert_eq!(m["coil_queue_length"], 0.0);
+}
+
+/// The model's own template (GGUF `tokenizer.chat_template`) renders the
+/// conversation; a template's `raise_exception` is a 400.
+#[test]
+fn chat_uses_the_models_template() {
+    let template = "{% for m in messages %}\
+{% if m['role'] not in ['system', 'user', 'assistant'] %}{{ raise_exception('unknown role ' + m['role']) }}{% endif %}\
+<|{{ m['role'] }}|>{{ m['content'].strip() }}<|endoftext|>{% endfor %}\
+{% if add_generation_prompt %}<|assistant|>{% endif %}";
+    let s = start_with_template(template, 1, 512);
+    let file = coil_gguf::GgufFile::open(common::fixture("granitemoehybrid")).unwrap();
+    let tok = coil::tokenizer::Tokenizer::from_gguf(&file).unwrap();
+    let rendered = "<|user|>Hi<|endoftext|><|assistant|>";
+    let want = tok.encode_with(
+        rendered,
+        coil::tokenizer::EncodeOptions {
+            add_special: true,
+            parse_special: true,
+        },
+    );
+    // <|endoftext|> is a control token: parsed as one token.
+    assert!(want.contains(&0));
+    let r = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "  Hi "}], "max_tokens": 3, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(usage(&r.json()).0 as usize, want.len());
+    let r = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "robot", "content": "beep"}]}),
+    );
+    assert_eq!(r.status, 400);
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("unknown role robot"), "{msg}");
+}
+
+/// Continuous batching and prefix reuse on other memory kinds: recurrent
+/// only (Mamba-1, Mamba-2), attention only (Llama), Jamba's hybrid.
+#[test]
+fn batched_and_cached_requests_match_on_every_memory_kind() {
+    for arch in ["mamba", "mamba2", "llama", "jamba"] {
+        let prompts = [
+            "Once upon a time there was",
+            "Once upon a time",
+            "Call me Ishmael",
+        ];
+        let alone: Vec<String> = prompts
+            .iter()
+            .map(|p| {
+                let s = start_arch(arch, 1, 0, 256);
+                complete(&s, p, 10)["choices"][0]["text"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        let s = start_arch(arch, 3, 3, 256);
+        for round in 0..2 {
+            let threads: Vec<_> = prompts
+                .iter()
+                .map(|p| {
+                    let addr = s.addr;
+                    let p = p.to_string();
+                    std::thread::spawn(move || {
+                        let v = complete(&TestServer { addr }, &p, 10);
+                        (
+                            v["choices"][0]["text"].as_str().unwrap().to_string(),
+                            usage(&v),
+                        )
+                    })
+                })
+                .collect();
+            let got: Vec<(String, (u64, u64, u64))> =
+                threads.into_iter().map(|t| t.join().unwrap()).collect();
+            for (i, (text, u)) in got.iter().enumerate() {
+                assert_eq!(text, &alone[i], "{arch} round {round} prompt {i}");
+                if round == 1 {
+                    // The second round finds each prompt in the cache.
+                    assert_eq!(u.1, u.0 - 1, "{arch} prompt {i}");
+                }
+            }
+        }
+    }
+}
+
+/// Bounded memory: with more conversations than slots, the least recently
+/// used are evicted and results stay right.
+#[test]
+fn the_cache_evicts_least_recently_used() {
+    let s = start(1, 1, 256);
+    let prompts = ["alpha beta gamma", "delta epsilon zeta", "eta theta iota"];
+    let first: Vec<Value> = prompts.iter().map(|p| complete(&s, p, 4)).collect();
+    let m = s.metrics();
+    assert_eq!(m["coil_cached_sequences"], 2.0);
+    assert!(m["coil_cache_evictions_total"] >= 1.0);
+    // The most recent one is still cached; the first was evicted.
+    let last = complete(&s, prompts[2], 4);
+    assert_eq!(usage(&last).1, usage(&last).0 - 1);
+    let again = complete(&s, prompts[0], 4);
+    assert_eq!(usage(&again).1, 0);
+    assert_eq!(again["choices"][0]["text"], first[0]["choices"][0]["text"]);
 }

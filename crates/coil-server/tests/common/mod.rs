@@ -4,12 +4,14 @@
 #![allow(dead_code)]
 
 use coil::engine::{Engine, EngineOptions};
+use coil_gguf::gguf::encode_header;
+use coil_gguf::{GgufFile, TensorSpec, Value};
 use coil_server::scheduler::SchedulerConfig;
 use coil_server::Server;
-use serde_json::Value;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub fn fixture(arch: &str) -> PathBuf {
@@ -30,15 +32,45 @@ pub fn start(parallel: usize, cache: usize, ctx: usize) -> TestServer {
     start_arch("granitemoehybrid", parallel, cache, ctx)
 }
 
-pub fn start_arch(arch: &str, parallel: usize, cache: usize, ctx: usize) -> TestServer {
-    let opts = EngineOptions {
+fn options(parallel: usize, cache: usize, ctx: usize) -> EngineOptions {
+    EngineOptions {
         n_threads: 1,
         n_seq_max: parallel + cache,
         n_ctx: ctx,
         n_ubatch: 512,
         ..Default::default()
-    };
-    let engine = Engine::load(fixture(arch), opts).expect("load the fixture");
+    }
+}
+
+pub fn start_arch(arch: &str, parallel: usize, cache: usize, ctx: usize) -> TestServer {
+    let engine = Engine::load(fixture(arch), options(parallel, cache, ctx)).expect("load");
+    start_engine(engine, parallel)
+}
+
+/// The Granite fixture with `tokenizer.chat_template` set to `template`
+/// (the file rewritten in memory).
+pub fn start_with_template(template: &str, parallel: usize, ctx: usize) -> TestServer {
+    let file = GgufFile::open(fixture("granitemoehybrid")).expect("open");
+    let mut md = file.metadata().clone();
+    md.insert("tokenizer.chat_template", Value::String(template.into()));
+    let specs: Vec<TensorSpec> = file
+        .tensors()
+        .iter()
+        .map(|t| TensorSpec::new(t.name.clone(), &t.dims, t.ty))
+        .collect();
+    let (mut bytes, _) = encode_header(&md, &specs).expect("header");
+    let align = file.alignment() as usize;
+    for t in file.tensors() {
+        bytes.extend_from_slice(&file.bytes()[file.data_range(t)]);
+        bytes.resize(bytes.len().div_ceil(align) * align, 0);
+    }
+    let file = GgufFile::from_bytes(bytes).expect("reparse");
+    let engine =
+        Engine::from_file(Arc::new(file), options(parallel, 1, ctx)).expect("load the model");
+    start_engine(engine, parallel)
+}
+
+pub fn start_engine(engine: Engine, parallel: usize) -> TestServer {
     let cfg = SchedulerConfig {
         parallel,
         cache_bytes: 1 << 30,
@@ -82,7 +114,7 @@ impl Reply {
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
-    pub fn json(&self) -> Value {
+    pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
     }
@@ -126,7 +158,7 @@ impl TestServer {
         self.request("GET", path, None)
     }
 
-    pub fn post(&self, path: &str, body: &Value) -> Reply {
+    pub fn post(&self, path: &str, body: &serde_json::Value) -> Reply {
         self.request("POST", path, Some(&body.to_string()))
     }
 
