@@ -1,0 +1,243 @@
+#!/usr/bin/env bash
+# coil vs llama.cpp, end to end, on the same GGUF files, same threads,
+# interleaved.
+#
+# 1. builds llama.cpp once (scripts/build-llamacpp.sh; idempotent);
+# 2. makes a Python environment for llama.cpp's converter (transformers 4.x);
+# 3. creates the random-weight benchmark models (tools/make_bench_models.py:
+#    mamba2-370m-like, hybrid-350m-like; see docs/PERFORMANCE.md);
+# 4. converts them with llama.cpp's convert_hf_to_gguf.py (--outtype f16) and
+#    quantizes to Q8_0 and Q4_K_M with llama-quantize;
+# 5. builds coil in release;
+# 6. for each file, REPS rounds of: `coil bench`, then `llama-bench` (once per
+#    --repack value), each a fresh process with one timed repetition after
+#    its own warm-up, under /usr/bin/time -v for the peak RSS;
+# 7. prints, per file, pp and tg tokens/s (mean ± std over rounds) of both,
+#    the ratio coil / llama.cpp (llama.cpp: the best of its --repack
+#    settings per column, as in PERFORMANCE-ANCHOR) and the peak RSS of each
+#    (llama.cpp: of its default, --repack 1).
+#
+# Everything it creates lives outside the repository.
+#
+# Usage:
+#   scripts/bench-vs-llamacpp.sh [-r REPS] [-t THREADS] [-p N_PROMPT] [-n N_GEN]
+#                                [--models "mamba2-370m-like hybrid-350m-like"]
+#                                [--types "F16 Q8_0 Q4_K_M"] [--skip-build]
+#
+# Environment:
+#   BENCH_DIR        models, logs and results (default: <repo>/../bench-models)
+#   TOKENIZER        the GPT-NeoX-20B tokenizer.json (default:
+#                    <repo>/../shared/data/tokenizers/gpt-neox-20b_tokenizer.json)
+#   CONVERT_PYTHON   a Python with transformers 4.x, torch, safetensors,
+#                    numpy, sentencepiece for the converter (default: a venv
+#                    made in $BENCH_DIR/venv-convert, sharing the system's
+#                    packages, with transformers 4.57 pinned)
+#   LLAMACPP_DIR     where scripts/build-llamacpp.sh builds llama.cpp
+#   LLAMA_REPACK     llama-bench --repack values to try (default "1 0")
+#   COIL_BENCH_ARGS  extra arguments for `coil bench`
+#   CARGO_TARGET_DIR honoured when locating the coil binary
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
+REPS=3
+THREADS="$(nproc 2>/dev/null || echo 2)"
+N_PROMPT=512
+N_GEN=128
+MODELS="mamba2-370m-like hybrid-350m-like"
+TYPES="F16 Q8_0 Q4_K_M"
+SKIP_BUILD=0
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -r) REPS="$2"; shift 2 ;;
+        -t) THREADS="$2"; shift 2 ;;
+        -p) N_PROMPT="$2"; shift 2 ;;
+        -n) N_GEN="$2"; shift 2 ;;
+        --models) MODELS="$2"; shift 2 ;;
+        --types) TYPES="$2"; shift 2 ;;
+        --skip-build) SKIP_BUILD=1; shift ;;
+        -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d'; exit 0 ;;
+        *) echo "error: unknown argument: $1" >&2; exit 2 ;;
+    esac
+done
+
+BENCH_DIR="$(realpath -m "${BENCH_DIR:-$REPO_ROOT/../bench-models}")"
+case "$BENCH_DIR/" in
+    "$REPO_ROOT"/*) echo "error: BENCH_DIR ($BENCH_DIR) is inside the repository; put it outside" >&2; exit 1 ;;
+esac
+TOKENIZER="${TOKENIZER:-$REPO_ROOT/../shared/data/tokenizers/gpt-neox-20b_tokenizer.json}"
+LLAMA_REPACK="${LLAMA_REPACK:-1 0}"
+mkdir -p "$BENCH_DIR"
+log() { echo "[bench-vs-llamacpp] $*" >&2; }
+
+[ -x /usr/bin/time ] || { echo "error: /usr/bin/time (GNU time) is needed for peak RSS" >&2; exit 1; }
+
+# ---- 1. llama.cpp --------------------------------------------------------------
+"$REPO_ROOT/scripts/build-llamacpp.sh" >&2
+LLAMACPP_DIR="$(realpath -m "${LLAMACPP_DIR:-$REPO_ROOT/../llama.cpp-build}")"
+# shellcheck disable=SC1091
+source "$LLAMACPP_DIR/env.sh"
+
+# ---- 2. converter environment ---------------------------------------------------
+if [ -z "${CONVERT_PYTHON:-}" ]; then
+    venv="$BENCH_DIR/venv-convert"
+    if [ ! -x "$venv/bin/python" ]; then
+        log "making $venv (transformers 4.57 for llama.cpp's converter)"
+        python3 -m venv --system-site-packages "$venv"
+    fi
+    if ! "$venv/bin/python" -c 'import transformers, sys; sys.exit(0 if transformers.__version__.startswith("4.57") else 1)' 2>/dev/null; then
+        "$venv/bin/pip" install -q 'transformers==4.57.*' sentencepiece safetensors numpy
+    fi
+    if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
+        "$venv/bin/pip" install -q torch
+    fi
+    CONVERT_PYTHON="$venv/bin/python"
+fi
+
+# ---- 3-4. models -----------------------------------------------------------------
+for m in $MODELS; do
+    hf="$BENCH_DIR/$m/hf"
+    if [ ! -f "$hf/model.safetensors" ]; then
+        [ -f "$TOKENIZER" ] || { echo "error: tokenizer $TOKENIZER not found (set TOKENIZER)" >&2; exit 1; }
+        log "creating $m"
+        "$CONVERT_PYTHON" "$REPO_ROOT/tools/make_bench_models.py" --tokenizer "$TOKENIZER" \
+            --out "$BENCH_DIR" --only "$m" >&2
+    fi
+    f16="$BENCH_DIR/$m/$m.F16.gguf"
+    if [ ! -f "$f16" ]; then
+        log "converting $m (llama.cpp's convert_hf_to_gguf.py --outtype f16)"
+        PYTHONPATH="$LLAMACPP_GGUF_PY" "$CONVERT_PYTHON" "$LLAMACPP_CONVERT" "$hf" \
+            --outtype f16 --outfile "$f16.partial" > "$BENCH_DIR/$m/convert.log" 2>&1 \
+            || { echo "error: conversion failed, see $BENCH_DIR/$m/convert.log" >&2; exit 1; }
+        mv "$f16.partial" "$f16"
+    fi
+    for t in $TYPES; do
+        [ "$t" = F16 ] && continue
+        q="$BENCH_DIR/$m/$m.$t.gguf"
+        if [ ! -f "$q" ]; then
+            log "quantizing $m to $t"
+            "$LLAMACPP_BIN/llama-quantize" "$f16" "$q.partial" "$t" "$THREADS" \
+                > "$BENCH_DIR/$m/quantize.$t.log" 2>&1 \
+                || { echo "error: llama-quantize failed, see $BENCH_DIR/$m/quantize.$t.log" >&2; exit 1; }
+            mv "$q.partial" "$q"
+        fi
+    done
+done
+
+# ---- 5. coil ---------------------------------------------------------------------
+if [ "$SKIP_BUILD" = 0 ]; then
+    log "building coil (release)"
+    (cd "$REPO_ROOT" && cargo build --release -p coil-cli >&2)
+fi
+COIL="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/coil"
+[ -x "$COIL" ] || { echo "error: $COIL not found" >&2; exit 1; }
+
+# ---- 6. interleaved runs ---------------------------------------------------------
+STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
+RUN_DIR="$BENCH_DIR/runs/$STAMP"
+mkdir -p "$RUN_DIR"
+{
+    echo "date: $STAMP"
+    echo "commit: $(git -C "$REPO_ROOT" rev-parse --short HEAD)$(git -C "$REPO_ROOT" diff --quiet HEAD -- crates || echo ' (+ uncommitted changes)')"
+    echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -n1), $(nproc) CPUs"
+    echo "threads: $THREADS, reps: $REPS, pp$N_PROMPT, tg$N_GEN, llama-bench --repack: $LLAMA_REPACK"
+    echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+} > "$RUN_DIR/info.txt"
+cat "$RUN_DIR/info.txt" >&2
+
+rss_kb() { sed -n 's/.*Maximum resident set size (kbytes): *//p' "$1"; }
+
+for m in $MODELS; do
+    for t in $TYPES; do
+        f="$BENCH_DIR/$m/$m.$t.gguf"
+        [ -f "$f" ] || { echo "error: $f missing" >&2; exit 1; }
+        for ((i = 1; i <= REPS; i++)); do
+            tag="$m.$t.$i"
+            log "$m $t round $i/$REPS: coil"
+            # shellcheck disable=SC2086
+            /usr/bin/time -v -o "$RUN_DIR/$tag.coil.time" \
+                "$COIL" bench -m "$f" -p "$N_PROMPT" -n "$N_GEN" -r 1 -t "$THREADS" --json \
+                ${COIL_BENCH_ARGS:-} > "$RUN_DIR/$tag.coil.json" 2> "$RUN_DIR/$tag.coil.err"
+            for rp in $LLAMA_REPACK; do
+                log "$m $t round $i/$REPS: llama-bench --repack $rp"
+                /usr/bin/time -v -o "$RUN_DIR/$tag.llama-repack$rp.time" \
+                    "$LLAMACPP_BIN/llama-bench" -m "$f" -p "$N_PROMPT" -n "$N_GEN" -r 1 \
+                    -t "$THREADS" --repack "$rp" -o json \
+                    > "$RUN_DIR/$tag.llama-repack$rp.json" 2> "$RUN_DIR/$tag.llama-repack$rp.err"
+            done
+        done
+    done
+done
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$RUN_DIR/info.txt"
+
+# ---- 7. report -------------------------------------------------------------------
+"${PYTHON:-python3}" - "$RUN_DIR" "$MODELS" "$TYPES" "$REPS" "$LLAMA_REPACK" "$N_PROMPT" "$N_GEN" <<'EOF' | tee "$RUN_DIR/report.md"
+import json, statistics, sys
+from pathlib import Path
+
+run, models, types, reps, repacks, n_p, n_g = sys.argv[1:8]
+run = Path(run)
+models, types, repacks = models.split(), types.split(), repacks.split()
+reps = int(reps)
+
+def rss_mib(path):
+    for line in path.read_text().splitlines():
+        if "Maximum resident set size" in line:
+            return int(line.split(":")[1]) / 1024
+    return float("nan")
+
+def ms(xs):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return float("nan"), float("nan")
+    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+def fmt(m, s):
+    return f"{m:.1f} ± {s:.1f}"
+
+rows = []
+summary = []
+for m in models:
+    for t in types:
+        c_pp, c_tg, c_rss = [], [], []
+        l_pp = {r: [] for r in repacks}
+        l_tg = {r: [] for r in repacks}
+        l_rss = {r: [] for r in repacks}
+        for i in range(1, reps + 1):
+            tag = f"{m}.{t}.{i}"
+            c = json.loads((run / f"{tag}.coil.json").read_text())
+            c_pp.append(c["pp_tps"]); c_tg.append(c["tg_tps"])
+            c_rss.append(rss_mib(run / f"{tag}.coil.time"))
+            for r in repacks:
+                for e in json.loads((run / f"{tag}.llama-repack{r}.json").read_text()):
+                    (l_pp if e["n_prompt"] > 0 else l_tg)[r].append(e["avg_ts"])
+                l_rss[r].append(rss_mib(run / f"{tag}.llama-repack{r}.time"))
+        cpp, ctg = ms(c_pp), ms(c_tg)
+        best_pp = max(repacks, key=lambda r: ms(l_pp[r])[0])
+        best_tg = max(repacks, key=lambda r: ms(l_tg[r])[0])
+        lpp, ltg = ms(l_pp[best_pp]), ms(l_tg[best_tg])
+        rss_c = max(c_rss)
+        rss_l = max(l_rss[repacks[0]])
+        rows.append(
+            f"| {m} | {t} | {fmt(*cpp)} | {fmt(*lpp)} (rp{best_pp}) | **{cpp[0] / lpp[0]:.2f}** "
+            f"| {fmt(*ctg)} | {fmt(*ltg)} (rp{best_tg}) | **{ctg[0] / ltg[0]:.2f}** "
+            f"| {rss_c:.0f} | {rss_l:.0f} | {rss_c / rss_l:.2f} |"
+        )
+        summary.append(dict(model=m, type=t, coil_pp=cpp, llama_pp=lpp, llama_pp_repack=best_pp,
+                            coil_tg=ctg, llama_tg=ltg, llama_tg_repack=best_tg,
+                            coil_rss_mib=rss_c, llama_rss_mib=rss_l,
+                            llama_rss_mib_by_repack={r: max(l_rss[r]) for r in repacks},
+                            llama_by_repack={r: dict(pp=ms(l_pp[r]), tg=ms(l_tg[r])) for r in repacks}))
+
+print((run / "info.txt").read_text().rstrip())
+print()
+print(f"| model | type | coil pp{n_p} t/s | llama.cpp pp{n_p} t/s | pp ratio | coil tg{n_g} t/s "
+      f"| llama.cpp tg{n_g} t/s | tg ratio | coil peak RSS MiB | llama.cpp peak RSS MiB (rp{repacks[0]}) | RSS ratio |")
+print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+print("\n".join(rows))
+print()
+print("ratio = coil / llama.cpp (llama.cpp: the better --repack setting per column, rpN);"
+      " t/s: mean ± std over rounds, each round a fresh process with one timed repetition.")
+(run / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+EOF
+log "results in $RUN_DIR (report.md, summary.json, raw JSON and /usr/bin/time logs)"
