@@ -293,6 +293,32 @@ pub fn quantize(input: &Path, output: &Path, opts: &QuantizeOptions) -> Result<Q
         ));
     }
     let file = GgufFile::open(input)?;
+    // A second map of the same file for the tensor data, whose pages are
+    // released after each tensor (the GgufFile's own map is only used for
+    // the header), so memory stays near one block of rows.
+    let io = |source| ConvertError::Io {
+        path: input.to_path_buf(),
+        source,
+    };
+    let f = std::fs::File::open(input).map_err(io)?;
+    // SAFETY: read-only map of a file coil does not write.
+    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(io)?;
+    let release = |r: std::ops::Range<usize>| {
+        #[cfg(unix)]
+        {
+            // SAFETY: read-only shared file mapping: dropped pages fault the
+            // unchanged contents back in.
+            let _ = unsafe {
+                map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    r.start,
+                    r.end - r.start,
+                )
+            };
+        }
+        #[cfg(not(unix))]
+        let _ = r;
+    };
     let types = plan_types(&file, opts.mix);
     let mut md = file.metadata().clone();
     md.insert("general.quantization_version", Value::U32(2));
@@ -319,10 +345,17 @@ pub fn quantize(input: &Path, output: &Path, opts: &QuantizeOptions) -> Result<Q
     for (t, &ty) in file.tensors().iter().zip(&types) {
         pb.set_message(t.name.clone());
         *counts.entry(ty.name().to_string()).or_default() += 1;
-        let data = file.view(t).data;
+        let range = file.data_range(t);
+        let data = map.get(range.clone()).ok_or_else(|| {
+            ConvertError::Quant(format!(
+                "tensor {:?}: data past the end of the file",
+                t.name
+            ))
+        })?;
         if ty == t.ty {
             w.write_tensor_data(data)?;
             bytes_out += data.len() as u64;
+            release(range);
         } else {
             let ne0 = t.dims.first().copied().unwrap_or(1) as usize;
             let row_in = t.ty.bytes_for(ne0 as u64).unwrap_or(0) as usize;
@@ -344,6 +377,7 @@ pub fn quantize(input: &Path, output: &Path, opts: &QuantizeOptions) -> Result<Q
                 coil_gguf::quant::quantize_row(ty, fx, qx).map_err(err)?;
                 w.write_tensor_data(qx)?;
                 bytes_out += qx.len() as u64;
+                release(range.start + r * row_in..range.start + (r + n) * row_in);
                 r += n;
             }
         }

@@ -134,7 +134,7 @@ fn make_qx_quants(x: &[f32], nmax: i32, l: &mut [i8]) -> f32 {
         l[i] = (q + nmax) as i8;
         let w = x[i] * x[i];
         sumlx += w * x[i] * q as f32;
-        suml2 += w * (q * q) as f32;
+        suml2 += w * q as f32 * q as f32;
     }
     let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
     let mut best = scale * sumlx;
@@ -149,7 +149,7 @@ fn make_qx_quants(x: &[f32], nmax: i32, l: &mut [i8]) -> f32 {
             let q = nearest_int(iscale * v).clamp(-nmax, nmax - 1);
             let w = v * v;
             sumlx += w * v * q as f32;
-            suml2 += w * (q * q) as f32;
+            suml2 += w * q as f32 * q as f32;
         }
         if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
             for i in 0..n {
