@@ -274,6 +274,7 @@ impl Worker {
             if self.active[i].events.is_closed() {
                 let a = self.active.remove(i);
                 metrics::add(&self.metrics.requests_cancelled, 1);
+                metrics::add(&self.metrics.completion_tokens, a.usage.completion_tokens);
                 self.release(a.seq, true);
             } else {
                 i += 1;

@@ -280,6 +280,33 @@ fn a_dropped_stream_frees_its_slot() {
     // The only slot serves the next request.
     let v = complete(&s, "Another prompt", 4);
     assert_eq!(usage(&v).2, 4);
+
+    // A client waiting for a whole (non-streamed) reply that hangs up is
+    // noticed too.
+    let stream = s.send(
+        "POST",
+        "/v1/completions",
+        Some(
+            &json!({"prompt": "Tell me another very long story", "max_tokens": 8000,
+                    "temperature": 0, "ignore_eos": true})
+            .to_string(),
+        ),
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    drop(stream);
+    let t0 = Instant::now();
+    loop {
+        let m = s.metrics();
+        if m["coil_active_sequences"] == 0.0 && m["coil_requests_cancelled_total"] == 2.0 {
+            assert!(m["coil_completion_tokens_total"] < 12000.0);
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "slot not freed: {m:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
