@@ -224,6 +224,8 @@ pub struct ChatRequest {
     pub messages: Vec<Value>,
     pub max_tokens: Option<u64>,
     pub max_completion_tokens: Option<u64>,
+    /// Function definitions, passed to the chat template as `tools`.
+    pub tools: Option<Value>,
     #[serde(flatten)]
     pub sampling: Sampling,
 }

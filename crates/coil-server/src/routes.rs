@@ -245,9 +245,10 @@ pub fn chat_prompt(
     template: &ChatTemplate,
     tokenizer: &Tokenizer,
     messages: &[Value],
+    tools: Option<&Value>,
 ) -> Result<Vec<u32>, ApiError> {
     let text = template
-        .render(messages, true)
+        .render_with_tools(messages, tools, true)
         .map_err(|e| ApiError::bad_request(e.to_string()).with_param("messages"))?;
     let has_bos = !template.bos_token.is_empty() && text.starts_with(&template.bos_token);
     Ok(tokenizer.encode_with(
@@ -262,7 +263,7 @@ pub fn chat_prompt(
 fn chat_job(st: &ServerState, req: ChatRequest) -> Result<Job, ApiError> {
     let params = req.sampling.params()?;
     let messages = api::normalise_messages(&req.messages)?;
-    let prompt = chat_prompt(&st.template, &st.tokenizer, &messages)?;
+    let prompt = chat_prompt(&st.template, &st.tokenizer, &messages, req.tools.as_ref())?;
     if prompt.is_empty() {
         return Err(
             ApiError::bad_request("the rendered chat prompt is empty").with_param("messages")

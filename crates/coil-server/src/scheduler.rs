@@ -50,6 +50,8 @@ pub struct SchedulerConfig {
     /// Extend a cached prefix where the prompt spells the cached tokens'
     /// text with other tokens (see [`align_by_text`]).
     pub reuse_by_text: bool,
+    /// A line on stderr per finished request.
+    pub log_requests: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -59,6 +61,7 @@ impl Default for SchedulerConfig {
             cache_bytes: 2 << 30,
             prefill_chunk: 512,
             reuse_by_text: true,
+            log_requests: false,
         }
     }
 }
@@ -158,6 +161,7 @@ impl Scheduler {
             queue: VecDeque::new(),
             rx,
             rates: Rates::default(),
+            n_admitted: 0,
         };
         let join = std::thread::Builder::new()
             .name("coil-engine".into())
@@ -186,6 +190,11 @@ struct Active {
     /// A sampled token not yet fed to the model.
     next: Option<u32>,
     usage: Usage,
+    /// Request number, for logs.
+    id: u64,
+    started: Instant,
+    /// When the first token was sampled.
+    first_token: Option<Instant>,
 }
 
 enum Outcome {
@@ -214,6 +223,7 @@ struct Worker {
     queue: VecDeque<GenRequest>,
     rx: mpsc::Receiver<GenRequest>,
     rates: Rates,
+    n_admitted: u64,
 }
 
 fn common_len(a: &[u32], b: &[u32]) -> usize {
@@ -275,6 +285,9 @@ impl Worker {
                 let a = self.active.remove(i);
                 metrics::add(&self.metrics.requests_cancelled, 1);
                 metrics::add(&self.metrics.completion_tokens, a.usage.completion_tokens);
+                if self.cfg.log_requests {
+                    log_request(&a, "client gone");
+                }
                 self.release(a.seq, true);
             } else {
                 i += 1;
@@ -365,7 +378,11 @@ impl Worker {
                         cached_tokens: cached,
                         completion_tokens: 0,
                     },
+                    id: self.n_admitted,
+                    started: Instant::now(),
+                    first_token: None,
                 });
+                self.n_admitted += 1;
             }
             Err(msg) => {
                 metrics::add(&self.metrics.requests_failed, 1);
@@ -609,13 +626,21 @@ impl Worker {
                         rest = a.stops.push(&a.decoder.flush()).0;
                         rest.push_str(&a.stops.flush());
                     }
+                    if self.cfg.log_requests {
+                        log_request(&a, reason.as_str());
+                    }
                     let done = Event::Done {
                         finish: reason,
                         usage: a.usage,
                     };
                     replies.push((a.events, rest, done));
                 }
-                None => metrics::add(&self.metrics.requests_cancelled, 1),
+                None => {
+                    metrics::add(&self.metrics.requests_cancelled, 1);
+                    if self.cfg.log_requests {
+                        log_request(&a, "client gone");
+                    }
+                }
             }
             self.release(a.seq, true);
         }
@@ -694,9 +719,40 @@ fn seq_len_or_zero(engine: &Engine, s: SeqId) -> usize {
     engine.mem.seq_len(s).unwrap_or(0)
 }
 
+/// One line per request: prompt reuse, speed, how it ended.
+fn log_request(a: &Active, end: &str) {
+    let u = &a.usage;
+    let total = a.started.elapsed().as_secs_f64();
+    let (ttft, gen_secs) = match a.first_token {
+        Some(t) => {
+            let first = t.duration_since(a.started).as_secs_f64();
+            (first, total - first)
+        }
+        None => (total, 0.0),
+    };
+    let tps = if gen_secs > 0.0 && u.completion_tokens > 1 {
+        (u.completion_tokens - 1) as f64 / gen_secs
+    } else {
+        0.0
+    };
+    eprintln!(
+        "request {}: prompt {} tokens ({} cached, {} processed), first token after {:.3} s, {} generated ({:.1} tokens/s), {end}",
+        a.id,
+        u.prompt_tokens,
+        u.cached_tokens,
+        u.prompt_tokens - u.cached_tokens,
+        ttft,
+        u.completion_tokens,
+        tps
+    );
+}
+
 /// Samples the next token of `a` from `logits` and streams its text.
 fn sample(a: &mut Active, tok: &Tokenizer, logits: &[f32]) -> Outcome {
     let t = a.sampler.sample(logits);
+    if a.first_token.is_none() {
+        a.first_token = Some(Instant::now());
+    }
     if a.stop_at_eos && tok.is_eog(t) {
         return Outcome::Finished(FinishReason::Stop, true);
     }

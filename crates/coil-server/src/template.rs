@@ -98,6 +98,17 @@ impl ChatTemplate {
         messages: &[serde_json::Value],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// Renders with the request's `tools` (function definitions), for
+    /// templates that describe them to the model.
+    pub fn render_with_tools(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
         let tmpl = self
             .env
             .get_template("chat")
@@ -107,7 +118,7 @@ impl ChatTemplate {
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
-            tools => Value::from(()),
+            tools => tools.map_or(Value::from(()), Value::from_serialize),
         };
         tmpl.render(ctx)
             .map_err(|e| TemplateError::Render(describe(&e)))
@@ -278,6 +289,18 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("bad role robot"), "{err}");
         assert!(ChatTemplate::from_source("{% if %}", String::new(), String::new()).is_err());
+    }
+
+    #[test]
+    fn tools_reach_the_template() {
+        let src = "{% if tools %}[{% for t in tools %}{{ t['function']['name'] }}{% endfor %}] {{ tools | tojson }}{% endif %}{{ messages[-1]['content'] }}";
+        let t = ChatTemplate::from_source(src, String::new(), String::new()).unwrap();
+        let msgs = [json!({"role": "user", "content": "hi"})];
+        let tools = json!([{"type": "function", "function": {"name": "get_time"}}]);
+        let s = t.render_with_tools(&msgs, Some(&tools), true).unwrap();
+        assert!(s.starts_with("[get_time] [{"), "{s}");
+        assert!(s.ends_with("hi"));
+        assert_eq!(t.render(&msgs, true).unwrap(), "hi");
     }
 
     #[test]

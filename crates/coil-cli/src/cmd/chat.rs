@@ -147,8 +147,8 @@ pub fn run(a: Args) -> Result<()> {
             _ => {}
         }
         messages.push(json!({"role": "user", "content": text}));
-        let prompt =
-            chat_prompt(&template, &tokenizer, &messages).map_err(|e| anyhow!("{}", e.message))?;
+        let prompt = chat_prompt(&template, &tokenizer, &messages, None)
+            .map_err(|e| anyhow!("{}", e.message))?;
         if prompt.len() >= n_ctx {
             messages.pop();
             eprintln!(

@@ -42,6 +42,9 @@ pub struct Args {
     /// tokens — a model's output re-tokenized — reuses them too).
     #[arg(long = "exact-tokens")]
     exact_tokens: bool,
+    /// No log line per request on stderr.
+    #[arg(long = "quiet", short = 'q')]
+    quiet: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -75,6 +78,7 @@ pub fn run(a: Args) -> Result<()> {
         cache_bytes: a.cache_mib.saturating_mul(1 << 20),
         prefill_chunk: a.prefill_chunk,
         reuse_by_text: !a.exact_tokens,
+        log_requests: !a.quiet,
     };
     let server = Server::new(engine, cfg, model_id).context("starting the server")?;
     eprintln!(
