@@ -1,5 +1,7 @@
 //! Causal depthwise 1-D convolution with a carried window (Mamba conv1d).
 
+use crate::multiversion;
+
 /// `out[t, c] = bias[c] + sum_j weight[c, j] · u[t − (k−1) + j, c]` where `u`
 /// is the input preceded by the carried window.
 ///
@@ -42,6 +44,31 @@ pub fn conv1d_causal(
             wt[j * channels + c] = weight[c * k + j];
         }
     }
+    conv_rows_mv(x, state, &wt, bias, out, channels, k, n);
+    // New window: last k-1 rows of state ++ x.
+    if k > 1 {
+        let w = k - 1;
+        if n >= w {
+            state.copy_from_slice(&x[(n - w) * channels..n * channels]);
+        } else {
+            state.copy_within(n * channels.., 0);
+            state[(w - n) * channels..].copy_from_slice(x);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn conv_rows(
+    x: &[f32],
+    state: &[f32],
+    wt: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    channels: usize,
+    k: usize,
+    n: usize,
+) {
     for t in 0..n {
         let o = &mut out[t * channels..(t + 1) * channels];
         match bias {
@@ -63,17 +90,11 @@ pub fn conv1d_causal(
             }
         }
     }
-    // New window: last k-1 rows of state ++ x.
-    if k > 1 {
-        let w = k - 1;
-        if n >= w {
-            state.copy_from_slice(&x[(n - w) * channels..n * channels]);
-        } else {
-            state.copy_within(n * channels.., 0);
-            state[(w - n) * channels..].copy_from_slice(x);
-        }
-    }
 }
+multiversion!(fn conv_rows_mv(
+    x: &[f32], state: &[f32], wt: &[f32], bias: Option<&[f32]>, out: &mut [f32], channels: usize, k: usize,
+    n: usize
+) => conv_rows);
 
 /// One step of [`conv1d_causal`]: `x`, `out`: `[channels]`.
 pub fn conv1d_causal_step(

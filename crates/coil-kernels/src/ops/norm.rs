@@ -1,21 +1,25 @@
 //! RMS normalisation.
 
-use super::act::silu1;
+use super::act::silu_fast;
+use crate::multiversion;
 
-#[inline]
+/// `1 / sqrt(mean(x²) + eps)`, summed in 16 lanes (vectorizes).
+#[inline(always)]
 fn inv_rms(x: &[f32], eps: f32) -> f32 {
-    let ss: f32 = x.iter().map(|v| v * v).sum();
+    let mut acc = [0f32; 16];
+    let c = x.chunks_exact(16);
+    let tail: f32 = c.remainder().iter().map(|v| v * v).sum();
+    for ch in c {
+        for i in 0..16 {
+            acc[i] += ch[i] * ch[i];
+        }
+    }
+    let ss = acc.iter().sum::<f32>() + tail;
     1.0 / (ss / x.len() as f32 + eps).sqrt()
 }
 
-/// `y[i, :] = x[i, :] / rms(x[i, :]) * weight` per row of `dim` values;
-/// `x`, `y`: `[n, dim]`, `weight`: `[dim]` or `None` (no weight).
-pub fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32, y: &mut [f32], dim: usize) {
-    assert_eq!(x.len(), y.len());
-    assert!(dim > 0 && x.len().is_multiple_of(dim));
-    if let Some(w) = weight {
-        assert_eq!(w.len(), dim);
-    }
+#[inline(always)]
+fn rms_rows(x: &[f32], weight: Option<&[f32]>, eps: f32, y: &mut [f32], dim: usize) {
     for (xr, yr) in x.chunks_exact(dim).zip(y.chunks_exact_mut(dim)) {
         let s = inv_rms(xr, eps);
         match weight {
@@ -32,13 +36,10 @@ pub fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32, y: &mut [f32], dim:
         }
     }
 }
+multiversion!(fn rms_rows_mv(x: &[f32], weight: Option<&[f32]>, eps: f32, y: &mut [f32], dim: usize) => rms_rows);
 
-/// In-place [`rms_norm`] of `x`: `[n, dim]`.
-pub fn rms_norm_inplace(x: &mut [f32], weight: Option<&[f32]>, eps: f32, dim: usize) {
-    assert!(dim > 0 && x.len().is_multiple_of(dim));
-    if let Some(w) = weight {
-        assert_eq!(w.len(), dim);
-    }
+#[inline(always)]
+fn rms_rows_inplace(x: &mut [f32], weight: Option<&[f32]>, eps: f32, dim: usize) {
     for xr in x.chunks_exact_mut(dim) {
         let s = inv_rms(xr, eps);
         match weight {
@@ -46,6 +47,27 @@ pub fn rms_norm_inplace(x: &mut [f32], weight: Option<&[f32]>, eps: f32, dim: us
             None => xr.iter_mut().for_each(|v| *v *= s),
         }
     }
+}
+multiversion!(fn rms_rows_inplace_mv(x: &mut [f32], weight: Option<&[f32]>, eps: f32, dim: usize) => rms_rows_inplace);
+
+/// `y[i, :] = x[i, :] / rms(x[i, :]) * weight` per row of `dim` values;
+/// `x`, `y`: `[n, dim]`, `weight`: `[dim]` or `None` (no weight).
+pub fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32, y: &mut [f32], dim: usize) {
+    assert_eq!(x.len(), y.len());
+    assert!(dim > 0 && x.len().is_multiple_of(dim));
+    if let Some(w) = weight {
+        assert_eq!(w.len(), dim);
+    }
+    rms_rows_mv(x, weight, eps, y, dim);
+}
+
+/// In-place [`rms_norm`] of `x`: `[n, dim]`.
+pub fn rms_norm_inplace(x: &mut [f32], weight: Option<&[f32]>, eps: f32, dim: usize) {
+    assert!(dim > 0 && x.len().is_multiple_of(dim));
+    if let Some(w) = weight {
+        assert_eq!(w.len(), dim);
+    }
+    rms_rows_inplace_mv(x, weight, eps, dim);
 }
 
 /// Mamba-2 gated RMSNorm (gate before norm): `u = y * silu(z)`, normalised
@@ -66,6 +88,19 @@ pub fn group_rms_norm_gated(
     if let Some(z) = z {
         assert_eq!(z.len(), y.len());
     }
+    gated_rows_mv(y, z, weight, n_groups, eps, out, dim);
+}
+
+#[inline(always)]
+fn gated_rows(
+    y: &[f32],
+    z: Option<&[f32]>,
+    weight: &[f32],
+    n_groups: usize,
+    eps: f32,
+    out: &mut [f32],
+    dim: usize,
+) {
     let gs = dim / n_groups;
     for (i, (yr, or)) in y
         .chunks_exact(dim)
@@ -76,7 +111,7 @@ pub fn group_rms_norm_gated(
             Some(z) => {
                 let zr = &z[i * dim..(i + 1) * dim];
                 for ((o, v), g) in or.iter_mut().zip(yr).zip(zr) {
-                    *o = v * silu1(*g);
+                    *o = v * silu_fast(*g);
                 }
             }
             None => or.copy_from_slice(yr),
@@ -87,6 +122,9 @@ pub fn group_rms_norm_gated(
         }
     }
 }
+multiversion!(fn gated_rows_mv(
+    y: &[f32], z: Option<&[f32]>, weight: &[f32], n_groups: usize, eps: f32, out: &mut [f32], dim: usize
+) => gated_rows);
 
 #[cfg(test)]
 mod tests {
