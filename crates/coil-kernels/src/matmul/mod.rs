@@ -4,13 +4,17 @@
 //! (`rows` rows of `cols` values, each row encoded in the weight's format),
 //! `x`: `[n_tokens, cols]` f32, `y`: `[n_tokens, rows]` f32.
 //!
-//! Two strategies:
-//! * few tokens (decode): per-row dot products; quantized formats quantize the
-//!   activations on the fly (Q8_0-style for Q8_0/Q4_0/IQ4_NL, Q8_K-style for
-//!   K-quants and IQ4_XS) and use integer dot products, as llama.cpp does;
-//!   F32/F16/BF16 convert weights to f32 in registers. Memory-bound.
-//! * many tokens (prefill) and every other format: [`gemm`] — weights decoded
-//!   to f32 panel by panel and an f32 register-tile GEMM. Compute-bound.
+//! Two strategies, chosen per call by format and token count:
+//! * few tokens (decode, < 24 for quantized formats, < 8 for F32/F16/BF16):
+//!   per-row dot products; quantized formats quantize the activations on the
+//!   fly (Q8_0-style for Q8_0/Q4_0/IQ4_NL, Q8_K-style for K-quants and
+//!   IQ4_XS) and use integer dot products as llama.cpp does, 4 tokens per
+//!   unpacked weight row (AVX-512); F32/F16/BF16 convert weights to f32 in
+//!   registers. Memory-bound at one token.
+//! * many tokens (prefill), and few tokens of formats without a dot kernel:
+//!   [`gemm`] — weights decoded to f32 panel by panel and an f32 register-tile
+//!   GEMM. Compute-bound. (Below 4 tokens, formats without a dot kernel decode
+//!   each row once and use f32 dots.)
 
 pub mod act;
 pub mod dequant;
