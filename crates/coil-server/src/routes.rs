@@ -6,7 +6,7 @@ use crate::api::{self, ApiError, ChatRequest, CompletionRequest, Prompt, Respons
 use crate::scheduler::{Event, GenRequest, Scheduler};
 use crate::template::ChatTemplate;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::response::sse::{self, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -74,6 +74,9 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// Largest request body: long conversations are big JSON.
+pub const MAX_BODY: usize = 64 << 20;
+
 pub fn router(state: Arc<ServerState>) -> Router {
     Router::new()
         .route("/v1/completions", post(completions))
@@ -85,6 +88,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
 }
 
@@ -92,8 +96,13 @@ async fn not_found(uri: axum::http::Uri) -> ApiError {
     ApiError::not_found(format!("no route for {}", uri.path()))
 }
 
-async fn health() -> Json<Value> {
-    Json(json!({ "status": "ok" }))
+/// 200 `{"status": "ok"}` while the engine thread runs, 503 after it died.
+async fn health(State(st): State<Arc<ServerState>>) -> Response {
+    if st.scheduler.is_alive() {
+        Json(json!({ "status": "ok" })).into_response()
+    } else {
+        ApiError::unavailable("the engine thread has stopped").into_response()
+    }
 }
 
 async fn models(State(st): State<Arc<ServerState>>) -> Json<Value> {

@@ -31,6 +31,7 @@ use coil::memory::{SeqId, SequenceMemory};
 use coil::models::LogitRows;
 use coil::tokenizer::{StreamDecoder, Tokenizer};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Instant;
@@ -117,6 +118,16 @@ pub struct Scheduler {
     pub metrics: Arc<Metrics>,
     pub n_ctx: usize,
     pub n_vocab: usize,
+    alive: Arc<AtomicBool>,
+}
+
+/// Clears the liveness flag when the engine thread ends, panics included.
+struct AliveGuard(Arc<AtomicBool>);
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
 }
 
 impl Scheduler {
@@ -144,11 +155,14 @@ impl Scheduler {
         }
         let (tx, rx) = mpsc::channel();
         let metrics = Arc::new(Metrics::default());
+        let alive = Arc::new(AtomicBool::new(true));
+        let guard = AliveGuard(alive.clone());
         let handle = Scheduler {
             tx,
             metrics: metrics.clone(),
             n_ctx: engine.mem.n_ctx(),
             n_vocab: engine.n_vocab(),
+            alive,
         };
         let worker = Worker {
             busy: vec![false; have],
@@ -165,8 +179,16 @@ impl Scheduler {
         };
         let join = std::thread::Builder::new()
             .name("coil-engine".into())
-            .spawn(move || worker.run())?;
+            .spawn(move || {
+                let _guard = guard;
+                worker.run()
+            })?;
         Ok((handle, join))
+    }
+
+    /// Whether the engine thread is running.
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Relaxed)
     }
 
     /// Queues a request; `false` when the engine thread has stopped.

@@ -93,6 +93,17 @@ fn health_models_and_completion_shapes() {
     assert_eq!(u["choices"].as_array().unwrap().len(), 0);
     assert_eq!(u["usage"]["completion_tokens"], 8);
 
+    // max_tokens 0 only processes the prompt (warming the cache).
+    let r = s.post(
+        "/v1/completions",
+        &json!({"prompt": "Warm me up", "max_tokens": 0, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["choices"][0]["text"], "");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(usage(&v).2, 0);
+
     // Token-id prompts work too.
     let r = s.post(
         "/v1/completions",
