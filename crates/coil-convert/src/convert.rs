@@ -266,6 +266,17 @@ pub fn convert(dir: &Path, out: &Path, opts: &ConvertOptions) -> Result<ConvertR
         conv.tensor(t, bid, &mut plan)?;
     }
     conv.finish(&mut plan)?;
+    let planned: std::collections::HashSet<&str> = plan.iter().map(|t| t.name.as_str()).collect();
+    if let Some(missing) = conv
+        .required()
+        .into_iter()
+        .find(|n| !planned.contains(n.as_str()))
+    {
+        return Err(ConvertError::MissingTensor {
+            hint: format!(" (GGUF name; no tensor of {} maps to it)", dir.display()),
+            name: missing,
+        });
+    }
     if let Some(dup) = first_duplicate(&plan) {
         return Err(ConvertError::tensor(
             dup,

@@ -278,6 +278,37 @@ pub fn plan_types(file: &GgufFile, mix: QuantMix) -> Vec<GgmlType> {
         .collect()
 }
 
+/// Quantizes whole rows of `f` into `q` on all cores.
+fn quantize_parallel(
+    ty: GgmlType,
+    f: &[f32],
+    q: &mut [u8],
+    ne0: usize,
+    row_out: usize,
+) -> Result<(), coil_gguf::quant::QuantError> {
+    let n_rows = f.len().checked_div(ne0).unwrap_or(0);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(n_rows)
+        .max(1);
+    if threads == 1 {
+        return coil_gguf::quant::quantize_row(ty, f, q);
+    }
+    let per = n_rows.div_ceil(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = f
+            .chunks(per * ne0)
+            .zip(q.chunks_mut(per * row_out))
+            .map(|(fx, qx)| s.spawn(move || coil_gguf::quant::quantize_row(ty, fx, qx)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect::<Result<Vec<()>, _>>()
+            .map(|_| ())
+    })
+}
+
 /// Elements converted per step, bounding memory for huge tensors.
 const CHUNK_ELEMENTS: usize = 1 << 22;
 
@@ -374,7 +405,7 @@ pub fn quantize(input: &Path, output: &Path, opts: &QuantizeOptions) -> Result<Q
                     ConvertError::Quant(format!("tensor {:?}: {e}", t.name))
                 };
                 coil_gguf::quant::dequantize_row(t.ty, src, fx).map_err(err)?;
-                coil_gguf::quant::quantize_row(ty, fx, qx).map_err(err)?;
+                quantize_parallel(ty, fx, qx, ne0, row_out).map_err(err)?;
                 w.write_tensor_data(qx)?;
                 bytes_out += qx.len() as u64;
                 release(range.start + r * row_in..range.start + (r + n) * row_in);

@@ -183,6 +183,16 @@ impl Arch for FalconH1<'_> {
         Ok(())
     }
 
+    fn required(&self) -> Vec<String> {
+        let mut v = super::required_names((0..self.n_layer).map(|b| (b, super::MAMBA2_LAYER)));
+        v.extend(
+            super::required_names((0..self.n_layer).map(|b| (b, super::ATTN_LAYER)))
+                .into_iter()
+                .skip(2),
+        );
+        v
+    }
+
     fn vocab(&self) -> VocabSpec {
         VocabSpec {
             style: VocabStyle::BpeFirst,

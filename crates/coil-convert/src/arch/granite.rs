@@ -350,6 +350,19 @@ impl Arch for GraniteHybrid<'_> {
         Ok(())
     }
 
+    fn required(&self) -> Vec<String> {
+        super::required_names(self.kinds.iter().enumerate().map(|(b, k)| {
+            (
+                b,
+                if *k == LayerKind::Attention {
+                    super::ATTN_LAYER
+                } else {
+                    super::MAMBA2_LAYER
+                },
+            )
+        }))
+    }
+
     fn vocab(&self) -> VocabSpec {
         let ssm = self.kinds.contains(&LayerKind::Ssm);
         VocabSpec {

@@ -163,6 +163,28 @@ impl Arch for Jamba<'_> {
         self.experts.check_done()
     }
 
+    fn required(&self) -> Vec<String> {
+        let c = self.ctx.cfg;
+        let off = c.uint0(&["attn_layer_offset"]).ok().flatten().unwrap_or(0) as usize;
+        let per = c
+            .uint(&["attn_layer_period"])
+            .ok()
+            .flatten()
+            .unwrap_or(1)
+            .max(1) as usize;
+        super::required_names((0..self.n_layer).map(|b| {
+            let attn = b >= off && (b - off).is_multiple_of(per);
+            (
+                b,
+                if attn {
+                    super::ATTN_LAYER
+                } else {
+                    super::MAMBA1_LAYER
+                },
+            )
+        }))
+    }
+
     fn vocab(&self) -> VocabSpec {
         // llama.cpp reads Jamba's SentencePiece model, or tokenizer.json as a
         // Llama-style vocabulary; a byte-level BPE tokenizer.json is written

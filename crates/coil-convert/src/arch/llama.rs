@@ -286,6 +286,10 @@ impl Arch for Llama<'_> {
         self.experts.check_done()
     }
 
+    fn required(&self) -> Vec<String> {
+        super::required_names((0..self.n_layer).map(|b| (b, super::ATTN_LAYER)))
+    }
+
     fn vocab(&self) -> VocabSpec {
         VocabSpec {
             style: VocabStyle::SpmFirst,

@@ -111,6 +111,10 @@ impl Arch for Mamba1<'_> {
         Ok(())
     }
 
+    fn required(&self) -> Vec<String> {
+        super::required_names((0..self.n_layer).map(|b| (b, super::MAMBA1_LAYER)))
+    }
+
     fn vocab(&self) -> VocabSpec {
         let pad = self
             .ctx
@@ -222,6 +226,12 @@ impl Arch for Mamba2<'_> {
         }
         out.push(o);
         Ok(())
+    }
+
+    fn required(&self) -> Vec<String> {
+        let mut v = super::required_names((0..self.n_layer).map(|b| (b, super::MAMBA2_LAYER)));
+        v.extend((0..self.n_layer).map(|b| format!("blk.{b}.attn_norm.weight")));
+        v
     }
 
     fn vocab(&self) -> VocabSpec {

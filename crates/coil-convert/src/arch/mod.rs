@@ -72,6 +72,53 @@ pub(crate) trait Arch {
         Ok(())
     }
     fn vocab(&self) -> VocabSpec;
+    /// GGUF tensors that must be present (checked after planning).
+    fn required(&self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+/// Tensor suffixes every layer of a kind needs.
+pub(crate) const MAMBA1_LAYER: &[&str] = &[
+    "attn_norm.weight",
+    "ssm_in.weight",
+    "ssm_conv1d.weight",
+    "ssm_x.weight",
+    "ssm_dt.weight",
+    "ssm_dt.bias",
+    "ssm_a",
+    "ssm_d",
+    "ssm_out.weight",
+];
+pub(crate) const MAMBA2_LAYER: &[&str] = &[
+    "ssm_in.weight",
+    "ssm_conv1d.weight",
+    "ssm_dt.bias",
+    "ssm_a",
+    "ssm_d",
+    "ssm_norm.weight",
+    "ssm_out.weight",
+];
+pub(crate) const ATTN_LAYER: &[&str] = &[
+    "attn_q.weight",
+    "attn_k.weight",
+    "attn_v.weight",
+    "attn_output.weight",
+];
+
+/// `blk.{layer}.{suffix}` for every layer of `layers` and every suffix,
+/// plus the embeddings and the final norm.
+pub(crate) fn required_names(
+    layers: impl IntoIterator<Item = (usize, &'static [&'static str])>,
+) -> Vec<String> {
+    let mut v = vec![
+        "token_embd.weight".to_string(),
+        "output_norm.weight".to_string(),
+    ];
+    for (b, suffixes) in layers {
+        v.extend(suffixes.iter().map(|s| format!("blk.{b}.{s}")));
+    }
+    v
 }
 
 /// Picks the converter for `hf_arch`.

@@ -257,6 +257,22 @@ impl Arch for NemotronH<'_> {
         self.experts.check_done()
     }
 
+    fn required(&self) -> Vec<String> {
+        super::required_names(self.kinds.iter().enumerate().map(|(b, k)| {
+            let s: &'static [&'static str] = match k {
+                LayerKind::Ssm => super::MAMBA2_LAYER,
+                LayerKind::Attention => super::ATTN_LAYER,
+                LayerKind::Mlp => &["ffn_up.weight", "ffn_down.weight"],
+                LayerKind::Moe => &[
+                    "ffn_up_exps.weight",
+                    "ffn_down_exps.weight",
+                    "ffn_gate_inp.weight",
+                ],
+            };
+            (b, s)
+        }))
+    }
+
     fn vocab(&self) -> VocabSpec {
         VocabSpec {
             style: VocabStyle::BpeFirst,
