@@ -49,7 +49,7 @@ fn write_st(path: &Path, tensors: &[(String, String, Vec<usize>, Vec<u8>)]) {
         data.extend_from_slice(bytes);
     }
     let mut h = serde_json::to_vec(&header).unwrap();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();
