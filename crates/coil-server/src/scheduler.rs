@@ -226,11 +226,14 @@ enum Outcome {
 }
 
 /// Tokens and busy time since the speeds were last published.
+/// Steps that processed prompt tokens count for the prompt speed; steps
+/// that only generated count for the generation speed.
 #[derive(Default)]
 struct Rates {
     prompt: usize,
+    prompt_secs: f64,
     gen: usize,
-    secs: f64,
+    gen_secs: f64,
 }
 
 struct Worker {
@@ -608,10 +611,14 @@ impl Worker {
             }
         };
         let n_prompt: usize = plan.iter().filter(|p| p.3).map(|p| p.1.len()).sum();
-        self.rates.prompt += n_prompt;
-        self.rates.gen += plan.len() - plan.iter().filter(|p| p.3).count();
-        self.rates.secs += secs;
-        if self.rates.secs >= 1.0 {
+        if n_prompt > 0 {
+            self.rates.prompt += n_prompt;
+            self.rates.prompt_secs += secs;
+        } else {
+            self.rates.gen += plan.len();
+            self.rates.gen_secs += secs;
+        }
+        if self.rates.prompt_secs + self.rates.gen_secs >= 1.0 {
             self.publish_rates();
         }
 
@@ -678,13 +685,11 @@ impl Worker {
 
     fn publish_rates(&mut self) {
         let r = std::mem::take(&mut self.rates);
-        if r.secs > 0.0 {
-            if r.prompt > 0 {
-                metrics::set_f64(&self.metrics.prompt_tps, r.prompt as f64 / r.secs);
-            }
-            if r.gen > 0 {
-                metrics::set_f64(&self.metrics.generation_tps, r.gen as f64 / r.secs);
-            }
+        if r.prompt > 0 && r.prompt_secs > 0.0 {
+            metrics::set_f64(&self.metrics.prompt_tps, r.prompt as f64 / r.prompt_secs);
+        }
+        if r.gen > 0 && r.gen_secs > 0.0 {
+            metrics::set_f64(&self.metrics.generation_tps, r.gen as f64 / r.gen_secs);
         }
     }
 }
