@@ -4,137 +4,59 @@
 //! argmax everywhere — for full prefill, token by token and mixed
 //! micro-batch sizes.
 
+mod common;
+
 use coil::engine::{Engine, EngineOptions};
 use coil::models::LogitRows;
-use coil_gguf::npy;
-use std::path::PathBuf;
+use common::{assert_close, llama_cpp_fixture, ARCHS};
 
-fn fixture(arch: &str) -> (PathBuf, Vec<u32>, Vec<f32>, usize) {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/models")
-        .join(arch);
-    let tokens: Vec<u32> =
-        serde_json_lite(&std::fs::read_to_string(dir.join("tokens.json")).unwrap());
-    let l = npy::parse_f32(&std::fs::read(dir.join("logits.npy")).unwrap()).unwrap();
-    assert_eq!(l.shape[0], tokens.len());
-    (dir.join("model.f16.gguf"), tokens, l.data, l.shape[1])
-}
-
-/// tokens.json is a flat list of integers.
-fn serde_json_lite(s: &str) -> Vec<u32> {
-    s.trim()
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .split(',')
-        .map(|t| t.trim().parse().unwrap())
-        .collect()
-}
-
-fn argmax(r: &[f32]) -> usize {
-    r.iter()
-        .enumerate()
-        .fold(0, |b, (i, &v)| if v > r[b] { i } else { b })
-}
-
-/// Compares all rows; returns max |Δ| / max |ref|.
-pub fn compare(arch: &str, what: &str, got: &[f32], want: &[f32], n_vocab: usize) -> f32 {
-    assert_eq!(got.len(), want.len(), "{arch} {what}: length");
-    let max_ref = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let max_diff = got
-        .iter()
-        .zip(want)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    let rel = max_diff / max_ref;
-    assert!(
-        rel <= 1e-4,
-        "{arch} {what}: max |Δ| {max_diff} = {rel:e} of max|logit| {max_ref}"
-    );
-    for (t, (g, w)) in got.chunks(n_vocab).zip(want.chunks(n_vocab)).enumerate() {
-        assert_eq!(
-            argmax(g),
-            argmax(w),
-            "{arch} {what}: argmax at position {t}"
-        );
-    }
-    rel
-}
-
-fn run(arch: &str, ubatches: &[usize]) {
-    let (path, tokens, want, n_vocab) = fixture(arch);
-    for threads in [1, 2] {
-        let opts = EngineOptions {
-            n_threads: threads,
-            ..Default::default()
-        };
-        let mut e = Engine::load(&path, opts).unwrap();
-        assert_eq!(e.n_vocab(), n_vocab);
-        for &ub in ubatches {
-            e.mem_clear();
-            let got = e.eval(0, &tokens, LogitRows::All, ub).unwrap();
-            let rel = compare(
-                arch,
-                &format!("ubatch {ub}, {threads} threads"),
-                &got,
-                &want,
-                n_vocab,
-            );
-            eprintln!("{arch}: ubatch {ub}, {threads} threads: max rel {rel:e}");
-        }
-        // Mixed micro-batch sizes: 5, then 1, then 17, then the rest.
-        e.mem_clear();
-        let mut got = Vec::new();
-        let mut at = 0;
-        for n in [5, 1, 17, 25] {
-            got.extend(e.eval(0, &tokens[at..at + n], LogitRows::All, n).unwrap());
-            at += n;
-        }
-        compare(arch, "mixed micro-batches", &got, &want, n_vocab);
-    }
+fn run(arch: &str) {
+    common::check_parity(arch, &llama_cpp_fixture(arch));
 }
 
 #[test]
 fn jamba_matches_transformers() {
-    run("jamba", &[48, 1, 7]);
+    run("jamba");
 }
 
 #[test]
 fn bamba_matches_transformers() {
-    run("bamba", &[48, 1, 7]);
+    run("bamba");
 }
 
 #[test]
 fn granitemoehybrid_matches_transformers() {
-    run("granitemoehybrid", &[48, 1, 7]);
+    run("granitemoehybrid");
 }
 
 #[test]
 fn falcon_h1_matches_transformers() {
-    run("falcon_h1", &[48, 1, 7]);
+    run("falcon_h1");
 }
 
 #[test]
 fn nemotron_h_matches_transformers() {
-    run("nemotron_h", &[48, 1, 7]);
+    run("nemotron_h");
 }
 
 #[test]
 fn nemotron_h_moe_matches_transformers() {
-    run("nemotron_h_moe", &[48, 1, 7]);
+    run("nemotron_h_moe");
 }
 
 #[test]
 fn llama_matches_transformers() {
-    run("llama", &[48, 1, 7]);
+    run("llama");
 }
 
 #[test]
 fn mamba_matches_transformers() {
-    run("mamba", &[48, 1, 7]);
+    run("mamba");
 }
 
 #[test]
 fn mamba2_matches_transformers() {
-    run("mamba2", &[48, 1, 7]);
+    run("mamba2");
 }
 
 /// The recurrent state after a prompt split anywhere equals the state after
@@ -142,7 +64,8 @@ fn mamba2_matches_transformers() {
 #[test]
 fn state_after_split_prompt_equals_one_pass() {
     for arch in ["mamba", "mamba2"] {
-        let (path, tokens, _, _) = fixture(arch);
+        let f = llama_cpp_fixture(arch);
+        let (path, tokens) = (&f.model, &f.tokens);
         let mut e = Engine::load(&path, EngineOptions::default()).unwrap();
         e.eval(0, &tokens, LogitRows::None, 0).unwrap();
         let n_layer = e.model.info().plan.layers.len();
@@ -163,12 +86,7 @@ fn state_after_split_prompt_equals_one_pass() {
             e.eval(0, &tokens[..split], LogitRows::None, 0).unwrap();
             e.eval(0, &tokens[split..], LogitRows::Last, 0).unwrap();
             let parts = snapshot(&mut e);
-            let max = whole.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let diff = whole
-                .iter()
-                .zip(&parts)
-                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-            assert!(diff <= 1e-5 * max, "{arch} split {split}: {diff} of {max}");
+            assert_close(&format!("{arch} split {split}"), &parts, &whole, 1e-5);
         }
     }
 }
@@ -178,18 +96,9 @@ fn state_after_split_prompt_equals_one_pass() {
 #[test]
 fn batched_sequences_equal_each_alone() {
     use coil::engine::BatchEntry;
-    for arch in [
-        "mamba",
-        "mamba2",
-        "jamba",
-        "bamba",
-        "granitemoehybrid",
-        "falcon_h1",
-        "nemotron_h",
-        "nemotron_h_moe",
-        "llama",
-    ] {
-        let (path, tokens, _, n_vocab) = fixture(arch);
+    for arch in ARCHS {
+        let f = llama_cpp_fixture(arch);
+        let (path, tokens, n_vocab) = (&f.model, &f.tokens, f.n_vocab);
         let opts = EngineOptions {
             n_seq_max: 3,
             n_ubatch: 16,
@@ -239,9 +148,7 @@ fn batched_sequences_equal_each_alone() {
             .unwrap();
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert_eq!(g.len(), w.len(), "{arch} seq {i}");
-            let max = w.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let diff = g.iter().zip(w).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-            assert!(diff <= 1e-5 * max, "{arch} seq {i}: {diff} of {max}");
+            assert_close(&format!("{arch} seq {i}"), g, w, 1e-5);
             assert_eq!(g.len() / n_vocab, w.len() / n_vocab);
         }
         // Only the rows asked for come back.

@@ -10,96 +10,10 @@
 //! Max |Δ| ≤ 1e-4 · max|logit|, same argmax everywhere — for full prefill,
 //! token by token, micro-batches of 7 and mixed micro-batch sizes.
 
-use coil::engine::{Engine, EngineOptions};
-use coil::models::LogitRows;
-use coil_gguf::npy;
-use std::path::PathBuf;
-
-fn fixture(name: &str) -> (PathBuf, Vec<u32>, Vec<f32>, usize) {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/parity")
-        .join(name);
-    let tokens = parse_ids(&std::fs::read_to_string(dir.join("tokens.json")).unwrap());
-    let l = npy::parse_f32(&std::fs::read(dir.join("logits.npy")).unwrap()).unwrap();
-    assert_eq!(l.shape[0], tokens.len());
-    (dir.join("model.gguf"), tokens, l.data, l.shape[1])
-}
-
-/// tokens.json is a flat list of integers.
-fn parse_ids(s: &str) -> Vec<u32> {
-    s.trim()
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .split(',')
-        .map(|t| t.trim().parse().unwrap())
-        .collect()
-}
-
-fn argmax(r: &[f32]) -> usize {
-    r.iter()
-        .enumerate()
-        .fold(0, |b, (i, &v)| if v > r[b] { i } else { b })
-}
-
-/// Compares all rows; returns max |Δ| / max |ref|.
-fn compare(name: &str, what: &str, got: &[f32], want: &[f32], n_vocab: usize) -> f32 {
-    assert_eq!(got.len(), want.len(), "{name} {what}: length");
-    let max_ref = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let max_diff = got
-        .iter()
-        .zip(want)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    let rel = max_diff / max_ref;
-    assert!(
-        rel <= 1e-4,
-        "{name} {what}: max |Δ| {max_diff} = {rel:e} of max|logit| {max_ref}"
-    );
-    for (t, (g, w)) in got.chunks(n_vocab).zip(want.chunks(n_vocab)).enumerate() {
-        assert_eq!(
-            argmax(g),
-            argmax(w),
-            "{name} {what}: argmax at position {t}"
-        );
-    }
-    rel
-}
+mod common;
 
 fn run(name: &str) {
-    let (path, tokens, want, n_vocab) = fixture(name);
-    let n = tokens.len();
-    for threads in [1, 2] {
-        let opts = EngineOptions {
-            n_threads: threads,
-            ..Default::default()
-        };
-        let mut e = Engine::load(&path, opts).unwrap();
-        assert_eq!(e.n_vocab(), n_vocab);
-        for ub in [n, 1, 7] {
-            e.mem_clear();
-            let got = e.eval(0, &tokens, LogitRows::All, ub).unwrap();
-            let rel = compare(
-                name,
-                &format!("ubatch {ub}, {threads} threads"),
-                &got,
-                &want,
-                n_vocab,
-            );
-            eprintln!("{name}: ubatch {ub}, {threads} threads: max rel {rel:e}");
-        }
-        // Mixed micro-batch sizes: 5, then 1, then 17, then the rest.
-        e.mem_clear();
-        let mut got = Vec::new();
-        let mut at = 0;
-        for len in [5, 1, 17, n - 23] {
-            got.extend(
-                e.eval(0, &tokens[at..at + len], LogitRows::All, len)
-                    .unwrap(),
-            );
-            at += len;
-        }
-        let rel = compare(name, "mixed micro-batches", &got, &want, n_vocab);
-        eprintln!("{name}: mixed micro-batches, {threads} threads: max rel {rel:e}");
-    }
+    common::check_parity(name, &common::tool_fixture(name));
 }
 
 #[test]

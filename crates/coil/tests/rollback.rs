@@ -7,31 +7,13 @@ use coil::memory::{CheckpointPolicy, SequenceMemory};
 use coil::models::LogitRows;
 use std::path::PathBuf;
 
-const ARCHS: [&str; 9] = [
-    "mamba",
-    "mamba2",
-    "jamba",
-    "bamba",
-    "granitemoehybrid",
-    "falcon_h1",
-    "nemotron_h",
-    "nemotron_h_moe",
-    "llama",
-];
+mod common;
+
+use common::{assert_close, llama_cpp_fixture, ARCHS};
 
 fn fixture(arch: &str) -> (PathBuf, Vec<u32>) {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/models")
-        .join(arch);
-    let t = std::fs::read_to_string(dir.join("tokens.json")).unwrap();
-    let tokens = t
-        .trim()
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .split(',')
-        .map(|x| x.trim().parse().unwrap())
-        .collect();
-    (dir.join("model.f16.gguf"), tokens)
+    let f = llama_cpp_fixture(arch);
+    (f.model, f.tokens)
 }
 
 fn engine(path: &PathBuf, interval: usize) -> Engine {
@@ -48,16 +30,6 @@ fn engine(path: &PathBuf, interval: usize) -> Engine {
         },
     )
     .unwrap()
-}
-
-fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
-    assert_eq!(got.len(), want.len(), "{what}");
-    let max = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let diff = got
-        .iter()
-        .zip(want)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    assert!(diff <= tol * max, "{what}: max |Δ| {diff} of {max}");
 }
 
 struct Lcg(u64);
