@@ -19,6 +19,8 @@
 pub mod act;
 pub mod dequant;
 pub mod gemm;
+#[cfg(target_arch = "x86_64")]
+mod igemm;
 pub mod vecdot;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx2;
@@ -195,8 +197,21 @@ pub fn matmul_at(
     match vec_kernel(w.ty, level) {
         Some(k) if n_tokens < gemm_min_tokens(w.ty, level) => vec_path(pool, w, x, y, n_tokens, k),
         None if n_tokens < 4 => decode_vec_path(pool, w, x, y, n_tokens, level),
-        _ => gemm::gemm(pool, w, x, y, n_tokens, level),
+        _ => {
+            #[cfg(target_arch = "x86_64")]
+            if level >= SimdLevel::Avx512 && igemm::supported(w.ty) && int_gemm_enabled() {
+                return igemm::igemm(pool, w, x, y, n_tokens);
+            }
+            gemm::gemm(pool, w, x, y, n_tokens, level)
+        }
     }
+}
+
+/// Integer GEMM for the 32-block formats at the AVX-512 level (`COIL_INT_GEMM=0`
+/// in the environment selects the f32 GEMM instead).
+fn int_gemm_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("COIL_INT_GEMM").map_or(true, |v| v != "0"))
 }
 
 /// Token count from which the GEMM strategy wins over per-row dot products.

@@ -1,0 +1,332 @@
+//! Integer GEMM for many tokens (prefill) with AVX-512 VNNI, for the
+//! formats made of 32-value blocks with one scale (and optionally a min):
+//! Q8_0, Q4_0, IQ4_NL, Q4_K, Q5_K, IQ4_XS.
+//!
+//! A weight block decodes to `w = a·q − b` with `q` small integers (i8).
+//! Activations are quantized per 32 values (`x = dx·qx`, as for the dot
+//! kernels) and stored offset by 128 as u8, so `vpdpbusd` multiplies
+//! `(qx + 128)·q` four at a time into 16 row lanes; the offset is removed with
+//! the block sums of `q` (computed when packing):
+//! `sum q·qx = dot(qx + 128, q) − 128·sum q`. Per block and token:
+//! `y += a·dx·(sum q·qx) − b·dx·(sum qx)`.
+//!
+//! Layout: a work item is a panel of 16 weight rows; its blocks are packed
+//! `[block][group of 4 columns][16 rows][4]` (64 bytes per `vpdpbusd`), with
+//! `a`, `b` and `128·sum q` per `[block][16 rows]`. The microkernel keeps
+//! `NT` tokens × 16 rows in registers and broadcasts 4 activation bytes per
+//! instruction. Output rows of a token are contiguous in `y`, so results are
+//! stored as vectors.
+
+use super::dequant::{iq4xs_scales, rd_f16, scale_min_k4, KVALUES_IQ4NL};
+use super::{SendPtr, WeightRef};
+use crate::pool::ThreadPool;
+use coil_gguf::GgmlType;
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+/// Tokens per microkernel call.
+const NT: usize = 8;
+
+/// Whether `ty` has an integer GEMM.
+pub fn supported(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(ty, Q8_0 | Q4_0 | IQ4_NL | Q4_K | Q5_K | IQ4_XS)
+}
+
+fn has_min(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K)
+}
+
+/// Decodes one encoded row into 32-blocks: `q` (i8), `a`, `b` per block.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+unsafe fn decode_row(ty: GgmlType, src: &[u8], q: &mut [i8], a: &mut [f32], b: &mut [f32]) {
+    use GgmlType::*;
+    let (bs, ts) = ty.block_layout();
+    let m4 = _mm_set1_epi8(0xF);
+    let tbl = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
+    let eight = _mm_set1_epi8(8);
+    let bit4 = _mm_set1_epi8(0x10);
+    // 16 packed nibbles at `p` -> 32 values [lo | hi] at `out` (table or minus 8)
+    let nib = |p: *const u8, out: *mut i8, nl: bool| {
+        let v = _mm_loadu_si128(p as *const __m128i);
+        let lo = _mm_and_si128(v, m4);
+        let hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+        let (lo, hi) = if nl {
+            (_mm_shuffle_epi8(tbl, lo), _mm_shuffle_epi8(tbl, hi))
+        } else {
+            (_mm_sub_epi8(lo, eight), _mm_sub_epi8(hi, eight))
+        };
+        _mm_storeu_si128(out as *mut __m128i, lo);
+        _mm_storeu_si128(out.add(16) as *mut __m128i, hi);
+    };
+    for (bi, blk) in src.chunks_exact(ts).enumerate() {
+        let qo = q.as_mut_ptr().add(bi * bs);
+        let nsub = bs / 32;
+        let (a, b) = (
+            &mut a[bi * nsub..(bi + 1) * nsub],
+            &mut b[bi * nsub..(bi + 1) * nsub],
+        );
+        let bp = blk.as_ptr();
+        match ty {
+            Q8_0 => {
+                a[0] = rd_f16(blk, 0);
+                b[0] = 0.0;
+                std::ptr::copy_nonoverlapping(bp.add(2) as *const i8, qo, 32);
+            }
+            Q4_0 | IQ4_NL => {
+                a[0] = rd_f16(blk, 0);
+                b[0] = 0.0;
+                nib(bp.add(2), qo, ty == IQ4_NL);
+            }
+            Q4_K | Q5_K => {
+                let (d, dmin) = (rd_f16(blk, 0), rd_f16(blk, 2));
+                let scales = &blk[4..16];
+                let high = ty == Q5_K;
+                let qs = bp.add(if high { 48 } else { 16 });
+                for j in 0..4 {
+                    let (s1, m1) = scale_min_k4(2 * j, scales);
+                    let (s2, m2) = scale_min_k4(2 * j + 1, scales);
+                    a[2 * j] = d * s1 as f32;
+                    b[2 * j] = dmin * m1 as f32;
+                    a[2 * j + 1] = d * s2 as f32;
+                    b[2 * j + 1] = dmin * m2 as f32;
+                }
+                for h in 0..2 {
+                    let mut hb = if high {
+                        _mm_loadu_si128(bp.add(16 + 16 * h) as *const __m128i)
+                    } else {
+                        _mm_setzero_si128()
+                    };
+                    for j in 0..4 {
+                        let v = _mm_loadu_si128(qs.add(32 * j + 16 * h) as *const __m128i);
+                        let mut lo = _mm_and_si128(v, m4);
+                        let mut hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+                        if high {
+                            lo = _mm_or_si128(lo, _mm_and_si128(_mm_slli_epi16(hb, 4), bit4));
+                            hi = _mm_or_si128(hi, _mm_and_si128(_mm_slli_epi16(hb, 3), bit4));
+                            hb = _mm_srli_epi16(hb, 2);
+                        }
+                        _mm_storeu_si128(qo.add(64 * j + 16 * h) as *mut __m128i, lo);
+                        _mm_storeu_si128(qo.add(64 * j + 32 + 16 * h) as *mut __m128i, hi);
+                    }
+                }
+            }
+            IQ4_XS => {
+                let d = rd_f16(blk, 0);
+                let ls = iq4xs_scales(blk);
+                for ib in 0..8 {
+                    a[ib] = d * ls[ib] as f32;
+                    b[ib] = 0.0;
+                    nib(bp.add(8 + 16 * ib), qo.add(32 * ib), true);
+                }
+            }
+            _ => unreachable!("igemm: unsupported {ty}"),
+        }
+    }
+}
+
+/// Activations of all tokens: `qx + 128` as u8 `[n][cols]`, `dx`, `dx·sum qx`
+/// per `[n][cols/32]`.
+struct Acts {
+    xu: Vec<u8>,
+    dx: Vec<f32>,
+    dxs: Vec<f32>,
+}
+
+fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize) -> Acts {
+    let nb = cols / 32;
+    let mut a = Acts {
+        xu: vec![0u8; n * cols],
+        dx: vec![0f32; n * nb],
+        dxs: vec![0f32; n * nb],
+    };
+    let (pu, pd, ps) = (
+        SendPtr(a.xu.as_mut_ptr()),
+        SendPtr(a.dx.as_mut_ptr()),
+        SendPtr(a.dxs.as_mut_ptr()),
+    );
+    pool.parallel_for(n, 16, |tr, _| {
+        for t in tr {
+            for b in 0..nb {
+                let xb = &x[t * cols + 32 * b..t * cols + 32 * b + 32];
+                let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let (d, id) = if amax > 0.0 && amax.is_finite() {
+                    (amax / 127.0, 127.0 / amax)
+                } else {
+                    (if amax.is_finite() { 0.0 } else { amax }, 0.0)
+                };
+                let mut s = 0i32;
+                for (j, v) in xb.iter().enumerate() {
+                    let q = (v * id).round().clamp(-127.0, 127.0) as i32;
+                    s += q;
+                    // SAFETY: token t owns its rows of the buffers.
+                    unsafe { *pu.get().add(t * cols + 32 * b + j) = (q + 128) as u8 };
+                }
+                unsafe {
+                    *pd.get().add(t * nb + b) = d;
+                    *ps.get().add(t * nb + b) = d * s as f32;
+                }
+            }
+        }
+    });
+    a
+}
+
+/// One packed panel of 16 rows.
+#[derive(Default)]
+struct Panel {
+    q: Vec<u8>,   // [block][8][16][4]
+    a: Vec<f32>,  // [block][16]
+    b: Vec<f32>,  // [block][16]
+    ws: Vec<i32>, // [block][16]: 128 · sum q
+    dq: Vec<i8>,  // [16][cols] decoded rows
+    ra: Vec<f32>, // [16][blocks]
+    rb: Vec<f32>,
+}
+
+thread_local! {
+    static PANEL: RefCell<Panel> = RefCell::new(Panel::default());
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
+    let cols = w.cols;
+    let nb = cols / 32;
+    p.q.resize(nb * 512, 0);
+    p.a.resize(nb * 16, 0.0);
+    p.b.resize(nb * 16, 0.0);
+    p.ws.resize(nb * 16, 0);
+    p.dq.resize(16 * cols, 0);
+    p.ra.resize(16 * nb, 0.0);
+    p.rb.resize(16 * nb, 0.0);
+    let nr = 16.min(w.rows - r0);
+    for r in 0..16 {
+        if r < nr {
+            decode_row(
+                w.ty,
+                w.row(r0 + r),
+                &mut p.dq[r * cols..(r + 1) * cols],
+                &mut p.ra[r * nb..(r + 1) * nb],
+                &mut p.rb[r * nb..(r + 1) * nb],
+            );
+        } else {
+            p.dq[r * cols..(r + 1) * cols].fill(0);
+            p.ra[r * nb..(r + 1) * nb].fill(0.0);
+            p.rb[r * nb..(r + 1) * nb].fill(0.0);
+        }
+    }
+    // Transpose 4-byte groups: [r][kb][g] -> [kb][g][r] with one gather per 64 bytes.
+    let idx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(cols as i32),
+    );
+    let ones = _mm512_set1_epi8(1);
+    let sidx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(nb as i32),
+    );
+    for kb in 0..nb {
+        let mut ws = _mm512_setzero_si512();
+        for g in 0..8 {
+            let v =
+                _mm512_i32gather_epi32::<1>(idx, p.dq.as_ptr().add(32 * kb + 4 * g) as *const i32);
+            _mm512_storeu_si512(p.q.as_mut_ptr().add(kb * 512 + 64 * g) as *mut _, v);
+            ws = _mm512_dpbusd_epi32(ws, ones, v);
+        }
+        _mm512_storeu_si512(
+            p.ws.as_mut_ptr().add(kb * 16) as *mut _,
+            _mm512_slli_epi32(ws, 7),
+        );
+        let av = _mm512_i32gather_ps::<4>(sidx, p.ra.as_ptr().add(kb));
+        let bv = _mm512_i32gather_ps::<4>(sidx, p.rb.as_ptr().add(kb));
+        _mm512_storeu_ps(p.a.as_mut_ptr().add(kb * 16), av);
+        _mm512_storeu_ps(p.b.as_mut_ptr().add(kb * 16), bv);
+    }
+}
+
+/// `y[t, r0..r0+nr] = ...` for tokens `ts` (up to NT; unused slots repeat
+/// the last token and are not stored).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")]
+unsafe fn kernel<const MIN: bool>(
+    p: &Panel,
+    acts: &Acts,
+    cols: usize,
+    ts: &[usize],
+    nr: usize,
+    y: *mut f32,
+    rows: usize,
+    r0: usize,
+) {
+    let nb = cols / 32;
+    let mut tok = [0usize; NT];
+    for (i, t) in tok.iter_mut().enumerate() {
+        *t = ts[i.min(ts.len() - 1)];
+    }
+    let xp: [*const u8; NT] = tok.map(|t| acts.xu.as_ptr().add(t * cols));
+    let mut facc = [_mm512_setzero_ps(); NT];
+    for kb in 0..nb {
+        let mut iacc = [_mm512_setzero_si512(); NT];
+        let qb = p.q.as_ptr().add(kb * 512);
+        for g in 0..8 {
+            let wv = _mm512_loadu_si512(qb.add(64 * g) as *const _);
+            for t in 0..NT {
+                let xb =
+                    _mm512_set1_epi32((xp[t].add(32 * kb + 4 * g) as *const i32).read_unaligned());
+                iacc[t] = _mm512_dpbusd_epi32(iacc[t], xb, wv);
+            }
+        }
+        let av = _mm512_loadu_ps(p.a.as_ptr().add(kb * 16));
+        let ws = _mm512_loadu_si512(p.ws.as_ptr().add(kb * 16) as *const _);
+        let bv = if MIN {
+            _mm512_loadu_ps(p.b.as_ptr().add(kb * 16))
+        } else {
+            _mm512_setzero_ps()
+        };
+        for t in 0..NT {
+            let s = _mm512_cvtepi32_ps(_mm512_sub_epi32(iacc[t], ws));
+            let dx = *acts.dx.get_unchecked(tok[t] * nb + kb);
+            facc[t] = _mm512_fmadd_ps(s, _mm512_mul_ps(av, _mm512_set1_ps(dx)), facc[t]);
+            if MIN {
+                let dxs = *acts.dxs.get_unchecked(tok[t] * nb + kb);
+                facc[t] = _mm512_fnmadd_ps(bv, _mm512_set1_ps(dxs), facc[t]);
+            }
+        }
+    }
+    let mask: u16 = if nr >= 16 { 0xFFFF } else { (1u16 << nr) - 1 };
+    for (i, &t) in ts.iter().enumerate() {
+        _mm512_mask_storeu_ps(y.add(t * rows + r0), mask, facc[i]);
+    }
+}
+
+/// `y = x · wᵀ` for `n_tokens` tokens. The caller checks [`supported`] and
+/// that the CPU has the AVX-512 level.
+pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_tokens: usize) {
+    let (rows, cols) = (w.rows, w.cols);
+    let acts = quantize_acts(pool, x, n_tokens, cols);
+    let panels = rows.div_ceil(16);
+    let yp = SendPtr(y.as_mut_ptr());
+    let min = has_min(w.ty);
+    pool.parallel_for(panels, 1, |pr, _| {
+        PANEL.with(|p| {
+            let mut p = p.borrow_mut();
+            let all: Vec<usize> = (0..n_tokens).collect();
+            for pi in pr {
+                let r0 = pi * 16;
+                let nr = 16.min(rows - r0);
+                // SAFETY: AVX-512 checked by the caller.
+                unsafe { pack_panel(w, r0, &mut p) };
+                for ts in all.chunks(NT) {
+                    // SAFETY: AVX-512 checked by the caller; rows r0..r0+nr of
+                    // y belong to this panel only.
+                    unsafe {
+                        if min {
+                            kernel::<true>(&p, &acts, cols, ts, nr, yp.get(), rows, r0);
+                        } else {
+                            kernel::<false>(&p, &acts, cols, ts, nr, yp.get(), rows, r0);
+                        }
+                    }
+                }
+            }
+        })
+    });
+}
