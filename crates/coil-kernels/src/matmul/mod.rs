@@ -11,10 +11,12 @@
 //!   IQ4_XS) and use integer dot products as llama.cpp does, 4 tokens per
 //!   unpacked weight row (AVX-512); F32/F16/BF16 convert weights to f32 in
 //!   registers. Memory-bound at one token.
-//! * many tokens (prefill), and few tokens of formats without a dot kernel:
-//!   [`gemm`] — weights decoded to f32 panel by panel and an f32 register-tile
-//!   GEMM. Compute-bound. (Below 4 tokens, formats without a dot kernel decode
-//!   each row once and use f32 dots.)
+//! * many tokens (prefill): for Q8_0/Q4_0/IQ4_NL/Q4_K/Q5_K/IQ4_XS on
+//!   AVX-512 VNNI, an integer GEMM (`igemm`: weights unpacked to i8 per
+//!   16-row panel, activations quantized per 32 values); for every other
+//!   format and level, [`gemm`] — weights decoded to f32 panel by panel and an
+//!   f32 register-tile GEMM. Compute-bound. (Below 4 tokens, formats without
+//!   a dot kernel decode each row once and use f32 dots.)
 
 pub mod act;
 pub mod dequant;
