@@ -35,6 +35,7 @@
 #   LLAMACPP_DIR     where scripts/build-llamacpp.sh builds llama.cpp
 #   LLAMA_REPACK     llama-bench --repack values to try (default "1 0")
 #   COIL_BENCH_ARGS  extra arguments for `coil bench`
+#   LLAMA_BENCH_ARGS extra arguments for `llama-bench` (e.g. "--poll 0")
 #   CARGO_TARGET_DIR honoured when locating the coil binary
 set -euo pipefail
 
@@ -140,7 +141,7 @@ mkdir -p "$RUN_DIR"
     echo "date: $STAMP"
     echo "commit: $(git -C "$REPO_ROOT" rev-parse --short HEAD)$(git -C "$REPO_ROOT" diff --quiet HEAD -- crates || echo ' (+ uncommitted changes)')"
     echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -n1), $(nproc) CPUs"
-    echo "threads: $THREADS, reps: $REPS, pp$N_PROMPT, tg$N_GEN, llama-bench --repack: $LLAMA_REPACK"
+    echo "threads: $THREADS, reps: $REPS, pp$N_PROMPT, tg$N_GEN, llama-bench --repack: $LLAMA_REPACK ${LLAMA_BENCH_ARGS:-}"
     echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } > "$RUN_DIR/info.txt"
 cat "$RUN_DIR/info.txt" >&2
@@ -153,16 +154,18 @@ for m in $MODELS; do
         [ -f "$f" ] || { echo "error: $f missing" >&2; exit 1; }
         for ((i = 1; i <= REPS; i++)); do
             tag="$m.$t.$i"
+            echo "$tag $(cut -d' ' -f1-3 /proc/loadavg)" >> "$RUN_DIR/load.txt"
             log "$m $t round $i/$REPS: coil"
             # shellcheck disable=SC2086
             /usr/bin/time -v -o "$RUN_DIR/$tag.coil.time" \
                 "$COIL" bench -m "$f" -p "$N_PROMPT" -n "$N_GEN" -r 1 -t "$THREADS" --json \
                 ${COIL_BENCH_ARGS:-} > "$RUN_DIR/$tag.coil.json" 2> "$RUN_DIR/$tag.coil.err"
+            # shellcheck disable=SC2086
             for rp in $LLAMA_REPACK; do
                 log "$m $t round $i/$REPS: llama-bench --repack $rp"
                 /usr/bin/time -v -o "$RUN_DIR/$tag.llama-repack$rp.time" \
                     "$LLAMACPP_BIN/llama-bench" -m "$f" -p "$N_PROMPT" -n "$N_GEN" -r 1 \
-                    -t "$THREADS" --repack "$rp" -o json \
+                    -t "$THREADS" --repack "$rp" -o json ${LLAMA_BENCH_ARGS:-} \
                     > "$RUN_DIR/$tag.llama-repack$rp.json" 2> "$RUN_DIR/$tag.llama-repack$rp.err"
             done
         done
