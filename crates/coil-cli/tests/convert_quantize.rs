@@ -1,0 +1,215 @@
+//! `coil convert` and `coil quantize` end to end: llama.cpp-identical files
+//! from the fixture checkpoints, every quantization mixture, errors that
+//! leave nothing behind (a full disk included).
+
+use coil_gguf::{GgmlType, GgufFile};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn coil() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_coil"))
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+fn scratch(test: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("coil-cli-cq-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn run(cmd: &mut Command) -> (bool, String) {
+    let out = cmd.output().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    (out.status.success(), text)
+}
+
+fn leftovers(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".gguf"))
+        .collect()
+}
+
+#[test]
+fn convert_is_byte_identical_to_llama_cpp() {
+    let d = scratch("identical");
+    for name in [
+        "mamba",
+        "mamba2",
+        "jamba",
+        "granitemoehybrid",
+        "falcon_h1",
+        "nemotron_h",
+        "nemotron_h_moe",
+        "llama",
+    ] {
+        let out = d.join(format!("{name}.gguf"));
+        let (ok, text) = run(coil()
+            .args(["convert", "--quiet", "--name", "Hf", "--type", "f16", "-o"])
+            .arg(&out)
+            .arg(root().join("hf").join(name)));
+        assert!(ok, "{name}: {text}");
+        let want = std::fs::read(root().join("models").join(name).join("model.f16.gguf")).unwrap();
+        assert!(
+            std::fs::read(&out).unwrap() == want,
+            "{name}: differs from llama.cpp's converter output"
+        );
+    }
+}
+
+#[test]
+fn bamba_permutes_only_the_rotary_lanes() {
+    let d = scratch("bamba");
+    let out = d.join("bamba.gguf");
+    let (ok, text) = run(coil()
+        .args(["convert", "--quiet", "--name", "Hf", "-o"])
+        .arg(&out)
+        .arg(root().join("hf/bamba")));
+    assert!(ok, "{text}");
+    let ours = GgufFile::open(&out).unwrap();
+    let theirs = GgufFile::open(root().join("models/bamba/model.f16.gguf")).unwrap();
+    assert_eq!(
+        ours.metadata().get_bool("coil.rope.partial_permute"),
+        Some(true)
+    );
+    // head_dim 16, rotary 8: rows 8..16 of each head stay in transformers'
+    // order; rows 0..8 are pairs (i, i + 4). llama.cpp pairs (i, i + 8).
+    let q = ours
+        .tensor("blk.1.attn_q.weight")
+        .unwrap()
+        .to_f32()
+        .unwrap();
+    let t = theirs
+        .tensor("blk.1.attn_q.weight")
+        .unwrap()
+        .to_f32()
+        .unwrap();
+    let row = |v: &[f32], r: usize| v[r * 32..(r + 1) * 32].to_vec();
+    // llama.cpp's row 2i + j of a head is transformers' row 8j + i, so
+    // transformers' row r of head h is:
+    let hf = |h: usize, r: usize| row(&t, h * 16 + if r < 8 { 2 * r } else { 2 * (r - 8) + 1 });
+    for h in 0..2 {
+        for i in 0..4 {
+            assert_eq!(row(&q, h * 16 + 2 * i), hf(h, i));
+            assert_eq!(row(&q, h * 16 + 2 * i + 1), hf(h, i + 4));
+        }
+        for r in 8..16 {
+            assert_eq!(row(&q, h * 16 + r), hf(h, r));
+        }
+    }
+    for (k, _) in theirs.metadata().iter() {
+        assert_eq!(ours.metadata().get(k), theirs.metadata().get(k), "{k}");
+    }
+}
+
+#[test]
+fn quantize_every_mixture() {
+    let d = scratch("quantize");
+    let src = d.join("nemotron_h_moe.f32.gguf");
+    let (ok, text) = run(coil()
+        .args(["convert", "--quiet", "--type", "f32", "-o"])
+        .arg(&src)
+        .arg(root().join("hf/nemotron_h_moe")));
+    assert!(ok, "{text}");
+    let input = GgufFile::open(&src).unwrap();
+    for mix in [
+        "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K_M", "Q5_K_M", "Q6_K",
+    ] {
+        let out = d.join(format!("q-{mix}.gguf"));
+        let (ok, text) = run(coil()
+            .args(["quantize", "--quiet"])
+            .arg(&src)
+            .arg(&out)
+            .arg(mix));
+        assert!(ok, "{mix}: {text}");
+        let q = GgufFile::open(&out).unwrap();
+        assert_eq!(q.tensors().len(), input.tensors().len());
+        for t in q.tensors() {
+            let n = t.name.as_str();
+            let kept = n.ends_with("_norm.weight")
+                || n.contains("ssm_conv1d")
+                || n.contains("ffn_gate_inp")
+                || !n.ends_with("weight")
+                || t.dims.iter().filter(|&&x| x > 1).count() < 2;
+            if kept {
+                assert_eq!(t.ty, input.tensor_info(n).unwrap().ty, "{mix} {n}");
+            } else {
+                // The fixture's rows (32 wide) are too short for 256-blocks:
+                // K-quants fall back as llama.cpp does.
+                assert!(t.ty != GgmlType::F32, "{mix} {n}");
+            }
+            let a = q.view(t).to_f32().unwrap();
+            let b = input.tensor(n).unwrap().to_f32().unwrap();
+            let amax = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let err = a
+                .iter()
+                .zip(&b)
+                .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            assert!(
+                err <= amax * 0.2 + 1e-6,
+                "{mix} {n}: max error {err} of {amax}"
+            );
+        }
+        assert_eq!(
+            q.metadata().get_u64("general.file_type"),
+            Some(match mix {
+                "Q8_0" => 7,
+                "Q4_0" => 2,
+                "Q4_1" => 3,
+                "Q5_0" => 8,
+                "Q5_1" => 9,
+                "Q4_K_M" => 15,
+                "Q5_K_M" => 17,
+                _ => 18,
+            })
+        );
+        let (ok, text) = run(coil().arg("inspect").arg(&out));
+        assert!(ok, "{mix}: inspect: {text}");
+    }
+    let (ok, text) = run(coil()
+        .args(["quantize", "--quiet"])
+        .arg(&src)
+        .arg(d.join("x.gguf"))
+        .arg("Q3_K_S"));
+    assert!(!ok && text.contains("Q4_K_M"), "{text}");
+}
+
+#[test]
+fn errors_leave_nothing_behind() {
+    let d = scratch("errors");
+    let (ok, text) = run(coil()
+        .args(["convert", "--quiet", "-o"])
+        .arg(d.join("a.gguf"))
+        .arg(d.join("no-such-dir")));
+    assert!(!ok && text.contains("no-such-dir"), "{text}");
+    let (ok, text) = run(coil()
+        .args(["convert", "--quiet", "--type", "q4_k", "-o"])
+        .arg(d.join("a.gguf"))
+        .arg(root().join("hf/mamba")));
+    assert!(!ok && text.contains("--type"), "{text}");
+    assert!(leftovers(&d).is_empty());
+}
+
+/// A full disk, simulated with a file-size limit (writes fail with EFBIG).
+#[cfg(unix)]
+#[test]
+fn full_disk_leaves_nothing_behind() {
+    let d = scratch("full");
+    let out = d.join("big.gguf");
+    let script = format!(
+        "trap '' XFSZ; ulimit -f 64; exec '{}' convert --quiet --type f32 -o '{}' '{}'",
+        env!("CARGO_BIN_EXE_coil"),
+        out.display(),
+        root().join("hf/falcon_h1").display()
+    );
+    let (ok, text) = run(Command::new("sh").arg("-c").arg(script));
+    assert!(!ok, "{text}");
+    assert!(text.contains("big.gguf"), "{text}");
+    assert!(leftovers(&d).is_empty(), "{:?}", leftovers(&d));
+}
