@@ -263,13 +263,35 @@ fn main() {
         }
         ratios.sort_by(|a, b| a.total_cmp(b));
         let gf = 2.0 * (n * rows * cols) as f64 / best / 1e9;
-        println!(
+        print!(
             "{:>8} {:>10.2} {:>9.1} {:>7.0}%",
             ty.name(),
             best * 1e3,
             gf,
             100.0 * ratios[1]
         );
+        // Formats with an integer GEMM: the f32 GEMM path too, side by side.
+        let int_fmt = matches!(
+            ty,
+            GgmlType::Q8_0
+                | GgmlType::Q4_0
+                | GgmlType::IQ4_NL
+                | GgmlType::Q4_K
+                | GgmlType::Q5_K
+                | GgmlType::IQ4_XS
+        );
+        if int_fmt && simd::level() == simd::SimdLevel::Avx512 {
+            coil_kernels::matmul::set_int_gemm(false);
+            let f = best_of(4, || matmul(&pool, &w, &x, &mut y, n));
+            coil_kernels::matmul::set_int_gemm(true);
+            let again = best_of(2, || matmul(&pool, &w, &x, &mut y, n));
+            print!(
+                "   int GEMM; f32 GEMM path {:.2} ms ({:.1}x slower)",
+                f * 1e3,
+                f / again.min(best)
+            );
+        }
+        println!();
     }
     // Small batches: decode of a few sequences.
     println!("\nmatmul, few tokens, 4096 x 4096 weight (ms):");

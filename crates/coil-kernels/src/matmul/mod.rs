@@ -209,11 +209,31 @@ pub fn matmul_at(
     }
 }
 
-/// Integer GEMM for the 32-block formats at the AVX-512 level (`COIL_INT_GEMM=0`
-/// in the environment selects the f32 GEMM instead).
+/// 0 = from the environment, 1 = on, 2 = off.
+static INT_GEMM: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Integer GEMM for the 32-block formats at the AVX-512 level: on unless
+/// `COIL_INT_GEMM=0` is set or [`set_int_gemm`]`(false)` was called.
 fn int_gemm_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("COIL_INT_GEMM").map_or(true, |v| v != "0"))
+    use std::sync::atomic::Ordering;
+    match INT_GEMM.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            let on = std::env::var("COIL_INT_GEMM").map_or(true, |v| v != "0");
+            INT_GEMM.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+            on
+        }
+    }
+}
+
+/// Chooses (process-wide) between the integer GEMM and the f32 GEMM for
+/// prefill of the formats that have both (benchmarks, A/B checks).
+pub fn set_int_gemm(enabled: bool) {
+    INT_GEMM.store(
+        if enabled { 1 } else { 2 },
+        std::sync::atomic::Ordering::Relaxed,
+    );
 }
 
 /// Token count from which the GEMM strategy wins over per-row dot products.
