@@ -6,7 +6,7 @@ use std::path::PathBuf;
 /// tensor or config field at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum ConvertError {
-    #[error("{path}: {source}")]
+    #[error("cannot access {path}")]
     Io {
         path: PathBuf,
         #[source]
