@@ -278,6 +278,7 @@ fn main() {
                 | GgmlType::IQ4_NL
                 | GgmlType::Q4_K
                 | GgmlType::Q5_K
+                | GgmlType::Q6_K
                 | GgmlType::IQ4_XS
         );
         if int_fmt && simd::level() == simd::SimdLevel::Avx512 {

@@ -1,6 +1,6 @@
 //! Integer GEMM for many tokens (prefill) with AVX-512 VNNI, for the
-//! formats made of 32-value blocks with one scale (and optionally a min):
-//! Q8_0, Q4_0, IQ4_NL, Q4_K, Q5_K, IQ4_XS.
+//! formats made of blocks with one scale (and optionally a min) per 32
+//! values (Q8_0, Q4_0, IQ4_NL, Q4_K, Q5_K, IQ4_XS) or per 16 (Q6_K).
 //!
 //! A weight block decodes to `w = a·q − b` with `q` small integers (i8).
 //! Activations are quantized per 32 values (`x = dx·qx`, as for the dot
@@ -30,7 +30,12 @@ const NT: usize = 8;
 /// Whether `ty` has an integer GEMM.
 pub fn supported(ty: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(ty, Q8_0 | Q4_0 | IQ4_NL | Q4_K | Q5_K | IQ4_XS)
+    matches!(ty, Q8_0 | Q4_0 | IQ4_NL | Q4_K | Q5_K | IQ4_XS | Q6_K)
+}
+
+/// Values per scale: 16 for Q6_K, 32 for the others.
+fn sub16(ty: GgmlType) -> bool {
+    ty == GgmlType::Q6_K
 }
 
 fn has_min(ty: GgmlType) -> bool {
@@ -61,7 +66,7 @@ unsafe fn decode_row(ty: GgmlType, src: &[u8], q: &mut [i8], a: &mut [f32], b: &
     };
     for (bi, blk) in src.chunks_exact(ts).enumerate() {
         let qo = q.as_mut_ptr().add(bi * bs);
-        let nsub = bs / 32;
+        let nsub = bs / if ty == Q6_K { 16 } else { 32 };
         let (a, b) = (
             &mut a[bi * nsub..(bi + 1) * nsub],
             &mut b[bi * nsub..(bi + 1) * nsub],
@@ -118,6 +123,43 @@ unsafe fn decode_row(ty: GgmlType, src: &[u8], q: &mut [i8], a: &mut [f32], b: &
                     a[ib] = d * ls[ib] as f32;
                     b[ib] = 0.0;
                     nib(bp.add(8 + 16 * ib), qo.add(32 * ib), true);
+                }
+            }
+            Q6_K => {
+                let d = rd_f16(blk, 208);
+                for (g, av) in a.iter_mut().enumerate() {
+                    *av = d * (blk[192 + g] as i8) as f32;
+                }
+                b.fill(0.0);
+                let m3 = _mm_set1_epi8(3);
+                let off = _mm_set1_epi8(32);
+                for n in 0..2 {
+                    let ql = bp.add(64 * n);
+                    let qh = bp.add(128 + 32 * n);
+                    for l in [0usize, 16] {
+                        let va = _mm_loadu_si128(ql.add(l) as *const __m128i);
+                        let vc = _mm_loadu_si128(ql.add(l + 32) as *const __m128i);
+                        let h = _mm_loadu_si128(qh.add(l) as *const __m128i);
+                        let h0 = _mm_slli_epi16(_mm_and_si128(h, m3), 4);
+                        let h2 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 2), m3), 4);
+                        let h4 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 4), m3), 4);
+                        let h6 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 6), m3), 4);
+                        let q1 = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(va, m4), h0), off);
+                        let q2 = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(vc, m4), h2), off);
+                        let q3 = _mm_sub_epi8(
+                            _mm_or_si128(_mm_and_si128(_mm_srli_epi16(va, 4), m4), h4),
+                            off,
+                        );
+                        let q4 = _mm_sub_epi8(
+                            _mm_or_si128(_mm_and_si128(_mm_srli_epi16(vc, 4), m4), h6),
+                            off,
+                        );
+                        let base = qo.add(128 * n + l);
+                        _mm_storeu_si128(base as *mut __m128i, q1);
+                        _mm_storeu_si128(base.add(32) as *mut __m128i, q2);
+                        _mm_storeu_si128(base.add(64) as *mut __m128i, q3);
+                        _mm_storeu_si128(base.add(96) as *mut __m128i, q4);
+                    }
                 }
             }
             _ => unreachable!("igemm: unsupported {ty}"),
@@ -192,13 +234,15 @@ thread_local! {
 unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
     let cols = w.cols;
     let nb = cols / 32;
+    let half = sub16(w.ty);
+    let ns = if half { 2 * nb } else { nb }; // scale groups per row
     p.q.resize(nb * 512, 0);
-    p.a.resize(nb * 16, 0.0);
-    p.b.resize(nb * 16, 0.0);
-    p.ws.resize(nb * 16, 0);
+    p.a.resize(ns * 16, 0.0);
+    p.b.resize(ns * 16, 0.0);
+    p.ws.resize(ns * 16, 0);
     p.dq.resize(16 * cols, 0);
-    p.ra.resize(16 * nb, 0.0);
-    p.rb.resize(16 * nb, 0.0);
+    p.ra.resize(16 * ns, 0.0);
+    p.rb.resize(16 * ns, 0.0);
     let nr = 16.min(w.rows - r0);
     for r in 0..16 {
         if r < nr {
@@ -206,48 +250,48 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
                 w.ty,
                 w.row(r0 + r),
                 &mut p.dq[r * cols..(r + 1) * cols],
-                &mut p.ra[r * nb..(r + 1) * nb],
-                &mut p.rb[r * nb..(r + 1) * nb],
+                &mut p.ra[r * ns..(r + 1) * ns],
+                &mut p.rb[r * ns..(r + 1) * ns],
             );
         } else {
             p.dq[r * cols..(r + 1) * cols].fill(0);
-            p.ra[r * nb..(r + 1) * nb].fill(0.0);
-            p.rb[r * nb..(r + 1) * nb].fill(0.0);
+            p.ra[r * ns..(r + 1) * ns].fill(0.0);
+            p.rb[r * ns..(r + 1) * ns].fill(0.0);
         }
     }
     // Transpose 4-byte groups: [r][kb][g] -> [kb][g][r] with one gather per 64 bytes.
-    let idx = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(cols as i32),
-    );
+    let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let idx = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(cols as i32));
+    let sidx = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(ns as i32));
     let ones = _mm512_set1_epi8(1);
-    let sidx = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(nb as i32),
-    );
     for kb in 0..nb {
-        let mut ws = _mm512_setzero_si512();
+        let mut ws = [_mm512_setzero_si512(); 2];
         for g in 0..8 {
             let v =
                 _mm512_i32gather_epi32::<1>(idx, p.dq.as_ptr().add(32 * kb + 4 * g) as *const i32);
             _mm512_storeu_si512(p.q.as_mut_ptr().add(kb * 512 + 64 * g) as *mut _, v);
-            ws = _mm512_dpbusd_epi32(ws, ones, v);
+            let h = if half { g / 4 } else { 0 };
+            ws[h] = _mm512_dpbusd_epi32(ws[h], ones, v);
         }
-        _mm512_storeu_si512(
-            p.ws.as_mut_ptr().add(kb * 16) as *mut _,
-            _mm512_slli_epi32(ws, 7),
-        );
-        let av = _mm512_i32gather_ps::<4>(sidx, p.ra.as_ptr().add(kb));
-        let bv = _mm512_i32gather_ps::<4>(sidx, p.rb.as_ptr().add(kb));
-        _mm512_storeu_ps(p.a.as_mut_ptr().add(kb * 16), av);
-        _mm512_storeu_ps(p.b.as_mut_ptr().add(kb * 16), bv);
+        for h in 0..if half { 2 } else { 1 } {
+            let sg = if half { 2 * kb + h } else { kb };
+            _mm512_storeu_si512(
+                p.ws.as_mut_ptr().add(sg * 16) as *mut _,
+                _mm512_slli_epi32(ws[h], 7),
+            );
+            let av = _mm512_i32gather_ps::<4>(sidx, p.ra.as_ptr().add(sg));
+            let bv = _mm512_i32gather_ps::<4>(sidx, p.rb.as_ptr().add(sg));
+            _mm512_storeu_ps(p.a.as_mut_ptr().add(sg * 16), av);
+            _mm512_storeu_ps(p.b.as_mut_ptr().add(sg * 16), bv);
+        }
     }
 }
 
 /// `y[t, r0..r0+nr] = ...` for tokens `ts` (up to NT; unused slots repeat
 /// the last token and are not stored).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")]
-unsafe fn kernel<const MIN: bool>(
+#[allow(clippy::too_many_arguments)]
+unsafe fn kernel<const MIN: bool, const HALF: bool>(
     p: &Panel,
     acts: &Acts,
     cols: usize,
@@ -264,31 +308,36 @@ unsafe fn kernel<const MIN: bool>(
     }
     let xp: [*const u8; NT] = tok.map(|t| acts.xu.as_ptr().add(t * cols));
     let mut facc = [_mm512_setzero_ps(); NT];
+    let (nh, gph) = if HALF { (2, 4) } else { (1, 8) }; // scale groups per block, 4-col groups per scale
     for kb in 0..nb {
-        let mut iacc = [_mm512_setzero_si512(); NT];
         let qb = p.q.as_ptr().add(kb * 512);
-        for g in 0..8 {
-            let wv = _mm512_loadu_si512(qb.add(64 * g) as *const _);
-            for t in 0..NT {
-                let xb =
-                    _mm512_set1_epi32((xp[t].add(32 * kb + 4 * g) as *const i32).read_unaligned());
-                iacc[t] = _mm512_dpbusd_epi32(iacc[t], xb, wv);
+        for h in 0..nh {
+            let sg = kb * nh + h;
+            let mut iacc = [_mm512_setzero_si512(); NT];
+            for g in h * gph..(h + 1) * gph {
+                let wv = _mm512_loadu_si512(qb.add(64 * g) as *const _);
+                for t in 0..NT {
+                    let xb = _mm512_set1_epi32(
+                        (xp[t].add(32 * kb + 4 * g) as *const i32).read_unaligned(),
+                    );
+                    iacc[t] = _mm512_dpbusd_epi32(iacc[t], xb, wv);
+                }
             }
-        }
-        let av = _mm512_loadu_ps(p.a.as_ptr().add(kb * 16));
-        let ws = _mm512_loadu_si512(p.ws.as_ptr().add(kb * 16) as *const _);
-        let bv = if MIN {
-            _mm512_loadu_ps(p.b.as_ptr().add(kb * 16))
-        } else {
-            _mm512_setzero_ps()
-        };
-        for t in 0..NT {
-            let s = _mm512_cvtepi32_ps(_mm512_sub_epi32(iacc[t], ws));
-            let dx = *acts.dx.get_unchecked(tok[t] * nb + kb);
-            facc[t] = _mm512_fmadd_ps(s, _mm512_mul_ps(av, _mm512_set1_ps(dx)), facc[t]);
-            if MIN {
-                let dxs = *acts.dxs.get_unchecked(tok[t] * nb + kb);
-                facc[t] = _mm512_fnmadd_ps(bv, _mm512_set1_ps(dxs), facc[t]);
+            let av = _mm512_loadu_ps(p.a.as_ptr().add(sg * 16));
+            let ws = _mm512_loadu_si512(p.ws.as_ptr().add(sg * 16) as *const _);
+            let bv = if MIN {
+                _mm512_loadu_ps(p.b.as_ptr().add(sg * 16))
+            } else {
+                _mm512_setzero_ps()
+            };
+            for t in 0..NT {
+                let s = _mm512_cvtepi32_ps(_mm512_sub_epi32(iacc[t], ws));
+                let dx = *acts.dx.get_unchecked(tok[t] * nb + kb);
+                facc[t] = _mm512_fmadd_ps(s, _mm512_mul_ps(av, _mm512_set1_ps(dx)), facc[t]);
+                if MIN {
+                    let dxs = *acts.dxs.get_unchecked(tok[t] * nb + kb);
+                    facc[t] = _mm512_fnmadd_ps(bv, _mm512_set1_ps(dxs), facc[t]);
+                }
             }
         }
     }
@@ -306,6 +355,7 @@ pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_token
     let panels = rows.div_ceil(16);
     let yp = SendPtr(y.as_mut_ptr());
     let min = has_min(w.ty);
+    let half = sub16(w.ty);
     pool.parallel_for(panels, 1, |pr, _| {
         PANEL.with(|p| {
             let mut p = p.borrow_mut();
@@ -320,9 +370,11 @@ pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_token
                     // y belong to this panel only.
                     unsafe {
                         if min {
-                            kernel::<true>(&p, &acts, cols, ts, nr, yp.get(), rows, r0);
+                            kernel::<true, false>(&p, &acts, cols, ts, nr, yp.get(), rows, r0);
+                        } else if half {
+                            kernel::<false, true>(&p, &acts, cols, ts, nr, yp.get(), rows, r0);
                         } else {
-                            kernel::<false>(&p, &acts, cols, ts, nr, yp.get(), rows, r0);
+                            kernel::<false, false>(&p, &acts, cols, ts, nr, yp.get(), rows, r0);
                         }
                     }
                 }

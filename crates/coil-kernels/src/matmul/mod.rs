@@ -11,7 +11,7 @@
 //!   IQ4_XS) and use integer dot products as llama.cpp does, 4 tokens per
 //!   unpacked weight row (AVX-512); F32/F16/BF16 convert weights to f32 in
 //!   registers. Memory-bound at one token.
-//! * many tokens (prefill): for Q8_0/Q4_0/IQ4_NL/Q4_K/Q5_K/IQ4_XS on
+//! * many tokens (prefill): for Q8_0/Q4_0/IQ4_NL/Q4_K/Q5_K/Q6_K/IQ4_XS on
 //!   AVX-512 VNNI, an integer GEMM (`igemm`: weights unpacked to i8 per
 //!   16-row panel, activations quantized per 32 values); for every other
 //!   format and level, [`gemm`] — weights decoded to f32 panel by panel and an
