@@ -5,9 +5,11 @@
 //!   `[n_tokens, cols]` f32, `y`: `[n_tokens, rows]` f32. Few tokens: integer
 //!   dot products against activations quantized on the fly (Q8_0-style for
 //!   Q8_0/Q4_0/IQ4_NL, Q8_K-style for K-quants/IQ4_XS; 4 tokens per weight
-//!   unpack), f32 dots for F32/F16/BF16. Many tokens: weights decoded to f32
-//!   panel by panel and a register-tiled f32 GEMM. Formats without native
-//!   code (IQ2/IQ3/…, Q8_K) are decoded through `coil_gguf::quant`.
+//!   unpack), f32 dots for F32/F16/BF16. Many tokens: an AVX-512 VNNI
+//!   integer GEMM for Q8_0/Q4_0/IQ4_NL/Q4_K/Q5_K/Q6_K/IQ4_XS, otherwise
+//!   weights decoded to f32 panel by panel and a register-tiled f32 GEMM.
+//!   Formats without native code (IQ2/IQ3/…, Q8_K) are decoded through
+//!   `coil_gguf::quant`.
 //! * [`ops`]: RMSNorm and gated group RMSNorm, activations, RoPE (normal /
 //!   NeoX, partial), causal depthwise conv1d with a carried window, Mamba-1
 //!   and Mamba-2 scans (sequence and single step), attention of a batch of
