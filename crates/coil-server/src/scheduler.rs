@@ -27,7 +27,7 @@ use crate::prefix_cache::PrefixCache;
 use coil::engine::generate::StopMatcher;
 use coil::engine::sampling::{Sampler, SamplingParams};
 use coil::engine::{BatchEntry, Engine};
-use coil::memory::{SeqId, SequenceMemory};
+use coil::memory::{Checkpoint, SeqId, SequenceMemory};
 use coil::models::LogitRows;
 use coil::tokenizer::{StreamDecoder, Tokenizer};
 use std::collections::VecDeque;
@@ -176,6 +176,7 @@ impl Scheduler {
             rx,
             rates: Rates::default(),
             n_admitted: 0,
+            pinned: vec![Vec::new(); have],
         };
         let join = std::thread::Builder::new()
             .name("coil-engine".into())
@@ -249,7 +250,16 @@ struct Worker {
     rx: mpsc::Receiver<GenRequest>,
     rates: Rates,
     n_admitted: u64,
+    /// Per slot: recurrent checkpoints kept beside the engine's own (which
+    /// thins them out as a sequence grows) — at the end of a prompt, right
+    /// before its last token, and where it resumed from the cache: the
+    /// positions the next request most likely shares (a regenerated or
+    /// edited last turn, a common system prompt).
+    pinned: Vec<Vec<Checkpoint>>,
 }
+
+/// Pinned checkpoints per slot.
+const MAX_PINNED: usize = 4;
 
 fn common_len(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
@@ -326,7 +336,7 @@ impl Worker {
         let len = mem.seq_len(s).unwrap_or(0);
         let kv = mem.kv.as_ref().map_or(0, |k| k.bytes_per_token() * len);
         let rec = mem.recurrent.as_ref().map_or(0, |r| {
-            r.bytes_per_seq() + r.checkpoint_bytes(s).unwrap_or(0)
+            r.bytes_per_seq() * (1 + self.pinned[s].len()) + r.checkpoint_bytes(s).unwrap_or(0)
         });
         kv + rec
     }
@@ -338,6 +348,7 @@ impl Worker {
             Ok(t) if keep && !t.is_empty() => t.to_vec(),
             _ => {
                 let _ = self.engine.seq_clear(s);
+                self.pinned[s].clear();
                 return;
             }
         };
@@ -354,7 +365,51 @@ impl Worker {
     fn evict(&mut self, s: SeqId) {
         self.cache.remove(s);
         let _ = self.engine.seq_clear(s);
+        self.pinned[s].clear();
         metrics::add(&self.metrics.cache_evictions, 1);
+    }
+
+    /// Keeps the engine's checkpoint of slot `s` at `pos` (if it has one)
+    /// beside it, whatever the engine's thinning does later.
+    fn pin(&mut self, s: SeqId, pos: usize) {
+        let Some(r) = &self.engine.mem.recurrent else {
+            return;
+        };
+        if pos == 0 || self.pinned[s].iter().any(|c| c.pos == pos) {
+            return;
+        }
+        let Some(cp) = r
+            .checkpoints(s)
+            .ok()
+            .and_then(|cps| cps.iter().find(|c| c.pos == pos).cloned())
+        else {
+            return;
+        };
+        let pins = &mut self.pinned[s];
+        pins.push(cp);
+        pins.sort_by_key(|c| c.pos);
+        if pins.len() > MAX_PINNED {
+            pins.remove(0);
+        }
+    }
+
+    /// Puts the pinned checkpoint of slot `s` at `pos` back into the
+    /// engine's list (where thinning dropped it), so that a rollback to
+    /// `pos` restores it.
+    fn unpin_into_engine(&mut self, s: SeqId, pos: usize) -> Result<(), String> {
+        let Some(pin) = self.pinned[s].iter().find(|c| c.pos == pos).cloned() else {
+            return Ok(());
+        };
+        let Some(r) = &mut self.engine.mem.recurrent else {
+            return Ok(());
+        };
+        let mut cps = r.checkpoints(s).map_err(|e| e.to_string())?.to_vec();
+        if cps.iter().any(|c| c.pos == pos) {
+            return Ok(());
+        }
+        cps.push(pin);
+        cps.sort_by_key(|c| c.pos);
+        r.set_checkpoints(s, cps).map_err(|e| e.to_string())
     }
 
     /// A slot neither running nor parked.
@@ -427,13 +482,16 @@ impl Worker {
         }
         match &self.engine.mem.recurrent {
             None => len,
-            Some(r) => r.checkpoints(s).map_or(0, |cps| {
-                cps.iter()
-                    .rev()
+            Some(r) => {
+                let engine = r.checkpoints(s).unwrap_or_default();
+                engine
+                    .iter()
+                    .chain(&self.pinned[s])
                     .map(|c| c.pos)
-                    .find(|&p| p <= len)
+                    .filter(|&p| p <= len)
+                    .max()
                     .unwrap_or(0)
-            }),
+            }
         }
     }
 
@@ -513,6 +571,7 @@ impl Worker {
         let Some(mut pick) = best else {
             let slot = self.take_slot(None).ok_or("no free sequence slot")?;
             self.engine.seq_clear(slot).map_err(|e| e.to_string())?;
+            self.pinned[slot].clear();
             return Ok((slot, 0));
         };
         if let Some(p) = pick.prompt.take() {
@@ -533,20 +592,31 @@ impl Worker {
         } else {
             let slot = self.take_slot(Some(src)).ok_or("no free sequence slot")?;
             self.engine.seq_fork(src, slot).map_err(|e| e.to_string())?;
+            self.pinned[slot] = self.pinned[src].clone();
             if pick.parked {
                 self.cache.touch(src);
             }
             slot
         };
+        self.pinned[slot].retain(|c| c.pos <= pick.at);
+        if pick.at < seq_len_or_zero(&self.engine, slot) {
+            if let Err(e) = self.unpin_into_engine(slot, pick.at) {
+                let _ = self.engine.seq_clear(slot);
+                self.pinned[slot].clear();
+                return Err(e);
+            }
+        }
         // A checkpoint (or the end, or a cut of attention cells): nothing
         // is replayed here.
         let stats = match self.engine.seq_truncate(slot, pick.at) {
             Ok(s) => s,
             Err(e) => {
                 let _ = self.engine.seq_clear(slot);
+                self.pinned[slot].clear();
                 return Err(e.to_string());
             }
         };
+        self.pin(slot, pick.at);
         metrics::add(&self.metrics.prefix_tokens_recomputed, pick.len - pick.at);
         Ok((slot, pick.at - stats.replayed.min(pick.at)))
     }
@@ -623,10 +693,14 @@ impl Worker {
         }
 
         let mut ended: Vec<(usize, Option<(FinishReason, bool)>)> = Vec::new();
+        let mut pins = Vec::new();
         for ((i, toks, rows, is_prompt), row) in plan.into_iter().zip(logits) {
             let a = &mut self.active[i];
             if is_prompt {
                 a.done += toks.len();
+                if a.done + 1 >= a.prompt.len() {
+                    pins.push((a.seq, a.done));
+                }
             } else {
                 a.next = None;
             }
@@ -642,6 +716,9 @@ impl Worker {
                 Outcome::Finished(reason, flush) => ended.push((i, Some((reason, flush)))),
                 Outcome::Gone => ended.push((i, None)),
             }
+        }
+        for (seq, pos) in pins {
+            self.pin(seq, pos);
         }
         ended.sort_unstable_by_key(|e| e.0);
         let mut replies = Vec::new();

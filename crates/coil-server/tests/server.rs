@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{start, start_arch, start_with_template, TestServer};
+use common::{start, start_arch, start_tight, start_with_template, TestServer};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::time::{Duration, Instant};
@@ -511,4 +511,48 @@ fn the_cache_evicts_least_recently_used() {
     let again = complete(&s, prompts[0], 4);
     assert_eq!(usage(&again).1, 0);
     assert_eq!(again["choices"][0]["text"], first[0]["choices"][0]["text"]);
+}
+
+/// With checkpoints thinned hard (as a big model's state under the default
+/// budget), the end of a prompt stays reusable: a regenerated answer and an
+/// edited last turn resume where the shared part ends, with the same text.
+#[test]
+fn prompt_ends_stay_reusable_when_checkpoints_are_thinned() {
+    let s = start_tight(1, 2, 512);
+    let turn = |msgs: &Value| {
+        let r = s.post(
+            "/v1/chat/completions",
+            &json!({"messages": msgs, "max_tokens": 40, "temperature": 0, "ignore_eos": true}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    let first = json!([{"role": "user", "content": "Write a long answer."}]);
+    let a = turn(&first);
+    // Regenerate: the same prompt again, 40 tokens after its end.
+    let b = turn(&first);
+    let (p, cached, _) = usage(&b);
+    assert_eq!(cached, p - 1);
+    assert_eq!(b["choices"][0]["message"], a["choices"][0]["message"]);
+    // A second turn, then that turn edited: the edit resumes at the end of
+    // the first exchange's reuse point or later, never from scratch.
+    let reply = a["choices"][0]["message"]["content"].clone();
+    let second = json!([
+        {"role": "user", "content": "Write a long answer."},
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": "Shorter please."}
+    ]);
+    let c = turn(&second);
+    let (p2, cached2, _) = usage(&c);
+    assert!(cached2 >= p, "cached {cached2}, first prompt {p}");
+    let mut edited = second.clone();
+    edited[2]["content"] = json!("Longer please.");
+    let d = turn(&edited);
+    let (p3, cached3, _) = usage(&d);
+    assert!(cached3 >= p, "cached {cached3}, first prompt {p}");
+    assert!(
+        p3 - cached3 < p2,
+        "edited turn processed {} of {p3}",
+        p3 - cached3
+    );
 }

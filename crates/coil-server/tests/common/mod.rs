@@ -42,6 +42,20 @@ fn options(parallel: usize, cache: usize, ctx: usize) -> EngineOptions {
     }
 }
 
+/// The Granite fixture with room for only two recurrent checkpoints per
+/// sequence (plus one every 16 tokens, thinned): what a big model's state
+/// under the default budget looks like.
+pub fn start_tight(parallel: usize, cache: usize, ctx: usize) -> TestServer {
+    let mut opts = options(parallel, cache, ctx);
+    opts.checkpoints = coil::memory::CheckpointPolicy {
+        interval: 16,
+        budget_bytes: 1,
+        keep_recent: 2,
+    };
+    let engine = Engine::load(fixture("granitemoehybrid"), opts).expect("load");
+    start_engine(engine, parallel)
+}
+
 pub fn start_arch(arch: &str, parallel: usize, cache: usize, ctx: usize) -> TestServer {
     let engine = Engine::load(fixture(arch), options(parallel, cache, ctx)).expect("load");
     start_engine(engine, parallel)
