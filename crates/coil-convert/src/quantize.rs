@@ -436,6 +436,77 @@ mod tests {
         assert_eq!(QuantMix::Q6_K.file_type(), 18);
     }
 
+    /// A llama-shaped file: 8 layers, dims multiples of 256, plus SSM-style
+    /// extras; the plan must follow llama.cpp's rules.
+    fn synthetic() -> GgufFile {
+        use coil_gguf::{Metadata, TensorSpec};
+        let mut md = Metadata::new();
+        md.insert("general.architecture", Value::String("llama".into()));
+        md.insert("llama.block_count", Value::U32(8));
+        let mut t = vec![
+            TensorSpec::new("token_embd.weight", &[256, 1000], GgmlType::F16),
+            TensorSpec::new("output.weight", &[256, 1000], GgmlType::F16),
+            TensorSpec::new("blk.0.ssm_conv1d.weight", &[4, 256], GgmlType::F32),
+            TensorSpec::new("blk.0.ssm_a", &[1, 8], GgmlType::F32),
+            TensorSpec::new("blk.0.ssm_norm.weight", &[32, 8], GgmlType::F32),
+            TensorSpec::new("blk.0.ssm_dt.weight", &[48, 256], GgmlType::F16),
+            TensorSpec::new("blk.0.ssm_x.weight", &[512, 288], GgmlType::F16),
+            TensorSpec::new("blk.0.ffn_gate_inp.weight", &[256, 8], GgmlType::F32),
+        ];
+        for b in 0..8 {
+            for (n, d) in [
+                ("attn_norm.weight", vec![256]),
+                ("attn_q.weight", vec![256, 256]),
+                ("attn_k.weight", vec![256, 64]),
+                ("attn_v.weight", vec![256, 64]),
+                ("attn_output.weight", vec![256, 256]),
+                ("ffn_down.weight", vec![512, 256]),
+                ("ffn_up.weight", vec![256, 512]),
+            ] {
+                t.push(TensorSpec::new(format!("blk.{b}.{n}"), &d, GgmlType::F16));
+            }
+        }
+        let (mut bytes, sizes) = coil_gguf::gguf::encode_header(&md, &t).unwrap();
+        for s in sizes {
+            bytes.extend(vec![0u8; (s as usize).div_ceil(32) * 32]);
+        }
+        GgufFile::from_bytes(bytes).unwrap()
+    }
+
+    #[test]
+    fn q4_k_m_plan_follows_llama_cpp() {
+        let f = synthetic();
+        let types = plan_types(&f, QuantMix::Q4_K_M);
+        let ty = |name: &str| {
+            let i = f.tensors().iter().position(|t| t.name == name).unwrap();
+            types[i]
+        };
+        use GgmlType::*;
+        assert_eq!(ty("output.weight"), Q6_K);
+        assert_eq!(ty("token_embd.weight"), Q4_K); // untied
+        assert_eq!(ty("blk.0.ssm_conv1d.weight"), F32);
+        assert_eq!(ty("blk.0.ssm_a"), F32);
+        assert_eq!(ty("blk.0.ssm_norm.weight"), F32);
+        assert_eq!(ty("blk.0.ffn_gate_inp.weight"), F32);
+        assert_eq!(ty("blk.0.ssm_dt.weight"), F16); // 48 columns: Q4_K → Q5_0 → F16
+        assert_eq!(ty("blk.0.ssm_x.weight"), Q4_K); // 512 columns
+        for b in 0..8 {
+            let more = [0, 3, 6, 7].contains(&b);
+            let want = if more { Q6_K } else { Q4_K };
+            assert_eq!(ty(&format!("blk.{b}.attn_v.weight")), want, "layer {b}");
+            assert_eq!(ty(&format!("blk.{b}.ffn_down.weight")), want, "layer {b}");
+            assert_eq!(ty(&format!("blk.{b}.attn_q.weight")), Q4_K);
+            assert_eq!(ty(&format!("blk.{b}.attn_norm.weight")), F16); // 1-D: kept as is
+        }
+        // Q4_0: only the output changes; Q8_0: nothing but the default.
+        let t0 = plan_types(&f, QuantMix::Q4_0);
+        assert_eq!(t0[1], Q6_K);
+        assert!(t0.iter().filter(|&&t| t == Q4_0).count() > 40);
+        let t8 = plan_types(&f, QuantMix::Q8_0);
+        assert_eq!(t8[1], Q8_0);
+        assert_eq!(t8[5], F16); // ssm_dt: rows of 48 are not whole 32-blocks
+    }
+
     #[test]
     fn more_bits_layers() {
         // llama.cpp: first and last eighth, then every third layer.
