@@ -221,7 +221,7 @@ struct Panel {
     a: Vec<f32>,  // [block][16]
     b: Vec<f32>,  // [block][16]
     ws: Vec<i32>, // [block][16]: 128 · sum q
-    dq: Vec<i8>,  // [16][cols] decoded rows
+    dq: Vec<i8>,  // [16][cols + 64] decoded rows
     ra: Vec<f32>, // [16][blocks]
     rb: Vec<f32>,
 }
@@ -240,7 +240,10 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
     p.a.resize(ns * 16, 0.0);
     p.b.resize(ns * 16, 0.0);
     p.ws.resize(ns * 16, 0);
-    p.dq.resize(16 * cols, 0);
+    // Row stride of the decoded rows, padded so the 16 rows of a gather do
+    // not all map to the same L1 set (a power-of-two stride would).
+    let st = cols + 64;
+    p.dq.resize(16 * st, 0);
     p.ra.resize(16 * ns, 0.0);
     p.rb.resize(16 * ns, 0.0);
     let nr = 16.min(w.rows - r0);
@@ -249,19 +252,19 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
             decode_row(
                 w.ty,
                 w.row(r0 + r),
-                &mut p.dq[r * cols..(r + 1) * cols],
+                &mut p.dq[r * st..r * st + cols],
                 &mut p.ra[r * ns..(r + 1) * ns],
                 &mut p.rb[r * ns..(r + 1) * ns],
             );
         } else {
-            p.dq[r * cols..(r + 1) * cols].fill(0);
+            p.dq[r * st..r * st + cols].fill(0);
             p.ra[r * ns..(r + 1) * ns].fill(0.0);
             p.rb[r * ns..(r + 1) * ns].fill(0.0);
         }
     }
     // Transpose 4-byte groups: [r][kb][g] -> [kb][g][r] with one gather per 64 bytes.
     let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    let idx = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(cols as i32));
+    let idx = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(st as i32));
     let sidx = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(ns as i32));
     let ones = _mm512_set1_epi8(1);
     for kb in 0..nb {

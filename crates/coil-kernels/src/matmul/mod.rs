@@ -5,7 +5,7 @@
 //! `x`: `[n_tokens, cols]` f32, `y`: `[n_tokens, rows]` f32.
 //!
 //! Two strategies, chosen per call by format and token count:
-//! * few tokens (decode, < 24 for quantized formats, < 8 for F32/F16/BF16):
+//! * few tokens (decode, < 24 for quantized formats, < 16 for F32/F16/BF16):
 //!   per-row dot products; quantized formats quantize the activations on the
 //!   fly (Q8_0-style for Q8_0/Q4_0/IQ4_NL, Q8_K-style for K-quants and
 //!   IQ4_XS) and use integer dot products as llama.cpp does, 4 tokens per
@@ -238,7 +238,7 @@ pub fn set_int_gemm(enabled: bool) {
 
 /// Token count from which the GEMM strategy wins over per-row dot products.
 /// (Measured on a 2-core AVX-512 machine: with the 4-token dot kernels the
-/// quantized formats cross over at ~24 tokens, F16 at ~8.)
+/// quantized formats cross over at ~24 tokens, F16 at ~16.)
 /// `COIL_GEMM_MIN_TOKENS` in the environment overrides it (for tuning).
 fn gemm_min_tokens(ty: GgmlType, level: SimdLevel) -> usize {
     use GgmlType::*;
@@ -253,7 +253,7 @@ fn gemm_min_tokens(ty: GgmlType, level: SimdLevel) -> usize {
     }
     match (ty, level) {
         (_, SimdLevel::Scalar) => 4,
-        (F32 | F16 | BF16, _) => 8,
+        (F32 | F16 | BF16, _) => 16,
         _ => 24,
     }
 }
