@@ -1,3 +1,5 @@
+//! One matmul shape, timed: `probe FORMAT ROWS COLS N_TOKENS [THREADS]`
+//! (best of 10). With `COIL_GEMM_MIN_TOKENS` / `COIL_INT_GEMM` it compares paths.
 use coil_gguf::GgmlType;
 use coil_kernels::testutil::{random_weights, Rng};
 use coil_kernels::{matmul, ThreadPool, WeightRef};
