@@ -105,9 +105,25 @@ pub fn run(a: Args) -> Result<()> {
             a.parallel, a.cache_slots
         );
         let shutdown = async {
-            let _ = tokio::signal::ctrl_c().await;
+            stop_signal().await;
             eprintln!("shutting down");
         };
         server.serve(listener, shutdown).await.context("serving")
     })
+}
+
+/// Ctrl-C, or SIGTERM where there is one.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
 }
