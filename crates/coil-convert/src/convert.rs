@@ -258,6 +258,7 @@ pub fn convert(dir: &Path, out: &Path, opts: &ConvertOptions) -> Result<ConvertR
     };
     let mut conv = arch::for_arch(&hf_arch, &ctx)?;
     let mut plan: Vec<OutTensor> = Vec::new();
+    conv.extra(&mut plan)?;
     for t in ck.tensors() {
         if arch::skipped(&t.name) {
             continue;

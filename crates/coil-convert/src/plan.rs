@@ -19,6 +19,8 @@ pub enum Source {
         part: usize,
         n_rows: usize,
     },
+    /// Values computed by the converter (e.g. Llama 3's RoPE factors).
+    Data(Vec<f32>),
 }
 
 /// An element-wise or row transform, applied in order.
@@ -79,6 +81,7 @@ impl OutTensor {
         match &self.src {
             Source::One(n) | Source::SplitRows { name: n, .. } => vec![n.as_str()],
             Source::Stack(v) => v.iter().map(String::as_str).collect(),
+            Source::Data(_) => Vec::new(),
         }
     }
 
@@ -94,6 +97,7 @@ impl OutTensor {
             }
         }
         let mut data = match &self.src {
+            Source::Data(v) => v.clone(),
             Source::One(n) => ck.read_f32(ck.req(n)?)?,
             Source::Stack(names) => {
                 let first = ck.req(&names[0])?;

@@ -273,3 +273,25 @@ fn mistral_native_layout() {
         Some("llama")
     );
 }
+
+#[test]
+fn llama3_rope_factors() {
+    let d = scratch("llama3");
+    let hf = d.join("hf");
+    copy_dir(&fixtures().join("hf/llama"), &hf);
+    let p = hf.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&fs::read_to_string(&p).unwrap()).unwrap();
+    v["rope_parameters"] = serde_json::json!({"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+        "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+    fs::write(&p, v.to_string()).unwrap();
+    let out = d.join("l3.gguf");
+    convert(&hf, &out, &ConvertOptions::default()).unwrap();
+    let f = GgufFile::open(&out).unwrap();
+    assert_eq!(f.tensors()[0].name, "rope_freqs.weight");
+    let r = f.tensor("rope_freqs.weight").unwrap().to_f32().unwrap();
+    // llama.cpp's generate_extra_tensors (PyTorch) on the same config
+    let want = [1.0f32, 1.0, 2.694_53, 8.0];
+    for (a, b) in r.iter().zip(want) {
+        assert!((a - b).abs() < 1e-6, "{r:?}");
+    }
+}

@@ -162,6 +162,46 @@ pub(crate) fn rope_dim(c: &Config, use_head_dim: bool) -> Result<u64> {
     Ok(hidden / heads)
 }
 
+/// Llama 3's RoPE frequency factors (`rope_type: "llama3"`), as llama.cpp's
+/// `LlamaModel.generate_extra_tensors` computes them (in f32).
+fn llama3_rope_factors(c: &Config) -> Result<Option<Vec<f32>>> {
+    let rp = rope_params(c);
+    let is_l3 = rp
+        .get("rope_type")
+        .or_else(|| rp.get("type"))
+        .and_then(|v| v.as_str())
+        .is_some_and(|t| t.eq_ignore_ascii_case("llama3"));
+    if !is_l3 {
+        return Ok(None);
+    }
+    let num = |k: &str, d: f64| rp.get(k).and_then(crate::config::as_f64).unwrap_or(d) as f32;
+    let base = num("rope_theta", c.float0(&["rope_theta"])?.unwrap_or(10000.0));
+    let dim = rope_dim(c, true)? as usize;
+    let factor = num("factor", 8.0);
+    let low = num("low_freq_factor", 1.0);
+    let high = num("high_freq_factor", 4.0);
+    let old_ctx = num("original_max_position_embeddings", 8192.0);
+    let low_wl = old_ctx / low;
+    let high_wl = old_ctx / high;
+    Ok(Some(
+        (0..dim)
+            .step_by(2)
+            .map(|i| {
+                let freq = 1.0 / base.powf(i as f32 / dim as f32);
+                let wl = 2.0 * std::f32::consts::PI / freq;
+                if wl < high_wl {
+                    1.0
+                } else if wl > low_wl {
+                    factor
+                } else {
+                    let smooth = (old_ctx / wl - low) / (high - low);
+                    1.0 / ((1.0 - smooth) / factor + smooth)
+                }
+            })
+            .collect(),
+    ))
+}
+
 pub(crate) struct Llama<'a> {
     ctx: &'a Ctx<'a>,
     n_layer: usize,
@@ -279,6 +319,18 @@ impl Arch for Llama<'_> {
             permute_attn(o, &t.name, self.n_head, self.n_head_kv, None)
         };
         out.push(o);
+        Ok(())
+    }
+
+    fn extra(&self, out: &mut Vec<OutTensor>) -> Result<()> {
+        if let Some(f) = llama3_rope_factors(self.ctx.cfg)? {
+            out.push(OutTensor {
+                name: "rope_freqs.weight".into(),
+                shape: vec![f.len()],
+                src: Source::Data(f),
+                ops: Vec::new(),
+            });
+        }
         Ok(())
     }
 

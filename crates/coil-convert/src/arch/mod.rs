@@ -67,6 +67,11 @@ pub(crate) trait Arch {
     /// complete.
     fn tensor(&mut self, t: &SrcTensor, bid: Option<usize>, out: &mut Vec<OutTensor>)
         -> Result<()>;
+    /// Tensors made before the checkpoint's (llama.cpp's
+    /// `generate_extra_tensors`).
+    fn extra(&self, _out: &mut Vec<OutTensor>) -> Result<()> {
+        Ok(())
+    }
     /// Called after the last tensor (e.g. to report unmerged experts).
     fn finish(&mut self, _out: &mut Vec<OutTensor>) -> Result<()> {
         Ok(())
