@@ -213,3 +213,50 @@ fn full_disk_leaves_nothing_behind() {
     assert!(text.contains("big.gguf"), "{text}");
     assert!(leftovers(&d).is_empty(), "{:?}", leftovers(&d));
 }
+
+/// coil's own f32 conversion, run by coil, reproduces transformers' logits
+/// (Bamba included: only the rotary lanes are permuted).
+#[test]
+fn converted_models_match_transformers() {
+    let d = scratch("logits");
+    for name in ["bamba", "falcon_h1", "mamba"] {
+        let gguf = d.join(format!("{name}.gguf"));
+        let (ok, text) = run(coil()
+            .args(["convert", "--quiet", "--type", "f32", "-o"])
+            .arg(&gguf)
+            .arg(root().join("hf").join(name)));
+        assert!(ok, "{text}");
+        let tokens: Vec<u32> = serde_json::from_str(
+            &std::fs::read_to_string(root().join("models").join(name).join("tokens.json")).unwrap(),
+        )
+        .unwrap();
+        let list = tokens
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        let npy = d.join(format!("{name}.npy"));
+        let (ok, text) = run(coil()
+            .args(["logits", "-t", "2", "--tokens", &list, "-m"])
+            .arg(&gguf)
+            .arg("-o")
+            .arg(&npy));
+        assert!(ok, "{name}: {text}");
+        let ours = coil_gguf::npy::parse_f32(&std::fs::read(&npy).unwrap()).unwrap();
+        let want = coil_gguf::npy::parse_f32(
+            &std::fs::read(root().join("models").join(name).join("logits.npy")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(ours.shape, want.shape);
+        let amax = want.data.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let err = ours
+            .data
+            .iter()
+            .zip(&want.data)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            err <= 1e-4 * amax,
+            "{name}: max abs error {err} (max |logit| {amax})"
+        );
+    }
+}
