@@ -168,20 +168,27 @@ unsafe fn decode_row(ty: GgmlType, src: &[u8], q: &mut [i8], a: &mut [f32], b: &
 }
 
 /// Activations of all tokens: `qx + 128` as u8 `[n][cols]`, `dx`, `dx·sum qx`
-/// per `[n][cols/32]`.
+/// per `[n][cols/32]`. Reused between calls (no per-call page faults).
+#[derive(Default)]
 struct Acts {
     xu: Vec<u8>,
     dx: Vec<f32>,
     dxs: Vec<f32>,
 }
 
-fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize) -> Acts {
+thread_local! {
+    static ACTS: RefCell<Acts> = RefCell::new(Acts::default());
+}
+
+fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, a: &mut Acts) {
     let nb = cols / 32;
-    let mut a = Acts {
-        xu: vec![0u8; n * cols],
-        dx: vec![0f32; n * nb],
-        dxs: vec![0f32; n * nb],
-    };
+    if a.xu.len() < n * cols {
+        a.xu.resize(n * cols, 0);
+    }
+    if a.dx.len() < n * nb {
+        a.dx.resize(n * nb, 0.0);
+        a.dxs.resize(n * nb, 0.0);
+    }
     let (pu, pd, ps) = (
         SendPtr(a.xu.as_mut_ptr()),
         SendPtr(a.dx.as_mut_ptr()),
@@ -211,7 +218,6 @@ fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize) -> Acts {
             }
         }
     });
-    a
 }
 
 /// One packed panel of 16 rows.
@@ -354,7 +360,8 @@ unsafe fn kernel<const MIN: bool, const HALF: bool>(
 /// that the CPU has the AVX-512 level.
 pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_tokens: usize) {
     let (rows, cols) = (w.rows, w.cols);
-    let acts = quantize_acts(pool, x, n_tokens, cols);
+    let mut acts = ACTS.with(|a| std::mem::take(&mut *a.borrow_mut()));
+    quantize_acts(pool, x, n_tokens, cols, &mut acts);
     let panels = rows.div_ceil(16);
     let yp = SendPtr(y.as_mut_ptr());
     let min = has_min(w.ty);
@@ -384,4 +391,5 @@ pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_token
             }
         })
     });
+    ACTS.with(|a| *a.borrow_mut() = acts);
 }
