@@ -249,7 +249,9 @@ fn find_pre(bpe: &HfBpe, texts: &[String], types: &[i32]) -> Result<String> {
                 .join(", ")
         );
         let hash = format!("{:x}", Sha256::digest(list.as_bytes()));
-        if let Some((_, name)) = PRE_HASHES.iter().find(|(h, _)| *h == hash) {
+        // llama.cpp's table is a run of `if`s: the last match wins (the
+        // NeoX fingerprint is listed as "mpt", then as "olmo").
+        if let Some((_, name)) = PRE_HASHES.iter().rev().find(|(h, _)| *h == hash) {
             return Ok(name.to_string());
         }
         tried.push(hash);
