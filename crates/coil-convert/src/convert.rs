@@ -312,7 +312,7 @@ pub fn convert(dir: &Path, out: &Path, opts: &ConvertOptions) -> Result<ConvertR
     md.insert("general.quantization_version", Value::U32(2));
     let vspec = conv.vocab();
     let vocab_size = cfg.uint(&["vocab_size"])?.unwrap_or(0) as usize;
-    tokenizer::write_vocab(dir, &cfg, vspec, vocab_size, mistral, &mut md)?;
+    tokenizer::write_vocab(dir, &cfg, vspec, vocab_size, &mut md)?;
 
     // Tensor specs and types.
     let requested = opts.out_type.ggml();

@@ -53,7 +53,6 @@ pub fn write_vocab(
     cfg: &Config,
     spec: VocabSpec,
     vocab_size: usize,
-    mistral: bool,
     md: &mut Metadata,
 ) -> Result<()> {
     let pad = spec.pad_multiple.max(1);
@@ -75,7 +74,6 @@ pub fn write_vocab(
     if json.is_file() {
         return write_bpe(dir, &json, cfg, padded, md);
     }
-    let _ = mistral;
     Err(tok_err(format!(
         "{}: no tokenizer.json or tokenizer.model found",
         dir.display()
