@@ -159,14 +159,16 @@ for m in $MODELS; do
             # shellcheck disable=SC2086
             /usr/bin/time -v -o "$RUN_DIR/$tag.coil.time" \
                 "$COIL" bench -m "$f" -p "$N_PROMPT" -n "$N_GEN" -r 1 -t "$THREADS" --json \
-                ${COIL_BENCH_ARGS:-} > "$RUN_DIR/$tag.coil.json" 2> "$RUN_DIR/$tag.coil.err"
+                ${COIL_BENCH_ARGS:-} > "$RUN_DIR/$tag.coil.json" 2> "$RUN_DIR/$tag.coil.err" \
+                || { echo "error: coil bench failed, see $RUN_DIR/$tag.coil.err" >&2; exit 1; }
             # shellcheck disable=SC2086
             for rp in $LLAMA_REPACK; do
                 log "$m $t round $i/$REPS: llama-bench --repack $rp"
                 /usr/bin/time -v -o "$RUN_DIR/$tag.llama-repack$rp.time" \
                     "$LLAMACPP_BIN/llama-bench" -m "$f" -p "$N_PROMPT" -n "$N_GEN" -r 1 \
                     -t "$THREADS" --repack "$rp" -o json ${LLAMA_BENCH_ARGS:-} \
-                    > "$RUN_DIR/$tag.llama-repack$rp.json" 2> "$RUN_DIR/$tag.llama-repack$rp.err"
+                    > "$RUN_DIR/$tag.llama-repack$rp.json" 2> "$RUN_DIR/$tag.llama-repack$rp.err" \
+                    || { echo "error: llama-bench failed, see $RUN_DIR/$tag.llama-repack$rp.err" >&2; exit 1; }
             done
         done
     done

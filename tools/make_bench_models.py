@@ -15,7 +15,8 @@ numbers on the development machine):
 
 - mamba2-370m-like: Mamba2ForCausalLM, 48 layers, d_model 1024, expand 2
   (d_inner 2048 = 32 heads x 64), d_state 128, 1 group, d_conv 4, vocab
-  50280, tied embeddings (~368 M parameters, 704 MiB as an F16 GGUF);
+  50280 padded to 50288, tied embeddings (~368 M parameters, 704 MiB as an
+  F16 GGUF);
 - hybrid-350m-like: GraniteMoeHybridForCausalLM without routed experts
   (Granite-4.0-H dense style), 32 layers, d_model 768, attention (12 heads,
   4 KV heads, head_dim 64, no positional encoding) at layers 5, 13, 21, 29,
@@ -43,7 +44,12 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# The GPT-NeoX tokenizer's 50280 ids (50277 used). Mamba-2 checkpoints pad the
+# embedding to a multiple of 16 (state-spaces/mamba2-370m: 50288), and
+# llama.cpp's converter pads the GGUF vocabulary the same way, so the
+# embedding must have those rows; Granite keeps vocab_size as configured.
 VOCAB = 50280
+VOCAB_MAMBA2 = 50288
 
 MODELS = ("mamba2-370m-like", "hybrid-350m-like")
 
@@ -52,7 +58,7 @@ def mamba2_config():
     from transformers import Mamba2Config
 
     return Mamba2Config(
-        vocab_size=VOCAB,
+        vocab_size=VOCAB_MAMBA2,
         hidden_size=1024,
         num_hidden_layers=48,
         expand=2,
