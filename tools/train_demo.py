@@ -208,6 +208,10 @@ def train(args, train_ids, val_ids, vocab: int):
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if args.stop_after and step + 1 >= args.stop_after:
+            print(f"stopping after step {step}: --stop-after {args.stop_after}", flush=True)
+            log.append(dict(step=step, train=out.loss.item(), val=val_loss(), seconds=time.time() - t0, stopped=True))
+            break
         if args.max_minutes and time.time() - t0 > args.max_minutes * 60:
             print(f"stopping after step {step}: --max-minutes {args.max_minutes} reached", flush=True)
             log.append(dict(step=step, train=out.loss.item(), val=val_loss(), seconds=time.time() - t0, stopped=True))
@@ -307,6 +311,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument(
+        "--stop-after",
+        type=int,
+        default=0,
+        help="stop after this many steps, on the schedule of --steps (reproduces a --max-minutes stop; 0: never)",
+    )
     ap.add_argument("--max-minutes", type=float, default=0, help="stop training early after this long (0: never)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=SEQ, help="perplexity window")

@@ -36,6 +36,10 @@ enum Command {
     Convert(cmd::convert::Args),
     /// Quantize a GGUF file with llama.cpp's per-tensor type mixtures.
     Quantize(cmd::quantize::Args),
+    /// The perplexity of a text file, as llama.cpp's llama-perplexity
+    /// computes it (non-overlapping windows of --ctx tokens, the second half
+    /// of each scored).
+    Perplexity(cmd::perplexity::Args),
     /// Serve the model over HTTP with OpenAI's API (/v1/completions,
     /// /v1/chat/completions, streaming), continuous batching and a prefix
     /// cache that never re-processes a conversation's history.
@@ -54,6 +58,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => cmd::bench::run(a),
         Command::Convert(a) => cmd::convert::run(a),
         Command::Quantize(a) => cmd::quantize::run(a),
+        Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Chat(a) => cmd::chat::run(a),
     };

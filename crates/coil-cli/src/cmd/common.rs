@@ -3,12 +3,46 @@
 use anyhow::{bail, Context, Result};
 use coil::engine::{Engine, EngineOptions};
 use coil::memory::CheckpointPolicy;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// The bundled demo model (tools/train_demo.py, models/README.md), the
+/// default of `--model`.
+pub const DEFAULT_MODEL: &str = "models/shakespeare-hybrid-q8_0.gguf";
+
+/// `--model` as given, except that the default (the bundled demo model) is
+/// looked for relative to the current directory, then relative to the
+/// repository the executable was built in (`../../models` from
+/// `target/release/coil`).
+pub fn resolve_model(model: &Path) -> Result<PathBuf> {
+    if model != Path::new(DEFAULT_MODEL) || model.exists() {
+        return Ok(model.to_path_buf());
+    }
+    let beside_exe = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(|d| d.join("../..").join(DEFAULT_MODEL)));
+    if let Some(p) = &beside_exe {
+        if p.exists() {
+            return Ok(p.clone());
+        }
+    }
+    let cwd = std::env::current_dir()
+        .map(|d| d.join(DEFAULT_MODEL))
+        .unwrap_or_else(|_| PathBuf::from(DEFAULT_MODEL));
+    bail!(
+        "no model given (-m FILE.gguf) and the bundled demo model is not at {} nor at {}",
+        cwd.display(),
+        beside_exe.map_or_else(
+            || "(executable path unknown)".to_string(),
+            |p| p.display().to_string()
+        )
+    )
+}
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// The GGUF model file.
-    #[arg(short = 'm', long = "model")]
+    /// The GGUF model file. Default: the bundled demo model (looked for in
+    /// the current directory, then beside the `coil` executable's repository).
+    #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
     pub model: PathBuf,
     /// Worker threads (default: the number of physical cores).
     #[arg(short = 't', long = "threads")]
@@ -48,6 +82,7 @@ impl ModelArgs {
                 ..Default::default()
             },
         };
-        Engine::load(&self.model, opts).with_context(|| format!("loading {}", self.model.display()))
+        let path = resolve_model(&self.model)?;
+        Engine::load(&path, opts).with_context(|| format!("loading {}", path.display()))
     }
 }

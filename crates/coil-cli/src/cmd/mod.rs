@@ -6,6 +6,7 @@ pub mod common;
 pub mod convert;
 pub mod inspect;
 pub mod logits;
+pub mod perplexity;
 pub mod quantize;
 pub mod run;
 pub mod serve;
