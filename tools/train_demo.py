@@ -387,6 +387,8 @@ def main() -> None:
     metrics["uniform_ppl"] = VOCAB
     print(json.dumps({k: v for k, v in metrics.items() if k != "log"}, indent=1), flush=True)
     (args.out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    (REPO / "models").mkdir(exist_ok=True)
+    (REPO / "models" / MODEL_FILE.replace(".gguf", ".metrics.json")).write_text(json.dumps(metrics, indent=1) + "\n")
 
     # the test slice: the first SLICE_BYTES of the validation text, at a line end
     cut = val_text.rfind("\n", 0, SLICE_BYTES) + 1
