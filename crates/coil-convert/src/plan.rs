@@ -203,7 +203,9 @@ impl OutTensor {
             match *op {
                 Op::NegExp => {
                     for x in data.iter_mut() {
-                        *x = -x.exp();
+                        // exp in f64, rounded once: the correctly rounded f32
+                        // result on every platform.
+                        *x = -((*x as f64).exp() as f32);
                     }
                     round(data);
                 }
