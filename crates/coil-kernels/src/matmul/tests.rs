@@ -258,3 +258,33 @@ fn simd_dots_match_scalar_dots() {
         }
     }
 }
+
+/// On AVX-512 the integer GEMM takes the 32-block formats; check their f32
+/// GEMM path (AVX-512 microkernel and decoders) too. The switch is
+/// process-wide: tests running meanwhile just take the other correct path.
+#[test]
+fn f32_gemm_path_for_int_gemm_formats() {
+    let pool = ThreadPool::new(2);
+    set_int_gemm(false);
+    for (i, ty) in FORMATS.into_iter().enumerate() {
+        check(
+            ty,
+            29,
+            ty.block_size().max(32) * 3,
+            37,
+            &pool,
+            500 + i as u64,
+        );
+    }
+    set_int_gemm(true);
+    for (i, ty) in FORMATS.into_iter().enumerate() {
+        check(
+            ty,
+            29,
+            ty.block_size().max(32) * 3,
+            37,
+            &pool,
+            600 + i as u64,
+        );
+    }
+}
