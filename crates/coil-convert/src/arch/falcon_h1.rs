@@ -2,7 +2,7 @@
 //! multipliers folded into the weights (none in the metadata), no Q/K
 //! permutation.
 
-use super::granite::{pfind, preq, SsmDims};
+use super::granite::{preq, SsmDims};
 use super::mamba::block_count;
 use super::{mamba2_tensor, map_name, Arch, Ctx, Kv, VocabSpec, VocabStyle};
 use crate::error::{ConvertError, Result};
@@ -22,7 +22,11 @@ impl<'a> FalconH1<'a> {
         let c = ctx.cfg;
         let d_inner = preq(c, &["d_ssm"])?;
         let ssm = SsmDims::finish(c, d_inner)?;
-        let head_dim = pfind(c, &["d_head", "head_dim"])?.unwrap_or(64);
+        // llama.cpp's Mamba2Model looks up ["mamba_d_head", "head_dim"] plus
+        // their `mamba_` forms: the SSM head dim comes before the attention one.
+        let head_dim = c
+            .uint(&["mamba_d_head", "head_dim", "mamba_mamba_d_head", "mamba_head_dim"])?
+            .unwrap_or(64);
         if d_inner % head_dim != 0 {
             return Err(ConvertError::config(
                 "mamba_d_head",
@@ -185,6 +189,10 @@ impl Arch for FalconH1<'_> {
 
     fn required(&self) -> Vec<String> {
         let mut v = super::required_names((0..self.n_layer).map(|b| (b, super::MAMBA2_LAYER)));
+        // The gated norm exists only with `mamba_rms_norm` (default false).
+        if self.ctx.cfg.bool("mamba_rms_norm") != Some(true) {
+            v.retain(|n| !n.ends_with(".ssm_norm.weight"));
+        }
         v.extend(
             super::required_names((0..self.n_layer).map(|b| (b, super::ATTN_LAYER)))
                 .into_iter()
