@@ -66,8 +66,8 @@ fn state_after_split_prompt_equals_one_pass() {
     for arch in ARCHS.into_iter().filter(|a| *a != "llama") {
         let f = llama_cpp_fixture(arch);
         let (path, tokens) = (&f.model, &f.tokens);
-        let mut e = Engine::load(&path, EngineOptions::default()).unwrap();
-        e.eval(0, &tokens, LogitRows::None, 0).unwrap();
+        let mut e = Engine::load(path, EngineOptions::default()).unwrap();
+        e.eval(0, tokens, LogitRows::None, 0).unwrap();
         let n_layer = e.model.info().plan.layers.len();
         let snapshot = |e: &mut Engine| -> Vec<f32> {
             let rec = e.mem.recurrent.as_mut().unwrap();
@@ -108,7 +108,7 @@ fn batched_sequences_equal_each_alone() {
         // Alone: each sequence in its own engine.
         let alone = |pre: &[u32], step: &[u32]| -> Vec<f32> {
             let mut e = Engine::load(
-                &path,
+                path,
                 EngineOptions {
                     n_seq_max: 1,
                     ..opts.clone()
@@ -125,7 +125,7 @@ fn batched_sequences_equal_each_alone() {
         let c = (&tokens[..0], &tokens[30..35]); // a new sequence
         let want = [alone(a.0, a.1), alone(b.0, b.1), alone(c.0, c.1)];
 
-        let mut e = Engine::load(&path, opts).unwrap();
+        let mut e = Engine::load(path, opts).unwrap();
         e.eval(0, a.0, LogitRows::None, 0).unwrap();
         e.eval(1, b.0, LogitRows::None, 0).unwrap();
         let got = e
@@ -154,7 +154,7 @@ fn batched_sequences_equal_each_alone() {
         }
         // Only the rows asked for come back.
         let mut e2 = Engine::load(
-            &path,
+            path,
             EngineOptions {
                 n_seq_max: 3,
                 n_ubatch: 16,
