@@ -461,6 +461,11 @@ pub(super) fn decode(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> bool {
             GgmlType::F16 => decode_f16(src, dst),
             GgmlType::BF16 => decode_bf16(src, dst),
             GgmlType::Q8_0 => decode_q8_0(src, dst),
+            GgmlType::Q2_K => decode_q2_k(src, dst),
+            GgmlType::Q3_K => decode_q3_k(src, dst),
+            GgmlType::Q4_1 => decode_q4_1(src, dst),
+            GgmlType::Q5_0 => decode_q5::<false>(src, dst),
+            GgmlType::Q5_1 => decode_q5::<true>(src, dst),
             _ => return false,
         }
     }
@@ -668,5 +673,122 @@ unsafe fn decode_q8_0(src: &[u8], dst: &mut [f32]) {
         let q1 = _mm_loadu_si128(b.add(18) as *const __m128i);
         _mm512_storeu_ps(y.as_mut_ptr(), _mm512_mul_ps(i8x16_ps(q0), d));
         _mm512_storeu_ps(y.as_mut_ptr().add(16), _mm512_mul_ps(i8x16_ps(q1), d));
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn decode_q2_k(src: &[u8], dst: &mut [f32]) {
+    let m3 = _mm_set1_epi8(3);
+    for (bi, y) in dst.chunks_exact_mut(256).enumerate() {
+        let b = src.as_ptr().add(84 * bi);
+        let (d, dmin) = (f16c(rd16(b.add(80))), f16c(rd16(b.add(82))));
+        let yp = y.as_mut_ptr();
+        let mut is = 0;
+        for n in 0..2 {
+            let q0 = _mm_loadu_si128(b.add(16 + 32 * n) as *const __m128i);
+            let q1 = _mm_loadu_si128(b.add(16 + 32 * n + 16) as *const __m128i);
+            for j in 0..4 {
+                let sh = _mm_cvtsi32_si128(2 * j as i32);
+                for (h, q) in [q0, q1].into_iter().enumerate() {
+                    let sc = *b.add(is);
+                    is += 1;
+                    let v = _mm_and_si128(_mm_srl_epi16(q, sh), m3);
+                    let dl = _mm512_set1_ps(d * (sc & 0xF) as f32);
+                    let ml = _mm512_set1_ps(dmin * (sc >> 4) as f32);
+                    _mm512_storeu_ps(
+                        yp.add(128 * n + 32 * j + 16 * h),
+                        _mm512_fmsub_ps(u8x16_ps(v), dl, ml),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn decode_q3_k(src: &[u8], dst: &mut [f32]) {
+    let m3 = _mm_set1_epi8(3);
+    let four = _mm_set1_epi8(4);
+    for (bi, y) in dst.chunks_exact_mut(256).enumerate() {
+        let blk = &src[110 * bi..110 * bi + 110];
+        let b = blk.as_ptr();
+        let d = f16c(rd16(b.add(108)));
+        let sc = super::dequant::q3k_scales(&blk[96..108]);
+        let hm = [
+            _mm_loadu_si128(b as *const __m128i),
+            _mm_loadu_si128(b.add(16) as *const __m128i),
+        ];
+        let yp = y.as_mut_ptr();
+        let mut is = 0;
+        for n in 0..2 {
+            let q = [
+                _mm_loadu_si128(b.add(32 + 32 * n) as *const __m128i),
+                _mm_loadu_si128(b.add(32 + 32 * n + 16) as *const __m128i),
+            ];
+            for j in 0..4 {
+                let sh = _mm_cvtsi32_si128(2 * j as i32);
+                let mbit = _mm_set1_epi8((1u8 << (4 * n + j)) as i8);
+                for h in 0..2 {
+                    let v = _mm_and_si128(_mm_srl_epi16(q[h], sh), m3);
+                    // minus 4 where the high bit is clear
+                    let clear = _mm_cmpeq_epi8(_mm_and_si128(hm[h], mbit), _mm_setzero_si128());
+                    let v = _mm_sub_epi8(v, _mm_and_si128(clear, four));
+                    let dl = _mm512_set1_ps(d * sc[is] as f32);
+                    is += 1;
+                    _mm512_storeu_ps(
+                        yp.add(128 * n + 32 * j + 16 * h),
+                        _mm512_mul_ps(i8x16_ps(v), dl),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn decode_q4_1(src: &[u8], dst: &mut [f32]) {
+    let m4 = _mm_set1_epi8(0xF);
+    for (bi, y) in dst.chunks_exact_mut(32).enumerate() {
+        let b = src.as_ptr().add(20 * bi);
+        let d = _mm512_set1_ps(f16c(rd16(b)));
+        let m = _mm512_set1_ps(f16c(rd16(b.add(2))));
+        let q = _mm_loadu_si128(b.add(4) as *const __m128i);
+        let lo = _mm_and_si128(q, m4);
+        let hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+        _mm512_storeu_ps(y.as_mut_ptr(), _mm512_fmadd_ps(u8x16_ps(lo), d, m));
+        _mm512_storeu_ps(y.as_mut_ptr().add(16), _mm512_fmadd_ps(u8x16_ps(hi), d, m));
+    }
+}
+
+/// Q5_0 (`MIN = false`: values − 16) and Q5_1 (`MIN = true`: plus m).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn decode_q5<const MIN: bool>(src: &[u8], dst: &mut [f32]) {
+    let m4 = _mm_set1_epi8(0xF);
+    let bit4 = _mm_set1_epi8(0x10);
+    let bsz = if MIN { 24 } else { 22 };
+    let qo = if MIN { 8 } else { 6 };
+    for (bi, y) in dst.chunks_exact_mut(32).enumerate() {
+        let b = src.as_ptr().add(bsz * bi);
+        let d = _mm512_set1_ps(f16c(rd16(b)));
+        let qh = (b.add(qo - 4) as *const u32).read_unaligned();
+        // bit i of qh is the fifth bit of element i
+        let hb_lo = _mm_and_si128(_mm_movm_epi8(qh as u16), bit4);
+        let hb_hi = _mm_and_si128(_mm_movm_epi8((qh >> 16) as u16), bit4);
+        let q = _mm_loadu_si128(b.add(qo) as *const __m128i);
+        let lo = _mm_or_si128(_mm_and_si128(q, m4), hb_lo);
+        let hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(q, 4), m4), hb_hi);
+        let (vlo, vhi) = (u8x16_ps(lo), u8x16_ps(hi));
+        let (ylo, yhi) = if MIN {
+            let m = _mm512_set1_ps(f16c(rd16(b.add(2))));
+            (_mm512_fmadd_ps(vlo, d, m), _mm512_fmadd_ps(vhi, d, m))
+        } else {
+            let c = _mm512_set1_ps(16.0);
+            (
+                _mm512_mul_ps(_mm512_sub_ps(vlo, c), d),
+                _mm512_mul_ps(_mm512_sub_ps(vhi, c), d),
+            )
+        };
+        _mm512_storeu_ps(y.as_mut_ptr(), ylo);
+        _mm512_storeu_ps(y.as_mut_ptr().add(16), yhi);
     }
 }
