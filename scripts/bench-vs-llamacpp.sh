@@ -23,6 +23,8 @@
 #   scripts/bench-vs-llamacpp.sh [-r REPS] [-t THREADS] [-p N_PROMPT] [-n N_GEN]
 #                                [--models "mamba2-370m-like hybrid-350m-like"]
 #                                [--types "F16 Q8_0 Q4_K_M"] [--skip-build]
+#   scripts/bench-vs-llamacpp.sh --report RUN_DIR [same -r/-p/-n/--models/--types]
+#                                (re-print the report of a finished run)
 #
 # Environment:
 #   BENCH_DIR        models, logs and results (default: <repo>/../bench-models)
@@ -47,6 +49,7 @@ N_GEN=128
 MODELS="mamba2-370m-like hybrid-350m-like"
 TYPES="F16 Q8_0 Q4_K_M"
 SKIP_BUILD=0
+REPORT_ONLY=""
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -57,6 +60,7 @@ while [ $# -gt 0 ]; do
         --models) MODELS="$2"; shift 2 ;;
         --types) TYPES="$2"; shift 2 ;;
         --skip-build) SKIP_BUILD=1; shift ;;
+        --report) REPORT_ONLY="$2"; shift 2 ;;
         -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d'; exit 0 ;;
         *) echo "error: unknown argument: $1" >&2; exit 2 ;;
     esac
@@ -70,6 +74,90 @@ TOKENIZER="${TOKENIZER:-$REPO_ROOT/../shared/data/tokenizers/gpt-neox-20b_tokeni
 LLAMA_REPACK="${LLAMA_REPACK:-1 0}"
 mkdir -p "$BENCH_DIR"
 log() { echo "[bench-vs-llamacpp] $*" >&2; }
+
+report() {
+"${PYTHON:-python3}" - "$1" "$MODELS" "$TYPES" "$REPS" "$LLAMA_REPACK" "$N_PROMPT" "$N_GEN" <<'EOF'
+import json, statistics, sys
+from pathlib import Path
+
+run, models, types, reps, repacks, n_p, n_g = sys.argv[1:8]
+run = Path(run)
+models, types, repacks = models.split(), types.split(), repacks.split()
+reps = int(reps)
+
+def rss_mib(path):
+    for line in path.read_text().splitlines():
+        if "Maximum resident set size" in line:
+            return int(line.split(":")[1]) / 1024
+    return float("nan")
+
+def ms(xs):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return float("nan"), float("nan")
+    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+def pair(r):
+    return f"{statistics.median(r):.2f} [{r[0]:.2f}–{r[-1]:.2f}]" if r else "-"
+
+def fmt(m, s):
+    return f"{m:.1f} ± {s:.1f}"
+
+rows = []
+summary = []
+for m in models:
+    for t in types:
+        c_pp, c_tg, c_rss = [], [], []
+        l_pp = {r: [] for r in repacks}
+        l_tg = {r: [] for r in repacks}
+        l_rss = {r: [] for r in repacks}
+        for i in range(1, reps + 1):
+            tag = f"{m}.{t}.{i}"
+            c = json.loads((run / f"{tag}.coil.json").read_text())
+            c_pp.append(c["pp_tps"]); c_tg.append(c["tg_tps"])
+            c_rss.append(rss_mib(run / f"{tag}.coil.time"))
+            for r in repacks:
+                for e in json.loads((run / f"{tag}.llama-repack{r}.json").read_text()):
+                    (l_pp if e["n_prompt"] > 0 else l_tg)[r].append(e["avg_ts"])
+                l_rss[r].append(rss_mib(run / f"{tag}.llama-repack{r}.time"))
+        cpp, ctg = ms(c_pp), ms(c_tg)
+        best_pp = max(repacks, key=lambda r: ms(l_pp[r])[0])
+        best_tg = max(repacks, key=lambda r: ms(l_tg[r])[0])
+        lpp, ltg = ms(l_pp[best_pp]), ms(l_tg[best_tg])
+        # Paired: each round's coil figure over the same round's llama.cpp one.
+        pair_pp = sorted(c / l for c, l in zip(c_pp, l_pp[best_pp]))
+        pair_tg = sorted(c / l for c, l in zip(c_tg, l_tg[best_tg]))
+        rss_c = max(c_rss)
+        rss_l = max(l_rss[repacks[0]])
+        rows.append(
+            f"| {m} | {t} | {fmt(*cpp)} | {fmt(*lpp)} (rp{best_pp}) | **{cpp[0] / lpp[0]:.2f}** "
+            f"| {fmt(*ctg)} | {fmt(*ltg)} (rp{best_tg}) | **{ctg[0] / ltg[0]:.2f}** "
+            f"| {pair(pair_pp)} | {pair(pair_tg)} "
+            f"| {rss_c:.0f} | {rss_l:.0f} | {rss_c / rss_l:.2f} |"
+        )
+        summary.append(dict(model=m, type=t, coil_pp=cpp, llama_pp=lpp, llama_pp_repack=best_pp,
+                            coil_tg=ctg, llama_tg=ltg, llama_tg_repack=best_tg,
+                            pp_paired=pair_pp, tg_paired=pair_tg, coil_rss_mib=rss_c, llama_rss_mib=rss_l,
+                            llama_rss_mib_by_repack={r: max(l_rss[r]) for r in repacks},
+                            llama_by_repack={r: dict(pp=ms(l_pp[r]), tg=ms(l_tg[r])) for r in repacks}))
+
+print((run / "info.txt").read_text().rstrip())
+print()
+print(f"| model | type | coil pp{n_p} t/s | llama.cpp pp{n_p} t/s | pp ratio | coil tg{n_g} t/s "
+      f"| llama.cpp tg{n_g} t/s | tg ratio | pp paired ratio | tg paired ratio | coil peak RSS MiB | llama.cpp peak RSS MiB (rp{repacks[0]}) | RSS ratio |")
+print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+print("\n".join(rows))
+print()
+print("ratio = coil / llama.cpp (llama.cpp: the better --repack setting per column, rpN);"
+      " t/s: mean ± std over rounds, each round a fresh process with one timed repetition;"
+      " paired ratio: median [min–max] over rounds of coil / llama.cpp in the same round.")
+(run / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+EOF
+}
+if [ -n "$REPORT_ONLY" ]; then
+    report "$REPORT_ONLY"
+    exit 0
+fi
 
 [ -x /usr/bin/time ] || { echo "error: /usr/bin/time (GNU time) is needed for peak RSS" >&2; exit 1; }
 
@@ -176,73 +264,5 @@ done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$RUN_DIR/info.txt"
 
 # ---- 7. report -------------------------------------------------------------------
-"${PYTHON:-python3}" - "$RUN_DIR" "$MODELS" "$TYPES" "$REPS" "$LLAMA_REPACK" "$N_PROMPT" "$N_GEN" <<'EOF' | tee "$RUN_DIR/report.md"
-import json, statistics, sys
-from pathlib import Path
-
-run, models, types, reps, repacks, n_p, n_g = sys.argv[1:8]
-run = Path(run)
-models, types, repacks = models.split(), types.split(), repacks.split()
-reps = int(reps)
-
-def rss_mib(path):
-    for line in path.read_text().splitlines():
-        if "Maximum resident set size" in line:
-            return int(line.split(":")[1]) / 1024
-    return float("nan")
-
-def ms(xs):
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return float("nan"), float("nan")
-    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
-
-def fmt(m, s):
-    return f"{m:.1f} ± {s:.1f}"
-
-rows = []
-summary = []
-for m in models:
-    for t in types:
-        c_pp, c_tg, c_rss = [], [], []
-        l_pp = {r: [] for r in repacks}
-        l_tg = {r: [] for r in repacks}
-        l_rss = {r: [] for r in repacks}
-        for i in range(1, reps + 1):
-            tag = f"{m}.{t}.{i}"
-            c = json.loads((run / f"{tag}.coil.json").read_text())
-            c_pp.append(c["pp_tps"]); c_tg.append(c["tg_tps"])
-            c_rss.append(rss_mib(run / f"{tag}.coil.time"))
-            for r in repacks:
-                for e in json.loads((run / f"{tag}.llama-repack{r}.json").read_text()):
-                    (l_pp if e["n_prompt"] > 0 else l_tg)[r].append(e["avg_ts"])
-                l_rss[r].append(rss_mib(run / f"{tag}.llama-repack{r}.time"))
-        cpp, ctg = ms(c_pp), ms(c_tg)
-        best_pp = max(repacks, key=lambda r: ms(l_pp[r])[0])
-        best_tg = max(repacks, key=lambda r: ms(l_tg[r])[0])
-        lpp, ltg = ms(l_pp[best_pp]), ms(l_tg[best_tg])
-        rss_c = max(c_rss)
-        rss_l = max(l_rss[repacks[0]])
-        rows.append(
-            f"| {m} | {t} | {fmt(*cpp)} | {fmt(*lpp)} (rp{best_pp}) | **{cpp[0] / lpp[0]:.2f}** "
-            f"| {fmt(*ctg)} | {fmt(*ltg)} (rp{best_tg}) | **{ctg[0] / ltg[0]:.2f}** "
-            f"| {rss_c:.0f} | {rss_l:.0f} | {rss_c / rss_l:.2f} |"
-        )
-        summary.append(dict(model=m, type=t, coil_pp=cpp, llama_pp=lpp, llama_pp_repack=best_pp,
-                            coil_tg=ctg, llama_tg=ltg, llama_tg_repack=best_tg,
-                            coil_rss_mib=rss_c, llama_rss_mib=rss_l,
-                            llama_rss_mib_by_repack={r: max(l_rss[r]) for r in repacks},
-                            llama_by_repack={r: dict(pp=ms(l_pp[r]), tg=ms(l_tg[r])) for r in repacks}))
-
-print((run / "info.txt").read_text().rstrip())
-print()
-print(f"| model | type | coil pp{n_p} t/s | llama.cpp pp{n_p} t/s | pp ratio | coil tg{n_g} t/s "
-      f"| llama.cpp tg{n_g} t/s | tg ratio | coil peak RSS MiB | llama.cpp peak RSS MiB (rp{repacks[0]}) | RSS ratio |")
-print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-print("\n".join(rows))
-print()
-print("ratio = coil / llama.cpp (llama.cpp: the better --repack setting per column, rpN);"
-      " t/s: mean ± std over rounds, each round a fresh process with one timed repetition.")
-(run / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-EOF
+report "$RUN_DIR" | tee "$RUN_DIR/report.md"
 log "results in $RUN_DIR (report.md, summary.json, raw JSON and /usr/bin/time logs)"
