@@ -203,7 +203,8 @@ fn fallback(t: &TensorInfo, ty: GgmlType) -> GgmlType {
     }
 }
 
-/// The output type of every tensor of `file` under `mix`, in file order.
+/// The output type of every tensor of `file` under `mix`, in file order
+/// (decided in llama-quantize's order, which its layer counters follow).
 pub fn plan_types(file: &GgufFile, mix: QuantMix) -> Vec<GgmlType> {
     let md = file.metadata();
     let arch = file.architecture().unwrap_or("");
@@ -222,11 +223,13 @@ pub fn plan_types(file: &GgufFile, mix: QuantMix) -> Vec<GgmlType> {
     let tied = !tensors.iter().any(|t| t.name == "output.weight");
     let (mut i_wv, mut i_down) = (0i64, 0i64);
     let default = mix.default_type();
-    tensors
-        .iter()
-        .map(|t| {
+    let mut types: Vec<GgmlType> = tensors.iter().map(|t| t.ty).collect();
+    // Counters run in llama-quantize's order (by layer, then name).
+    for i in llama_order(tensors) {
+        let t = &tensors[i];
+        types[i] = {
             if !allows_quantization(t) {
-                return t.ty;
+                continue;
             }
             let cat = category(&t.name);
             let mut ty = default;
@@ -274,8 +277,26 @@ pub fn plan_types(file: &GgufFile, mix: QuantMix) -> Vec<GgmlType> {
                 _ => {}
             }
             fallback(t, ty)
-        })
-        .collect()
+        };
+    }
+    types
+}
+
+/// llama-quantize's tensor order: by layer (`blk.N.`; other tensors first),
+/// then by name.
+pub fn llama_order(tensors: &[TensorInfo]) -> Vec<usize> {
+    let layer = |n: &str| -> i64 {
+        n.strip_prefix("blk.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(-1)
+    };
+    let mut idx: Vec<usize> = (0..tensors.len()).collect();
+    idx.sort_by(|&a, &b| {
+        let (na, nb) = (tensors[a].name.as_str(), tensors[b].name.as_str());
+        (layer(na), na.as_bytes()).cmp(&(layer(nb), nb.as_bytes()))
+    });
+    idx
 }
 
 /// Quantizes whole rows of `f` into `q` on all cores.
@@ -352,13 +373,21 @@ pub fn quantize(input: &Path, output: &Path, opts: &QuantizeOptions) -> Result<Q
     };
     let types = plan_types(&file, opts.mix);
     let mut md = file.metadata().clone();
+    // llama-quantize re-appends these two keys at the end.
+    md.remove("general.quantization_version");
+    md.remove("general.file_type");
     md.insert("general.quantization_version", Value::U32(2));
     md.insert("general.file_type", Value::U32(opts.mix.file_type()));
-    let specs: Vec<TensorSpec> = file
-        .tensors()
+    // Written in llama-quantize's order, so the files are identical.
+    let order = llama_order(file.tensors());
+    let specs: Vec<TensorSpec> = order
         .iter()
-        .zip(&types)
-        .map(|(t, &ty)| TensorSpec::new(t.name.clone(), &t.dims, ty))
+        .map(|&i| {
+            let t = &file.tensors()[i];
+            // ggml drops trailing 1-dims ({512, 1} is written as {512}).
+            let n = t.dims.iter().rposition(|&d| d != 1).map_or(1, |p| p + 1);
+            TensorSpec::new(t.name.clone(), &t.dims[..n], types[i])
+        })
         .collect();
     for (t, &ty) in file.tensors().iter().zip(&types) {
         if ty != t.ty && !coil_gguf::quant::can_dequantize(t.ty) {
@@ -373,7 +402,8 @@ pub fn quantize(input: &Path, output: &Path, opts: &QuantizeOptions) -> Result<Q
     let mut w = GgufWriter::create(output, &md, &specs)?;
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     let mut bytes_out = 0u64;
-    for (t, &ty) in file.tensors().iter().zip(&types) {
+    for &i in &order {
+        let (t, ty) = (&file.tensors()[i], types[i]);
         pb.set_message(t.name.clone());
         *counts.entry(ty.name().to_string()).or_default() += 1;
         let range = file.data_range(t);

@@ -25,7 +25,12 @@ impl<'a> FalconH1<'a> {
         // llama.cpp's Mamba2Model looks up ["mamba_d_head", "head_dim"] plus
         // their `mamba_` forms: the SSM head dim comes before the attention one.
         let head_dim = c
-            .uint(&["mamba_d_head", "head_dim", "mamba_mamba_d_head", "mamba_head_dim"])?
+            .uint(&[
+                "mamba_d_head",
+                "head_dim",
+                "mamba_mamba_d_head",
+                "mamba_head_dim",
+            ])?
             .unwrap_or(64);
         if d_inner % head_dim != 0 {
             return Err(ConvertError::config(
