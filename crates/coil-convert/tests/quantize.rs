@@ -49,7 +49,10 @@ fn k_mixtures_quantize_wide_tensors() {
         )
         .unwrap();
         let f = GgufFile::open(&out).unwrap();
-        let types: Vec<GgmlType> = f.tensors().iter().map(|t| t.ty).collect();
+        let types: Vec<GgmlType> = specs
+            .iter()
+            .map(|s| f.tensor_info(&s.name).unwrap().ty)
+            .collect();
         // tied embeddings get the output treatment
         assert_eq!(
             types,
@@ -57,7 +60,19 @@ fn k_mixtures_quantize_wide_tensors() {
             "{}",
             mix.name()
         );
-        for (t, want) in f.tensors().iter().zip(&data) {
+        // llama-quantize's order: by layer, then name
+        let names: Vec<&str> = f.tensors().iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "token_embd.weight",
+                "blk.0.ssm_a",
+                "blk.0.ssm_in.weight",
+                "blk.0.ssm_norm.weight"
+            ]
+        );
+        for (s, want) in specs.iter().zip(&data) {
+            let t = f.tensor_info(&s.name).unwrap();
             let got = f.view(t).to_f32().unwrap();
             let err = got
                 .iter()
