@@ -260,3 +260,71 @@ fn converted_models_match_transformers() {
         );
     }
 }
+
+/// The llama.cpp converter faults coil fixes, end to end: a Nemotron-H
+/// mixing dense MLP and MoE layers (llama.cpp: feed-forward length 0 for the
+/// dense layers, unloadable) and a GraniteMoeHybrid with RoPE (llama.cpp:
+/// RoPE dropped). Checkpoints and transformers logits from
+/// `tools/make_converter_fixtures.py`.
+#[test]
+fn converter_fixes_match_transformers() {
+    let d = scratch("fixes");
+    for name in ["nemotron_h_mixed", "granite_rope"] {
+        let dir = root().join("convert").join(name);
+        let gguf = d.join(format!("{name}.gguf"));
+        let (ok, text) = run(coil()
+            .args(["convert", "--quiet", "--type", "f32", "-o"])
+            .arg(&gguf)
+            .arg(&dir));
+        assert!(ok, "{text}");
+        let f = GgufFile::open(&gguf).unwrap();
+        let md = f.metadata();
+        if name == "nemotron_h_mixed" {
+            assert_eq!(f.architecture(), Some("nemotron_h_moe"));
+            let ff: Vec<u64> = md
+                .get_array("nemotron_h_moe.feed_forward_length")
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap())
+                .collect();
+            assert_eq!(ff, [0, 64, 0, 24, 0]);
+            assert!(f.tensor_info("blk.1.ffn_up.weight").is_some());
+            assert!(f.tensor_info("blk.3.ffn_up_exps.weight").is_some());
+        } else {
+            assert_eq!(
+                md.get_bool("granitehybrid.rope.scaling.finetuned"),
+                Some(true)
+            );
+            assert_eq!(md.get_u64("granitehybrid.context_length"), Some(2048));
+        }
+        let tokens: Vec<u32> =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("tokens.json")).unwrap())
+                .unwrap();
+        let list = tokens
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        let npy = d.join(format!("{name}.npy"));
+        let (ok, text) = run(coil()
+            .args(["logits", "-t", "2", "--tokens", &list, "-m"])
+            .arg(&gguf)
+            .arg("-o")
+            .arg(&npy));
+        assert!(ok, "{name}: {text}");
+        let ours = coil_gguf::npy::parse_f32(&std::fs::read(&npy).unwrap()).unwrap();
+        let want =
+            coil_gguf::npy::parse_f32(&std::fs::read(dir.join("logits.npy")).unwrap()).unwrap();
+        assert_eq!(ours.shape, want.shape);
+        let amax = want.data.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let err = ours
+            .data
+            .iter()
+            .zip(&want.data)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            err <= 1e-4 * amax,
+            "{name}: max abs error {err} (max |logit| {amax})"
+        );
+    }
+}
