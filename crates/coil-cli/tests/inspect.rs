@@ -45,7 +45,11 @@ fn inspects_every_model_fixture_with_its_layer_plan() {
         assert!(out.contains("token_embd.weight"), "{arch}");
         assert!(out.contains("tokenizer.ggml.tokens"), "{arch}");
         assert!(out.contains("memory: "), "{arch}");
-        assert_eq!(out.contains("rollback checkpoints:"), arch != "llama", "{arch}");
+        assert_eq!(
+            out.contains("rollback checkpoints:"),
+            arch != "llama",
+            "{arch}"
+        );
 
         let (ok, out, err) = coil(&["inspect", "--json", p]);
         assert!(ok, "{arch}: {err}");
