@@ -135,10 +135,15 @@ impl Scheduler {
     /// `cfg.parallel` sequences; those beyond `parallel` are room for the
     /// prefix cache.
     pub fn start(
-        engine: Engine,
+        mut engine: Engine,
         tokenizer: Arc<Tokenizer>,
         cfg: SchedulerConfig,
     ) -> Result<(Scheduler, std::thread::JoinHandle<()>), SchedulerError> {
+        // A conversation resumes right after its last generated token:
+        // checkpoint every decode step, not only prompts.
+        if let Some(r) = &mut engine.mem.recurrent {
+            r.policy.every_call = true;
+        }
         if cfg.parallel == 0 {
             return Err(SchedulerError::NoParallel);
         }

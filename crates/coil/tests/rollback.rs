@@ -144,6 +144,7 @@ fn checkpoints_cut_replays_and_respect_the_budget() {
                 interval: 4,
                 budget_bytes: 1,
                 keep_recent: 1,
+                every_call: false,
             },
             ..Default::default()
         },

@@ -51,6 +51,7 @@ pub fn start_tight(parallel: usize, cache: usize, ctx: usize) -> TestServer {
         interval: 16,
         budget_bytes: 1,
         keep_recent: 2,
+        every_call: true,
     };
     let engine = Engine::load(fixture("granitemoehybrid"), opts).expect("load");
     start_engine(engine, parallel)

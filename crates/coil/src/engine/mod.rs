@@ -193,7 +193,8 @@ impl Engine {
                 .forward(&self.pool, &UBatch { chunks }, &mut self.mem)?;
             for &i in &owners {
                 let e = &entries[i];
-                self.mem.after_ubatch(e.seq, done[i] == e.tokens.len())?;
+                self.mem
+                    .after_ubatch(e.seq, done[i] == e.tokens.len(), e.tokens.len())?;
             }
             let mut at = 0;
             for (&i, &r) in owners.iter().zip(&rows) {

@@ -187,12 +187,20 @@ impl Memory {
     }
 
     /// After a micro-batch: takes a recurrent checkpoint of `s` when it sits
-    /// on a periodic position or at the end of a decode call.
-    pub fn after_ubatch(&mut self, s: SeqId, call_end: bool) -> Result<(), MemoryError> {
+    /// on a periodic position, or at the end of a decode call of
+    /// `call_tokens` tokens (a prompt; single tokens only with
+    /// `CheckpointPolicy::every_call`).
+    pub fn after_ubatch(
+        &mut self,
+        s: SeqId,
+        call_end: bool,
+        call_tokens: usize,
+    ) -> Result<(), MemoryError> {
         if let Some(r) = &mut self.recurrent {
             let len = r.seq_len(s)?;
             let k = r.policy.interval;
-            if call_end || (k > 0 && len % k == 0) {
+            let at_end = call_end && (call_tokens > 1 || r.policy.every_call);
+            if at_end || (k > 0 && len % k == 0) {
                 r.checkpoint(s)?;
             }
         }

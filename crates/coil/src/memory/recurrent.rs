@@ -36,6 +36,11 @@ pub struct CheckpointPolicy {
     pub budget_bytes: usize,
     /// Checkpoints at the ends of decode calls kept regardless of spacing.
     pub keep_recent: usize,
+    /// Also checkpoint at the end of single-token calls (every generated
+    /// token). Off by default: each is a copy of the whole state, which
+    /// costs decode speed; a server that resumes conversations at any
+    /// generated token turns it on.
+    pub every_call: bool,
 }
 
 impl Default for CheckpointPolicy {
@@ -44,6 +49,7 @@ impl Default for CheckpointPolicy {
             interval: 256,
             budget_bytes: 256 << 20,
             keep_recent: 2,
+            every_call: false,
         }
     }
 }
@@ -65,6 +71,26 @@ struct Slot {
     /// Current spacing level: periodic checkpoints are `interval · 2^level`
     /// apart.
     level: u32,
+    /// Buffers of dropped checkpoints, reused for new ones (no allocation
+    /// and page faults per checkpoint).
+    spare: Vec<Vec<f32>>,
+}
+
+/// How many dropped checkpoint buffers a sequence keeps for reuse.
+const MAX_SPARE: usize = 2;
+
+impl Slot {
+    /// Returns the buffers of checkpoints nobody else shares to the spares.
+    fn recycle(&mut self, dropped: Vec<Checkpoint>) {
+        for c in dropped {
+            if self.spare.len() >= MAX_SPARE {
+                break;
+            }
+            if let Ok(v) = Arc::try_unwrap(c.state) {
+                self.spare.push(v);
+            }
+        }
+    }
 }
 
 pub struct RecurrentMemory {
@@ -91,6 +117,7 @@ impl RecurrentMemory {
             state: vec![0.0; at],
             checkpoints: Vec::new(),
             level: 0,
+            spare: Vec::new(),
         };
         RecurrentMemory {
             shapes,
@@ -203,9 +230,16 @@ impl RecurrentMemory {
         if slot.len == 0 || slot.checkpoints.last().is_some_and(|c| c.pos == slot.len) {
             return Ok(());
         }
+        let state = match slot.spare.pop() {
+            Some(mut buf) => {
+                buf.copy_from_slice(&slot.state);
+                buf
+            }
+            None => slot.state.clone(),
+        };
         slot.checkpoints.push(Checkpoint {
             pos: slot.len,
-            state: Arc::new(slot.state.clone()),
+            state: Arc::new(state),
         });
         thin(slot, policy, max);
         Ok(())
@@ -229,7 +263,9 @@ impl RecurrentMemory {
     pub fn restore(&mut self, s: SeqId, p: usize) -> Result<usize, MemoryError> {
         self.check(s)?;
         let slot = &mut self.slots[s];
-        slot.checkpoints.retain(|c| c.pos <= p);
+        let keep = slot.checkpoints.partition_point(|c| c.pos <= p);
+        let dropped = slot.checkpoints.split_off(keep);
+        slot.recycle(dropped);
         match slot.checkpoints.last() {
             Some(c) => {
                 slot.state.copy_from_slice(&c.state);
@@ -254,22 +290,29 @@ fn thin(slot: &mut Slot, policy: CheckpointPolicy, max: usize) {
         let recent = policy.keep_recent.min(n);
         let spacing = base.saturating_mul(1usize << slot.level.min(40));
         let mut kept: Vec<Checkpoint> = Vec::with_capacity(n);
+        let mut dropped: Vec<Checkpoint> = Vec::new();
         let mut last = 0usize;
-        for (i, c) in slot.checkpoints.iter().enumerate() {
+        for (i, c) in std::mem::take(&mut slot.checkpoints)
+            .into_iter()
+            .enumerate()
+        {
             if i >= n - recent || c.pos - last >= spacing {
                 last = c.pos;
-                kept.push(c.clone());
+                kept.push(c);
+            } else {
+                dropped.push(c);
             }
         }
         if kept.len() == n {
             if spacing >= slot.len.max(1) {
                 // Spacing already spans the sequence: drop the oldest.
-                kept.remove(0);
+                dropped.push(kept.remove(0));
             } else {
                 slot.level += 1;
             }
         }
         slot.checkpoints = kept;
+        slot.recycle(dropped);
     }
 }
 
@@ -288,7 +331,8 @@ impl SequenceMemory for RecurrentMemory {
         let slot = &mut self.slots[s];
         slot.len = 0;
         slot.state.fill(0.0);
-        slot.checkpoints.clear();
+        let dropped = std::mem::take(&mut slot.checkpoints);
+        slot.recycle(dropped);
         slot.level = 0;
         Ok(())
     }
@@ -415,6 +459,7 @@ mod tests {
             interval: 4,
             budget_bytes: m.bytes_per_seq() * 6,
             keep_recent: 2,
+            every_call: false,
         };
         for _ in 0..100 {
             m.advance(0, 4).unwrap();
