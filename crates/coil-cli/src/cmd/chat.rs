@@ -4,7 +4,7 @@
 //! Commands: `/reset` forgets the conversation, `/exit` (or end of input)
 //! quits.
 
-use super::common::ModelArgs;
+use super::common::{ModelArgs, SamplingArgs};
 use anyhow::{anyhow, bail, Context, Result};
 use coil::engine::sampling::SamplingParams;
 use coil::tokenizer::Tokenizer;
@@ -26,30 +26,8 @@ pub struct Args {
     /// Most tokens per reply.
     #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
     n_predict: usize,
-    /// Sampling temperature; 0 = greedy.
-    #[arg(long = "temp", default_value_t = 0.8)]
-    temp: f32,
-    /// Random seed (default: from the clock).
-    #[arg(long = "seed", short = 's')]
-    seed: Option<u64>,
-    /// Keep only the k most likely tokens (0 = off).
-    #[arg(long = "top-k", default_value_t = 40)]
-    top_k: usize,
-    /// Keep the most likely tokens up to this total probability (1 = off).
-    #[arg(long = "top-p", default_value_t = 0.95)]
-    top_p: f32,
-    /// Drop tokens less likely than this fraction of the best one (0 = off).
-    #[arg(long = "min-p", default_value_t = 0.05)]
-    min_p: f32,
-    /// Penalise repeating recent tokens (1 = off).
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
-    repeat_penalty: f32,
-    /// Subtract from the logit of every token already present.
-    #[arg(long = "presence-penalty", default_value_t = 0.0)]
-    presence_penalty: f32,
-    /// Subtract per occurrence of a token already present.
-    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
-    frequency_penalty: f32,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Also stop a reply when this text appears (repeatable).
     #[arg(long = "stop")]
     stop: Vec<String>,
@@ -62,24 +40,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.ubatch == 0 {
         bail!("--ubatch must be at least 1");
     }
-    let seed = a.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0)
-    });
-    let params = SamplingParams {
-        temperature: a.temp,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        repeat_penalty: a.repeat_penalty,
-        presence_penalty: a.presence_penalty,
-        frequency_penalty: a.frequency_penalty,
-        seed,
-        ..SamplingParams::default()
-    };
-    params.validate().map_err(anyhow::Error::msg)?;
+    let params = a.sampling.params()?;
 
     // One slot for the reply being generated, one keeping the conversation.
     let engine = a.model.load(2, a.ubatch)?;

@@ -1,6 +1,7 @@
 //! Flags and helpers shared by the subcommands that run a model.
 
 use anyhow::{bail, Context, Result};
+use coil::engine::sampling::SamplingParams;
 use coil::engine::{Engine, EngineOptions};
 use coil::memory::CheckpointPolicy;
 use std::path::{Path, PathBuf};
@@ -84,5 +85,62 @@ impl ModelArgs {
         };
         let path = resolve_model(&self.model)?;
         Engine::load(&path, opts).with_context(|| format!("loading {}", path.display()))
+    }
+}
+
+/// Sampling flags shared by `run` and `chat`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temp: f32,
+    /// Random seed (default: from the clock).
+    #[arg(long = "seed", short = 's')]
+    pub seed: Option<u64>,
+    /// Keep only the k most likely tokens (0 = off).
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    /// Keep the most likely tokens up to this total probability (1 = off).
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Drop tokens less likely than this fraction of the best one (0 = off).
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Penalise repeating recent tokens (1 = off).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// How many recent tokens the penalties look at.
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// Subtract from the logit of every token already present.
+    #[arg(long = "presence-penalty", default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    /// Subtract per occurrence of a token already present.
+    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+}
+
+impl SamplingArgs {
+    /// Checked sampling parameters (the seed from the clock when not given).
+    pub fn params(&self) -> Result<SamplingParams> {
+        let seed = self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
+        });
+        let params = SamplingParams {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed,
+        };
+        params.validate().map_err(anyhow::Error::msg)?;
+        Ok(params)
     }
 }
