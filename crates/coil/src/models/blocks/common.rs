@@ -1,7 +1,7 @@
 //! The parts every language model shares: token embedding, the check of a
 //! micro-batch against the memory, and the output head.
 
-use crate::memory::Memory;
+use crate::memory::{Memory, RecurrentMemory, RecurrentState, SeqId};
 use crate::models::weights::{Loader, Matrix};
 use crate::models::{ModelError, UBatch};
 use coil_gguf::GgufFile;
@@ -106,4 +106,28 @@ pub fn check_ubatch(ub: &UBatch, mem: &Memory) -> Result<(), ModelError> {
         mem.check_append(c.seq, c.pos, c.tokens.len())?;
     }
     Ok(())
+}
+
+/// The recurrent part of the memory, for layer `layer` (a clear error if
+/// the memory was built without one).
+pub fn recurrent_memory(
+    mem: &mut Memory,
+    layer: usize,
+) -> Result<&mut RecurrentMemory, ModelError> {
+    mem.recurrent.as_mut().ok_or_else(|| ModelError::Tensor {
+        name: format!("blk.{layer}"),
+        reason: "memory has no recurrent state".into(),
+    })
+}
+
+/// The state of `layer` for sequence `seq`.
+pub fn layer_state(
+    rec: &mut RecurrentMemory,
+    layer: usize,
+    seq: SeqId,
+) -> Result<RecurrentState<'_>, ModelError> {
+    rec.state(layer, seq)?.ok_or_else(|| ModelError::Tensor {
+        name: format!("blk.{layer}"),
+        reason: "memory has no recurrent state for this layer".into(),
+    })
 }

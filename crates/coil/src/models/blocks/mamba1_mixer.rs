@@ -6,8 +6,9 @@
 //! B, C; Falcon-Mamba: without); `dt = softplus(dt_proj(δ))` (d_in wide);
 //! `h ← exp(dt⊙A)⊙h + (dt·x)⊗B`, `y = h·C + D·x`; `y·silu(z)`; `out_proj`.
 
+use super::common::{layer_state, recurrent_memory};
 use super::stack::Rows;
-use crate::memory::{Memory, RecurrentLayerShape, RecurrentMemory};
+use crate::memory::{Memory, RecurrentLayerShape};
 use crate::models::weights::{Loader, Matrix};
 use crate::models::ModelError;
 use coil_gguf::GgufFile;
@@ -116,11 +117,7 @@ impl Mamba1Mixer {
         out: &mut [f32],
     ) -> Result<(), ModelError> {
         let p = &self.p;
-        let mem: &mut RecurrentMemory =
-            mem.recurrent.as_mut().ok_or_else(|| ModelError::Tensor {
-                name: format!("blk.{layer}"),
-                reason: "memory has no recurrent state".into(),
-            })?;
+        let mem = recurrent_memory(mem, layer)?;
         let n_tokens = h.len() / p.d_model;
         let (di, ns, r) = (p.d_inner, p.d_state, p.dt_rank);
 
@@ -136,10 +133,7 @@ impl Mamba1Mixer {
         // Convolution per sequence, with its carried window.
         let mut x = vec![0f32; n_tokens * di];
         for Rows { seq, rows, .. } in chunks {
-            let st = mem.state(layer, *seq)?.ok_or_else(|| ModelError::Tensor {
-                name: format!("blk.{layer}"),
-                reason: "memory has no recurrent state for this layer".into(),
-            })?;
+            let st = layer_state(mem, layer, *seq)?;
             let span = rows.start * di..rows.end * di;
             conv1d_causal(
                 &x_in[span.clone()],
@@ -187,10 +181,7 @@ impl Mamba1Mixer {
 
         let mut y = vec![0f32; n_tokens * di];
         for Rows { seq, rows, .. } in chunks {
-            let st = mem.state(layer, *seq)?.ok_or_else(|| ModelError::Tensor {
-                name: format!("blk.{layer}"),
-                reason: "memory has no recurrent state for this layer".into(),
-            })?;
+            let st = layer_state(mem, layer, *seq)?;
             let (sd, sn) = (
                 rows.start * di..rows.end * di,
                 rows.start * ns..rows.end * ns,

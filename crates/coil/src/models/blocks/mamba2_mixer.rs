@@ -6,8 +6,9 @@
 //! `S_h ← exp(dt_h·A_h)·S_h + dt_h·x_h ⊗ B_g`, `y_h = S_h·C_g + D_h·x_h`;
 //! gated RMSNorm per group (`y·silu(z)` before the norm); `out_proj`.
 
+use super::common::{layer_state, recurrent_memory};
 use super::stack::Rows;
-use crate::memory::{Memory, RecurrentLayerShape, RecurrentMemory};
+use crate::memory::{Memory, RecurrentLayerShape};
 use crate::models::weights::{Loader, Matrix};
 use crate::models::ModelError;
 use coil_gguf::GgufFile;
@@ -161,11 +162,7 @@ impl Mamba2Mixer {
         out: &mut [f32],
     ) -> Result<(), ModelError> {
         let p = &self.p;
-        let mem: &mut RecurrentMemory =
-            mem.recurrent.as_mut().ok_or_else(|| ModelError::Tensor {
-                name: format!("blk.{layer}"),
-                reason: "memory has no recurrent state".into(),
-            })?;
+        let mem = recurrent_memory(mem, layer)?;
         let n_tokens = h.len() / p.d_model;
         let dip = p.d_in_proj();
         let ch = p.conv_channels();
@@ -179,10 +176,7 @@ impl Mamba2Mixer {
         let mut z = vec![0f32; n_tokens * di];
         for Rows { seq, rows, .. } in chunks {
             let t = rows.len();
-            let st = mem.state(layer, *seq)?.ok_or_else(|| ModelError::Tensor {
-                name: format!("blk.{layer}"),
-                reason: "memory has no recurrent state for this layer".into(),
-            })?;
+            let st = layer_state(mem, layer, *seq)?;
             // Gather the chunk's columns.
             let mut xbc_in = vec![0f32; t * ch];
             let mut dt = vec![0f32; t * hn];
