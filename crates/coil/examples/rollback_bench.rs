@@ -5,8 +5,12 @@
 //!
 //! ```text
 //! cargo run --release -p coil --example rollback_bench -- MODEL.gguf \
-//!     [--prompt 1024] [--threads N] [--interval 256] [--budget-mib 256] [--reps 3]
+//!     [--prompt 1024] [--threads N] [--interval 256] [--budget-mib 256] [--reps 3] [--fork]
 //! ```
+//!
+//! With `--fork` it measures forks instead: after the prompt, how long
+//! `Engine::seq_fork` takes, how much the memory grows at the fork and at
+//! the first token each side decodes afterwards (medians over `--reps`).
 //!
 //! For each distance d the sequence is filled with the same random prompt
 //! (default checkpoint policy: every 256 tokens, at call ends, 256 MiB per
@@ -29,6 +33,7 @@ struct Opts {
     interval: usize,
     budget_mib: usize,
     reps: usize,
+    fork: bool,
 }
 
 fn parse() -> Result<Opts> {
@@ -39,6 +44,7 @@ fn parse() -> Result<Opts> {
         interval: 256,
         budget_mib: 256,
         reps: 3,
+        fork: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -52,12 +58,13 @@ fn parse() -> Result<Opts> {
             "--interval" => o.interval = num("--interval")?,
             "--budget-mib" => o.budget_mib = num("--budget-mib")?,
             "--reps" => o.reps = num("--reps")?,
+            "--fork" => o.fork = true,
             _ if a.starts_with('-') => return Err(format!("unknown option {a}").into()),
             _ => o.model = a,
         }
     }
     if o.model.is_empty() {
-        return Err("usage: rollback_bench MODEL.gguf [--prompt N] [--threads N] [--interval N] [--budget-mib N] [--reps N]".into());
+        return Err("usage: rollback_bench MODEL.gguf [--prompt N] [--threads N] [--interval N] [--budget-mib N] [--reps N] [--fork]".into());
     }
     if o.prompt < 2 || o.reps == 0 || o.threads == 0 {
         return Err("--prompt must be at least 2, --reps and --threads at least 1".into());
@@ -112,7 +119,7 @@ fn main() -> Result<()> {
     let o = parse()?;
     let opts = EngineOptions {
         n_threads: o.threads,
-        n_seq_max: 1,
+        n_seq_max: if o.fork { 2 } else { 1 },
         n_ctx: o.prompt + 64,
         n_ubatch: 512,
         checkpoints: CheckpointPolicy {
@@ -137,6 +144,10 @@ fn main() -> Result<()> {
     let n = o.prompt;
     let tokens = random_tokens(n + 1, engine.n_vocab(), 7);
     let prompt = &tokens[..n];
+
+    if o.fork {
+        return fork_bench(&mut engine, &tokens, o.reps);
+    }
 
     // Warm-up, then the cost of processing the whole prompt from scratch.
     prefill(&mut engine, prompt)?;
@@ -259,5 +270,75 @@ fn main() -> Result<()> {
             mib(held.1)
         );
     }
+    Ok(())
+}
+
+/// Bytes of attention cells and of recurrent state the engine's memory holds.
+fn mem_bytes(engine: &Engine) -> (usize, usize) {
+    use coil::memory::SequenceMemory;
+    let kv = engine.mem.kv.as_ref().map_or(0, |k| k.bytes());
+    let rec = engine.mem.recurrent.as_ref().map_or(0, |r| r.bytes());
+    (kv, rec)
+}
+
+/// Fork cost: sequence 0 holds the prompt (`tokens[..n−1]`); sequence 1 is
+/// forked from it, then both decode one (different) token.
+fn fork_bench(engine: &mut Engine, tokens: &[u32], reps: usize) -> Result<()> {
+    let n = tokens.len() - 1;
+    let prompt = &tokens[..n];
+    let t_prefill = prefill(engine, prompt)?;
+    println!(
+        "prefill of {n} tokens: {:.1} ms; sequence 0 holds {} tokens",
+        t_prefill * 1e3,
+        engine.mem.seq_tokens(0)?.len()
+    );
+    let (mut t_fork, mut t_dec1, mut t_dec0) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut g_fork, mut g_dec1, mut g_dec0) = ((0, 0), (0, 0), (0, 0));
+    let mut diff = 0f32;
+    let delta =
+        |a: (usize, usize), b: (usize, usize)| (b.0 as i64 - a.0 as i64, b.1 as i64 - a.1 as i64);
+    for _ in 0..reps {
+        engine.seq_clear(1)?;
+        let b0 = mem_bytes(engine);
+        let t0 = Instant::now();
+        engine.seq_fork(0, 1)?;
+        t_fork.push(t0.elapsed().as_secs_f64());
+        let b1 = mem_bytes(engine);
+        // The fork decodes a token, then the source decodes the same one:
+        // their logits must agree.
+        let t0 = Instant::now();
+        let a = engine.eval(1, &tokens[n..n + 1], LogitRows::Last, 1)?;
+        t_dec1.push(t0.elapsed().as_secs_f64());
+        let b2 = mem_bytes(engine);
+        let t0 = Instant::now();
+        let b = engine.eval(0, &tokens[n..n + 1], LogitRows::Last, 1)?;
+        t_dec0.push(t0.elapsed().as_secs_f64());
+        let b3 = mem_bytes(engine);
+        diff = diff.max(max_abs_diff(&a, &b));
+        engine.seq_truncate(0, n)?;
+        (g_fork, g_dec1, g_dec0) = (delta(b0, b1), delta(b1, b2), delta(b2, b3));
+    }
+    let (kv, rec) = mem_bytes(engine);
+    let smib = |b: i64| b as f64 / (1u64 << 20) as f64;
+    println!(
+        "memory after the runs: KV cells {:.2} MiB, recurrent state {:.2} MiB",
+        mib(kv),
+        mib(rec)
+    );
+    println!("| step | ms (median of {reps}) | KV growth MiB | recurrent growth MiB |");
+    println!("| --- | ---: | ---: | ---: |");
+    for (name, t, g) in [
+        ("seq_fork(0, 1)", &t_fork, g_fork),
+        ("first decode on the fork", &t_dec1, g_dec1),
+        ("next decode on the source", &t_dec0, g_dec0),
+    ] {
+        println!(
+            "| {name} | {:.3} | {:.2} | {:.2} |",
+            median(t.clone()) * 1e3,
+            smib(g.0),
+            smib(g.1)
+        );
+    }
+    println!("fork vs source next-token logits max abs diff: {diff:.2e}");
     Ok(())
 }
