@@ -12,13 +12,46 @@ use half::f16;
 pub enum KvData<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
+    /// f32 storage in pages of `page_len` positions (a multiple of
+    /// [`KV_PAGE_ALIGN`]): page `i` holds positions `i·page_len ..`, laid out
+    /// like a dense view (`[page_len, row_stride]`; the last page may be
+    /// shorter). Read in place, never gathered.
+    PagedF32 {
+        pages: &'a [&'a [f32]],
+        page_len: usize,
+    },
 }
 
+/// Page lengths of [`KvData::PagedF32`] must be multiples of this (the
+/// kernel's position block, so that no block straddles two pages).
+pub const KV_PAGE_ALIGN: usize = PB;
+
 impl KvData<'_> {
-    fn len(&self) -> usize {
+    /// Whether the storage holds `n_pos` positions of `row` elements,
+    /// `row_stride` apart.
+    fn covers(&self, n_pos: usize, row_stride: usize, row: usize) -> bool {
+        // Elements needed to hold `n` positions.
+        let need = |n: usize| {
+            if n == 0 {
+                0
+            } else {
+                (n - 1) * row_stride + row
+            }
+        };
         match self {
-            KvData::F32(s) => s.len(),
-            KvData::F16(s) => s.len(),
+            KvData::F32(s) => s.len() >= need(n_pos),
+            KvData::F16(s) => s.len() >= need(n_pos),
+            KvData::PagedF32 { pages, page_len } => {
+                if *page_len == 0 || !page_len.is_multiple_of(PB) {
+                    return false;
+                }
+                let n_pages = n_pos.div_ceil(*page_len);
+                n_pages <= pages.len()
+                    && pages[..n_pages]
+                        .iter()
+                        .enumerate()
+                        .all(|(i, p)| p.len() >= need((n_pos - i * page_len).min(*page_len)))
+            }
         }
     }
 }
@@ -37,10 +70,16 @@ pub struct KvView<'a> {
 }
 
 impl<'a> KvView<'a> {
-    /// A densely packed view: K and V are `[n_pos, n_kv_heads, head_dim]`.
+    /// A densely packed view: K and V are `[n_pos, n_kv_heads, head_dim]`
+    /// (`F32` or `F16` storage; see [`KvView::paged`] for pages).
     pub fn dense(k: KvData<'a>, v: KvData<'a>, n_kv_heads: usize, head_dim: usize) -> Self {
         let row = n_kv_heads * head_dim;
-        let n_pos = k.len().checked_div(row).unwrap_or(0);
+        let len = match k {
+            KvData::F32(s) => s.len(),
+            KvData::F16(s) => s.len(),
+            KvData::PagedF32 { pages, .. } => pages.iter().map(|p| p.len()).sum(),
+        };
+        let n_pos = len.checked_div(row).unwrap_or(0);
         KvView {
             k,
             v,
@@ -48,6 +87,33 @@ impl<'a> KvView<'a> {
             n_kv_heads,
             head_dim,
             row_stride: row,
+        }
+    }
+
+    /// `n_pos` positions in pages of `page_len` positions (a multiple of
+    /// [`KV_PAGE_ALIGN`]), each page of K and of V `[page_len, n_kv_heads,
+    /// head_dim]` densely packed (the last one may be shorter).
+    pub fn paged(
+        k_pages: &'a [&'a [f32]],
+        v_pages: &'a [&'a [f32]],
+        page_len: usize,
+        n_pos: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+    ) -> Self {
+        KvView {
+            k: KvData::PagedF32 {
+                pages: k_pages,
+                page_len,
+            },
+            v: KvData::PagedF32 {
+                pages: v_pages,
+                page_len,
+            },
+            n_pos,
+            n_kv_heads,
+            head_dim,
+            row_stride: n_kv_heads * head_dim,
         }
     }
 }
@@ -77,6 +143,15 @@ fn kv_block<'a>(
             data: &s[p0 * kv.row_stride + kvh * hd..],
             stride: kv.row_stride,
         },
+        KvData::PagedF32 { pages, page_len } => {
+            // p0 is a multiple of PB, and page_len of PB: the block lies in
+            // one page.
+            let page = pages[p0 / page_len];
+            KvRows {
+                data: &page[(p0 % page_len) * kv.row_stride + kvh * hd..],
+                stride: kv.row_stride,
+            }
+        }
         KvData::F16(s) => {
             use half::slice::HalfFloatSliceExt;
             for j in 0..nb {
@@ -323,14 +398,10 @@ pub fn attention(
     );
     assert_eq!(out.len(), q.len());
     assert!(kv.row_stride >= kv.n_kv_heads * hd);
-    let need = if kv.n_pos == 0 {
-        0
-    } else {
-        (kv.n_pos - 1) * kv.row_stride + kv.n_kv_heads * hd
-    };
+    let row = kv.n_kv_heads * hd;
     assert!(
-        kv.k.len() >= need && kv.v.len() >= need,
-        "attention: KV view too short"
+        kv.k.covers(kv.n_pos, kv.row_stride, row) && kv.v.covers(kv.n_pos, kv.row_stride, row),
+        "attention: KV view too short (or pages not a multiple of {PB} positions)"
     );
     assert!(
         kv_len.iter().all(|&l| l <= kv.n_pos),
@@ -434,5 +505,66 @@ pub(crate) mod tests {
                 assert!((*a as f64 - e).abs() < 5e-3);
             }
         }
+    }
+
+    /// Pages of `page_len` positions, each its own allocation, cut from a
+    /// dense `[n_pos, stride]` buffer.
+    fn pages_of(dense: &[f32], stride: usize, page_len: usize) -> Vec<Vec<f32>> {
+        dense
+            .chunks(page_len * stride)
+            .map(|c| c.to_vec())
+            .collect()
+    }
+
+    #[test]
+    fn paged_view_equals_dense_view() {
+        let pool = ThreadPool::new(2);
+        let mut rng = Rng::new(5);
+        // (n_q, n_heads, n_kv_heads, head_dim, n_pos): GQA and MHA, decode
+        // and prefill shapes (the transposed-K path from 8 rows per item).
+        for &(nq, nh, nkv, hd, npos) in &[
+            (1, 8, 2, 64, 300),
+            (20, 4, 1, 16, 129),
+            (7, 6, 3, 8, 96),
+            (33, 4, 4, 32, 257),
+        ] {
+            let row = nkv * hd;
+            let q = rng.vec(nq * nh * hd);
+            let k = rng.vec(npos * row);
+            let v = rng.vec(npos * row);
+            // Causal: query t sees the first npos − (nq − 1 − t) positions.
+            let lens: Vec<usize> = (0..nq).map(|t| npos - (nq - 1 - t)).collect();
+            let scale = 1.0 / (hd as f32).sqrt();
+            let dense = KvView::dense(KvData::F32(&k), KvData::F32(&v), nkv, hd);
+            let mut want = vec![0f32; q.len()];
+            attention(&pool, &q, nh, &dense, &lens, scale, &mut want);
+            for page_len in [32, 64, 96, 256, 512] {
+                let (kp, vp) = (pages_of(&k, row, page_len), pages_of(&v, row, page_len));
+                let ks: Vec<&[f32]> = kp.iter().map(|p| p.as_slice()).collect();
+                let vs: Vec<&[f32]> = vp.iter().map(|p| p.as_slice()).collect();
+                let paged = KvView::paged(&ks, &vs, page_len, npos, nkv, hd);
+                let mut got = vec![1f32; q.len()];
+                attention(&pool, &q, nh, &paged, &lens, scale, &mut got);
+                assert!(
+                    got.iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "nq {nq} nh {nh} nkv {nkv} hd {hd} npos {npos} page {page_len}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "KV view too short")]
+    fn pages_must_align_with_position_blocks() {
+        let pool = ThreadPool::new(1);
+        let k = vec![0f32; 40 * 2];
+        let (kp, vp) = (pages_of(&k, 2, 20), pages_of(&k, 2, 20));
+        let ks: Vec<&[f32]> = kp.iter().map(|p| p.as_slice()).collect();
+        let vs: Vec<&[f32]> = vp.iter().map(|p| p.as_slice()).collect();
+        let view = KvView::paged(&ks, &vs, 20, 40, 1, 2);
+        let mut out = vec![0f32; 2];
+        attention(&pool, &[0.0; 2], 1, &view, &[40], 1.0, &mut out);
     }
 }

@@ -12,7 +12,7 @@ pub mod ssm;
 pub mod topk;
 
 pub use act::*;
-pub use attention::{attention, KvData, KvView};
+pub use attention::{attention, KvData, KvView, KV_PAGE_ALIGN};
 pub use conv::{conv1d_causal, conv1d_causal_step};
 pub use norm::{group_rms_norm_gated, rms_norm, rms_norm_inplace};
 pub use rope::{rope, RopeStyle};
