@@ -30,6 +30,7 @@ pub mod error;
 pub mod matmul;
 pub mod ops;
 pub mod pool;
+pub mod scratch;
 pub mod simd;
 #[doc(hidden)]
 pub mod testutil;
@@ -37,4 +38,5 @@ pub mod testutil;
 pub use error::KernelError;
 pub use matmul::{matmul, matmul_at, WeightRef};
 pub use pool::ThreadPool;
+pub use scratch::Scratch;
 pub use simd::SimdLevel;

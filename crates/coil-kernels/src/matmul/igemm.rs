@@ -196,28 +196,63 @@ fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, a: &mut Ac
     );
     pool.parallel_for(n, 16, |tr, _| {
         for t in tr {
-            for b in 0..nb {
-                let xb = &x[t * cols + 32 * b..t * cols + 32 * b + 32];
-                let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let (d, id) = if amax > 0.0 && amax.is_finite() {
-                    (amax / 127.0, 127.0 / amax)
-                } else {
-                    (if amax.is_finite() { 0.0 } else { amax }, 0.0)
-                };
-                let mut s = 0i32;
-                for (j, v) in xb.iter().enumerate() {
-                    let q = (v * id).round().clamp(-127.0, 127.0) as i32;
-                    s += q;
-                    // SAFETY: token t owns its rows of the buffers.
-                    unsafe { *pu.get().add(t * cols + 32 * b + j) = (q + 128) as u8 };
-                }
-                unsafe {
-                    *pd.get().add(t * nb + b) = d;
-                    *ps.get().add(t * nb + b) = d * s as f32;
-                }
-            }
+            // SAFETY: AVX-512 checked by igemm's caller; token t owns its
+            // rows of the buffers.
+            unsafe {
+                quantize_row(
+                    &x[t * cols..(t + 1) * cols],
+                    pu.get().add(t * cols),
+                    pd.get().add(t * nb),
+                    ps.get().add(t * nb),
+                )
+            };
         }
     });
+}
+
+/// One token's activations, 32 values per scale: `xu = qx + 128`,
+/// `dx = amax / 127`, `dxs = dx · sum qx` (`qx = round(x / dx)`, ties to even).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+unsafe fn quantize_row(x: &[f32], xu: *mut u8, dx: *mut f32, dxs: *mut f32) {
+    let absmask = _mm512_set1_epi32(0x7FFF_FFFF);
+    let off = _mm512_set1_epi32(128);
+    for (b, xb) in x.chunks_exact(32).enumerate() {
+        let v0 = _mm512_loadu_ps(xb.as_ptr());
+        let v1 = _mm512_loadu_ps(xb.as_ptr().add(16));
+        let a0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v0), absmask));
+        let a1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v1), absmask));
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+        let (d, id) = if amax > 0.0 && amax.is_finite() {
+            (amax / 127.0, 127.0 / amax)
+        } else {
+            // Zeros, or a NaN/inf block: the scale carries it to the output.
+            (if amax.is_finite() { 0.0 } else { amax }, 0.0)
+        };
+        let idv = _mm512_set1_ps(id);
+        let lim = _mm512_set1_ps(127.0);
+        let q = |v: __m512| {
+            let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                _mm512_mul_ps(v, idv),
+            );
+            _mm512_cvtps_epi32(_mm512_max_ps(
+                _mm512_min_ps(r, lim),
+                _mm512_sub_ps(_mm512_setzero_ps(), lim),
+            ))
+        };
+        let (q0, q1) = (q(v0), q(v1));
+        let s = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        let o = xu.add(32 * b);
+        _mm_storeu_si128(
+            o as *mut __m128i,
+            _mm512_cvtepi32_epi8(_mm512_add_epi32(q0, off)),
+        );
+        _mm_storeu_si128(
+            o.add(16) as *mut __m128i,
+            _mm512_cvtepi32_epi8(_mm512_add_epi32(q1, off)),
+        );
+        *dx.add(b) = d;
+        *dxs.add(b) = d * s as f32;
+    }
 }
 
 /// One packed panel of 16 rows.

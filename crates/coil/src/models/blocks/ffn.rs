@@ -8,7 +8,7 @@ use crate::models::ModelError;
 use coil_gguf::GgufFile;
 use coil_kernels::ops::act::{add_bias_rows, relu2_inplace, swiglu_inplace};
 use coil_kernels::ops::topk::top_k;
-use coil_kernels::{matmul, ThreadPool, WeightRef};
+use coil_kernels::{matmul, Scratch, ThreadPool, WeightRef};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
@@ -66,14 +66,14 @@ impl DenseFfn {
     pub fn forward(&self, file: &GgufFile, pool: &ThreadPool, x: &[f32], out: &mut [f32]) {
         let n = x.len() / self.up.cols;
         let n_ff = self.up.rows;
-        let mut up = vec![0f32; n * n_ff];
+        let mut up = Scratch::dirty(n * n_ff);
         matmul(pool, &self.up.get(file), x, &mut up, n);
         if let Some(b) = &self.up_b {
             add_bias_rows(&mut up, b);
         }
         match &self.gate {
             Some(g) => {
-                let mut gate = vec![0f32; n * n_ff];
+                let mut gate = Scratch::dirty(n * n_ff);
                 matmul(pool, &g.get(file), x, &mut gate, n);
                 if let Some(b) = &self.gate_b {
                     add_bias_rows(&mut gate, b);
@@ -156,7 +156,7 @@ impl Moe {
     fn route(&self, file: &GgufFile, pool: &ThreadPool, x: &[f32]) -> Vec<Vec<(usize, f32)>> {
         let ne = self.router.rows;
         let n = x.len() / self.router.cols;
-        let mut logits = vec![0f32; n * ne];
+        let mut logits = Scratch::dirty(n * ne);
         matmul(pool, &self.router.get(file), x, &mut logits, n);
         logits
             .chunks_exact(ne)
@@ -208,22 +208,22 @@ impl Moe {
                 continue;
             }
             let m = users.len();
-            let mut xe = vec![0f32; m * d];
+            let mut xe = Scratch::dirty(m * d);
             for (i, &(t, _)) in users.iter().enumerate() {
                 xe[i * d..(i + 1) * d].copy_from_slice(&x[t * d..(t + 1) * d]);
             }
-            let mut up = vec![0f32; m * n_ff];
+            let mut up = Scratch::dirty(m * n_ff);
             matmul(pool, &self.up.get(file, e), &xe, &mut up, m);
             match &self.gate {
                 Some(g) => {
-                    let mut gate = vec![0f32; m * n_ff];
+                    let mut gate = Scratch::dirty(m * n_ff);
                     matmul(pool, &g.get(file, e), &xe, &mut gate, m);
                     swiglu_inplace(&mut gate, &up);
                     up = gate;
                 }
                 None => relu2_inplace(&mut up),
             }
-            let mut ye = vec![0f32; m * d];
+            let mut ye = Scratch::dirty(m * d);
             matmul(pool, &self.down.get(file, e), &up, &mut ye, m);
             for (i, &(t, w)) in users.iter().enumerate() {
                 for (o, y) in out[t * d..(t + 1) * d]
@@ -235,7 +235,7 @@ impl Moe {
             }
         }
         if let Some(sh) = &self.shared {
-            let mut s = vec![0f32; n * d];
+            let mut s = Scratch::dirty(n * d);
             sh.forward(file, pool, x, &mut s);
             out.iter_mut().zip(&s).for_each(|(o, v)| *o += v);
         }

@@ -16,7 +16,7 @@ use coil_kernels::ops::act::{silu1, silu_inplace, softplus_inplace};
 use coil_kernels::ops::conv::conv1d_causal;
 use coil_kernels::ops::norm::rms_norm_inplace;
 use coil_kernels::ops::ssm::mamba1_scan;
-use coil_kernels::{matmul, ThreadPool};
+use coil_kernels::{matmul, Scratch, ThreadPool};
 
 #[derive(Clone, Copy, Debug)]
 pub struct Mamba1Params {
@@ -122,16 +122,16 @@ impl Mamba1Mixer {
         let (di, ns, r) = (p.d_inner, p.d_state, p.dt_rank);
 
         // [n_tokens, 2·d_inner] = [x | z]
-        let mut xz = vec![0f32; n_tokens * 2 * di];
+        let mut xz = Scratch::dirty(n_tokens * 2 * di);
         matmul(pool, &self.in_proj.get(file), h, &mut xz, n_tokens);
-        let mut x_in = vec![0f32; n_tokens * di];
-        let mut z = vec![0f32; n_tokens * di];
+        let mut x_in = Scratch::dirty(n_tokens * di);
+        let mut z = Scratch::dirty(n_tokens * di);
         for t in 0..n_tokens {
             x_in[t * di..(t + 1) * di].copy_from_slice(&xz[t * 2 * di..t * 2 * di + di]);
             z[t * di..(t + 1) * di].copy_from_slice(&xz[t * 2 * di + di..(t + 1) * 2 * di]);
         }
         // Convolution per sequence, with its carried window.
-        let mut x = vec![0f32; n_tokens * di];
+        let mut x = Scratch::dirty(n_tokens * di);
         for Rows { seq, rows, .. } in chunks {
             let st = layer_state(mem, layer, *seq)?;
             let span = rows.start * di..rows.end * di;
@@ -149,11 +149,11 @@ impl Mamba1Mixer {
 
         // [n_tokens, R + 2N] = [δ | B | C]
         let w = r + 2 * ns;
-        let mut dbc = vec![0f32; n_tokens * w];
+        let mut dbc = Scratch::dirty(n_tokens * w);
         matmul(pool, &self.x_proj.get(file), &x, &mut dbc, n_tokens);
-        let mut delta = vec![0f32; n_tokens * r];
-        let mut b = vec![0f32; n_tokens * ns];
-        let mut c = vec![0f32; n_tokens * ns];
+        let mut delta = Scratch::dirty(n_tokens * r);
+        let mut b = Scratch::dirty(n_tokens * ns);
+        let mut c = Scratch::dirty(n_tokens * ns);
         for t in 0..n_tokens {
             let row = &dbc[t * w..(t + 1) * w];
             delta[t * r..(t + 1) * r].copy_from_slice(&row[..r]);
@@ -170,7 +170,7 @@ impl Mamba1Mixer {
             rms_norm_inplace(&mut c, None, p.eps, ns);
         }
         // dt = softplus(dt_proj(δ) + bias): [n_tokens, d_inner]
-        let mut dt = vec![0f32; n_tokens * di];
+        let mut dt = Scratch::dirty(n_tokens * di);
         matmul(pool, &self.dt_proj.get(file), &delta, &mut dt, n_tokens);
         for row in dt.chunks_exact_mut(di) {
             row.iter_mut()
@@ -179,7 +179,7 @@ impl Mamba1Mixer {
         }
         softplus_inplace(&mut dt);
 
-        let mut y = vec![0f32; n_tokens * di];
+        let mut y = Scratch::dirty(n_tokens * di);
         for Rows { seq, rows, .. } in chunks {
             let st = layer_state(mem, layer, *seq)?;
             let (sd, sn) = (

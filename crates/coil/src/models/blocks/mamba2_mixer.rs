@@ -32,7 +32,7 @@ pub fn ssd_min_tokens() -> usize {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(coil_kernels::ops::ssd::min_tokens)
 }
-use coil_kernels::{matmul, ThreadPool};
+use coil_kernels::{matmul, Scratch, ThreadPool};
 
 /// Hyper-parameters of a Mamba-2 mixer, from `{arch}.ssm.*`.
 #[derive(Clone, Copy, Debug)]
@@ -169,17 +169,17 @@ impl Mamba2Mixer {
         let (di, hn, gn) = (p.d_inner, p.n_head, p.n_group * p.d_state);
 
         // [n_tokens, d_in_proj] = [z | xBC | dt]
-        let mut zxbcdt = vec![0f32; n_tokens * dip];
+        let mut zxbcdt = Scratch::dirty(n_tokens * dip);
         matmul(pool, &self.in_proj.get(file), h, &mut zxbcdt, n_tokens);
 
-        let mut y = vec![0f32; n_tokens * di];
-        let mut z = vec![0f32; n_tokens * di];
+        let mut y = Scratch::dirty(n_tokens * di);
+        let mut z = Scratch::dirty(n_tokens * di);
         for Rows { seq, rows, .. } in chunks {
             let t = rows.len();
             let st = layer_state(mem, layer, *seq)?;
             // Gather the chunk's columns.
-            let mut xbc_in = vec![0f32; t * ch];
-            let mut dt = vec![0f32; t * hn];
+            let mut xbc_in = Scratch::dirty(t * ch);
+            let mut dt = Scratch::dirty(t * hn);
             for (i, r) in rows.clone().enumerate() {
                 let row = &zxbcdt[r * dip..(r + 1) * dip];
                 z[r * di..(r + 1) * di].copy_from_slice(&row[..di]);
@@ -189,7 +189,7 @@ impl Mamba2Mixer {
                     *v = softplus1(raw).clamp(p.dt_min, p.dt_max);
                 }
             }
-            let mut xbc = vec![0f32; t * ch];
+            let mut xbc = Scratch::dirty(t * ch);
             conv1d_causal(
                 &xbc_in,
                 st.conv,
@@ -201,9 +201,9 @@ impl Mamba2Mixer {
             );
             silu_inplace(&mut xbc);
             // Split into x [t, H·P], B [t, G·N], C [t, G·N].
-            let mut x = vec![0f32; t * di];
-            let mut b = vec![0f32; t * gn];
-            let mut c = vec![0f32; t * gn];
+            let mut x = Scratch::dirty(t * di);
+            let mut b = Scratch::dirty(t * gn);
+            let mut c = Scratch::dirty(t * gn);
             for i in 0..t {
                 let row = &xbc[i * ch..(i + 1) * ch];
                 x[i * di..(i + 1) * di].copy_from_slice(&row[..di]);
@@ -251,7 +251,7 @@ impl Mamba2Mixer {
             }
         }
         // Gate and normalise: y·silu(z), RMSNorm per group.
-        let mut g = vec![0f32; n_tokens * di];
+        let mut g = Scratch::dirty(n_tokens * di);
         match &self.norm {
             Some(w) => group_rms_norm_gated(&y, Some(&z), w, p.n_group, p.eps, &mut g, di),
             None => {

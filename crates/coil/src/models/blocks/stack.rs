@@ -20,7 +20,7 @@ use crate::models::weights::Loader;
 use crate::models::{Model, ModelError, ModelInfo, UBatch};
 use coil_gguf::GgufFile;
 use coil_kernels::ops::norm::rms_norm;
-use coil_kernels::ThreadPool;
+use coil_kernels::{Scratch, ThreadPool};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -146,7 +146,7 @@ impl DecoderStack {
             MixerBlock::Mamba2(m) => m.forward(file, pool, l, rows, mem, h, out)?,
             MixerBlock::Parallel(a, m) => {
                 a.forward(file, pool, l, rows, mem, h, out)?;
-                let mut o2 = vec![0f32; out.len()];
+                let mut o2 = Scratch::dirty(out.len());
                 m.forward(file, pool, l, rows, mem, h, &mut o2)?;
                 out.iter_mut().zip(&o2).for_each(|(a, b)| *a += b);
             }
@@ -202,14 +202,14 @@ impl Model for DecoderStack {
                 rows: r,
             })
             .collect();
-        let mut x = vec![0f32; n * d];
+        let mut x = Scratch::dirty(n * d);
         self.embed.forward(&self.file, &tokens, &mut x)?;
         if self.scales.embedding != 1.0 {
             x.iter_mut().for_each(|v| *v *= self.scales.embedding);
         }
         let rs = self.scales.residual;
-        let mut h = vec![0f32; n * d];
-        let mut o = vec![0f32; n * d];
+        let mut h = Scratch::dirty(n * d);
+        let mut o = Scratch::dirty(n * d);
         for (l, layer) in self.layers.iter().enumerate() {
             if !matches!(layer.mixer, MixerBlock::None) {
                 rms_norm(&x, Some(&layer.norm), self.eps, &mut h, d);
