@@ -41,17 +41,18 @@ pub struct PagedCells {
 
 impl PagedCells {
     /// Cells cut into pages from a dense `[n_pos, row]` buffer (loading a
-    /// session).
+    /// session); a partial trailing row is ignored.
     pub fn from_dense(data: &[f32], sh: PageShape) -> Self {
-        if sh.row == 0 {
+        if sh.row == 0 || sh.page_len == 0 {
             return PagedCells::default();
         }
+        let n_pos = data.len() / sh.row;
         PagedCells {
-            pages: data
+            pages: data[..n_pos * sh.row]
                 .chunks(sh.page_elems())
                 .map(|c| Arc::new(c.to_vec()))
                 .collect(),
-            n_pos: data.len() / sh.row,
+            n_pos,
         }
     }
 
@@ -121,9 +122,7 @@ impl PagedCells {
             let (now, later) = rest.split_at(room.min(rest.len()));
             // `pages` is non-empty: a page was pushed above or n_pos > 0.
             if let Some(last) = self.pages.last_mut() {
-                let page = writable(last, in_page * sh.row);
-                grow(page, now.len(), sh.page_elems());
-                page.extend_from_slice(now);
+                writable(last, in_page * sh.row, now.len(), sh.page_elems()).extend_from_slice(now);
             }
             self.n_pos += now.len() / sh.row;
             rest = later;
@@ -131,28 +130,25 @@ impl PagedCells {
     }
 }
 
-/// The page for writing after its first `keep` elements: in place when no
-/// one else holds it (dropping anything past `keep`), else a private copy
-/// of those `keep` elements.
-fn writable(page: &mut Page, keep: usize) -> &mut Vec<f32> {
+/// The page for writing `add` elements after its first `keep`: in place
+/// when no one else holds it (dropping anything past `keep`), else a
+/// private copy of those `keep` elements. Room for `add` more is reserved,
+/// growing geometrically but never past a full page (`full` elements), so a
+/// full page holds no slack.
+fn writable(page: &mut Page, keep: usize, add: usize, full: usize) -> &mut Vec<f32> {
+    let room = |cap: usize| (keep + add).max(2 * cap).min(full).max(keep + add);
     if Arc::get_mut(page).is_none() {
-        let mut own = Vec::with_capacity(keep);
+        let mut own = Vec::with_capacity(room(keep));
         own.extend_from_slice(&page[..keep]);
         *page = Arc::new(own);
     }
     let v = Arc::make_mut(page); // unique here: never copies
     v.truncate(keep);
-    v
-}
-
-/// Reserves room for `add` more elements, growing geometrically but never
-/// past a full page (`cap` elements), so a full page holds no slack.
-fn grow(v: &mut Vec<f32>, add: usize, cap: usize) {
-    let need = v.len() + add;
-    if need > v.capacity() {
-        let target = need.max(2 * v.capacity()).min(cap).max(need);
-        v.reserve_exact(target - v.len());
+    if keep + add > v.capacity() {
+        let want = room(v.capacity());
+        v.reserve_exact(want - keep);
     }
+    v
 }
 
 /// Bytes of pages, each page counted once however many sequences (and
@@ -225,6 +221,10 @@ mod tests {
         c.truncate(0, SH);
         assert!(c.pages().is_empty());
         assert_eq!(PagedCells::from_dense(&want, SH).slices(SH).concat(), want);
+        let mut odd = PagedCells::from_dense(&want[..3], SH);
+        assert_eq!(odd.n_pos(), 1);
+        odd.append(&seq(4, 0.0), SH);
+        assert_eq!(flat(&odd), [&want[..2], &seq(4, 0.0)].concat());
     }
 
     #[test]
