@@ -137,7 +137,7 @@ impl Metrics {
             (
                 "cached_bytes",
                 &self.cached_bytes,
-                "Bytes of memory held by cached sequences.",
+                "Bytes held by cached sequences beyond the running ones (shared memory counted once).",
             ),
         ];
         for (name, g, help) in gauges {

@@ -2,7 +2,8 @@
 //! token histories of *parked* sequences (finished requests whose memory —
 //! attention cells, recurrent state and its rollback checkpoints — is kept
 //! in an engine slot instead of being cleared), with least-recently-used
-//! order and byte accounting for eviction.
+//! order for eviction. Byte accounting is the scheduler's: forks share
+//! memory, so what a parked sequence costs depends on the others.
 //!
 //! The tree only indexes; the engine slots own the memory. A lookup gives
 //! the sequence sharing the longest prefix with a prompt; the scheduler
@@ -30,7 +31,6 @@ struct Node {
 struct Entry {
     node: NodeId,
     len: usize,
-    bytes: usize,
     last_used: u64,
 }
 
@@ -82,9 +82,9 @@ impl PrefixCache {
         self.entries.contains_key(&seq)
     }
 
-    /// Bytes of memory the parked sequences hold.
-    pub fn bytes(&self) -> usize {
-        self.entries.values().map(|e| e.bytes).sum()
+    /// The parked sequences, in no particular order.
+    pub fn seqs(&self) -> impl Iterator<Item = SeqId> + '_ {
+        self.entries.keys().copied()
     }
 
     /// Tokens the parked sequences hold.
@@ -116,7 +116,7 @@ impl PrefixCache {
     }
 
     /// Parks `seq` holding `tokens` (replacing an earlier entry of it).
-    pub fn insert(&mut self, seq: SeqId, tokens: &[u32], bytes: usize) {
+    pub fn insert(&mut self, seq: SeqId, tokens: &[u32]) {
         self.remove(seq);
         let mut node = ROOT;
         let mut at = 0;
@@ -161,7 +161,6 @@ impl PrefixCache {
             Entry {
                 node,
                 len: tokens.len(),
-                bytes,
                 last_used,
             },
         );
@@ -323,11 +322,13 @@ mod tests {
     fn finds_the_longest_prefix() {
         let mut c = PrefixCache::new();
         assert_eq!(c.longest_match(&[1, 2, 3]), None);
-        c.insert(0, &[1, 2, 3, 4, 5], 10);
-        c.insert(1, &[1, 2, 7, 8], 20);
-        c.insert(2, &[9], 5);
+        c.insert(0, &[1, 2, 3, 4, 5]);
+        c.insert(1, &[1, 2, 7, 8]);
+        c.insert(2, &[9]);
         assert_eq!(c.len(), 3);
-        assert_eq!(c.bytes(), 35);
+        let mut seqs: Vec<SeqId> = c.seqs().collect();
+        seqs.sort_unstable();
+        assert_eq!(seqs, [0, 1, 2]);
         assert_eq!(
             c.longest_match(&[1, 2, 3, 4, 5, 6]),
             Some(Match { seq: 0, len: 5 })
@@ -350,9 +351,9 @@ mod tests {
     #[test]
     fn removal_prunes_and_recompresses() {
         let mut c = PrefixCache::new();
-        c.insert(0, &[1, 2, 3, 4], 1);
-        c.insert(1, &[1, 2, 5], 1);
-        c.insert(2, &[1, 2], 1);
+        c.insert(0, &[1, 2, 3, 4]);
+        c.insert(1, &[1, 2, 5]);
+        c.insert(2, &[1, 2]);
         assert!(c.remove(1));
         assert!(!c.remove(1));
         assert_eq!(c.longest_match(&[1, 2, 5]), Some(Match { seq: 2, len: 2 }));
@@ -367,12 +368,12 @@ mod tests {
         assert_eq!(c.n_nodes(), 1);
         assert!(c.is_empty());
         // Re-inserting a sequence replaces its entry.
-        c.insert(3, &[4, 4], 1);
-        c.insert(3, &[4, 5], 1);
+        c.insert(3, &[4, 4]);
+        c.insert(3, &[4, 5]);
         assert_eq!(c.len(), 1);
         assert_eq!(c.longest_match(&[4, 4]), Some(Match { seq: 3, len: 1 }));
         // Empty histories are allowed (they match nothing).
-        c.insert(4, &[], 1);
+        c.insert(4, &[]);
         assert_eq!(c.tokens(), 2);
     }
 
@@ -395,7 +396,7 @@ mod tests {
             } else {
                 let len = rnd(8) as usize;
                 let toks: Vec<u32> = (0..len).map(|_| rnd(3) as u32).collect();
-                c.insert(seq, &toks, 1);
+                c.insert(seq, &toks);
                 plain.insert(seq, toks);
             }
             let len = rnd(8) as usize;

@@ -14,7 +14,10 @@
 //! 5. sample, send text to each request's channel, finish the ones that
 //!    stop; a finished sequence is *parked* (kept, indexed by its tokens)
 //!    instead of cleared, and evicted least-recently-used first when slots
-//!    or the byte budget run out.
+//!    or the byte budget run out. Forks share memory (attention pages,
+//!    recurrent states and checkpoints until written), so the budget is
+//!    checked against what the parked sequences hold together, each shared
+//!    buffer once, and less what running sequences share with them.
 //!
 //! The prompt's last token is always processed (never taken from the
 //! cache) so that its logits exist; it goes through the model in a step
@@ -27,6 +30,7 @@ use crate::prefix_cache::PrefixCache;
 use coil::engine::generate::StopMatcher;
 use coil::engine::sampling::{Sampler, SamplingParams};
 use coil::engine::{BatchEntry, Engine};
+use coil::memory::recurrent::distinct_checkpoint_bytes;
 use coil::memory::{Checkpoint, SeqId, SequenceMemory};
 use coil::models::LogitRows;
 use coil::tokenizer::{StreamDecoder, Tokenizer};
@@ -44,6 +48,9 @@ pub struct SchedulerConfig {
     pub parallel: usize,
     /// Bytes the parked sequences may hold (attention cells, recurrent
     /// state and checkpoints); beyond it the least recently used go.
+    /// Memory that sequences share is counted once, and what a parked
+    /// sequence shares with a running one is the running one's: this is
+    /// what clearing every parked sequence would free.
     pub cache_bytes: usize,
     /// Prompt tokens processed per step over all new requests, so that
     /// running generations keep streaming while a long prompt goes in.
@@ -182,6 +189,7 @@ impl Scheduler {
             rates: Rates::default(),
             n_admitted: 0,
             pinned: vec![Vec::new(); have],
+            cached_bytes: 0,
         };
         let join = std::thread::Builder::new()
             .name("coil-engine".into())
@@ -261,6 +269,9 @@ struct Worker {
     /// positions the next request most likely shares (a regenerated or
     /// edited last turn, a common system prompt).
     pinned: Vec<Vec<Checkpoint>>,
+    /// What the parked sequences hold (see [`Worker::cache_footprint`]),
+    /// as of the last change to the cache.
+    cached_bytes: usize,
 }
 
 /// Pinned checkpoints per slot.
@@ -308,7 +319,7 @@ impl Worker {
         metrics::set(&m.queue_length, self.queue.len());
         metrics::set(&m.active_sequences, self.active.len());
         metrics::set(&m.cached_sequences, self.cache.len());
-        metrics::set(&m.cached_bytes, self.cache.bytes());
+        metrics::set(&m.cached_bytes, self.cached_bytes);
     }
 
     /// Cancels requests whose client is gone: queued ones are dropped,
@@ -335,15 +346,42 @@ impl Worker {
         }
     }
 
-    /// Bytes sequence `s` holds.
-    fn seq_bytes(&self, s: SeqId) -> usize {
+    /// Bytes the sequences `seqs` hold together — attention pages,
+    /// recurrent states, the engine's checkpoints and the pinned ones —
+    /// each buffer once however many of them share it.
+    fn footprint(&self, seqs: &[SeqId]) -> usize {
         let mem = &self.engine.mem;
-        let len = mem.seq_len(s).unwrap_or(0);
-        let kv = mem.kv.as_ref().map_or(0, |k| k.bytes_per_token() * len);
+        let kv = mem
+            .kv
+            .as_ref()
+            .map_or(0, |k| k.page_stats_of(seqs.iter().copied()).bytes);
         let rec = mem.recurrent.as_ref().map_or(0, |r| {
-            r.bytes_per_seq() * (1 + self.pinned[s].len()) + r.checkpoint_bytes(s).unwrap_or(0)
+            let engine = seqs
+                .iter()
+                .flat_map(|&s| r.checkpoints(s).unwrap_or_default());
+            let pinned = seqs.iter().flat_map(|&s| &self.pinned[s]);
+            r.resident_bytes_of(seqs.iter().copied())
+                + distinct_checkpoint_bytes(engine.chain(pinned))
         });
         kv + rec
+    }
+
+    /// Bytes the parked sequences hold beyond what the running ones do:
+    /// what clearing all of them would free. A fork shares its source's
+    /// memory until it writes, so parked conversations with a common
+    /// prefix take that prefix once, not once each.
+    fn cache_footprint(&self) -> usize {
+        let running: Vec<SeqId> = (0..self.busy.len()).filter(|&s| self.busy[s]).collect();
+        let mut all = running.clone();
+        all.extend(self.cache.seqs());
+        self.footprint(&all)
+            .saturating_sub(self.footprint(&running))
+    }
+
+    /// Recomputes [`Worker::cached_bytes`] after the cache changed.
+    fn refresh_cache_bytes(&mut self) {
+        self.cached_bytes = self.cache_footprint();
+        metrics::set(&self.metrics.cached_bytes, self.cached_bytes);
     }
 
     /// Gives slot `s` back: parked in the cache (`keep`) or cleared.
@@ -354,12 +392,15 @@ impl Worker {
             _ => {
                 let _ = self.engine.seq_clear(s);
                 self.pinned[s].clear();
+                self.refresh_cache_bytes();
                 return;
             }
         };
-        let bytes = self.seq_bytes(s);
-        self.cache.insert(s, &tokens, bytes);
-        while self.cache.bytes() > self.cfg.cache_bytes {
+        self.cache.insert(s, &tokens);
+        // Evicting a sequence frees only what nothing else shares, so the
+        // total is measured again after each one.
+        self.refresh_cache_bytes();
+        while self.cached_bytes > self.cfg.cache_bytes {
             let Some(victim) = self.cache.lru(None) else {
                 break;
             };
@@ -372,6 +413,7 @@ impl Worker {
         let _ = self.engine.seq_clear(s);
         self.pinned[s].clear();
         metrics::add(&self.metrics.cache_evictions, 1);
+        self.refresh_cache_bytes();
     }
 
     /// Keeps the engine's checkpoint of slot `s` at `pos` (if it has one)
@@ -474,6 +516,9 @@ impl Worker {
                 let _ = req.events.send(Event::Error(msg));
             }
         }
+        // A parked sequence may have been adopted, forked (what the fork
+        // shares is now a running sequence's) or evicted.
+        self.refresh_cache_bytes();
     }
 
     /// Where sequence `s`, sharing `len` tokens with a prompt, can resume

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{start, start_arch, start_tight, start_with_template, TestServer};
+use common::{start, start_arch, start_tight, start_with_budget, start_with_template, TestServer};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::time::{Duration, Instant};
@@ -554,5 +554,71 @@ fn prompt_ends_stay_reusable_when_checkpoints_are_thinned() {
         p3 - cached3 < p2,
         "edited turn processed {} of {p3}",
         p3 - cached3
+    );
+}
+
+/// Parked conversations sharing a long prefix hold it once (forks share
+/// attention pages, recurrent states and checkpoints): the cache's bytes
+/// grow by each conversation's own part, not by the whole prefix again, and
+/// the budget evicts only when what they hold together exceeds it.
+#[test]
+fn cached_conversations_with_a_common_prefix_hold_it_once() {
+    let prefix: String = (0..160)
+        .map(|i| format!("line {i} of the shared system prompt. "))
+        .collect();
+    let prompts: Vec<String> = (0..4).map(|i| format!("{prefix}Question {i}?")).collect();
+    // Per conversation: the cache's bytes after it, its usage; then the
+    // evictions and the sequences still cached.
+    let run = |budget: usize| {
+        let s = start_with_budget(1, 4, 2048, budget);
+        let mut out = Vec::new();
+        for p in &prompts {
+            let v = complete(&s, p, 3);
+            out.push((s.metrics()["coil_cached_bytes"], usage(&v)));
+        }
+        let m = s.metrics();
+        (
+            out,
+            m["coil_cache_evictions_total"],
+            m["coil_cached_sequences"],
+        )
+    };
+    let (got, evictions, cached) = run(1 << 30);
+    for (i, (b, u)) in got.iter().enumerate() {
+        eprintln!("conversation {i}: cache {b} bytes, usage {u:?}");
+    }
+    assert_eq!((evictions, cached), (0.0, 4.0));
+    let first = got[0].0;
+    let (p, _, _) = got[0].1;
+    assert!(p > 1000, "a long prefix: {p} tokens");
+    for i in 1..4 {
+        let (_, cached_tokens, _) = got[i].1;
+        assert!(
+            cached_tokens + 100 > p,
+            "conversation {i} reused the prefix"
+        );
+        let grew = got[i].0 - got[i - 1].0;
+        assert!(
+            grew > 0.0 && grew < first / 4.0,
+            "conversation {i} added {grew} bytes; the first took {first}"
+        );
+    }
+    // Counting each conversation's whole history would take 4 × `first`.
+    let total = got[3].0;
+    assert!(total < 1.75 * first, "{total} bytes for 4, {first} for 1");
+
+    // A budget of exactly what the four hold keeps them all ...
+    let (again, evictions, cached) = run(total as usize);
+    assert_eq!((evictions, cached), (0.0, 4.0));
+    let bytes = |r: &[(f64, (u64, u64, u64))]| r.iter().map(|x| x.0).collect::<Vec<f64>>();
+    assert_eq!(bytes(&again), bytes(&got));
+    // ... a byte less evicts the least recently used one, which frees its
+    // own part (the prefix stays with the others).
+    let (under, evictions, cached) = run(total as usize - 1);
+    assert_eq!((evictions, cached), (1.0, 3.0));
+    let left = under[3].0;
+    assert!(
+        left < total && left > total - first / 2.0,
+        "{left} of {total}"
     );
 }

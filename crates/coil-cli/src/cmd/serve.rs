@@ -24,7 +24,8 @@ pub struct Args {
     /// for prefix reuse (least recently used evicted first).
     #[arg(long = "cache-slots", default_value_t = 4)]
     cache_slots: usize,
-    /// Memory the prefix cache may hold, in MiB.
+    /// Memory the prefix cache may hold, in MiB (what cached conversations
+    /// share, such as a common prefix, counted once).
     #[arg(long = "cache-mib", default_value_t = 4096)]
     cache_mib: usize,
     /// Prompt tokens processed per step over all new requests (running

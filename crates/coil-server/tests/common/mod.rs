@@ -85,13 +85,38 @@ pub fn start_with_template(template: &str, parallel: usize, ctx: usize) -> TestS
     start_engine(engine, parallel)
 }
 
-pub fn start_engine(engine: Engine, parallel: usize) -> TestServer {
-    let cfg = SchedulerConfig {
+/// The Granite fixture with a prefix-cache budget of `cache_bytes`.
+pub fn start_with_budget(
+    parallel: usize,
+    cache: usize,
+    ctx: usize,
+    cache_bytes: usize,
+) -> TestServer {
+    let engine =
+        Engine::load(fixture("granitemoehybrid"), options(parallel, cache, ctx)).expect("load");
+    start_engine_cfg(
+        engine,
+        SchedulerConfig {
+            cache_bytes,
+            ..config(parallel)
+        },
+    )
+}
+
+fn config(parallel: usize) -> SchedulerConfig {
+    SchedulerConfig {
         parallel,
         cache_bytes: 1 << 30,
         prefill_chunk: 64,
         ..Default::default()
-    };
+    }
+}
+
+pub fn start_engine(engine: Engine, parallel: usize) -> TestServer {
+    start_engine_cfg(engine, config(parallel))
+}
+
+pub fn start_engine_cfg(engine: Engine, cfg: SchedulerConfig) -> TestServer {
     let server = Server::new(engine, cfg, "fixture".into()).expect("start the server");
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("address");

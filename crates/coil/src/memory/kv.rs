@@ -243,7 +243,19 @@ impl KvMemory {
 
     /// Pages held, each counted once: how much of the cells forks share.
     pub fn page_stats(&self) -> PageStats {
-        PageStats::of(self.seqs.iter().flat_map(|c| c.k.iter().chain(&c.v)))
+        self.page_stats_of(0..self.seqs.len())
+    }
+
+    /// Pages held by the sequences `seqs` (those out of range are skipped),
+    /// each counted once however many of them hold it: what those
+    /// sequences take together. A page counts as shared when anything else
+    /// holds it too, inside `seqs` or not.
+    pub fn page_stats_of(&self, seqs: impl IntoIterator<Item = SeqId>) -> PageStats {
+        PageStats::of(
+            seqs.into_iter()
+                .filter_map(|s| self.seqs.get(s))
+                .flat_map(|c| c.k.iter().chain(&c.v)),
+        )
     }
 
     fn cut(&mut self, s: SeqId, p: usize) {
@@ -402,6 +414,12 @@ mod tests {
         m.advance(0, 1).unwrap();
         assert_eq!(cells(&m, 2, 2), a2);
         assert_eq!(m.view(2, 0).unwrap().unwrap().n_pos, 71);
+        // Counted over some sequences: the shared first pages once.
+        let (s0, s1) = (m.page_stats_of([0]), m.page_stats_of([1]));
+        let both = m.page_stats_of([0, 1]);
+        assert_eq!(both.bytes, s0.bytes + s1.bytes - 2 * 2 * page_bytes);
+        assert_eq!(m.page_stats_of([0, 1, 2]), m.page_stats());
+        assert_eq!(m.page_stats_of([1, 9]), s1);
         // Clearing the others frees what only they held.
         m.seq_keep(0).unwrap();
         assert_eq!(m.page_stats().shared_pages, 0);

@@ -171,8 +171,17 @@ impl RecurrentMemory {
     /// [`SequenceMemory::bytes`] counts every slot in full instead (what the
     /// slots take once all have written).
     pub fn resident_bytes(&self) -> usize {
-        let mut seen: Vec<*const Vec<f32>> =
-            self.slots.iter().map(|s| Arc::as_ptr(&s.state)).collect();
+        self.resident_bytes_of(0..self.slots.len())
+    }
+
+    /// Bytes of the current states of the sequences `seqs` (those out of
+    /// range are skipped), each buffer once however many of them share it.
+    pub fn resident_bytes_of(&self, seqs: impl IntoIterator<Item = SeqId>) -> usize {
+        let mut seen: Vec<*const Vec<f32>> = seqs
+            .into_iter()
+            .filter_map(|s| self.slots.get(s))
+            .map(|s| Arc::as_ptr(&s.state))
+            .collect();
         seen.sort();
         seen.dedup();
         seen.len() * self.bytes_per_seq()
@@ -251,6 +260,16 @@ impl RecurrentMemory {
         Ok(self.checkpoints(s)?.len() * self.bytes_per_seq())
     }
 
+    /// Bytes held by the checkpoints of the sequences `seqs` (those out of
+    /// range are skipped), each checkpoint forks share counted once.
+    pub fn checkpoint_bytes_of(&self, seqs: impl IntoIterator<Item = SeqId>) -> usize {
+        distinct_checkpoint_bytes(
+            seqs.into_iter()
+                .filter_map(|s| self.slots.get(s))
+                .flat_map(|s| &s.checkpoints),
+        )
+    }
+
     /// Takes a checkpoint of `s` at its current length (no-op at 0 or if one
     /// exists there), then thins the checkpoints to the budget.
     pub fn checkpoint(&mut self, s: SeqId) -> Result<(), MemoryError> {
@@ -310,6 +329,19 @@ impl RecurrentMemory {
         }
         Ok(slot.len)
     }
+}
+
+/// Bytes of the checkpoints `cps`, each state buffer once however often it
+/// appears (checkpoints are shared between forks, and callers may keep
+/// clones of their own beside a sequence's list).
+pub fn distinct_checkpoint_bytes<'a>(cps: impl IntoIterator<Item = &'a Checkpoint>) -> usize {
+    let mut seen: Vec<(*const Vec<f32>, usize)> = cps
+        .into_iter()
+        .map(|c| (Arc::as_ptr(&c.state), c.state.len() * 4))
+        .collect();
+    seen.sort_unstable();
+    seen.dedup();
+    seen.iter().map(|&(_, b)| b).sum()
 }
 
 /// Sets the state of `slot` to zeros (in place when it holds it alone).
@@ -545,5 +577,40 @@ mod tests {
         m.seq_clear(1).unwrap();
         assert_eq!(m.state(2, 2).unwrap().unwrap().conv[0], 5.0);
         assert_eq!(m.state(2, 1).unwrap().unwrap().conv[0], 0.0);
+    }
+
+    #[test]
+    fn bytes_of_some_sequences_count_shared_buffers_once() {
+        let mut m = mem();
+        let one = m.bytes_per_seq();
+        for _ in 0..3 {
+            m.state(0, 0).unwrap().unwrap().ssm[0] += 1.0;
+            m.advance(0, 4).unwrap();
+            m.checkpoint(0).unwrap();
+        }
+        m.seq_fork(0, 1).unwrap();
+        // The fork shares the state and the three checkpoints.
+        assert_eq!(m.resident_bytes_of([0, 1]), one);
+        assert_eq!(m.checkpoint_bytes_of([0, 1]), 3 * one);
+        assert_eq!(
+            m.checkpoint_bytes(0).unwrap() + m.checkpoint_bytes(1).unwrap(),
+            6 * one
+        );
+        // The fork goes on: its own state and one checkpoint of its own.
+        m.state(0, 1).unwrap().unwrap().ssm[0] += 1.0;
+        m.advance(1, 4).unwrap();
+        m.checkpoint(1).unwrap();
+        assert_eq!(m.resident_bytes_of([0, 1]), 2 * one);
+        assert_eq!(m.checkpoint_bytes_of([0, 1]), 4 * one);
+        assert_eq!(m.checkpoint_bytes_of([1, 1, 7]), 4 * one);
+        assert_eq!(m.resident_bytes_of([]), 0);
+        // Clones kept elsewhere count once with the lists they came from.
+        let kept: Vec<Checkpoint> = m.checkpoints(1).unwrap()[2..].to_vec();
+        let all = m
+            .checkpoints(0)
+            .unwrap()
+            .iter()
+            .chain(m.checkpoints(1).unwrap());
+        assert_eq!(distinct_checkpoint_bytes(all.chain(&kept)), 4 * one);
     }
 }
