@@ -425,11 +425,30 @@ fn ops_bench(pool: &ThreadPool, rng: &mut Rng, bw: f64) {
     let v = rng.vec(npos * nkv * hd);
     let k16: Vec<half::f16> = k.iter().map(|x| half::f16::from_f32(*x)).collect();
     let v16: Vec<half::f16> = v.iter().map(|x| half::f16::from_f32(*x)).collect();
-    for (name, kd, vd, esz) in [
-        ("f32", KvData::F32(&k), KvData::F32(&v), 4.0),
-        ("f16", KvData::F16(&k16), KvData::F16(&v16), 2.0),
+    // The same f32 cells in pages of 256 positions, each its own allocation
+    // (as the KV memory holds them).
+    let page =
+        |x: &[f32]| -> Vec<Vec<f32>> { x.chunks(256 * nkv * hd).map(|c| c.to_vec()).collect() };
+    let (kp, vp) = (page(&k), page(&v));
+    let ks: Vec<&[f32]> = kp.iter().map(|p| p.as_slice()).collect();
+    let vs: Vec<&[f32]> = vp.iter().map(|p| p.as_slice()).collect();
+    for (name, view, esz) in [
+        (
+            "f32",
+            KvView::dense(KvData::F32(&k), KvData::F32(&v), nkv, hd),
+            4.0,
+        ),
+        (
+            "f32 paged",
+            KvView::paged(&ks, &vs, 256, npos, nkv, hd),
+            4.0,
+        ),
+        (
+            "f16",
+            KvView::dense(KvData::F16(&k16), KvData::F16(&v16), nkv, hd),
+            2.0,
+        ),
     ] {
-        let view = KvView::dense(kd, vd, nkv, hd);
         for nq in [1usize, 64] {
             let q = rng.vec(nq * nh * hd);
             let lens: Vec<usize> = (0..nq).map(|i| npos - nq + 1 + i).collect();

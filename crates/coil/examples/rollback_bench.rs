@@ -273,11 +273,16 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// Bytes of attention cells and of recurrent state the engine's memory holds.
+/// Bytes of attention cells and of current recurrent state the engine's
+/// memory holds (each shared page or state counted once).
 fn mem_bytes(engine: &Engine) -> (usize, usize) {
     use coil::memory::SequenceMemory;
     let kv = engine.mem.kv.as_ref().map_or(0, |k| k.bytes());
-    let rec = engine.mem.recurrent.as_ref().map_or(0, |r| r.bytes());
+    let rec = engine
+        .mem
+        .recurrent
+        .as_ref()
+        .map_or(0, |r| r.resident_bytes());
     (kv, rec)
 }
 
@@ -319,10 +324,16 @@ fn fork_bench(engine: &mut Engine, tokens: &[u32], reps: usize) -> Result<()> {
         (g_fork, g_dec1, g_dec0) = (delta(b0, b1), delta(b1, b2), delta(b2, b3));
     }
     let (kv, rec) = mem_bytes(engine);
+    let shared = engine
+        .mem
+        .kv
+        .as_ref()
+        .map_or(0, |k| k.page_stats().shared_bytes);
     let smib = |b: i64| b as f64 / (1u64 << 20) as f64;
     println!(
-        "memory after the runs: KV cells {:.2} MiB, recurrent state {:.2} MiB",
+        "memory after the runs: KV cells {:.2} MiB ({:.2} MiB shared by both sequences), recurrent state {:.2} MiB",
         mib(kv),
+        mib(shared),
         mib(rec)
     );
     println!("| step | ms (median of {reps}) | KV growth MiB | recurrent growth MiB |");

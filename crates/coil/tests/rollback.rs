@@ -253,3 +253,79 @@ fn bad_session_files_fail_clearly_and_change_nothing() {
     target.load_session(0, &file).unwrap();
     assert_eq!(target.mem.seq_tokens(0).unwrap(), &tokens[..12]);
 }
+
+/// A fork shares its source's attention pages and recurrent state: the
+/// memory grows by at most one page per attention layer (K and V) when
+/// either side writes, and both continue (decode, truncate, decode) exactly
+/// as sequences built from scratch.
+#[test]
+fn forks_share_kv_pages_and_continue_independently() {
+    use coil::memory::pages::PAGE_LEN;
+    for arch in ["granitemoehybrid", "jamba"] {
+        let (path, _) = fixture(arch);
+        let mut e = engine(&path, 64);
+        let mut rng = Lcg(11);
+        let n_vocab = e.n_vocab();
+        let t: Vec<u32> = (0..700).map(|_| rng.below(n_vocab) as u32).collect();
+        let kv_bytes = |e: &Engine| e.mem.kv.as_ref().unwrap().bytes();
+        // K and V of one page in every attention layer.
+        let page = e.mem.kv.as_ref().unwrap().bytes_per_token() * PAGE_LEN;
+        e.eval(0, &t[..600], LogitRows::None, 0).unwrap();
+        let before = kv_bytes(&e);
+        assert!(before >= 600 * page / PAGE_LEN, "{arch}: {before}");
+        e.seq_fork(0, 1).unwrap();
+        assert_eq!(kv_bytes(&e), before, "{arch}: the fork copied cells");
+        let kv = e.mem.kv.as_ref().unwrap();
+        assert_eq!(kv.page_stats().shared_bytes, before);
+        let rec = e.mem.recurrent.as_ref().unwrap();
+        assert_eq!(
+            rec.flat_state(0).unwrap().as_ptr(),
+            rec.flat_state(1).unwrap().as_ptr(),
+            "{arch}: the fork shares the recurrent state until written"
+        );
+
+        // Each side decodes different tokens; the fork's writes copy at most
+        // the last page of each layer, the source's too.
+        let b = e.eval(1, &t[600..605], LogitRows::All, 0).unwrap();
+        assert!(kv_bytes(&e) <= before + page, "{arch}: {}", kv_bytes(&e));
+        let a = e.eval(0, &t[610..615], LogitRows::All, 0).unwrap();
+        assert!(
+            kv_bytes(&e) <= before + 2 * page,
+            "{arch}: {}",
+            kv_bytes(&e)
+        );
+
+        let mut solo = engine(&path, 64);
+        solo.eval(0, &t[..600], LogitRows::None, 0).unwrap();
+        let want_b = solo.eval(0, &t[600..605], LogitRows::All, 0).unwrap();
+        assert_close(&format!("{arch} fork decodes"), &b, &want_b, 1e-6);
+        solo.seq_clear(0).unwrap();
+        solo.eval(0, &t[..600], LogitRows::None, 0).unwrap();
+        let want_a = solo.eval(0, &t[610..615], LogitRows::All, 0).unwrap();
+        assert_close(&format!("{arch} source decodes"), &a, &want_a, 1e-6);
+
+        // The fork goes back into a page it still shares with the source,
+        // then writes there: a copy, and the source does not see it.
+        e.seq_truncate(1, 300).unwrap();
+        let b2 = e.eval(1, &t[620..624], LogitRows::All, 0).unwrap();
+        let a2 = e.eval(0, &t[615..618], LogitRows::All, 0).unwrap();
+        let want_a2 = solo.eval(0, &t[615..618], LogitRows::All, 0).unwrap();
+        assert_close(
+            &format!("{arch} source after the fork's rollback"),
+            &a2,
+            &want_a2,
+            1e-6,
+        );
+        solo.seq_clear(0).unwrap();
+        solo.eval(0, &t[..300], LogitRows::None, 0).unwrap();
+        let want_b2 = solo.eval(0, &t[620..624], LogitRows::All, 0).unwrap();
+        assert_close(
+            &format!("{arch} fork after its rollback"),
+            &b2,
+            &want_b2,
+            1e-6,
+        );
+        assert_eq!(e.mem.seq_len(0).unwrap(), 608);
+        assert_eq!(e.mem.seq_len(1).unwrap(), 304);
+    }
+}

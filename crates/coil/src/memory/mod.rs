@@ -3,6 +3,7 @@
 //! window + SSM state). A layer of one kind takes no memory of the other.
 
 pub mod kv;
+pub mod pages;
 pub mod recurrent;
 pub mod session;
 
@@ -114,11 +115,14 @@ impl Memory {
             ));
         }
         if let Some(k) = &self.kv {
+            let st = k.page_stats();
             parts.push(format!(
-                "KV cells {:.2} MiB in use, up to {:.2} MiB ({} bytes per token)",
-                mib(k.bytes()),
+                "KV cells {:.2} MiB in use ({:.2} MiB of it shared between sequences), up to {:.2} MiB ({} bytes per token, pages of {} positions)",
+                mib(st.bytes),
+                mib(st.shared_bytes),
                 mib(k.max_bytes()),
-                k.bytes_per_token()
+                k.bytes_per_token(),
+                k.page_len()
             ));
         }
         format!(

@@ -9,6 +9,10 @@
 //! between forks (`Arc`), and bounded by a byte budget per sequence:
 //! eviction thins them out (doubles their spacing) rather than dropping
 //! the ability to roll back — position 0 (the zero state) is always there.
+//!
+//! The current state is shared too until written: a fork takes its source's
+//! state by reference, and whichever of the two writes first (the next
+//! forward pass, through [`RecurrentMemory::state`]) copies it then.
 
 use super::{MemoryError, SeqId, SequenceMemory};
 use std::sync::Arc;
@@ -64,8 +68,10 @@ pub struct Checkpoint {
 #[derive(Clone)]
 struct Slot {
     len: usize,
-    /// All layers' conv and SSM state, flat (see `offsets`).
-    state: Vec<f32>,
+    /// All layers' conv and SSM state, flat (see `offsets`); shared with
+    /// forks (and, before the first write, with the other empty slots)
+    /// until written.
+    state: Arc<Vec<f32>>,
     /// Sorted by position, all < or = `len`.
     checkpoints: Vec<Checkpoint>,
     /// Current spacing level: periodic checkpoints are `interval · 2^level`
@@ -80,6 +86,15 @@ struct Slot {
 const MAX_SPARE: usize = 2;
 
 impl Slot {
+    /// Sets the state to a copy of `src`: in place when this slot holds its
+    /// state alone, else into a fresh buffer (the sharer keeps its own).
+    fn overwrite(&mut self, src: &[f32]) {
+        match Arc::get_mut(&mut self.state) {
+            Some(own) => own.copy_from_slice(src),
+            None => self.state = Arc::new(src.to_vec()),
+        }
+    }
+
     /// Returns the buffers of checkpoints nobody else shares to the spares.
     fn recycle(&mut self, dropped: Vec<Checkpoint>) {
         for c in dropped {
@@ -114,7 +129,7 @@ impl RecurrentMemory {
         }
         let slot = Slot {
             len: 0,
-            state: vec![0.0; at],
+            state: Arc::new(vec![0.0; at]),
             checkpoints: Vec::new(),
             level: 0,
             spare: Vec::new(),
@@ -151,6 +166,18 @@ impl RecurrentMemory {
         self.state_len * 4
     }
 
+    /// Bytes of current state actually held: each state buffer once,
+    /// however many sequences share it (forks that have not written yet).
+    /// [`SequenceMemory::bytes`] counts every slot in full instead (what the
+    /// slots take once all have written).
+    pub fn resident_bytes(&self) -> usize {
+        let mut seen: Vec<*const Vec<f32>> =
+            self.slots.iter().map(|s| Arc::as_ptr(&s.state)).collect();
+        seen.sort();
+        seen.dedup();
+        seen.len() * self.bytes_per_seq()
+    }
+
     /// Most checkpoints one sequence may hold under the budget.
     pub fn max_checkpoints(&self) -> usize {
         (self.policy.budget_bytes / self.bytes_per_seq().max(1)).max(2)
@@ -168,7 +195,11 @@ impl RecurrentMemory {
         };
         let (c, m) = self.offsets[layer];
         let slot = &mut self.slots[s];
-        let (conv, rest) = slot.state[c..m + shape.ssm].split_at_mut(shape.conv);
+        // Copy-on-write: the first write after a fork (or to a slot that
+        // still shares the initial zero state) copies the whole flat state,
+        // once; afterwards this is a check of the reference count.
+        let state = Arc::make_mut(&mut slot.state);
+        let (conv, rest) = state[c..m + shape.ssm].split_at_mut(shape.conv);
         Ok(Some(RecurrentState { conv, ssm: rest }))
     }
 
@@ -187,7 +218,7 @@ impl RecurrentMemory {
     ) -> Result<(), MemoryError> {
         self.check(s)?;
         let slot = &mut self.slots[s];
-        slot.state.copy_from_slice(state);
+        slot.overwrite(state);
         slot.len = len;
         Ok(())
     }
@@ -235,7 +266,7 @@ impl RecurrentMemory {
                 buf.copy_from_slice(&slot.state);
                 buf
             }
-            None => slot.state.clone(),
+            None => slot.state.to_vec(),
         };
         slot.checkpoints.push(Checkpoint {
             pos: slot.len,
@@ -268,15 +299,24 @@ impl RecurrentMemory {
         slot.recycle(dropped);
         match slot.checkpoints.last() {
             Some(c) => {
-                slot.state.copy_from_slice(&c.state);
-                slot.len = c.pos;
+                let (pos, cp) = (c.pos, Arc::clone(&c.state));
+                slot.overwrite(&cp);
+                slot.len = pos;
             }
             None => {
-                slot.state.fill(0.0);
+                zero(slot);
                 slot.len = 0;
             }
         }
         Ok(slot.len)
+    }
+}
+
+/// Sets the state of `slot` to zeros (in place when it holds it alone).
+fn zero(slot: &mut Slot) {
+    match Arc::get_mut(&mut slot.state) {
+        Some(own) => own.fill(0.0),
+        None => slot.state = Arc::new(vec![0.0; slot.state.len()]),
     }
 }
 
@@ -330,7 +370,7 @@ impl SequenceMemory for RecurrentMemory {
         self.check(s)?;
         let slot = &mut self.slots[s];
         slot.len = 0;
-        slot.state.fill(0.0);
+        zero(slot);
         let dropped = std::mem::take(&mut slot.checkpoints);
         slot.recycle(dropped);
         slot.level = 0;
@@ -360,10 +400,19 @@ impl SequenceMemory for RecurrentMemory {
         self.check(src)?;
         self.check(dst)?;
         if src != dst {
-            // The state is copied (it diverges at once); checkpoints are
-            // shared.
-            let copy = self.slots[src].clone();
-            self.slots[dst] = copy;
+            // Nothing is copied: the state and the checkpoints are shared
+            // (the state until one of the two writes it). `dst` keeps its
+            // own spare buffers and recycles its old checkpoints.
+            let from = &self.slots[src];
+            let (len, level) = (from.len, from.level);
+            let state = Arc::clone(&from.state);
+            let checkpoints = from.checkpoints.clone();
+            let to = &mut self.slots[dst];
+            let old = std::mem::replace(&mut to.checkpoints, checkpoints);
+            to.state = state;
+            to.len = len;
+            to.level = level;
+            to.recycle(old);
         }
         Ok(())
     }
@@ -472,5 +521,29 @@ mod tests {
         assert_eq!(*pos.last().unwrap(), 400);
         assert!(pos[0] <= 200, "{pos:?}");
         assert!(pos.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn forks_share_the_state_until_written() {
+        let mut m = mem();
+        let one = m.bytes_per_seq();
+        // Untouched slots share one zero state.
+        assert_eq!(m.resident_bytes(), one);
+        m.state(0, 0).unwrap().unwrap().ssm[0] = 2.0;
+        assert_eq!(m.resident_bytes(), 2 * one);
+        m.advance(0, 4).unwrap();
+        m.seq_fork(0, 1).unwrap();
+        assert_eq!(m.resident_bytes(), 2 * one, "a fork copies no state");
+        assert_eq!(m.flat_state(1).unwrap(), m.flat_state(0).unwrap());
+        // The fork's first write copies; the source does not change.
+        m.state(2, 1).unwrap().unwrap().conv[0] = 5.0;
+        assert_eq!(m.resident_bytes(), 3 * one);
+        assert_eq!(m.state(2, 0).unwrap().unwrap().conv[0], 0.0);
+        assert_eq!(m.state(0, 1).unwrap().unwrap().ssm[0], 2.0);
+        // Clearing a shared state leaves the sharer alone.
+        m.seq_fork(1, 2).unwrap();
+        m.seq_clear(1).unwrap();
+        assert_eq!(m.state(2, 2).unwrap().unwrap().conv[0], 5.0);
+        assert_eq!(m.state(2, 1).unwrap().unwrap().conv[0], 0.0);
     }
 }

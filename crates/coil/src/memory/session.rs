@@ -61,6 +61,18 @@ fn put_f32s(out: &mut Vec<u8>, v: &[f32]) {
     }
 }
 
+/// Like [`put_f32s`] for values held in pages: one length, then every
+/// page's values in order (the same bytes as one contiguous slice).
+fn put_f32_pages(out: &mut Vec<u8>, pages: &[&[f32]]) {
+    put_u64(out, pages.iter().map(|p| p.len() as u64).sum());
+    for p in pages {
+        out.reserve(p.len() * 4);
+        for x in *p {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+}
+
 /// Writes sequence `s` of `mem` to `w`.
 pub fn save(mem: &Memory, s: SeqId, identity: u64, w: &mut impl Write) -> Result<(), SessionError> {
     let tokens = mem.seq_tokens(s)?;
@@ -85,11 +97,11 @@ pub fn save(mem: &Memory, s: SeqId, identity: u64, w: &mut impl Write) -> Result
     match &mem.kv {
         Some(kv) => {
             p.push(1);
-            let (k, v) = kv.seq_cells(s)?;
-            put_u64(&mut p, k.len() as u64);
-            for (kl, vl) in k.iter().zip(v) {
-                put_f32s(&mut p, kl);
-                put_f32s(&mut p, vl);
+            let layers = kv.seq_cells(s)?;
+            put_u64(&mut p, layers.len() as u64);
+            for l in &layers {
+                put_f32_pages(&mut p, &l.k);
+                put_f32_pages(&mut p, &l.v);
             }
         }
         None => p.push(0),
@@ -288,4 +300,60 @@ pub fn load(
     }
     mem.set_tokens(s, tokens)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::{KvLayerShape, KvMemory};
+
+    /// Cells held in pages are written exactly as one contiguous run per
+    /// layer (the version-1 format), and load back.
+    #[test]
+    fn paged_cells_keep_the_version_1_bytes() {
+        let sh = KvLayerShape {
+            n_kv_head: 1,
+            head_dim: 3,
+        };
+        let kv = KvMemory::new(vec![Some(sh), None], 2, 1000).with_page_len(32);
+        let mut mem = Memory::new(None, Some(kv), 2, 1000);
+        let n = 70;
+        let k: Vec<f32> = (0..n * 3).map(|i| i as f32 * 0.5).collect();
+        let v: Vec<f32> = (0..n * 3).map(|i| -(i as f32)).collect();
+        let tokens: Vec<u32> = (0..n as u32).collect();
+        if let Some(kv) = &mut mem.kv {
+            kv.append(0, 0, &k, &v).unwrap();
+        }
+        mem.advance(0, &tokens).unwrap();
+        let mut got = Vec::new();
+        save(&mem, 0, 42, &mut got).unwrap();
+
+        let mut p = Vec::new();
+        put_u64(&mut p, n as u64);
+        for t in &tokens {
+            p.extend_from_slice(&t.to_le_bytes());
+        }
+        p.push(0); // no recurrent state
+        p.push(1);
+        put_u64(&mut p, 2);
+        put_f32s(&mut p, &k);
+        put_f32s(&mut p, &v);
+        put_f32s(&mut p, &[]);
+        put_f32s(&mut p, &[]);
+        let mut want = Vec::new();
+        want.extend_from_slice(MAGIC);
+        want.extend_from_slice(&VERSION.to_le_bytes());
+        want.extend_from_slice(&42u64.to_le_bytes());
+        want.extend_from_slice(&(p.len() as u64).to_le_bytes());
+        want.extend_from_slice(&p);
+        want.extend_from_slice(&fnv1a(&p, FNV_OFFSET).to_le_bytes());
+        assert_eq!(got, want);
+
+        load(&mut mem, 1, 42, &mut got.as_slice()).unwrap();
+        let kv = mem.kv.as_ref().unwrap();
+        let cells = kv.seq_cells(1).unwrap();
+        assert_eq!(cells[0].k.concat(), k);
+        assert_eq!(cells[0].v.concat(), v);
+        assert_eq!(cells[0].k.len(), 3, "loaded into pages of 32 positions");
+    }
 }

@@ -158,10 +158,11 @@ impl Attention {
                 );
             }
             kv.append(layer, r.seq, ks, &v[r.rows.start * kvd..r.rows.end * kvd])?;
-            let view = kv.view(layer, r.seq)?.ok_or_else(|| ModelError::Tensor {
+            let pages = kv.view(layer, r.seq)?.ok_or_else(|| ModelError::Tensor {
                 name: format!("blk.{layer}"),
                 reason: "memory has no KV cells for this layer".into(),
             })?;
+            let view = pages.view();
             let kv_len: Vec<usize> = (1..=t).map(|i| r.pos + i).collect();
             attention(
                 pool,
