@@ -163,6 +163,31 @@ impl ThreadPool {
         self.run_job(&body);
     }
 
+    /// Splits `data` into rows of `row` elements and calls `f(first_row,
+    /// rows)` on consecutive groups of at most `grain` rows in parallel:
+    /// element-wise work over `[n_rows, row]` buffers (norms, activations,
+    /// residual adds). `data.len()` must be a multiple of `row`.
+    pub fn rows_mut<T, F>(&self, data: &mut [T], row: usize, grain: usize, f: F)
+    where
+        T: Send,
+        F: Fn(usize, &mut [T]) + Sync,
+    {
+        if row == 0 || data.is_empty() {
+            return;
+        }
+        assert!(data.len().is_multiple_of(row), "rows_mut: ragged rows");
+        let n = data.len() / row;
+        let base = RowsPtr(data.as_mut_ptr());
+        self.parallel_for(n, grain, |r, _| {
+            // SAFETY: parallel_for hands out disjoint row ranges within 0..n,
+            // so each call gets its own part of `data`.
+            let part = unsafe {
+                std::slice::from_raw_parts_mut(base.get().add(r.start * row), r.len() * row)
+            };
+            f(r.start, part);
+        });
+    }
+
     /// Posts `job` to the workers, runs it on this thread with tid 0, then
     /// closes it and waits for the workers that joined.
     fn run_job(&self, job: &(dyn Fn(usize) + Sync)) {
@@ -378,6 +403,16 @@ fn physical_cores() -> Option<usize> {
     Some(cores.len().min(affinity))
 }
 
+/// A pointer to rows handed out by [`ThreadPool::rows_mut`].
+struct RowsPtr<T>(*mut T);
+unsafe impl<T: Send> Send for RowsPtr<T> {}
+unsafe impl<T: Send> Sync for RowsPtr<T> {}
+impl<T> RowsPtr<T> {
+    fn get(&self) -> *mut T {
+        self.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -450,5 +485,19 @@ mod tests {
     #[test]
     fn default_threads_positive() {
         assert!(ThreadPool::default_threads() >= 1);
+    }
+
+    #[test]
+    fn rows_mut_covers_every_row_once() {
+        let pool = ThreadPool::new(2);
+        let mut v = vec![0u32; 7 * 300];
+        pool.rows_mut(&mut v, 7, 16, |r0, rows| {
+            for (i, row) in rows.chunks_exact_mut(7).enumerate() {
+                row.iter_mut().for_each(|x| *x += (r0 + i) as u32 + 1);
+            }
+        });
+        for (r, row) in v.chunks_exact(7).enumerate() {
+            assert!(row.iter().all(|&x| x == r as u32 + 1));
+        }
     }
 }

@@ -261,7 +261,7 @@ struct Panel {
     q: Vec<u8>,   // [block][8][16][4]
     a: Vec<f32>,  // [block][16]
     b: Vec<f32>,  // [block][16]
-    ws: Vec<i32>, // [block][16]: 128 · sum q
+    ws: Vec<i32>, // [block][16]: −128 · sum q (the accumulators' start)
     dq: Vec<i8>,  // [16][cols + 64] decoded rows
     ra: Vec<f32>, // [16][blocks]
     rb: Vec<f32>,
@@ -321,7 +321,7 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
             let sg = if half { 2 * kb + h } else { kb };
             _mm512_storeu_si512(
                 p.ws.as_mut_ptr().add(sg * 16) as *mut _,
-                _mm512_slli_epi32(ws[h], 7),
+                _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(ws[h], 7)),
             );
             let av = _mm512_i32gather_ps::<4>(sidx, p.ra.as_ptr().add(sg));
             let bv = _mm512_i32gather_ps::<4>(sidx, p.rb.as_ptr().add(sg));
@@ -357,7 +357,8 @@ unsafe fn kernel<const MIN: bool, const HALF: bool>(
         let qb = p.q.as_ptr().add(kb * 512);
         for h in 0..nh {
             let sg = kb * nh + h;
-            let mut iacc = [_mm512_setzero_si512(); NT];
+            let ws = _mm512_loadu_si512(p.ws.as_ptr().add(sg * 16) as *const _);
+            let mut iacc = [ws; NT];
             for g in h * gph..(h + 1) * gph {
                 let wv = _mm512_loadu_si512(qb.add(64 * g) as *const _);
                 for t in 0..NT {
@@ -368,14 +369,13 @@ unsafe fn kernel<const MIN: bool, const HALF: bool>(
                 }
             }
             let av = _mm512_loadu_ps(p.a.as_ptr().add(sg * 16));
-            let ws = _mm512_loadu_si512(p.ws.as_ptr().add(sg * 16) as *const _);
             let bv = if MIN {
                 _mm512_loadu_ps(p.b.as_ptr().add(sg * 16))
             } else {
                 _mm512_setzero_ps()
             };
             for t in 0..NT {
-                let s = _mm512_cvtepi32_ps(_mm512_sub_epi32(iacc[t], ws));
+                let s = _mm512_cvtepi32_ps(iacc[t]);
                 let dx = *acts.dx.get_unchecked(tok[t] * nb + kb);
                 facc[t] = _mm512_fmadd_ps(s, _mm512_mul_ps(av, _mm512_set1_ps(dx)), facc[t]);
                 if MIN {

@@ -12,7 +12,7 @@ use crate::memory::{Memory, RecurrentLayerShape};
 use crate::models::weights::{Loader, Matrix};
 use crate::models::ModelError;
 use coil_gguf::GgufFile;
-use coil_kernels::ops::act::{silu_inplace, softplus1};
+use coil_kernels::ops::act::{silu1, silu_inplace, softplus1};
 use coil_kernels::ops::conv::conv1d_causal;
 use coil_kernels::ops::norm::group_rms_norm_gated;
 use coil_kernels::ops::ssd::{mamba2_chunked_scan, DEFAULT_CHUNK};
@@ -173,20 +173,23 @@ impl Mamba2Mixer {
         matmul(pool, &self.in_proj.get(file), h, &mut zxbcdt, n_tokens);
 
         let mut y = Scratch::dirty(n_tokens * di);
-        let mut z = Scratch::dirty(n_tokens * di);
         for Rows { seq, rows, .. } in chunks {
             let t = rows.len();
             let st = layer_state(mem, layer, *seq)?;
-            // Gather the chunk's columns.
+            let zx = &zxbcdt[rows.start * dip..rows.end * dip];
+            // Gather the chunk's xBC columns (z is read in place by the gate).
             let mut xbc_in = Scratch::dirty(t * ch);
+            pool.rows_mut(&mut xbc_in, ch, 32, |i0, part| {
+                for (i, o) in part.chunks_exact_mut(ch).enumerate() {
+                    let r = (i0 + i) * dip;
+                    o.copy_from_slice(&zx[r + di..r + di + ch]);
+                }
+            });
             let mut dt = Scratch::dirty(t * hn);
-            for (i, r) in rows.clone().enumerate() {
-                let row = &zxbcdt[r * dip..(r + 1) * dip];
-                z[r * di..(r + 1) * di].copy_from_slice(&row[..di]);
-                xbc_in[i * ch..(i + 1) * ch].copy_from_slice(&row[di..di + ch]);
-                for (hh, v) in dt[i * hn..(i + 1) * hn].iter_mut().enumerate() {
-                    let raw = row[di + ch + hh] + self.dt_bias[hh];
-                    *v = softplus1(raw).clamp(p.dt_min, p.dt_max);
+            for (i, v) in dt.chunks_exact_mut(hn).enumerate() {
+                let raw = &zx[i * dip + di + ch..(i + 1) * dip];
+                for ((v, r), b) in v.iter_mut().zip(raw).zip(&self.dt_bias) {
+                    *v = softplus1(r + b).clamp(p.dt_min, p.dt_max);
                 }
             }
             let mut xbc = Scratch::dirty(t * ch);
@@ -199,14 +202,18 @@ impl Mamba2Mixer {
                 ch,
                 p.d_conv,
             );
-            silu_inplace(&mut xbc);
+            pool.rows_mut(&mut xbc, ch, 32, |_, part| silu_inplace(part));
             // Split into x [t, H·P], B [t, G·N], C [t, G·N].
             let mut x = Scratch::dirty(t * di);
+            pool.rows_mut(&mut x, di, 32, |i0, part| {
+                for (i, o) in part.chunks_exact_mut(di).enumerate() {
+                    o.copy_from_slice(&xbc[(i0 + i) * ch..(i0 + i) * ch + di]);
+                }
+            });
             let mut b = Scratch::dirty(t * gn);
             let mut c = Scratch::dirty(t * gn);
             for i in 0..t {
                 let row = &xbc[i * ch..(i + 1) * ch];
-                x[i * di..(i + 1) * di].copy_from_slice(&row[..di]);
                 b[i * gn..(i + 1) * gn].copy_from_slice(&row[di..di + gn]);
                 c[i * gn..(i + 1) * gn].copy_from_slice(&row[di + gn..]);
             }
@@ -250,16 +257,23 @@ impl Mamba2Mixer {
                 );
             }
         }
-        // Gate and normalise: y·silu(z), RMSNorm per group.
+        // Gate and normalise: y·silu(z), RMSNorm per group; z read in place
+        // from in_proj's output.
         let mut g = Scratch::dirty(n_tokens * di);
-        match &self.norm {
-            Some(w) => group_rms_norm_gated(&y, Some(&z), w, p.n_group, p.eps, &mut g, di),
-            None => {
-                g.copy_from_slice(&y);
-                silu_inplace(&mut z);
-                g.iter_mut().zip(&z).for_each(|(a, b)| *a *= b);
+        pool.rows_mut(&mut g, di, 16, |r0, part| {
+            for (i, gr) in part.chunks_exact_mut(di).enumerate() {
+                let r = r0 + i;
+                let (yr, zr) = (&y[r * di..(r + 1) * di], &zxbcdt[r * dip..r * dip + di]);
+                match &self.norm {
+                    Some(w) => group_rms_norm_gated(yr, Some(zr), w, p.n_group, p.eps, gr, di),
+                    None => {
+                        for ((o, &yv), &zv) in gr.iter_mut().zip(yr).zip(zr) {
+                            *o = yv * silu1(zv);
+                        }
+                    }
+                }
             }
-        }
+        });
         matmul(pool, &self.out_proj.get(file), &g, out, n_tokens);
         Ok(())
     }

@@ -212,19 +212,19 @@ impl Model for DecoderStack {
         let mut o = Scratch::dirty(n * d);
         for (l, layer) in self.layers.iter().enumerate() {
             if !matches!(layer.mixer, MixerBlock::None) {
-                rms_norm(&x, Some(&layer.norm), self.eps, &mut h, d);
+                norm_rows(pool, &x, &layer.norm, self.eps, &mut h, d);
                 self.mixer(pool, l, &rows, mem, &h, &mut o)?;
-                x.iter_mut().zip(&o).for_each(|(a, b)| *a += rs * b);
+                add_scaled_rows(pool, &mut x, rs, &o, d);
             }
             if !matches!(layer.ffn, FfnBlock::None) {
                 let w = layer.ffn_norm.as_ref().unwrap_or(&layer.norm);
-                rms_norm(&x, Some(w), self.eps, &mut h, d);
+                norm_rows(pool, &x, w, self.eps, &mut h, d);
                 match &layer.ffn {
                     FfnBlock::Dense(f) => f.forward(&self.file, pool, &h, &mut o),
                     FfnBlock::Moe(f) => f.forward(&self.file, pool, &h, &mut o),
                     FfnBlock::None => {}
                 }
-                x.iter_mut().zip(&o).for_each(|(a, b)| *a += rs * b);
+                add_scaled_rows(pool, &mut x, rs, &o, d);
             }
         }
         for c in &ub.chunks {
@@ -237,4 +237,20 @@ impl Model for DecoderStack {
         }
         Ok(logits)
     }
+}
+
+/// `h = RMSNorm(x)·w` row by row (`[n, d]`), rows spread over the pool.
+fn norm_rows(pool: &ThreadPool, x: &[f32], w: &[f32], eps: f32, h: &mut [f32], d: usize) {
+    pool.rows_mut(h, d, 16, |r0, part| {
+        rms_norm(&x[r0 * d..r0 * d + part.len()], Some(w), eps, part, d)
+    });
+}
+
+/// `x += s·o` (`[n, d]`), rows spread over the pool.
+fn add_scaled_rows(pool: &ThreadPool, x: &mut [f32], s: f32, o: &[f32], d: usize) {
+    pool.rows_mut(x, d, 16, |r0, part| {
+        part.iter_mut()
+            .zip(&o[r0 * d..])
+            .for_each(|(a, b)| *a += s * b)
+    });
 }
