@@ -208,7 +208,7 @@ pub fn gemm(
 
 /// Hints the CPU to bring `bytes` into L2.
 #[inline(always)]
-fn prefetch(bytes: &[u8]) {
+pub(crate) fn prefetch(bytes: &[u8]) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};

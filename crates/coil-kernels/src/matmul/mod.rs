@@ -308,6 +308,18 @@ fn vec_kernel(ty: GgmlType, level: SimdLevel) -> Option<VecKernel> {
 }
 
 /// Rows per parallel chunk: enough chunks for dynamic balance, not too small.
+/// Rows the decode path fetches ahead of the one it multiplies.
+const PF_ROWS: usize = 8;
+
+/// Prefetches the encoded rows `r0..r1` of `w`.
+#[inline]
+fn prefetch_rows(w: &WeightRef, r0: usize, r1: usize) {
+    if r1 > r0 {
+        let rb = w.row_bytes();
+        gemm::prefetch(&w.data[r0 * rb..r1 * rb]);
+    }
+}
+
 fn row_grain(rows: usize, n_threads: usize) -> usize {
     (rows / (n_threads * 8)).clamp(16, 256)
 }
@@ -390,7 +402,15 @@ fn vec_path(
                         &xa.sums[t * ns..(t + 1) * ns],
                     )
                 };
+                // Rows are short (a few hundred bytes) and matrices small, so
+                // the hardware prefetchers barely ramp up before a chunk
+                // ends: fetch a few KB ahead explicitly.
+                let end = rr.end;
+                prefetch_rows(w, rr.start, (rr.start + PF_ROWS).min(end));
                 for r in rr {
+                    if r + PF_ROWS < end {
+                        prefetch_rows(w, r + PF_ROWS, r + PF_ROWS + 1);
+                    }
                     let row = w.row(r);
                     let mut t = 0;
                     if let Some(f4) = f4 {
