@@ -197,7 +197,9 @@ pub fn matmul_at(
         return;
     }
     match vec_kernel(w.ty, level) {
-        Some(k) if n_tokens < gemm_min_tokens(w.ty, level) => vec_path(pool, w, x, y, n_tokens, k),
+        Some(k) if n_tokens < gemm_min_tokens(w.ty, level) => {
+            vec_path(pool, w, x, y, n_tokens, k, rows_kernel(w.ty, level))
+        }
         None if n_tokens < 4 => decode_vec_path(pool, w, x, y, n_tokens, level),
         _ => {
             #[cfg(target_arch = "x86_64")]
@@ -269,11 +271,25 @@ pub(crate) type FloatDot = fn(&[u8], &[f32]) -> f32;
 pub(crate) type QuantDot = fn(&[u8], &[i8], &[f32], &[i16]) -> f32;
 /// Four tokens at once (the weight row is unpacked once).
 pub(crate) type QuantDot4 = fn(&[u8], [&[i8]; 4], [&[f32]; 4], [&[i16]; 4]) -> [f32; 4];
+/// One token against consecutive rows: `out[i] = row i · x` for the
+/// `out.len()` rows of `row_bytes` bytes at the start of the data (decode:
+/// no call per row, constants set up once, rows prefetched ahead).
+pub(crate) type QuantRows = fn(&[u8], usize, &[i8], &[f32], &[i16], &mut [f32]);
 
 #[derive(Clone, Copy)]
 pub(crate) enum VecKernel {
     Float(FloatDot),
     Quant(ActKind, QuantDot, Option<QuantDot4>),
+}
+
+/// The one-token row-range kernel of `ty` at `level`, if there is one.
+fn rows_kernel(ty: GgmlType, level: SimdLevel) -> Option<QuantRows> {
+    #[cfg(target_arch = "x86_64")]
+    if level >= SimdLevel::Avx512 {
+        return x86_avx512::rows_kernel(ty);
+    }
+    let _ = (ty, level);
+    None
 }
 
 fn vec_kernel(ty: GgmlType, level: SimdLevel) -> Option<VecKernel> {
@@ -369,6 +385,7 @@ fn vec_path(
     y: &mut [f32],
     n_tokens: usize,
     k: VecKernel,
+    rows_k: Option<QuantRows>,
 ) {
     let (rows, cols) = (w.rows, w.cols);
     let yp = SendPtr(y.as_mut_ptr());
@@ -394,6 +411,16 @@ fn vec_path(
                 ActKind::Q8K => (256, 16),
             };
             let (nd, ns) = (cols / block, cols / group);
+            if let (Some(rk), 1) = (rows_k, n_tokens) {
+                let rb = w.row_bytes();
+                pool.parallel_for(rows, grain, |rr, _| {
+                    // SAFETY: y[rr] is written by this chunk only (one token).
+                    let out =
+                        unsafe { std::slice::from_raw_parts_mut(yp.get().add(rr.start), rr.len()) };
+                    rk(&w.data[rr.start * rb..], rb, &xa.qs, &xa.d, &xa.sums, out);
+                });
+                return;
+            }
             pool.parallel_for(rows, grain, |rr, _| {
                 let act = |t: usize| {
                     (

@@ -9,7 +9,7 @@
 
 use super::dequant::{iq4xs_scales, KVALUES_IQ4NL};
 use super::x86_avx2::f16c;
-use super::{vecdot, ActKind, VecKernel};
+use super::{vecdot, ActKind, QuantRows, VecKernel};
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 
@@ -36,6 +36,21 @@ pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
         GgmlType::Q5_K => quant!(Q8K, dot_q5_k, dot4_q5_k),
         GgmlType::Q6_K => quant!(Q8K, dot_q6_k, dot4_q6_k),
         GgmlType::IQ4_XS => quant!(Q8K, dot_iq4_xs, dot4_iq4_xs),
+        _ => return None,
+    })
+}
+
+/// One-token kernels over a range of rows (see [`QuantRows`]).
+pub(super) fn rows_kernel(ty: GgmlType) -> Option<QuantRows> {
+    // SAFETY (all): selected only when the CPU has the AVX-512 level.
+    Some(match ty {
+        GgmlType::Q8_0 => |w, rb, q, d, s, o| unsafe { rows_q8_0(w, rb, q, d, s, o) },
+        GgmlType::Q4_0 => |w, rb, q, d, s, o| unsafe { rows_q4_0(w, rb, q, d, s, o) },
+        GgmlType::IQ4_NL => |w, rb, q, d, s, o| unsafe { rows_iq4_nl(w, rb, q, d, s, o) },
+        GgmlType::Q4_K => |w, rb, q, d, s, o| unsafe { rows_q4_k(w, rb, q, d, s, o) },
+        GgmlType::Q5_K => |w, rb, q, d, s, o| unsafe { rows_q5_k(w, rb, q, d, s, o) },
+        GgmlType::Q6_K => |w, rb, q, d, s, o| unsafe { rows_q6_k(w, rb, q, d, s, o) },
+        GgmlType::IQ4_XS => |w, rb, q, d, s, o| unsafe { rows_iq4_xs(w, rb, q, d, s, o) },
         _ => return None,
     })
 }
@@ -439,6 +454,44 @@ macro_rules! entries {
         }
     };
 }
+/// Rows ahead of the current one that the row-range kernels prefetch.
+const PF_ROWS: usize = 8;
+
+/// Row-range entry points (one token): the single-row body inlined in a
+/// loop, so its constants are set up once per range.
+macro_rules! rows_entry {
+    ($name:ident, $body:ident $(, $c:expr)*) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
+        unsafe fn $name(w: &[u8], rb: usize, xq: &[i8], xd: &[f32], xs: &[i16], out: &mut [f32]) {
+            let n = out.len();
+            debug_assert!(w.len() >= n * rb);
+            let pf = |r: usize| {
+                let mut off = 0;
+                while off < rb {
+                    _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().add(r * rb + off) as *const i8);
+                    off += 64;
+                }
+            };
+            for r in 0..PF_ROWS.min(n) {
+                pf(r);
+            }
+            for (r, o) in out.iter_mut().enumerate() {
+                if r + PF_ROWS < n {
+                    pf(r + PF_ROWS);
+                }
+                *o = $body::<$($c,)* 1>(&w[r * rb..(r + 1) * rb], [(xq, xd, xs)])[0];
+            }
+        }
+    };
+}
+rows_entry!(rows_q8_0, dot_b32, 34, 0);
+rows_entry!(rows_q4_0, dot_b32, 18, 1);
+rows_entry!(rows_iq4_nl, dot_b32, 18, 2);
+rows_entry!(rows_q4_k, dot_k45, false);
+rows_entry!(rows_q5_k, dot_k45, true);
+rows_entry!(rows_q6_k, dot_q6k);
+rows_entry!(rows_iq4_xs, dot_iq4xs);
+
 entries!(dot_q8_0, dot4_q8_0, dot_b32, 34, 0);
 entries!(dot_q4_0, dot4_q4_0, dot_b32, 18, 1);
 entries!(dot_iq4_nl, dot4_iq4_nl, dot_b32, 18, 2);
