@@ -336,8 +336,21 @@ fn prefetch_rows(w: &WeightRef, r0: usize, r1: usize) {
     }
 }
 
+/// Rows per work chunk of the decode path: about two chunks per thread.
+/// Long contiguous ranges stream from memory better than many small ones
+/// (measured, 2 threads, tg128: hybrid-350m-like F16 47 -> 63 tokens/s
+/// going from 16 chunks of at most 256 rows to 4 chunks; quantized files
+/// +5-15%). `COIL_GRAIN_DIV` (chunks per thread) overrides it.
 fn row_grain(rows: usize, n_threads: usize) -> usize {
-    (rows / (n_threads * 8)).clamp(16, 256)
+    static DIV: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let div = *DIV.get_or_init(|| {
+        std::env::var("COIL_GRAIN_DIV")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&d| d > 0)
+            .unwrap_or(2)
+    });
+    (rows / (n_threads * div)).max(16)
 }
 
 thread_local! {
