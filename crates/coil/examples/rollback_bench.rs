@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo run --release -p coil --example rollback_bench -- MODEL.gguf \
-//!     [--prompt 1024] [--threads N] [--interval 256] [--budget-mib 256] [--reps 3] [--fork]
+//!     [--prompt 1024] [--threads N] [--interval 512] [--budget-mib 256] [--reps 3] [--fork]
 //! ```
 //!
 //! With `--fork` it measures forks instead: after the prompt, how long
@@ -41,7 +41,7 @@ fn parse() -> Result<Opts> {
         model: String::new(),
         prompt: 1024,
         threads: coil_kernels::ThreadPool::default_threads(),
-        interval: 256,
+        interval: 512,
         budget_mib: 256,
         reps: 3,
         fork: false,

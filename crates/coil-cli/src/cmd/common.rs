@@ -52,8 +52,10 @@ pub struct ModelArgs {
     #[arg(short = 'c', long = "ctx", default_value_t = 4096)]
     pub ctx: usize,
     /// Tokens between recurrent-state checkpoints (for rollback; 0 = only
-    /// at the end of each prompt or generation step).
-    #[arg(long = "checkpoint-interval", default_value_t = 256)]
+    /// at the end of each prompt or generation step). Prompts run in
+    /// micro-batches that end at these positions, so the default equals the
+    /// micro-batch size (512): a rollback replays at most 511 tokens.
+    #[arg(long = "checkpoint-interval", default_value_t = 512)]
     pub checkpoint_interval: usize,
     /// Memory for checkpoints per sequence, in MiB; over it they are thinned
     /// out (spaced further apart), never dropped entirely.

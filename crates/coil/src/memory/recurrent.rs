@@ -48,9 +48,13 @@ pub struct CheckpointPolicy {
 }
 
 impl Default for CheckpointPolicy {
+    /// A checkpoint every 512 tokens: the engine's default micro-batch, so
+    /// prompts run in whole 512-token micro-batches (a rollback replays at
+    /// most 511 tokens). 256 measured 2-5% slower prefill and one more
+    /// whole-state copy per 512 tokens (49 MiB on mamba2-370m).
     fn default() -> Self {
         CheckpointPolicy {
-            interval: 256,
+            interval: 512,
             budget_bytes: 256 << 20,
             keep_recent: 2,
             every_call: false,
