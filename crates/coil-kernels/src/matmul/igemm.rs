@@ -303,17 +303,46 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
             p.rb[r * ns..(r + 1) * ns].fill(0.0);
         }
     }
-    // Transpose 4-byte groups: [r][kb][g] -> [kb][g][r] with one gather per 64 bytes.
-    let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    let idx = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(st as i32));
-    let sidx = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(ns as i32));
+    // Transpose 4-byte groups: [r][kb][g] -> [kb][g][r]: per block a 16 x 8
+    // dword transpose in registers (rows r and r+8 share a register).
+    let sidx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(ns as i32),
+    );
     let ones = _mm512_set1_epi8(1);
+    let lo_idx = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    let hi_idx = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    let dq = p.dq.as_ptr();
+    let qo = p.q.as_mut_ptr();
     for kb in 0..nb {
+        let z: [__m512i; 8] = std::array::from_fn(|r| {
+            let a = _mm256_loadu_si256(dq.add(r * st + 32 * kb) as *const __m256i);
+            let b = _mm256_loadu_si256(dq.add((r + 8) * st + 32 * kb) as *const __m256i);
+            _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1)
+        });
+        let t: [__m512i; 8] = std::array::from_fn(|i| {
+            let (a, b) = (z[2 * (i / 2)], z[2 * (i / 2) + 1]);
+            if i % 2 == 0 {
+                _mm512_unpacklo_epi32(a, b)
+            } else {
+                _mm512_unpackhi_epi32(a, b)
+            }
+        });
+        // u[4h + d]: dword d (and d + 4) of rows 4h..4h+3 (and +8) per lane.
+        let u: [__m512i; 8] = std::array::from_fn(|i| {
+            let (h, d) = (i / 4, i % 4);
+            let (a, b) = (t[4 * h + d / 2], t[4 * h + 2 + d / 2]);
+            if d % 2 == 0 {
+                _mm512_unpacklo_epi64(a, b)
+            } else {
+                _mm512_unpackhi_epi64(a, b)
+            }
+        });
         let mut ws = [_mm512_setzero_si512(); 2];
         for g in 0..8 {
-            let v =
-                _mm512_i32gather_epi32::<1>(idx, p.dq.as_ptr().add(32 * kb + 4 * g) as *const i32);
-            _mm512_storeu_si512(p.q.as_mut_ptr().add(kb * 512 + 64 * g) as *mut _, v);
+            let (d, hi) = (g % 4, g >= 4);
+            let v = _mm512_permutex2var_epi64(u[d], if hi { hi_idx } else { lo_idx }, u[4 + d]);
+            _mm512_storeu_si512(qo.add(kb * 512 + 64 * g) as *mut _, v);
             let h = if half { g / 4 } else { 0 };
             ws[h] = _mm512_dpbusd_epi32(ws[h], ones, v);
         }
@@ -410,6 +439,13 @@ pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_token
                 let nr = 16.min(rows - r0);
                 // SAFETY: AVX-512 checked by the caller.
                 unsafe { pack_panel(w, r0, &mut p) };
+                // The next panel's rows load while this one is multiplied
+                // (its decode otherwise waits on memory).
+                if r0 + 16 < rows {
+                    let rb = w.row_bytes();
+                    let next = &w.data[(r0 + 16) * rb..(r0 + 32).min(rows) * rb];
+                    super::gemm::prefetch(next);
+                }
                 for ts in all.chunks(NT) {
                     // SAFETY: AVX-512 checked by the caller; rows r0..r0+nr of
                     // y belong to this panel only.

@@ -1,6 +1,7 @@
 //! Causal depthwise 1-D convolution with a carried window (Mamba conv1d).
 
 use crate::multiversion;
+use crate::pool::ThreadPool;
 
 /// `out[t, c] = bias[c] + sum_j weight[c, j] · u[t − (k−1) + j, c]` where `u`
 /// is the input preceded by the carried window.
@@ -54,6 +55,65 @@ pub fn conv1d_causal(
             state.copy_within(n * channels.., 0);
             state[(w - n) * channels..].copy_from_slice(x);
         }
+    }
+}
+
+/// [`conv1d_causal`] with the tokens spread over `pool` (each range reads
+/// its window from the inputs before it; the carried window is updated
+/// once at the end). Same results, bit for bit.
+pub fn conv1d_causal_pool(
+    pool: &ThreadPool,
+    x: &[f32],
+    state: &mut [f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    channels: usize,
+    k: usize,
+) {
+    assert!(k >= 1 && channels > 0);
+    let n = x.len() / channels;
+    // Ranges must start at or after k-1 to find their window in `x`.
+    let grain = 32.max(k);
+    if n <= grain || pool.n_threads() == 1 {
+        return conv1d_causal(x, state, weight, bias, out, channels, k);
+    }
+    assert!(x.len().is_multiple_of(channels) && out.len() == x.len());
+    assert_eq!(
+        state.len(),
+        (k - 1) * channels,
+        "conv1d: state is not [k-1, channels]"
+    );
+    assert_eq!(
+        weight.len(),
+        channels * k,
+        "conv1d: weight is not [channels, k]"
+    );
+    if let Some(b) = bias {
+        assert_eq!(b.len(), channels);
+    }
+    let mut wt = vec![0f32; k * channels];
+    for c in 0..channels {
+        for j in 0..k {
+            wt[j * channels + c] = weight[c * k + j];
+        }
+    }
+    {
+        let window0: &[f32] = state;
+        pool.rows_mut(out, channels, grain, |t0, part| {
+            let nt = part.len() / channels;
+            let window = if t0 == 0 {
+                window0
+            } else {
+                &x[(t0 + 1 - k) * channels..t0 * channels]
+            };
+            let xs = &x[t0 * channels..(t0 + nt) * channels];
+            conv_rows_mv(xs, window, &wt, bias, part, channels, k, nt);
+        });
+    }
+    if k > 1 {
+        // n > grain >= k > k-1: the new window lies entirely in x.
+        state.copy_from_slice(&x[(n - (k - 1)) * channels..n * channels]);
     }
 }
 
@@ -155,6 +215,24 @@ mod tests {
                 }
             }
             assert_eq!(st, st2);
+        }
+    }
+
+    #[test]
+    fn pool_version_is_bit_identical() {
+        let mut rng = Rng::new(5);
+        let pool = crate::ThreadPool::new(2);
+        for &(ch, k, n) in &[(5, 4, 200), (8, 1, 100), (6, 3, 33), (7, 4, 20)] {
+            let x = rng.vec(n * ch);
+            let init = rng.vec((k - 1) * ch);
+            let w = rng.vec(ch * k);
+            let b = rng.vec(ch);
+            let (mut st1, mut st2) = (init.clone(), init.clone());
+            let (mut o1, mut o2) = (vec![0f32; n * ch], vec![0f32; n * ch]);
+            conv1d_causal(&x, &mut st1, &w, Some(&b), &mut o1, ch, k);
+            conv1d_causal_pool(&pool, &x, &mut st2, &w, Some(&b), &mut o2, ch, k);
+            assert_eq!(o1, o2);
+            assert_eq!(st1, st2);
         }
     }
 }

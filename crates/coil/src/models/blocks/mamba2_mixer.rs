@@ -13,7 +13,7 @@ use crate::models::weights::{Loader, Matrix};
 use crate::models::ModelError;
 use coil_gguf::GgufFile;
 use coil_kernels::ops::act::{silu1, silu_inplace, softplus1};
-use coil_kernels::ops::conv::conv1d_causal;
+use coil_kernels::ops::conv::conv1d_causal_pool;
 use coil_kernels::ops::norm::group_rms_norm_gated;
 use coil_kernels::ops::ssd::{mamba2_chunked_scan, DEFAULT_CHUNK};
 use coil_kernels::ops::ssm::{mamba2_scan, Mamba2Dims};
@@ -193,7 +193,8 @@ impl Mamba2Mixer {
                 }
             }
             let mut xbc = Scratch::dirty(t * ch);
-            conv1d_causal(
+            conv1d_causal_pool(
+                pool,
                 &xbc_in,
                 st.conv,
                 &self.conv_w,
