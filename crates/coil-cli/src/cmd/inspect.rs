@@ -153,7 +153,8 @@ fn memory_summary(file: &Arc<GgufFile>) -> String {
         let per = r.bytes_per_seq();
         let n = (p.budget_bytes / per.max(1)).max(2);
         out.push_str(&format!(
-            "\nrollback checkpoints: one every {} tokens and at the end of each call, {:.2} MiB each; \
+            "\nrollback checkpoints: one every {} tokens and at the end of each prompt \
+             (of each generated token too under `coil serve`), {:.2} MiB each; \
              budget {} MiB per sequence = {} checkpoints (beyond that they are spaced further apart); \
              a rollback replays at most {} tokens while {} × {} tokens fit the budget \
              (--checkpoint-interval, --checkpoint-budget)",
