@@ -61,6 +61,11 @@ pub struct ModelArgs {
     /// out (spaced further apart), never dropped entirely.
     #[arg(long = "checkpoint-budget", default_value_t = 256)]
     pub checkpoint_budget_mib: usize,
+    /// Also checkpoint after every generated token, so stepping back a few
+    /// tokens (regenerate, speculative decoding) replays nothing; costs a
+    /// copy of the recurrent state per token. `coil serve` always does.
+    #[arg(long = "checkpoint-every-token")]
+    pub checkpoint_every_token: bool,
 }
 
 impl ModelArgs {
@@ -82,6 +87,7 @@ impl ModelArgs {
             checkpoints: CheckpointPolicy {
                 interval: self.checkpoint_interval,
                 budget_bytes: self.checkpoint_budget_mib.saturating_mul(1 << 20),
+                every_call: self.checkpoint_every_token,
                 ..Default::default()
             },
         };

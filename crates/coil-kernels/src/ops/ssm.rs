@@ -19,12 +19,15 @@ pub struct Mamba2Dims {
     pub d_state: usize,
 }
 
-/// One Mamba-2 head over `n_tokens` tokens.
+/// One Mamba-2 head over `n_tokens` tokens. With `from`, the first token
+/// reads the head's state from there and writes it to `state` (moving a
+/// state to a new buffer in the same pass that updates it).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn m2_head(
     dims: &Mamba2Dims,
     h: usize,
+    from: Option<&[f32]>,
     state: &mut [f32],
     x: &[f32],
     dt: &[f32],
@@ -44,10 +47,14 @@ fn m2_head(
         let bt = &b[t * gn + g * n..t * gn + (g + 1) * n];
         let ct = &c[t * gn + g * n..t * gn + (g + 1) * n];
         let dh = d.map_or(0.0, |d| d[h]);
+        let src = if t == 0 { from } else { None };
         for p in 0..p_dim {
             let xv = x[(t * hn + h) * p_dim + p];
             let xdt = xv * dth;
             let s = &mut state[p * n..(p + 1) * n];
+            if let Some(f) = src {
+                s.copy_from_slice(&f[p * n..(p + 1) * n]);
+            }
             // update and output in one pass over the state row
             let mut acc = [0f32; 16];
             let mut sc = s.chunks_exact_mut(16);
@@ -82,6 +89,7 @@ fn m2_heads(
     dims: &Mamba2Dims,
     h0: usize,
     h1: usize,
+    from: Option<&[f32]>,
     state: *mut f32,
     x: &[f32],
     dt: &[f32],
@@ -96,12 +104,15 @@ fn m2_heads(
     for h in h0..h1 {
         // SAFETY: head h owns state[h*hs..(h+1)*hs].
         let st = unsafe { std::slice::from_raw_parts_mut(state.add(h * hs), hs) };
-        m2_head(dims, h, st, x, dt, a, b, c, d, y, n_tokens);
+        // A source in another buffer is copied row by row (512 B) just
+        // before each row is updated, so the update finds it in L1.
+        let f = from.map(|f| &f[h * hs..(h + 1) * hs]);
+        m2_head(dims, h, f, st, x, dt, a, b, c, d, y, n_tokens);
     }
 }
 
 multiversion!(fn m2_heads_mv(
-    dims: &Mamba2Dims, h0: usize, h1: usize, state: *mut f32, x: &[f32], dt: &[f32], a: &[f32],
+    dims: &Mamba2Dims, h0: usize, h1: usize, from: Option<&[f32]>, state: *mut f32, x: &[f32], dt: &[f32], a: &[f32],
     b: &[f32], c: &[f32], d: Option<&[f32]>, y: *mut f32, n_tokens: usize
 ) => m2_heads);
 
@@ -126,6 +137,27 @@ pub fn mamba2_scan(
     y: &mut [f32],
     n_tokens: usize,
 ) {
+    mamba2_scan_from(pool, dims, None, state, x, dt, a, b, c, d, y, n_tokens)
+}
+
+/// [`mamba2_scan`] starting from the state in `from` (`[H, P, N]`) instead
+/// of `state`'s own contents; the result goes to `state` as usual. Moving a
+/// state to a new buffer this way (each head copied just before it is
+/// updated, in parallel) costs about what the in-place update costs.
+pub fn mamba2_scan_from(
+    pool: &ThreadPool,
+    dims: Mamba2Dims,
+    from: Option<&[f32]>,
+    state: &mut [f32],
+    x: &[f32],
+    dt: &[f32],
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+    d: Option<&[f32]>,
+    y: &mut [f32],
+    n_tokens: usize,
+) {
     let Mamba2Dims {
         n_head: hn,
         head_dim: p,
@@ -137,6 +169,13 @@ pub fn mamba2_scan(
         "mamba2: n_head must be a multiple of n_group"
     );
     assert_eq!(state.len(), hn * p * n, "mamba2: state is not [H, P, N]");
+    if let Some(f) = from {
+        assert_eq!(
+            f.len(),
+            state.len(),
+            "mamba2: source state is not [H, P, N]"
+        );
+    }
     assert_eq!(x.len(), n_tokens * hn * p);
     assert_eq!(y.len(), n_tokens * hn * p);
     assert_eq!(dt.len(), n_tokens * hn);
@@ -153,6 +192,7 @@ pub fn mamba2_scan(
             &dims,
             hr.start,
             hr.end,
+            from,
             sp.get(),
             x,
             dt,
@@ -399,6 +439,26 @@ pub(crate) mod tests {
             for (a, e) in st.iter().zip(&s) {
                 assert!((*a as f64 - e).abs() < 1e-4);
             }
+            // Starting from another buffer: the same, bit for bit, and the
+            // source is left alone.
+            let mut st3 = vec![f32::NAN; s0.len()];
+            let mut y3 = vec![0f32; t * hn * p];
+            mamba2_scan_from(
+                &pool,
+                dims,
+                Some(&s0),
+                &mut st3,
+                &x,
+                &dt,
+                &a,
+                &b,
+                &c,
+                Some(&dd),
+                &mut y3,
+                t,
+            );
+            assert_eq!(st3, st);
+            assert_eq!(y3, y);
             let mut st2 = s0.clone();
             for ti in 0..t {
                 let mut yy = vec![0f32; hn * p];

@@ -201,6 +201,7 @@ impl Memory {
         call_tokens: usize,
     ) -> Result<(), MemoryError> {
         if let Some(r) = &mut self.recurrent {
+            r.settle(s)?;
             let len = r.seq_len(s)?;
             let k = r.policy.interval;
             let at_end = call_end && (call_tokens > 1 || r.policy.every_call);

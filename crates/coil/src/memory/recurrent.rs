@@ -11,10 +11,17 @@
 //! the ability to roll back — position 0 (the zero state) is always there.
 //!
 //! The current state is shared too until written: a fork takes its source's
-//! state by reference, and whichever of the two writes first (the next
-//! forward pass, through [`RecurrentMemory::state`]) copies it then.
+//! state by reference, and a checkpoint is a reference to the state it was
+//! taken of (no copy). The next forward pass that writes a shared state
+//! moves the slot to a buffer of its own (a recycled one when there is one)
+//! and copies each layer into it only when that layer is first reached
+//! ([`RecurrentMemory::state`]): the copy of a layer (≤ a few MB) is still
+//! in cache when the layer's update reads it, so a checkpoint per token
+//! costs about what updating the state in place costs anyway.
 
 use super::{MemoryError, SeqId, SequenceMemory};
+use std::borrow::Cow;
+use std::ops::Range;
 use std::sync::Arc;
 
 /// Sizes of one recurrent layer's state, in f32 elements.
@@ -29,6 +36,11 @@ pub struct RecurrentState<'a> {
     pub conv: &'a mut [f32],
     pub ssm: &'a mut [f32],
 }
+
+/// A layer's state moving off a shared one: its conv window (copied) and
+/// SSM state to write, and the SSM source to write it from, if not yet
+/// brought over (see [`RecurrentMemory::state_moving`]).
+pub type MovingState<'a> = (RecurrentState<'a>, Option<&'a [f32]>);
 
 /// When to take checkpoints and how much memory they may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,18 +93,40 @@ struct Slot {
     /// Current spacing level: periodic checkpoints are `interval · 2^level`
     /// apart.
     level: u32,
-    /// Buffers of dropped checkpoints, reused for new ones (no allocation
+    /// Buffers of dropped checkpoints, reused for new states (no allocation
     /// and page faults per checkpoint).
     spare: Vec<Vec<f32>>,
+    /// While the slot moves off a shared state: that state, and which
+    /// layers were already copied from it into `state`.
+    pending: Option<Pending>,
+}
+
+#[derive(Clone)]
+struct Pending {
+    from: Arc<Vec<f32>>,
+    copied: Vec<bool>,
 }
 
 /// How many dropped checkpoint buffers a sequence keeps for reuse.
 const MAX_SPARE: usize = 2;
 
 impl Slot {
+    /// Copies the layers not yet moved from the shared state it left.
+    fn settle(&mut self, regions: &[Range<usize>]) {
+        if let Some(p) = self.pending.take() {
+            let st = Arc::make_mut(&mut self.state);
+            for (r, done) in regions.iter().zip(&p.copied) {
+                if !done {
+                    st[r.clone()].copy_from_slice(&p.from[r.clone()]);
+                }
+            }
+        }
+    }
+
     /// Sets the state to a copy of `src`: in place when this slot holds its
     /// state alone, else into a fresh buffer (the sharer keeps its own).
     fn overwrite(&mut self, src: &[f32]) {
+        self.pending = None;
         match Arc::get_mut(&mut self.state) {
             Some(own) => own.copy_from_slice(src),
             None => self.state = Arc::new(src.to_vec()),
@@ -137,6 +171,7 @@ impl RecurrentMemory {
             checkpoints: Vec::new(),
             level: 0,
             spare: Vec::new(),
+            pending: None,
         };
         RecurrentMemory {
             shapes,
@@ -145,6 +180,28 @@ impl RecurrentMemory {
             slots: vec![slot; n_seq_max.max(1)],
             policy: CheckpointPolicy::default(),
         }
+    }
+
+    /// The span of layer `l` in a flat state (conv window, then SSM state).
+    fn region(&self, l: usize) -> Range<usize> {
+        let len = self.shapes[l].map_or(0, |s| s.conv + s.ssm);
+        self.offsets[l].0..self.offsets[l].0 + len
+    }
+
+    fn regions(&self) -> Vec<Range<usize>> {
+        (0..self.shapes.len()).map(|l| self.region(l)).collect()
+    }
+
+    /// Finishes moving `s` off a shared state (copies the layers a pass
+    /// did not reach). Called after every micro-batch; cheap when nothing
+    /// is pending.
+    pub fn settle(&mut self, s: SeqId) -> Result<(), MemoryError> {
+        self.check(s)?;
+        if self.slots[s].pending.is_some() {
+            let regions = self.regions();
+            self.slots[s].settle(&regions);
+        }
+        Ok(())
     }
 
     fn check(&self, s: SeqId) -> Result<(), MemoryError> {
@@ -207,19 +264,104 @@ impl RecurrentMemory {
             return Ok(None);
         };
         let (c, m) = self.offsets[layer];
+        let region = self.region(layer);
+        let n_layer = self.shapes.len();
         let slot = &mut self.slots[s];
-        // Copy-on-write: the first write after a fork (or to a slot that
-        // still shares the initial zero state) copies the whole flat state,
-        // once; afterwards this is a check of the reference count.
+        // A state shared with a checkpoint or a fork: move to a buffer of
+        // this slot's own and bring the layers over as they are reached.
+        if slot.pending.is_none() && Arc::get_mut(&mut slot.state).is_none() {
+            let from = Arc::clone(&slot.state);
+            let buf = match slot.spare.pop() {
+                Some(b) if b.len() == from.len() => b,
+                _ => vec![0.0; from.len()],
+            };
+            slot.state = Arc::new(buf);
+            slot.pending = Some(Pending {
+                from,
+                copied: vec![false; n_layer],
+            });
+        }
+        // Unique here (just made, or made earlier in this pass): no copy.
         let state = Arc::make_mut(&mut slot.state);
+        if let Some(p) = &mut slot.pending {
+            if !p.copied[layer] {
+                state[region.clone()].copy_from_slice(&p.from[region]);
+                p.copied[layer] = true;
+            }
+        }
         let (conv, rest) = state[c..m + shape.ssm].split_at_mut(shape.conv);
         Ok(Some(RecurrentState { conv, ssm: rest }))
     }
 
-    /// The whole flat state of `s` (all layers).
-    pub fn flat_state(&self, s: SeqId) -> Result<&[f32], MemoryError> {
+    /// Like [`RecurrentMemory::state`], but when the layer still has to be
+    /// brought over from a shared state, its SSM part is not copied: the
+    /// source comes back beside it, and the caller must overwrite all of
+    /// `ssm` from it (e.g. `mamba2_scan_from`, which copies each head just
+    /// before updating it). The conv window is copied as usual.
+    pub fn state_moving(
+        &mut self,
+        layer: usize,
+        s: SeqId,
+    ) -> Result<Option<MovingState<'_>>, MemoryError> {
         self.check(s)?;
-        Ok(&self.slots[s].state)
+        let Some(shape) = self.shapes.get(layer).copied().flatten() else {
+            return Ok(None);
+        };
+        let needs_move = {
+            let slot = &mut self.slots[s];
+            match &slot.pending {
+                Some(p) => !p.copied[layer],
+                None => Arc::get_mut(&mut slot.state).is_none(),
+            }
+        };
+        if !needs_move {
+            return Ok(self.state(layer, s)?.map(|st| (st, None)));
+        }
+        let (c, m) = self.offsets[layer];
+        let n_layer = self.shapes.len();
+        let slot = &mut self.slots[s];
+        if slot.pending.is_none() {
+            let from = Arc::clone(&slot.state);
+            let buf = match slot.spare.pop() {
+                Some(b) if b.len() == from.len() => b,
+                _ => vec![0.0; from.len()],
+            };
+            slot.state = Arc::new(buf);
+            slot.pending = Some(Pending {
+                from,
+                copied: vec![false; n_layer],
+            });
+        }
+        let state = Arc::make_mut(&mut slot.state);
+        let from = match slot.pending.as_mut() {
+            Some(p) => {
+                p.copied[layer] = true;
+                state[c..m].copy_from_slice(&p.from[c..m]);
+                Some(&p.from[m..m + shape.ssm])
+            }
+            None => None,
+        };
+        let (conv, rest) = state[c..m + shape.ssm].split_at_mut(shape.conv);
+        Ok(Some((RecurrentState { conv, ssm: rest }, from)))
+    }
+
+    /// The whole flat state of `s` (all layers).
+    pub fn flat_state(&self, s: SeqId) -> Result<Cow<'_, [f32]>, MemoryError> {
+        self.check(s)?;
+        let slot = &self.slots[s];
+        Ok(match &slot.pending {
+            None => Cow::Borrowed(&slot.state[..]),
+            Some(p) => {
+                let mut v = slot.state.to_vec();
+                for (l, done) in p.copied.iter().enumerate() {
+                    if !done {
+                        let r = self.region(l);
+                        v[r.clone()].copy_from_slice(&p.from[r]);
+                    }
+                }
+                Cow::Owned(v)
+            }
+        })
     }
 
     /// Replaces the whole state of `s` and its length (loading a session).
@@ -277,23 +419,18 @@ impl RecurrentMemory {
     /// Takes a checkpoint of `s` at its current length (no-op at 0 or if one
     /// exists there), then thins the checkpoints to the budget.
     pub fn checkpoint(&mut self, s: SeqId) -> Result<(), MemoryError> {
-        self.check(s)?;
+        self.settle(s)?;
         let max = self.max_checkpoints();
         let policy = self.policy;
         let slot = &mut self.slots[s];
         if slot.len == 0 || slot.checkpoints.last().is_some_and(|c| c.pos == slot.len) {
             return Ok(());
         }
-        let state = match slot.spare.pop() {
-            Some(mut buf) => {
-                buf.copy_from_slice(&slot.state);
-                buf
-            }
-            None => slot.state.to_vec(),
-        };
+        // A reference, not a copy: the next pass that writes the state
+        // moves the slot to another buffer (see `state`).
         slot.checkpoints.push(Checkpoint {
             pos: slot.len,
-            state: Arc::new(state),
+            state: Arc::clone(&slot.state),
         });
         thin(slot, policy, max);
         Ok(())
@@ -322,8 +459,15 @@ impl RecurrentMemory {
         slot.recycle(dropped);
         match slot.checkpoints.last() {
             Some(c) => {
+                // Share the checkpoint's state (the next write moves off it).
                 let (pos, cp) = (c.pos, Arc::clone(&c.state));
-                slot.overwrite(&cp);
+                slot.pending = None;
+                let old = std::mem::replace(&mut slot.state, cp);
+                if let Ok(v) = Arc::try_unwrap(old) {
+                    if slot.spare.len() < MAX_SPARE {
+                        slot.spare.push(v);
+                    }
+                }
                 slot.len = pos;
             }
             None => {
@@ -350,6 +494,7 @@ pub fn distinct_checkpoint_bytes<'a>(cps: impl IntoIterator<Item = &'a Checkpoin
 
 /// Sets the state of `slot` to zeros (in place when it holds it alone).
 fn zero(slot: &mut Slot) {
+    slot.pending = None;
     match Arc::get_mut(&mut slot.state) {
         Some(own) => own.fill(0.0),
         None => slot.state = Arc::new(vec![0.0; slot.state.len()]),
@@ -361,34 +506,37 @@ fn zero(slot: &mut Slot) {
 /// reachable with longer replays; the most recent ones are kept as they are.
 fn thin(slot: &mut Slot, policy: CheckpointPolicy, max: usize) {
     let base = policy.interval.max(1);
+    // One checkpoint at a time, so that a checkpoint per token drops one
+    // per token in the steady state and its buffer is reused by the next
+    // (dropping several at once overflows the spares: allocations and page
+    // faults every few tokens).
     while slot.checkpoints.len() > max {
         let n = slot.checkpoints.len();
         let recent = policy.keep_recent.min(n);
         let spacing = base.saturating_mul(1usize << slot.level.min(40));
-        let mut kept: Vec<Checkpoint> = Vec::with_capacity(n);
-        let mut dropped: Vec<Checkpoint> = Vec::new();
+        // The oldest checkpoint off the grid: closer than `spacing` to the
+        // previous one kept.
         let mut last = 0usize;
-        for (i, c) in std::mem::take(&mut slot.checkpoints)
-            .into_iter()
-            .enumerate()
-        {
-            if i >= n - recent || c.pos - last >= spacing {
+        let mut victim = None;
+        for (i, c) in slot.checkpoints[..n - recent].iter().enumerate() {
+            if c.pos - last >= spacing {
                 last = c.pos;
-                kept.push(c);
             } else {
-                dropped.push(c);
+                victim = Some(i);
+                break;
             }
         }
-        if kept.len() == n {
-            if spacing >= slot.len.max(1) {
-                // Spacing already spans the sequence: drop the oldest.
-                dropped.push(kept.remove(0));
-            } else {
+        let victim = match victim {
+            Some(i) => i,
+            // Spacing already spans the sequence: drop the oldest.
+            None if spacing >= slot.len.max(1) => 0,
+            None => {
                 slot.level += 1;
+                continue;
             }
-        }
-        slot.checkpoints = kept;
-        slot.recycle(dropped);
+        };
+        let dropped = slot.checkpoints.remove(victim);
+        slot.recycle(vec![dropped]);
     }
 }
 
@@ -439,12 +587,14 @@ impl SequenceMemory for RecurrentMemory {
             // Nothing is copied: the state and the checkpoints are shared
             // (the state until one of the two writes it). `dst` keeps its
             // own spare buffers and recycles its old checkpoints.
+            self.settle(src)?;
             let from = &self.slots[src];
             let (len, level) = (from.len, from.level);
             let state = Arc::clone(&from.state);
             let checkpoints = from.checkpoints.clone();
             let to = &mut self.slots[dst];
             let old = std::mem::replace(&mut to.checkpoints, checkpoints);
+            to.pending = None;
             to.state = state;
             to.len = len;
             to.level = level;
@@ -616,5 +766,33 @@ mod tests {
             .iter()
             .chain(m.checkpoints(1).unwrap());
         assert_eq!(distinct_checkpoint_bytes(all.chain(&kept)), 4 * one);
+    }
+
+    #[test]
+    fn checkpoint_per_token_reuses_buffers() {
+        let mut m = mem();
+        m.policy = CheckpointPolicy {
+            interval: 512,
+            budget_bytes: m.bytes_per_seq() * 5,
+            keep_recent: 2,
+            every_call: true,
+        };
+        let mut ptrs = std::collections::HashSet::new();
+        for t in 0..200 {
+            let st = m.state(0, 0).unwrap().unwrap();
+            st.ssm[0] += 1.0;
+            m.state(2, 0).unwrap().unwrap().conv[1] = t as f32;
+            m.advance(0, 1).unwrap();
+            m.settle(0).unwrap();
+            m.checkpoint(0).unwrap();
+            ptrs.insert(Arc::as_ptr(&m.slots[0].state) as usize);
+        }
+        // The state moves between a handful of recycled buffers, never a
+        // fresh one per token.
+        assert!(ptrs.len() <= 8, "{} distinct state buffers", ptrs.len());
+        // Every checkpoint still holds its own exact state.
+        for c in m.checkpoints(0).unwrap() {
+            assert_eq!(c.state[m.region(0).start + 6], c.pos as f32);
+        }
     }
 }

@@ -84,7 +84,7 @@ pub fn save(mem: &Memory, s: SeqId, identity: u64, w: &mut impl Write) -> Result
     match &mem.recurrent {
         Some(r) => {
             p.push(1);
-            put_f32s(&mut p, r.flat_state(s)?);
+            put_f32s(&mut p, &r.flat_state(s)?);
             let cps = r.checkpoints(s)?;
             put_u64(&mut p, cps.len() as u64);
             for c in cps {

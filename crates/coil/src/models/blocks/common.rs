@@ -131,3 +131,19 @@ pub fn layer_state(
         reason: "memory has no recurrent state for this layer".into(),
     })
 }
+
+/// [`layer_state`] for a mixer that can start its update from another
+/// buffer (see `RecurrentMemory::state_moving`): the SSM source comes back
+/// when the state is moving off a shared one; the mixer must then write
+/// all of the SSM state from it.
+pub fn layer_state_moving(
+    rec: &mut RecurrentMemory,
+    layer: usize,
+    seq: SeqId,
+) -> Result<(RecurrentState<'_>, Option<&[f32]>), ModelError> {
+    rec.state_moving(layer, seq)?
+        .ok_or_else(|| ModelError::Tensor {
+            name: format!("blk.{layer}"),
+            reason: "memory has no recurrent state for this layer".into(),
+        })
+}

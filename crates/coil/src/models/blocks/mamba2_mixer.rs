@@ -6,7 +6,7 @@
 //! `S_h ← exp(dt_h·A_h)·S_h + dt_h·x_h ⊗ B_g`, `y_h = S_h·C_g + D_h·x_h`;
 //! gated RMSNorm per group (`y·silu(z)` before the norm); `out_proj`.
 
-use super::common::{layer_state, recurrent_memory};
+use super::common::{layer_state_moving, recurrent_memory};
 use super::stack::Rows;
 use crate::memory::{Memory, RecurrentLayerShape};
 use crate::models::weights::{Loader, Matrix};
@@ -16,7 +16,7 @@ use coil_kernels::ops::act::{silu1, silu_inplace, softplus1};
 use coil_kernels::ops::conv::conv1d_causal_pool;
 use coil_kernels::ops::norm::group_rms_norm_gated;
 use coil_kernels::ops::ssd::{mamba2_chunked_scan, DEFAULT_CHUNK};
-use coil_kernels::ops::ssm::{mamba2_scan, Mamba2Dims};
+use coil_kernels::ops::ssm::{mamba2_scan_from, Mamba2Dims};
 
 /// From how many tokens of one sequence on the chunked SSD algorithm
 /// replaces the token-by-token recurrence: `COIL_SSD_MIN_TOKENS` in the
@@ -175,7 +175,7 @@ impl Mamba2Mixer {
         let mut y = Scratch::dirty(n_tokens * di);
         for Rows { seq, rows, .. } in chunks {
             let t = rows.len();
-            let st = layer_state(mem, layer, *seq)?;
+            let (st, ssm_from) = layer_state_moving(mem, layer, *seq)?;
             let zx = &zxbcdt[rows.start * dip..rows.end * dip];
             // Gather the chunk's xBC columns (z is read in place by the gate).
             let mut xbc_in = Scratch::dirty(t * ch);
@@ -226,6 +226,9 @@ impl Mamba2Mixer {
             };
             let ys = &mut y[rows.start * di..rows.end * di];
             if t >= p.ssd_min_tokens {
+                if let Some(f) = ssm_from {
+                    st.ssm.copy_from_slice(f);
+                }
                 // Prompt: chunked SSD (matrix products within each chunk).
                 mamba2_chunked_scan(
                     pool,
@@ -242,10 +245,12 @@ impl Mamba2Mixer {
                     t,
                 );
             } else {
-                // Decode: the single-step recurrence.
-                mamba2_scan(
+                // Decode: the single-step recurrence (moving the state to
+                // this sequence's own buffer head by head if it was shared).
+                mamba2_scan_from(
                     pool,
                     dims,
+                    ssm_from,
                     st.ssm,
                     &x,
                     &dt,
