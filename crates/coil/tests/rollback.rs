@@ -329,3 +329,55 @@ fn forks_share_kv_pages_and_continue_independently() {
         assert_eq!(e.mem.seq_len(1).unwrap(), 304);
     }
 }
+
+/// With a checkpoint per generated token (what `coil serve` uses), stepping
+/// back any number of generated tokens restores exactly (no replay), and a
+/// fork taken mid-generation keeps its own history: checkpoints are
+/// references to states that later passes move away from, never write.
+#[test]
+fn per_token_checkpoints_restore_exactly() {
+    for arch in ARCHS {
+        let (path, tokens) = fixture(arch);
+        let opts = |every_call| EngineOptions {
+            n_seq_max: 2,
+            n_ubatch: 16,
+            checkpoints: CheckpointPolicy {
+                interval: 8,
+                every_call,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut e = Engine::load(&path, opts(true)).unwrap();
+        let mut fresh = Engine::load(&path, opts(false)).unwrap();
+        let n = 13;
+        e.eval(0, &tokens[..n], LogitRows::None, 0).unwrap();
+        for (i, &t) in tokens[n..n + 6].iter().enumerate() {
+            e.eval(0, &[t], LogitRows::Last, 0).unwrap();
+            if i == 2 {
+                e.seq_fork(0, 1).unwrap();
+            }
+        }
+        // Back 1, then 2 more: both restored from per-token checkpoints.
+        for p in [n + 5, n + 3] {
+            let st = e.seq_truncate(0, p).unwrap();
+            if e.mem.recurrent.is_some() {
+                assert_eq!(st.replayed, 0, "{arch}: p={p} should need no replay");
+            }
+            let next = [tokens[p + 7]];
+            let got = e.eval(0, &next, LogitRows::Last, 0).unwrap();
+            fresh.seq_clear(0).unwrap();
+            fresh.eval(0, &tokens[..p], LogitRows::None, 0).unwrap();
+            let want = fresh.eval(0, &next, LogitRows::Last, 0).unwrap();
+            assert_close(&format!("{arch} p={p}"), &got, &want, 1e-6);
+            e.seq_truncate(0, p).unwrap();
+        }
+        // The fork (taken at n + 3) continues as if alone.
+        let next = [tokens[n + 9]];
+        let got = e.eval(1, &next, LogitRows::Last, 0).unwrap();
+        fresh.seq_clear(0).unwrap();
+        fresh.eval(0, &tokens[..n + 3], LogitRows::None, 0).unwrap();
+        let want = fresh.eval(0, &next, LogitRows::Last, 0).unwrap();
+        assert_close(&format!("{arch} fork"), &got, &want, 1e-6);
+    }
+}
