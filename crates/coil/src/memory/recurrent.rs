@@ -554,9 +554,11 @@ impl SequenceMemory for RecurrentMemory {
         self.check(s)?;
         let slot = &mut self.slots[s];
         slot.len = 0;
-        zero(slot);
+        // Checkpoints first: the newest may share the state, which can then
+        // be zeroed in place instead of reallocated.
         let dropped = std::mem::take(&mut slot.checkpoints);
         slot.recycle(dropped);
+        zero(slot);
         slot.level = 0;
         Ok(())
     }
