@@ -8,11 +8,14 @@
 //! `(qx + 128)·q` four at a time into 16 row lanes; the offset is removed with
 //! the block sums of `q` (computed when packing):
 //! `sum q·qx = dot(qx + 128, q) − 128·sum q`. Per block and token:
-//! `y += a·dx·(sum q·qx) − b·dx·(sum qx)`.
+//! `y += a·dx·(sum q·qx) − b·dx·(sum qx)`. For the K-quants with mins
+//! (Q4_K, Q5_K) the activations get one scale per 256 values instead (as
+//! llama.cpp's Q8_K and coil's decode path), so `dx` is applied once per
+//! super-block: fewer float operations per block and token (+3–10% here).
 //!
 //! Layout: a work item is a panel of 16 weight rows; its blocks are packed
 //! `[block][group of 4 columns][16 rows][4]` (64 bytes per `vpdpbusd`), with
-//! `a`, `b` and `128·sum q` per `[block][16 rows]`. The microkernel keeps
+//! `a`, `b` and `−128·sum q` per `[block][16 rows]`. The microkernel keeps
 //! `NT` tokens × 16 rows in registers and broadcasts 4 activation bytes per
 //! instruction. Output rows of a token are contiguous in `y`, so results are
 //! stored as vectors.
@@ -180,7 +183,11 @@ thread_local! {
     static ACTS: RefCell<Acts> = RefCell::new(Acts::default());
 }
 
-fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, a: &mut Acts) {
+/// Quantizes the activations of `n` tokens. `per256`: one scale per 256
+/// values (`dx` then holds `[n][cols/256]` scales and `dxs` the plain sums
+/// `sum qx` per 32, as f32) — for the K-quants with mins, whose kernel then
+/// applies the activation scale once per super-block; else one scale per 32.
+fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, per256: bool, a: &mut Acts) {
     let nb = cols / 32;
     if a.xu.len() < n * cols {
         a.xu.resize(n * cols, 0);
@@ -199,12 +206,22 @@ fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, a: &mut Ac
             // SAFETY: AVX-512 checked by igemm's caller; token t owns its
             // rows of the buffers.
             unsafe {
-                quantize_row(
-                    &x[t * cols..(t + 1) * cols],
-                    pu.get().add(t * cols),
-                    pd.get().add(t * nb),
-                    ps.get().add(t * nb),
-                )
+                let xr = &x[t * cols..(t + 1) * cols];
+                if per256 {
+                    quantize_row_256(
+                        xr,
+                        pu.get().add(t * cols),
+                        pd.get().add(t * (cols / 256)),
+                        ps.get().add(t * nb),
+                    )
+                } else {
+                    quantize_row(
+                        xr,
+                        pu.get().add(t * cols),
+                        pd.get().add(t * nb),
+                        ps.get().add(t * nb),
+                    )
+                }
             };
         }
     });
@@ -252,6 +269,51 @@ unsafe fn quantize_row(x: &[f32], xu: *mut u8, dx: *mut f32, dxs: *mut f32) {
         );
         *dx.add(b) = d;
         *dxs.add(b) = d * s as f32;
+    }
+}
+
+/// One token's activations, 256 values per scale: `xu = qx + 128`,
+/// `dx = amax / 127` per 256, `sums = sum qx` per 32 (as f32).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+unsafe fn quantize_row_256(x: &[f32], xu: *mut u8, dx: *mut f32, sums: *mut f32) {
+    let absmask = _mm512_set1_epi32(0x7FFF_FFFF);
+    let off = _mm512_set1_epi32(128);
+    let lim = _mm512_set1_ps(127.0);
+    let nlim = _mm512_set1_ps(-127.0);
+    for (sb, xs) in x.chunks_exact(256).enumerate() {
+        let mut m = _mm512_setzero_ps();
+        for v in xs.chunks_exact(16) {
+            let a = _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(v.as_ptr())), absmask);
+            m = _mm512_max_ps(m, _mm512_castsi512_ps(a));
+        }
+        let amax = _mm512_reduce_max_ps(m);
+        let (d, id) = if amax > 0.0 && amax.is_finite() {
+            (amax / 127.0, 127.0 / amax)
+        } else {
+            (if amax.is_finite() { 0.0 } else { amax }, 0.0)
+        };
+        let idv = _mm512_set1_ps(id);
+        for (j, xb) in xs.chunks_exact(32).enumerate() {
+            let q = |v: __m512| {
+                let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                    _mm512_mul_ps(v, idv),
+                );
+                _mm512_cvtps_epi32(_mm512_max_ps(_mm512_min_ps(r, lim), nlim))
+            };
+            let q0 = q(_mm512_loadu_ps(xb.as_ptr()));
+            let q1 = q(_mm512_loadu_ps(xb.as_ptr().add(16)));
+            let o = xu.add(256 * sb + 32 * j);
+            _mm_storeu_si128(
+                o as *mut __m128i,
+                _mm512_cvtepi32_epi8(_mm512_add_epi32(q0, off)),
+            );
+            _mm_storeu_si128(
+                o.add(16) as *mut __m128i,
+                _mm512_cvtepi32_epi8(_mm512_add_epi32(q1, off)),
+            );
+            *sums.add(8 * sb + j) = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)) as f32;
+        }
+        *dx.add(sb) = d;
     }
 }
 
@@ -420,15 +482,74 @@ unsafe fn kernel<const MIN: bool, const HALF: bool>(
     }
 }
 
+/// [`kernel`] for the K-quants with mins (Q4_K, Q5_K) against activations
+/// with one scale per 256 values: per 32-block and token only the integer
+/// sum is converted and scaled by the weight's `a` (and the min term
+/// `b · sum qx` subtracted); the activation scale is applied once per
+/// super-block.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn kernel_min256(
+    p: &Panel,
+    acts: &Acts,
+    cols: usize,
+    ts: &[usize],
+    nr: usize,
+    y: *mut f32,
+    rows: usize,
+    r0: usize,
+) {
+    let nb = cols / 32;
+    let nsb = cols / 256;
+    let mut tok = [0usize; NT];
+    for (i, t) in tok.iter_mut().enumerate() {
+        *t = ts[i.min(ts.len() - 1)];
+    }
+    let xp: [*const u8; NT] = tok.map(|t| acts.xu.as_ptr().add(t * cols));
+    let mut facc = [_mm512_setzero_ps(); NT];
+    for sb in 0..nsb {
+        let mut fsb = [_mm512_setzero_ps(); NT];
+        for kb in 8 * sb..8 * sb + 8 {
+            let qb = p.q.as_ptr().add(kb * 512);
+            let ws = _mm512_loadu_si512(p.ws.as_ptr().add(kb * 16) as *const _);
+            let mut iacc = [ws; NT];
+            for g in 0..8 {
+                let wv = _mm512_loadu_si512(qb.add(64 * g) as *const _);
+                for t in 0..NT {
+                    let xb = _mm512_set1_epi32(
+                        (xp[t].add(32 * kb + 4 * g) as *const i32).read_unaligned(),
+                    );
+                    iacc[t] = _mm512_dpbusd_epi32(iacc[t], xb, wv);
+                }
+            }
+            let av = _mm512_loadu_ps(p.a.as_ptr().add(kb * 16));
+            let bv = _mm512_loadu_ps(p.b.as_ptr().add(kb * 16));
+            for t in 0..NT {
+                fsb[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t]), av, fsb[t]);
+                let s = *acts.dxs.get_unchecked(tok[t] * nb + kb);
+                fsb[t] = _mm512_fnmadd_ps(bv, _mm512_set1_ps(s), fsb[t]);
+            }
+        }
+        for t in 0..NT {
+            let dx = *acts.dx.get_unchecked(tok[t] * nsb + sb);
+            facc[t] = _mm512_fmadd_ps(fsb[t], _mm512_set1_ps(dx), facc[t]);
+        }
+    }
+    let mask: u16 = if nr >= 16 { 0xFFFF } else { (1u16 << nr) - 1 };
+    for (i, &t) in ts.iter().enumerate() {
+        _mm512_mask_storeu_ps(y.add(t * rows + r0), mask, facc[i]);
+    }
+}
+
 /// `y = x · wᵀ` for `n_tokens` tokens. The caller checks [`supported`] and
 /// that the CPU has the AVX-512 level.
 pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_tokens: usize) {
     let (rows, cols) = (w.rows, w.cols);
     let mut acts = ACTS.with(|a| std::mem::take(&mut *a.borrow_mut()));
-    quantize_acts(pool, x, n_tokens, cols, &mut acts);
+    let min = has_min(w.ty);
+    quantize_acts(pool, x, n_tokens, cols, min, &mut acts);
     let panels = rows.div_ceil(16);
     let yp = SendPtr(y.as_mut_ptr());
-    let min = has_min(w.ty);
     let half = sub16(w.ty);
     pool.parallel_for(panels, 1, |pr, _| {
         PANEL.with(|p| {
@@ -451,7 +572,7 @@ pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_token
                     // y belong to this panel only.
                     unsafe {
                         if min {
-                            kernel::<true, false>(&p, &acts, cols, ts, nr, yp.get(), rows, r0);
+                            kernel_min256(&p, &acts, cols, ts, nr, yp.get(), rows, r0);
                         } else if half {
                             kernel::<false, true>(&p, &acts, cols, ts, nr, yp.get(), rows, r0);
                         } else {
