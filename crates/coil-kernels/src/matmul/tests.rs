@@ -82,7 +82,17 @@ fn all_formats_all_paths() {
             vec![256, 768]
         };
         for &cols in &col_set {
-            for &(rows, n) in &[(1, 1), (7, 3), (50, 1), (97, 17), (13, 40), (61, 5), (5, 8)] {
+            for &(rows, n) in &[
+                (1, 1),
+                (7, 3),
+                (50, 1),
+                (97, 17),
+                (13, 40),
+                (61, 5),
+                (5, 8),
+                (40, 30),
+                (33, 27),
+            ] {
                 check(ty, rows, cols, n, &pool, seed);
                 seed += 1;
             }
