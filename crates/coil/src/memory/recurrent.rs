@@ -111,6 +111,21 @@ struct Pending {
 const MAX_SPARE: usize = 2;
 
 impl Slot {
+    /// Leaves the (shared) state for a buffer of its own — a spare one when
+    /// there is one — whose layers are filled as they are first reached.
+    fn begin_move(&mut self, n_layer: usize) {
+        let from = Arc::clone(&self.state);
+        let buf = match self.spare.pop() {
+            Some(b) if b.len() == from.len() => b,
+            _ => vec![0.0; from.len()],
+        };
+        self.state = Arc::new(buf);
+        self.pending = Some(Pending {
+            from,
+            copied: vec![false; n_layer],
+        });
+    }
+
     /// Copies the layers not yet moved from the shared state it left.
     fn settle(&mut self, regions: &[Range<usize>]) {
         if let Some(p) = self.pending.take() {
@@ -270,16 +285,7 @@ impl RecurrentMemory {
         // A state shared with a checkpoint or a fork: move to a buffer of
         // this slot's own and bring the layers over as they are reached.
         if slot.pending.is_none() && Arc::get_mut(&mut slot.state).is_none() {
-            let from = Arc::clone(&slot.state);
-            let buf = match slot.spare.pop() {
-                Some(b) if b.len() == from.len() => b,
-                _ => vec![0.0; from.len()],
-            };
-            slot.state = Arc::new(buf);
-            slot.pending = Some(Pending {
-                from,
-                copied: vec![false; n_layer],
-            });
+            slot.begin_move(n_layer);
         }
         // Unique here (just made, or made earlier in this pass): no copy.
         let state = Arc::make_mut(&mut slot.state);
@@ -321,16 +327,7 @@ impl RecurrentMemory {
         let n_layer = self.shapes.len();
         let slot = &mut self.slots[s];
         if slot.pending.is_none() {
-            let from = Arc::clone(&slot.state);
-            let buf = match slot.spare.pop() {
-                Some(b) if b.len() == from.len() => b,
-                _ => vec![0.0; from.len()],
-            };
-            slot.state = Arc::new(buf);
-            slot.pending = Some(Pending {
-                from,
-                copied: vec![false; n_layer],
-            });
+            slot.begin_move(n_layer);
         }
         let state = Arc::make_mut(&mut slot.state);
         let from = match slot.pending.as_mut() {
