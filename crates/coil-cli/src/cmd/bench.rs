@@ -233,6 +233,7 @@ pub fn run(a: Args) -> Result<()> {
             "n_ubatch": a.ubatch,
             "repetitions": a.reps,
             "checkpoint_interval": margs.checkpoint_interval,
+            "checkpoint_every_token": margs.checkpoint_every_token,
             "pp_tps": mean(&pp),
             "pp_tps_std": std(&pp),
             "pp_secs": secs(&pp),
