@@ -548,10 +548,11 @@ const NT2: usize = 4;
 /// Two panels (32 rows) at once, `NT2` tokens: each activation broadcast
 /// feeds two `vpdpbusd`, so loads per product drop from 9/8 to 6/8. `MIN`:
 /// the Q4_K/Q5_K form of [`kernel_min256`] (per-256 activation scales);
-/// else the per-32 form of [`kernel`] without mins.
+/// else the per-32 form of [`kernel`] without mins (`HALF`: Q6_K's scale
+/// per 16 values).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn kernel2<const MIN: bool>(
+unsafe fn kernel2<const MIN: bool, const HALF: bool>(
     p: [&Panel; 2],
     acts: &Acts,
     cols: usize,
@@ -570,39 +571,45 @@ unsafe fn kernel2<const MIN: bool>(
     let xp: [*const u8; NT2] = tok.map(|t| acts.xu.as_ptr().add(t * cols));
     let mut facc = [[_mm512_setzero_ps(); NT2]; 2];
     let mut fsb = [[_mm512_setzero_ps(); NT2]; 2];
+    // scale groups per block, 4-column groups per scale
+    let (nh, gph) = if HALF { (2, 4) } else { (1, 8) };
     for kb in 0..nb {
         let q = [p[0].q.as_ptr().add(kb * 512), p[1].q.as_ptr().add(kb * 512)];
-        let mut iacc = [[_mm512_setzero_si512(); NT2]; 2];
-        for (k, ia) in iacc.iter_mut().enumerate() {
-            *ia = [_mm512_loadu_si512(p[k].ws.as_ptr().add(kb * 16) as *const _); NT2];
-        }
-        for g in 0..8 {
-            let w0 = _mm512_loadu_si512(q[0].add(64 * g) as *const _);
-            let w1 = _mm512_loadu_si512(q[1].add(64 * g) as *const _);
-            for t in 0..NT2 {
-                let xb =
-                    _mm512_set1_epi32((xp[t].add(32 * kb + 4 * g) as *const i32).read_unaligned());
-                iacc[0][t] = _mm512_dpbusd_epi32(iacc[0][t], xb, w0);
-                iacc[1][t] = _mm512_dpbusd_epi32(iacc[1][t], xb, w1);
+        for h in 0..nh {
+            let sg = kb * nh + h;
+            let mut iacc = [[_mm512_setzero_si512(); NT2]; 2];
+            for (k, ia) in iacc.iter_mut().enumerate() {
+                *ia = [_mm512_loadu_si512(p[k].ws.as_ptr().add(sg * 16) as *const _); NT2];
             }
-        }
-        for k in 0..2 {
-            let av = _mm512_loadu_ps(p[k].a.as_ptr().add(kb * 16));
-            if MIN {
-                let bv = _mm512_loadu_ps(p[k].b.as_ptr().add(kb * 16));
+            for g in h * gph..(h + 1) * gph {
+                let w0 = _mm512_loadu_si512(q[0].add(64 * g) as *const _);
+                let w1 = _mm512_loadu_si512(q[1].add(64 * g) as *const _);
                 for t in 0..NT2 {
-                    let f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[k][t]), av, fsb[k][t]);
-                    let s = *acts.dxs.get_unchecked(tok[t] * nb + kb);
-                    fsb[k][t] = _mm512_fnmadd_ps(bv, _mm512_set1_ps(s), f);
-                }
-            } else {
-                for t in 0..NT2 {
-                    let dx = *acts.dx.get_unchecked(tok[t] * nb + kb);
-                    facc[k][t] = _mm512_fmadd_ps(
-                        _mm512_cvtepi32_ps(iacc[k][t]),
-                        _mm512_mul_ps(av, _mm512_set1_ps(dx)),
-                        facc[k][t],
+                    let xb = _mm512_set1_epi32(
+                        (xp[t].add(32 * kb + 4 * g) as *const i32).read_unaligned(),
                     );
+                    iacc[0][t] = _mm512_dpbusd_epi32(iacc[0][t], xb, w0);
+                    iacc[1][t] = _mm512_dpbusd_epi32(iacc[1][t], xb, w1);
+                }
+            }
+            for k in 0..2 {
+                let av = _mm512_loadu_ps(p[k].a.as_ptr().add(sg * 16));
+                if MIN {
+                    let bv = _mm512_loadu_ps(p[k].b.as_ptr().add(sg * 16));
+                    for t in 0..NT2 {
+                        let f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[k][t]), av, fsb[k][t]);
+                        let s = *acts.dxs.get_unchecked(tok[t] * nb + kb);
+                        fsb[k][t] = _mm512_fnmadd_ps(bv, _mm512_set1_ps(s), f);
+                    }
+                } else {
+                    for t in 0..NT2 {
+                        let dx = *acts.dx.get_unchecked(tok[t] * nb + kb);
+                        facc[k][t] = _mm512_fmadd_ps(
+                            _mm512_cvtepi32_ps(iacc[k][t]),
+                            _mm512_mul_ps(av, _mm512_set1_ps(dx)),
+                            facc[k][t],
+                        );
+                    }
                 }
             }
         }
@@ -639,10 +646,9 @@ pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_token
     let panels = rows.div_ceil(16);
     let yp = SendPtr(y.as_mut_ptr());
     let half = sub16(w.ty);
-    // Work items: pairs of panels (two-panel kernel), except for Q6_K
-    // (16-value scales: one-panel kernel) and a last odd panel.
-    let pairs = !half;
-    let items = if pairs { panels.div_ceil(2) } else { panels };
+    // Work items: pairs of panels (two-panel kernel); a last odd panel
+    // alone.
+    let items = panels.div_ceil(2);
     pool.parallel_for(items, 1, |ir, _| {
         PANEL.with(|pa| {
             PANEL2.with(|pb| {
@@ -650,11 +656,7 @@ pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_token
                 let all: Vec<usize> = (0..n_tokens).collect();
                 let rb = w.row_bytes();
                 for it in ir {
-                    let (first, count) = if pairs {
-                        (2 * it, 2.min(panels - 2 * it))
-                    } else {
-                        (it, 1)
-                    };
+                    let (first, count) = (2 * it, 2.min(panels - 2 * it));
                     let r0 = first * 16;
                     // SAFETY: AVX-512 checked by the caller.
                     unsafe { pack_panel(w, r0, &mut pa) };
@@ -675,28 +677,14 @@ pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_token
                             // SAFETY: AVX-512 checked by the caller; rows
                             // r0..r0+32 of y belong to this item only.
                             unsafe {
+                                let pp = [&*pa, &*pb];
+                                let y = yp.get();
                                 if min {
-                                    kernel2::<true>(
-                                        [&pa, &pb],
-                                        &acts,
-                                        cols,
-                                        ts,
-                                        nr,
-                                        yp.get(),
-                                        rows,
-                                        r0,
-                                    );
+                                    kernel2::<true, false>(pp, &acts, cols, ts, nr, y, rows, r0);
+                                } else if half {
+                                    kernel2::<false, true>(pp, &acts, cols, ts, nr, y, rows, r0);
                                 } else {
-                                    kernel2::<false>(
-                                        [&pa, &pb],
-                                        &acts,
-                                        cols,
-                                        ts,
-                                        nr,
-                                        yp.get(),
-                                        rows,
-                                        r0,
-                                    );
+                                    kernel2::<false, false>(pp, &acts, cols, ts, nr, y, rows, r0);
                                 }
                             }
                         }
