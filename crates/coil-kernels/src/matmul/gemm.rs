@@ -35,7 +35,14 @@ thread_local! {
 /// Packs `x` (`[n_tokens, cols]`) into `xp` as `[ceil(n/TB)][cols][TB]`
 /// (padding tokens zero). `xp` is reused between calls: a fresh multi-MB
 /// buffer per call would cost page faults comparable to the product itself.
-fn pack_x(pool: &ThreadPool, x: &[f32], n_tokens: usize, cols: usize, xp: &mut Vec<f32>) {
+fn pack_x(
+    pool: &ThreadPool,
+    x: &[f32],
+    n_tokens: usize,
+    cols: usize,
+    xp: &mut Vec<f32>,
+    level: SimdLevel,
+) {
     let nb = n_tokens.div_ceil(TB);
     if xp.len() < nb * cols * TB {
         xp.resize(nb * cols * TB, 0.0);
@@ -52,9 +59,23 @@ fn pack_x(pool: &ThreadPool, x: &[f32], n_tokens: usize, cols: usize, xp: &mut V
             if nt < TB {
                 dst.fill(0.0);
             }
-            // Column blocks of 64 keep the written part (64 x TB f32, 8 KiB)
-            // in L1 while the tokens' rows are read.
+            // Whole blocks with AVX-512: 16 x 16 transposes in registers.
             let mut k0 = 0;
+            #[cfg(target_arch = "x86_64")]
+            if nt == TB && level >= SimdLevel::Avx512 {
+                let xb = &x[b * TB * cols..(b + 1) * TB * cols];
+                while k0 + 16 <= cols {
+                    for h in 0..TB / 16 {
+                        // SAFETY: AVX-512 checked; rows 16h..16h+16 of the
+                        // block, columns k0..k0+16, exist in xb and dst.
+                        unsafe { x86::transpose16(xb, cols, 16 * h, k0, dst) };
+                    }
+                    k0 += 16;
+                }
+            }
+            let _ = level;
+            // The rest (column blocks of 64 keep the written part, 8 KiB, in
+            // L1 while the tokens' rows are read).
             while k0 < cols {
                 let k1 = (k0 + 64).min(cols);
                 for t in 0..nt {
@@ -94,7 +115,7 @@ pub fn gemm(
     let (rows, cols) = (w.rows, w.cols);
     // Reuse this thread's buffer (taken out so nested use cannot alias it).
     let mut xp = XP.with(|b| std::mem::take(&mut *b.borrow_mut()));
-    pack_x(pool, x, n_tokens, cols, &mut xp);
+    pack_x(pool, x, n_tokens, cols, &mut xp, level);
     let nb = n_tokens.div_ceil(TB);
     let panels = rows.div_ceil(PANEL);
     // Split the token blocks into groups when there are few row panels.
@@ -277,6 +298,54 @@ unsafe fn microkernel(
 mod x86 {
     use super::TB;
     use std::arch::x86_64::*;
+
+    /// `dst[(k0 + k) * TB + t0 + r] = x[(t0 + r) * cols + k0 + k]` for
+    /// `r, k < 16`: one 16 x 16 block of the activation transpose.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn transpose16(x: &[f32], cols: usize, t0: usize, k0: usize, dst: &mut [f32]) {
+        debug_assert!((t0 + 15) * cols + k0 + 16 <= x.len());
+        debug_assert!((k0 + 15) * TB + t0 + 16 <= dst.len());
+        let r: [__m512; 16] =
+            std::array::from_fn(|i| _mm512_loadu_ps(x.as_ptr().add((t0 + i) * cols + k0)));
+        // Per 128-bit lane L: t[2i] = [a0 b0 a1 b1], t[2i+1] = [a2 b2 a3 b3]
+        // (a = row 2i, b = row 2i+1, elements 4L + ·).
+        let t: [__m512; 16] = std::array::from_fn(|i| {
+            let (a, b) = (r[i & !1], r[i | 1]);
+            if i % 2 == 0 {
+                _mm512_unpacklo_ps(a, b)
+            } else {
+                _mm512_unpackhi_ps(a, b)
+            }
+        });
+        // u[4i + j], lane L: rows 4i..4i+3 of element 4L + j.
+        let u: [__m512; 16] = std::array::from_fn(|n| {
+            let (i, j) = (n / 4, n % 4);
+            let (a, b) = (t[4 * i + j / 2], t[4 * i + 2 + j / 2]);
+            if j % 2 == 0 {
+                _mm512_shuffle_ps::<0x44>(a, b)
+            } else {
+                _mm512_shuffle_ps::<0xEE>(a, b)
+            }
+        });
+        // out[4m + j] = [u[j].m, u[4+j].m, u[8+j].m, u[12+j].m] (lanes).
+        let d = dst.as_mut_ptr();
+        for j in 0..4 {
+            let p0 = _mm512_shuffle_f32x4::<0x44>(u[j], u[4 + j]);
+            let p1 = _mm512_shuffle_f32x4::<0xEE>(u[j], u[4 + j]);
+            let q0 = _mm512_shuffle_f32x4::<0x44>(u[8 + j], u[12 + j]);
+            let q1 = _mm512_shuffle_f32x4::<0xEE>(u[8 + j], u[12 + j]);
+            let out = [
+                _mm512_shuffle_f32x4::<0x88>(p0, q0),
+                _mm512_shuffle_f32x4::<0xDD>(p0, q0),
+                _mm512_shuffle_f32x4::<0x88>(p1, q1),
+                _mm512_shuffle_f32x4::<0xDD>(p1, q1),
+            ];
+            for (m, v) in out.iter().enumerate() {
+                let k = 4 * m + j;
+                _mm512_storeu_ps(d.add((k0 + k) * TB + t0), *v);
+            }
+        }
+    }
 
     macro_rules! dispatch {
         ($name:ident, $kern:ident, $($m:literal)*) => {
