@@ -212,6 +212,22 @@ pub fn gemm(
                             let m = mr.min(nr - rt);
                             let ci = ((b - b0) * row_tiles_max + rt / mr) * MR_MAX * TB;
                             let tile = &cbuf[ci..ci + MR_MAX * TB];
+                            #[cfg(target_arch = "x86_64")]
+                            if level >= SimdLevel::Avx512 {
+                                // SAFETY: AVX-512 checked; y[t0+t, r0+rt ..
+                                // +m] for t < nt belongs to this item only.
+                                unsafe {
+                                    x86::scatter_tile(
+                                        tile,
+                                        m,
+                                        nt,
+                                        yp.get().add(t0 * rows + r0 + rt),
+                                        rows,
+                                    )
+                                };
+                                rt += m;
+                                continue;
+                            }
                             for t in 0..nt {
                                 // SAFETY: y[t0+t, r0+rt .. +m] belongs to this item only.
                                 let o = unsafe {
@@ -299,12 +315,47 @@ mod x86 {
     use super::TB;
     use std::arch::x86_64::*;
 
+    /// `y[t * ys + r] = tile[r * TB + t]` for `r < m ≤ 16`, `t < nt ≤ TB`:
+    /// an accumulator tile (`[rows][TB]`) to its rows of `y`, transposed in
+    /// registers and stored with masks.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn scatter_tile(tile: &[f32], m: usize, nt: usize, y: *mut f32, ys: usize) {
+        debug_assert!(m <= 16 && nt <= TB && tile.len() >= m * TB);
+        let mut pad = [0f32; 16 * TB];
+        pad[..m * TB].copy_from_slice(&tile[..m * TB]);
+        let mut tr = [0f32; TB * 16];
+        for h in 0..TB / 16 {
+            transpose16_to(&pad, TB, 0, 16 * h, &mut tr, 16);
+        }
+        let mask: u16 = if m >= 16 { 0xFFFF } else { (1u16 << m) - 1 };
+        for t in 0..nt {
+            _mm512_mask_storeu_ps(
+                y.add(t * ys),
+                mask,
+                _mm512_loadu_ps(tr.as_ptr().add(16 * t)),
+            );
+        }
+    }
+
     /// `dst[(k0 + k) * TB + t0 + r] = x[(t0 + r) * cols + k0 + k]` for
     /// `r, k < 16`: one 16 x 16 block of the activation transpose.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn transpose16(x: &[f32], cols: usize, t0: usize, k0: usize, dst: &mut [f32]) {
-        debug_assert!((t0 + 15) * cols + k0 + 16 <= x.len());
-        debug_assert!((k0 + 15) * TB + t0 + 16 <= dst.len());
+        transpose16_to(x, cols, t0, k0, dst, TB)
+    }
+
+    /// [`transpose16`] with `ds` elements between the rows of `dst`.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn transpose16_to(
+        x: &[f32],
+        cols: usize,
+        t0: usize,
+        k0: usize,
+        dst: &mut [f32],
+        ds: usize,
+    ) {
+        assert!((t0 + 15) * cols + k0 + 16 <= x.len());
+        assert!((k0 + 15) * ds + t0 + 16 <= dst.len());
         let r: [__m512; 16] =
             std::array::from_fn(|i| _mm512_loadu_ps(x.as_ptr().add((t0 + i) * cols + k0)));
         // Per 128-bit lane L: t[2i] = [a0 b0 a1 b1], t[2i+1] = [a2 b2 a3 b3]
@@ -342,7 +393,7 @@ mod x86 {
             ];
             for (m, v) in out.iter().enumerate() {
                 let k = 4 * m + j;
-                _mm512_storeu_ps(d.add((k0 + k) * TB + t0), *v);
+                _mm512_storeu_ps(d.add((k0 + k) * ds + t0), *v);
             }
         }
     }
