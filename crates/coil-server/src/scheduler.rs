@@ -231,6 +231,12 @@ struct Active {
     started: Instant,
     /// When the first token was sampled.
     first_token: Option<Instant>,
+    /// Where this prompt leaves the longest prefix it shares with a cached
+    /// or running sequence that could not be resumed there (no checkpoint
+    /// at that point): the prefill takes a checkpoint at this position, so
+    /// that the next prompt sharing the prefix resumes at the branch
+    /// (e.g. one system prompt, many different questions). 0: none.
+    branch: usize,
 }
 
 enum Outcome {
@@ -478,7 +484,7 @@ impl Worker {
     /// Gives `req` a slot holding the longest cached prefix of its prompt.
     fn admit(&mut self, mut req: GenRequest) {
         match self.prepare(&mut req) {
-            Ok((seq, cached)) => {
+            Ok((seq, cached, branch)) => {
                 let n = req.prompt.len();
                 let m = &self.metrics;
                 metrics::add(&m.prompt_tokens, n);
@@ -508,6 +514,7 @@ impl Worker {
                     id: self.n_admitted,
                     started: Instant::now(),
                     first_token: None,
+                    branch,
                 });
                 self.n_admitted += 1;
             }
@@ -553,7 +560,8 @@ impl Worker {
     /// between its resume point (a checkpoint) and the shared length are
     /// processed with the rest of the prompt, batched like any prefill,
     /// rather than replayed here.
-    fn prepare(&mut self, req: &mut GenRequest) -> Result<(SeqId, usize), String> {
+    /// Also returns the branch position (see `Active::branch`).
+    fn prepare(&mut self, req: &mut GenRequest) -> Result<(SeqId, usize, usize), String> {
         let n = req.prompt.len();
         if n == 0 {
             return Err("the prompt has no tokens".into());
@@ -585,6 +593,8 @@ impl Worker {
             key: (usize, bool, u64),
         }
         let n_ctx = self.engine.mem.n_ctx();
+        // The longest prefix shared with anything in memory.
+        let shared = cands.iter().map(|&(_, len, _)| len).max().unwrap_or(0);
         let mut best: Option<Pick> = None;
         for (seq, len, parked) in cands {
             let held = self.engine.mem.seq_tokens(seq).map_err(|e| e.to_string())?;
@@ -622,7 +632,7 @@ impl Worker {
             let slot = self.take_slot(None).ok_or("no free sequence slot")?;
             self.engine.seq_clear(slot).map_err(|e| e.to_string())?;
             self.pinned[slot].clear();
-            return Ok((slot, 0));
+            return Ok((slot, 0, shared));
         };
         if let Some(p) = pick.prompt.take() {
             req.prompt = p;
@@ -668,7 +678,8 @@ impl Worker {
         };
         self.pin(slot, pick.at);
         metrics::add(&self.metrics.prefix_tokens_recomputed, pick.len - pick.at);
-        Ok((slot, pick.at - stats.replayed.min(pick.at)))
+        let branch = if shared > pick.at { shared } else { 0 };
+        Ok((slot, pick.at - stats.replayed.min(pick.at), branch))
     }
 
     /// One batched forward pass over every active request.
@@ -684,7 +695,11 @@ impl Worker {
                 // checkpoint lands right before it: the same prompt sent
                 // again then reuses all but that token.
                 let n = a.prompt.len();
-                let target = if a.done + 1 < n { n - 1 } else { n };
+                let mut target = if a.done + 1 < n { n - 1 } else { n };
+                // End a call at the branch point: a checkpoint lands there.
+                if a.branch > a.done && a.branch < target {
+                    target = a.branch;
+                }
                 let take = (target - a.done).min(budget);
                 budget -= take;
                 let end = a.done + take == n;
@@ -748,7 +763,9 @@ impl Worker {
             let a = &mut self.active[i];
             if is_prompt {
                 a.done += toks.len();
-                if a.done + 1 >= a.prompt.len() {
+                // Keep the prompt's last checkpoints, and the one at the
+                // branch point, whatever thinning does to the engine's list.
+                if a.done + 1 >= a.prompt.len() || (a.branch > 0 && a.done == a.branch) {
                     pins.push((a.seq, a.done));
                 }
             } else {

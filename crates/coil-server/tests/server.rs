@@ -622,3 +622,29 @@ fn cached_conversations_with_a_common_prefix_hold_it_once() {
         "{left} of {total}"
     );
 }
+
+/// Prompts that share a long beginning and then differ (one system prompt,
+/// many questions): the second such prompt finds no checkpoint at the
+/// branch point in the first, so it takes one there while it runs; from the
+/// third on, the shared beginning is reused.
+#[test]
+fn prompts_that_branch_reuse_the_shared_beginning_from_the_third_on() {
+    let s = start(1, 4, 2048);
+    let system = "You are a careful assistant who answers questions about fruit, \
+                  their colours, their seasons and the regions where they grow, in \
+                  short sentences without any lists or tables. "
+        .repeat(3);
+    let ask = |q: &str| usage(&complete(&s, &format!("{system}Question: {q}"), 4));
+    let (pa, ca, _) = ask("what colour are apples?");
+    let (pb, cb, _) = ask("when are pears ripe?");
+    let (pc, cc, _) = ask("where do plums grow?");
+    eprintln!("prompts {pa}/{pb}/{pc}, cached {ca}/{cb}/{cc}");
+    assert_eq!(ca, 0);
+    // B resumes only at a checkpoint A happened to take (a prefill-chunk
+    // boundary at most), before the branch...
+    assert!(cb + 8 < pb, "B cached {cb} of {pb}");
+    // ...and leaves one at the branch, which C resumes from: everything up
+    // to "Question:" (the questions differ from their first word).
+    assert!(cc > cb, "C cached {cc}, B {cb}");
+    assert!(cc + 12 >= pc && cc < pc, "C cached {cc} of {pc}");
+}
