@@ -129,6 +129,8 @@ async fn metrics(State(st): State<Arc<ServerState>>) -> Response {
 /// A checked request, ready for the engine thread.
 struct Job {
     prompt: Vec<u32>,
+    /// Checkpoint positions for the scheduler (`GenRequest::marks`).
+    marks: Vec<usize>,
     params: SamplingParams,
     max_tokens: usize,
     stop: Vec<String>,
@@ -225,6 +227,7 @@ fn completion_job(st: &ServerState, req: CompletionRequest) -> Result<Job, ApiEr
     )?;
     Ok(Job {
         prompt,
+        marks: Vec::new(),
         params,
         max_tokens,
         stop: req.sampling.stops(),
@@ -269,10 +272,55 @@ pub fn chat_prompt(
     ))
 }
 
+/// Where the first message (the system prompt, typically) and the
+/// next-to-last message end in `prompt`: checkpoints there let a later
+/// conversation that shares them and then differs (same system prompt,
+/// another question; the last message edited) resume at them. Positions
+/// are the tokens a prefix of the conversation, rendered alone, shares
+/// with the whole prompt.
+pub fn message_ends(
+    template: &ChatTemplate,
+    tokenizer: &Tokenizer,
+    messages: &[Value],
+    tools: Option<&Value>,
+    prompt: &[u32],
+) -> Vec<usize> {
+    let n = messages.len();
+    let mut ks = vec![1, n.saturating_sub(1)];
+    ks.retain(|&k| k > 0 && k < n);
+    ks.dedup();
+    let mut marks = Vec::new();
+    for k in ks {
+        let Ok(text) = template.render_with_tools(&messages[..k], tools, false) else {
+            continue;
+        };
+        let has_bos = !template.bos_token.is_empty() && text.starts_with(&template.bos_token);
+        let toks = tokenizer.encode_with(
+            &text,
+            EncodeOptions {
+                add_special: !has_bos,
+                parse_special: true,
+            },
+        );
+        let common = toks.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        if common > 0 {
+            marks.push(common);
+        }
+    }
+    marks
+}
+
 fn chat_job(st: &ServerState, req: ChatRequest) -> Result<Job, ApiError> {
     let params = req.sampling.params()?;
     let messages = api::normalise_messages(&req.messages)?;
     let prompt = chat_prompt(&st.template, &st.tokenizer, &messages, req.tools.as_ref())?;
+    let marks = message_ends(
+        &st.template,
+        &st.tokenizer,
+        &messages,
+        req.tools.as_ref(),
+        &prompt,
+    );
     if prompt.is_empty() {
         return Err(
             ApiError::bad_request("the rendered chat prompt is empty").with_param("messages")
@@ -287,6 +335,7 @@ fn chat_job(st: &ServerState, req: ChatRequest) -> Result<Job, ApiError> {
     stop.extend(st.template.extra_stops.iter().cloned());
     Ok(Job {
         prompt,
+        marks,
         params,
         max_tokens,
         stop,
@@ -310,6 +359,7 @@ async fn run_job(st: &ServerState, job: Job, meta: ResponseMeta, kind: Kind) -> 
         max_tokens: job.max_tokens,
         stop: job.stop,
         stop_at_eos: job.stop_at_eos,
+        marks: job.marks,
         events: tx,
     });
     if !submitted {

@@ -100,6 +100,10 @@ pub struct GenRequest {
     pub stop: Vec<String>,
     /// Stop at an end-of-generation token.
     pub stop_at_eos: bool,
+    /// Prompt positions worth a checkpoint (ends of chat messages): a later
+    /// prompt that shares the conversation up to one of them, then differs,
+    /// resumes there.
+    pub marks: Vec<usize>,
     /// Where events go; when the receiver is dropped (client gone) the
     /// request is cancelled and its slot freed.
     pub events: UnboundedSender<Event>,
@@ -231,12 +235,13 @@ struct Active {
     started: Instant,
     /// When the first token was sampled.
     first_token: Option<Instant>,
-    /// Where this prompt leaves the longest prefix it shares with a cached
-    /// or running sequence that could not be resumed there (no checkpoint
-    /// at that point): the prefill takes a checkpoint at this position, so
-    /// that the next prompt sharing the prefix resumes at the branch
-    /// (e.g. one system prompt, many different questions). 0: none.
-    branch: usize,
+    /// Prompt positions where the prefill ends a call, so that a
+    /// checkpoint lands there (sorted): the request's `marks`, and where
+    /// this prompt leaves the longest prefix it shares with a cached or
+    /// running sequence that could not be resumed there — the next prompt
+    /// sharing that prefix resumes at the branch (e.g. one system prompt,
+    /// many different questions).
+    marks: Vec<usize>,
 }
 
 enum Outcome {
@@ -485,6 +490,11 @@ impl Worker {
     fn admit(&mut self, mut req: GenRequest) {
         match self.prepare(&mut req) {
             Ok((seq, cached, branch)) => {
+                let mut marks = std::mem::take(&mut req.marks);
+                marks.push(branch);
+                marks.retain(|&m| m > cached && m + 1 < req.prompt.len());
+                marks.sort_unstable();
+                marks.dedup();
                 let n = req.prompt.len();
                 let m = &self.metrics;
                 metrics::add(&m.prompt_tokens, n);
@@ -514,7 +524,7 @@ impl Worker {
                     id: self.n_admitted,
                     started: Instant::now(),
                     first_token: None,
-                    branch,
+                    marks,
                 });
                 self.n_admitted += 1;
             }
@@ -560,7 +570,7 @@ impl Worker {
     /// between its resume point (a checkpoint) and the shared length are
     /// processed with the rest of the prompt, batched like any prefill,
     /// rather than replayed here.
-    /// Also returns the branch position (see `Active::branch`).
+    /// Also returns the branch position (see `Active::marks`; 0: none).
     fn prepare(&mut self, req: &mut GenRequest) -> Result<(SeqId, usize, usize), String> {
         let n = req.prompt.len();
         if n == 0 {
@@ -696,9 +706,9 @@ impl Worker {
                 // again then reuses all but that token.
                 let n = a.prompt.len();
                 let mut target = if a.done + 1 < n { n - 1 } else { n };
-                // End a call at the branch point: a checkpoint lands there.
-                if a.branch > a.done && a.branch < target {
-                    target = a.branch;
+                // End a call at the next mark: a checkpoint lands there.
+                if let Some(&m) = a.marks.iter().find(|&&m| m > a.done && m < target) {
+                    target = m;
                 }
                 let take = (target - a.done).min(budget);
                 budget -= take;
@@ -765,7 +775,7 @@ impl Worker {
                 a.done += toks.len();
                 // Keep the prompt's last checkpoints, and the one at the
                 // branch point, whatever thinning does to the engine's list.
-                if a.done + 1 >= a.prompt.len() || (a.branch > 0 && a.done == a.branch) {
+                if a.done + 1 >= a.prompt.len() || a.marks.contains(&a.done) {
                     pins.push((a.seq, a.done));
                 }
             } else {

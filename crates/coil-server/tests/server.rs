@@ -648,3 +648,33 @@ fn prompts_that_branch_reuse_the_shared_beginning_from_the_third_on() {
     assert!(cc > cb, "C cached {cc}, B {cb}");
     assert!(cc + 12 >= pc && cc < pc, "C cached {cc} of {pc}");
 }
+
+/// A chat prompt checkpoints where its system message ends, so the very
+/// next conversation with the same system message and another question
+/// resumes there.
+#[test]
+fn chats_with_the_same_system_message_reuse_it() {
+    let s = start(1, 4, 2048);
+    let system = "You answer questions about rivers: their sources, their mouths and the \
+                  towns along them, briefly and in plain words. "
+        .repeat(3);
+    let chat = |q: &str| {
+        let r = s.post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "system", "content": system},
+                                 {"role": "user", "content": q}],
+                    "max_tokens": 4, "temperature": 0, "ignore_eos": true}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        usage(&r.json())
+    };
+    let (pa, ca, _) = chat("Where does the Rhine begin?");
+    let (pb, cb, _) = chat("Which towns lie on the Danube?");
+    eprintln!("prompts {pa}/{pb}, cached {ca}/{cb}");
+    assert_eq!(ca, 0);
+    // Most of the system message is reused by the second conversation
+    // already (up to where its rendering alone tokenizes like the whole
+    // prompt); without the checkpoint at its end, only up to the previous
+    // prefill-chunk checkpoint (64 of 159 here).
+    assert!(3 * cb >= 2 * pb && cb < pb, "cached {cb} of {pb}");
+}

@@ -8,7 +8,7 @@ use super::common::{ModelArgs, SamplingArgs};
 use anyhow::{anyhow, bail, Context, Result};
 use coil::engine::sampling::SamplingParams;
 use coil::tokenizer::Tokenizer;
-use coil_server::routes::chat_prompt;
+use coil_server::routes::{chat_prompt, message_ends};
 use coil_server::scheduler::{Event, GenRequest, Scheduler, SchedulerConfig};
 use coil_server::template::ChatTemplate;
 use serde_json::{json, Value};
@@ -122,8 +122,10 @@ pub fn run(a: Args) -> Result<()> {
         stops.extend(template.extra_stops.iter().cloned());
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let max_tokens = a.n_predict.min(n_ctx - prompt.len());
+        let marks = message_ends(&template, &tokenizer, &messages, None, &prompt);
         let req = GenRequest {
             prompt,
+            marks,
             params: SamplingParams {
                 seed: params.seed.wrapping_add(messages.len() as u64),
                 ..params.clone()
