@@ -13,12 +13,13 @@
 //! llama.cpp's Q8_K and coil's decode path), so `dx` is applied once per
 //! super-block: fewer float operations per block and token (+3–10% here).
 //!
-//! Layout: a work item is a panel of 16 weight rows; its blocks are packed
+//! Layout: a work item is two panels of 16 weight rows (a last odd panel
+//! is paired with an empty one); a panel's blocks are packed
 //! `[block][group of 4 columns][16 rows][4]` (64 bytes per `vpdpbusd`), with
 //! `a`, `b` and `−128·sum q` per `[block][16 rows]`. The microkernel keeps
-//! `NT` tokens × 16 rows in registers and broadcasts 4 activation bytes per
-//! instruction. Output rows of a token are contiguous in `y`, so results are
-//! stored as vectors.
+//! `NT` tokens × 32 rows in registers; each broadcast of 4 activation bytes
+//! feeds both panels. Output rows of a token are contiguous in `y`, so
+//! results are stored as vectors.
 
 use super::dequant::{iq4xs_scales, rd_f16, scale_min_k4, KVALUES_IQ4NL};
 use super::{SendPtr, WeightRef};
@@ -28,7 +29,7 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 
 /// Tokens per microkernel call.
-const NT: usize = 8;
+const NT: usize = 4;
 
 /// Whether `ty` has an integer GEMM.
 pub fn supported(ty: GgmlType) -> bool {
@@ -170,117 +171,64 @@ unsafe fn decode_row(ty: GgmlType, src: &[u8], q: &mut [i8], a: &mut [f32], b: &
     }
 }
 
-/// Activations of all tokens: `qx + 128` as u8 `[n][cols]`, `dx`, `dx·sum qx`
-/// per `[n][cols/32]`. Reused between calls (no per-call page faults).
+/// Activations of all tokens: `qx + 128` as u8 `[n][cols]`, one scale `dx`
+/// per block of 32 or 256 values, and `sum qx` per 32 (as f32; the min
+/// term of Q4_K/Q5_K). Reused between calls (no per-call page faults).
 #[derive(Default)]
 struct Acts {
     xu: Vec<u8>,
     dx: Vec<f32>,
-    dxs: Vec<f32>,
+    sums: Vec<f32>,
 }
 
 thread_local! {
     static ACTS: RefCell<Acts> = RefCell::new(Acts::default());
 }
 
-/// Quantizes the activations of `n` tokens. `per256`: one scale per 256
-/// values (`dx` then holds `[n][cols/256]` scales and `dxs` the plain sums
-/// `sum qx` per 32, as f32) — for the K-quants with mins, whose kernel then
-/// applies the activation scale once per super-block; else one scale per 32.
-fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, per256: bool, a: &mut Acts) {
+/// Quantizes the activations of `n` tokens with one scale per `block`
+/// values: 256 for the K-quants with mins (their kernel applies the scale
+/// once per super-block, as llama.cpp's Q8_K), else 32.
+fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, block: usize, a: &mut Acts) {
     let nb = cols / 32;
     if a.xu.len() < n * cols {
         a.xu.resize(n * cols, 0);
     }
     if a.dx.len() < n * nb {
         a.dx.resize(n * nb, 0.0);
-        a.dxs.resize(n * nb, 0.0);
+        a.sums.resize(n * nb, 0.0);
     }
     let (pu, pd, ps) = (
         SendPtr(a.xu.as_mut_ptr()),
         SendPtr(a.dx.as_mut_ptr()),
-        SendPtr(a.dxs.as_mut_ptr()),
+        SendPtr(a.sums.as_mut_ptr()),
     );
     pool.parallel_for(n, 16, |tr, _| {
         for t in tr {
             // SAFETY: AVX-512 checked by igemm's caller; token t owns its
             // rows of the buffers.
             unsafe {
-                let xr = &x[t * cols..(t + 1) * cols];
-                if per256 {
-                    quantize_row_256(
-                        xr,
-                        pu.get().add(t * cols),
-                        pd.get().add(t * (cols / 256)),
-                        ps.get().add(t * nb),
-                    )
-                } else {
-                    quantize_row(
-                        xr,
-                        pu.get().add(t * cols),
-                        pd.get().add(t * nb),
-                        ps.get().add(t * nb),
-                    )
-                }
+                quantize_row(
+                    &x[t * cols..(t + 1) * cols],
+                    block,
+                    pu.get().add(t * cols),
+                    pd.get().add(t * (cols / block)),
+                    ps.get().add(t * nb),
+                )
             };
         }
     });
 }
 
-/// One token's activations, 32 values per scale: `xu = qx + 128`,
-/// `dx = amax / 127`, `dxs = dx · sum qx` (`qx = round(x / dx)`, ties to even).
+/// One token's activations: `xu = qx + 128`, `dx = amax / 127` per `block`
+/// values (a multiple of 32), `sums = sum qx` per 32 (`qx = round(x / dx)`,
+/// ties to even).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-unsafe fn quantize_row(x: &[f32], xu: *mut u8, dx: *mut f32, dxs: *mut f32) {
-    let absmask = _mm512_set1_epi32(0x7FFF_FFFF);
-    let off = _mm512_set1_epi32(128);
-    for (b, xb) in x.chunks_exact(32).enumerate() {
-        let v0 = _mm512_loadu_ps(xb.as_ptr());
-        let v1 = _mm512_loadu_ps(xb.as_ptr().add(16));
-        let a0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v0), absmask));
-        let a1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v1), absmask));
-        let amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
-        let (d, id) = if amax > 0.0 && amax.is_finite() {
-            (amax / 127.0, 127.0 / amax)
-        } else {
-            // Zeros, or a NaN/inf block: the scale carries it to the output.
-            (if amax.is_finite() { 0.0 } else { amax }, 0.0)
-        };
-        let idv = _mm512_set1_ps(id);
-        let lim = _mm512_set1_ps(127.0);
-        let q = |v: __m512| {
-            let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-                _mm512_mul_ps(v, idv),
-            );
-            _mm512_cvtps_epi32(_mm512_max_ps(
-                _mm512_min_ps(r, lim),
-                _mm512_sub_ps(_mm512_setzero_ps(), lim),
-            ))
-        };
-        let (q0, q1) = (q(v0), q(v1));
-        let s = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-        let o = xu.add(32 * b);
-        _mm_storeu_si128(
-            o as *mut __m128i,
-            _mm512_cvtepi32_epi8(_mm512_add_epi32(q0, off)),
-        );
-        _mm_storeu_si128(
-            o.add(16) as *mut __m128i,
-            _mm512_cvtepi32_epi8(_mm512_add_epi32(q1, off)),
-        );
-        *dx.add(b) = d;
-        *dxs.add(b) = d * s as f32;
-    }
-}
-
-/// One token's activations, 256 values per scale: `xu = qx + 128`,
-/// `dx = amax / 127` per 256, `sums = sum qx` per 32 (as f32).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-unsafe fn quantize_row_256(x: &[f32], xu: *mut u8, dx: *mut f32, sums: *mut f32) {
+unsafe fn quantize_row(x: &[f32], block: usize, xu: *mut u8, dx: *mut f32, sums: *mut f32) {
     let absmask = _mm512_set1_epi32(0x7FFF_FFFF);
     let off = _mm512_set1_epi32(128);
     let lim = _mm512_set1_ps(127.0);
     let nlim = _mm512_set1_ps(-127.0);
-    for (sb, xs) in x.chunks_exact(256).enumerate() {
+    for (bi, xs) in x.chunks_exact(block).enumerate() {
         let mut m = _mm512_setzero_ps();
         for v in xs.chunks_exact(16) {
             let a = _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(v.as_ptr())), absmask);
@@ -290,19 +238,21 @@ unsafe fn quantize_row_256(x: &[f32], xu: *mut u8, dx: *mut f32, sums: *mut f32)
         let (d, id) = if amax > 0.0 && amax.is_finite() {
             (amax / 127.0, 127.0 / amax)
         } else {
+            // Zeros, or a NaN/inf block: the scale carries it to the output.
             (if amax.is_finite() { 0.0 } else { amax }, 0.0)
         };
         let idv = _mm512_set1_ps(id);
+        let q = |v: __m512| {
+            let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                _mm512_mul_ps(v, idv),
+            );
+            _mm512_cvtps_epi32(_mm512_max_ps(_mm512_min_ps(r, lim), nlim))
+        };
         for (j, xb) in xs.chunks_exact(32).enumerate() {
-            let q = |v: __m512| {
-                let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-                    _mm512_mul_ps(v, idv),
-                );
-                _mm512_cvtps_epi32(_mm512_max_ps(_mm512_min_ps(r, lim), nlim))
-            };
             let q0 = q(_mm512_loadu_ps(xb.as_ptr()));
             let q1 = q(_mm512_loadu_ps(xb.as_ptr().add(16)));
-            let o = xu.add(256 * sb + 32 * j);
+            let at = bi * block + 32 * j;
+            let o = xu.add(at);
             _mm_storeu_si128(
                 o as *mut __m128i,
                 _mm512_cvtepi32_epi8(_mm512_add_epi32(q0, off)),
@@ -311,9 +261,9 @@ unsafe fn quantize_row_256(x: &[f32], xu: *mut u8, dx: *mut f32, sums: *mut f32)
                 o.add(16) as *mut __m128i,
                 _mm512_cvtepi32_epi8(_mm512_add_epi32(q1, off)),
             );
-            *sums.add(8 * sb + j) = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)) as f32;
+            *sums.add(at / 32) = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)) as f32;
         }
-        *dx.add(sb) = d;
+        *dx.add(bi) = d;
     }
 }
 
@@ -350,7 +300,7 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
     p.dq.resize(16 * st, 0);
     p.ra.resize(16 * ns, 0.0);
     p.rb.resize(16 * ns, 0.0);
-    let nr = 16.min(w.rows - r0);
+    let nr = 16.min(w.rows.saturating_sub(r0)); // 0: an empty panel (zeros)
     for r in 0..16 {
         if r < nr {
             decode_row(
@@ -423,136 +373,15 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
     }
 }
 
-/// `y[t, r0..r0+nr] = ...` for tokens `ts` (up to NT; unused slots repeat
-/// the last token and are not stored).
+/// `y[t, r0..r0+32]` for tokens `ts` (up to `NT`; unused slots repeat the
+/// last token and are not stored), two panels at once: each activation
+/// broadcast feeds two `vpdpbusd` (loads per product 6/8 against 9/8 with
+/// one panel of 8 tokens). `MIN`: Q4_K/Q5_K with per-256 activation scales
+/// (`a·Σq·qx − b·Σqx` per block, `dx` once per super-block); else one
+/// activation scale per 32 (`HALF`: Q6_K's weight scale per 16 values).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn kernel<const MIN: bool, const HALF: bool>(
-    p: &Panel,
-    acts: &Acts,
-    cols: usize,
-    ts: &[usize],
-    nr: usize,
-    y: *mut f32,
-    rows: usize,
-    r0: usize,
-) {
-    let nb = cols / 32;
-    let mut tok = [0usize; NT];
-    for (i, t) in tok.iter_mut().enumerate() {
-        *t = ts[i.min(ts.len() - 1)];
-    }
-    let xp: [*const u8; NT] = tok.map(|t| acts.xu.as_ptr().add(t * cols));
-    let mut facc = [_mm512_setzero_ps(); NT];
-    let (nh, gph) = if HALF { (2, 4) } else { (1, 8) }; // scale groups per block, 4-col groups per scale
-    for kb in 0..nb {
-        let qb = p.q.as_ptr().add(kb * 512);
-        for h in 0..nh {
-            let sg = kb * nh + h;
-            let ws = _mm512_loadu_si512(p.ws.as_ptr().add(sg * 16) as *const _);
-            let mut iacc = [ws; NT];
-            for g in h * gph..(h + 1) * gph {
-                let wv = _mm512_loadu_si512(qb.add(64 * g) as *const _);
-                for t in 0..NT {
-                    let xb = _mm512_set1_epi32(
-                        (xp[t].add(32 * kb + 4 * g) as *const i32).read_unaligned(),
-                    );
-                    iacc[t] = _mm512_dpbusd_epi32(iacc[t], xb, wv);
-                }
-            }
-            let av = _mm512_loadu_ps(p.a.as_ptr().add(sg * 16));
-            let bv = if MIN {
-                _mm512_loadu_ps(p.b.as_ptr().add(sg * 16))
-            } else {
-                _mm512_setzero_ps()
-            };
-            for t in 0..NT {
-                let s = _mm512_cvtepi32_ps(iacc[t]);
-                let dx = *acts.dx.get_unchecked(tok[t] * nb + kb);
-                facc[t] = _mm512_fmadd_ps(s, _mm512_mul_ps(av, _mm512_set1_ps(dx)), facc[t]);
-                if MIN {
-                    let dxs = *acts.dxs.get_unchecked(tok[t] * nb + kb);
-                    facc[t] = _mm512_fnmadd_ps(bv, _mm512_set1_ps(dxs), facc[t]);
-                }
-            }
-        }
-    }
-    let mask: u16 = if nr >= 16 { 0xFFFF } else { (1u16 << nr) - 1 };
-    for (i, &t) in ts.iter().enumerate() {
-        _mm512_mask_storeu_ps(y.add(t * rows + r0), mask, facc[i]);
-    }
-}
-
-/// [`kernel`] for the K-quants with mins (Q4_K, Q5_K) against activations
-/// with one scale per 256 values: per 32-block and token only the integer
-/// sum is converted and scaled by the weight's `a` (and the min term
-/// `b · sum qx` subtracted); the activation scale is applied once per
-/// super-block.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn kernel_min256(
-    p: &Panel,
-    acts: &Acts,
-    cols: usize,
-    ts: &[usize],
-    nr: usize,
-    y: *mut f32,
-    rows: usize,
-    r0: usize,
-) {
-    let nb = cols / 32;
-    let nsb = cols / 256;
-    let mut tok = [0usize; NT];
-    for (i, t) in tok.iter_mut().enumerate() {
-        *t = ts[i.min(ts.len() - 1)];
-    }
-    let xp: [*const u8; NT] = tok.map(|t| acts.xu.as_ptr().add(t * cols));
-    let mut facc = [_mm512_setzero_ps(); NT];
-    for sb in 0..nsb {
-        let mut fsb = [_mm512_setzero_ps(); NT];
-        for kb in 8 * sb..8 * sb + 8 {
-            let qb = p.q.as_ptr().add(kb * 512);
-            let ws = _mm512_loadu_si512(p.ws.as_ptr().add(kb * 16) as *const _);
-            let mut iacc = [ws; NT];
-            for g in 0..8 {
-                let wv = _mm512_loadu_si512(qb.add(64 * g) as *const _);
-                for t in 0..NT {
-                    let xb = _mm512_set1_epi32(
-                        (xp[t].add(32 * kb + 4 * g) as *const i32).read_unaligned(),
-                    );
-                    iacc[t] = _mm512_dpbusd_epi32(iacc[t], xb, wv);
-                }
-            }
-            let av = _mm512_loadu_ps(p.a.as_ptr().add(kb * 16));
-            let bv = _mm512_loadu_ps(p.b.as_ptr().add(kb * 16));
-            for t in 0..NT {
-                fsb[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t]), av, fsb[t]);
-                let s = *acts.dxs.get_unchecked(tok[t] * nb + kb);
-                fsb[t] = _mm512_fnmadd_ps(bv, _mm512_set1_ps(s), fsb[t]);
-            }
-        }
-        for t in 0..NT {
-            let dx = *acts.dx.get_unchecked(tok[t] * nsb + sb);
-            facc[t] = _mm512_fmadd_ps(fsb[t], _mm512_set1_ps(dx), facc[t]);
-        }
-    }
-    let mask: u16 = if nr >= 16 { 0xFFFF } else { (1u16 << nr) - 1 };
-    for (i, &t) in ts.iter().enumerate() {
-        _mm512_mask_storeu_ps(y.add(t * rows + r0), mask, facc[i]);
-    }
-}
-
-/// Tokens per call of the two-panel kernel.
-const NT2: usize = 4;
-
-/// Two panels (32 rows) at once, `NT2` tokens: each activation broadcast
-/// feeds two `vpdpbusd`, so loads per product drop from 9/8 to 6/8. `MIN`:
-/// the Q4_K/Q5_K form of [`kernel_min256`] (per-256 activation scales);
-/// else the per-32 form of [`kernel`] without mins (`HALF`: Q6_K's scale
-/// per 16 values).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn kernel2<const MIN: bool, const HALF: bool>(
     p: [&Panel; 2],
     acts: &Acts,
     cols: usize,
@@ -564,27 +393,27 @@ unsafe fn kernel2<const MIN: bool, const HALF: bool>(
 ) {
     let nb = cols / 32;
     let nsb = cols / 256;
-    let mut tok = [0usize; NT2];
+    let mut tok = [0usize; NT];
     for (i, t) in tok.iter_mut().enumerate() {
         *t = ts[i.min(ts.len() - 1)];
     }
-    let xp: [*const u8; NT2] = tok.map(|t| acts.xu.as_ptr().add(t * cols));
-    let mut facc = [[_mm512_setzero_ps(); NT2]; 2];
-    let mut fsb = [[_mm512_setzero_ps(); NT2]; 2];
+    let xp: [*const u8; NT] = tok.map(|t| acts.xu.as_ptr().add(t * cols));
+    let mut facc = [[_mm512_setzero_ps(); NT]; 2];
+    let mut fsb = [[_mm512_setzero_ps(); NT]; 2];
     // scale groups per block, 4-column groups per scale
     let (nh, gph) = if HALF { (2, 4) } else { (1, 8) };
     for kb in 0..nb {
         let q = [p[0].q.as_ptr().add(kb * 512), p[1].q.as_ptr().add(kb * 512)];
         for h in 0..nh {
             let sg = kb * nh + h;
-            let mut iacc = [[_mm512_setzero_si512(); NT2]; 2];
+            let mut iacc = [[_mm512_setzero_si512(); NT]; 2];
             for (k, ia) in iacc.iter_mut().enumerate() {
-                *ia = [_mm512_loadu_si512(p[k].ws.as_ptr().add(sg * 16) as *const _); NT2];
+                *ia = [_mm512_loadu_si512(p[k].ws.as_ptr().add(sg * 16) as *const _); NT];
             }
             for g in h * gph..(h + 1) * gph {
                 let w0 = _mm512_loadu_si512(q[0].add(64 * g) as *const _);
                 let w1 = _mm512_loadu_si512(q[1].add(64 * g) as *const _);
-                for t in 0..NT2 {
+                for t in 0..NT {
                     let xb = _mm512_set1_epi32(
                         (xp[t].add(32 * kb + 4 * g) as *const i32).read_unaligned(),
                     );
@@ -596,13 +425,13 @@ unsafe fn kernel2<const MIN: bool, const HALF: bool>(
                 let av = _mm512_loadu_ps(p[k].a.as_ptr().add(sg * 16));
                 if MIN {
                     let bv = _mm512_loadu_ps(p[k].b.as_ptr().add(sg * 16));
-                    for t in 0..NT2 {
+                    for t in 0..NT {
                         let f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[k][t]), av, fsb[k][t]);
-                        let s = *acts.dxs.get_unchecked(tok[t] * nb + kb);
+                        let s = *acts.sums.get_unchecked(tok[t] * nb + kb);
                         fsb[k][t] = _mm512_fnmadd_ps(bv, _mm512_set1_ps(s), f);
                     }
                 } else {
-                    for t in 0..NT2 {
+                    for t in 0..NT {
                         let dx = *acts.dx.get_unchecked(tok[t] * nb + kb);
                         facc[k][t] = _mm512_fmadd_ps(
                             _mm512_cvtepi32_ps(iacc[k][t]),
@@ -615,7 +444,7 @@ unsafe fn kernel2<const MIN: bool, const HALF: bool>(
         }
         if MIN && kb % 8 == 7 {
             let sb = kb / 8;
-            for t in 0..NT2 {
+            for t in 0..NT {
                 let dx = _mm512_set1_ps(*acts.dx.get_unchecked(tok[t] * nsb + sb));
                 for k in 0..2 {
                     facc[k][t] = _mm512_fmadd_ps(fsb[k][t], dx, facc[k][t]);
@@ -642,12 +471,18 @@ pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_token
     let (rows, cols) = (w.rows, w.cols);
     let mut acts = ACTS.with(|a| std::mem::take(&mut *a.borrow_mut()));
     let min = has_min(w.ty);
-    quantize_acts(pool, x, n_tokens, cols, min, &mut acts);
+    quantize_acts(
+        pool,
+        x,
+        n_tokens,
+        cols,
+        if min { 256 } else { 32 },
+        &mut acts,
+    );
     let panels = rows.div_ceil(16);
     let yp = SendPtr(y.as_mut_ptr());
     let half = sub16(w.ty);
-    // Work items: pairs of panels (two-panel kernel); a last odd panel
-    // alone.
+    // Work items: pairs of panels; a last odd panel pairs with an empty one.
     let items = panels.div_ceil(2);
     pool.parallel_for(items, 1, |ir, _| {
         PANEL.with(|pa| {
@@ -656,67 +491,32 @@ pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_token
                 let all: Vec<usize> = (0..n_tokens).collect();
                 let rb = w.row_bytes();
                 for it in ir {
-                    let (first, count) = (2 * it, 2.min(panels - 2 * it));
-                    let r0 = first * 16;
+                    let r0 = 32 * it;
                     // SAFETY: AVX-512 checked by the caller.
-                    unsafe { pack_panel(w, r0, &mut pa) };
-                    if count == 2 {
-                        unsafe { pack_panel(w, r0 + 16, &mut pb) };
+                    unsafe {
+                        pack_panel(w, r0, &mut pa);
+                        pack_panel(w, r0 + 16, &mut pb);
                     }
                     // The next item's rows load while this one is multiplied
                     // (its decode otherwise waits on memory).
-                    let next = r0 + 16 * count;
+                    let next = r0 + 32;
                     if next < rows {
-                        let end = (next + 16 * count).min(rows);
+                        let end = (next + 32).min(rows);
                         super::gemm::prefetch(&w.data[next * rb..end * rb]);
                     }
-                    let nr0 = 16.min(rows - r0);
-                    if count == 2 {
-                        let nr = [16, 16.min(rows - r0 - 16)];
-                        for ts in all.chunks(NT2) {
-                            // SAFETY: AVX-512 checked by the caller; rows
-                            // r0..r0+32 of y belong to this item only.
-                            unsafe {
-                                let pp = [&*pa, &*pb];
-                                let y = yp.get();
-                                if min {
-                                    kernel2::<true, false>(pp, &acts, cols, ts, nr, y, rows, r0);
-                                } else if half {
-                                    kernel2::<false, true>(pp, &acts, cols, ts, nr, y, rows, r0);
-                                } else {
-                                    kernel2::<false, false>(pp, &acts, cols, ts, nr, y, rows, r0);
-                                }
-                            }
-                        }
-                        continue;
-                    }
+                    let nr = [16.min(rows - r0), 16.min(rows.saturating_sub(r0 + 16))];
                     for ts in all.chunks(NT) {
-                        // SAFETY: as above, rows r0..r0+nr0.
+                        // SAFETY: AVX-512 checked by the caller; rows
+                        // r0..r0+32 of y belong to this item only.
                         unsafe {
+                            let pp = [&*pa, &*pb];
+                            let y = yp.get();
                             if min {
-                                kernel_min256(&pa, &acts, cols, ts, nr0, yp.get(), rows, r0);
+                                kernel::<true, false>(pp, &acts, cols, ts, nr, y, rows, r0);
                             } else if half {
-                                kernel::<false, true>(
-                                    &pa,
-                                    &acts,
-                                    cols,
-                                    ts,
-                                    nr0,
-                                    yp.get(),
-                                    rows,
-                                    r0,
-                                );
+                                kernel::<false, true>(pp, &acts, cols, ts, nr, y, rows, r0);
                             } else {
-                                kernel::<false, false>(
-                                    &pa,
-                                    &acts,
-                                    cols,
-                                    ts,
-                                    nr0,
-                                    yp.get(),
-                                    rows,
-                                    r0,
-                                );
+                                kernel::<false, false>(pp, &acts, cols, ts, nr, y, rows, r0);
                             }
                         }
                     }
