@@ -177,7 +177,7 @@ impl ThreadPool {
         }
         assert!(data.len().is_multiple_of(row), "rows_mut: ragged rows");
         let n = data.len() / row;
-        let base = RowsPtr(data.as_mut_ptr());
+        let base = SendPtr(data.as_mut_ptr());
         self.parallel_for(n, grain, |r, _| {
             // SAFETY: parallel_for hands out disjoint row ranges within 0..n,
             // so each call gets its own part of `data`.
@@ -403,12 +403,21 @@ fn physical_cores() -> Option<usize> {
     Some(cores.len().min(affinity))
 }
 
-/// A pointer to rows handed out by [`ThreadPool::rows_mut`].
-struct RowsPtr<T>(*mut T);
-unsafe impl<T: Send> Send for RowsPtr<T> {}
-unsafe impl<T: Send> Sync for RowsPtr<T> {}
-impl<T> RowsPtr<T> {
-    fn get(&self) -> *mut T {
+/// A raw pointer that may cross into pool jobs (writes go to disjoint parts).
+pub(crate) struct SendPtr<T>(pub *mut T);
+impl<T> Clone for SendPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SendPtr<T> {}
+unsafe impl<T> Send for SendPtr<T> {}
+unsafe impl<T> Sync for SendPtr<T> {}
+
+impl<T> SendPtr<T> {
+    /// The pointer (a method, so closures capture the whole wrapper).
+    #[inline(always)]
+    pub fn get(self) -> *mut T {
         self.0
     }
 }

@@ -149,19 +149,7 @@ pub(crate) fn decode_segment(ty: GgmlType, src: &[u8], dst: &mut [f32], level: S
     }
 }
 
-/// A raw pointer that may cross into pool jobs (writes go to disjoint parts).
-#[derive(Clone, Copy)]
-pub(crate) struct SendPtr<T>(pub *mut T);
-unsafe impl<T> Send for SendPtr<T> {}
-unsafe impl<T> Sync for SendPtr<T> {}
-
-impl<T> SendPtr<T> {
-    /// The pointer (a method, so closures capture the whole wrapper).
-    #[inline(always)]
-    pub fn get(self) -> *mut T {
-        self.0
-    }
-}
+pub(crate) use crate::pool::SendPtr;
 
 /// `y[t, r] = sum_c w[r, c] * x[t, c]`; `x`: `[n_tokens, w.cols]`,
 /// `y`: `[n_tokens, w.rows]` (overwritten). Uses the best SIMD level.
