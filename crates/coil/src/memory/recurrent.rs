@@ -274,29 +274,12 @@ impl RecurrentMemory {
         layer: usize,
         s: SeqId,
     ) -> Result<Option<RecurrentState<'_>>, MemoryError> {
-        self.check(s)?;
-        let Some(shape) = self.shapes.get(layer).copied().flatten() else {
-            return Ok(None);
-        };
-        let (c, m) = self.offsets[layer];
-        let region = self.region(layer);
-        let n_layer = self.shapes.len();
-        let slot = &mut self.slots[s];
-        // A state shared with a checkpoint or a fork: move to a buffer of
-        // this slot's own and bring the layers over as they are reached.
-        if slot.pending.is_none() && Arc::get_mut(&mut slot.state).is_none() {
-            slot.begin_move(n_layer);
-        }
-        // Unique here (just made, or made earlier in this pass): no copy.
-        let state = Arc::make_mut(&mut slot.state);
-        if let Some(p) = &mut slot.pending {
-            if !p.copied[layer] {
-                state[region.clone()].copy_from_slice(&p.from[region]);
-                p.copied[layer] = true;
+        Ok(self.state_moving(layer, s)?.map(|(st, from)| {
+            if let Some(f) = from {
+                st.ssm.copy_from_slice(f);
             }
-        }
-        let (conv, rest) = state[c..m + shape.ssm].split_at_mut(shape.conv);
-        Ok(Some(RecurrentState { conv, ssm: rest }))
+            st
+        }))
     }
 
     /// Like [`RecurrentMemory::state`], but when the layer still has to be
@@ -313,30 +296,23 @@ impl RecurrentMemory {
         let Some(shape) = self.shapes.get(layer).copied().flatten() else {
             return Ok(None);
         };
-        let needs_move = {
-            let slot = &mut self.slots[s];
-            match &slot.pending {
-                Some(p) => !p.copied[layer],
-                None => Arc::get_mut(&mut slot.state).is_none(),
-            }
-        };
-        if !needs_move {
-            return Ok(self.state(layer, s)?.map(|st| (st, None)));
-        }
         let (c, m) = self.offsets[layer];
         let n_layer = self.shapes.len();
         let slot = &mut self.slots[s];
-        if slot.pending.is_none() {
+        // A state shared with a checkpoint or a fork: move to a buffer of
+        // this slot's own and bring the layers over as they are reached.
+        if slot.pending.is_none() && Arc::get_mut(&mut slot.state).is_none() {
             slot.begin_move(n_layer);
         }
+        // Unique here (just made, or made earlier in this pass): no copy.
         let state = Arc::make_mut(&mut slot.state);
         let from = match slot.pending.as_mut() {
-            Some(p) => {
+            Some(p) if !p.copied[layer] => {
                 p.copied[layer] = true;
                 state[c..m].copy_from_slice(&p.from[c..m]);
                 Some(&p.from[m..m + shape.ssm])
             }
-            None => None,
+            _ => None,
         };
         let (conv, rest) = state[c..m + shape.ssm].split_at_mut(shape.conv);
         Ok(Some((RecurrentState { conv, ssm: rest }, from)))
