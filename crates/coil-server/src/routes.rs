@@ -262,14 +262,21 @@ pub fn chat_prompt(
     let text = template
         .render_with_tools(messages, tools, true)
         .map_err(|e| ApiError::bad_request(e.to_string()).with_param("messages"))?;
+    Ok(encode_rendered(template, tokenizer, &text))
+}
+
+/// Tokenizes a rendered chat text: special token texts become their
+/// tokens; BOS is added when the vocabulary asks for it and the template
+/// did not write it.
+fn encode_rendered(template: &ChatTemplate, tokenizer: &Tokenizer, text: &str) -> Vec<u32> {
     let has_bos = !template.bos_token.is_empty() && text.starts_with(&template.bos_token);
-    Ok(tokenizer.encode_with(
-        &text,
+    tokenizer.encode_with(
+        text,
         EncodeOptions {
             add_special: !has_bos,
             parse_special: true,
         },
-    ))
+    )
 }
 
 /// Where the first message (the system prompt, typically) and the
@@ -294,14 +301,7 @@ pub fn message_ends(
         let Ok(text) = template.render_with_tools(&messages[..k], tools, false) else {
             continue;
         };
-        let has_bos = !template.bos_token.is_empty() && text.starts_with(&template.bos_token);
-        let toks = tokenizer.encode_with(
-            &text,
-            EncodeOptions {
-                add_special: !has_bos,
-                parse_special: true,
-            },
-        );
+        let toks = encode_rendered(template, tokenizer, &text);
         let common = toks.iter().zip(prompt).take_while(|(a, b)| a == b).count();
         if common > 0 {
             marks.push(common);

@@ -22,6 +22,32 @@ pub fn conv1d_causal(
     channels: usize,
     k: usize,
 ) {
+    let wt = checked_weights(x, state, weight, bias, out, channels, k);
+    let n = x.len() / channels;
+    conv_rows_mv(x, state, &wt, bias, out, channels, k, n);
+    // New window: last k-1 rows of state ++ x.
+    if k > 1 {
+        let w = k - 1;
+        if n >= w {
+            state.copy_from_slice(&x[(n - w) * channels..n * channels]);
+        } else {
+            state.copy_within(n * channels.., 0);
+            state[(w - n) * channels..].copy_from_slice(x);
+        }
+    }
+}
+
+/// Checks the shapes of a [`conv1d_causal`] call and returns the weights
+/// transposed to `[k, channels]` (so the channel loop is contiguous).
+fn checked_weights(
+    x: &[f32],
+    state: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    out: &[f32],
+    channels: usize,
+    k: usize,
+) -> Vec<f32> {
     assert!(k >= 1 && channels > 0);
     assert!(x.len().is_multiple_of(channels) && out.len() == x.len());
     assert_eq!(
@@ -37,25 +63,13 @@ pub fn conv1d_causal(
     if let Some(b) = bias {
         assert_eq!(b.len(), channels);
     }
-    let n = x.len() / channels;
-    // weight transposed to [k, channels] so the channel loop is contiguous.
     let mut wt = vec![0f32; k * channels];
     for c in 0..channels {
         for j in 0..k {
             wt[j * channels + c] = weight[c * k + j];
         }
     }
-    conv_rows_mv(x, state, &wt, bias, out, channels, k, n);
-    // New window: last k-1 rows of state ++ x.
-    if k > 1 {
-        let w = k - 1;
-        if n >= w {
-            state.copy_from_slice(&x[(n - w) * channels..n * channels]);
-        } else {
-            state.copy_within(n * channels.., 0);
-            state[(w - n) * channels..].copy_from_slice(x);
-        }
-    }
+    wt
 }
 
 /// [`conv1d_causal`] with the tokens spread over `pool` (each range reads
@@ -78,26 +92,7 @@ pub fn conv1d_causal_pool(
     if n <= grain || pool.n_threads() == 1 {
         return conv1d_causal(x, state, weight, bias, out, channels, k);
     }
-    assert!(x.len().is_multiple_of(channels) && out.len() == x.len());
-    assert_eq!(
-        state.len(),
-        (k - 1) * channels,
-        "conv1d: state is not [k-1, channels]"
-    );
-    assert_eq!(
-        weight.len(),
-        channels * k,
-        "conv1d: weight is not [channels, k]"
-    );
-    if let Some(b) = bias {
-        assert_eq!(b.len(), channels);
-    }
-    let mut wt = vec![0f32; k * channels];
-    for c in 0..channels {
-        for j in 0..k {
-            wt[j * channels + c] = weight[c * k + j];
-        }
-    }
+    let wt = checked_weights(x, state, weight, bias, out, channels, k);
     {
         let window0: &[f32] = state;
         pool.rows_mut(out, channels, grain, |t0, part| {
