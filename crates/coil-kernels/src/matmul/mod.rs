@@ -321,7 +321,7 @@ fn vec_kernel(ty: GgmlType, level: SimdLevel) -> Option<VecKernel> {
 
 /// Rows per parallel chunk: enough chunks for dynamic balance, not too small.
 /// Rows the decode path fetches ahead of the one it multiplies.
-const PF_ROWS: usize = 8;
+pub(crate) const PF_ROWS: usize = 8;
 
 /// Prefetches the encoded rows `r0..r1` of `w`.
 #[inline]

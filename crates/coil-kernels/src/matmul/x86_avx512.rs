@@ -9,7 +9,7 @@
 
 use super::dequant::{iq4xs_scales, KVALUES_IQ4NL};
 use super::x86_avx2::f16c;
-use super::{vecdot, ActKind, QuantRows, VecKernel};
+use super::{vecdot, ActKind, QuantRows, VecKernel, PF_ROWS};
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 
@@ -454,8 +454,6 @@ macro_rules! entries {
         }
     };
 }
-/// Rows ahead of the current one that the row-range kernels prefetch.
-const PF_ROWS: usize = 8;
 
 /// Row-range entry points (one token): the single-row body inlined in a
 /// loop, so its constants are set up once per range.
