@@ -126,10 +126,7 @@ pub fn layer_state(
     layer: usize,
     seq: SeqId,
 ) -> Result<RecurrentState<'_>, ModelError> {
-    rec.state(layer, seq)?.ok_or_else(|| ModelError::Tensor {
-        name: format!("blk.{layer}"),
-        reason: "memory has no recurrent state for this layer".into(),
-    })
+    rec.state(layer, seq)?.ok_or_else(|| no_state(layer))
 }
 
 /// [`layer_state`] for a mixer that can start its update from another
@@ -141,9 +138,12 @@ pub fn layer_state_moving(
     layer: usize,
     seq: SeqId,
 ) -> Result<(RecurrentState<'_>, Option<&[f32]>), ModelError> {
-    rec.state_moving(layer, seq)?
-        .ok_or_else(|| ModelError::Tensor {
-            name: format!("blk.{layer}"),
-            reason: "memory has no recurrent state for this layer".into(),
-        })
+    rec.state_moving(layer, seq)?.ok_or_else(|| no_state(layer))
+}
+
+fn no_state(layer: usize) -> ModelError {
+    ModelError::Tensor {
+        name: format!("blk.{layer}"),
+        reason: "memory has no recurrent state for this layer".into(),
+    }
 }
