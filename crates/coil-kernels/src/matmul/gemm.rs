@@ -320,20 +320,20 @@ mod x86 {
     /// registers and stored with masks.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn scatter_tile(tile: &[f32], m: usize, nt: usize, y: *mut f32, ys: usize) {
-        debug_assert!(m <= 16 && nt <= TB && tile.len() >= m * TB);
-        let mut pad = [0f32; 16 * TB];
-        pad[..m * TB].copy_from_slice(&tile[..m * TB]);
-        let mut tr = [0f32; TB * 16];
-        for h in 0..TB / 16 {
-            transpose16_to(&pad, TB, 0, 16 * h, &mut tr, 16);
-        }
+        assert!(m <= 16 && nt <= TB && tile.len() >= m * TB);
         let mask: u16 = if m >= 16 { 0xFFFF } else { (1u16 << m) - 1 };
-        for t in 0..nt {
-            _mm512_mask_storeu_ps(
-                y.add(t * ys),
-                mask,
-                _mm512_loadu_ps(tr.as_ptr().add(16 * t)),
-            );
+        for h in 0..nt.div_ceil(16) {
+            let r: [__m512; 16] = std::array::from_fn(|i| {
+                if i < m {
+                    _mm512_loadu_ps(tile.as_ptr().add(i * TB + 16 * h))
+                } else {
+                    _mm512_setzero_ps()
+                }
+            });
+            let out = transpose16_regs(&r);
+            for (k, v) in out.iter().enumerate().take(nt - 16 * h) {
+                _mm512_mask_storeu_ps(y.add((16 * h + k) * ys), mask, *v);
+            }
         }
     }
 
@@ -341,23 +341,22 @@ mod x86 {
     /// `r, k < 16`: one 16 x 16 block of the activation transpose.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn transpose16(x: &[f32], cols: usize, t0: usize, k0: usize, dst: &mut [f32]) {
-        transpose16_to(x, cols, t0, k0, dst, TB)
-    }
-
-    /// [`transpose16`] with `ds` elements between the rows of `dst`.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn transpose16_to(
-        x: &[f32],
-        cols: usize,
-        t0: usize,
-        k0: usize,
-        dst: &mut [f32],
-        ds: usize,
-    ) {
         assert!((t0 + 15) * cols + k0 + 16 <= x.len());
-        assert!((k0 + 15) * ds + t0 + 16 <= dst.len());
+        assert!((k0 + 15) * TB + t0 + 16 <= dst.len());
         let r: [__m512; 16] =
             std::array::from_fn(|i| _mm512_loadu_ps(x.as_ptr().add((t0 + i) * cols + k0)));
+        let out = transpose16_regs(&r);
+        let d = dst.as_mut_ptr();
+        for (k, v) in out.iter().enumerate() {
+            _mm512_storeu_ps(d.add((k0 + k) * TB + t0), *v);
+        }
+    }
+
+    /// The transpose of a 16 x 16 block held in registers: lane `i` of
+    /// `out[k]` is lane `k` of `r[i]`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn transpose16_regs(r: &[__m512; 16]) -> [__m512; 16] {
         // Per 128-bit lane L: t[2i] = [a0 b0 a1 b1], t[2i+1] = [a2 b2 a3 b3]
         // (a = row 2i, b = row 2i+1, elements 4L + ·).
         let t: [__m512; 16] = std::array::from_fn(|i| {
@@ -379,23 +378,18 @@ mod x86 {
             }
         });
         // out[4m + j] = [u[j].m, u[4+j].m, u[8+j].m, u[12+j].m] (lanes).
-        let d = dst.as_mut_ptr();
+        let mut out = [_mm512_setzero_ps(); 16];
         for j in 0..4 {
             let p0 = _mm512_shuffle_f32x4::<0x44>(u[j], u[4 + j]);
             let p1 = _mm512_shuffle_f32x4::<0xEE>(u[j], u[4 + j]);
             let q0 = _mm512_shuffle_f32x4::<0x44>(u[8 + j], u[12 + j]);
             let q1 = _mm512_shuffle_f32x4::<0xEE>(u[8 + j], u[12 + j]);
-            let out = [
-                _mm512_shuffle_f32x4::<0x88>(p0, q0),
-                _mm512_shuffle_f32x4::<0xDD>(p0, q0),
-                _mm512_shuffle_f32x4::<0x88>(p1, q1),
-                _mm512_shuffle_f32x4::<0xDD>(p1, q1),
-            ];
-            for (m, v) in out.iter().enumerate() {
-                let k = 4 * m + j;
-                _mm512_storeu_ps(d.add((k0 + k) * ds + t0), *v);
-            }
+            out[j] = _mm512_shuffle_f32x4::<0x88>(p0, q0);
+            out[4 + j] = _mm512_shuffle_f32x4::<0xDD>(p0, q0);
+            out[8 + j] = _mm512_shuffle_f32x4::<0x88>(p1, q1);
+            out[12 + j] = _mm512_shuffle_f32x4::<0xDD>(p1, q1);
         }
+        out
     }
 
     macro_rules! dispatch {
