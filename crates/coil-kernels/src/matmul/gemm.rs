@@ -16,6 +16,7 @@ use crate::pool::ThreadPool;
 use crate::simd::SimdLevel;
 use coil_gguf::GgmlType;
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Tokens per packed activation block.
 pub const TB: usize = 32;
@@ -139,7 +140,17 @@ pub fn gemm(
     let yp = SendPtr(y.as_mut_ptr());
     let mr = mr_for(level);
     let row_tiles_max = PANEL.div_ceil(mr);
-    pool.parallel_for(panels * groups, 1, |items, _| {
+    let n_items = panels * groups;
+    // Work items are claimed one ahead, so the first weight block of the
+    // next item can be fetched while this one computes.
+    let next_item = AtomicUsize::new(0);
+    let claim = || next_item.fetch_add(1, Ordering::Relaxed);
+    // Rows r0.. of the panel of `item`, columns k0..k0+KC (clipped).
+    let rows_of = |item: usize| {
+        let r0 = (item / groups) * PANEL;
+        (r0, PANEL.min(rows - r0))
+    };
+    pool.parallel_for(pool.n_threads(), 1, |_, _| {
         WBUF.with(|wbuf| {
             CBUF.with(|cbuf| {
                 let mut wbuf = wbuf.borrow_mut();
@@ -152,10 +163,11 @@ pub fn gemm(
                 if cbuf.len() < csize {
                     cbuf.resize(csize, 0.0);
                 }
-                for item in items {
-                    let (p, g) = (item / groups, item % groups);
-                    let r0 = p * PANEL;
-                    let nr = PANEL.min(rows - r0);
+                let mut item = claim();
+                while item < n_items {
+                    let following = claim();
+                    let g = item % groups;
+                    let (r0, nr) = rows_of(item);
                     let b0 = g * blocks_per_group;
                     let b1 = (b0 + blocks_per_group).min(nb);
                     let mut k0 = 0;
@@ -178,14 +190,26 @@ pub fn gemm(
                             }
                         };
                         // The panel's rows are many concurrent streams, more than
-                        // hardware prefetchers follow: fetch the next block ahead.
-                        if k0 + kc < cols {
-                            let nkc = KC.min(cols - k0 - kc);
-                            for r in 0..nr {
-                                prefetch(w.row_range(r0 + r, k0 + kc, nkc));
-                            }
-                        }
+                        // hardware prefetchers follow: fetch the next block
+                        // (of this item, else the first of the following
+                        // one) ahead, spread over the token blocks so the
+                        // requests overlap the products.
+                        let ahead = if k0 + kc < cols {
+                            Some((r0, nr, k0 + kc, KC.min(cols - k0 - kc)))
+                        } else if following < n_items {
+                            let (fr0, fnr) = rows_of(following);
+                            Some((fr0, fnr, 0, KC.min(cols)))
+                        } else {
+                            None
+                        };
+                        let nbk = b1 - b0;
                         for b in b0..b1 {
+                            if let Some((pr0, pnr, pk0, pkc)) = ahead {
+                                let i = b - b0;
+                                for r in i * pnr / nbk..(i + 1) * pnr / nbk {
+                                    prefetch(w.row_range(pr0 + r, pk0, pkc));
+                                }
+                            }
                             let xb = &xp[(b * cols + k0) * TB..(b * cols + k0 + kc) * TB];
                             let mut rt = 0;
                             while rt < nr {
@@ -207,27 +231,35 @@ pub fn gemm(
                     for b in b0..b1 {
                         let t0 = b * TB;
                         let nt = TB.min(n_tokens - t0);
+                        #[cfg(target_arch = "x86_64")]
+                        if level >= SimdLevel::Avx512 {
+                            // With MR_MAX rows per tile the block's tiles
+                            // are one [nr][TB] array: scatter 16 rows at a
+                            // time, so each token's row of y gets whole
+                            // vectors.
+                            debug_assert_eq!(mr, MR_MAX);
+                            let ci = (b - b0) * row_tiles_max * MR_MAX * TB;
+                            let block = &cbuf[ci..ci + nr * TB];
+                            for r in (0..nr).step_by(16) {
+                                // SAFETY: AVX-512 checked; y[t0+t, r0+r ..
+                                // +16] for t < nt belongs to this item only.
+                                unsafe {
+                                    x86::scatter_tile(
+                                        &block[r * TB..],
+                                        16.min(nr - r),
+                                        nt,
+                                        yp.get().add(t0 * rows + r0 + r),
+                                        rows,
+                                    )
+                                };
+                            }
+                            continue;
+                        }
                         let mut rt = 0;
                         while rt < nr {
                             let m = mr.min(nr - rt);
                             let ci = ((b - b0) * row_tiles_max + rt / mr) * MR_MAX * TB;
                             let tile = &cbuf[ci..ci + MR_MAX * TB];
-                            #[cfg(target_arch = "x86_64")]
-                            if level >= SimdLevel::Avx512 {
-                                // SAFETY: AVX-512 checked; y[t0+t, r0+rt ..
-                                // +m] for t < nt belongs to this item only.
-                                unsafe {
-                                    x86::scatter_tile(
-                                        tile,
-                                        m,
-                                        nt,
-                                        yp.get().add(t0 * rows + r0 + rt),
-                                        rows,
-                                    )
-                                };
-                                rt += m;
-                                continue;
-                            }
                             for t in 0..nt {
                                 // SAFETY: y[t0+t, r0+rt .. +m] belongs to this item only.
                                 let o = unsafe {
@@ -243,6 +275,7 @@ pub fn gemm(
                             rt += m;
                         }
                     }
+                    item = following;
                 }
             })
         });
