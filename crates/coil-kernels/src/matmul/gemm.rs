@@ -364,8 +364,15 @@ mod x86 {
                 }
             });
             let out = transpose16_regs(&r);
-            for (k, v) in out.iter().enumerate().take(nt - 16 * h) {
-                _mm512_mask_storeu_ps(y.add((16 * h + k) * ys), mask, *v);
+            let yh = y.add(16 * h * ys);
+            if m == 16 && nt - 16 * h >= 16 {
+                for (k, v) in out.iter().enumerate() {
+                    _mm512_storeu_ps(yh.add(k * ys), *v);
+                }
+            } else {
+                for (k, v) in out.iter().enumerate().take(nt - 16 * h) {
+                    _mm512_mask_storeu_ps(yh.add(k * ys), mask, *v);
+                }
             }
         }
     }

@@ -22,34 +22,30 @@ pub fn conv1d_causal(
     channels: usize,
     k: usize,
 ) {
-    let wt = checked_weights(x, state, weight, bias, out, channels, k);
+    assert!(k >= 1 && channels > 0);
+    assert!(x.len().is_multiple_of(channels) && out.len() == x.len());
+    let wt = transposed_weights(state, weight, bias, channels, k);
     let n = x.len() / channels;
-    conv_rows_mv(x, state, &wt, bias, out, channels, k, n);
-    // New window: last k-1 rows of state ++ x.
-    if k > 1 {
-        let w = k - 1;
-        if n >= w {
-            state.copy_from_slice(&x[(n - w) * channels..n * channels]);
-        } else {
-            state.copy_within(n * channels.., 0);
-            state[(w - n) * channels..].copy_from_slice(x);
-        }
-    }
+    conv_rows_mv(x, channels, state, channels, &wt, bias, out, channels, k, n);
+    shift_window(
+        state,
+        |i| &x[i * channels..(i + 1) * channels],
+        n,
+        channels,
+        k,
+    );
 }
 
-/// Checks the shapes of a [`conv1d_causal`] call and returns the weights
-/// transposed to `[k, channels]` (so the channel loop is contiguous).
-fn checked_weights(
-    x: &[f32],
+/// Checks the window, weight and bias shapes of a convolution and returns
+/// the weights transposed to `[k, channels]` (so the channel loop is
+/// contiguous).
+fn transposed_weights(
     state: &[f32],
     weight: &[f32],
     bias: Option<&[f32]>,
-    out: &[f32],
     channels: usize,
     k: usize,
 ) -> Vec<f32> {
-    assert!(k >= 1 && channels > 0);
-    assert!(x.len().is_multiple_of(channels) && out.len() == x.len());
     assert_eq!(
         state.len(),
         (k - 1) * channels,
@@ -72,12 +68,17 @@ fn checked_weights(
     wt
 }
 
-/// [`conv1d_causal`] with the tokens spread over `pool` (each range reads
-/// its window from the inputs before it; the carried window is updated
-/// once at the end). Same results, bit for bit.
-pub fn conv1d_causal_pool(
+/// [`conv1d_causal`] followed by SiLU (as every Mamba block applies it),
+/// with the tokens spread over `pool` (each range reads its window from
+/// the inputs before it; the carried window is updated once at the end),
+/// reading input row `t` from `x[t·x_stride ..][..channels]` (so the
+/// channels can be read in place from a wider buffer such as in_proj's
+/// output). Same results as `conv1d_causal` then `silu_inplace`, bit for bit.
+#[allow(clippy::too_many_arguments)]
+pub fn conv1d_causal_silu_pool(
     pool: &ThreadPool,
     x: &[f32],
+    x_stride: usize,
     state: &mut [f32],
     weight: &[f32],
     bias: Option<&[f32]>,
@@ -85,30 +86,77 @@ pub fn conv1d_causal_pool(
     channels: usize,
     k: usize,
 ) {
-    assert!(k >= 1 && channels > 0);
-    let n = x.len() / channels;
+    assert!(k >= 1 && channels > 0 && x_stride >= channels);
+    assert!(out.len().is_multiple_of(channels));
+    let n = out.len() / channels;
+    if n == 0 {
+        return;
+    }
+    assert!(
+        x.len() >= (n - 1) * x_stride + channels,
+        "conv1d: input shorter than its rows"
+    );
+    let wt = transposed_weights(state, weight, bias, channels, k);
     // Ranges must start at or after k-1 to find their window in `x`.
     let grain = 32.max(k);
-    if n <= grain || pool.n_threads() == 1 {
-        return conv1d_causal(x, state, weight, bias, out, channels, k);
-    }
-    let wt = checked_weights(x, state, weight, bias, out, channels, k);
     {
         let window0: &[f32] = state;
-        pool.rows_mut(out, channels, grain, |t0, part| {
+        let body = |t0: usize, part: &mut [f32]| {
             let nt = part.len() / channels;
-            let window = if t0 == 0 {
-                window0
+            let (window, ws) = if t0 == 0 {
+                (window0, channels)
             } else {
-                &x[(t0 + 1 - k) * channels..t0 * channels]
+                (&x[(t0 + 1 - k) * x_stride..], x_stride)
             };
-            let xs = &x[t0 * channels..(t0 + nt) * channels];
-            conv_rows_mv(xs, window, &wt, bias, part, channels, k, nt);
-        });
+            conv_rows_mv(
+                &x[t0 * x_stride..],
+                x_stride,
+                window,
+                ws,
+                &wt,
+                bias,
+                part,
+                channels,
+                k,
+                nt,
+            );
+            for o in part.chunks_exact_mut(channels) {
+                super::act::silu_inplace(o);
+            }
+        };
+        if n <= grain || pool.n_threads() == 1 {
+            body(0, out);
+        } else {
+            pool.rows_mut(out, channels, grain, body);
+        }
     }
-    if k > 1 {
-        // n > grain >= k > k-1: the new window lies entirely in x.
-        state.copy_from_slice(&x[(n - (k - 1)) * channels..n * channels]);
+    shift_window(
+        state,
+        |i| &x[i * x_stride..i * x_stride + channels],
+        n,
+        channels,
+        k,
+    );
+}
+
+/// The new carried window: the last `k − 1` rows of `state ++ x`, where
+/// `row(i)` is input row `i` of `n`.
+fn shift_window<'a>(
+    state: &mut [f32],
+    row: impl Fn(usize) -> &'a [f32],
+    n: usize,
+    channels: usize,
+    k: usize,
+) {
+    let w = k - 1;
+    let kept = w.saturating_sub(n);
+    // Rows of the old window that stay move to the front.
+    state.copy_within((w - kept) * channels.., 0);
+    for (j, dst) in state[kept * channels..]
+        .chunks_exact_mut(channels)
+        .enumerate()
+    {
+        dst.copy_from_slice(row(n - (w - kept) + j));
     }
 }
 
@@ -116,7 +164,9 @@ pub fn conv1d_causal_pool(
 #[inline(always)]
 fn conv_rows(
     x: &[f32],
+    xs: usize,
     state: &[f32],
+    ss: usize,
     wt: &[f32],
     bias: Option<&[f32]>,
     out: &mut [f32],
@@ -134,10 +184,10 @@ fn conv_rows(
             // input index t - (k-1) + j, possibly in the window
             let src = if t + j < k - 1 {
                 let i = t + j; // row in state
-                &state[i * channels..(i + 1) * channels]
+                &state[i * ss..i * ss + channels]
             } else {
                 let i = t + j - (k - 1);
-                &x[i * channels..(i + 1) * channels]
+                &x[i * xs..i * xs + channels]
             };
             let wj = &wt[j * channels..(j + 1) * channels];
             for ((ov, sv), wv) in o.iter_mut().zip(src).zip(wj) {
@@ -147,8 +197,8 @@ fn conv_rows(
     }
 }
 multiversion!(fn conv_rows_mv(
-    x: &[f32], state: &[f32], wt: &[f32], bias: Option<&[f32]>, out: &mut [f32], channels: usize, k: usize,
-    n: usize
+    x: &[f32], xs: usize, state: &[f32], ss: usize, wt: &[f32], bias: Option<&[f32]>, out: &mut [f32],
+    channels: usize, k: usize, n: usize
 ) => conv_rows);
 
 /// One step of [`conv1d_causal`]: `x`, `out`: `[channels]`.
@@ -214,10 +264,10 @@ mod tests {
     }
 
     #[test]
-    fn pool_version_is_bit_identical() {
+    fn pool_version_with_silu_and_stride_is_bit_identical() {
         let mut rng = Rng::new(5);
         let pool = crate::ThreadPool::new(2);
-        for &(ch, k, n) in &[(5, 4, 200), (8, 1, 100), (6, 3, 33), (7, 4, 20)] {
+        for &(ch, k, n) in &[(5, 4, 200), (8, 1, 100), (6, 3, 33), (7, 4, 20), (4, 4, 2)] {
             let x = rng.vec(n * ch);
             let init = rng.vec((k - 1) * ch);
             let w = rng.vec(ch * k);
@@ -225,7 +275,24 @@ mod tests {
             let (mut st1, mut st2) = (init.clone(), init.clone());
             let (mut o1, mut o2) = (vec![0f32; n * ch], vec![0f32; n * ch]);
             conv1d_causal(&x, &mut st1, &w, Some(&b), &mut o1, ch, k);
-            conv1d_causal_pool(&pool, &x, &mut st2, &w, Some(&b), &mut o2, ch, k);
+            crate::ops::silu_inplace(&mut o1);
+            // The same rows inside wider ones: [3 other | x row | 2 other].
+            let stride = ch + 5;
+            let mut wide = rng.vec(n * stride);
+            for t in 0..n {
+                wide[t * stride + 3..t * stride + 3 + ch].copy_from_slice(&x[t * ch..(t + 1) * ch]);
+            }
+            conv1d_causal_silu_pool(
+                &pool,
+                &wide[3..],
+                stride,
+                &mut st2,
+                &w,
+                Some(&b),
+                &mut o2,
+                ch,
+                k,
+            );
             assert_eq!(o1, o2);
             assert_eq!(st1, st2);
         }

@@ -463,7 +463,6 @@ fn col_blocks(nvec: usize, nvmax: usize) -> impl Iterator<Item = (usize, usize)>
 struct Ctx<'a> {
     hn: usize,
     p: usize,
-    n_group: usize,
     n: usize,
     /// Heads per group.
     hpg: usize,
@@ -475,6 +474,9 @@ struct Ctx<'a> {
     lr: usize,
     nr: usize,
     x: &'a [f32],
+    /// Floats between consecutive tokens of `x`, and of `b` and `c`.
+    ldx: usize,
+    ldbc: usize,
     dt: &'a [f32],
     a: &'a [f32],
     b: &'a [f32],
@@ -512,7 +514,7 @@ impl Ctx<'_> {
 unsafe fn prep_body<V: V16, const MR: usize, const NVMAX: usize>(cx: &Ctx, items: Range<usize>) {
     debug_assert!(ROW_PAD.is_multiple_of(MR));
     let (n, lp, lr, nr) = (cx.n, cx.lp, cx.lr, cx.nr);
-    let gn = cx.n_group * n;
+    let ldbc = cx.ldbc;
     for item in items {
         let (grp, ck) = (item / cx.n_chunks, item % cx.n_chunks);
         let (t0, len) = cx.chunk_span(ck);
@@ -521,13 +523,13 @@ unsafe fn prep_body<V: V16, const MR: usize, const NVMAX: usize>(cx: &Ctx, items
         let bt = std::slice::from_raw_parts_mut(base.add(lr * n), nr * lp);
         let g = base.add(lr * n + nr * lp);
         for l in 0..len {
-            let src = &cx.c[(t0 + l) * gn + grp * n..(t0 + l) * gn + (grp + 1) * n];
+            let src = &cx.c[(t0 + l) * ldbc + grp * n..(t0 + l) * ldbc + (grp + 1) * n];
             cp[l * n..(l + 1) * n].copy_from_slice(src);
         }
         cp[len * n..].fill(0.0);
         bt.fill(0.0);
         for s in 0..len {
-            let src = &cx.b[(t0 + s) * gn + grp * n..(t0 + s) * gn + (grp + 1) * n];
+            let src = &cx.b[(t0 + s) * ldbc + grp * n..(t0 + s) * ldbc + (grp + 1) * n];
             for (k, &v) in src.iter().enumerate() {
                 bt[k * lp + s] = v;
             }
@@ -654,7 +656,7 @@ unsafe fn heads_body<V: V16, const MR: usize, const NVMAX: usize>(
             sc.el[len..].fill(0.0);
             // x of the chunk, and x ⊙ coef.
             for l in 0..len {
-                let src = &cx.x[((t0 + l) * hn + h) * p..((t0 + l) * hn + h + 1) * p];
+                let src = &cx.x[(t0 + l) * cx.ldx + h * p..(t0 + l) * cx.ldx + (h + 1) * p];
                 let cf = sc.coef[l];
                 if !direct {
                     sc.xb[l * pp..l * pp + p].copy_from_slice(src);
@@ -682,7 +684,7 @@ unsafe fn heads_body<V: V16, const MR: usize, const NVMAX: usize>(
             // x and y are read and written in place when P is a multiple
             // of 16, else through padded buffers.
             let (xs, ldx) = if direct {
-                (cx.x.as_ptr().add((t0 * hn + h) * p), hn * p)
+                (cx.x.as_ptr().add(t0 * cx.ldx + h * p), cx.ldx)
             } else {
                 (sc.xb.as_ptr(), pp)
             };
@@ -840,23 +842,68 @@ pub fn mamba2_chunked_scan(
     y: &mut [f32],
     n_tokens: usize,
 ) {
+    let (ldx, ldbc) = (dims.n_head * dims.head_dim, dims.n_group * dims.d_state);
+    assert_eq!(x.len(), n_tokens * ldx);
+    assert!(b.len() == n_tokens * ldbc && c.len() == b.len());
+    let inputs = ScanInputs { x, ldx, b, c, ldbc };
+    mamba2_chunked_scan_rows(pool, dims, chunk, state, inputs, dt, a, d, y, n_tokens)
+}
+
+/// x, B and C of [`mamba2_chunked_scan_rows`]: token `t`'s x `[H, P]` is
+/// `x[t·ldx ..]`, its B and C `[G, N]` are `b[t·ldbc ..]` and `c[t·ldbc ..]`
+/// (so all three can be read in place from the rows of one buffer, e.g.
+/// the convolution's output `[x | B | C]`).
+#[derive(Clone, Copy)]
+pub struct ScanInputs<'a> {
+    pub x: &'a [f32],
+    pub ldx: usize,
+    pub b: &'a [f32],
+    pub c: &'a [f32],
+    pub ldbc: usize,
+}
+
+/// [`mamba2_chunked_scan`] with x, B and C given as strided rows.
+#[allow(clippy::too_many_arguments)]
+pub fn mamba2_chunked_scan_rows(
+    pool: &ThreadPool,
+    dims: Mamba2Dims,
+    chunk: usize,
+    state: &mut [f32],
+    inputs: ScanInputs,
+    dt: &[f32],
+    a: &[f32],
+    d: Option<&[f32]>,
+    y: &mut [f32],
+    n_tokens: usize,
+) {
     let Mamba2Dims {
         n_head: hn,
         head_dim: p,
         n_group: g,
         d_state: n,
     } = dims;
+    let ScanInputs { x, ldx, b, c, ldbc } = inputs;
     assert!(chunk > 0, "ssd: chunk must be at least 1");
     assert!(
         g > 0 && hn.is_multiple_of(g),
         "ssd: n_head must be a multiple of n_group"
     );
     assert_eq!(state.len(), hn * p * n, "ssd: state is not [H, P, N]");
-    assert_eq!(x.len(), n_tokens * hn * p);
     assert_eq!(y.len(), n_tokens * hn * p);
     assert_eq!(dt.len(), n_tokens * hn);
     assert_eq!(a.len(), hn);
-    assert!(b.len() == n_tokens * g * n && c.len() == b.len());
+    assert!(
+        ldx >= hn * p && ldbc >= g * n,
+        "ssd: row strides shorter than rows"
+    );
+    if n_tokens > 0 {
+        let need = |ld: usize, w: usize| (n_tokens - 1) * ld + w;
+        assert!(
+            x.len() >= need(ldx, hn * p),
+            "ssd: x is shorter than its rows"
+        );
+        assert!(b.len() >= need(ldbc, g * n) && c.len() >= need(ldbc, g * n));
+    }
     if let Some(d) = d {
         assert_eq!(d.len(), hn);
     }
@@ -867,7 +914,6 @@ pub fn mamba2_chunked_scan(
     let mut cx = Ctx {
         hn,
         p,
-        n_group: g,
         n,
         hpg: hn / g,
         chunk,
@@ -876,6 +922,8 @@ pub fn mamba2_chunked_scan(
         lr: chunk.next_multiple_of(ROW_PAD),
         nr: n.next_multiple_of(ROW_PAD),
         x,
+        ldx,
+        ldbc,
         dt,
         a,
         b,

@@ -12,10 +12,10 @@ use crate::memory::{Memory, RecurrentLayerShape};
 use crate::models::weights::{Loader, Matrix};
 use crate::models::ModelError;
 use coil_gguf::GgufFile;
-use coil_kernels::ops::act::{silu1, silu_inplace, softplus1};
-use coil_kernels::ops::conv::conv1d_causal_pool;
+use coil_kernels::ops::act::{silu1, softplus1};
+use coil_kernels::ops::conv::conv1d_causal_silu_pool;
 use coil_kernels::ops::norm::group_rms_norm_gated;
-use coil_kernels::ops::ssd::{mamba2_chunked_scan, DEFAULT_CHUNK};
+use coil_kernels::ops::ssd::{mamba2_chunked_scan_rows, ScanInputs, DEFAULT_CHUNK};
 use coil_kernels::ops::ssm::{mamba2_scan_from, Mamba2Dims};
 
 /// From how many tokens of one sequence on the chunked SSD algorithm
@@ -177,14 +177,6 @@ impl Mamba2Mixer {
             let t = rows.len();
             let (st, ssm_from) = layer_state_moving(mem, layer, *seq)?;
             let zx = &zxbcdt[rows.start * dip..rows.end * dip];
-            // Gather the chunk's xBC columns (z is read in place by the gate).
-            let mut xbc_in = Scratch::dirty(t * ch);
-            pool.rows_mut(&mut xbc_in, ch, 32, |i0, part| {
-                for (i, o) in part.chunks_exact_mut(ch).enumerate() {
-                    let r = (i0 + i) * dip;
-                    o.copy_from_slice(&zx[r + di..r + di + ch]);
-                }
-            });
             let mut dt = Scratch::dirty(t * hn);
             for (i, v) in dt.chunks_exact_mut(hn).enumerate() {
                 let raw = &zx[i * dip + di + ch..(i + 1) * dip];
@@ -192,10 +184,13 @@ impl Mamba2Mixer {
                     *v = softplus1(r + b).clamp(p.dt_min, p.dt_max);
                 }
             }
+            // xBC [t, ch] = silu(conv(xBC columns of in_proj's output, read
+            // in place)); its rows are [x (H·P) | B (G·N) | C (G·N)].
             let mut xbc = Scratch::dirty(t * ch);
-            conv1d_causal_pool(
+            conv1d_causal_silu_pool(
                 pool,
-                &xbc_in,
+                &zx[di..],
+                dip,
                 st.conv,
                 &self.conv_w,
                 Some(&self.conv_b),
@@ -203,21 +198,6 @@ impl Mamba2Mixer {
                 ch,
                 p.d_conv,
             );
-            pool.rows_mut(&mut xbc, ch, 32, |_, part| silu_inplace(part));
-            // Split into x [t, H·P], B [t, G·N], C [t, G·N].
-            let mut x = Scratch::dirty(t * di);
-            pool.rows_mut(&mut x, di, 32, |i0, part| {
-                for (i, o) in part.chunks_exact_mut(di).enumerate() {
-                    o.copy_from_slice(&xbc[(i0 + i) * ch..(i0 + i) * ch + di]);
-                }
-            });
-            let mut b = Scratch::dirty(t * gn);
-            let mut c = Scratch::dirty(t * gn);
-            for i in 0..t {
-                let row = &xbc[i * ch..(i + 1) * ch];
-                b[i * gn..(i + 1) * gn].copy_from_slice(&row[di..di + gn]);
-                c[i * gn..(i + 1) * gn].copy_from_slice(&row[di + gn..]);
-            }
             let dims = Mamba2Dims {
                 n_head: hn,
                 head_dim: p.head_dim,
@@ -229,22 +209,38 @@ impl Mamba2Mixer {
                 if let Some(f) = ssm_from {
                     st.ssm.copy_from_slice(f);
                 }
-                // Prompt: chunked SSD (matrix products within each chunk).
-                mamba2_chunked_scan(
+                // Prompt: chunked SSD (matrix products within each chunk),
+                // reading x, B and C in place from xBC's rows.
+                let inputs = ScanInputs {
+                    x: &xbc,
+                    ldx: ch,
+                    b: &xbc[di..],
+                    c: &xbc[di + gn..],
+                    ldbc: ch,
+                };
+                mamba2_chunked_scan_rows(
                     pool,
                     dims,
                     DEFAULT_CHUNK,
                     st.ssm,
-                    &x,
+                    inputs,
                     &dt,
                     &self.a,
-                    &b,
-                    &c,
                     Some(&self.d),
                     ys,
                     t,
                 );
             } else {
+                // Split into x [t, H·P], B [t, G·N], C [t, G·N].
+                let mut x = Scratch::dirty(t * di);
+                let mut b = Scratch::dirty(t * gn);
+                let mut c = Scratch::dirty(t * gn);
+                for i in 0..t {
+                    let row = &xbc[i * ch..(i + 1) * ch];
+                    x[i * di..(i + 1) * di].copy_from_slice(&row[..di]);
+                    b[i * gn..(i + 1) * gn].copy_from_slice(&row[di..di + gn]);
+                    c[i * gn..(i + 1) * gn].copy_from_slice(&row[di + gn..]);
+                }
                 // Decode: the single-step recurrence (moving the state to
                 // this sequence's own buffer head by head if it was shared).
                 mamba2_scan_from(
