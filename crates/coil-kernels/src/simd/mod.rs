@@ -5,6 +5,7 @@
 //! reference; users can set `COIL_SIMD=scalar|avx2|avx512` in the environment).
 
 pub mod math;
+pub(crate) mod tile;
 
 use std::sync::atomic::{AtomicU8, Ordering};
 

@@ -1,6 +1,8 @@
 //! Attention of a batch of query tokens over a KV view: grouped-query,
 //! causal through per-query limits, online softmax, f32 accumulation.
 
+mod prefill;
+
 use crate::matmul::SendPtr;
 use crate::multiversion;
 use crate::pool::ThreadPool;
@@ -205,6 +207,7 @@ struct Scratch {
     kt: Vec<f32>, // [hd][PB]
     kb: Vec<f32>, // [PB][hd]
     vb: Vec<f32>, // [PB][hd]
+    p: Vec<f32>,  // [rows][PB] (the prefill path's scores and probabilities)
 }
 
 /// One work item: queries `t0..t1`, KV head `kvh` and its `group` query heads.
@@ -362,7 +365,13 @@ fn items(
         let (qb, kvh) = (it / kv.n_kv_heads, it % kv.n_kv_heads);
         let t0 = qb * QB;
         let t1 = (t0 + QB).min(n_q);
-        item(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc);
+        let rows = (t1 - t0) * (n_heads / kv.n_kv_heads);
+        if rows >= TRANSPOSE_ROWS && prefill::supports(kv.head_dim) {
+            // SAFETY: as below; `attention` checked the shapes.
+            unsafe { prefill::item(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc) };
+        } else {
+            item(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc);
+        }
     }
 }
 
@@ -443,6 +452,11 @@ pub(crate) mod tests {
             (17, 6, 1, 5, 17),
             (40, 8, 2, 16, 70),
             (5, 3, 3, 32, 65),
+            // The prefill path (≥ 8 rows per item, head_dim a multiple of
+            // 16), with partial position blocks and row tiles.
+            (33, 4, 2, 64, 80),
+            (20, 2, 1, 128, 50),
+            (9, 5, 1, 48, 31),
         ] {
             let stride = nkv * hd + 3;
             let q = rng.vec(nq * nh * hd);

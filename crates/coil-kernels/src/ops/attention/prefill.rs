@@ -1,0 +1,295 @@
+//! The many-query path of the attention kernel (prompt processing): per
+//! block of [`PB`] positions, the scores of `MR` (query, head) rows at a
+//! time are one register-tile product with the transposed K block, and
+//! `P·V` another, so the FMAs run in independent chains instead of one
+//! dependent chain per row. Same online softmax as [`super::item`].
+
+use super::{kv_block, KvView, Scratch, PB};
+use crate::simd::math::exp_fast;
+use crate::simd::tile::{fma_tile, store_tile, transpose, Lanes, V16};
+use crate::simd::{level, SimdLevel};
+
+/// Whether [`item`] handles rows of `head_dim` values.
+pub(super) fn supports(head_dim: usize) -> bool {
+    head_dim.is_multiple_of(16)
+}
+
+/// `acc[r][j] += Σ_k a[r·lda + k] · b[k·ldb + 16j]` for a runtime number
+/// of vectors `nv` in 1..=4.
+#[inline(always)]
+unsafe fn fma_cols<V: V16, const MR: usize>(
+    nv: usize,
+    o: *mut f32,
+    ldo: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    depth: usize,
+) {
+    macro_rules! run {
+        ($nv:literal) => {{
+            let mut acc = [[V::zero(); $nv]; MR];
+            for (r, row) in acc.iter_mut().enumerate() {
+                for (j, v) in row.iter_mut().enumerate() {
+                    *v = V::load(o.add(r * ldo + 16 * j));
+                }
+            }
+            fma_tile::<V, MR, $nv>(&mut acc, a, lda, b, ldb, depth);
+            store_tile::<V, MR, $nv>(&acc, o, ldo, MR);
+        }};
+    }
+    match nv {
+        1 => run!(1),
+        2 => run!(2),
+        3 => run!(3),
+        _ => run!(4),
+    }
+}
+
+/// The largest of `x` (−∞ if empty), in 16 independent lanes so it vectorizes.
+#[inline(always)]
+fn lanes_max(x: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 16];
+    let c = x.chunks_exact(16);
+    let rest = c
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, v| m.max(*v));
+    for blk in c {
+        for i in 0..16 {
+            acc[i] = if blk[i] > acc[i] { blk[i] } else { acc[i] };
+        }
+    }
+    acc.iter().fold(rest, |m, v| m.max(*v))
+}
+
+/// The sum of `x`, in 16 independent lanes so it vectorizes.
+#[inline(always)]
+fn lanes_sum(x: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let c = x.chunks_exact(16);
+    let rest: f32 = c.remainder().iter().sum();
+    for blk in c {
+        for i in 0..16 {
+            acc[i] += blk[i];
+        }
+    }
+    acc.iter().sum::<f32>() + rest
+}
+
+/// Queries `t0..t1` of KV head `kvh` (see [`super::item`]); `head_dim`
+/// must pass [`supports`].
+///
+/// # Safety
+/// `out` is valid for `[n_q, n_heads, head_dim]` and (t, h) for `t0 ≤ t <
+/// t1`, `h` of this KV head's group belong to this call only.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn item_body<V: V16, const MR: usize>(
+    t0: usize,
+    t1: usize,
+    kvh: usize,
+    q: &[f32],
+    n_heads: usize,
+    kv: &KvView,
+    kv_len: &[usize],
+    scale: f32,
+    out: *mut f32,
+    sc: &mut Scratch,
+) {
+    let hd = kv.head_dim;
+    debug_assert!(supports(hd));
+    let group = n_heads / kv.n_kv_heads;
+    let rows = (t1 - t0) * group;
+    // Rows padded to whole tiles (padding rows: zero queries, never read).
+    let rp = rows.next_multiple_of(MR);
+    sc.q.clear();
+    sc.q.resize(rp * hd, 0.0);
+    sc.o.clear();
+    sc.o.resize(rp * hd, 0.0);
+    sc.m.clear();
+    sc.m.resize(rows, f32::NEG_INFINITY);
+    sc.l.clear();
+    sc.l.resize(rows, 0.0);
+    sc.kt.resize(hd * PB, 0.0);
+    sc.kb.resize(PB * hd, 0.0);
+    sc.vb.resize(PB * hd, 0.0);
+    sc.p.clear();
+    sc.p.resize(rp * PB, 0.0);
+    for t in t0..t1 {
+        for j in 0..group {
+            let h = kvh * group + j;
+            let r = (t - t0) * group + j;
+            let src = &q[(t * n_heads + h) * hd..(t * n_heads + h + 1) * hd];
+            for (d, s) in sc.q[r * hd..(r + 1) * hd].iter_mut().zip(src) {
+                *d = s * scale;
+            }
+        }
+    }
+    let limit = |r: usize| kv_len[t0 + r / group];
+    let max_len = kv_len[t0..t1].iter().copied().max().unwrap_or(0);
+    let nvec = hd / 16;
+    let mut p0 = 0;
+    while p0 < max_len {
+        let nb = PB.min(max_len - p0);
+        // Kᵀ of the block, [hd][PB] (columns past nb zero).
+        let kr = kv_block(&kv.k, kv, kvh, p0, nb, &mut sc.kb);
+        if nb < PB {
+            sc.kt.fill(0.0);
+        }
+        transpose::<V>(kr.data.as_ptr(), kr.stride, nb, hd, sc.kt.as_mut_ptr(), PB);
+        let vr = kv_block(&kv.v, kv, kvh, p0, nb, &mut sc.vb);
+        let mut r0 = 0;
+        while r0 < rows {
+            let tile_rows = MR.min(rows - r0);
+            // Rows of the tile that see this block at all.
+            if (r0..r0 + tile_rows).all(|r| limit(r) <= p0) {
+                r0 += MR;
+                continue;
+            }
+            // S = Q·Kᵀ for the tile, [MR][PB].
+            let mut acc = [[V::zero(); 2]; MR];
+            fma_tile::<V, MR, 2>(
+                &mut acc,
+                sc.q.as_ptr().add(r0 * hd),
+                hd,
+                sc.kt.as_ptr(),
+                PB,
+                hd,
+            );
+            let p = sc.p.as_mut_ptr().add(r0 * PB);
+            store_tile::<V, MR, 2>(&acc, p, PB, MR);
+            // Online softmax per row: P = exp(S − m), rescaling o and l.
+            for i in 0..tile_rows {
+                let r = r0 + i;
+                let prow = std::slice::from_raw_parts_mut(p.add(i * PB), PB);
+                let valid = limit(r).saturating_sub(p0).min(nb);
+                if valid == 0 {
+                    prow.fill(0.0);
+                    continue;
+                }
+                let bmax = lanes_max(&prow[..valid]);
+                let m_old = sc.m[r];
+                let m_new = m_old.max(bmax);
+                let corr = exp_fast(m_old - m_new);
+                if corr != 1.0 {
+                    sc.o[r * hd..(r + 1) * hd]
+                        .iter_mut()
+                        .for_each(|v| *v *= corr);
+                    sc.l[r] *= corr;
+                }
+                sc.m[r] = m_new;
+                prow[..valid]
+                    .iter_mut()
+                    .for_each(|v| *v = exp_fast(*v - m_new));
+                prow[valid..].fill(0.0);
+                sc.l[r] += lanes_sum(&prow[..valid]);
+            }
+            for i in tile_rows..MR {
+                std::slice::from_raw_parts_mut(p.add(i * PB), PB).fill(0.0);
+            }
+            // o += P·V for the tile, up to 4 vectors of columns at a time.
+            let mut j0 = 0;
+            while j0 < nvec {
+                let nv = 4.min(nvec - j0);
+                fma_cols::<V, MR>(
+                    nv,
+                    sc.o.as_mut_ptr().add(r0 * hd + 16 * j0),
+                    hd,
+                    p,
+                    PB,
+                    vr.data.as_ptr().add(16 * j0),
+                    vr.stride,
+                    nb,
+                );
+                j0 += nv;
+            }
+            r0 += MR;
+        }
+        p0 += nb;
+    }
+    for t in t0..t1 {
+        for j in 0..group {
+            let h = kvh * group + j;
+            let r = (t - t0) * group + j;
+            let inv = if sc.l[r] > 0.0 { 1.0 / sc.l[r] } else { 0.0 };
+            let dst = std::slice::from_raw_parts_mut(out.add((t * n_heads + h) * hd), hd);
+            for (d, v) in dst.iter_mut().zip(&sc.o[r * hd..(r + 1) * hd]) {
+                *d = v * inv;
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod levels {
+    use super::{item_body, KvView, Scratch};
+    use crate::simd::tile::x86::Pair;
+    use std::arch::x86_64::__m512;
+
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+    pub unsafe fn item_avx512(
+        t0: usize,
+        t1: usize,
+        kvh: usize,
+        q: &[f32],
+        n_heads: usize,
+        kv: &KvView,
+        kv_len: &[usize],
+        scale: f32,
+        out: *mut f32,
+        sc: &mut Scratch,
+    ) {
+        item_body::<__m512, 6>(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn item_avx2(
+        t0: usize,
+        t1: usize,
+        kvh: usize,
+        q: &[f32],
+        n_heads: usize,
+        kv: &KvView,
+        kv_len: &[usize],
+        scale: f32,
+        out: *mut f32,
+        sc: &mut Scratch,
+    ) {
+        item_body::<Pair, 2>(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc)
+    }
+}
+
+/// [`item_body`] at the current SIMD level.
+///
+/// # Safety
+/// As [`item_body`].
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn item(
+    t0: usize,
+    t1: usize,
+    kvh: usize,
+    q: &[f32],
+    n_heads: usize,
+    kv: &KvView,
+    kv_len: &[usize],
+    scale: f32,
+    out: *mut f32,
+    sc: &mut Scratch,
+) {
+    #[cfg(target_arch = "x86_64")]
+    match level() {
+        // SAFETY: level() only reports features the CPU has.
+        SimdLevel::Avx512 => {
+            return levels::item_avx512(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc)
+        }
+        SimdLevel::Avx2 => {
+            return levels::item_avx2(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc)
+        }
+        SimdLevel::Scalar => {}
+    }
+    item_body::<Lanes, 2>(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc)
+}
