@@ -367,7 +367,8 @@ fn items(
         let t1 = (t0 + QB).min(n_q);
         let rows = (t1 - t0) * (n_heads / kv.n_kv_heads);
         if rows >= TRANSPOSE_ROWS && prefill::supports(kv.head_dim) {
-            // SAFETY: as below; `attention` checked the shapes.
+            // SAFETY: `attention` checked the shapes, and item `it` owns
+            // the outputs of its queries and KV head.
             unsafe { prefill::item(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc) };
         } else {
             item(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc);
