@@ -76,3 +76,24 @@ fn bench_table_and_errors() {
     assert!(!ok);
     assert!(err.contains("error"), "{err}");
 }
+
+/// `-d N`: both tests run on a context of N tokens (llama-bench's depth),
+/// and the report names it.
+#[test]
+fn bench_at_a_depth() {
+    let m = model("granitemoehybrid");
+    let (ok, out, err) = coil(&[
+        "bench", "-m", &m, "-p", "8", "-n", "2", "-d", "40", "-r", "2", "-t", "2",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("| pp8 @ d40 |"), "{out}");
+    assert!(out.contains("| tg2 @ d40 |"), "{out}");
+    let (ok, out, err) = coil(&[
+        "bench", "-m", &m, "-p", "8", "-n", "2", "-d", "40", "-r", "1", "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("bench prints JSON");
+    assert_eq!(v["n_depth"], 40);
+    assert!(v["pp_tps"].as_f64().unwrap() > 0.0);
+    assert!(v["tg_tps"].as_f64().unwrap() > 0.0);
+}

@@ -9,11 +9,16 @@
 //!   llama-bench);
 //! - one warm-up run of each (the whole prompt, one generated token), then
 //!   `r` timed repetitions; tokens/s is the mean over repetitions of
-//!   tokens ÷ seconds, with its sample standard deviation.
+//!   tokens ÷ seconds, with its sample standard deviation;
+//! - `-d N` (llama-bench's depth): N random tokens are processed once,
+//!   untimed, and every run starts from a fork of that context instead of
+//!   an empty sequence (a fork shares the context's memory until it writes,
+//!   so it costs no copy).
 
 use super::common::ModelArgs;
 use anyhow::{bail, Result};
 use coil::engine::Engine;
+use coil::memory::SeqId;
 use coil::models::LogitRows;
 use coil_gguf::GgufFile;
 use serde_json::json;
@@ -29,6 +34,10 @@ pub struct Args {
     /// Tokens to generate one by one (0: skip the generation test).
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     n_gen: usize,
+    /// Tokens already in the context when each test starts (processed once,
+    /// untimed; each run works on a fork of that context).
+    #[arg(short = 'd', long = "n-depth", default_value_t = 0)]
+    depth: usize,
     /// Timed repetitions of each test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     reps: usize,
@@ -146,24 +155,43 @@ fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// One prompt test: `n` random tokens from an empty sequence.
-fn run_prompt(engine: &mut Engine, rng: &mut Rng, n: usize, ubatch: usize) -> Result<f64> {
+/// The sequence a run starts from: sequence 0 emptied, or (at a depth)
+/// sequence 1 as a fresh fork of the context held by sequence 0.
+fn start_seq(engine: &mut Engine, depth: usize) -> Result<SeqId> {
+    if depth == 0 {
+        engine.seq_clear(0)?;
+        return Ok(0);
+    }
+    engine.seq_clear(1)?;
+    engine.seq_fork(0, 1)?;
+    Ok(1)
+}
+
+/// One prompt test: `n` random tokens after `depth` tokens of context.
+fn run_prompt(
+    engine: &mut Engine,
+    rng: &mut Rng,
+    n: usize,
+    ubatch: usize,
+    depth: usize,
+) -> Result<f64> {
     let n_vocab = engine.n_vocab();
     let tokens: Vec<u32> = (0..n).map(|_| rng.token(n_vocab)).collect();
-    engine.seq_clear(0)?;
+    let seq = start_seq(engine, depth)?;
     let t0 = Instant::now();
-    engine.eval(0, &tokens, LogitRows::Last, ubatch)?;
+    engine.eval(seq, &tokens, LogitRows::Last, ubatch)?;
     Ok(t0.elapsed().as_secs_f64())
 }
 
-/// One generation test: `n` single-token calls from an empty sequence.
-fn run_gen(engine: &mut Engine, rng: &mut Rng, n: usize) -> Result<f64> {
+/// One generation test: `n` single-token calls after `depth` tokens of
+/// context.
+fn run_gen(engine: &mut Engine, rng: &mut Rng, n: usize, depth: usize) -> Result<f64> {
     let n_vocab = engine.n_vocab();
-    engine.seq_clear(0)?;
+    let seq = start_seq(engine, depth)?;
     let t0 = Instant::now();
     for _ in 0..n {
         let t = rng.token(n_vocab);
-        engine.eval(0, &[t], LogitRows::Last, 1)?;
+        engine.eval(seq, &[t], LogitRows::Last, 1)?;
     }
     Ok(t0.elapsed().as_secs_f64())
 }
@@ -179,29 +207,41 @@ pub fn run(a: Args) -> Result<()> {
         bail!("nothing to measure: -p and -n are both 0");
     }
     let mut margs = a.model.clone();
-    margs.ctx = margs.ctx.max(a.n_prompt).max(a.n_gen);
+    margs.ctx = margs.ctx.max(a.depth + a.n_prompt.max(a.n_gen));
     let t_load = Instant::now();
-    let mut engine = margs.load(1, a.ubatch)?;
+    let mut engine = margs.load(if a.depth > 0 { 2 } else { 1 }, a.ubatch)?;
     let load_secs = t_load.elapsed().as_secs_f64();
     let (size, params, ftype) = model_totals(&engine.file);
     let arch = engine.model.info().arch.clone();
     let model_type = format!("{arch} {ftype}");
     let threads = engine.pool.n_threads();
     let mut rng = Rng(a.seed);
+    if a.depth > 0 {
+        let n_vocab = engine.n_vocab();
+        let context: Vec<u32> = (0..a.depth).map(|_| rng.token(n_vocab)).collect();
+        engine.seq_clear(0)?;
+        engine.eval(0, &context, LogitRows::Last, a.ubatch)?;
+    }
 
     if !a.no_warmup {
         if a.n_prompt > 0 {
-            run_prompt(&mut engine, &mut rng, a.n_prompt, a.ubatch)?;
+            run_prompt(&mut engine, &mut rng, a.n_prompt, a.ubatch, a.depth)?;
         }
         if a.n_gen > 0 {
-            run_gen(&mut engine, &mut rng, 1)?;
+            run_gen(&mut engine, &mut rng, 1, a.depth)?;
         }
     }
     let mut pp = None;
     if a.n_prompt > 0 {
         let mut secs = Vec::with_capacity(a.reps);
         for _ in 0..a.reps {
-            secs.push(run_prompt(&mut engine, &mut rng, a.n_prompt, a.ubatch)?);
+            secs.push(run_prompt(
+                &mut engine,
+                &mut rng,
+                a.n_prompt,
+                a.ubatch,
+                a.depth,
+            )?);
         }
         pp = Some(Stats::new(a.n_prompt, secs));
     }
@@ -209,11 +249,14 @@ pub fn run(a: Args) -> Result<()> {
     if a.n_gen > 0 {
         let mut secs = Vec::with_capacity(a.reps);
         for _ in 0..a.reps {
-            secs.push(run_gen(&mut engine, &mut rng, a.n_gen)?);
+            secs.push(run_gen(&mut engine, &mut rng, a.n_gen, a.depth)?);
         }
         tg = Some(Stats::new(a.n_gen, secs));
     }
     engine.seq_clear(0)?;
+    if a.depth > 0 {
+        engine.seq_clear(1)?;
+    }
 
     if a.json {
         let mean = |s: &Option<Stats>| s.as_ref().map(|s| s.mean);
@@ -230,6 +273,7 @@ pub fn run(a: Args) -> Result<()> {
             "threads": threads,
             "n_prompt": a.n_prompt,
             "n_gen": a.n_gen,
+            "n_depth": a.depth,
             "n_ubatch": a.ubatch,
             "repetitions": a.reps,
             "checkpoint_interval": margs.checkpoint_interval,
@@ -251,9 +295,13 @@ pub fn run(a: Args) -> Result<()> {
     let mparams = params as f64 / 1e6;
     println!("| model | size | params | threads | test | t/s |");
     println!("| --- | ---: | ---: | ---: | --- | ---: |");
+    let at = match a.depth {
+        0 => String::new(),
+        d => format!(" @ d{d}"),
+    };
     let rows = [
-        (format!("pp{}", a.n_prompt), &pp),
-        (format!("tg{}", a.n_gen), &tg),
+        (format!("pp{}{at}", a.n_prompt), &pp),
+        (format!("tg{}{at}", a.n_gen), &tg),
     ];
     for (test, s) in rows {
         if let Some(s) = s {
