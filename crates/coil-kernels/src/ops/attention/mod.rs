@@ -1,7 +1,7 @@
 //! Attention of a batch of query tokens over a KV view: grouped-query,
 //! causal through per-query limits, online softmax, f32 accumulation.
 
-mod prefill;
+mod tiled;
 
 use crate::matmul::SendPtr;
 use crate::multiversion;
@@ -207,7 +207,7 @@ struct Scratch {
     kt: Vec<f32>, // [hd][PB]
     kb: Vec<f32>, // [PB][hd]
     vb: Vec<f32>, // [PB][hd]
-    p: Vec<f32>,  // [rows][PB] (the prefill path's scores and probabilities)
+    p: Vec<f32>,  // [rows][PB] (the tiled path's scores and probabilities)
 }
 
 /// One work item: queries `t0..t1`, KV head `kvh` and its `group` query heads.
@@ -365,11 +365,10 @@ fn items(
         let (qb, kvh) = (it / kv.n_kv_heads, it % kv.n_kv_heads);
         let t0 = qb * QB;
         let t1 = (t0 + QB).min(n_q);
-        let rows = (t1 - t0) * (n_heads / kv.n_kv_heads);
-        if rows >= TRANSPOSE_ROWS && prefill::supports(kv.head_dim) {
+        if tiled::supports(kv.head_dim) {
             // SAFETY: `attention` checked the shapes, and item `it` owns
             // the outputs of its queries and KV head.
-            unsafe { prefill::item(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc) };
+            unsafe { tiled::item(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc) };
         } else {
             item(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc);
         }
@@ -453,8 +452,8 @@ pub(crate) mod tests {
             (17, 6, 1, 5, 17),
             (40, 8, 2, 16, 70),
             (5, 3, 3, 32, 65),
-            // The prefill path (≥ 8 rows per item, head_dim a multiple of
-            // 16), with partial position blocks and row tiles.
+            // More of the tiled path (head_dim a multiple of 16): tiles of
+            // 6 and of 2 rows, partial position blocks and row tiles.
             (33, 4, 2, 64, 80),
             (20, 2, 1, 128, 50),
             (9, 5, 1, 48, 31),
@@ -536,7 +535,8 @@ pub(crate) mod tests {
         let pool = ThreadPool::new(2);
         let mut rng = Rng::new(5);
         // (n_q, n_heads, n_kv_heads, head_dim, n_pos): GQA and MHA, decode
-        // and prefill shapes (the transposed-K path from 8 rows per item).
+        // and prefill shapes (the tiled path for head dims of 16·k, the
+        // per-row path for the others).
         for &(nq, nh, nkv, hd, npos) in &[
             (1, 8, 2, 64, 300),
             (20, 4, 1, 16, 129),

@@ -1,8 +1,9 @@
-//! The many-query path of the attention kernel (prompt processing): per
-//! block of [`PB`] positions, the scores of `MR` (query, head) rows at a
-//! time are one register-tile product with the transposed K block, and
-//! `P·V` another, so the FMAs run in independent chains instead of one
-//! dependent chain per row. Same online softmax as [`super::item`].
+//! The attention kernel for head dims that are a multiple of 16 (prompt
+//! processing and decoding alike): per block of [`PB`] positions, the
+//! scores of `MR` (query, head) rows at a time are one register-tile
+//! product with the transposed K block, and `P·V` another, so the FMAs run
+//! in independent chains instead of one dependent chain per row. Same
+//! online softmax as [`super::item`], which serves the other head dims.
 
 use super::{kv_block, KvView, Scratch, PB};
 use crate::simd::math::exp_fast;
@@ -230,7 +231,7 @@ mod levels {
 
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-    pub unsafe fn item_avx512(
+    pub unsafe fn item_avx512<const MR: usize>(
         t0: usize,
         t1: usize,
         kvh: usize,
@@ -242,12 +243,12 @@ mod levels {
         out: *mut f32,
         sc: &mut Scratch,
     ) {
-        item_body::<__m512, 6>(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc)
+        item_body::<__m512, MR>(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc)
     }
 
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn item_avx2(
+    pub unsafe fn item_avx2<const MR: usize>(
         t0: usize,
         t1: usize,
         kvh: usize,
@@ -259,7 +260,7 @@ mod levels {
         out: *mut f32,
         sc: &mut Scratch,
     ) {
-        item_body::<Pair, 2>(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc)
+        item_body::<Pair, MR>(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc)
     }
 }
 
@@ -280,16 +281,22 @@ pub(super) unsafe fn item(
     out: *mut f32,
     sc: &mut Scratch,
 ) {
+    // Few rows (one query's heads while decoding): tiles of 2 rows waste
+    // less on padding.
+    let few = (t1 - t0) * (n_heads / kv.n_kv_heads) < 6;
     #[cfg(target_arch = "x86_64")]
-    match level() {
+    match (level(), few) {
         // SAFETY: level() only reports features the CPU has.
-        SimdLevel::Avx512 => {
-            return levels::item_avx512(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc)
+        (SimdLevel::Avx512, false) => {
+            return levels::item_avx512::<6>(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc)
         }
-        SimdLevel::Avx2 => {
-            return levels::item_avx2(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc)
+        (SimdLevel::Avx512, true) => {
+            return levels::item_avx512::<2>(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc)
         }
-        SimdLevel::Scalar => {}
+        (SimdLevel::Avx2, _) => {
+            return levels::item_avx2::<2>(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc)
+        }
+        (SimdLevel::Scalar, _) => {}
     }
     item_body::<Lanes, 2>(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc)
 }
