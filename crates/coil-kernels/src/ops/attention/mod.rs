@@ -210,45 +210,118 @@ struct Scratch {
     p: Vec<f32>,  // [rows][PB] (the tiled path's scores and probabilities)
 }
 
-/// One work item: queries `t0..t1`, KV head `kvh` and its `group` query heads.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn item(
+/// The inputs of one call, shared by its work items.
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    q: &'a [f32],
+    n_heads: usize,
+    kv: &'a KvView<'a>,
+    kv_len: &'a [usize],
+    scale: f32,
+    out: *mut f32,
+}
+
+/// A work item: queries `t0..t1`, KV head `kvh` and its query heads.
+#[derive(Clone, Copy)]
+struct Item {
     t0: usize,
     t1: usize,
     kvh: usize,
-    q: &[f32],
-    n_heads: usize,
-    kv: &KvView,
-    kv_len: &[usize],
-    scale: f32,
-    out: *mut f32,
-    sc: &mut Scratch,
-) {
-    let hd = kv.head_dim;
-    let group = n_heads / kv.n_kv_heads;
-    let rows = (t1 - t0) * group;
-    sc.q.resize(rows * hd, 0.0);
-    sc.o.clear();
-    sc.o.resize(rows * hd, 0.0);
-    sc.m.clear();
-    sc.m.resize(rows, f32::NEG_INFINITY);
-    sc.l.clear();
-    sc.l.resize(rows, 0.0);
-    sc.kt.resize(hd * PB, 0.0);
-    sc.kb.resize(PB * hd, 0.0);
-    sc.vb.resize(PB * hd, 0.0);
-    for t in t0..t1 {
-        for j in 0..group {
-            let h = kvh * group + j;
-            let r = (t - t0) * group + j;
-            let src = &q[(t * n_heads + h) * hd..(t * n_heads + h + 1) * hd];
-            for (d, s) in sc.q[r * hd..(r + 1) * hd].iter_mut().zip(src) {
-                *d = s * scale;
+}
+
+impl Call<'_> {
+    /// Query heads per KV head.
+    fn group(&self) -> usize {
+        self.n_heads / self.kv.n_kv_heads
+    }
+
+    /// (query, head) rows of `it`: row `(t − t0)·group + j` is query `t`,
+    /// head `kvh·group + j`.
+    fn rows(&self, it: Item) -> usize {
+        (it.t1 - it.t0) * self.group()
+    }
+
+    /// The causal limit of row `r` of `it`.
+    fn limit(&self, it: Item, r: usize) -> usize {
+        self.kv_len[it.t0 + r / self.group()]
+    }
+
+    /// The longest limit among `it`'s queries.
+    fn max_len(&self, it: Item) -> usize {
+        self.kv_len[it.t0..it.t1].iter().copied().max().unwrap_or(0)
+    }
+}
+
+impl Scratch {
+    /// Prepares the buffers for `it` with its rows padded to `rows_padded`:
+    /// the queries scaled (padding rows zero), o and l zero, m −∞.
+    fn begin(&mut self, call: &Call, it: Item, rows_padded: usize) {
+        let hd = call.kv.head_dim;
+        let (group, rows) = (call.group(), call.rows(it));
+        self.q.clear();
+        self.q.resize(rows_padded * hd, 0.0);
+        self.o.clear();
+        self.o.resize(rows_padded * hd, 0.0);
+        self.m.clear();
+        self.m.resize(rows, f32::NEG_INFINITY);
+        self.l.clear();
+        self.l.resize(rows, 0.0);
+        self.kt.resize(hd * PB, 0.0);
+        self.kb.resize(PB * hd, 0.0);
+        self.vb.resize(PB * hd, 0.0);
+        for t in it.t0..it.t1 {
+            for j in 0..group {
+                let h = it.kvh * group + j;
+                let r = (t - it.t0) * group + j;
+                let src = &call.q[(t * call.n_heads + h) * hd..(t * call.n_heads + h + 1) * hd];
+                for (d, s) in self.q[r * hd..(r + 1) * hd].iter_mut().zip(src) {
+                    *d = s * call.scale;
+                }
             }
         }
     }
-    let max_len = kv_len[t0..t1].iter().copied().max().unwrap_or(0);
+
+    /// Writes `o / l` of every row of `it` to the output.
+    ///
+    /// # Safety
+    /// `call.out` is valid for `[n_q, n_heads, head_dim]`, and `it`'s
+    /// (query, head) outputs belong to this call only.
+    unsafe fn finish(&self, call: &Call, it: Item) {
+        let hd = call.kv.head_dim;
+        let group = call.group();
+        for t in it.t0..it.t1 {
+            for j in 0..group {
+                let h = it.kvh * group + j;
+                let r = (t - it.t0) * group + j;
+                let inv = if self.l[r] > 0.0 {
+                    1.0 / self.l[r]
+                } else {
+                    0.0
+                };
+                let dst =
+                    std::slice::from_raw_parts_mut(call.out.add((t * call.n_heads + h) * hd), hd);
+                for (d, v) in dst.iter_mut().zip(&self.o[r * hd..(r + 1) * hd]) {
+                    *d = v * inv;
+                }
+            }
+        }
+    }
+}
+
+/// One work item, a row at a time (any head dim; see [`tiled`] for the
+/// fast path).
+///
+/// # Safety
+/// As [`Scratch::finish`].
+#[inline(always)]
+unsafe fn item(call: &Call, it: Item, sc: &mut Scratch) {
+    let Call { kv, kv_len, .. } = *call;
+    let Item { t0, kvh, .. } = it;
+    let hd = kv.head_dim;
+    let group = call.group();
+    let rows = call.rows(it);
+    sc.begin(call, it, rows);
+    let max_len = call.max_len(it);
     let transpose = rows >= TRANSPOSE_ROWS;
     let mut s = [0f32; PB];
     let mut p0 = 0;
@@ -328,57 +401,38 @@ fn item(
         }
         p0 += nb;
     }
-    for t in t0..t1 {
-        for j in 0..group {
-            let h = kvh * group + j;
-            let r = (t - t0) * group + j;
-            let inv = if sc.l[r] > 0.0 { 1.0 / sc.l[r] } else { 0.0 };
-            // SAFETY: (t, h) belongs to this item only.
-            let dst =
-                unsafe { std::slice::from_raw_parts_mut(out.add((t * n_heads + h) * hd), hd) };
-            for (d, v) in dst.iter_mut().zip(&sc.o[r * hd..(r + 1) * hd]) {
-                *d = v * inv;
-            }
-        }
-    }
+    sc.finish(call, it);
 }
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Work items `i0..i1` (query block `i / n_kv_heads`, KV head `i % n_kv_heads`).
 #[inline(always)]
-fn items(
-    i0: usize,
-    i1: usize,
-    q: &[f32],
-    n_heads: usize,
-    kv: &KvView,
-    kv_len: &[usize],
-    scale: f32,
-    out: *mut f32,
-    sc: &mut Scratch,
-) {
-    let n_q = kv_len.len();
-    for it in i0..i1 {
-        let (qb, kvh) = (it / kv.n_kv_heads, it % kv.n_kv_heads);
-        let t0 = qb * QB;
-        let t1 = (t0 + QB).min(n_q);
-        if tiled::supports(kv.head_dim) {
-            // SAFETY: `attention` checked the shapes, and item `it` owns
-            // the outputs of its queries and KV head.
-            unsafe { tiled::item(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc) };
-        } else {
-            item(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc);
+fn items(i0: usize, i1: usize, call: &Call, sc: &mut Scratch) {
+    let n_q = call.kv_len.len();
+    let n_kv = call.kv.n_kv_heads;
+    for i in i0..i1 {
+        let t0 = (i / n_kv) * QB;
+        let it = Item {
+            t0,
+            t1: (t0 + QB).min(n_q),
+            kvh: i % n_kv,
+        };
+        // SAFETY: `attention` checked the shapes and hands each work item
+        // (and so its (query, head) outputs) to one call only.
+        unsafe {
+            if tiled::supports(call.kv.head_dim) {
+                tiled::item(call, it, sc);
+            } else {
+                item(call, it, sc);
+            }
         }
     }
 }
 
-multiversion!(fn items_mv(
-    i0: usize, i1: usize, q: &[f32], n_heads: usize, kv: &KvView, kv_len: &[usize], scale: f32,
-    out: *mut f32, sc: &mut Scratch
-) => items);
+multiversion!(fn items_mv(i0: usize, i1: usize, call: &Call, sc: &mut Scratch) => items);
 
 /// `out[t, h] = softmax_p(scale · q[t, h] · K[p, h/g]) · V[p, h/g]` over
 /// positions `p < kv_len[t]` (causal limit per query; 0 gives zeros), with
@@ -422,17 +476,15 @@ pub fn attention(
     pool.parallel_for(n_items, grain, |r, _| {
         SCRATCH.with(|sc| {
             let mut sc = sc.borrow_mut();
-            items_mv(
-                r.start,
-                r.end,
+            let call = Call {
                 q,
                 n_heads,
                 kv,
                 kv_len,
                 scale,
-                op.get(),
-                &mut sc,
-            );
+                out: op.get(),
+            };
+            items_mv(r.start, r.end, &call, &mut sc);
         });
     });
 }

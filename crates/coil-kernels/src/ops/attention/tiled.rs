@@ -5,7 +5,7 @@
 //! in independent chains instead of one dependent chain per row. Same
 //! online softmax as [`super::item`], which serves the other head dims.
 
-use super::{kv_block, KvView, Scratch, PB};
+use super::{kv_block, Call, Item, Scratch, PB};
 use crate::simd::math::exp_fast;
 use crate::simd::tile::{fma_tile, store_tile, transpose, Lanes, V16};
 use crate::simd::{level, SimdLevel};
@@ -79,68 +79,34 @@ fn lanes_sum(x: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + rest
 }
 
-/// Queries `t0..t1` of KV head `kvh` (see [`super::item`]); `head_dim`
-/// must pass [`supports`].
+/// Work item `it` (see [`super::item`]); `head_dim` must pass [`supports`].
 ///
 /// # Safety
-/// `out` is valid for `[n_q, n_heads, head_dim]` and (t, h) for `t0 ≤ t <
-/// t1`, `h` of this KV head's group belong to this call only.
-#[allow(clippy::too_many_arguments)]
+/// As [`Scratch::finish`].
 #[inline(always)]
-unsafe fn item_body<V: V16, const MR: usize>(
-    t0: usize,
-    t1: usize,
-    kvh: usize,
-    q: &[f32],
-    n_heads: usize,
-    kv: &KvView,
-    kv_len: &[usize],
-    scale: f32,
-    out: *mut f32,
-    sc: &mut Scratch,
-) {
+unsafe fn item_body<V: V16, const MR: usize>(call: &Call, it: Item, sc: &mut Scratch) {
+    let kv = call.kv;
     let hd = kv.head_dim;
     debug_assert!(supports(hd));
-    let group = n_heads / kv.n_kv_heads;
-    let rows = (t1 - t0) * group;
+    let rows = call.rows(it);
     // Rows padded to whole tiles (padding rows: zero queries, never read).
     let rp = rows.next_multiple_of(MR);
-    sc.q.clear();
-    sc.q.resize(rp * hd, 0.0);
-    sc.o.clear();
-    sc.o.resize(rp * hd, 0.0);
-    sc.m.clear();
-    sc.m.resize(rows, f32::NEG_INFINITY);
-    sc.l.clear();
-    sc.l.resize(rows, 0.0);
-    sc.kt.resize(hd * PB, 0.0);
-    sc.kb.resize(PB * hd, 0.0);
-    sc.vb.resize(PB * hd, 0.0);
+    sc.begin(call, it, rp);
     sc.p.clear();
     sc.p.resize(rp * PB, 0.0);
-    for t in t0..t1 {
-        for j in 0..group {
-            let h = kvh * group + j;
-            let r = (t - t0) * group + j;
-            let src = &q[(t * n_heads + h) * hd..(t * n_heads + h + 1) * hd];
-            for (d, s) in sc.q[r * hd..(r + 1) * hd].iter_mut().zip(src) {
-                *d = s * scale;
-            }
-        }
-    }
-    let limit = |r: usize| kv_len[t0 + r / group];
-    let max_len = kv_len[t0..t1].iter().copied().max().unwrap_or(0);
+    let limit = |r: usize| call.limit(it, r);
+    let max_len = call.max_len(it);
     let nvec = hd / 16;
     let mut p0 = 0;
     while p0 < max_len {
         let nb = PB.min(max_len - p0);
         // Kᵀ of the block, [hd][PB] (columns past nb zero).
-        let kr = kv_block(&kv.k, kv, kvh, p0, nb, &mut sc.kb);
+        let kr = kv_block(&kv.k, kv, it.kvh, p0, nb, &mut sc.kb);
         if nb < PB {
             sc.kt.fill(0.0);
         }
         transpose::<V>(kr.data.as_ptr(), kr.stride, nb, hd, sc.kt.as_mut_ptr(), PB);
-        let vr = kv_block(&kv.v, kv, kvh, p0, nb, &mut sc.vb);
+        let vr = kv_block(&kv.v, kv, it.kvh, p0, nb, &mut sc.vb);
         let mut r0 = 0;
         while r0 < rows {
             let tile_rows = MR.min(rows - r0);
@@ -210,57 +176,23 @@ unsafe fn item_body<V: V16, const MR: usize>(
         }
         p0 += nb;
     }
-    for t in t0..t1 {
-        for j in 0..group {
-            let h = kvh * group + j;
-            let r = (t - t0) * group + j;
-            let inv = if sc.l[r] > 0.0 { 1.0 / sc.l[r] } else { 0.0 };
-            let dst = std::slice::from_raw_parts_mut(out.add((t * n_heads + h) * hd), hd);
-            for (d, v) in dst.iter_mut().zip(&sc.o[r * hd..(r + 1) * hd]) {
-                *d = v * inv;
-            }
-        }
-    }
+    sc.finish(call, it);
 }
 
 #[cfg(target_arch = "x86_64")]
 mod levels {
-    use super::{item_body, KvView, Scratch};
+    use super::{item_body, Call, Item, Scratch};
     use crate::simd::tile::x86::Pair;
     use std::arch::x86_64::__m512;
 
-    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-    pub unsafe fn item_avx512<const MR: usize>(
-        t0: usize,
-        t1: usize,
-        kvh: usize,
-        q: &[f32],
-        n_heads: usize,
-        kv: &KvView,
-        kv_len: &[usize],
-        scale: f32,
-        out: *mut f32,
-        sc: &mut Scratch,
-    ) {
-        item_body::<__m512, MR>(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc)
+    pub unsafe fn item_avx512<const MR: usize>(call: &Call, it: Item, sc: &mut Scratch) {
+        item_body::<__m512, MR>(call, it, sc)
     }
 
-    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn item_avx2<const MR: usize>(
-        t0: usize,
-        t1: usize,
-        kvh: usize,
-        q: &[f32],
-        n_heads: usize,
-        kv: &KvView,
-        kv_len: &[usize],
-        scale: f32,
-        out: *mut f32,
-        sc: &mut Scratch,
-    ) {
-        item_body::<Pair, MR>(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc)
+    pub unsafe fn item_avx2<const MR: usize>(call: &Call, it: Item, sc: &mut Scratch) {
+        item_body::<Pair, MR>(call, it, sc)
     }
 }
 
@@ -268,35 +200,17 @@ mod levels {
 ///
 /// # Safety
 /// As [`item_body`].
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn item(
-    t0: usize,
-    t1: usize,
-    kvh: usize,
-    q: &[f32],
-    n_heads: usize,
-    kv: &KvView,
-    kv_len: &[usize],
-    scale: f32,
-    out: *mut f32,
-    sc: &mut Scratch,
-) {
+pub(super) unsafe fn item(call: &Call, it: Item, sc: &mut Scratch) {
     // Few rows (one query's heads while decoding): tiles of 2 rows waste
     // less on padding.
-    let few = (t1 - t0) * (n_heads / kv.n_kv_heads) < 6;
+    let few = call.rows(it) < 6;
     #[cfg(target_arch = "x86_64")]
     match (level(), few) {
         // SAFETY: level() only reports features the CPU has.
-        (SimdLevel::Avx512, false) => {
-            return levels::item_avx512::<6>(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc)
-        }
-        (SimdLevel::Avx512, true) => {
-            return levels::item_avx512::<2>(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc)
-        }
-        (SimdLevel::Avx2, _) => {
-            return levels::item_avx2::<2>(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc)
-        }
+        (SimdLevel::Avx512, false) => return levels::item_avx512::<6>(call, it, sc),
+        (SimdLevel::Avx512, true) => return levels::item_avx512::<2>(call, it, sc),
+        (SimdLevel::Avx2, _) => return levels::item_avx2::<2>(call, it, sc),
         (SimdLevel::Scalar, _) => {}
     }
-    item_body::<Lanes, 2>(t0, t1, kvh, q, n_heads, kv, kv_len, scale, out, sc)
+    item_body::<Lanes, 2>(call, it, sc)
 }
