@@ -22,6 +22,7 @@
 # Usage:
 #   scripts/bench-vs-llamacpp.sh [-r REPS] [-t THREADS] [-p N_PROMPT] [-n N_GEN]
 #                                [--models "mamba2-370m-like hybrid-350m-like"]
+#                                (also: mamba-370m-like, a Mamba-1 shape)
 #                                [--types "F16 Q8_0 Q4_K_M"] [--skip-build]
 #   scripts/bench-vs-llamacpp.sh --report RUN_DIR [same -r/-p/-n/--models/--types]
 #                                (re-print the report of a finished run)

@@ -21,7 +21,11 @@ numbers on the development machine):
   (Granite-4.0-H dense style), 32 layers, d_model 768, attention (12 heads,
   4 KV heads, head_dim 64, no positional encoding) at layers 5, 13, 21, 29,
   Mamba-2 elsewhere (24 heads x 64, d_state 128, 1 group), a shared SwiGLU
-  MLP of 2560 in every layer, vocab 50280, tied (648 MiB as an F16 GGUF).
+  MLP of 2560 in every layer, vocab 50280, tied (648 MiB as an F16 GGUF);
+- mamba-370m-like (Mamba-1, not in the anchor; run with --only or the
+  benchmark script's --models): MambaForCausalLM with the shape of
+  state-spaces/mamba-370m-hf, 48 layers, d_model 1024, expand 2 (d_inner
+  2048), d_state 16, dt_rank 64, d_conv 4, vocab 50280, tied.
 
 Random weights cost the same compute as trained ones. Init: every matrix
 N(0, 1/fan_in) (unit-variance activations), tied embeddings N(0, (4/sqrt(d))^2)
@@ -51,7 +55,9 @@ REPO = Path(__file__).resolve().parent.parent
 VOCAB = 50280
 VOCAB_MAMBA2 = 50288
 
-MODELS = ("mamba2-370m-like", "hybrid-350m-like")
+MODELS = ("mamba2-370m-like", "hybrid-350m-like", "mamba-370m-like")
+# What --only builds by default: the two shapes of the anchor.
+DEFAULT_MODELS = ("mamba2-370m-like", "hybrid-350m-like")
 
 
 def mamba2_config():
@@ -77,6 +83,28 @@ def mamba2_config():
         pad_token_id=1,
         residual_in_fp32=True,
         time_step_limit=(0.0, float("inf")),
+    )
+
+
+def mamba1_config():
+    from transformers import MambaConfig
+
+    return MambaConfig(
+        vocab_size=VOCAB,
+        hidden_size=1024,
+        num_hidden_layers=48,
+        state_size=16,
+        expand=2,
+        conv_kernel=4,
+        time_step_rank=64,
+        use_bias=False,
+        use_conv_bias=True,
+        layer_norm_epsilon=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=1,
+        residual_in_fp32=True,
     )
 
 
@@ -136,17 +164,22 @@ def hybrid_config():
 
 def build(name: str):
     import torch
-    from transformers import GraniteMoeHybridForCausalLM, Mamba2ForCausalLM
+    from transformers import GraniteMoeHybridForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
 
     if name == "mamba2-370m-like":
         cfg = mamba2_config()
         cls = Mamba2ForCausalLM
+    elif name == "mamba-370m-like":
+        cfg = mamba1_config()
+        cls = MambaForCausalLM
     else:
         cfg = hybrid_config()
         cls = GraniteMoeHybridForCausalLM
     model = cls(cfg).float().eval()
     d = cfg.hidden_size
-    keep = ("A_log", "dt_bias", ".D", "conv1d")
+    # Kept at transformers' init: the SSM parameters (Mamba-1's dt_proj too:
+    # its bias sets dt's range).
+    keep = ("A_log", "dt_bias", ".D", "conv1d", "dt_proj")
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if any(k in pname for k in keep):
@@ -217,7 +250,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokenizer", type=Path, required=True, help="the GPT-NeoX-20B tokenizer.json")
     ap.add_argument("--out", type=Path, default=REPO.parent / "bench-models")
-    ap.add_argument("--only", nargs="*", choices=MODELS, default=list(MODELS))
+    ap.add_argument("--only", nargs="*", choices=MODELS, default=list(DEFAULT_MODELS))
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--force", action="store_true", help="rebuild models that already exist")
     a = ap.parse_args()

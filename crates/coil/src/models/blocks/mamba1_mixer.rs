@@ -12,8 +12,8 @@ use crate::memory::{Memory, RecurrentLayerShape};
 use crate::models::weights::{Loader, Matrix};
 use crate::models::ModelError;
 use coil_gguf::GgufFile;
-use coil_kernels::ops::act::{silu1, silu_inplace, softplus_inplace};
-use coil_kernels::ops::conv::conv1d_causal;
+use coil_kernels::ops::act::{mul_silu_inplace, softplus_inplace};
+use coil_kernels::ops::conv::conv1d_causal_silu_pool;
 use coil_kernels::ops::norm::rms_norm_inplace;
 use coil_kernels::ops::ssm::mamba1_scan;
 use coil_kernels::{matmul, Scratch, ThreadPool};
@@ -124,28 +124,23 @@ impl Mamba1Mixer {
         // [n_tokens, 2·d_inner] = [x | z]
         let mut xz = Scratch::dirty(n_tokens * 2 * di);
         matmul(pool, &self.in_proj.get(file), h, &mut xz, n_tokens);
-        let mut x_in = Scratch::dirty(n_tokens * di);
-        let mut z = Scratch::dirty(n_tokens * di);
-        for t in 0..n_tokens {
-            x_in[t * di..(t + 1) * di].copy_from_slice(&xz[t * 2 * di..t * 2 * di + di]);
-            z[t * di..(t + 1) * di].copy_from_slice(&xz[t * 2 * di + di..(t + 1) * 2 * di]);
-        }
-        // Convolution per sequence, with its carried window.
+        // x = silu(conv(x columns of xz, read in place)) per sequence, with
+        // its carried window.
         let mut x = Scratch::dirty(n_tokens * di);
         for Rows { seq, rows, .. } in chunks {
             let st = layer_state(mem, layer, *seq)?;
-            let span = rows.start * di..rows.end * di;
-            conv1d_causal(
-                &x_in[span.clone()],
+            conv1d_causal_silu_pool(
+                pool,
+                &xz[rows.start * 2 * di..rows.end * 2 * di],
+                2 * di,
                 st.conv,
                 &self.conv_w,
                 Some(&self.conv_b),
-                &mut x[span],
+                &mut x[rows.start * di..rows.end * di],
                 di,
                 p.d_conv,
             );
         }
-        silu_inplace(&mut x);
 
         // [n_tokens, R + 2N] = [δ | B | C]
         let w = r + 2 * ns;
@@ -172,12 +167,14 @@ impl Mamba1Mixer {
         // dt = softplus(dt_proj(δ) + bias): [n_tokens, d_inner]
         let mut dt = Scratch::dirty(n_tokens * di);
         matmul(pool, &self.dt_proj.get(file), &delta, &mut dt, n_tokens);
-        for row in dt.chunks_exact_mut(di) {
-            row.iter_mut()
-                .zip(&self.dt_proj_b)
-                .for_each(|(v, b)| *v += b);
-        }
-        softplus_inplace(&mut dt);
+        pool.rows_mut(&mut dt, di, 16, |_, part| {
+            for row in part.chunks_exact_mut(di) {
+                row.iter_mut()
+                    .zip(&self.dt_proj_b)
+                    .for_each(|(v, b)| *v += b);
+                softplus_inplace(row);
+            }
+        });
 
         let mut y = Scratch::dirty(n_tokens * di);
         for Rows { seq, rows, .. } in chunks {
@@ -201,7 +198,13 @@ impl Mamba1Mixer {
                 rows.len(),
             );
         }
-        y.iter_mut().zip(&z).for_each(|(v, g)| *v *= silu1(*g));
+        // Gate: y·silu(z), z read in place from xz.
+        pool.rows_mut(&mut y, di, 16, |t0, part| {
+            for (i, yr) in part.chunks_exact_mut(di).enumerate() {
+                let t = t0 + i;
+                mul_silu_inplace(yr, &xz[t * 2 * di + di..(t + 1) * 2 * di]);
+            }
+        });
         matmul(pool, &self.out_proj.get(file), &y, out, n_tokens);
         Ok(())
     }

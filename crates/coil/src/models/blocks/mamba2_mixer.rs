@@ -12,7 +12,7 @@ use crate::memory::{Memory, RecurrentLayerShape};
 use crate::models::weights::{Loader, Matrix};
 use crate::models::ModelError;
 use coil_gguf::GgufFile;
-use coil_kernels::ops::act::{silu1, softplus1};
+use coil_kernels::ops::act::{mul_silu_inplace, softplus1};
 use coil_kernels::ops::conv::conv1d_causal_silu_pool;
 use coil_kernels::ops::norm::group_rms_norm_gated;
 use coil_kernels::ops::ssd::{mamba2_chunked_scan_rows, ScanInputs, DEFAULT_CHUNK};
@@ -269,9 +269,8 @@ impl Mamba2Mixer {
                 match &self.norm {
                     Some(w) => group_rms_norm_gated(yr, Some(zr), w, p.n_group, p.eps, gr, di),
                     None => {
-                        for ((o, &yv), &zv) in gr.iter_mut().zip(yr).zip(zr) {
-                            *o = yv * silu1(zv);
-                        }
+                        gr.copy_from_slice(yr);
+                        mul_silu_inplace(gr, zr);
                     }
                 }
             }
