@@ -142,9 +142,12 @@ pub fn gemm(
     let row_tiles_max = PANEL.div_ceil(mr);
     let n_items = panels * groups;
     // Work items are claimed one ahead, so the first weight block of the
-    // next item can be fetched while this one computes.
+    // next item can be fetched while this one computes — except for the
+    // last few, which go to whichever thread is free first (claimed ahead,
+    // they could leave one thread a whole item behind the other).
     let next_item = AtomicUsize::new(0);
     let claim = || next_item.fetch_add(1, Ordering::Relaxed);
+    let n_threads = pool.n_threads();
     // Rows r0.. of the panel of `item`, columns k0..k0+KC (clipped).
     let rows_of = |item: usize| {
         let r0 = (item / groups) * PANEL;
@@ -165,7 +168,11 @@ pub fn gemm(
                 }
                 let mut item = claim();
                 while item < n_items {
-                    let following = claim();
+                    let following = if next_item.load(Ordering::Relaxed) + n_threads < n_items {
+                        claim()
+                    } else {
+                        usize::MAX
+                    };
                     let g = item % groups;
                     let (r0, nr) = rows_of(item);
                     let b0 = g * blocks_per_group;
@@ -275,7 +282,11 @@ pub fn gemm(
                             rt += m;
                         }
                     }
-                    item = following;
+                    item = if following < n_items {
+                        following
+                    } else {
+                        claim()
+                    };
                 }
             })
         });
