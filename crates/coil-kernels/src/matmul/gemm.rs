@@ -1,106 +1,46 @@
-//! Many-token products (prefill): weights decoded to f32 a panel at a time,
-//! activations packed once per call, and an f32 register-tile microkernel.
+//! Many-token products (prefill): `y = x · Wᵀ` with the weights decoded to
+//! f32 a panel at a time and laid out as strips of [`RB`] rows, `[k][RB]`,
+//! so the microkernel holds a strip's rows in vector lanes and broadcasts
+//! activations read in place from `x` (`[n_tokens, cols]`): an `MT tokens ×
+//! RB rows` tile of `y` accumulates in registers and goes straight to `y`'s
+//! rows, whole vectors each. Nothing is packed on the activation side and
+//! nothing transposed on the output side.
 //!
-//! Layout: the activations `x` (`[n_tokens, cols]`) are packed into blocks of
-//! [`TB`] tokens, `xp[block][k][TB]` (zero padded), so the microkernel loads
-//! `TB` tokens of one column as vectors and broadcasts one weight value per
-//! row: an `MR x TB` tile of `y^T` accumulates in registers. A work item is a
-//! panel of up to [`PANEL`] weight rows times a group of token blocks; its
-//! rows are decoded to f32 [`KC`] columns at a time (F32 weights aligned in
-//! memory are read in place). Decoding costs O(rows·cols) per item while the
-//! products cost O(rows·cols·tokens), so every weight format runs at f32
-//! GEMM speed once there are enough tokens.
+//! A work item is a panel of up to [`PANEL`] weight rows times a group of
+//! tokens; its rows are decoded [`KC`] columns at a time (row by row, then
+//! transposed into strips in registers). Decoding costs O(rows·cols) per
+//! item while the products cost O(rows·cols·tokens), so every weight format
+//! runs at f32 GEMM speed once there are enough tokens.
 
 use super::{decode_segment, SendPtr, WeightRef};
 use crate::pool::ThreadPool;
 use crate::simd::SimdLevel;
-use coil_gguf::GgmlType;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Tokens per packed activation block.
-pub const TB: usize = 32;
-/// Columns decoded per step (a multiple of every block size, 256): one
-/// packed activation block of `TB x KC` f32 (32 KiB) stays in L1.
+/// Weight rows per strip: the microkernel's rows, in vector lanes.
+pub const RB: usize = 32;
+/// Columns decoded per step (a multiple of every block size, 256).
 pub const KC: usize = 256;
-/// Weight rows per work item (a multiple of every microkernel's row count).
+/// Weight rows per work item (a multiple of [`RB`]).
 pub const PANEL: usize = 96;
-/// Largest microkernel row count.
-const MR_MAX: usize = 12;
+/// Tokens per unit of a work item's token group.
+const TG: usize = 32;
+/// Largest microkernel token count.
+const MT_MAX: usize = 12;
 
 thread_local! {
-    static WBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    static CBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// A panel decoded row by row, `[PANEL][KC]`, and as strips,
+    /// `[PANEL / RB][KC][RB]`.
+    static RBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static SBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Packs `x` (`[n_tokens, cols]`) into `xp` as `[ceil(n/TB)][cols][TB]`
-/// (padding tokens zero). `xp` is reused between calls: a fresh multi-MB
-/// buffer per call would cost page faults comparable to the product itself.
-fn pack_x(
-    pool: &ThreadPool,
-    x: &[f32],
-    n_tokens: usize,
-    cols: usize,
-    xp: &mut Vec<f32>,
-    level: SimdLevel,
-) {
-    let nb = n_tokens.div_ceil(TB);
-    if xp.len() < nb * cols * TB {
-        xp.resize(nb * cols * TB, 0.0);
-    }
-    // Every element in use is written below (full blocks by copying, the
-    // last partial block by zero-filling first).
-    let ptr = SendPtr(xp.as_mut_ptr());
-    pool.parallel_for(nb, 1, |range, _| {
-        for b in range {
-            // SAFETY: block b owns xp[b*cols*TB .. (b+1)*cols*TB].
-            let dst =
-                unsafe { std::slice::from_raw_parts_mut(ptr.get().add(b * cols * TB), cols * TB) };
-            let nt = TB.min(n_tokens - b * TB);
-            if nt < TB {
-                dst.fill(0.0);
-            }
-            // Whole blocks with AVX-512: 16 x 16 transposes in registers.
-            let mut k0 = 0;
-            #[cfg(target_arch = "x86_64")]
-            if nt == TB && level >= SimdLevel::Avx512 {
-                let xb = &x[b * TB * cols..(b + 1) * TB * cols];
-                while k0 + 16 <= cols {
-                    for h in 0..TB / 16 {
-                        // SAFETY: AVX-512 checked; rows 16h..16h+16 of the
-                        // block, columns k0..k0+16, exist in xb and dst.
-                        unsafe { x86::transpose16(xb, cols, 16 * h, k0, dst) };
-                    }
-                    k0 += 16;
-                }
-            }
-            let _ = level;
-            // The rest (column blocks of 64 keep the written part, 8 KiB, in
-            // L1 while the tokens' rows are read).
-            while k0 < cols {
-                let k1 = (k0 + 64).min(cols);
-                for t in 0..nt {
-                    let src = &x[(b * TB + t) * cols + k0..(b * TB + t) * cols + k1];
-                    for (k, &v) in src.iter().enumerate() {
-                        dst[(k0 + k) * TB + t] = v;
-                    }
-                }
-                k0 = k1;
-            }
-        }
-    });
-}
-
-thread_local! {
-    /// The calling thread's packed-activation buffer.
-    static XP: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Rows of the microkernel tile for `level`.
-fn mr_for(level: SimdLevel) -> usize {
+/// Tokens of the microkernel tile for `level`.
+fn mt_for(level: SimdLevel) -> usize {
     match level {
-        SimdLevel::Avx512 => 12,
-        SimdLevel::Avx2 => 6,
+        SimdLevel::Avx512 => MT_MAX,
+        SimdLevel::Avx2 => 3,
         SimdLevel::Scalar => 4,
     }
 }
@@ -114,32 +54,20 @@ pub fn gemm(
     level: SimdLevel,
 ) {
     let (rows, cols) = (w.rows, w.cols);
-    // Reuse this thread's buffer (taken out so nested use cannot alias it).
-    let mut xp = XP.with(|b| std::mem::take(&mut *b.borrow_mut()));
-    pack_x(pool, x, n_tokens, cols, &mut xp, level);
-    let nb = n_tokens.div_ceil(TB);
+    assert!(x.len() >= n_tokens * cols && y.len() >= n_tokens * rows);
+    let nb = n_tokens.div_ceil(TG);
     let panels = rows.div_ceil(PANEL);
-    // Split the token blocks into groups when there are few row panels.
+    // Split the tokens into groups when there are few row panels.
     let mut groups = 1;
     while panels * groups < 4 * pool.n_threads() && groups < nb {
         groups *= 2;
     }
     let groups = groups.min(nb);
-    let blocks_per_group = nb.div_ceil(groups);
-    let groups = nb.div_ceil(blocks_per_group);
-
-    // F32 weights aligned for f32 access are read in place.
-    let direct: Option<&[f32]> = if w.ty == GgmlType::F32 && cfg!(target_endian = "little") {
-        // SAFETY: any bit pattern is a valid f32; align_to handles alignment.
-        let (pre, mid, post) = unsafe { w.data.align_to::<f32>() };
-        (pre.is_empty() && post.is_empty()).then_some(mid)
-    } else {
-        None
-    };
+    let units_per_group = nb.div_ceil(groups);
+    let groups = nb.div_ceil(units_per_group);
 
     let yp = SendPtr(y.as_mut_ptr());
-    let mr = mr_for(level);
-    let row_tiles_max = PANEL.div_ceil(mr);
+    let mt = mt_for(level);
     let n_items = panels * groups;
     // Work items are claimed one ahead, so the first weight block of the
     // next item can be fetched while this one computes — except for the
@@ -148,23 +76,19 @@ pub fn gemm(
     let next_item = AtomicUsize::new(0);
     let claim = || next_item.fetch_add(1, Ordering::Relaxed);
     let n_threads = pool.n_threads();
-    // Rows r0.. of the panel of `item`, columns k0..k0+KC (clipped).
+    // Rows r0.. of the panel of `item`.
     let rows_of = |item: usize| {
         let r0 = (item / groups) * PANEL;
         (r0, PANEL.min(rows - r0))
     };
-    pool.parallel_for(pool.n_threads(), 1, |_, _| {
-        WBUF.with(|wbuf| {
-            CBUF.with(|cbuf| {
-                let mut wbuf = wbuf.borrow_mut();
-                let mut cbuf = cbuf.borrow_mut();
-                if direct.is_none() && wbuf.len() < PANEL * KC {
-                    wbuf.resize(PANEL * KC, 0.0);
-                }
-                // Accumulators: [block in group][row tile][MR_MAX][TB].
-                let csize = blocks_per_group * row_tiles_max * MR_MAX * TB;
-                if cbuf.len() < csize {
-                    cbuf.resize(csize, 0.0);
+    pool.parallel_for(n_threads, 1, |_, _| {
+        RBUF.with(|rbuf| {
+            SBUF.with(|sbuf| {
+                let mut rbuf = rbuf.borrow_mut();
+                let mut sbuf = sbuf.borrow_mut();
+                if rbuf.len() < PANEL * KC {
+                    rbuf.resize(PANEL * KC, 0.0);
+                    sbuf.resize(PANEL * KC, 0.0);
                 }
                 let mut item = claim();
                 while item < n_items {
@@ -173,34 +97,26 @@ pub fn gemm(
                     } else {
                         usize::MAX
                     };
-                    let g = item % groups;
                     let (r0, nr) = rows_of(item);
-                    let b0 = g * blocks_per_group;
-                    let b1 = (b0 + blocks_per_group).min(nb);
+                    let g = item % groups;
+                    let t_begin = g * units_per_group * TG;
+                    let t_end = ((g + 1) * units_per_group * TG).min(n_tokens);
+                    let n_strips = nr.div_ceil(RB);
                     let mut k0 = 0;
                     while k0 < cols {
                         let kc = KC.min(cols - k0);
-                        // Weight rows r0..r0+nr, columns k0..k0+kc, as f32.
-                        let (wbase, ws): (*const f32, usize) = match direct {
-                            Some(wf) => (wf[r0 * cols + k0..].as_ptr(), cols),
-                            None => {
-                                for r in 0..nr {
-                                    let src = w.row_range(r0 + r, k0, kc);
-                                    decode_segment(
-                                        w.ty,
-                                        src,
-                                        &mut wbuf[r * kc..(r + 1) * kc],
-                                        level,
-                                    );
-                                }
-                                (wbuf.as_ptr(), kc)
-                            }
-                        };
-                        // The panel's rows are many concurrent streams, more than
-                        // hardware prefetchers follow: fetch the next block
-                        // (of this item, else the first of the following
-                        // one) ahead, spread over the token blocks so the
-                        // requests overlap the products.
+                        // Weight rows r0..r0+nr, columns k0..k0+kc, as f32
+                        // strips [strip][k][RB] (rows past nr zero).
+                        for r in 0..nr {
+                            let src = w.row_range(r0 + r, k0, kc);
+                            decode_segment(w.ty, src, &mut rbuf[r * kc..(r + 1) * kc], level);
+                        }
+                        to_strips(&rbuf, nr, kc, &mut sbuf, level);
+                        // The panel's rows are many concurrent streams, more
+                        // than hardware prefetchers follow: fetch the next
+                        // block (of this item, else the first of the
+                        // following one) ahead, spread over the token tiles
+                        // so the requests overlap the products.
                         let ahead = if k0 + kc < cols {
                             Some((r0, nr, k0 + kc, KC.min(cols - k0 - kc)))
                         } else if following < n_items {
@@ -209,78 +125,37 @@ pub fn gemm(
                         } else {
                             None
                         };
-                        let nbk = b1 - b0;
-                        for b in b0..b1 {
+                        let n_tiles = (t_end - t_begin).div_ceil(mt);
+                        for (i, t0) in (t_begin..t_end).step_by(mt).enumerate() {
                             if let Some((pr0, pnr, pk0, pkc)) = ahead {
-                                let i = b - b0;
-                                for r in i * pnr / nbk..(i + 1) * pnr / nbk {
+                                for r in i * pnr / n_tiles..(i + 1) * pnr / n_tiles {
                                     prefetch(w.row_range(pr0 + r, pk0, pkc));
                                 }
                             }
-                            let xb = &xp[(b * cols + k0) * TB..(b * cols + k0 + kc) * TB];
-                            let mut rt = 0;
-                            while rt < nr {
-                                let m = mr.min(nr - rt);
-                                let ci = ((b - b0) * row_tiles_max + rt / mr) * MR_MAX * TB;
-                                let tile = &mut cbuf[ci..ci + MR_MAX * TB];
-                                // SAFETY: rows rt..rt+m of the panel exist with
-                                // stride ws and at least kc columns.
+                            let m = mt.min(t_end - t0);
+                            for s in 0..n_strips {
+                                let nrs = RB.min(nr - s * RB);
+                                // SAFETY: the strip holds kc·RB values; x
+                                // rows t0..t0+m have cols ≥ k0+kc values;
+                                // y[t0..t0+m, r0+s·RB ..+nrs] belong to this
+                                // item only.
                                 unsafe {
-                                    let wr = wbase.add(rt * ws);
-                                    microkernel(level, m, wr, ws, xb, kc, tile, k0 == 0);
-                                }
-                                rt += m;
+                                    microkernel(
+                                        level,
+                                        m,
+                                        sbuf.as_ptr().add(s * kc * RB),
+                                        x.as_ptr().add(t0 * cols + k0),
+                                        cols,
+                                        kc,
+                                        yp.get().add(t0 * rows + r0 + s * RB),
+                                        rows,
+                                        nrs,
+                                        k0 == 0,
+                                    )
+                                };
                             }
                         }
                         k0 += kc;
-                    }
-                    // Scatter the accumulators to y.
-                    for b in b0..b1 {
-                        let t0 = b * TB;
-                        let nt = TB.min(n_tokens - t0);
-                        #[cfg(target_arch = "x86_64")]
-                        if level >= SimdLevel::Avx512 {
-                            // With MR_MAX rows per tile the block's tiles
-                            // are one [nr][TB] array: scatter 16 rows at a
-                            // time, so each token's row of y gets whole
-                            // vectors.
-                            debug_assert_eq!(mr, MR_MAX);
-                            let ci = (b - b0) * row_tiles_max * MR_MAX * TB;
-                            let block = &cbuf[ci..ci + nr * TB];
-                            for r in (0..nr).step_by(16) {
-                                // SAFETY: AVX-512 checked; y[t0+t, r0+r ..
-                                // +16] for t < nt belongs to this item only.
-                                unsafe {
-                                    x86::scatter_tile(
-                                        &block[r * TB..],
-                                        16.min(nr - r),
-                                        nt,
-                                        yp.get().add(t0 * rows + r0 + r),
-                                        rows,
-                                    )
-                                };
-                            }
-                            continue;
-                        }
-                        let mut rt = 0;
-                        while rt < nr {
-                            let m = mr.min(nr - rt);
-                            let ci = ((b - b0) * row_tiles_max + rt / mr) * MR_MAX * TB;
-                            let tile = &cbuf[ci..ci + MR_MAX * TB];
-                            for t in 0..nt {
-                                // SAFETY: y[t0+t, r0+rt .. +m] belongs to this item only.
-                                let o = unsafe {
-                                    std::slice::from_raw_parts_mut(
-                                        yp.get().add((t0 + t) * rows + r0 + rt),
-                                        m,
-                                    )
-                                };
-                                for (r, ov) in o.iter_mut().enumerate() {
-                                    *ov = tile[r * TB + t];
-                                }
-                            }
-                            rt += m;
-                        }
                     }
                     item = if following < n_items {
                         following
@@ -291,7 +166,38 @@ pub fn gemm(
             })
         });
     });
-    XP.with(|b| *b.borrow_mut() = xp);
+}
+
+/// `strips[s][k][i] = rows[(s·RB + i)·kc + k]` for rows `< nr` (0 beyond).
+fn to_strips(rows: &[f32], nr: usize, kc: usize, strips: &mut [f32], level: SimdLevel) {
+    for s in 0..nr.div_ceil(RB) {
+        let dst = &mut strips[s * kc * RB..(s + 1) * kc * RB];
+        for h in 0..RB / 16 {
+            let r0 = s * RB + 16 * h;
+            let valid = nr.saturating_sub(r0).min(16);
+            let mut k = 0;
+            #[cfg(target_arch = "x86_64")]
+            if level >= SimdLevel::Avx512 {
+                while k + 16 <= kc {
+                    // SAFETY: AVX-512 checked; rows r0..r0+valid have kc
+                    // values from k, dst rows k..k+16 have RB values.
+                    unsafe { x86::strip16(rows, kc, r0, valid, k, dst, 16 * h) };
+                    k += 16;
+                }
+            }
+            let _ = level;
+            for kk in k..kc {
+                let d = &mut dst[kk * RB + 16 * h..kk * RB + 16 * h + 16];
+                for (i, v) in d.iter_mut().enumerate() {
+                    *v = if i < valid {
+                        rows[(r0 + i) * kc + kk]
+                    } else {
+                        0.0
+                    };
+                }
+            }
+        }
+    }
 }
 
 /// Hints the CPU to bring `bytes` into L2.
@@ -311,43 +217,44 @@ pub(crate) fn prefetch(bytes: &[u8]) {
     let _ = bytes;
 }
 
-/// `tile[r*TB + t] (+)= sum_k w[r*ws + k] * xb[k*TB + t]` for `r < m`
-/// (`init`: overwrite instead of accumulate).
+/// `y[t·ys + i] (+)= Σ_k x[t·xs + k] · strip[k·RB + i]` for `t < m`,
+/// `i < nrs` (`init`: overwrite instead of accumulate).
 ///
 /// # Safety
-/// `w` must be valid for `m` rows of stride `ws` with `kc` values each;
-/// `xb.len() >= kc * TB`; `m <= mr_for(level)`; `level` supported by the CPU.
+/// `strip` valid for `kc·RB` values; `x` for `m` rows of stride `xs` with
+/// `kc` values each; `y` for `m` rows of stride `ys` with `nrs ≤ RB` values
+/// each; `m ≤ mt_for(level)`; `level` supported by the CPU.
+#[allow(clippy::too_many_arguments)]
 unsafe fn microkernel(
     level: SimdLevel,
     m: usize,
-    w: *const f32,
-    ws: usize,
-    xb: &[f32],
+    strip: *const f32,
+    x: *const f32,
+    xs: usize,
     kc: usize,
-    tile: &mut [f32],
+    y: *mut f32,
+    ys: usize,
+    nrs: usize,
     init: bool,
 ) {
-    debug_assert!(xb.len() >= kc * TB && tile.len() >= MR_MAX * TB);
     match level {
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx512 => {
-            x86::mk_avx512_dispatch(m, w, ws, xb.as_ptr(), kc, tile.as_mut_ptr(), init)
-        }
+        SimdLevel::Avx512 => x86::mk_avx512_dispatch(m, strip, x, xs, kc, y, ys, nrs, init),
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 => {
-            x86::mk_avx2_dispatch(m, w, ws, xb.as_ptr(), kc, tile.as_mut_ptr(), init)
-        }
+        SimdLevel::Avx2 => x86::mk_avx2_dispatch(m, strip, x, xs, kc, y, ys, nrs, init),
         _ => {
-            if init {
-                tile.fill(0.0);
-            }
-            for (r, trow) in tile.chunks_exact_mut(TB).enumerate().take(m) {
-                let wr = std::slice::from_raw_parts(w.add(r * ws), kc);
-                for (k, &wv) in wr.iter().enumerate() {
-                    let xk = &xb[k * TB..k * TB + TB];
-                    for t in 0..TB {
-                        trow[t] += wv * xk[t];
+            for t in 0..m {
+                let mut acc = [0f32; RB];
+                for k in 0..kc {
+                    let xv = *x.add(t * xs + k);
+                    let wk = std::slice::from_raw_parts(strip.add(k * RB), RB);
+                    for (a, &wv) in acc.iter_mut().zip(wk) {
+                        *a += xv * wv;
                     }
+                }
+                let yr = std::slice::from_raw_parts_mut(y.add(t * ys), nrs);
+                for (o, a) in yr.iter_mut().zip(acc) {
+                    *o = if init { a } else { *o + a };
                 }
             }
         }
@@ -356,50 +263,35 @@ unsafe fn microkernel(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::TB;
+    use super::RB;
     use std::arch::x86_64::*;
 
-    /// `y[t * ys + r] = tile[r * TB + t]` for `r < m ≤ 16`, `t < nt ≤ TB`:
-    /// an accumulator tile (`[rows][TB]`) to its rows of `y`, transposed in
-    /// registers and stored with masks.
+    /// `dst[(k0 + k)·RB + c0 + i] = rows[(r0 + i)·kc + k0 + k]` for
+    /// `k < 16`, `i < 16` (rows `i ≥ valid` give 0): one 16 × 16 block of a
+    /// panel's transpose into strips.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn scatter_tile(tile: &[f32], m: usize, nt: usize, y: *mut f32, ys: usize) {
-        assert!(m <= 16 && nt <= TB && tile.len() >= m * TB);
-        let mask: u16 = if m >= 16 { 0xFFFF } else { (1u16 << m) - 1 };
-        for h in 0..nt.div_ceil(16) {
-            let r: [__m512; 16] = std::array::from_fn(|i| {
-                if i < m {
-                    _mm512_loadu_ps(tile.as_ptr().add(i * TB + 16 * h))
-                } else {
-                    _mm512_setzero_ps()
-                }
-            });
-            let out = transpose16_regs(&r);
-            let yh = y.add(16 * h * ys);
-            if m == 16 && nt - 16 * h >= 16 {
-                for (k, v) in out.iter().enumerate() {
-                    _mm512_storeu_ps(yh.add(k * ys), *v);
-                }
+    pub unsafe fn strip16(
+        rows: &[f32],
+        kc: usize,
+        r0: usize,
+        valid: usize,
+        k0: usize,
+        dst: &mut [f32],
+        c0: usize,
+    ) {
+        assert!(valid == 0 || (r0 + valid - 1) * kc + k0 + 16 <= rows.len());
+        assert!((k0 + 15) * RB + c0 + 16 <= dst.len());
+        let r: [__m512; 16] = std::array::from_fn(|i| {
+            if i < valid {
+                _mm512_loadu_ps(rows.as_ptr().add((r0 + i) * kc + k0))
             } else {
-                for (k, v) in out.iter().enumerate().take(nt - 16 * h) {
-                    _mm512_mask_storeu_ps(yh.add(k * ys), mask, *v);
-                }
+                _mm512_setzero_ps()
             }
-        }
-    }
-
-    /// `dst[(k0 + k) * TB + t0 + r] = x[(t0 + r) * cols + k0 + k]` for
-    /// `r, k < 16`: one 16 x 16 block of the activation transpose.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn transpose16(x: &[f32], cols: usize, t0: usize, k0: usize, dst: &mut [f32]) {
-        assert!((t0 + 15) * cols + k0 + 16 <= x.len());
-        assert!((k0 + 15) * TB + t0 + 16 <= dst.len());
-        let r: [__m512; 16] =
-            std::array::from_fn(|i| _mm512_loadu_ps(x.as_ptr().add((t0 + i) * cols + k0)));
+        });
         let out = transpose16_regs(&r);
         let d = dst.as_mut_ptr();
         for (k, v) in out.iter().enumerate() {
-            _mm512_storeu_ps(d.add((k0 + k) * TB + t0), *v);
+            _mm512_storeu_ps(d.add((k0 + k) * RB + c0), *v);
         }
     }
 
@@ -445,96 +337,122 @@ mod x86 {
 
     macro_rules! dispatch {
         ($name:ident, $kern:ident, $($m:literal)*) => {
+            #[allow(clippy::too_many_arguments)]
             pub unsafe fn $name(
-                m: usize, w: *const f32, ws: usize, xb: *const f32, kc: usize,
-                tile: *mut f32, init: bool,
+                m: usize, strip: *const f32, x: *const f32, xs: usize, kc: usize,
+                y: *mut f32, ys: usize, nrs: usize, init: bool,
             ) {
                 match m {
-                    $($m => $kern::<$m>(w, ws, xb, kc, tile, init),)*
-                    _ => unreachable!("microkernel rows {m}"),
+                    $($m => $kern::<$m>(strip, x, xs, kc, y, ys, nrs, init),)*
+                    _ => unreachable!("microkernel tokens {m}"),
                 }
             }
         };
     }
     dispatch!(mk_avx512_dispatch, mk_avx512, 1 2 3 4 5 6 7 8 9 10 11 12);
-    dispatch!(mk_avx2_dispatch, mk_avx2, 1 2 3 4 5 6);
+    dispatch!(mk_avx2_dispatch, mk_avx2, 1 2 3);
 
+    /// Lane masks of the two vectors of a strip's first `nrs` rows.
+    fn masks(nrs: usize) -> (u16, u16) {
+        let m = |n: usize| match n {
+            0 => 0,
+            n if n >= 16 => 0xFFFF,
+            n => (1u16 << n) - 1,
+        };
+        (m(nrs), m(nrs.saturating_sub(16)))
+    }
+
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
     unsafe fn mk_avx512<const M: usize>(
-        w: *const f32,
-        ws: usize,
-        xb: *const f32,
+        strip: *const f32,
+        x: *const f32,
+        xs: usize,
         kc: usize,
-        tile: *mut f32,
+        y: *mut f32,
+        ys: usize,
+        nrs: usize,
         init: bool,
     ) {
+        let (m0, m1) = masks(nrs);
         let mut acc = [[_mm512_setzero_ps(); 2]; M];
         if !init {
-            for r in 0..M {
-                acc[r][0] = _mm512_loadu_ps(tile.add(r * TB));
-                acc[r][1] = _mm512_loadu_ps(tile.add(r * TB + 16));
+            for (t, a) in acc.iter_mut().enumerate() {
+                a[0] = _mm512_maskz_loadu_ps(m0, y.add(t * ys));
+                a[1] = _mm512_maskz_loadu_ps(m1, y.add(t * ys + 16));
             }
         }
-        let mut wp = [w; M];
-        for (r, p) in wp.iter_mut().enumerate() {
-            *p = w.add(r * ws);
+        let mut xp = [x; M];
+        for (t, p) in xp.iter_mut().enumerate() {
+            *p = x.add(t * xs);
         }
-        let mut xk = xb;
+        let mut wk = strip;
         for _ in 0..kc {
-            let x0 = _mm512_loadu_ps(xk);
-            let x1 = _mm512_loadu_ps(xk.add(16));
-            for r in 0..M {
-                let b = _mm512_set1_ps(*wp[r]);
-                acc[r][0] = _mm512_fmadd_ps(b, x0, acc[r][0]);
-                acc[r][1] = _mm512_fmadd_ps(b, x1, acc[r][1]);
-                wp[r] = wp[r].add(1);
+            let w0 = _mm512_loadu_ps(wk);
+            let w1 = _mm512_loadu_ps(wk.add(16));
+            for t in 0..M {
+                let b = _mm512_set1_ps(*xp[t]);
+                acc[t][0] = _mm512_fmadd_ps(b, w0, acc[t][0]);
+                acc[t][1] = _mm512_fmadd_ps(b, w1, acc[t][1]);
+                xp[t] = xp[t].add(1);
             }
-            xk = xk.add(TB);
+            wk = wk.add(RB);
         }
-        for r in 0..M {
-            _mm512_storeu_ps(tile.add(r * TB), acc[r][0]);
-            _mm512_storeu_ps(tile.add(r * TB + 16), acc[r][1]);
+        for (t, a) in acc.iter().enumerate() {
+            if m1 == 0xFFFF {
+                _mm512_storeu_ps(y.add(t * ys), a[0]);
+                _mm512_storeu_ps(y.add(t * ys + 16), a[1]);
+            } else {
+                _mm512_mask_storeu_ps(y.add(t * ys), m0, a[0]);
+                _mm512_mask_storeu_ps(y.add(t * ys + 16), m1, a[1]);
+            }
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn mk_avx2<const M: usize>(
-        w: *const f32,
-        ws: usize,
-        xb: *const f32,
+        strip: *const f32,
+        x: *const f32,
+        xs: usize,
         kc: usize,
-        tile: *mut f32,
+        y: *mut f32,
+        ys: usize,
+        nrs: usize,
         init: bool,
     ) {
-        // Two passes of 16 tokens each: 6 rows x 2 ymm accumulators.
-        for h in 0..2 {
-            let mut acc = [[_mm256_setzero_ps(); 2]; M];
-            if !init {
-                for r in 0..M {
-                    acc[r][0] = _mm256_loadu_ps(tile.add(r * TB + 16 * h));
-                    acc[r][1] = _mm256_loadu_ps(tile.add(r * TB + 16 * h + 8));
+        // M tokens x 4 ymm (32 rows).
+        let mut acc = [[_mm256_setzero_ps(); 4]; M];
+        let mut buf = [0f32; RB];
+        if !init {
+            for (t, a) in acc.iter_mut().enumerate() {
+                buf[..nrs].copy_from_slice(std::slice::from_raw_parts(y.add(t * ys), nrs));
+                for (j, v) in a.iter_mut().enumerate() {
+                    *v = _mm256_loadu_ps(buf.as_ptr().add(8 * j));
                 }
             }
-            let mut xk = xb.add(16 * h);
-            let mut wp = [w; M];
-            for (r, p) in wp.iter_mut().enumerate() {
-                *p = w.add(r * ws);
-            }
-            for _ in 0..kc {
-                let x0 = _mm256_loadu_ps(xk);
-                let x1 = _mm256_loadu_ps(xk.add(8));
-                for r in 0..M {
-                    let b = _mm256_set1_ps(*wp[r]);
-                    acc[r][0] = _mm256_fmadd_ps(b, x0, acc[r][0]);
-                    acc[r][1] = _mm256_fmadd_ps(b, x1, acc[r][1]);
-                    wp[r] = wp[r].add(1);
+        }
+        let mut xp = [x; M];
+        for (t, p) in xp.iter_mut().enumerate() {
+            *p = x.add(t * xs);
+        }
+        let mut wk = strip;
+        for _ in 0..kc {
+            let wv: [__m256; 4] = std::array::from_fn(|j| _mm256_loadu_ps(wk.add(8 * j)));
+            for t in 0..M {
+                let b = _mm256_set1_ps(*xp[t]);
+                for j in 0..4 {
+                    acc[t][j] = _mm256_fmadd_ps(b, wv[j], acc[t][j]);
                 }
-                xk = xk.add(TB);
+                xp[t] = xp[t].add(1);
             }
-            for r in 0..M {
-                _mm256_storeu_ps(tile.add(r * TB + 16 * h), acc[r][0]);
-                _mm256_storeu_ps(tile.add(r * TB + 16 * h + 8), acc[r][1]);
+            wk = wk.add(RB);
+        }
+        for (t, a) in acc.iter().enumerate() {
+            for (j, v) in a.iter().enumerate() {
+                _mm256_storeu_ps(buf.as_mut_ptr().add(8 * j), *v);
             }
+            std::slice::from_raw_parts_mut(y.add(t * ys), nrs).copy_from_slice(&buf[..nrs]);
         }
     }
 }
