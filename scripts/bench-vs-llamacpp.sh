@@ -17,14 +17,17 @@
 #    settings per column, as in PERFORMANCE-ANCHOR) and the peak RSS of each
 #    (llama.cpp: of its default, --repack 1).
 #
+# -d DEPTH runs both tests on DEPTH tokens of context (llama-bench -d and
+# coil bench -d: the context is processed once per process, untimed).
+#
 # Everything it creates lives outside the repository.
 #
 # Usage:
-#   scripts/bench-vs-llamacpp.sh [-r REPS] [-t THREADS] [-p N_PROMPT] [-n N_GEN]
+#   scripts/bench-vs-llamacpp.sh [-r REPS] [-t THREADS] [-p N_PROMPT] [-n N_GEN] [-d DEPTH]
 #                                [--models "mamba2-370m-like hybrid-350m-like"]
 #                                (also: mamba-370m-like, a Mamba-1 shape)
 #                                [--types "F16 Q8_0 Q4_K_M"] [--skip-build]
-#   scripts/bench-vs-llamacpp.sh --report RUN_DIR [same -r/-p/-n/--models/--types]
+#   scripts/bench-vs-llamacpp.sh --report RUN_DIR [same -r/-p/-n/-d/--models/--types]
 #                                (re-print the report of a finished run)
 #
 # Environment:
@@ -47,6 +50,7 @@ REPS=3
 THREADS="$(nproc 2>/dev/null || echo 2)"
 N_PROMPT=512
 N_GEN=128
+N_DEPTH=0
 MODELS="mamba2-370m-like hybrid-350m-like"
 TYPES="F16 Q8_0 Q4_K_M"
 SKIP_BUILD=0
@@ -58,6 +62,7 @@ while [ $# -gt 0 ]; do
         -t) THREADS="$2"; shift 2 ;;
         -p) N_PROMPT="$2"; shift 2 ;;
         -n) N_GEN="$2"; shift 2 ;;
+        -d) N_DEPTH="$2"; shift 2 ;;
         --models) MODELS="$2"; shift 2 ;;
         --types) TYPES="$2"; shift 2 ;;
         --skip-build) SKIP_BUILD=1; shift ;;
@@ -77,11 +82,12 @@ mkdir -p "$BENCH_DIR"
 log() { echo "[bench-vs-llamacpp] $*" >&2; }
 
 report() {
-"${PYTHON:-python3}" - "$1" "$MODELS" "$TYPES" "$REPS" "$LLAMA_REPACK" "$N_PROMPT" "$N_GEN" <<'EOF'
+"${PYTHON:-python3}" - "$1" "$MODELS" "$TYPES" "$REPS" "$LLAMA_REPACK" "$N_PROMPT" "$N_GEN" "$N_DEPTH" <<'EOF'
 import json, statistics, sys
 from pathlib import Path
 
-run, models, types, reps, repacks, n_p, n_g = sys.argv[1:8]
+run, models, types, reps, repacks, n_p, n_g, n_d = sys.argv[1:9]
+at = f" @ d{n_d}" if int(n_d) > 0 else ""
 run = Path(run)
 models, types, repacks = models.split(), types.split(), repacks.split()
 reps = int(reps)
@@ -144,8 +150,8 @@ for m in models:
 
 print((run / "info.txt").read_text().rstrip())
 print()
-print(f"| model | type | coil pp{n_p} t/s | llama.cpp pp{n_p} t/s | pp ratio | coil tg{n_g} t/s "
-      f"| llama.cpp tg{n_g} t/s | tg ratio | pp paired ratio | tg paired ratio | coil peak RSS MiB | llama.cpp peak RSS MiB (rp{repacks[0]}) | RSS ratio |")
+print(f"| model | type | coil pp{n_p}{at} t/s | llama.cpp pp{n_p}{at} t/s | pp ratio | coil tg{n_g}{at} t/s "
+      f"| llama.cpp tg{n_g}{at} t/s | tg ratio | pp paired ratio | tg paired ratio | coil peak RSS MiB | llama.cpp peak RSS MiB (rp{repacks[0]}) | RSS ratio |")
 print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 print("\n".join(rows))
 print()
@@ -230,7 +236,7 @@ mkdir -p "$RUN_DIR"
     echo "date: $STAMP"
     echo "commit: $(git -C "$REPO_ROOT" rev-parse --short HEAD)$(git -C "$REPO_ROOT" diff --quiet HEAD -- crates || echo ' (+ uncommitted changes)')"
     echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -n1), $(nproc) CPUs"
-    echo "threads: $THREADS, reps: $REPS, pp$N_PROMPT, tg$N_GEN, llama-bench --repack: $LLAMA_REPACK ${LLAMA_BENCH_ARGS:-}"
+    echo "threads: $THREADS, reps: $REPS, pp$N_PROMPT, tg$N_GEN, depth $N_DEPTH, llama-bench --repack: $LLAMA_REPACK ${LLAMA_BENCH_ARGS:-}"
     echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } > "$RUN_DIR/info.txt"
 cat "$RUN_DIR/info.txt" >&2
@@ -247,14 +253,14 @@ for m in $MODELS; do
             log "$m $t round $i/$REPS: coil"
             # shellcheck disable=SC2086
             /usr/bin/time -v -o "$RUN_DIR/$tag.coil.time" \
-                "$COIL" bench -m "$f" -p "$N_PROMPT" -n "$N_GEN" -r 1 -t "$THREADS" --json \
+                "$COIL" bench -m "$f" -p "$N_PROMPT" -n "$N_GEN" -d "$N_DEPTH" -r 1 -t "$THREADS" --json \
                 ${COIL_BENCH_ARGS:-} > "$RUN_DIR/$tag.coil.json" 2> "$RUN_DIR/$tag.coil.err" \
                 || { echo "error: coil bench failed, see $RUN_DIR/$tag.coil.err" >&2; exit 1; }
             # shellcheck disable=SC2086
             for rp in $LLAMA_REPACK; do
                 log "$m $t round $i/$REPS: llama-bench --repack $rp"
                 /usr/bin/time -v -o "$RUN_DIR/$tag.llama-repack$rp.time" \
-                    "$LLAMACPP_BIN/llama-bench" -m "$f" -p "$N_PROMPT" -n "$N_GEN" -r 1 \
+                    "$LLAMACPP_BIN/llama-bench" -m "$f" -p "$N_PROMPT" -n "$N_GEN" -d "$N_DEPTH" -r 1 \
                     -t "$THREADS" --repack "$rp" -o json ${LLAMA_BENCH_ARGS:-} \
                     > "$RUN_DIR/$tag.llama-repack$rp.json" 2> "$RUN_DIR/$tag.llama-repack$rp.err" \
                     || { echo "error: llama-bench failed, see $RUN_DIR/$tag.llama-repack$rp.err" >&2; exit 1; }
