@@ -15,7 +15,7 @@ pub use act::*;
 pub use attention::{attention, KvData, KvView, KV_PAGE_ALIGN};
 pub use conv::{conv1d_causal, conv1d_causal_step};
 pub use norm::{group_rms_norm_gated, rms_norm, rms_norm_inplace};
-pub use rope::{rope, RopeStyle};
+pub use rope::{rope, rope_table, RopeStyle};
 pub use ssd::mamba2_chunked_scan;
 pub use ssm::{mamba1_scan, mamba1_step, mamba2_scan, mamba2_step, Mamba2Dims};
 pub use topk::{top_k, top_k_into};

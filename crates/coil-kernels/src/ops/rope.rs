@@ -1,5 +1,7 @@
 //! Rotary position embedding.
 
+use crate::pool::ThreadPool;
+
 /// Which lanes form a rotated pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RopeStyle {
@@ -10,44 +12,75 @@ pub enum RopeStyle {
     Neox,
 }
 
-/// Rotates the first `n_rot` lanes of every head in place.
+/// The rotation of every (token, pair): `(cos, sin)` of
+/// `pos · freq_scale · freq_base^(−2i/n_rot)`, `[n_tokens][n_rot / 2]` (the
+/// inverse frequencies and angles in f32 as Hugging Face computes them,
+/// the cosine and sine rounded from f64). Computed once per call for the
+/// queries and the keys alike, tokens spread over `pool`.
+pub fn rope_table(
+    pool: &ThreadPool,
+    positions: &[usize],
+    n_rot: usize,
+    freq_base: f32,
+    freq_scale: f32,
+) -> Vec<(f32, f32)> {
+    assert!(n_rot.is_multiple_of(2), "rope: n_rot must be even");
+    let half = n_rot / 2;
+    let inv_freq: Vec<f32> = (0..half)
+        .map(|i| 1.0 / freq_base.powf((2 * i) as f32 / n_rot as f32))
+        .collect();
+    let mut table = vec![(0f32, 0f32); positions.len() * half];
+    if half == 0 {
+        return table;
+    }
+    pool.rows_mut(&mut table, half, 64, |t0, part| {
+        for (i, row) in part.chunks_exact_mut(half).enumerate() {
+            let pos = positions[t0 + i] as f32;
+            for (c, f) in row.iter_mut().zip(&inv_freq) {
+                let ang = (pos * freq_scale) * f;
+                let (s, co) = (ang as f64).sin_cos();
+                *c = (co as f32, s as f32);
+            }
+        }
+    });
+    table
+}
+
+/// Rotates the first `n_rot` lanes of every head in place by `table` (from
+/// [`rope_table`], one row per token).
 ///
-/// `x`: `[n_tokens, n_heads, head_dim]`; `positions`: `[n_tokens]`.
-/// Pair `i` (0 ≤ i < n_rot/2) turns by `pos · freq_scale · freq_base^(−2i/n_rot)`
-/// (the inverse frequencies computed in f32 as Hugging Face does).
-#[allow(clippy::too_many_arguments)]
+/// `x`: `[n_tokens, n_heads, head_dim]`.
 pub fn rope(
     x: &mut [f32],
     n_heads: usize,
     head_dim: usize,
     n_rot: usize,
-    positions: &[usize],
-    freq_base: f32,
-    freq_scale: f32,
+    table: &[(f32, f32)],
     style: RopeStyle,
 ) {
-    let n_tokens = positions.len();
-    assert_eq!(
-        x.len(),
-        n_tokens * n_heads * head_dim,
-        "rope: x is not [n_tokens, n_heads, head_dim]"
-    );
     assert!(
         n_rot <= head_dim && n_rot.is_multiple_of(2),
         "rope: n_rot must be even and <= head_dim"
     );
     let half = n_rot / 2;
-    let inv_freq: Vec<f32> = (0..half)
-        .map(|i| 1.0 / freq_base.powf((2 * i) as f32 / n_rot as f32))
-        .collect();
-    let mut cs = vec![(0f32, 0f32); half];
-    for (t, &pos) in positions.iter().enumerate() {
-        for (c, f) in cs.iter_mut().zip(&inv_freq) {
-            let ang = (pos as f32 * freq_scale) * f;
-            let (s, co) = (ang as f64).sin_cos();
-            *c = (co as f32, s as f32);
-        }
-        let xt = &mut x[t * n_heads * head_dim..(t + 1) * n_heads * head_dim];
+    let n_tokens = x.len() / (n_heads * head_dim).max(1);
+    assert_eq!(
+        x.len(),
+        n_tokens * n_heads * head_dim,
+        "rope: x is not [n_tokens, n_heads, head_dim]"
+    );
+    assert_eq!(
+        table.len(),
+        n_tokens * half,
+        "rope: table is not [n_tokens, n_rot/2]"
+    );
+    if half == 0 {
+        return;
+    }
+    for (xt, cs) in x
+        .chunks_exact_mut(n_heads * head_dim)
+        .zip(table.chunks_exact(half))
+    {
         for head in xt.chunks_exact_mut(head_dim) {
             match style {
                 RopeStyle::Normal => {
@@ -76,11 +109,14 @@ mod tests {
     #[test]
     fn position_zero_is_identity_and_norm_preserved() {
         let orig: Vec<f32> = (0..2 * 3 * 8).map(|i| (i as f32 * 0.37).sin()).collect();
+        let pool = ThreadPool::new(2);
         let mut x = orig.clone();
-        rope(&mut x, 3, 8, 8, &[0, 0], 10000.0, 1.0, RopeStyle::Neox);
+        let t = rope_table(&pool, &[0, 0], 8, 10000.0, 1.0);
+        rope(&mut x, 3, 8, 8, &t, RopeStyle::Neox);
         assert_eq!(x, orig);
         let mut x = orig.clone();
-        rope(&mut x, 3, 8, 4, &[5, 17], 10000.0, 1.0, RopeStyle::Normal);
+        let t = rope_table(&pool, &[5, 17], 4, 10000.0, 1.0);
+        rope(&mut x, 3, 8, 4, &t, RopeStyle::Normal);
         // lanes beyond n_rot untouched
         for h in 0..6 {
             assert_eq!(x[h * 8 + 4..h * 8 + 8], orig[h * 8 + 4..h * 8 + 8]);
@@ -91,13 +127,25 @@ mod tests {
     }
 
     #[test]
+    fn table_spread_over_threads_matches_one_thread() {
+        let pos: Vec<usize> = (0..300).map(|i| i * 7 + 3).collect();
+        let a = rope_table(&ThreadPool::new(1), &pos, 64, 10000.0, 0.5);
+        let b = rope_table(&ThreadPool::new(2), &pos, 64, 10000.0, 0.5);
+        assert_eq!(a, b);
+        let (c, s) = a[5 * 32 + 1];
+        let ang = (38.0f32 * 0.5) * (1.0 / 10000f32.powf(2.0 / 64.0));
+        assert!((c - ang.cos()).abs() < 1e-6 && (s - ang.sin()).abs() < 1e-6);
+    }
+
+    #[test]
     fn styles_agree_on_permuted_lanes() {
         // Neox on [a0 a1 | b0 b1] equals Normal on [a0 b0 a1 b1].
         let neox_in = [1.0f32, 2.0, 3.0, 4.0];
         let norm_in = [1.0f32, 3.0, 2.0, 4.0];
         let (mut a, mut b) = (neox_in, norm_in);
-        rope(&mut a, 1, 4, 4, &[3], 100.0, 1.0, RopeStyle::Neox);
-        rope(&mut b, 1, 4, 4, &[3], 100.0, 1.0, RopeStyle::Normal);
+        let t = rope_table(&ThreadPool::new(1), &[3], 4, 100.0, 1.0);
+        rope(&mut a, 1, 4, 4, &t, RopeStyle::Neox);
+        rope(&mut b, 1, 4, 4, &t, RopeStyle::Normal);
         assert!((a[0] - b[0]).abs() < 1e-6 && (a[2] - b[1]).abs() < 1e-6);
         assert!((a[1] - b[2]).abs() < 1e-6 && (a[3] - b[3]).abs() < 1e-6);
         // pair 0 turns by exactly pos radians

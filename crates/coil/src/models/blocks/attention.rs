@@ -10,8 +10,8 @@ use crate::models::ModelError;
 use coil_gguf::GgufFile;
 use coil_kernels::ops::act::add_bias_rows;
 use coil_kernels::ops::attention::attention;
-use coil_kernels::ops::rope::{rope, RopeStyle};
-use coil_kernels::{matmul, ThreadPool};
+use coil_kernels::ops::rope::{rope, rope_table, RopeStyle};
+use coil_kernels::{matmul, Scratch, ThreadPool};
 
 #[derive(Clone, Copy, Debug)]
 pub struct Rope {
@@ -112,9 +112,9 @@ impl Attention {
         let p = &self.p;
         let n = h.len() / p.d_model;
         let (qd, kvd) = (p.n_head * p.head_dim, p.n_kv_head * p.head_dim);
-        let mut q = vec![0f32; n * qd];
-        let mut k = vec![0f32; n * kvd];
-        let mut v = vec![0f32; n * kvd];
+        let mut q = Scratch::dirty(n * qd);
+        let mut k = Scratch::dirty(n * kvd);
+        let mut v = Scratch::dirty(n * kvd);
         matmul(pool, &self.wq.get(file), h, &mut q, n);
         matmul(pool, &self.wk.get(file), h, &mut k, n);
         matmul(pool, &self.wv.get(file), h, &mut v, n);
@@ -129,33 +129,16 @@ impl Attention {
             name: format!("blk.{layer}"),
             reason: "memory has no KV cells for attention layers".into(),
         })?;
-        let mut att = vec![0f32; n * qd];
+        let mut att = Scratch::zeroed(n * qd);
         for r in rows {
             let t = r.rows.len();
             let positions: Vec<usize> = (r.pos..r.pos + t).collect();
             let qs = &mut q[r.rows.start * qd..r.rows.end * qd];
             let ks = &mut k[r.rows.start * kvd..r.rows.end * kvd];
             if let Some(rp) = p.rope {
-                rope(
-                    qs,
-                    p.n_head,
-                    p.head_dim,
-                    rp.n_rot,
-                    &positions,
-                    rp.freq_base,
-                    rp.freq_scale,
-                    rp.style,
-                );
-                rope(
-                    ks,
-                    p.n_kv_head,
-                    p.head_dim,
-                    rp.n_rot,
-                    &positions,
-                    rp.freq_base,
-                    rp.freq_scale,
-                    rp.style,
-                );
+                let table = rope_table(pool, &positions, rp.n_rot, rp.freq_base, rp.freq_scale);
+                rope(qs, p.n_head, p.head_dim, rp.n_rot, &table, rp.style);
+                rope(ks, p.n_kv_head, p.head_dim, rp.n_rot, &table, rp.style);
             }
             kv.append(layer, r.seq, ks, &v[r.rows.start * kvd..r.rows.end * kvd])?;
             let pages = kv.view(layer, r.seq)?.ok_or_else(|| ModelError::Tensor {
