@@ -14,6 +14,7 @@
 
 use super::{decode_segment, SendPtr, WeightRef};
 use crate::pool::ThreadPool;
+use crate::simd::tile::{transpose, Lanes, V16};
 use crate::simd::SimdLevel;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -40,7 +41,7 @@ thread_local! {
 fn mt_for(level: SimdLevel) -> usize {
     match level {
         SimdLevel::Avx512 => MT_MAX,
-        SimdLevel::Avx2 => 3,
+        SimdLevel::Avx2 => 6,
         SimdLevel::Scalar => 4,
     }
 }
@@ -168,33 +169,36 @@ pub fn gemm(
     });
 }
 
-/// `strips[s][k][i] = rows[(s·RB + i)·kc + k]` for rows `< nr` (0 beyond).
+/// `strips[s][k][i] = rows[(s·RB + i)·kc + k]` for rows `< nr` (0 beyond),
+/// in 16 × 16 register transposes at the SIMD levels.
 fn to_strips(rows: &[f32], nr: usize, kc: usize, strips: &mut [f32], level: SimdLevel) {
-    for s in 0..nr.div_ceil(RB) {
-        let dst = &mut strips[s * kc * RB..(s + 1) * kc * RB];
-        for h in 0..RB / 16 {
-            let r0 = s * RB + 16 * h;
-            let valid = nr.saturating_sub(r0).min(16);
-            let mut k = 0;
+    assert!(rows.len() >= nr * kc && strips.len() >= nr.div_ceil(RB) * RB * kc);
+    // SAFETY: the sizes are checked above; the levels are the CPU's.
+    unsafe {
+        match level {
             #[cfg(target_arch = "x86_64")]
-            if level >= SimdLevel::Avx512 {
-                while k + 16 <= kc {
-                    // SAFETY: AVX-512 checked; rows r0..r0+valid have kc
-                    // values from k, dst rows k..k+16 have RB values.
-                    unsafe { x86::strip16(rows, kc, r0, valid, k, dst, 16 * h) };
-                    k += 16;
-                }
-            }
-            let _ = level;
-            for kk in k..kc {
-                let d = &mut dst[kk * RB + 16 * h..kk * RB + 16 * h + 16];
-                for (i, v) in d.iter_mut().enumerate() {
-                    *v = if i < valid {
-                        rows[(r0 + i) * kc + kk]
-                    } else {
-                        0.0
-                    };
-                }
+            SimdLevel::Avx512 => x86::to_strips_avx512(rows, nr, kc, strips),
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx2 => x86::to_strips_avx2(rows, nr, kc, strips),
+            _ => to_strips_body::<Lanes>(rows, nr, kc, strips),
+        }
+    }
+}
+
+/// [`to_strips`] with `V`'s transposes.
+///
+/// # Safety
+/// `rows` holds `nr · kc` values, `strips` `ceil(nr / RB) · RB · kc`.
+#[inline(always)]
+unsafe fn to_strips_body<V: V16>(rows: &[f32], nr: usize, kc: usize, strips: &mut [f32]) {
+    for s in 0..nr.div_ceil(RB) {
+        let r0 = s * RB;
+        let valid = RB.min(nr - r0);
+        let dst = strips.as_mut_ptr().add(s * kc * RB);
+        transpose::<V>(rows.as_ptr().add(r0 * kc), kc, valid, kc, dst, RB);
+        if valid < RB {
+            for k in 0..kc {
+                std::slice::from_raw_parts_mut(dst.add(k * RB + valid), RB - valid).fill(0.0);
             }
         }
     }
@@ -264,75 +268,17 @@ unsafe fn microkernel(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::RB;
+    use crate::simd::tile::x86::Pair;
     use std::arch::x86_64::*;
 
-    /// `dst[(k0 + k)·RB + c0 + i] = rows[(r0 + i)·kc + k0 + k]` for
-    /// `k < 16`, `i < 16` (rows `i ≥ valid` give 0): one 16 × 16 block of a
-    /// panel's transpose into strips.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn strip16(
-        rows: &[f32],
-        kc: usize,
-        r0: usize,
-        valid: usize,
-        k0: usize,
-        dst: &mut [f32],
-        c0: usize,
-    ) {
-        assert!(valid == 0 || (r0 + valid - 1) * kc + k0 + 16 <= rows.len());
-        assert!((k0 + 15) * RB + c0 + 16 <= dst.len());
-        let r: [__m512; 16] = std::array::from_fn(|i| {
-            if i < valid {
-                _mm512_loadu_ps(rows.as_ptr().add((r0 + i) * kc + k0))
-            } else {
-                _mm512_setzero_ps()
-            }
-        });
-        let out = transpose16_regs(&r);
-        let d = dst.as_mut_ptr();
-        for (k, v) in out.iter().enumerate() {
-            _mm512_storeu_ps(d.add((k0 + k) * RB + c0), *v);
-        }
+    pub unsafe fn to_strips_avx512(rows: &[f32], nr: usize, kc: usize, strips: &mut [f32]) {
+        super::to_strips_body::<__m512>(rows, nr, kc, strips)
     }
 
-    /// The transpose of a 16 x 16 block held in registers: lane `i` of
-    /// `out[k]` is lane `k` of `r[i]`.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    fn transpose16_regs(r: &[__m512; 16]) -> [__m512; 16] {
-        // Per 128-bit lane L: t[2i] = [a0 b0 a1 b1], t[2i+1] = [a2 b2 a3 b3]
-        // (a = row 2i, b = row 2i+1, elements 4L + ·).
-        let t: [__m512; 16] = std::array::from_fn(|i| {
-            let (a, b) = (r[i & !1], r[i | 1]);
-            if i % 2 == 0 {
-                _mm512_unpacklo_ps(a, b)
-            } else {
-                _mm512_unpackhi_ps(a, b)
-            }
-        });
-        // u[4i + j], lane L: rows 4i..4i+3 of element 4L + j.
-        let u: [__m512; 16] = std::array::from_fn(|n| {
-            let (i, j) = (n / 4, n % 4);
-            let (a, b) = (t[4 * i + j / 2], t[4 * i + 2 + j / 2]);
-            if j % 2 == 0 {
-                _mm512_shuffle_ps::<0x44>(a, b)
-            } else {
-                _mm512_shuffle_ps::<0xEE>(a, b)
-            }
-        });
-        // out[4m + j] = [u[j].m, u[4+j].m, u[8+j].m, u[12+j].m] (lanes).
-        let mut out = [_mm512_setzero_ps(); 16];
-        for j in 0..4 {
-            let p0 = _mm512_shuffle_f32x4::<0x44>(u[j], u[4 + j]);
-            let p1 = _mm512_shuffle_f32x4::<0xEE>(u[j], u[4 + j]);
-            let q0 = _mm512_shuffle_f32x4::<0x44>(u[8 + j], u[12 + j]);
-            let q1 = _mm512_shuffle_f32x4::<0xEE>(u[8 + j], u[12 + j]);
-            out[j] = _mm512_shuffle_f32x4::<0x88>(p0, q0);
-            out[4 + j] = _mm512_shuffle_f32x4::<0xDD>(p0, q0);
-            out[8 + j] = _mm512_shuffle_f32x4::<0x88>(p1, q1);
-            out[12 + j] = _mm512_shuffle_f32x4::<0xDD>(p1, q1);
-        }
-        out
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn to_strips_avx2(rows: &[f32], nr: usize, kc: usize, strips: &mut [f32]) {
+        super::to_strips_body::<Pair>(rows, nr, kc, strips)
     }
 
     macro_rules! dispatch {
@@ -350,7 +296,7 @@ mod x86 {
         };
     }
     dispatch!(mk_avx512_dispatch, mk_avx512, 1 2 3 4 5 6 7 8 9 10 11 12);
-    dispatch!(mk_avx2_dispatch, mk_avx2, 1 2 3);
+    dispatch!(mk_avx2_dispatch, mk_avx2, 1 2 3 4 5 6);
 
     /// Lane masks of the two vectors of a strip's first `nrs` rows.
     fn masks(nrs: usize) -> (u16, u16) {
@@ -421,38 +367,55 @@ mod x86 {
         nrs: usize,
         init: bool,
     ) {
-        // M tokens x 4 ymm (32 rows).
-        let mut acc = [[_mm256_setzero_ps(); 4]; M];
-        let mut buf = [0f32; RB];
-        if !init {
-            for (t, a) in acc.iter_mut().enumerate() {
-                buf[..nrs].copy_from_slice(std::slice::from_raw_parts(y.add(t * ys), nrs));
-                for (j, v) in a.iter_mut().enumerate() {
-                    *v = _mm256_loadu_ps(buf.as_ptr().add(8 * j));
+        // Each half of the strip (16 rows, 2 ymm) in turn: M tokens x 2 ymm
+        // accumulators, the activations broadcast twice (from L1).
+        let mut buf = [0f32; 16];
+        for h in 0..RB / 16 {
+            let n = nrs.saturating_sub(16 * h).min(16);
+            if n == 0 {
+                break;
+            }
+            let mut acc = [[_mm256_setzero_ps(); 2]; M];
+            if !init {
+                for (t, a) in acc.iter_mut().enumerate() {
+                    let yt = y.add(t * ys + 16 * h);
+                    let src = if n == 16 {
+                        yt as *const f32
+                    } else {
+                        buf[..n].copy_from_slice(std::slice::from_raw_parts(yt, n));
+                        buf.as_ptr()
+                    };
+                    a[0] = _mm256_loadu_ps(src);
+                    a[1] = _mm256_loadu_ps(src.add(8));
                 }
             }
-        }
-        let mut xp = [x; M];
-        for (t, p) in xp.iter_mut().enumerate() {
-            *p = x.add(t * xs);
-        }
-        let mut wk = strip;
-        for _ in 0..kc {
-            let wv: [__m256; 4] = std::array::from_fn(|j| _mm256_loadu_ps(wk.add(8 * j)));
-            for t in 0..M {
-                let b = _mm256_set1_ps(*xp[t]);
-                for j in 0..4 {
-                    acc[t][j] = _mm256_fmadd_ps(b, wv[j], acc[t][j]);
+            let mut xp = [x; M];
+            for (t, p) in xp.iter_mut().enumerate() {
+                *p = x.add(t * xs);
+            }
+            let mut wk = strip.add(16 * h);
+            for _ in 0..kc {
+                let w0 = _mm256_loadu_ps(wk);
+                let w1 = _mm256_loadu_ps(wk.add(8));
+                for t in 0..M {
+                    let b = _mm256_set1_ps(*xp[t]);
+                    acc[t][0] = _mm256_fmadd_ps(b, w0, acc[t][0]);
+                    acc[t][1] = _mm256_fmadd_ps(b, w1, acc[t][1]);
+                    xp[t] = xp[t].add(1);
                 }
-                xp[t] = xp[t].add(1);
+                wk = wk.add(RB);
             }
-            wk = wk.add(RB);
-        }
-        for (t, a) in acc.iter().enumerate() {
-            for (j, v) in a.iter().enumerate() {
-                _mm256_storeu_ps(buf.as_mut_ptr().add(8 * j), *v);
+            for (t, a) in acc.iter().enumerate() {
+                let yt = y.add(t * ys + 16 * h);
+                if n == 16 {
+                    _mm256_storeu_ps(yt, a[0]);
+                    _mm256_storeu_ps(yt.add(8), a[1]);
+                } else {
+                    _mm256_storeu_ps(buf.as_mut_ptr(), a[0]);
+                    _mm256_storeu_ps(buf.as_mut_ptr().add(8), a[1]);
+                    std::slice::from_raw_parts_mut(yt, n).copy_from_slice(&buf[..n]);
+                }
             }
-            std::slice::from_raw_parts_mut(y.add(t * ys), nrs).copy_from_slice(&buf[..nrs]);
         }
     }
 }
