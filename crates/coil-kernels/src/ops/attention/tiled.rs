@@ -5,14 +5,19 @@
 //! in independent chains instead of one dependent chain per row. Same
 //! online softmax as [`super::item`], which serves the other head dims.
 
+// Only the x86 SIMD levels instantiate it (see `supports`).
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 use super::{kv_block, Call, Item, Scratch, PB};
 use crate::simd::math::exp_fast;
-use crate::simd::tile::{fma_tile, store_tile, transpose, Lanes, V16};
+use crate::simd::tile::{fma_tile, store_tile, transpose, V16};
 use crate::simd::{level, SimdLevel};
 
 /// Whether [`item`] handles rows of `head_dim` values.
+/// (At the portable level the per-row kernel, which the compiler
+/// vectorizes for the target as a whole, measured faster: 59 against 44
+/// GFLOP/s at 64 queries × 4096 positions with SSE2 only.)
 pub(super) fn supports(head_dim: usize) -> bool {
-    head_dim.is_multiple_of(16)
+    head_dim.is_multiple_of(16) && level() >= SimdLevel::Avx2
 }
 
 /// `acc[r][j] += Σ_k a[r·lda + k] · b[k·ldb + 16j]` for a runtime number
@@ -212,5 +217,8 @@ pub(super) unsafe fn item(call: &Call, it: Item, sc: &mut Scratch) {
         (SimdLevel::Avx2, _) => return levels::item_avx2::<2>(call, it, sc),
         (SimdLevel::Scalar, _) => {}
     }
-    item_body::<Lanes, 2>(call, it, sc)
+    unreachable!(
+        "tiled attention at the {:?} level (see `supports`)",
+        level()
+    )
 }
