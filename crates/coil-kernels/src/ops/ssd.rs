@@ -28,7 +28,7 @@
 //! the window (in parallel), then every head over the window's chunks (in
 //! parallel), its state held transposed (`[N, P]`) in a per-thread buffer.
 
-use super::ssm::Mamba2Dims;
+use super::ssm::{Mamba2Dims, ScanInputs};
 use crate::matmul::SendPtr;
 use crate::pool::ThreadPool;
 use crate::simd::math::exp_fast;
@@ -566,24 +566,10 @@ pub fn mamba2_chunked_scan(
     y: &mut [f32],
     n_tokens: usize,
 ) {
-    let (ldx, ldbc) = (dims.n_head * dims.head_dim, dims.n_group * dims.d_state);
-    assert_eq!(x.len(), n_tokens * ldx);
-    assert!(b.len() == n_tokens * ldbc && c.len() == b.len());
-    let inputs = ScanInputs { x, ldx, b, c, ldbc };
+    let inputs = ScanInputs::dense(&dims, x, b, c);
+    assert_eq!(x.len(), n_tokens * inputs.ldx);
+    assert!(b.len() == n_tokens * inputs.ldbc && c.len() == b.len());
     mamba2_chunked_scan_rows(pool, dims, chunk, state, inputs, dt, a, d, y, n_tokens)
-}
-
-/// x, B and C of [`mamba2_chunked_scan_rows`]: token `t`'s x `[H, P]` is
-/// `x[t·ldx ..]`, its B and C `[G, N]` are `b[t·ldbc ..]` and `c[t·ldbc ..]`
-/// (so all three can be read in place from the rows of one buffer, e.g.
-/// the convolution's output `[x | B | C]`).
-#[derive(Clone, Copy)]
-pub struct ScanInputs<'a> {
-    pub x: &'a [f32],
-    pub ldx: usize,
-    pub b: &'a [f32],
-    pub c: &'a [f32],
-    pub ldbc: usize,
 }
 
 /// [`mamba2_chunked_scan`] with x, B and C given as strided rows.
@@ -616,18 +602,7 @@ pub fn mamba2_chunked_scan_rows(
     assert_eq!(y.len(), n_tokens * hn * p);
     assert_eq!(dt.len(), n_tokens * hn);
     assert_eq!(a.len(), hn);
-    assert!(
-        ldx >= hn * p && ldbc >= g * n,
-        "ssd: row strides shorter than rows"
-    );
-    if n_tokens > 0 {
-        let need = |ld: usize, w: usize| (n_tokens - 1) * ld + w;
-        assert!(
-            x.len() >= need(ldx, hn * p),
-            "ssd: x is shorter than its rows"
-        );
-        assert!(b.len() >= need(ldbc, g * n) && c.len() >= need(ldbc, g * n));
-    }
+    inputs.check(&dims, n_tokens);
     if let Some(d) = d {
         assert_eq!(d.len(), hn);
     }

@@ -19,6 +19,52 @@ pub struct Mamba2Dims {
     pub d_state: usize,
 }
 
+/// x, B and C of a Mamba-2 scan: token `t`'s x `[H, P]` is `x[t·ldx ..]`,
+/// its B and C `[G, N]` are `b[t·ldbc ..]` and `c[t·ldbc ..]`, so all three
+/// can be read in place from the rows of one buffer (the convolution's
+/// output `[x | B | C]`), or from three dense arrays ([`ScanInputs::dense`]).
+#[derive(Clone, Copy)]
+pub struct ScanInputs<'a> {
+    pub x: &'a [f32],
+    pub ldx: usize,
+    pub b: &'a [f32],
+    pub c: &'a [f32],
+    pub ldbc: usize,
+}
+
+impl<'a> ScanInputs<'a> {
+    /// x `[n_tokens, H, P]`, B and C `[n_tokens, G, N]`, each dense.
+    pub fn dense(dims: &Mamba2Dims, x: &'a [f32], b: &'a [f32], c: &'a [f32]) -> Self {
+        ScanInputs {
+            x,
+            ldx: dims.n_head * dims.head_dim,
+            b,
+            c,
+            ldbc: dims.n_group * dims.d_state,
+        }
+    }
+
+    /// Panics unless the rows of `n_tokens` tokens lie within the slices.
+    pub(crate) fn check(&self, dims: &Mamba2Dims, n_tokens: usize) {
+        let (row_x, row_bc) = (dims.n_head * dims.head_dim, dims.n_group * dims.d_state);
+        assert!(
+            self.ldx >= row_x && self.ldbc >= row_bc,
+            "mamba2: row strides shorter than rows"
+        );
+        if n_tokens > 0 {
+            let need = |ld: usize, w: usize| (n_tokens - 1) * ld + w;
+            assert!(
+                self.x.len() >= need(self.ldx, row_x),
+                "mamba2: x is shorter than its rows"
+            );
+            assert!(
+                self.b.len() >= need(self.ldbc, row_bc) && self.c.len() >= need(self.ldbc, row_bc),
+                "mamba2: B or C is shorter than its rows"
+            );
+        }
+    }
+}
+
 /// One Mamba-2 head over `n_tokens` tokens. With `from`, the first token
 /// reads the head's state from there and writes it to `state` (moving a
 /// state to a new buffer in the same pass that updates it).
@@ -30,26 +76,27 @@ fn m2_head(
     from: Option<&[f32]>,
     state: &mut [f32],
     x: &[f32],
-    dt: &[f32],
-    a: &[f32],
+    ldx: usize,
     b: &[f32],
     c: &[f32],
+    ldbc: usize,
+    dt: &[f32],
+    a: &[f32],
     d: Option<&[f32]>,
     y: *mut f32,
     n_tokens: usize,
 ) {
     let (hn, p_dim, n) = (dims.n_head, dims.head_dim, dims.d_state);
     let g = h / (hn / dims.n_group);
-    let gn = dims.n_group * n;
     for t in 0..n_tokens {
         let dth = dt[t * hn + h];
         let da = exp_fast(dth * a[h]);
-        let bt = &b[t * gn + g * n..t * gn + (g + 1) * n];
-        let ct = &c[t * gn + g * n..t * gn + (g + 1) * n];
+        let bt = &b[t * ldbc + g * n..t * ldbc + (g + 1) * n];
+        let ct = &c[t * ldbc + g * n..t * ldbc + (g + 1) * n];
         let dh = d.map_or(0.0, |d| d[h]);
         let src = if t == 0 { from } else { None };
         for p in 0..p_dim {
-            let xv = x[(t * hn + h) * p_dim + p];
+            let xv = x[t * ldx + h * p_dim + p];
             let xdt = xv * dth;
             let s = &mut state[p * n..(p + 1) * n];
             if let Some(f) = src {
@@ -92,10 +139,12 @@ fn m2_heads(
     from: Option<&[f32]>,
     state: *mut f32,
     x: &[f32],
-    dt: &[f32],
-    a: &[f32],
+    ldx: usize,
     b: &[f32],
     c: &[f32],
+    ldbc: usize,
+    dt: &[f32],
+    a: &[f32],
     d: Option<&[f32]>,
     y: *mut f32,
     n_tokens: usize,
@@ -107,13 +156,16 @@ fn m2_heads(
         // A source in another buffer is copied row by row (512 B) just
         // before each row is updated, so the update finds it in L1.
         let f = from.map(|f| &f[h * hs..(h + 1) * hs]);
-        m2_head(dims, h, f, st, x, dt, a, b, c, d, y, n_tokens);
+        m2_head(dims, h, f, st, x, ldx, b, c, ldbc, dt, a, d, y, n_tokens);
     }
 }
 
+// x, B and C are separate arguments here, not one `ScanInputs`: references
+// inside a struct carry no no-alias guarantee into the compiled level, and
+// without it the state update is not vectorized (decode 2× slower).
 multiversion!(fn m2_heads_mv(
-    dims: &Mamba2Dims, h0: usize, h1: usize, from: Option<&[f32]>, state: *mut f32, x: &[f32], dt: &[f32], a: &[f32],
-    b: &[f32], c: &[f32], d: Option<&[f32]>, y: *mut f32, n_tokens: usize
+    dims: &Mamba2Dims, h0: usize, h1: usize, from: Option<&[f32]>, state: *mut f32, x: &[f32],
+    ldx: usize, b: &[f32], c: &[f32], ldbc: usize, dt: &[f32], a: &[f32], d: Option<&[f32]>, y: *mut f32, n_tokens: usize
 ) => m2_heads);
 
 /// Mamba-2 sequential scan over `n_tokens` tokens:
@@ -137,23 +189,26 @@ pub fn mamba2_scan(
     y: &mut [f32],
     n_tokens: usize,
 ) {
-    mamba2_scan_from(pool, dims, None, state, x, dt, a, b, c, d, y, n_tokens)
+    let inputs = ScanInputs::dense(&dims, x, b, c);
+    assert_eq!(x.len(), n_tokens * inputs.ldx);
+    assert!(b.len() == n_tokens * inputs.ldbc && c.len() == b.len());
+    mamba2_scan_from(pool, dims, None, state, inputs, dt, a, d, y, n_tokens)
 }
 
 /// [`mamba2_scan`] starting from the state in `from` (`[H, P, N]`) instead
 /// of `state`'s own contents; the result goes to `state` as usual. Moving a
 /// state to a new buffer this way (each head copied just before it is
-/// updated, in parallel) costs about what the in-place update costs.
+/// updated, in parallel) costs about what the in-place update costs. x, B
+/// and C come as [`ScanInputs`] rows.
+#[allow(clippy::too_many_arguments)]
 pub fn mamba2_scan_from(
     pool: &ThreadPool,
     dims: Mamba2Dims,
     from: Option<&[f32]>,
     state: &mut [f32],
-    x: &[f32],
+    inputs: ScanInputs,
     dt: &[f32],
     a: &[f32],
-    b: &[f32],
-    c: &[f32],
     d: Option<&[f32]>,
     y: &mut [f32],
     n_tokens: usize,
@@ -176,11 +231,10 @@ pub fn mamba2_scan_from(
             "mamba2: source state is not [H, P, N]"
         );
     }
-    assert_eq!(x.len(), n_tokens * hn * p);
+    inputs.check(&dims, n_tokens);
     assert_eq!(y.len(), n_tokens * hn * p);
     assert_eq!(dt.len(), n_tokens * hn);
     assert_eq!(a.len(), hn);
-    assert!(b.len() == n_tokens * g * n && c.len() == b.len());
     if let Some(d) = d {
         assert_eq!(d.len(), hn);
     }
@@ -194,11 +248,13 @@ pub fn mamba2_scan_from(
             hr.end,
             from,
             sp.get(),
-            x,
+            inputs.x,
+            inputs.ldx,
+            inputs.b,
+            inputs.c,
+            inputs.ldbc,
             dt,
             a,
-            b,
-            c,
             d,
             yp.get(),
             n_tokens,
@@ -439,8 +495,25 @@ pub(crate) mod tests {
             for (a, e) in st.iter().zip(&s) {
                 assert!((*a as f64 - e).abs() < 1e-4);
             }
-            // Starting from another buffer: the same, bit for bit, and the
-            // source is left alone.
+            // Starting from another buffer, with x, B and C read in place
+            // from rows [x | B | C | 1 other] (as the conv's output): the
+            // same, bit for bit, and the source is left alone.
+            let (wx, wbc) = (hn * p, g * n);
+            let ld = wx + 2 * wbc + 1;
+            let mut rows = vec![f32::NAN; t * ld];
+            for ti in 0..t {
+                let r = &mut rows[ti * ld..(ti + 1) * ld];
+                r[..wx].copy_from_slice(&x[ti * wx..(ti + 1) * wx]);
+                r[wx..wx + wbc].copy_from_slice(&b[ti * wbc..(ti + 1) * wbc]);
+                r[wx + wbc..wx + 2 * wbc].copy_from_slice(&c[ti * wbc..(ti + 1) * wbc]);
+            }
+            let inputs = ScanInputs {
+                x: &rows,
+                ldx: ld,
+                b: &rows[wx..],
+                c: &rows[wx + wbc..],
+                ldbc: ld,
+            };
             let mut st3 = vec![f32::NAN; s0.len()];
             let mut y3 = vec![0f32; t * hn * p];
             mamba2_scan_from(
@@ -448,11 +521,9 @@ pub(crate) mod tests {
                 dims,
                 Some(&s0),
                 &mut st3,
-                &x,
+                inputs,
                 &dt,
                 &a,
-                &b,
-                &c,
                 Some(&dd),
                 &mut y3,
                 t,
