@@ -3,39 +3,6 @@
 use crate::multiversion;
 use crate::pool::ThreadPool;
 
-/// `out[t, c] = bias[c] + sum_j weight[c, j] · u[t − (k−1) + j, c]` where `u`
-/// is the input preceded by the carried window.
-///
-/// * `x`: `[n_tokens, channels]` new inputs
-/// * `state`: `[k − 1, channels]`, the previous `k − 1` inputs, oldest first;
-///   replaced by the last `k − 1` inputs of `state ++ x`
-/// * `weight`: `[channels, k]` (ggml `ssm_conv1d.weight` `{k, channels}`)
-/// * `bias`: `[channels]` or `None`; `out`: `[n_tokens, channels]`
-///
-/// No activation is applied (call `silu_inplace` on `out`).
-pub fn conv1d_causal(
-    x: &[f32],
-    state: &mut [f32],
-    weight: &[f32],
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-    channels: usize,
-    k: usize,
-) {
-    assert!(k >= 1 && channels > 0);
-    assert!(x.len().is_multiple_of(channels) && out.len() == x.len());
-    let wt = transposed_weights(state, weight, bias, channels, k);
-    let n = x.len() / channels;
-    conv_rows_mv(x, channels, state, channels, &wt, bias, out, channels, k, n);
-    shift_window(
-        state,
-        |i| &x[i * channels..(i + 1) * channels],
-        n,
-        channels,
-        k,
-    );
-}
-
 /// Checks the window, weight and bias shapes of a convolution and returns
 /// the weights transposed to `[k, channels]` (so the channel loop is
 /// contiguous).
@@ -68,12 +35,20 @@ fn transposed_weights(
     wt
 }
 
-/// [`conv1d_causal`] followed by SiLU (as every Mamba block applies it),
-/// with the tokens spread over `pool` (each range reads its window from
-/// the inputs before it; the carried window is updated once at the end),
-/// reading input row `t` from `x[t·x_stride ..][..channels]` (so the
-/// channels can be read in place from a wider buffer such as in_proj's
-/// output). Same results as `conv1d_causal` then `silu_inplace`, bit for bit.
+/// `out[t, c] = silu(bias[c] + Σ_j weight[c, j] · u[t − (k−1) + j, c])`,
+/// where `u` is the input preceded by the carried window (the Mamba conv1d
+/// and its activation):
+///
+/// * input row `t` is `x[t·x_stride ..][..channels]` (so the channels can
+///   be read in place from a wider buffer such as in_proj's output)
+/// * `state`: `[k − 1, channels]`, the previous `k − 1` inputs, oldest
+///   first; replaced by the last `k − 1` inputs of `state ++ x`
+/// * `weight`: `[channels, k]` (ggml `ssm_conv1d.weight` `{k, channels}`)
+/// * `bias`: `[channels]` or `None`; `out`: `[n_tokens, channels]`
+///
+/// Tokens are spread over `pool` (each range reads its window from the
+/// inputs before it; the carried window is updated once at the end), with
+/// the same results as one thread, bit for bit.
 #[allow(clippy::too_many_arguments)]
 pub fn conv1d_causal_silu_pool(
     pool: &ThreadPool,
@@ -201,22 +176,43 @@ multiversion!(fn conv_rows_mv(
     channels: usize, k: usize, n: usize
 ) => conv_rows);
 
-/// One step of [`conv1d_causal`]: `x`, `out`: `[channels]`.
-pub fn conv1d_causal_step(
-    x: &[f32],
-    state: &mut [f32],
-    weight: &[f32],
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-    k: usize,
-) {
-    conv1d_causal(x, state, weight, bias, out, x.len(), k);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::testutil::Rng;
+
+    /// The serial reference without the activation: `out[t, c] = bias[c] + sum_j weight[c, j] · u[t − (k−1) + j, c]` where `u`
+    /// is the input preceded by the carried window.
+    ///
+    /// * `x`: `[n_tokens, channels]` new inputs
+    /// * `state`: `[k − 1, channels]`, the previous `k − 1` inputs, oldest first;
+    ///   replaced by the last `k − 1` inputs of `state ++ x`
+    /// * `weight`: `[channels, k]` (ggml `ssm_conv1d.weight` `{k, channels}`)
+    /// * `bias`: `[channels]` or `None`; `out`: `[n_tokens, channels]`
+    ///
+    /// No activation is applied (call `silu_inplace` on `out`).
+    fn conv1d_causal(
+        x: &[f32],
+        state: &mut [f32],
+        weight: &[f32],
+        bias: Option<&[f32]>,
+        out: &mut [f32],
+        channels: usize,
+        k: usize,
+    ) {
+        assert!(k >= 1 && channels > 0);
+        assert!(x.len().is_multiple_of(channels) && out.len() == x.len());
+        let wt = transposed_weights(state, weight, bias, channels, k);
+        let n = x.len() / channels;
+        conv_rows_mv(x, channels, state, channels, &wt, bias, out, channels, k, n);
+        shift_window(
+            state,
+            |i| &x[i * channels..(i + 1) * channels],
+            n,
+            channels,
+            k,
+        );
+    }
 
     fn naive(x: &[f32], init: &[f32], w: &[f32], b: &[f32], ch: usize, k: usize) -> Vec<f32> {
         let n = x.len() / ch;
@@ -254,7 +250,15 @@ mod tests {
             let mut st2 = init.clone();
             for t in 0..n {
                 let mut o = vec![0f32; ch];
-                conv1d_causal_step(&x[t * ch..(t + 1) * ch], &mut st2, &w, Some(&b), &mut o, k);
+                conv1d_causal(
+                    &x[t * ch..(t + 1) * ch],
+                    &mut st2,
+                    &w,
+                    Some(&b),
+                    &mut o,
+                    ch,
+                    k,
+                );
                 for c in 0..ch {
                     assert!((o[c] - want[t * ch + c]).abs() < 1e-5);
                 }
