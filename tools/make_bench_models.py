@@ -60,52 +60,44 @@ MODELS = ("mamba2-370m-like", "hybrid-350m-like", "mamba-370m-like")
 DEFAULT_MODELS = ("mamba2-370m-like", "hybrid-350m-like")
 
 
+# What the Mamba and Mamba-2 shapes share (state-spaces' mamba*-370m):
+# 48 layers of d_model 1024, expand 2, a causal conv of 4 with bias, tied
+# embeddings, the GPT-NeoX token ids.
+MAMBA_COMMON = dict(
+    hidden_size=1024,
+    num_hidden_layers=48,
+    expand=2,
+    conv_kernel=4,
+    use_bias=False,
+    use_conv_bias=True,
+    layer_norm_epsilon=1e-5,
+    tie_word_embeddings=True,
+    bos_token_id=0,
+    eos_token_id=0,
+    pad_token_id=1,
+    residual_in_fp32=True,
+)
+
+
 def mamba2_config():
     from transformers import Mamba2Config
 
     return Mamba2Config(
         vocab_size=VOCAB_MAMBA2,
-        hidden_size=1024,
-        num_hidden_layers=48,
-        expand=2,
         head_dim=64,
         num_heads=32,
         state_size=128,
         n_groups=1,
-        conv_kernel=4,
         chunk_size=256,
-        use_bias=False,
-        use_conv_bias=True,
-        layer_norm_epsilon=1e-5,
-        tie_word_embeddings=True,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=1,
-        residual_in_fp32=True,
         time_step_limit=(0.0, float("inf")),
+        **MAMBA_COMMON,
     )
 
 
 def mamba1_config():
     from transformers import MambaConfig
 
-    return MambaConfig(
-        vocab_size=VOCAB,
-        hidden_size=1024,
-        num_hidden_layers=48,
-        state_size=16,
-        expand=2,
-        conv_kernel=4,
-        time_step_rank=64,
-        use_bias=False,
-        use_conv_bias=True,
-        layer_norm_epsilon=1e-5,
-        tie_word_embeddings=True,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=1,
-        residual_in_fp32=True,
-    )
+    return MambaConfig(vocab_size=VOCAB, state_size=16, time_step_rank=64, **MAMBA_COMMON)
 
 
 ATTN_LAYERS = (5, 13, 21, 29)
