@@ -566,9 +566,7 @@ pub fn mamba2_chunked_scan(
     y: &mut [f32],
     n_tokens: usize,
 ) {
-    let inputs = ScanInputs::dense(&dims, x, b, c);
-    assert_eq!(x.len(), n_tokens * inputs.ldx);
-    assert!(b.len() == n_tokens * inputs.ldbc && c.len() == b.len());
+    let inputs = ScanInputs::dense(&dims, x, b, c, n_tokens);
     mamba2_chunked_scan_rows(pool, dims, chunk, state, inputs, dt, a, d, y, n_tokens)
 }
 

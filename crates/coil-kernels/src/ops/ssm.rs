@@ -33,15 +33,22 @@ pub struct ScanInputs<'a> {
 }
 
 impl<'a> ScanInputs<'a> {
-    /// x `[n_tokens, H, P]`, B and C `[n_tokens, G, N]`, each dense.
-    pub fn dense(dims: &Mamba2Dims, x: &'a [f32], b: &'a [f32], c: &'a [f32]) -> Self {
-        ScanInputs {
-            x,
-            ldx: dims.n_head * dims.head_dim,
-            b,
-            c,
-            ldbc: dims.n_group * dims.d_state,
-        }
+    /// x `[n_tokens, H, P]`, B and C `[n_tokens, G, N]`, each dense (and
+    /// exactly that long).
+    pub fn dense(
+        dims: &Mamba2Dims,
+        x: &'a [f32],
+        b: &'a [f32],
+        c: &'a [f32],
+        n_tokens: usize,
+    ) -> Self {
+        let (ldx, ldbc) = (dims.n_head * dims.head_dim, dims.n_group * dims.d_state);
+        assert_eq!(x.len(), n_tokens * ldx, "mamba2: x is not [n_tokens, H, P]");
+        assert!(
+            b.len() == n_tokens * ldbc && c.len() == b.len(),
+            "mamba2: B or C is not [n_tokens, G, N]"
+        );
+        ScanInputs { x, ldx, b, c, ldbc }
     }
 
     /// Panics unless the rows of `n_tokens` tokens lie within the slices.
@@ -189,9 +196,7 @@ pub fn mamba2_scan(
     y: &mut [f32],
     n_tokens: usize,
 ) {
-    let inputs = ScanInputs::dense(&dims, x, b, c);
-    assert_eq!(x.len(), n_tokens * inputs.ldx);
-    assert!(b.len() == n_tokens * inputs.ldbc && c.len() == b.len());
+    let inputs = ScanInputs::dense(&dims, x, b, c, n_tokens);
     mamba2_scan_from(pool, dims, None, state, inputs, dt, a, d, y, n_tokens)
 }
 
