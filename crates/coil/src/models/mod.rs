@@ -87,6 +87,20 @@ impl UBatch<'_> {
         self.chunks.iter().map(|c| c.tokens.len()).sum()
     }
 
+    /// Each chunk's sequence, first position and rows in the stacked
+    /// activations: what the mixers read their memory by.
+    pub fn rows(&self) -> Vec<Rows> {
+        self.chunks
+            .iter()
+            .zip(self.row_ranges())
+            .map(|(c, rows)| Rows {
+                seq: c.seq,
+                pos: c.pos,
+                rows,
+            })
+            .collect()
+    }
+
     /// Row index ranges of each chunk in the stacked activations.
     pub fn row_ranges(&self) -> Vec<std::ops::Range<usize>> {
         let mut at = 0;
@@ -99,6 +113,15 @@ impl UBatch<'_> {
             })
             .collect()
     }
+}
+
+/// The rows of one sequence in a micro-batch: its tokens at positions
+/// `pos..pos + rows.len()`.
+#[derive(Clone, Debug)]
+pub struct Rows {
+    pub seq: SeqId,
+    pub pos: usize,
+    pub rows: std::ops::Range<usize>,
 }
 
 /// What a user (and the engine) needs to know about a loaded model.

@@ -3,10 +3,10 @@
 //! each head, keys and values appended to the sequence's KV cells, causal
 //! softmax attention over them, `out = attn·Wo`.
 
-use super::stack::Rows;
 use crate::memory::Memory;
 use crate::models::weights::{Loader, Matrix};
 use crate::models::ModelError;
+use crate::models::Rows;
 use coil_gguf::GgufFile;
 use coil_kernels::ops::act::add_bias_rows;
 use coil_kernels::ops::attention::attention;

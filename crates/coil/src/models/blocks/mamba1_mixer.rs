@@ -7,10 +7,10 @@
 //! `h ← exp(dt⊙A)⊙h + (dt·x)⊗B`, `y = h·C + D·x`; `y·silu(z)`; `out_proj`.
 
 use super::common::{layer_state, recurrent_memory};
-use super::stack::Rows;
 use crate::memory::{Memory, RecurrentLayerShape};
 use crate::models::weights::{Loader, Matrix};
 use crate::models::ModelError;
+use crate::models::Rows;
 use coil_gguf::GgufFile;
 use coil_kernels::ops::act::{mul_silu_inplace, softplus_inplace};
 use coil_kernels::ops::conv::conv1d_causal_silu_pool;

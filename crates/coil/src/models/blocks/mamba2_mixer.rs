@@ -7,10 +7,10 @@
 //! gated RMSNorm per group (`y·silu(z)` before the norm); `out_proj`.
 
 use super::common::{layer_state_moving, recurrent_memory};
-use super::stack::Rows;
 use crate::memory::{Memory, RecurrentLayerShape};
 use crate::models::weights::{Loader, Matrix};
 use crate::models::ModelError;
+use crate::models::Rows;
 use coil_gguf::GgufFile;
 use coil_kernels::ops::act::{mul_silu_inplace, softplus1};
 use coil_kernels::ops::conv::conv1d_causal_silu_pool;

@@ -15,23 +15,13 @@ use super::common::{check_ubatch, Embedding, OutputHead};
 use super::ffn::{DenseFfn, Moe};
 use super::mamba1_mixer::Mamba1Mixer;
 use super::mamba2_mixer::Mamba2Mixer;
-use crate::memory::{KvLayerShape, KvMemory, Memory, RecurrentLayerShape, RecurrentMemory, SeqId};
+use crate::memory::{KvLayerShape, KvMemory, Memory, RecurrentLayerShape, RecurrentMemory};
 use crate::models::weights::Loader;
-use crate::models::{Model, ModelError, ModelInfo, UBatch};
+use crate::models::{Model, ModelError, ModelInfo, Rows, UBatch};
 use coil_gguf::GgufFile;
 use coil_kernels::ops::norm::rms_norm;
 use coil_kernels::{Scratch, ThreadPool};
-use std::ops::Range;
 use std::sync::Arc;
-
-/// The rows of one sequence in a micro-batch: its tokens at positions
-/// `pos..pos + rows.len()`.
-#[derive(Clone, Debug)]
-pub struct Rows {
-    pub seq: SeqId,
-    pub pos: usize,
-    pub rows: Range<usize>,
-}
 
 pub enum MixerBlock {
     None,
@@ -192,16 +182,7 @@ impl Model for DecoderStack {
             .iter()
             .flat_map(|c| c.tokens.iter().copied())
             .collect();
-        let rows: Vec<Rows> = ub
-            .chunks
-            .iter()
-            .zip(ub.row_ranges())
-            .map(|(c, r)| Rows {
-                seq: c.seq,
-                pos: c.pos,
-                rows: r,
-            })
-            .collect();
+        let rows = ub.rows();
         let mut x = Scratch::dirty(n * d);
         self.embed.forward(&self.file, &tokens, &mut x)?;
         if self.scales.embedding != 1.0 {
