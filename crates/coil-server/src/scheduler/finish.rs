@@ -1,0 +1,151 @@
+//! After a pass: each request's prompt progress and pinned checkpoints,
+//! sampling and streaming its next token, and ending the requests that
+//! stop (their sequences parked for the prefix cache).
+
+use super::step::Planned;
+use super::{Active, Event, Worker};
+use crate::api::FinishReason;
+use crate::metrics;
+use coil::models::LogitRows;
+use coil::tokenizer::Tokenizer;
+use std::time::Instant;
+
+enum Outcome {
+    Continue,
+    Finished(FinishReason, bool),
+    Gone,
+}
+
+impl Worker {
+    /// Applies a pass's logits (one entry per planned request).
+    pub(super) fn after_step(&mut self, plan: Vec<Planned>, logits: Vec<Vec<f32>>) {
+        let mut ended: Vec<(usize, Option<(FinishReason, bool)>)> = Vec::new();
+        let mut pins = Vec::new();
+        for (p, row) in plan.into_iter().zip(logits) {
+            let a = &mut self.active[p.active];
+            if p.is_prompt {
+                a.done += p.tokens.len();
+                // Keep the prompt's last checkpoints, and the one at the
+                // branch point, whatever thinning does to the engine's list.
+                if a.done + 1 >= a.prompt.len() || a.marks.contains(&a.done) {
+                    pins.push((a.seq, a.done));
+                }
+            } else {
+                a.next = None;
+            }
+            if a.done == a.prompt.len() && a.max_tokens == 0 {
+                ended.push((p.active, Some((FinishReason::Length, true))));
+                continue;
+            }
+            if p.rows == LogitRows::None {
+                continue;
+            }
+            match sample(a, &self.tok, &row) {
+                Outcome::Continue => {}
+                Outcome::Finished(reason, flush) => ended.push((p.active, Some((reason, flush)))),
+                Outcome::Gone => ended.push((p.active, None)),
+            }
+        }
+        for (seq, pos) in pins {
+            self.pin(seq, pos);
+        }
+        self.end(ended);
+    }
+
+    /// Ends the requests `ended` (active index; how, or `None` when the
+    /// client is gone): flushes their text, parks their sequences, and
+    /// tells the clients once the counters are current.
+    fn end(&mut self, mut ended: Vec<(usize, Option<(FinishReason, bool)>)>) {
+        ended.sort_unstable_by_key(|e| e.0);
+        let mut replies = Vec::new();
+        for (i, how) in ended.into_iter().rev() {
+            let mut a = self.active.remove(i);
+            metrics::add(&self.metrics.completion_tokens, a.usage.completion_tokens);
+            match how {
+                Some((reason, flush)) => {
+                    let mut rest = String::new();
+                    if flush {
+                        rest = a.stops.push(&a.decoder.flush()).0;
+                        rest.push_str(&a.stops.flush());
+                    }
+                    if self.cfg.log_requests {
+                        log_request(&a, reason.as_str());
+                    }
+                    let done = Event::Done {
+                        finish: reason,
+                        usage: a.usage,
+                    };
+                    replies.push((a.events, rest, done));
+                }
+                None => {
+                    metrics::add(&self.metrics.requests_cancelled, 1);
+                    if self.cfg.log_requests {
+                        log_request(&a, "client gone");
+                    }
+                }
+            }
+            self.release(a.seq, true);
+        }
+        // Counters and gauges are current before a client hears the end.
+        self.gauges();
+        for (events, rest, done) in replies {
+            if !rest.is_empty() {
+                let _ = events.send(Event::Text(rest));
+            }
+            let _ = events.send(done);
+        }
+    }
+}
+
+/// One line per request: prompt reuse, speed, how it ended.
+pub(super) fn log_request(a: &Active, end: &str) {
+    let u = &a.usage;
+    let total = a.started.elapsed().as_secs_f64();
+    let (ttft, gen_secs) = match a.first_token {
+        Some(t) => {
+            let first = t.duration_since(a.started).as_secs_f64();
+            (first, total - first)
+        }
+        None => (total, 0.0),
+    };
+    let tps = if gen_secs > 0.0 && u.completion_tokens > 1 {
+        (u.completion_tokens - 1) as f64 / gen_secs
+    } else {
+        0.0
+    };
+    eprintln!(
+        "request {}: prompt {} tokens ({} cached, {} processed), first token after {:.3} s, {} generated ({:.1} tokens/s), {end}",
+        a.id,
+        u.prompt_tokens,
+        u.cached_tokens,
+        u.prompt_tokens - u.cached_tokens,
+        ttft,
+        u.completion_tokens,
+        tps
+    );
+}
+
+/// Samples the next token of `a` from `logits` and streams its text.
+fn sample(a: &mut Active, tok: &Tokenizer, logits: &[f32]) -> Outcome {
+    let t = a.sampler.sample(logits);
+    if a.first_token.is_none() {
+        a.first_token = Some(Instant::now());
+    }
+    if a.stop_at_eos && tok.is_eog(t) {
+        return Outcome::Finished(FinishReason::Stop, true);
+    }
+    a.sampler.accept(t);
+    a.usage.completion_tokens += 1;
+    let (text, hit) = a.stops.push(&a.decoder.push(tok, t));
+    if !text.is_empty() && a.events.send(Event::Text(text)).is_err() {
+        return Outcome::Gone;
+    }
+    if hit {
+        return Outcome::Finished(FinishReason::Stop, false);
+    }
+    if a.usage.completion_tokens >= a.max_tokens {
+        return Outcome::Finished(FinishReason::Length, true);
+    }
+    a.next = Some(t);
+    Outcome::Continue
+}

@@ -1,0 +1,346 @@
+//! The engine thread: continuous batching over the engine's sequence slots,
+//! with the prefix cache.
+//!
+//! The engine is not `Sync`, so one thread owns it and loops:
+//! 1. take new requests from a channel (blocking only when idle);
+//! 2. drop requests whose client went away (their receiver is gone);
+//! 3. give waiting requests a slot while fewer than `parallel` run: find
+//!    the longest cached prefix of the prompt (parked sequences in the
+//!    radix tree, and running sequences), fork or adopt that sequence and
+//!    roll it back to the common length (restore the nearest recurrent
+//!    checkpoint, replay the few tokens past it);
+//! 4. run one `decode_batch` holding a chunk of every new prompt (within a
+//!    per-step token budget) and one token of every generating sequence;
+//! 5. sample, send text to each request's channel, finish the ones that
+//!    stop; a finished sequence is *parked* (kept, indexed by its tokens)
+//!    instead of cleared, and evicted least-recently-used first when slots
+//!    or the byte budget run out. Forks share memory (attention pages,
+//!    recurrent states and checkpoints until written), so the budget is
+//!    checked against what the parked sequences hold together, each shared
+//!    buffer once, and less what running sequences share with them.
+//!
+//! The prompt's last token is always processed (never taken from the
+//! cache) so that its logits exist; it goes through the model in a step
+//! after the rest of the prompt, which puts a recurrent checkpoint right
+//! before it (checkpoints are taken at the end of every decode call).
+//!
+//! The worker's parts, one job each: [`admit`] (queue, admission,
+//! cancellation), [`resume`] (the longest cached prefix, rollback to it,
+//! pinned checkpoints), [`slots`] (parking, eviction, the cache's byte
+//! budget), [`step`] (planning and running one batched forward pass) and
+//! [`finish`] (sampling, streaming, ending requests).
+
+mod admit;
+mod finish;
+mod resume;
+mod slots;
+mod step;
+
+pub use resume::align_by_text;
+
+use crate::api::{FinishReason, Usage};
+use crate::metrics::{self, Metrics};
+use crate::prefix_cache::PrefixCache;
+use coil::engine::generate::StopMatcher;
+use coil::engine::sampling::{Sampler, SamplingParams};
+use coil::engine::Engine;
+use coil::memory::{Checkpoint, SeqId, SequenceMemory};
+use coil::tokenizer::{StreamDecoder, Tokenizer};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// Scheduling settings.
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Requests processed at once (the rest wait in a queue).
+    pub parallel: usize,
+    /// Bytes the parked sequences may hold (attention cells, recurrent
+    /// state and checkpoints); beyond it the least recently used go.
+    /// Memory that sequences share is counted once, and what a parked
+    /// sequence shares with a running one is the running one's: this is
+    /// what clearing every parked sequence would free.
+    pub cache_bytes: usize,
+    /// Prompt tokens processed per step over all new requests, so that
+    /// running generations keep streaming while a long prompt goes in.
+    pub prefill_chunk: usize,
+    /// Extend a cached prefix where the prompt spells the cached tokens'
+    /// text with other tokens (see [`align_by_text`]).
+    pub reuse_by_text: bool,
+    /// A line on stderr per finished request.
+    pub log_requests: bool,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            parallel: 4,
+            cache_bytes: 2 << 30,
+            prefill_chunk: 512,
+            reuse_by_text: true,
+            log_requests: false,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SchedulerError {
+    #[error("--parallel must be at least 1")]
+    NoParallel,
+    #[error("the engine holds {have} sequences; {want} are needed (parallel {parallel})")]
+    TooFewSlots {
+        have: usize,
+        want: usize,
+        parallel: usize,
+    },
+    #[error("the prefill chunk must be at least 1 token")]
+    NoChunk,
+    #[error("cannot start the engine thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+/// One generation request, as the engine thread sees it.
+#[derive(Debug)]
+pub struct GenRequest {
+    /// The prompt's tokens (at least one).
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    pub max_tokens: usize,
+    pub stop: Vec<String>,
+    /// Stop at an end-of-generation token.
+    pub stop_at_eos: bool,
+    /// Prompt positions worth a checkpoint (ends of chat messages): a later
+    /// prompt that shares the conversation up to one of them, then differs,
+    /// resumes there.
+    pub marks: Vec<usize>,
+    /// Where events go; when the receiver is dropped (client gone) the
+    /// request is cancelled and its slot freed.
+    pub events: UnboundedSender<Event>,
+}
+
+/// What the engine thread tells a request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// Generated text, final (stop strings already cut).
+    Text(String),
+    Done {
+        finish: FinishReason,
+        usage: Usage,
+    },
+    Error(String),
+}
+
+/// A handle to the engine thread; cheap to clone. The thread ends when every
+/// handle is gone and its work is done.
+#[derive(Clone, Debug)]
+pub struct Scheduler {
+    tx: mpsc::Sender<GenRequest>,
+    pub metrics: Arc<Metrics>,
+    pub n_ctx: usize,
+    pub n_vocab: usize,
+    alive: Arc<AtomicBool>,
+}
+
+/// Clears the liveness flag when the engine thread ends, panics included.
+struct AliveGuard(Arc<AtomicBool>);
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}
+
+impl Scheduler {
+    /// Starts the engine thread. The engine must hold at least
+    /// `cfg.parallel` sequences; those beyond `parallel` are room for the
+    /// prefix cache.
+    pub fn start(
+        mut engine: Engine,
+        tokenizer: Arc<Tokenizer>,
+        cfg: SchedulerConfig,
+    ) -> Result<(Scheduler, std::thread::JoinHandle<()>), SchedulerError> {
+        // A conversation resumes right after its last generated token:
+        // checkpoint every decode step, not only prompts.
+        if let Some(r) = &mut engine.mem.recurrent {
+            r.policy.every_call = true;
+        }
+        if cfg.parallel == 0 {
+            return Err(SchedulerError::NoParallel);
+        }
+        if cfg.prefill_chunk == 0 {
+            return Err(SchedulerError::NoChunk);
+        }
+        let have = engine.mem.n_seq_max();
+        if have < cfg.parallel {
+            return Err(SchedulerError::TooFewSlots {
+                have,
+                want: cfg.parallel,
+                parallel: cfg.parallel,
+            });
+        }
+        let (tx, rx) = mpsc::channel();
+        let metrics = Arc::new(Metrics::default());
+        let alive = Arc::new(AtomicBool::new(true));
+        let guard = AliveGuard(alive.clone());
+        let handle = Scheduler {
+            tx,
+            metrics: metrics.clone(),
+            n_ctx: engine.mem.n_ctx(),
+            n_vocab: engine.n_vocab(),
+            alive,
+        };
+        let worker = Worker {
+            busy: vec![false; have],
+            engine,
+            tok: tokenizer,
+            cfg,
+            metrics,
+            cache: PrefixCache::new(),
+            active: Vec::new(),
+            queue: VecDeque::new(),
+            rx,
+            rates: Rates::default(),
+            n_admitted: 0,
+            pinned: vec![Vec::new(); have],
+            cached_bytes: 0,
+        };
+        let join = std::thread::Builder::new()
+            .name("coil-engine".into())
+            .spawn(move || {
+                let _guard = guard;
+                worker.run()
+            })?;
+        Ok((handle, join))
+    }
+
+    /// Whether the engine thread is running.
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Relaxed)
+    }
+
+    /// Queues a request; `false` when the engine thread has stopped.
+    pub fn submit(&self, req: GenRequest) -> bool {
+        self.tx.send(req).is_ok()
+    }
+}
+
+/// A request holding a slot.
+struct Active {
+    seq: SeqId,
+    events: UnboundedSender<Event>,
+    prompt: Vec<u32>,
+    /// Prompt tokens in memory.
+    done: usize,
+    max_tokens: usize,
+    stop_at_eos: bool,
+    sampler: Sampler,
+    decoder: StreamDecoder,
+    stops: StopMatcher,
+    /// A sampled token not yet fed to the model.
+    next: Option<u32>,
+    usage: Usage,
+    /// Request number, for logs.
+    id: u64,
+    started: Instant,
+    /// When the first token was sampled.
+    first_token: Option<Instant>,
+    /// Prompt positions where the prefill ends a call, so that a
+    /// checkpoint lands there (sorted): the request's `marks`, and where
+    /// this prompt leaves the longest prefix it shares with a cached or
+    /// running sequence that could not be resumed there — the next prompt
+    /// sharing that prefix resumes at the branch (e.g. one system prompt,
+    /// many different questions).
+    marks: Vec<usize>,
+}
+
+/// Tokens and busy time since the speeds were last published.
+/// Steps that processed prompt tokens count for the prompt speed; steps
+/// that only generated count for the generation speed.
+#[derive(Default)]
+struct Rates {
+    prompt: usize,
+    prompt_secs: f64,
+    gen: usize,
+    gen_secs: f64,
+}
+
+struct Worker {
+    engine: Engine,
+    tok: Arc<Tokenizer>,
+    cfg: SchedulerConfig,
+    metrics: Arc<Metrics>,
+    cache: PrefixCache,
+    /// Slots held by active requests.
+    busy: Vec<bool>,
+    active: Vec<Active>,
+    queue: VecDeque<GenRequest>,
+    rx: mpsc::Receiver<GenRequest>,
+    rates: Rates,
+    n_admitted: u64,
+    /// Per slot: recurrent checkpoints kept beside the engine's own (which
+    /// thins them out as a sequence grows) — at the end of a prompt, right
+    /// before its last token, and where it resumed from the cache: the
+    /// positions the next request most likely shares (a regenerated or
+    /// edited last turn, a common system prompt).
+    pinned: Vec<Vec<Checkpoint>>,
+    /// What the parked sequences hold (see [`Worker::cache_footprint`]),
+    /// as of the last change to the cache.
+    cached_bytes: usize,
+}
+
+/// Pinned checkpoints per slot.
+const MAX_PINNED: usize = 4;
+
+impl Worker {
+    fn run(mut self) {
+        loop {
+            if self.active.is_empty() && self.queue.is_empty() {
+                self.publish_rates();
+                self.gauges();
+                match self.rx.recv() {
+                    Ok(r) => self.enqueue(r),
+                    Err(_) => return,
+                }
+            }
+            while let Ok(r) = self.rx.try_recv() {
+                self.enqueue(r);
+            }
+            self.drop_gone();
+            while self.active.len() < self.cfg.parallel {
+                let Some(req) = self.queue.pop_front() else {
+                    break;
+                };
+                self.admit(req);
+            }
+            self.gauges();
+            if !self.active.is_empty() {
+                self.step();
+            }
+        }
+    }
+
+    fn gauges(&self) {
+        let m = &self.metrics;
+        metrics::set(&m.queue_length, self.queue.len());
+        metrics::set(&m.active_sequences, self.active.len());
+        metrics::set(&m.cached_sequences, self.cache.len());
+        metrics::set(&m.cached_bytes, self.cached_bytes);
+    }
+
+    fn publish_rates(&mut self) {
+        let r = std::mem::take(&mut self.rates);
+        if r.prompt > 0 && r.prompt_secs > 0.0 {
+            metrics::set_f64(&self.metrics.prompt_tps, r.prompt as f64 / r.prompt_secs);
+        }
+        if r.gen > 0 && r.gen_secs > 0.0 {
+            metrics::set_f64(&self.metrics.generation_tps, r.gen as f64 / r.gen_secs);
+        }
+    }
+}
+
+fn seq_len_or_zero(engine: &Engine, s: SeqId) -> usize {
+    engine.mem.seq_len(s).unwrap_or(0)
+}

@@ -1,0 +1,96 @@
+//! Sequence slots and the prefix cache's memory: parking finished
+//! sequences, evicting the least recently used, and measuring what the
+//! parked ones hold.
+
+use super::Worker;
+use crate::metrics;
+use coil::memory::recurrent::distinct_checkpoint_bytes;
+use coil::memory::SeqId;
+
+impl Worker {
+    /// Bytes the sequences `seqs` hold together — attention pages,
+    /// recurrent states, the engine's checkpoints and the pinned ones —
+    /// each buffer once however many of them share it.
+    pub(super) fn footprint(&self, seqs: &[SeqId]) -> usize {
+        let mem = &self.engine.mem;
+        let kv = mem
+            .kv
+            .as_ref()
+            .map_or(0, |k| k.page_stats_of(seqs.iter().copied()).bytes);
+        let rec = mem.recurrent.as_ref().map_or(0, |r| {
+            let engine = seqs
+                .iter()
+                .flat_map(|&s| r.checkpoints(s).unwrap_or_default());
+            let pinned = seqs.iter().flat_map(|&s| &self.pinned[s]);
+            r.resident_bytes_of(seqs.iter().copied())
+                + distinct_checkpoint_bytes(engine.chain(pinned))
+        });
+        kv + rec
+    }
+
+    /// Bytes the parked sequences hold beyond what the running ones do:
+    /// what clearing all of them would free. A fork shares its source's
+    /// memory until it writes, so parked conversations with a common
+    /// prefix take that prefix once, not once each.
+    pub(super) fn cache_footprint(&self) -> usize {
+        let running: Vec<SeqId> = (0..self.busy.len()).filter(|&s| self.busy[s]).collect();
+        let mut all = running.clone();
+        all.extend(self.cache.seqs());
+        self.footprint(&all)
+            .saturating_sub(self.footprint(&running))
+    }
+
+    /// Recomputes [`Worker::cached_bytes`] after the cache changed.
+    pub(super) fn refresh_cache_bytes(&mut self) {
+        self.cached_bytes = self.cache_footprint();
+        metrics::set(&self.metrics.cached_bytes, self.cached_bytes);
+    }
+
+    /// Gives slot `s` back: parked in the cache (`keep`) or cleared.
+    pub(super) fn release(&mut self, s: SeqId, keep: bool) {
+        self.busy[s] = false;
+        let tokens = match self.engine.mem.seq_tokens(s) {
+            Ok(t) if keep && !t.is_empty() => t.to_vec(),
+            _ => {
+                let _ = self.engine.seq_clear(s);
+                self.pinned[s].clear();
+                self.refresh_cache_bytes();
+                return;
+            }
+        };
+        self.cache.insert(s, &tokens);
+        // Evicting a sequence frees only what nothing else shares, so the
+        // total is measured again after each one.
+        self.refresh_cache_bytes();
+        while self.cached_bytes > self.cfg.cache_bytes {
+            let Some(victim) = self.cache.lru(None) else {
+                break;
+            };
+            self.evict(victim);
+        }
+    }
+
+    pub(super) fn evict(&mut self, s: SeqId) {
+        self.cache.remove(s);
+        let _ = self.engine.seq_clear(s);
+        self.pinned[s].clear();
+        metrics::add(&self.metrics.cache_evictions, 1);
+        self.refresh_cache_bytes();
+    }
+
+    /// A slot neither running nor parked.
+    pub(super) fn unused_slot(&self) -> Option<SeqId> {
+        (0..self.busy.len()).find(|&s| !self.busy[s] && !self.cache.contains(s))
+    }
+
+    /// An unused slot, evicting the least recently used parked sequence
+    /// (other than `keep`) when there is none.
+    pub(super) fn take_slot(&mut self, keep: Option<SeqId>) -> Option<SeqId> {
+        if let Some(s) = self.unused_slot() {
+            return Some(s);
+        }
+        let victim = self.cache.lru(keep)?;
+        self.evict(victim);
+        Some(victim)
+    }
+}

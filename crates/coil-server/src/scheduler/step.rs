@@ -1,0 +1,126 @@
+//! One batched forward pass over every active request: plan what each
+//! request feeds (a prompt chunk within the step's token budget, or its
+//! last sampled token), run it through the engine, and hand the logits to
+//! [`super::finish`].
+
+use super::{Event, Worker};
+use crate::metrics;
+use coil::engine::BatchEntry;
+use coil::models::LogitRows;
+use std::time::Instant;
+
+/// One request's part of a step.
+pub(super) struct Planned {
+    /// Index in `Worker::active`.
+    pub(super) active: usize,
+    pub(super) tokens: Vec<u32>,
+    pub(super) rows: LogitRows,
+    /// A prompt chunk (else one generated token).
+    pub(super) is_prompt: bool,
+}
+
+impl Worker {
+    /// One batched forward pass over every active request.
+    pub(super) fn step(&mut self) {
+        let plan = self.plan();
+        if plan.is_empty() {
+            return;
+        }
+        let entries: Vec<BatchEntry> = plan
+            .iter()
+            .map(|p| BatchEntry {
+                seq: self.active[p.active].seq,
+                tokens: &p.tokens,
+                logits: p.rows,
+            })
+            .collect();
+        let t0 = Instant::now();
+        let result = self.engine.decode_batch(&entries);
+        let secs = t0.elapsed().as_secs_f64();
+        drop(entries);
+        metrics::add(&self.metrics.decode_steps, 1);
+        metrics::add(&self.metrics.busy_us, (secs * 1e6) as usize);
+        let logits = match result {
+            Ok(l) => l,
+            Err(e) => return self.fail(&plan, &e.to_string()),
+        };
+        self.count_rates(&plan, secs);
+        self.after_step(plan, logits);
+    }
+
+    /// What each active request feeds this step: its sampled token, or the
+    /// next chunk of its prompt while the step's prompt budget lasts.
+    fn plan(&self) -> Vec<Planned> {
+        let mut budget = self.cfg.prefill_chunk;
+        let mut plan = Vec::new();
+        for (i, a) in self.active.iter().enumerate() {
+            if let Some(t) = a.next {
+                plan.push(Planned {
+                    active: i,
+                    tokens: vec![t],
+                    rows: LogitRows::Last,
+                    is_prompt: false,
+                });
+            } else if a.done < a.prompt.len() && budget > 0 {
+                // The last prompt token goes in a call of its own, so that a
+                // checkpoint lands right before it: the same prompt sent
+                // again then reuses all but that token.
+                let n = a.prompt.len();
+                let mut target = if a.done + 1 < n { n - 1 } else { n };
+                // End a call at the next mark: a checkpoint lands there.
+                if let Some(&m) = a.marks.iter().find(|&&m| m > a.done && m < target) {
+                    target = m;
+                }
+                let take = (target - a.done).min(budget);
+                budget -= take;
+                let end = a.done + take == n;
+                let rows = if end && a.max_tokens > 0 {
+                    LogitRows::Last
+                } else {
+                    LogitRows::None
+                };
+                plan.push(Planned {
+                    active: i,
+                    tokens: a.prompt[a.done..a.done + take].to_vec(),
+                    rows,
+                    is_prompt: true,
+                });
+            }
+        }
+        plan
+    }
+
+    /// A failed pass may leave its sequences half-advanced: fail those
+    /// requests and clear their slots.
+    fn fail(&mut self, plan: &[Planned], err: &str) {
+        let msg = format!("the model failed: {err}");
+        let mut idx: Vec<usize> = plan.iter().map(|p| p.active).collect();
+        idx.sort_unstable();
+        for &i in idx.iter().rev() {
+            let a = self.active.remove(i);
+            metrics::add(&self.metrics.requests_failed, 1);
+            let _ = a.events.send(Event::Error(msg.clone()));
+            self.release(a.seq, false);
+        }
+    }
+
+    /// Steps that processed prompt tokens count for the prompt speed;
+    /// steps that only generated count for the generation speed.
+    fn count_rates(&mut self, plan: &[Planned], secs: f64) {
+        let n_prompt: usize = plan
+            .iter()
+            .filter(|p| p.is_prompt)
+            .map(|p| p.tokens.len())
+            .sum();
+        if n_prompt > 0 {
+            self.rates.prompt += n_prompt;
+            self.rates.prompt_secs += secs;
+        } else {
+            self.rates.gen += plan.len();
+            self.rates.gen_secs += secs;
+        }
+        if self.rates.prompt_secs + self.rates.gen_secs >= 1.0 {
+            self.publish_rates();
+        }
+    }
+}
