@@ -14,6 +14,9 @@
 //!   untimed, and every run starts from a fork of that context instead of
 //!   an empty sequence (a fork shares the context's memory until it writes,
 //!   so it costs no copy).
+//! - `--parallel 1,2,4,8` (llama.cpp's `llama-batched-bench`): N sequences
+//!   at once, prompts in one call and one token of each per generation step
+//!   (see [`super::bench_parallel`]).
 
 use super::common::ModelArgs;
 use anyhow::{bail, Result};
@@ -53,6 +56,10 @@ pub struct Args {
     /// Print one JSON object instead of a table.
     #[arg(long = "json")]
     json: bool,
+    /// Sequences decoding together, e.g. `1,2,4,8`: prompt and generation
+    /// tokens/s with N sequences per step (best of the repetitions).
+    #[arg(long = "parallel", value_delimiter = ',')]
+    parallel: Vec<usize>,
 }
 
 /// Mean and sample standard deviation of tokens/s over repetitions.
@@ -208,6 +215,9 @@ pub fn run(a: Args) -> Result<()> {
     }
     let mut margs = a.model.clone();
     margs.ctx = margs.ctx.max(a.depth + a.n_prompt.max(a.n_gen));
+    if !a.parallel.is_empty() {
+        return run_parallel(&a, &margs);
+    }
     let t_load = Instant::now();
     let mut engine = margs.load(if a.depth > 0 { 2 } else { 1 }, a.ubatch)?;
     let load_secs = t_load.elapsed().as_secs_f64();
@@ -314,5 +324,30 @@ pub fn run(a: Args) -> Result<()> {
     if let Some(rss) = peak_rss_bytes() {
         eprintln!("peak RSS: {:.1} MiB", rss as f64 / (1u64 << 20) as f64);
     }
+    Ok(())
+}
+
+/// `--parallel`: N sequences decoding together.
+fn run_parallel(a: &Args, margs: &super::common::ModelArgs) -> Result<()> {
+    if a.depth > 0 {
+        bail!("--parallel does not take a depth (-d)");
+    }
+    let n_max = a.parallel.iter().copied().max().unwrap_or(1).max(1);
+    let mut margs = margs.clone();
+    margs.ctx = margs.ctx.max(a.n_prompt + a.n_gen);
+    let mut engine = margs.load(n_max, a.ubatch)?;
+    let (_, _, ftype) = model_totals(&engine.file);
+    let model_type = format!("{} {ftype}", engine.model.info().arch);
+    let threads = engine.pool.n_threads();
+    let rows = super::bench_parallel::measure(
+        &mut engine,
+        &a.parallel,
+        a.n_prompt,
+        a.n_gen,
+        a.reps,
+        !a.no_warmup,
+        a.seed,
+    )?;
+    super::bench_parallel::print(&rows, &model_type, threads, a.n_prompt, a.n_gen, a.json);
     Ok(())
 }

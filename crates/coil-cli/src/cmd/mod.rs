@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod bench_parallel;
 pub mod chat;
 pub mod common;
 pub mod convert;

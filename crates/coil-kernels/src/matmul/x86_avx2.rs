@@ -5,6 +5,8 @@ use super::{ActKind, SimdLevel, VecKernel};
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 
+mod multi;
+
 pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
     use ActKind::*;
     // SAFETY (all): selected only when the CPU has AVX2+FMA+F16C.
@@ -12,26 +14,36 @@ pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
         GgmlType::F32 => VecKernel::Float(|r, x| unsafe { dot_f32(r, x) }),
         GgmlType::F16 => VecKernel::Float(|r, x| unsafe { dot_f16(r, x) }),
         GgmlType::BF16 => VecKernel::Float(|r, x| unsafe { dot_bf16(r, x) }),
-        GgmlType::Q8_0 => {
-            VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_q8_0(r, q, d, s) }, None)
-        }
-        GgmlType::Q4_0 => {
-            VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_q4_0(r, q, d, s) }, None)
-        }
-        GgmlType::IQ4_NL => {
-            VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_iq4_nl(r, q, d, s) }, None)
-        }
+        GgmlType::Q8_0 => VecKernel::Quant(
+            Q8_0,
+            |r, q, d, s| unsafe { dot_q8_0(r, q, d, s) },
+            Some(|r, q, d, s| unsafe { multi::dot4_q8_0(r, q, d, s) }),
+        ),
+        GgmlType::Q4_0 => VecKernel::Quant(
+            Q8_0,
+            |r, q, d, s| unsafe { dot_q4_0(r, q, d, s) },
+            Some(|r, q, d, s| unsafe { multi::dot4_q4_0(r, q, d, s) }),
+        ),
+        GgmlType::IQ4_NL => VecKernel::Quant(
+            Q8_0,
+            |r, q, d, s| unsafe { dot_iq4_nl(r, q, d, s) },
+            Some(|r, q, d, s| unsafe { multi::dot4_iq4_nl(r, q, d, s) }),
+        ),
         GgmlType::Q4_K => VecKernel::Quant(
             Q8K,
             |r, q, d, s| unsafe { dot_k45::<false>(r, q, d, s) },
-            None,
+            Some(|r, q, d, s| unsafe { multi::dot4_k45::<false>(r, q, d, s) }),
         ),
         GgmlType::Q5_K => VecKernel::Quant(
             Q8K,
             |r, q, d, s| unsafe { dot_k45::<true>(r, q, d, s) },
-            None,
+            Some(|r, q, d, s| unsafe { multi::dot4_k45::<true>(r, q, d, s) }),
         ),
-        GgmlType::Q6_K => VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_q6_k(r, q, d, s) }, None),
+        GgmlType::Q6_K => VecKernel::Quant(
+            Q8K,
+            |r, q, d, s| unsafe { dot_q6_k(r, q, d, s) },
+            Some(|r, q, d, s| unsafe { multi::dot4_q6_k(r, q, d, s) }),
+        ),
         GgmlType::IQ4_XS => {
             VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_iq4_xs(r, q, d, s) }, None)
         }
