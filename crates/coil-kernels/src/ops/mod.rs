@@ -9,6 +9,7 @@ pub mod norm;
 pub mod rope;
 pub mod ssd;
 pub mod ssm;
+mod ssm_move;
 pub mod topk;
 
 pub use act::*;

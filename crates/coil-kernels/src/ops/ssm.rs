@@ -102,10 +102,23 @@ fn m2_head(
         let ct = &c[t * ldbc + g * n..t * ldbc + (g + 1) * n];
         let dh = d.map_or(0.0, |d| d[h]);
         let src = if t == 0 { from } else { None };
+        // One token moving the state to a new buffer: stream the new rows
+        // there (no read of the uncached destination; see `ssm_move`).
+        let stream = src.is_some() && n_tokens == 1 && super::ssm_move::usable(state, n);
         for p in 0..p_dim {
             let xv = x[t * ldx + h * p_dim + p];
             let xdt = xv * dth;
             let s = &mut state[p * n..(p + 1) * n];
+            if let (true, Some(f)) = (stream, src) {
+                // SAFETY: `usable` checked AVX2, the row length and alignment.
+                let sum = unsafe {
+                    super::ssm_move::move_row(s, &f[p * n..(p + 1) * n], bt, ct, da, xdt)
+                };
+                let yv = sum + 0f32 + dh * xv;
+                // SAFETY: (t, h, p) belongs to this head only.
+                unsafe { *y.add((t * hn + h) * p_dim + p) = yv };
+                continue;
+            }
             if let Some(f) = src {
                 s.copy_from_slice(&f[p * n..(p + 1) * n]);
             }
@@ -164,6 +177,10 @@ fn m2_heads(
         // before each row is updated, so the update finds it in L1.
         let f = from.map(|f| &f[h * hs..(h + 1) * hs]);
         m2_head(dims, h, f, st, x, ldx, b, c, ldbc, dt, a, d, y, n_tokens);
+    }
+    if from.is_some() {
+        // Streamed stores (see `ssm_move`) are ordered before the hand-back.
+        super::ssm_move::fence();
     }
 }
 
@@ -445,7 +462,15 @@ pub(crate) mod tests {
     pub(crate) fn mamba2_matches_naive_and_steps() {
         let pool = ThreadPool::new(2);
         let mut rng = Rng::new(11);
-        for &(hn, p, g, n, t) in &[(4, 3, 2, 5, 7), (6, 16, 3, 32, 3), (2, 8, 1, 17, 1)] {
+        // The last two: one token, rows of whole 16-lane steps (the state
+        // moving to a new buffer with streaming stores, `ssm_move`).
+        for &(hn, p, g, n, t) in &[
+            (4, 3, 2, 5, 7),
+            (6, 16, 3, 32, 3),
+            (2, 8, 1, 17, 1),
+            (4, 8, 2, 32, 1),
+            (2, 4, 1, 128, 1),
+        ] {
             let dims = Mamba2Dims {
                 n_head: hn,
                 head_dim: p,
