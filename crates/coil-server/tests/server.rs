@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::{start, start_arch, start_tight, start_with_budget, start_with_template, TestServer};
+use common::{
+    start, start_any, start_arch, start_tight, start_with_budget, start_with_template, TestServer,
+};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::time::{Duration, Instant};
@@ -726,8 +728,11 @@ fn sixteen_concurrent_clients_match_requests_alone_on_every_architecture() {
         "falcon_h1",
         "nemotron_h",
         "nemotron_h_moe",
+        "qwen35_tiny",
+        "qwen35moe_tiny",
+        "qwen3next_tiny",
     ] {
-        let alone_server = start_arch(arch, 1, 0, 256);
+        let alone_server = start_any(arch, 1, 0, 256);
         let alone: Vec<String> = prompts
             .iter()
             .map(|p| {
@@ -737,7 +742,7 @@ fn sixteen_concurrent_clients_match_requests_alone_on_every_architecture() {
                     .to_string()
             })
             .collect();
-        let s = start_arch(arch, 16, 0, 256);
+        let s = start_any(arch, 16, 0, 256);
         let threads: Vec<_> = prompts
             .iter()
             .map(|p| {

@@ -62,6 +62,22 @@ pub fn start_arch(arch: &str, parallel: usize, cache: usize, ctx: usize) -> Test
     start_engine(engine, parallel)
 }
 
+/// A server on a fixture under `tests/fixtures/models/<arch>/model.f16.gguf`
+/// or, for a name ending in `_tiny`, the parity fixture
+/// `tests/fixtures/parity/<name>/model.gguf` (the Gated DeltaNet models).
+pub fn start_any(name: &str, parallel: usize, cache: usize, ctx: usize) -> TestServer {
+    let path = if name.ends_with("_tiny") {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/parity")
+            .join(name)
+            .join("model.gguf")
+    } else {
+        fixture(name)
+    };
+    let engine = Engine::load(path, options(parallel, cache, ctx)).expect("load");
+    start_engine(engine, parallel)
+}
+
 /// The Granite fixture with `tokenizer.chat_template` set to `template`
 /// (the file rewritten in memory).
 pub fn start_with_template(template: &str, parallel: usize, ctx: usize) -> TestServer {
