@@ -1,10 +1,12 @@
 //! HTTP routes: `POST /v1/completions`, `POST /v1/chat/completions`
-//! (streamed as server-sent events or not), `GET /v1/models`, `GET /health`,
-//! `GET /metrics`.
+//! (streamed as server-sent events or not), `POST /apply-template`,
+//! `GET /v1/models`, `GET /health`, `GET /metrics`.
 
+use crate::api::ToolChoice;
 use crate::api::{self, ApiError, ChatRequest, CompletionRequest, Prompt, ResponseMeta};
 use crate::scheduler::{Event, GenRequest, Scheduler};
-use crate::template::ChatTemplate;
+use crate::template::tool_calls::{self, Delta, StreamParser};
+use crate::template::{ChatTemplate, TemplateVars};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
@@ -83,6 +85,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/chat/completions", post(chat_completions))
+        .route("/apply-template", post(apply_template))
         .route("/v1/models", get(models))
         .route("/models", get(models))
         .route("/health", get(health))
@@ -137,6 +140,9 @@ struct Job {
     stop_at_eos: bool,
     stream: bool,
     include_usage: bool,
+    /// Reads tool calls and reasoning out of a chat reply (`None`: the
+    /// reply is its raw text).
+    parser: Option<StreamParser>,
 }
 
 /// The prompt plus the completion must fit the context; an absent
@@ -234,6 +240,7 @@ fn completion_job(st: &ServerState, req: CompletionRequest) -> Result<Job, ApiEr
         stop_at_eos: !req.sampling.ignore_eos,
         stream: req.sampling.stream,
         include_usage: req.sampling.include_usage(),
+        parser: None,
     })
 }
 
@@ -250,6 +257,20 @@ async fn chat_completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Re
     run_job(&st, job, meta, Kind::Chat).await
 }
 
+/// `POST /apply-template` (llama-server's): a chat request's body, answered
+/// with `{"prompt": TEXT}`, the rendered prompt, without generating.
+async fn apply_template(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let rendered = api::parse_body::<ChatRequest>(&body).and_then(|req| {
+        let messages = api::normalise_messages(&req.messages)?;
+        let vars = req.template_vars()?;
+        render_chat(&st.template, &messages, &vars)
+    });
+    match rendered {
+        Ok(prompt) => Json(json!({ "prompt": prompt })).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
 /// Renders chat messages with the template and tokenizes them (special
 /// token texts become their tokens; BOS is added when the vocabulary asks
 /// for it and the template did not write it).
@@ -257,12 +278,22 @@ pub fn chat_prompt(
     template: &ChatTemplate,
     tokenizer: &Tokenizer,
     messages: &[Value],
-    tools: Option<&Value>,
+    vars: &TemplateVars,
 ) -> Result<Vec<u32>, ApiError> {
-    let text = template
-        .render_with_tools(messages, tools, true)
-        .map_err(|e| ApiError::bad_request(e.to_string()).with_param("messages"))?;
+    let text = render_chat(template, messages, vars)?;
     Ok(encode_rendered(template, tokenizer, &text))
+}
+
+/// The prompt text of a chat (with the assistant's header); a template
+/// that fails is the request's fault (400), naming the message and line.
+pub fn render_chat(
+    template: &ChatTemplate,
+    messages: &[Value],
+    vars: &TemplateVars,
+) -> Result<String, ApiError> {
+    template
+        .render(messages, vars, true)
+        .map_err(|e| ApiError::bad_request(e.to_string()).with_param("messages"))
 }
 
 /// Tokenizes a rendered chat text: special token texts become their
@@ -289,7 +320,7 @@ pub fn message_ends(
     template: &ChatTemplate,
     tokenizer: &Tokenizer,
     messages: &[Value],
-    tools: Option<&Value>,
+    vars: &TemplateVars,
     prompt: &[u32],
 ) -> Vec<usize> {
     let n = messages.len();
@@ -298,7 +329,7 @@ pub fn message_ends(
     ks.dedup();
     let mut marks = Vec::new();
     for k in ks {
-        let Ok(text) = template.render_with_tools(&messages[..k], tools, false) else {
+        let Ok(text) = template.render(&messages[..k], vars, false) else {
             continue;
         };
         let toks = encode_rendered(template, tokenizer, &text);
@@ -313,14 +344,16 @@ pub fn message_ends(
 fn chat_job(st: &ServerState, req: ChatRequest) -> Result<Job, ApiError> {
     let params = req.sampling.params()?;
     let messages = api::normalise_messages(&req.messages)?;
-    let prompt = chat_prompt(&st.template, &st.tokenizer, &messages, req.tools.as_ref())?;
-    let marks = message_ends(
-        &st.template,
-        &st.tokenizer,
-        &messages,
-        req.tools.as_ref(),
-        &prompt,
-    );
+    let vars = req.template_vars()?;
+    let tool_choice = req.tool_choice()?;
+    let text = render_chat(&st.template, &messages, &vars)?;
+    let prompt = encode_rendered(&st.template, &st.tokenizer, &text);
+    let read_tools = vars
+        .tools
+        .as_ref()
+        .filter(|_| tool_choice == ToolChoice::Auto);
+    let parser = StreamParser::new(st.template.output_format, &text, read_tools);
+    let marks = message_ends(&st.template, &st.tokenizer, &messages, &vars, &prompt);
     if prompt.is_empty() {
         return Err(
             ApiError::bad_request("the rendered chat prompt is empty").with_param("messages")
@@ -342,6 +375,7 @@ fn chat_job(st: &ServerState, req: ChatRequest) -> Result<Job, ApiError> {
         stop_at_eos: !req.sampling.ignore_eos,
         stream: req.sampling.stream,
         include_usage: req.sampling.include_usage(),
+        parser: parser.is_active().then_some(parser),
     })
 }
 
@@ -365,8 +399,9 @@ async fn run_job(st: &ServerState, job: Job, meta: ResponseMeta, kind: Kind) -> 
     if !submitted {
         return ApiError::unavailable("the engine has stopped").into_response();
     }
+    let mut parser = job.parser;
     if job.stream {
-        let sse = Sse::new(event_stream(rx, meta, kind, job.include_usage));
+        let sse = Sse::new(event_stream(rx, meta, kind, job.include_usage, parser));
         return sse.keep_alive(KeepAlive::default()).into_response();
     }
     let mut text = String::new();
@@ -376,7 +411,22 @@ async fn run_job(st: &ServerState, job: Job, meta: ResponseMeta, kind: Kind) -> 
             Event::Done { finish, usage } => {
                 let body = match kind {
                     Kind::Completion => api::completion(&meta, &text, finish, &usage),
-                    Kind::Chat => api::chat_completion(&meta, &text, finish, &usage),
+                    Kind::Chat => {
+                        let parsed = match parser.as_mut() {
+                            Some(p) => {
+                                let mut deltas = p.push(&text);
+                                deltas.extend(p.finish());
+                                tool_calls::collect(deltas)
+                            }
+                            None => tool_calls::Parsed {
+                                content: Some(text),
+                                ..Default::default()
+                            },
+                        };
+                        let message = api::assistant_message(&parsed, |i| call_id(&meta, i));
+                        let finish = api::chat_finish(finish, !parsed.tool_calls.is_empty());
+                        api::chat_completion(&meta, message, finish, &usage)
+                    }
                 };
                 return Json(body).into_response();
             }
@@ -393,6 +443,15 @@ struct StreamState {
     include_usage: bool,
     out: VecDeque<String>,
     ended: bool,
+    parser: Option<StreamParser>,
+    /// Tool calls streamed so far.
+    n_calls: usize,
+}
+
+/// The id of a reply's `i`-th tool call.
+fn call_id(meta: &ResponseMeta, i: usize) -> String {
+    let tail = meta.id.rsplit('-').next().unwrap_or_default();
+    format!("call_{tail}_{i}")
 }
 
 /// Server-sent events in OpenAI's chunk format, ending with `[DONE]`.
@@ -403,6 +462,7 @@ fn event_stream(
     meta: ResponseMeta,
     kind: Kind,
     include_usage: bool,
+    parser: Option<StreamParser>,
 ) -> impl Stream<Item = Result<sse::Event, Infallible>> {
     let mut out = VecDeque::new();
     if kind == Kind::Chat {
@@ -416,6 +476,8 @@ fn event_stream(
         include_usage,
         out,
         ended: false,
+        parser,
+        n_calls: 0,
     };
     stream::unfold(st, |mut st| async move {
         loop {
@@ -443,17 +505,31 @@ impl StreamState {
             Kind::Chat => "chat.completion.chunk",
         };
         match ev {
-            Event::Text(t) => {
-                let chunk = match self.kind {
-                    Kind::Completion => api::completion_chunk(&self.meta, &t, None),
-                    Kind::Chat => api::chat_chunk(&self.meta, json!({ "content": t }), None),
-                };
-                self.out.push_back(chunk.to_string());
-            }
+            Event::Text(t) => match (self.kind, self.parser.as_mut()) {
+                (Kind::Completion, _) => {
+                    let chunk = api::completion_chunk(&self.meta, &t, None);
+                    self.out.push_back(chunk.to_string());
+                }
+                (Kind::Chat, None) => {
+                    let chunk = api::chat_chunk(&self.meta, json!({ "content": t }), None);
+                    self.out.push_back(chunk.to_string());
+                }
+                (Kind::Chat, Some(p)) => {
+                    let deltas = p.push(&t);
+                    self.push_deltas(deltas);
+                }
+            },
             Event::Done { finish, usage } => {
+                if let Some(p) = self.parser.as_mut() {
+                    let deltas = p.finish();
+                    self.push_deltas(deltas);
+                }
                 let last = match self.kind {
                     Kind::Completion => api::completion_chunk(&self.meta, "", Some(finish)),
-                    Kind::Chat => api::chat_chunk(&self.meta, json!({}), Some(finish)),
+                    Kind::Chat => {
+                        let f = api::chat_finish(finish, self.n_calls > 0);
+                        api::chat_chunk(&self.meta, json!({}), Some(f))
+                    }
                 };
                 self.out.push_back(last.to_string());
                 if self.include_usage {
@@ -468,6 +544,24 @@ impl StreamState {
                 self.out.push_back("[DONE]".into());
                 self.ended = true;
             }
+        }
+    }
+
+    /// Chat chunks for parsed pieces of the reply.
+    fn push_deltas(&mut self, deltas: Vec<Delta>) {
+        for d in deltas {
+            let delta = match d {
+                Delta::Content(t) => json!({ "content": t }),
+                Delta::Reasoning(t) => json!({ "reasoning_content": t }),
+                Delta::ToolCall(c) => {
+                    let i = self.n_calls;
+                    self.n_calls += 1;
+                    let call = api::tool_call_json(&c, &call_id(&self.meta, i), Some(i));
+                    json!({ "tool_calls": [call] })
+                }
+            };
+            let chunk = api::chat_chunk(&self.meta, delta, None);
+            self.out.push_back(chunk.to_string());
         }
     }
 }

@@ -1,11 +1,26 @@
 //! Chat templates: the model's Jinja template from GGUF
-//! (`tokenizer.chat_template`) rendered with minijinja the way Hugging Face
-//! renders it (trim_blocks, lstrip_blocks, Python string methods,
-//! `raise_exception`, `strftime_now`), or ChatML when the file has none.
+//! (`tokenizer.chat_template`, or a file given to `coil serve
+//! --chat-template`) rendered as transformers' `apply_chat_template`
+//! renders it (see [`env`] for the Jinja2 compatibility), or ChatML when
+//! the file has none.
+//!
+//! The template sees what transformers gives it: `messages` (an assistant
+//! message's reasoning under `reasoning_content` and `thinking`, whichever
+//! name the request used), `tools` (none when the request has none),
+//! `documents` (none), `add_generation_prompt`, `bos_token`, `eos_token`,
+//! and the request's `chat_template_kwargs` (`enable_thinking`, ...).
+
+mod env;
+pub mod python;
+mod strftime;
+pub mod tool_calls;
+
+pub use env::Clock;
 
 use coil::tokenizer::Tokenizer;
 use coil_gguf::GgufFile;
-use minijinja::{Environment, Error, ErrorKind, Value};
+use minijinja::{Environment, Error, Value};
+use serde_json::Map;
 
 /// ChatML, what llama.cpp falls back to.
 pub const DEFAULT_TEMPLATE: &str = "{% for message in messages %}\
@@ -13,12 +28,45 @@ pub const DEFAULT_TEMPLATE: &str = "{% for message in messages %}\
 {% endfor %}\
 {% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
+/// Names the template's context has already; `chat_template_kwargs` may
+/// not replace them.
+pub const RESERVED: [&str; 4] = ["messages", "tools", "documents", "add_generation_prompt"];
+
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {
     #[error("the chat template does not compile: {0}")]
     Compile(String),
-    #[error("the chat template failed on these messages: {0}")]
-    Render(String),
+    #[error("the chat template failed{}{}: {detail}",
+        line.map(|l| format!(" at template line {l}")).unwrap_or_default(),
+        message.as_ref().map(|(i, role)| format!(" on messages[{i}] (role {role})")).unwrap_or_default())]
+    Render {
+        /// What went wrong (the template's own `raise_exception` text, or
+        /// minijinja's error with the template line).
+        detail: String,
+        /// The template line that failed.
+        line: Option<usize>,
+        /// The first message whose presence makes the template fail: its
+        /// index and role.
+        message: Option<(usize, String)>,
+    },
+}
+
+/// What a chat request gives the template besides its messages.
+#[derive(Clone, Debug, Default)]
+pub struct TemplateVars {
+    /// Function definitions (`tools`), as the request has them.
+    pub tools: Option<serde_json::Value>,
+    /// Extra variables: `chat_template_kwargs`, `reasoning_effort`.
+    pub kwargs: Map<String, serde_json::Value>,
+}
+
+impl TemplateVars {
+    pub fn with_tools(tools: Option<serde_json::Value>) -> Self {
+        TemplateVars {
+            tools,
+            ..Default::default()
+        }
+    }
 }
 
 pub struct ChatTemplate {
@@ -31,12 +79,16 @@ pub struct ChatTemplate {
     /// end-of-generation tokens (ChatML's `<|im_end|>` when the vocabulary
     /// has no such token).
     pub extra_stops: Vec<String>,
+    /// How the model writes tool calls and reasoning, read from the
+    /// template's text.
+    pub output_format: tool_calls::OutputFormat,
 }
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ChatTemplate")
             .field("from_model", &self.from_model)
+            .field("output_format", &self.output_format)
             .finish_non_exhaustive()
     }
 }
@@ -74,55 +126,116 @@ impl ChatTemplate {
         bos_token: String,
         eos_token: String,
     ) -> Result<Self, TemplateError> {
-        let mut env = Environment::new();
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", raise_exception);
-        env.add_function("strftime_now", strftime_now);
-        env.add_template_owned("chat", source.to_string())
-            .map_err(|e| TemplateError::Compile(describe(&e)))?;
+        let env =
+            env::build(source, Clock::System).map_err(|e| TemplateError::Compile(describe(&e)))?;
         Ok(ChatTemplate {
             env,
             from_model: true,
             bos_token,
             eos_token,
             extra_stops: Vec::new(),
+            output_format: tool_calls::OutputFormat::detect(source),
         })
     }
 
-    /// Renders `messages` (JSON objects with `role` and string `content`),
+    /// Where `strftime_now` reads the time (the system clock by default).
+    pub fn set_clock(&mut self, clock: Clock) {
+        env::set_clock(&mut self.env, clock);
+    }
+
+    /// Renders `messages` (JSON objects with `role`, string `content` and
+    /// maybe `tool_calls` with object `arguments`, `reasoning_content`),
     /// ending with the assistant's header when `add_generation_prompt`.
     pub fn render(
         &self,
         messages: &[serde_json::Value],
+        vars: &TemplateVars,
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
-        self.render_with_tools(messages, None, add_generation_prompt)
+        match self.try_render(messages, vars, add_generation_prompt) {
+            Ok(s) => Ok(s),
+            Err(e) => Err(self.locate(e, messages, vars)),
+        }
     }
 
-    /// Renders with the request's `tools` (function definitions), for
-    /// templates that describe them to the model.
-    pub fn render_with_tools(
+    fn try_render(
         &self,
         messages: &[serde_json::Value],
-        tools: Option<&serde_json::Value>,
+        vars: &TemplateVars,
         add_generation_prompt: bool,
-    ) -> Result<String, TemplateError> {
-        let tmpl = self
-            .env
-            .get_template("chat")
-            .map_err(|e| TemplateError::Compile(describe(&e)))?;
-        let ctx = minijinja::context! {
-            messages => Value::from_serialize(messages),
-            add_generation_prompt => add_generation_prompt,
-            bos_token => self.bos_token.as_str(),
-            eos_token => self.eos_token.as_str(),
-            tools => tools.map_or(Value::from(()), Value::from_serialize),
-        };
-        tmpl.render(ctx)
-            .map_err(|e| TemplateError::Render(describe(&e)))
+    ) -> Result<String, Error> {
+        let tmpl = self.env.get_template(env::NAME)?;
+        let mut ctx = Map::new();
+        for (k, v) in &vars.kwargs {
+            if !RESERVED.contains(&k.as_str()) {
+                ctx.insert(k.clone(), v.clone());
+            }
+        }
+        ctx.entry("bos_token")
+            .or_insert_with(|| self.bos_token.clone().into());
+        ctx.entry("eos_token")
+            .or_insert_with(|| self.eos_token.clone().into());
+        let messages: Vec<serde_json::Value> = messages.iter().map(alias_reasoning).collect();
+        ctx.insert("messages".into(), messages.into());
+        ctx.insert(
+            "tools".into(),
+            vars.tools.clone().unwrap_or(serde_json::Value::Null),
+        );
+        ctx.insert("documents".into(), serde_json::Value::Null);
+        ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
+        tmpl.render(Value::from_serialize(&ctx))
     }
+
+    /// The error of a failed render, with the template line and the first
+    /// message whose presence makes the template fail the same way.
+    fn locate(
+        &self,
+        e: Error,
+        messages: &[serde_json::Value],
+        vars: &TemplateVars,
+    ) -> TemplateError {
+        let same = |other: &Error| other.kind() == e.kind() && other.detail() == e.detail();
+        let message = (1..=messages.len())
+            .find(|&k| {
+                self.try_render(&messages[..k], vars, false)
+                    .is_err_and(|x| same(&x))
+            })
+            .map(|k| {
+                let role = messages[k - 1]
+                    .get("role")
+                    .and_then(serde_json::Value::as_str)
+                    .unwrap_or("?");
+                (k - 1, role.to_string())
+            });
+        TemplateError::Render {
+            detail: describe(&e),
+            line: e.line(),
+            message,
+        }
+    }
+}
+
+/// transformers' `_alias_reasoning_fields`: an assistant message's
+/// reasoning, under whichever of `reasoning_content`, `thinking`,
+/// `reasoning` it came, is given to the template as `reasoning_content`
+/// and `thinking` (templates read one or the other).
+fn alias_reasoning(m: &serde_json::Value) -> serde_json::Value {
+    let Some(obj) = m.as_object() else {
+        return m.clone();
+    };
+    let reasoning = ["reasoning_content", "thinking", "reasoning"]
+        .iter()
+        .find_map(|k| obj.get(*k).filter(|v| !v.is_null()));
+    let Some(r) = reasoning else {
+        return m.clone();
+    };
+    let mut out = Map::new();
+    out.insert("thinking".into(), r.clone());
+    for (k, v) in obj {
+        out.insert(k.clone(), v.clone());
+    }
+    out.insert("reasoning_content".into(), r.clone());
+    serde_json::Value::Object(out)
 }
 
 fn describe(e: &Error) -> String {
@@ -134,104 +247,6 @@ fn describe(e: &Error) -> String {
         src = inner.source();
     }
     s
-}
-
-fn raise_exception(msg: String) -> Result<Value, Error> {
-    Err(Error::new(ErrorKind::InvalidOperation, msg))
-}
-
-/// `strftime_now(format)` in UTC, for templates that print today's date
-/// (`%Y %m %d %H %M %S %b %B %a %A %j %%` are understood).
-fn strftime_now(format: String) -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    strftime(format.as_str(), secs)
-}
-
-fn strftime(format: &str, unix_secs: u64) -> String {
-    const MONTHS: [&str; 12] = [
-        "January",
-        "February",
-        "March",
-        "April",
-        "May",
-        "June",
-        "July",
-        "August",
-        "September",
-        "October",
-        "November",
-        "December",
-    ];
-    const DAYS: [&str; 7] = [
-        "Thursday",
-        "Friday",
-        "Saturday",
-        "Sunday",
-        "Monday",
-        "Tuesday",
-        "Wednesday",
-    ];
-    let days = (unix_secs / 86_400) as i64;
-    let rem = unix_secs % 86_400;
-    let (y, m, d) = civil_from_days(days);
-    let yday = days - days_from_civil(y, 1, 1) + 1;
-    let weekday = DAYS[days.rem_euclid(7) as usize];
-    let month = MONTHS[(m - 1) as usize];
-    let mut out = String::new();
-    let mut chars = format.chars();
-    while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('Y') => out.push_str(&y.to_string()),
-            Some('m') => out.push_str(&format!("{m:02}")),
-            Some('d') => out.push_str(&format!("{d:02}")),
-            Some('H') => out.push_str(&format!("{:02}", rem / 3600)),
-            Some('M') => out.push_str(&format!("{:02}", rem / 60 % 60)),
-            Some('S') => out.push_str(&format!("{:02}", rem % 60)),
-            Some('b') => out.push_str(&month[..3]),
-            Some('B') => out.push_str(month),
-            Some('a') => out.push_str(&weekday[..3]),
-            Some('A') => out.push_str(weekday),
-            Some('j') => out.push_str(&format!("{yday:03}")),
-            Some('%') => out.push('%'),
-            Some(other) => {
-                out.push('%');
-                out.push(other);
-            }
-            None => out.push('%'),
-        }
-    }
-    out
-}
-
-/// Days since 1970-01-01 → (year, month, day) (Howard Hinnant's algorithm).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
-
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = (i64::from(m) + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 #[cfg(test)]
@@ -249,12 +264,16 @@ mod tests {
             json!({"role": "system", "content": "Be brief."}),
             json!({"role": "user", "content": "Hi"}),
         ];
-        let s = chatml().render(&msgs, true).unwrap();
+        let s = chatml()
+            .render(&msgs, &TemplateVars::default(), true)
+            .unwrap();
         assert_eq!(
             s,
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
         );
-        let s = chatml().render(&msgs[1..], false).unwrap();
+        let s = chatml()
+            .render(&msgs[1..], &TemplateVars::default(), false)
+            .unwrap();
         assert_eq!(s, "<|im_start|>user\nHi<|im_end|>\n");
     }
 
@@ -282,10 +301,14 @@ mod tests {
             json!({"role": "user", "content": " a "}),
             json!({"role": "assistant", "content": "b"}),
         ];
-        let s = t.render(&msgs, true).unwrap();
+        let s = t.render(&msgs, &TemplateVars::default(), true).unwrap();
         assert_eq!(s, "<s><|user|>a\n<|assistant|>b\n<|assistant|>");
         let err = t
-            .render(&[json!({"role": "robot", "content": "x"})], true)
+            .render(
+                &[json!({"role": "robot", "content": "x"})],
+                &TemplateVars::default(),
+                true,
+            )
             .unwrap_err();
         assert!(err.to_string().contains("bad role robot"), "{err}");
         assert!(ChatTemplate::from_source("{% if %}", String::new(), String::new()).is_err());
@@ -297,21 +320,14 @@ mod tests {
         let t = ChatTemplate::from_source(src, String::new(), String::new()).unwrap();
         let msgs = [json!({"role": "user", "content": "hi"})];
         let tools = json!([{"type": "function", "function": {"name": "get_time"}}]);
-        let s = t.render_with_tools(&msgs, Some(&tools), true).unwrap();
+        let s = t
+            .render(&msgs, &TemplateVars::with_tools(Some(tools)), true)
+            .unwrap();
         assert!(s.starts_with("[get_time] [{"), "{s}");
         assert!(s.ends_with("hi"));
-        assert_eq!(t.render(&msgs, true).unwrap(), "hi");
-    }
-
-    #[test]
-    fn strftime_formats_dates() {
-        // 2024-02-29 13:05:09 UTC, a Thursday.
-        let t = 1_709_211_909;
-        assert_eq!(strftime("%Y-%m-%d %H:%M:%S", t), "2024-02-29 13:05:09");
         assert_eq!(
-            strftime("%d %b %Y, %A (%j) %%", t),
-            "29 Feb 2024, Thursday (060) %"
+            t.render(&msgs, &TemplateVars::default(), true).unwrap(),
+            "hi"
         );
-        assert_eq!(civil_from_days(0), (1970, 1, 1));
     }
 }
