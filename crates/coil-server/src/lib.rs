@@ -10,6 +10,8 @@
 //!   prefix cache's use of fork and rollback.
 //! - [`prefix_cache`]: the radix tree over token ids with LRU eviction.
 //! - [`metrics`]: Prometheus counters.
+//! - [`reply`]: chat replies as OpenAI shapes them (content, reasoning,
+//!   tool calls; whole or streamed).
 //! - [`routes`]: the axum router.
 //!
 //! ```no_run
@@ -29,6 +31,7 @@
 pub mod api;
 pub mod metrics;
 pub mod prefix_cache;
+pub mod reply;
 pub mod routes;
 pub mod scheduler;
 pub mod template;

@@ -4,8 +4,9 @@
 
 use crate::api::ToolChoice;
 use crate::api::{self, ApiError, ChatRequest, CompletionRequest, Prompt, ResponseMeta};
+use crate::reply::ChatReply;
 use crate::scheduler::{Event, GenRequest, Scheduler};
-use crate::template::tool_calls::{self, Delta, StreamParser};
+use crate::template::tool_calls::StreamParser;
 use crate::template::{ChatTemplate, TemplateVars};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
@@ -399,9 +400,9 @@ async fn run_job(st: &ServerState, job: Job, meta: ResponseMeta, kind: Kind) -> 
     if !submitted {
         return ApiError::unavailable("the engine has stopped").into_response();
     }
-    let mut parser = job.parser;
+    let mut reply = ChatReply::new(job.parser);
     if job.stream {
-        let sse = Sse::new(event_stream(rx, meta, kind, job.include_usage, parser));
+        let sse = Sse::new(event_stream(rx, meta, kind, job.include_usage, reply));
         return sse.keep_alive(KeepAlive::default()).into_response();
     }
     let mut text = String::new();
@@ -411,22 +412,7 @@ async fn run_job(st: &ServerState, job: Job, meta: ResponseMeta, kind: Kind) -> 
             Event::Done { finish, usage } => {
                 let body = match kind {
                     Kind::Completion => api::completion(&meta, &text, finish, &usage),
-                    Kind::Chat => {
-                        let parsed = match parser.as_mut() {
-                            Some(p) => {
-                                let mut deltas = p.push(&text);
-                                deltas.extend(p.finish());
-                                tool_calls::collect(deltas)
-                            }
-                            None => tool_calls::Parsed {
-                                content: Some(text),
-                                ..Default::default()
-                            },
-                        };
-                        let message = api::assistant_message(&parsed, |i| call_id(&meta, i));
-                        let finish = api::chat_finish(finish, !parsed.tool_calls.is_empty());
-                        api::chat_completion(&meta, message, finish, &usage)
-                    }
+                    Kind::Chat => reply.body(&meta, text, finish, &usage),
                 };
                 return Json(body).into_response();
             }
@@ -443,15 +429,7 @@ struct StreamState {
     include_usage: bool,
     out: VecDeque<String>,
     ended: bool,
-    parser: Option<StreamParser>,
-    /// Tool calls streamed so far.
-    n_calls: usize,
-}
-
-/// The id of a reply's `i`-th tool call.
-fn call_id(meta: &ResponseMeta, i: usize) -> String {
-    let tail = meta.id.rsplit('-').next().unwrap_or_default();
-    format!("call_{tail}_{i}")
+    reply: ChatReply,
 }
 
 /// Server-sent events in OpenAI's chunk format, ending with `[DONE]`.
@@ -462,7 +440,7 @@ fn event_stream(
     meta: ResponseMeta,
     kind: Kind,
     include_usage: bool,
-    parser: Option<StreamParser>,
+    reply: ChatReply,
 ) -> impl Stream<Item = Result<sse::Event, Infallible>> {
     let mut out = VecDeque::new();
     if kind == Kind::Chat {
@@ -476,8 +454,7 @@ fn event_stream(
         include_usage,
         out,
         ended: false,
-        parser,
-        n_calls: 0,
+        reply,
     };
     stream::unfold(st, |mut st| async move {
         loop {
@@ -505,33 +482,19 @@ impl StreamState {
             Kind::Chat => "chat.completion.chunk",
         };
         match ev {
-            Event::Text(t) => match (self.kind, self.parser.as_mut()) {
-                (Kind::Completion, _) => {
-                    let chunk = api::completion_chunk(&self.meta, &t, None);
-                    self.out.push_back(chunk.to_string());
-                }
-                (Kind::Chat, None) => {
-                    let chunk = api::chat_chunk(&self.meta, json!({ "content": t }), None);
-                    self.out.push_back(chunk.to_string());
-                }
-                (Kind::Chat, Some(p)) => {
-                    let deltas = p.push(&t);
-                    self.push_deltas(deltas);
-                }
-            },
-            Event::Done { finish, usage } => {
-                if let Some(p) = self.parser.as_mut() {
-                    let deltas = p.finish();
-                    self.push_deltas(deltas);
-                }
-                let last = match self.kind {
-                    Kind::Completion => api::completion_chunk(&self.meta, "", Some(finish)),
-                    Kind::Chat => {
-                        let f = api::chat_finish(finish, self.n_calls > 0);
-                        api::chat_chunk(&self.meta, json!({}), Some(f))
-                    }
+            Event::Text(t) => {
+                let chunks = match self.kind {
+                    Kind::Completion => vec![api::completion_chunk(&self.meta, &t, None)],
+                    Kind::Chat => self.reply.chunks(&self.meta, &t),
                 };
-                self.out.push_back(last.to_string());
+                self.out.extend(chunks.iter().map(Value::to_string));
+            }
+            Event::Done { finish, usage } => {
+                let last = match self.kind {
+                    Kind::Completion => vec![api::completion_chunk(&self.meta, "", Some(finish))],
+                    Kind::Chat => self.reply.last_chunks(&self.meta, finish),
+                };
+                self.out.extend(last.iter().map(Value::to_string));
                 if self.include_usage {
                     self.out
                         .push_back(api::usage_chunk(&self.meta, object, &usage).to_string());
@@ -544,24 +507,6 @@ impl StreamState {
                 self.out.push_back("[DONE]".into());
                 self.ended = true;
             }
-        }
-    }
-
-    /// Chat chunks for parsed pieces of the reply.
-    fn push_deltas(&mut self, deltas: Vec<Delta>) {
-        for d in deltas {
-            let delta = match d {
-                Delta::Content(t) => json!({ "content": t }),
-                Delta::Reasoning(t) => json!({ "reasoning_content": t }),
-                Delta::ToolCall(c) => {
-                    let i = self.n_calls;
-                    self.n_calls += 1;
-                    let call = api::tool_call_json(&c, &call_id(&self.meta, i), Some(i));
-                    json!({ "tool_calls": [call] })
-                }
-            };
-            let chunk = api::chat_chunk(&self.meta, delta, None);
-            self.out.push_back(chunk.to_string());
         }
     }
 }

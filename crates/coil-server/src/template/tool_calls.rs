@@ -39,7 +39,7 @@ pub enum ToolSyntax {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OutputFormat {
     pub tools: ToolSyntax,
-    /// The template writes `<think>` blocks.
+    /// The template writes (or strips) `<think>` blocks.
     pub think: bool,
 }
 
@@ -59,7 +59,7 @@ impl OutputFormat {
         };
         OutputFormat {
             tools,
-            think: source.contains("<think>"),
+            think: source.contains(THINK_OPEN) || source.contains(THINK_CLOSE),
         }
     }
 

@@ -118,6 +118,19 @@ pub fn start_engine(engine: Engine, parallel: usize) -> TestServer {
 
 pub fn start_engine_cfg(engine: Engine, cfg: SchedulerConfig) -> TestServer {
     let server = Server::new(engine, cfg, "fixture".into()).expect("start the server");
+    serve(server)
+}
+
+/// The Granite fixture served with `chat_template` in place of its own
+/// (`coil serve --chat-template`).
+pub fn start_with_template_override(chat_template: &str, ctx: usize) -> TestServer {
+    let engine = Engine::load(fixture("granitemoehybrid"), options(1, 1, ctx)).expect("load");
+    let server = Server::with_template(engine, config(1), "fixture".into(), Some(chat_template))
+        .expect("start the server");
+    serve(server)
+}
+
+fn serve(server: Server) -> TestServer {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("address");
     listener.set_nonblocking(true).expect("nonblocking");
