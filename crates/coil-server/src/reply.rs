@@ -55,20 +55,20 @@ impl ChatReply {
             Some(p) => p.push(text),
             None => vec![Delta::Content(text.to_string())],
         };
-        self.to_chunks(meta, deltas)
+        self.delta_chunks(meta, deltas)
     }
 
     /// The last chunks: what the parser held back, then `{}` with the
     /// finish reason (`tool_calls` when the reply made some).
     pub fn last_chunks(&mut self, meta: &ResponseMeta, finish: FinishReason) -> Vec<Value> {
         let deltas = self.parser.as_mut().map(|p| p.finish()).unwrap_or_default();
-        let mut out = self.to_chunks(meta, deltas);
+        let mut out = self.delta_chunks(meta, deltas);
         let f = api::chat_finish(finish, self.n_calls > 0);
         out.push(api::chat_chunk(meta, json!({}), Some(f)));
         out
     }
 
-    fn to_chunks(&mut self, meta: &ResponseMeta, deltas: Vec<Delta>) -> Vec<Value> {
+    fn delta_chunks(&mut self, meta: &ResponseMeta, deltas: Vec<Delta>) -> Vec<Value> {
         deltas
             .into_iter()
             .map(|d| {
