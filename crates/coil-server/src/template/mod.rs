@@ -51,6 +51,10 @@ pub enum TemplateError {
     },
 }
 
+/// Conversations up to this long get the failing message named in a
+/// template error.
+const LOCATE_MAX_MESSAGES: usize = 256;
+
 /// What a chat request gives the template besides its messages.
 #[derive(Clone, Debug, Default)]
 pub struct TemplateVars {
@@ -195,7 +199,13 @@ impl ChatTemplate {
         vars: &TemplateVars,
     ) -> TemplateError {
         let same = |other: &Error| other.kind() == e.kind() && other.detail() == e.detail();
-        let message = (1..=messages.len())
+        // Each try renders a prefix: bounded work on huge conversations.
+        let n = if messages.len() <= LOCATE_MAX_MESSAGES {
+            messages.len()
+        } else {
+            0
+        };
+        let message = (1..=n)
             .find(|&k| {
                 self.try_render(&messages[..k], vars, false)
                     .is_err_and(|x| same(&x))
