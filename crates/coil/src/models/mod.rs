@@ -8,6 +8,7 @@ pub mod falcon_h1;
 pub mod granite_hybrid;
 pub mod hparams;
 pub mod jamba;
+pub mod lfm2;
 pub mod llama;
 pub mod mamba;
 pub mod mamba2;
@@ -163,6 +164,7 @@ pub fn load(file: Arc<GgufFile>) -> Result<Box<dyn Model>, ModelError> {
         "falcon-h1" => falcon_h1::load(file, plan)?,
         "nemotron_h" | "nemotron_h_moe" => nemotron_h::load(file, plan)?,
         "llama" => llama::load(file, plan)?,
+        "lfm2" | "lfm2moe" => lfm2::load(file, plan)?,
         other => return Err(ModelError::NotImplemented(other.to_string())),
     };
     Ok(Box::new(stack))

@@ -16,6 +16,8 @@ pub enum Mixer {
     AttentionParallelMamba2,
     /// A feed-forward-only layer (Nemotron-H `-` / `E`).
     None,
+    /// LFM2's gated short convolution.
+    ShortConv,
 }
 
 /// The per-token feed-forward of a layer.
@@ -36,7 +38,7 @@ impl Mixer {
     pub fn has_recurrent(self) -> bool {
         matches!(
             self,
-            Mixer::Mamba1 | Mixer::Mamba2 | Mixer::AttentionParallelMamba2
+            Mixer::Mamba1 | Mixer::Mamba2 | Mixer::AttentionParallelMamba2 | Mixer::ShortConv
         )
     }
     pub fn name(self) -> &'static str {
@@ -46,6 +48,7 @@ impl Mixer {
             Mixer::Mamba2 => "mamba2",
             Mixer::AttentionParallelMamba2 => "attention+mamba2",
             Mixer::None => "none",
+            Mixer::ShortConv => "shortconv",
         }
     }
 }
@@ -84,7 +87,7 @@ pub enum PlanError {
 }
 
 /// GGUF architectures coil knows.
-pub const SUPPORTED_ARCHS: [&str; 8] = [
+pub const SUPPORTED_ARCHS: [&str; 10] = [
     "mamba",
     "mamba2",
     "jamba",
@@ -93,6 +96,8 @@ pub const SUPPORTED_ARCHS: [&str; 8] = [
     "nemotron_h",
     "nemotron_h_moe",
     "llama",
+    "lfm2",
+    "lfm2moe",
 ];
 
 /// A per-layer integer hyper-parameter: either one value for all layers or
@@ -183,6 +188,8 @@ impl LayerPlan {
                     "jamba" => Mixer::Mamba1,
                     "granitehybrid" if kv_at(i) > 0 => Mixer::Attention,
                     "granitehybrid" => Mixer::Mamba2,
+                    "lfm2" | "lfm2moe" if kv_at(i) > 0 => Mixer::Attention,
+                    "lfm2" | "lfm2moe" => Mixer::ShortConv,
                     // nemotron_h(_moe): one block per layer, chosen by the
                     // per-layer arrays: attention, feed-forward, or Mamba-2.
                     _ if kv_at(i) > 0 => Mixer::Attention,
@@ -222,8 +229,9 @@ impl LayerPlan {
     }
 
     /// A one-letter-per-layer pattern in Nemotron-H's notation: `M` Mamba,
-    /// `*` attention, `P` parallel, `-` dense FFN, `E` MoE; a layer with both
-    /// a mixer and a feed-forward shows the mixer.
+    /// `*` attention, `P` parallel, `-` dense FFN, `E` MoE (and `C` for
+    /// LFM2's short convolution); a layer with both a mixer and a
+    /// feed-forward shows the mixer.
     pub fn pattern(&self) -> String {
         self.layers
             .iter()
@@ -231,6 +239,7 @@ impl LayerPlan {
                 (Mixer::Attention, _) => '*',
                 (Mixer::Mamba1 | Mixer::Mamba2, _) => 'M',
                 (Mixer::AttentionParallelMamba2, _) => 'P',
+                (Mixer::ShortConv, _) => 'C',
                 (Mixer::None, FeedForward::Moe | FeedForward::MoeShared) => 'E',
                 (Mixer::None, _) => '-',
             })

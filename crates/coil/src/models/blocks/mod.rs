@@ -5,4 +5,5 @@ pub mod common;
 pub mod ffn;
 pub mod mamba1_mixer;
 pub mod mamba2_mixer;
+pub mod short_conv;
 pub mod stack;
