@@ -1,4 +1,5 @@
-//! Exact rollback, forks and their independence, for every architecture:
+//! Exact rollback, forks and their independence, for every architecture
+//! (the llama.cpp-converted fixtures and LFM2 / LFM2-MoE):
 //! (prefill n → truncate to p → decode m) equals (prefill p → decode m)
 //! within 1e-6 relative, at random positions.
 
@@ -9,9 +10,26 @@ use std::path::PathBuf;
 
 mod common;
 
-use common::{assert_close, llama_cpp_fixture, ARCHS};
+use common::{assert_close, llama_cpp_fixture, tool_fixture, ARCHS};
+
+/// Architectures whose fixtures come from tools/ (tests/fixtures/parity/).
+const TOOL_FIXTURES: [&str; 2] = ["lfm2_small", "lfm2moe_small"];
+
+/// Every architecture the tests below run.
+fn all() -> impl Iterator<Item = &'static str> {
+    ARCHS.into_iter().chain(TOOL_FIXTURES)
+}
 
 fn fixture(arch: &str) -> (PathBuf, Vec<u32>) {
+    if TOOL_FIXTURES.contains(&arch) {
+        // 37 tokens: lengthened to the 48 of the others by the first 11
+        // reversed (the tests compare coil with itself).
+        let f = tool_fixture(arch);
+        let mut t = f.tokens;
+        let extra: Vec<u32> = t[..11].iter().rev().copied().collect();
+        t.extend(extra);
+        return (f.model, t);
+    }
     let f = llama_cpp_fixture(arch);
     (f.model, f.tokens)
 }
@@ -46,7 +64,7 @@ impl Lcg {
 #[test]
 fn truncate_then_decode_equals_prefill_then_decode() {
     let mut rng = Lcg(7);
-    for arch in ARCHS {
+    for arch in all() {
         let (path, tokens) = fixture(arch);
         for interval in [8, 0] {
             let mut e = engine(&path, interval);
@@ -89,7 +107,7 @@ fn truncate_then_decode_equals_prefill_then_decode() {
 
 #[test]
 fn forks_diverge_independently_and_rollback_leaves_others_alone() {
-    for arch in ARCHS {
+    for arch in all() {
         let (path, tokens) = fixture(arch);
         let mut e = engine(&path, 8);
         e.eval(0, &tokens[..20], LogitRows::None, 0).unwrap();
@@ -172,7 +190,7 @@ fn tmpfile(name: &str) -> PathBuf {
 
 #[test]
 fn save_load_continue_equals_continue() {
-    for arch in ARCHS {
+    for arch in all() {
         let (path, tokens) = fixture(arch);
         let mut e = engine(&path, 8);
         e.eval(0, &tokens[..30], LogitRows::None, 0).unwrap();
@@ -261,7 +279,7 @@ fn bad_session_files_fail_clearly_and_change_nothing() {
 #[test]
 fn forks_share_kv_pages_and_continue_independently() {
     use coil::memory::pages::PAGE_LEN;
-    for arch in ["granitemoehybrid", "jamba"] {
+    for arch in ["granitemoehybrid", "jamba", "lfm2_small"] {
         let (path, _) = fixture(arch);
         let mut e = engine(&path, 64);
         let mut rng = Lcg(11);
@@ -336,7 +354,7 @@ fn forks_share_kv_pages_and_continue_independently() {
 /// references to states that later passes move away from, never write.
 #[test]
 fn per_token_checkpoints_restore_exactly() {
-    for arch in ARCHS {
+    for arch in all() {
         let (path, tokens) = fixture(arch);
         let opts = |every_call| EngineOptions {
             n_seq_max: 2,
