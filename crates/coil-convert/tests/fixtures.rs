@@ -146,3 +146,37 @@ fn nemotron_h_moe() {
 fn llama() {
     check("llama", &[], &[]);
 }
+
+/// The LFM2 parity fixtures (tests/fixtures/parity/<name>/): `hf/` converted
+/// to F32 against llama.cpp's `convert_hf_to_gguf.py --outtype f32` of it
+/// (`model.gguf`, made by tools/make_fixtures_lfm2.py).
+fn check_f32_fixture(name: &str) {
+    let dir = root().join("parity").join(name);
+    let out = tmp(&format!("{name}.f32.gguf"));
+    let opts = ConvertOptions {
+        out_type: OutType::F32,
+        name: Some("Hf".into()),
+        progress: false,
+    };
+    convert(&dir.join("hf"), &out, &opts).unwrap();
+    let ours = GgufFile::open(&out).unwrap();
+    let theirs = GgufFile::open(dir.join("model.gguf")).unwrap();
+    let d = diff(&ours, &theirs, &[], &[]);
+    let _ = std::fs::remove_file(&out);
+    assert!(
+        d.is_empty(),
+        "{name}: {} differences:\n{}",
+        d.len(),
+        d.join("\n")
+    );
+}
+
+#[test]
+fn lfm2() {
+    check_f32_fixture("lfm2_small");
+}
+
+#[test]
+fn lfm2moe() {
+    check_f32_fixture("lfm2moe_small");
+}

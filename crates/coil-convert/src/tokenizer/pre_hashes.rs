@@ -238,4 +238,9 @@ pub const PRE_HASHES: &[(&str, &str)] = &[
         "5b9631f34ae8ca6c4a5cc9da41c67df94e712005b1e5055040881c685a29e31b",
         "olmo",
     ),
+    // The same cut to 1024 ids (the LFM2 parity fixtures' checkpoints).
+    (
+        "944a7414300e9b2eb9ee2f7989facfa7e72abe9b5d19aee76753bfe9c3cbb8a6",
+        "olmo",
+    ),
 ];
