@@ -308,3 +308,42 @@ fn bad_files_get_errors_naming_what_is_wrong() {
     assert!(Engine::load(&p, EngineOptions::default()).is_ok());
     let _ = std::fs::remove_file(&p);
 }
+
+/// `expert_weights_norm` false and `expert_weights_scale` (written by coil's
+/// converter for checkpoints with `norm_topk_prob` off or a routed scaling
+/// factor) change LFM2-MoE's output; the defaults are what the fixture's
+/// transformers reference ran.
+#[test]
+fn expert_weight_keys_are_honoured() {
+    let f = tool_fixture("lfm2moe_small");
+    let run = |path: &Path| {
+        let mut e = Engine::load(path, EngineOptions::default()).unwrap();
+        e.eval(0, &f.tokens, LogitRows::All, 0).unwrap()
+    };
+    for (i, (key, value)) in [
+        ("expert_weights_norm", Value::Bool(false)),
+        ("expert_weights_scale", Value::F32(2.5)),
+        ("expert_weights_scale", Value::F32(1.0)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let p = tmp(&format!("keys{i}.gguf"));
+        rewrite(
+            &f.model,
+            &p,
+            |md| {
+                md.insert(format!("lfm2moe.{key}"), value.clone());
+            },
+            same,
+        );
+        let got = run(&p);
+        let _ = std::fs::remove_file(&p);
+        let rel = common::max_rel_diff(&got, &f.logits);
+        if value == Value::F32(1.0) {
+            assert!(rel < 1e-5, "{key} = 1 changed the logits by {rel}");
+        } else {
+            assert!(rel > 1e-2, "{key} = {value} left the logits as they were");
+        }
+    }
+}

@@ -10,7 +10,9 @@
 //! rounded up to `block_multiple_of`). One deviation: transformers rounds
 //! only when a multiplier is set, so where the checkpoint's `w1` rows differ
 //! from that value, coil writes the checkpoint's width (llama.cpp would write
-//! a length its own runtime then rejects).
+//! a length its own runtime then rejects). Likewise LFM2-MoE's
+//! `norm_topk_prob: false` and `routed_scaling_factor` ≠ 1, which llama.cpp
+//! drops, become `expert_weights_norm` / `expert_weights_scale`.
 
 use super::llama::{text_params, TextOpts};
 use super::mamba::block_count;
@@ -161,6 +163,17 @@ impl Arch for Lfm2<'_> {
             )?;
             kv.u32("leading_dense_block_count", self.n_dense as u64)?;
             kv.u32("expert_gating_func", 2)?; // sigmoid
+                                              // Not written by llama.cpp's converter, whose runtime always
+                                              // renormalises and never scales LFM2-MoE's expert weights: only
+                                              // where the checkpoint differs from that.
+            if c.bool("norm_topk_prob") == Some(false) {
+                kv.bool("expert_weights_norm", false);
+            }
+            if let Some(f) = c.float(&["routed_scaling_factor"])? {
+                if f != 1.0 {
+                    kv.f32("expert_weights_scale", f);
+                }
+            }
         }
         kv.u32("vocab_size", c.req_uint(&["vocab_size"])?)?;
         let l_cache = c.req_uint(&["conv_L_cache"])?;

@@ -14,8 +14,10 @@
 //!   (NeoX halves: the converter does not permute Q/K), scale 1/√head_dim;
 //! * LFM2-MoE's router: sigmoid scores; the experts are chosen by score +
 //!   `exp_probs_b` (the checkpoint's `expert_bias`) but weighted by the
-//!   scores alone, renormalised over the chosen k (llama.cpp always
-//!   renormalises for this arch), times `expert_weights_scale` if present;
+//!   scores alone, renormalised over the chosen k (unless
+//!   `expert_weights_norm` is false: llama.cpp always renormalises for this
+//!   arch), times `expert_weights_scale` if present (transformers'
+//!   `routed_scaling_factor`; llama.cpp ignores it for this arch);
 //! * the final norm is `token_embd_norm.weight` in llama.cpp's files
 //!   (transformers' `embedding_norm`, applied after the last layer).
 
@@ -38,7 +40,10 @@ const OUTPUT_NORM: &str = "token_embd_norm.weight";
 /// LFM2-MoE's mixture of SwiGLU experts for layer `l`.
 fn moe(ld: &Loader, info: &ModelInfo, l: usize) -> Result<FfnBlock, ModelError> {
     let n_ff = ld.u_in("expert_feed_forward_length", 1, 1 << 20)?;
-    let mut m = swiglu_moe(ld, info, l, n_ff, true)?;
+    // llama.cpp always renormalises for this arch; coil's converter writes
+    // `expert_weights_norm` false for a checkpoint with norm_topk_prob off.
+    let norm = ld.bool_opt("expert_weights_norm").unwrap_or(true);
+    let mut m = swiglu_moe(ld, info, l, n_ff, norm)?;
     // llama.cpp's expert_gating_func: 1 softmax, 2 sigmoid (what the
     // converter writes for LFM2-MoE, and the default here).
     m.gating = match ld.u_opt("expert_gating_func")? {
