@@ -1,5 +1,6 @@
 //! Exact rollback, forks and their independence, for every architecture
-//! (the llama.cpp-converted fixtures and LFM2 / LFM2-MoE):
+//! (the llama.cpp-converted fixtures, the Gated DeltaNet hybrids, LFM2 and
+//! LFM2-MoE):
 //! (prefill n → truncate to p → decode m) equals (prefill p → decode m)
 //! within 1e-6 relative, at random positions.
 
@@ -12,23 +13,23 @@ mod common;
 
 use common::{assert_close, llama_cpp_fixture, tool_fixture, ARCHS};
 
-/// Architectures whose fixtures come from tools/ (tests/fixtures/parity/).
-const TOOL_FIXTURES: [&str; 2] = ["lfm2_small", "lfm2moe_small"];
+/// Gated DeltaNet hybrids (tools/make_fixtures_qwen35.py), beside the
+/// llama.cpp fixtures of `ARCHS`.
+const GATED_DELTA: [&str; 3] = ["qwen35_tiny", "qwen35moe_tiny", "qwen3next_tiny"];
 
-/// Every architecture the tests below run.
-fn all() -> impl Iterator<Item = &'static str> {
-    ARCHS.into_iter().chain(TOOL_FIXTURES)
+/// LFM2 / LFM2-MoE (tools/make_fixtures_lfm2.py).
+const LFM2: [&str; 2] = ["lfm2_small", "lfm2moe_small"];
+
+fn all_archs() -> impl Iterator<Item = &'static str> {
+    ARCHS.into_iter().chain(GATED_DELTA).chain(LFM2)
 }
 
 fn fixture(arch: &str) -> (PathBuf, Vec<u32>) {
-    if TOOL_FIXTURES.contains(&arch) {
-        // 37 tokens: lengthened to the 48 of the others by the first 11
-        // reversed (the tests compare coil with itself).
+    if GATED_DELTA.contains(&arch) || LFM2.contains(&arch) {
+        // 37 tokens: repeated to the 64 the tests index (no logits needed).
         let f = tool_fixture(arch);
-        let mut t = f.tokens;
-        let extra: Vec<u32> = t[..11].iter().rev().copied().collect();
-        t.extend(extra);
-        return (f.model, t);
+        let tokens = f.tokens.iter().cycle().take(64).copied().collect();
+        return (f.model, tokens);
     }
     let f = llama_cpp_fixture(arch);
     (f.model, f.tokens)
@@ -64,7 +65,7 @@ impl Lcg {
 #[test]
 fn truncate_then_decode_equals_prefill_then_decode() {
     let mut rng = Lcg(7);
-    for arch in all() {
+    for arch in all_archs() {
         let (path, tokens) = fixture(arch);
         for interval in [8, 0] {
             let mut e = engine(&path, interval);
@@ -107,7 +108,7 @@ fn truncate_then_decode_equals_prefill_then_decode() {
 
 #[test]
 fn forks_diverge_independently_and_rollback_leaves_others_alone() {
-    for arch in all() {
+    for arch in all_archs() {
         let (path, tokens) = fixture(arch);
         let mut e = engine(&path, 8);
         e.eval(0, &tokens[..20], LogitRows::None, 0).unwrap();
@@ -190,7 +191,7 @@ fn tmpfile(name: &str) -> PathBuf {
 
 #[test]
 fn save_load_continue_equals_continue() {
-    for arch in all() {
+    for arch in all_archs() {
         let (path, tokens) = fixture(arch);
         let mut e = engine(&path, 8);
         e.eval(0, &tokens[..30], LogitRows::None, 0).unwrap();
@@ -354,7 +355,7 @@ fn forks_share_kv_pages_and_continue_independently() {
 /// references to states that later passes move away from, never write.
 #[test]
 fn per_token_checkpoints_restore_exactly() {
-    for arch in all() {
+    for arch in all_archs() {
         let (path, tokens) = fixture(arch);
         let opts = |every_call| EngineOptions {
             n_seq_max: 2,
