@@ -15,10 +15,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub fn fixture(arch: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/models")
-        .join(arch)
-        .join("model.f16.gguf")
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+    if arch.starts_with("lfm2") {
+        // Made by tools/make_fixtures_lfm2.py (tests/fixtures/parity/).
+        return root.join("parity").join(arch).join("model.gguf");
+    }
+    root.join("models").join(arch).join("model.f16.gguf")
 }
 
 pub struct TestServer {
