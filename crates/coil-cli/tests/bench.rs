@@ -97,3 +97,42 @@ fn bench_at_a_depth() {
     assert!(v["pp_tps"].as_f64().unwrap() > 0.0);
     assert!(v["tg_tps"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn bench_parallel_reports_every_sequence_count() {
+    let m = model("granitemoehybrid");
+    let (ok, out, err) = coil(&[
+        "bench",
+        "-m",
+        &m,
+        "-p",
+        "8",
+        "-n",
+        "3",
+        "-r",
+        "1",
+        "-t",
+        "2",
+        "--parallel",
+        "1,3",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let rows: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    for (r, n) in rows.iter().zip([1, 3]) {
+        assert_eq!(r["n_seq"], n);
+        assert_eq!(r["n_prompt"], 8);
+        assert_eq!(r["n_gen"], 3);
+        for key in ["pp_tps", "tg_tps"] {
+            let x = r[key].as_f64().unwrap_or(f64::NAN);
+            assert!(x.is_finite() && x > 0.0, "{key} = {}", r[key]);
+        }
+    }
+    let (ok, _, err) = coil(&["bench", "-m", &m, "-n", "2", "--parallel", "0"]);
+    assert!(!ok);
+    assert!(err.contains("at least 1"), "{err}");
+}
