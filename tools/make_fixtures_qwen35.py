@@ -49,7 +49,6 @@ import json
 import math
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -238,6 +237,13 @@ def main() -> None:
     ap.add_argument("--llama-cpp", type=Path, required=True, help="llama.cpp source tree")
     ap.add_argument("--out", type=Path, default=REPO / "tests/fixtures/parity", help="output folder")
     ap.add_argument("--only", nargs="*", metavar="NAME", help="make only these fixtures")
+    ap.add_argument(
+        "--hf-out",
+        type=Path,
+        default=REPO / "tests/fixtures/hf",
+        help="where each model's Hugging Face checkpoint is kept (<dir>/<name>/): "
+        "the converter tests convert it and compare with model.gguf",
+    )
     args = ap.parse_args()
 
     check_torch_path()
@@ -270,11 +276,11 @@ def main() -> None:
         np.save(out / "logits.npy", logits)
         (out / "tokens.json").write_text(json.dumps(ids) + "\n")
         model.config.to_json_file(out / "config.json", use_diff=False)
-        with tempfile.TemporaryDirectory() as d:
-            d = Path(d)
-            model.save_pretrained(d, safe_serialization=True)
-            save_tokenizer(tok, d)
-            convert(args.llama_cpp, d, out / "model.gguf", name)
+        d = args.hf_out / name
+        d.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(d, safe_serialization=True)
+        save_tokenizer(tok, d)
+        convert(args.llama_cpp, d, out / "model.gguf", name)
         top2 = np.sort(logits, axis=1)[:, -2:]
         print(
             f"{name}: {sum(p.numel() for p in model.parameters())} params, "
