@@ -34,9 +34,11 @@ numbers on the development machine):
   strings are the GPT-NeoX tokenizer's, padded), tied (752 M parameters);
 - qwen35moe-1b-like (--only): Qwen3_5MoeForCausalLM, the same stack with
   16 key / 32 value heads and, in every layer, 64 experts of 160 (top-8)
-  plus a shared expert of 512; untied (~1.4 B parameters, ~0.4 B active).
+  plus a shared expert of 512; untied (1.65 B parameters, 0.5 B of them the
+  two 248320-row embeddings; ~0.7 B active per token, output head included).
   Both need transformers 5 (Qwen3.5) and llama.cpp's converter with
-  `--no-mtp`.
+  `--no-mtp`, run as tools/make_fixtures_qwen35.py runs it (pre-tokenizer
+  name fixed to olmo); scripts/bench-vs-llamacpp.sh does not build them yet.
 
 Random weights cost the same compute as trained ones. Init: every matrix
 N(0, 1/fan_in) (unit-variance activations), tied embeddings N(0, (4/sqrt(d))^2)
