@@ -1,13 +1,20 @@
 //! HTTP routes: `POST /v1/completions`, `POST /v1/chat/completions`
 //! (streamed as server-sent events or not), `GET /v1/models`, `GET /health`,
-//! `GET /metrics`.
+//! `GET /metrics`. Errors of every kind are OpenAI's JSON error object
+//! ([`crate::errors`]); `--api-key` guards every route but `/health`
+//! ([`crate::auth`]); [`crate::limits`] bounds the queue, `max_tokens` and
+//! time.
 
 use crate::api::{self, ApiError, ChatRequest, CompletionRequest, Prompt, ResponseMeta};
+use crate::http_metrics::InFlight;
+use crate::limits::Limits;
 use crate::scheduler::{Event, GenRequest, Scheduler};
 use crate::template::ChatTemplate;
+use crate::{auth, errors};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{header, StatusCode};
+use axum::http::header;
+use axum::middleware;
 use axum::response::sse::{self, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -20,6 +27,7 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 /// What the handlers share.
@@ -31,6 +39,8 @@ pub struct ServerState {
     pub model_id: String,
     pub created: u64,
     next_id: AtomicU64,
+    /// API key, queue bound, timeouts, drain.
+    pub limits: Limits,
 }
 
 impl ServerState {
@@ -47,6 +57,7 @@ impl ServerState {
             model_id,
             created: now(),
             next_id: AtomicU64::new(0),
+            limits: Limits::default(),
         }
     }
 
@@ -67,18 +78,11 @@ fn now() -> u64 {
         .unwrap_or(0)
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, Json(self.body())).into_response()
-    }
-}
-
 /// Largest request body: long conversations are big JSON.
 pub const MAX_BODY: usize = 64 << 20;
 
 pub fn router(state: Arc<ServerState>) -> Router {
-    Router::new()
+    let mut app = Router::new()
         .route("/v1/completions", post(completions))
         .route("/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
@@ -89,6 +93,12 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(middleware::from_fn(crate::limits::refuse_oversized));
+    if let Some(key) = &state.limits.opts.api_key {
+        let key: Arc<str> = Arc::from(key.as_str());
+        app = app.layer(middleware::from_fn_with_state(key, auth::require_api_key));
+    }
+    app.layer(middleware::map_response(errors::openai_errors))
         .with_state(state)
 }
 
@@ -96,9 +106,12 @@ async fn not_found(uri: axum::http::Uri) -> ApiError {
     ApiError::not_found(format!("no route for {}", uri.path()))
 }
 
-/// 200 `{"status": "ok"}` while the engine thread runs, 503 after it died.
+/// 200 `{"status": "ok"}` while the engine thread runs, 503 after it died
+/// or while the server drains for shutdown.
 async fn health(State(st): State<Arc<ServerState>>) -> Response {
-    if st.scheduler.is_alive() {
+    if st.limits.is_draining() {
+        ApiError::unavailable("the server is shutting down").into_response()
+    } else if st.scheduler.is_alive() {
         Json(json!({ "status": "ok" })).into_response()
     } else {
         ApiError::unavailable("the engine thread has stopped").into_response()
@@ -200,6 +213,7 @@ fn completion_prompt(st: &ServerState, prompt: Prompt) -> Result<Vec<u32>, ApiEr
 }
 
 async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let start = Instant::now();
     let req: CompletionRequest = match api::parse_body(&body) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
@@ -209,7 +223,7 @@ async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Respons
         Err(e) => return e.into_response(),
     };
     let meta = st.meta("cmpl");
-    run_job(&st, job, meta, Kind::Completion).await
+    run_job(&st, job, meta, Kind::Completion, start).await
 }
 
 fn completion_job(st: &ServerState, req: CompletionRequest) -> Result<Job, ApiError> {
@@ -224,7 +238,8 @@ fn completion_job(st: &ServerState, req: CompletionRequest) -> Result<Job, ApiEr
         Some(16),
         st.scheduler.n_ctx,
         "max_tokens",
-    )?;
+    )?
+    .min(st.limits.max_tokens(req.max_tokens, "max_tokens")?);
     Ok(Job {
         prompt,
         marks: Vec::new(),
@@ -238,6 +253,7 @@ fn completion_job(st: &ServerState, req: CompletionRequest) -> Result<Job, ApiEr
 }
 
 async fn chat_completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let start = Instant::now();
     let req: ChatRequest = match api::parse_body(&body) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
@@ -247,7 +263,7 @@ async fn chat_completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Re
         Err(e) => return e.into_response(),
     };
     let meta = st.meta("chatcmpl");
-    run_job(&st, job, meta, Kind::Chat).await
+    run_job(&st, job, meta, Kind::Chat, start).await
 }
 
 /// Renders chat messages with the template and tokenizes them (special
@@ -330,7 +346,8 @@ fn chat_job(st: &ServerState, req: ChatRequest) -> Result<Job, ApiError> {
         (Some(m), _) => (Some(m), "max_completion_tokens"),
         (None, m) => (m, "max_tokens"),
     };
-    let max_tokens = token_limit(prompt.len(), requested, None, st.scheduler.n_ctx, param)?;
+    let max_tokens = token_limit(prompt.len(), requested, None, st.scheduler.n_ctx, param)?
+        .min(st.limits.max_tokens(requested, param)?);
     let mut stop = req.sampling.stops();
     stop.extend(st.template.extra_stops.iter().cloned());
     Ok(Job {
@@ -351,7 +368,17 @@ enum Kind {
     Chat,
 }
 
-async fn run_job(st: &ServerState, job: Job, meta: ResponseMeta, kind: Kind) -> Response {
+async fn run_job(
+    st: &ServerState,
+    job: Job,
+    meta: ResponseMeta,
+    kind: Kind,
+    start: Instant,
+) -> Response {
+    let mut flight = match st.limits.admit(&st.scheduler.metrics, start) {
+        Ok(f) => f,
+        Err(refused) => return refused.into_response(),
+    };
     let (tx, mut rx) = unbounded_channel();
     let submitted = st.scheduler.submit(GenRequest {
         prompt: job.prompt,
@@ -365,15 +392,40 @@ async fn run_job(st: &ServerState, job: Job, meta: ResponseMeta, kind: Kind) -> 
     if !submitted {
         return ApiError::unavailable("the engine has stopped").into_response();
     }
+    let deadline = st.limits.deadline(start);
     if job.stream {
-        let sse = Sse::new(event_stream(rx, meta, kind, job.include_usage));
+        let sse = Sse::new(event_stream(
+            rx,
+            meta,
+            kind,
+            job.include_usage,
+            flight,
+            deadline.map(|d| (d, st.limits.timeout_error())),
+        ));
         return sse.keep_alive(KeepAlive::default()).into_response();
     }
     let mut text = String::new();
-    while let Some(ev) = rx.recv().await {
+    loop {
+        // Past the deadline, returning drops the receiver: the engine
+        // thread frees the slot.
+        let ev = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, rx.recv()).await {
+                Ok(ev) => ev,
+                Err(_) => {
+                    flight.timed_out();
+                    return st.limits.timeout_error().into_response();
+                }
+            },
+            None => rx.recv().await,
+        };
+        let Some(ev) = ev else { break };
         match ev {
-            Event::Text(t) => text.push_str(&t),
+            Event::Text(t) => {
+                flight.first_output();
+                text.push_str(&t)
+            }
             Event::Done { finish, usage } => {
+                flight.done(&usage);
                 let body = match kind {
                     Kind::Completion => api::completion(&meta, &text, finish, &usage),
                     Kind::Chat => api::chat_completion(&meta, &text, finish, &usage),
@@ -393,16 +445,22 @@ struct StreamState {
     include_usage: bool,
     out: VecDeque<String>,
     ended: bool,
+    /// Counts the request in flight and times it; dropped with the stream.
+    flight: InFlight,
+    /// When the stream is cut, and the error it then ends with.
+    deadline: Option<(tokio::time::Instant, ApiError)>,
 }
 
 /// Server-sent events in OpenAI's chunk format, ending with `[DONE]`.
-/// Dropping the stream (client gone) drops the receiver, which tells the
-/// engine thread to free the request's slot.
+/// Dropping the stream (client gone, or the deadline passed) drops the
+/// receiver, which tells the engine thread to free the request's slot.
 fn event_stream(
     rx: UnboundedReceiver<Event>,
     meta: ResponseMeta,
     kind: Kind,
     include_usage: bool,
+    flight: InFlight,
+    deadline: Option<(tokio::time::Instant, ApiError)>,
 ) -> impl Stream<Item = Result<sse::Event, Infallible>> {
     let mut out = VecDeque::new();
     if kind == Kind::Chat {
@@ -416,6 +474,8 @@ fn event_stream(
         include_usage,
         out,
         ended: false,
+        flight,
+        deadline,
     };
     stream::unfold(st, |mut st| async move {
         loop {
@@ -425,7 +485,20 @@ fn event_stream(
             if st.ended {
                 return None;
             }
-            let Some(ev) = st.rx.recv().await else {
+            let ev = match &st.deadline {
+                Some((d, err)) => match tokio::time::timeout_at(*d, st.rx.recv()).await {
+                    Ok(ev) => ev,
+                    Err(_) => {
+                        st.flight.timed_out();
+                        st.out.push_back(err.body().to_string());
+                        st.out.push_back("[DONE]".into());
+                        st.ended = true;
+                        continue;
+                    }
+                },
+                None => st.rx.recv().await,
+            };
+            let Some(ev) = ev else {
                 let e = ApiError::server("the engine stopped before the request ended");
                 st.out.push_back(e.body().to_string());
                 st.ended = true;
@@ -444,6 +517,7 @@ impl StreamState {
         };
         match ev {
             Event::Text(t) => {
+                self.flight.first_output();
                 let chunk = match self.kind {
                     Kind::Completion => api::completion_chunk(&self.meta, &t, None),
                     Kind::Chat => api::chat_chunk(&self.meta, json!({ "content": t }), None),
@@ -451,6 +525,7 @@ impl StreamState {
                 self.out.push_back(chunk.to_string());
             }
             Event::Done { finish, usage } => {
+                self.flight.done(&usage);
                 let last = match self.kind {
                     Kind::Completion => api::completion_chunk(&self.meta, "", Some(finish)),
                     Kind::Chat => api::chat_chunk(&self.meta, json!({}), Some(finish)),
