@@ -148,7 +148,7 @@ def phase_load(args, logdir):
         before = metrics(r.url)
         stop_at = time.time() + args.duration
         lock = threading.Lock()
-        st = {"ok": 0, "mismatch": 0, "failed": 0, "hung_up": 0, "tokens": 0}
+        st = {"ok": 0, "mismatch": 0, "failed": 0, "hung_up": 0}
         mismatches = []
 
         def client(k):
@@ -231,6 +231,26 @@ def phase_failover(args, logdir):
             except OSError:
                 pass
             time.sleep(0.2)
+        # Clients hanging up on SMG: the replicas must see it and free the slots.
+        hung = []
+        for k in range(4):
+            hung.append(stream(args.router_port, {"model": "coil-demo", "prompt": f"HANG {k}:\n",
+                                                  "max_tokens": 4000, "temperature": 0,
+                                                  "ignore_eos": True}, hang_up_after=3)[1])
+        t0 = time.time()
+        while time.time() - t0 < 20:
+            ms = [metrics(x.url) for x in reps]
+            if all(m["coil_requests_running"] == 0 for m in ms):
+                break
+            time.sleep(0.1)
+        disconnect = {
+            "hung_up_via_smg": hung.count("hung up"),
+            "replicas_running_after": [m["coil_requests_running"] for m in ms],
+            "replicas_cancelled": [m["coil_requests_cancelled_total"] for m in ms],
+            "generated_of_4x4000": sum(m["coil_completion_tokens_total"] for m in ms),
+            "freed_after_s": round(time.time() - t0, 2),
+        }
+        print(json.dumps({"disconnect": disconnect}), flush=True)
         run_s, kill_at = args.failover_duration, args.failover_duration / 3
         start = time.time()
         lock = threading.Lock()
