@@ -25,7 +25,13 @@ numbers on the development machine):
 - mamba-370m-like (Mamba-1, not in the anchor; run with --only or the
   benchmark script's --models): MambaForCausalLM with the shape of
   state-spaces/mamba-370m-hf, 48 layers, d_model 1024, expand 2 (d_inner
-  2048), d_state 16, dt_rank 64, d_conv 4, vocab 50280, tied.
+  2048), d_state 16, dt_rank 64, d_conv 4, vocab 50280, tied;
+- lfm2-1.2b-like (not in the anchor; issue #16): Lfm2ForCausalLM with the
+  shape of LiquidAI/LFM2-1.2B, 16 layers of d_model 2048: short convolutions
+  (window 3) and grouped-query attention (32 heads, 8 KV heads, head_dim 64,
+  RoPE θ 1e6) at layers 2, 5, 8, 10, 12, 14; SwiGLU `block_ff_dim` 12288
+  adjusted (x 2/3, multiple of 256) to 8192; vocab 65536 (the NeoX ids, the
+  rest padding), tied (~1.17 G parameters).
 
 Random weights cost the same compute as trained ones. Init: every matrix
 N(0, 1/fan_in) (unit-variance activations), tied embeddings N(0, (4/sqrt(d))^2)
@@ -55,7 +61,7 @@ REPO = Path(__file__).resolve().parent.parent
 VOCAB = 50280
 VOCAB_MAMBA2 = 50288
 
-MODELS = ("mamba2-370m-like", "hybrid-350m-like", "mamba-370m-like")
+MODELS = ("mamba2-370m-like", "hybrid-350m-like", "mamba-370m-like", "lfm2-1.2b-like")
 # What --only builds by default: the two shapes of the anchor.
 DEFAULT_MODELS = ("mamba2-370m-like", "hybrid-350m-like")
 
@@ -154,11 +160,46 @@ def hybrid_config():
     sys.exit("error: this transformers version accepts no known spelling of GraniteMoeHybrid layer_types")
 
 
+LFM2_ATTN_LAYERS = (2, 5, 8, 10, 12, 14)
+
+
+def lfm2_config():
+    from transformers import Lfm2Config
+
+    n_layer = 16
+    return Lfm2Config(
+        vocab_size=65536,
+        hidden_size=2048,
+        intermediate_size=12288,
+        block_auto_adjust_ff_dim=True,
+        block_ffn_dim_multiplier=1.0,
+        block_multiple_of=256,
+        num_hidden_layers=n_layer,
+        layer_types=["full_attention" if i in LFM2_ATTN_LAYERS else "conv" for i in range(n_layer)],
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        conv_L_cache=3,
+        conv_bias=False,
+        norm_eps=1e-5,
+        rope_theta=1000000.0,
+        max_position_embeddings=128000,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=1,
+    )
+
+
 def build(name: str):
     import torch
     from transformers import GraniteMoeHybridForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
 
-    if name == "mamba2-370m-like":
+    if name == "lfm2-1.2b-like":
+        from transformers import Lfm2ForCausalLM
+
+        cfg = lfm2_config()
+        cls = Lfm2ForCausalLM
+    elif name == "mamba2-370m-like":
         cfg = mamba2_config()
         cls = Mamba2ForCausalLM
     elif name == "mamba-370m-like":
@@ -170,8 +211,8 @@ def build(name: str):
     model = cls(cfg).float().eval()
     d = cfg.hidden_size
     # Kept at transformers' init: the SSM parameters (Mamba-1's dt_proj too:
-    # its bias sets dt's range).
-    keep = ("A_log", "dt_bias", ".D", "conv1d", "dt_proj")
+    # its bias sets dt's range), LFM2's short-conv kernels.
+    keep = ("A_log", "dt_bias", ".D", "conv1d", "dt_proj", "conv.conv")
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if any(k in pname for k in keep):
@@ -215,7 +256,7 @@ def save(model, out: Path, tokenizer: Path):
     cfg = json.loads(cfg_path.read_text())
     cfg["architectures"] = [type(model).__name__]
     cfg["dtype"] = "float16"
-    if "layer_types" in cfg:
+    if "layer_types" in cfg and cfg.get("model_type") == "granitemoehybrid":
         spell = {"linear_attention": "mamba", "full_attention": "attention"}
         cfg["layer_types"] = [spell.get(t, t) for t in cfg["layer_types"]]
     cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")

@@ -3,11 +3,15 @@
 //! request from the longest prompt prefix already in memory.
 //!
 //! - [`api`]: OpenAI request / response shapes and errors.
-//! - [`template`]: chat templates (the model's Jinja, or ChatML).
+//! - [`template`]: chat templates (the model's Jinja, or ChatML) rendered
+//!   as transformers renders them, and the tool calls / reasoning in
+//!   replies.
 //! - [`scheduler`]: the engine thread — continuous batching, slots, the
 //!   prefix cache's use of fork and rollback.
 //! - [`prefix_cache`]: the radix tree over token ids with LRU eviction.
 //! - [`metrics`]: Prometheus counters.
+//! - [`reply`]: chat replies as OpenAI shapes them (content, reasoning,
+//!   tool calls; whole or streamed).
 //! - [`routes`]: the axum router.
 //! - [`errors`], [`auth`], [`limits`]: OpenAI-shaped errors for everything,
 //!   `--api-key`, the queue bound, `max_tokens` ceiling, request timeout
@@ -37,6 +41,7 @@ pub mod http_metrics;
 pub mod limits;
 pub mod metrics;
 pub mod prefix_cache;
+pub mod reply;
 pub mod routes;
 pub mod scheduler;
 pub mod template;
@@ -76,7 +81,18 @@ impl Server {
         cfg: SchedulerConfig,
         model_id: String,
     ) -> Result<Self, ServerError> {
-        Self::with_options(engine, cfg, model_id, HttpOptions::default())
+        Self::with_template(engine, cfg, model_id, None)
+    }
+
+    /// As [`Server::new`], with `chat_template` (Jinja text) in place of
+    /// the file's own template when given.
+    pub fn with_template(
+        engine: Engine,
+        cfg: SchedulerConfig,
+        model_id: String,
+        chat_template: Option<&str>,
+    ) -> Result<Self, ServerError> {
+        Self::start(engine, cfg, model_id, chat_template, HttpOptions::default())
     }
 
     /// [`Server::new`] with the HTTP side's settings: API key, queue
@@ -87,8 +103,23 @@ impl Server {
         model_id: String,
         http: HttpOptions,
     ) -> Result<Self, ServerError> {
+        Self::start(engine, cfg, model_id, None, http)
+    }
+
+    /// The server with every setting: a chat template in place of the
+    /// file's (when given) and the HTTP side's options.
+    pub fn start(
+        engine: Engine,
+        cfg: SchedulerConfig,
+        model_id: String,
+        chat_template: Option<&str>,
+        http: HttpOptions,
+    ) -> Result<Self, ServerError> {
         let tokenizer = Arc::new(Tokenizer::from_gguf(&engine.file)?);
-        let template = ChatTemplate::from_gguf(&engine.file, &tokenizer)?;
+        let template = match chat_template {
+            Some(source) => ChatTemplate::new(Some(source), &tokenizer)?,
+            None => ChatTemplate::from_gguf(&engine.file, &tokenizer)?,
+        };
         let (parallel, cache_bytes) = (cfg.parallel, cfg.cache_bytes);
         let (scheduler, engine_thread) = Scheduler::start(engine, tokenizer.clone(), cfg)?;
         (scheduler.metrics.http.cache_limit_bytes).store(cache_bytes as u64, Ordering::Relaxed);

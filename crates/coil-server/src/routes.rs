@@ -1,15 +1,18 @@
 //! HTTP routes: `POST /v1/completions`, `POST /v1/chat/completions`
-//! (streamed as server-sent events or not), `GET /v1/models`, `GET /health`,
-//! `GET /metrics`. Errors of every kind are OpenAI's JSON error object
-//! ([`crate::errors`]); `--api-key` guards every route but `/health`
-//! ([`crate::auth`]); [`crate::limits`] bounds the queue, `max_tokens` and
-//! time.
+//! (streamed as server-sent events or not), `POST /apply-template`,
+//! `GET /v1/models`, `GET /health`, `GET /metrics`. Errors of every kind
+//! are OpenAI's JSON error object ([`crate::errors`]); `--api-key` guards
+//! every route but `/health` ([`crate::auth`]); [`crate::limits`] bounds
+//! the queue, `max_tokens` and time.
 
+use crate::api::ToolChoice;
 use crate::api::{self, ApiError, ChatRequest, CompletionRequest, Prompt, ResponseMeta};
 use crate::http_metrics::InFlight;
 use crate::limits::Limits;
+use crate::reply::ChatReply;
 use crate::scheduler::{Event, GenRequest, Scheduler};
-use crate::template::ChatTemplate;
+use crate::template::tool_calls::StreamParser;
+use crate::template::{ChatTemplate, TemplateVars};
 use crate::{auth, errors};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
@@ -87,6 +90,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/chat/completions", post(chat_completions))
+        .route("/apply-template", post(apply_template))
         .route("/v1/models", get(models))
         .route("/models", get(models))
         .route("/health", get(health))
@@ -150,6 +154,9 @@ struct Job {
     stop_at_eos: bool,
     stream: bool,
     include_usage: bool,
+    /// Reads tool calls and reasoning out of a chat reply (`None`: the
+    /// reply is its raw text).
+    parser: Option<StreamParser>,
 }
 
 /// The prompt plus the completion must fit the context; an absent
@@ -249,6 +256,7 @@ fn completion_job(st: &ServerState, req: CompletionRequest) -> Result<Job, ApiEr
         stop_at_eos: !req.sampling.ignore_eos,
         stream: req.sampling.stream,
         include_usage: req.sampling.include_usage(),
+        parser: None,
     })
 }
 
@@ -266,6 +274,20 @@ async fn chat_completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Re
     run_job(&st, job, meta, Kind::Chat, start).await
 }
 
+/// `POST /apply-template` (llama-server's): a chat request's body, answered
+/// with `{"prompt": TEXT}`, the rendered prompt, without generating.
+async fn apply_template(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let rendered = api::parse_body::<ChatRequest>(&body).and_then(|req| {
+        let messages = api::normalise_messages(&req.messages)?;
+        let vars = req.template_vars()?;
+        render_chat(&st.template, &messages, &vars)
+    });
+    match rendered {
+        Ok(prompt) => Json(json!({ "prompt": prompt })).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
 /// Renders chat messages with the template and tokenizes them (special
 /// token texts become their tokens; BOS is added when the vocabulary asks
 /// for it and the template did not write it).
@@ -273,12 +295,22 @@ pub fn chat_prompt(
     template: &ChatTemplate,
     tokenizer: &Tokenizer,
     messages: &[Value],
-    tools: Option<&Value>,
+    vars: &TemplateVars,
 ) -> Result<Vec<u32>, ApiError> {
-    let text = template
-        .render_with_tools(messages, tools, true)
-        .map_err(|e| ApiError::bad_request(e.to_string()).with_param("messages"))?;
+    let text = render_chat(template, messages, vars)?;
     Ok(encode_rendered(template, tokenizer, &text))
+}
+
+/// The prompt text of a chat (with the assistant's header); a template
+/// that fails is the request's fault (400), naming the message and line.
+pub fn render_chat(
+    template: &ChatTemplate,
+    messages: &[Value],
+    vars: &TemplateVars,
+) -> Result<String, ApiError> {
+    template
+        .render(messages, vars, true)
+        .map_err(|e| ApiError::bad_request(e.to_string()).with_param("messages"))
 }
 
 /// Tokenizes a rendered chat text: special token texts become their
@@ -305,7 +337,7 @@ pub fn message_ends(
     template: &ChatTemplate,
     tokenizer: &Tokenizer,
     messages: &[Value],
-    tools: Option<&Value>,
+    vars: &TemplateVars,
     prompt: &[u32],
 ) -> Vec<usize> {
     let n = messages.len();
@@ -314,7 +346,7 @@ pub fn message_ends(
     ks.dedup();
     let mut marks = Vec::new();
     for k in ks {
-        let Ok(text) = template.render_with_tools(&messages[..k], tools, false) else {
+        let Ok(text) = template.render(&messages[..k], vars, false) else {
             continue;
         };
         let toks = encode_rendered(template, tokenizer, &text);
@@ -329,14 +361,16 @@ pub fn message_ends(
 fn chat_job(st: &ServerState, req: ChatRequest) -> Result<Job, ApiError> {
     let params = req.sampling.params()?;
     let messages = api::normalise_messages(&req.messages)?;
-    let prompt = chat_prompt(&st.template, &st.tokenizer, &messages, req.tools.as_ref())?;
-    let marks = message_ends(
-        &st.template,
-        &st.tokenizer,
-        &messages,
-        req.tools.as_ref(),
-        &prompt,
-    );
+    let vars = req.template_vars()?;
+    let tool_choice = req.tool_choice()?;
+    let text = render_chat(&st.template, &messages, &vars)?;
+    let prompt = encode_rendered(&st.template, &st.tokenizer, &text);
+    let read_tools = vars
+        .tools
+        .as_ref()
+        .filter(|_| tool_choice == ToolChoice::Auto);
+    let parser = StreamParser::new(st.template.output_format, &text, read_tools);
+    let marks = message_ends(&st.template, &st.tokenizer, &messages, &vars, &prompt);
     if prompt.is_empty() {
         return Err(
             ApiError::bad_request("the rendered chat prompt is empty").with_param("messages")
@@ -359,6 +393,7 @@ fn chat_job(st: &ServerState, req: ChatRequest) -> Result<Job, ApiError> {
         stop_at_eos: !req.sampling.ignore_eos,
         stream: req.sampling.stream,
         include_usage: req.sampling.include_usage(),
+        parser: parser.is_active().then_some(parser),
     })
 }
 
@@ -393,12 +428,14 @@ async fn run_job(
         return ApiError::unavailable("the engine has stopped").into_response();
     }
     let deadline = st.limits.deadline(start);
+    let mut reply = ChatReply::new(job.parser);
     if job.stream {
         let sse = Sse::new(event_stream(
             rx,
             meta,
             kind,
             job.include_usage,
+            reply,
             flight,
             deadline.map(|d| (d, st.limits.timeout_error())),
         ));
@@ -428,7 +465,7 @@ async fn run_job(
                 flight.done(&usage);
                 let body = match kind {
                     Kind::Completion => api::completion(&meta, &text, finish, &usage),
-                    Kind::Chat => api::chat_completion(&meta, &text, finish, &usage),
+                    Kind::Chat => reply.body(&meta, text, finish, &usage),
                 };
                 return Json(body).into_response();
             }
@@ -445,6 +482,7 @@ struct StreamState {
     include_usage: bool,
     out: VecDeque<String>,
     ended: bool,
+    reply: ChatReply,
     /// Counts the request in flight and times it; dropped with the stream.
     flight: InFlight,
     /// When the stream is cut, and the error it then ends with.
@@ -459,6 +497,7 @@ fn event_stream(
     meta: ResponseMeta,
     kind: Kind,
     include_usage: bool,
+    reply: ChatReply,
     flight: InFlight,
     deadline: Option<(tokio::time::Instant, ApiError)>,
 ) -> impl Stream<Item = Result<sse::Event, Infallible>> {
@@ -474,6 +513,7 @@ fn event_stream(
         include_usage,
         out,
         ended: false,
+        reply,
         flight,
         deadline,
     };
@@ -518,19 +558,19 @@ impl StreamState {
         match ev {
             Event::Text(t) => {
                 self.flight.first_output();
-                let chunk = match self.kind {
-                    Kind::Completion => api::completion_chunk(&self.meta, &t, None),
-                    Kind::Chat => api::chat_chunk(&self.meta, json!({ "content": t }), None),
+                let chunks = match self.kind {
+                    Kind::Completion => vec![api::completion_chunk(&self.meta, &t, None)],
+                    Kind::Chat => self.reply.chunks(&self.meta, &t),
                 };
-                self.out.push_back(chunk.to_string());
+                self.out.extend(chunks.iter().map(Value::to_string));
             }
             Event::Done { finish, usage } => {
                 self.flight.done(&usage);
                 let last = match self.kind {
-                    Kind::Completion => api::completion_chunk(&self.meta, "", Some(finish)),
-                    Kind::Chat => api::chat_chunk(&self.meta, json!({}), Some(finish)),
+                    Kind::Completion => vec![api::completion_chunk(&self.meta, "", Some(finish))],
+                    Kind::Chat => self.reply.last_chunks(&self.meta, finish),
                 };
-                self.out.push_back(last.to_string());
+                self.out.extend(last.iter().map(Value::to_string));
                 if self.include_usage {
                     self.out
                         .push_back(api::usage_chunk(&self.meta, object, &usage).to_string());
