@@ -21,6 +21,14 @@ pub enum Source {
     },
     /// Values computed by the converter (e.g. Llama 3's RoPE factors).
     Data(Vec<f32>),
+    /// The tensor viewed as a matrix `[shape[0], rest]`, its rows and then
+    /// its columns picked in the given orders (`None`: all, in order):
+    /// head reorders and the split of fused projections (Gated DeltaNet).
+    Gather {
+        name: String,
+        rows: Option<Vec<usize>>,
+        cols: Option<Vec<usize>>,
+    },
 }
 
 /// An element-wise or row transform, applied in order.
@@ -30,6 +38,8 @@ pub enum Op {
     NegExp,
     /// Multiply everything by a constant.
     Scale(f64),
+    /// Add a constant to everything (zero-centred RMSNorm weights, `w + 1`).
+    Add(f64),
     /// Multiply rows `start..end` (outermost dimension) by a constant.
     ScaleRows {
         start: usize,
@@ -79,7 +89,9 @@ impl OutTensor {
 
     fn sources(&self) -> Vec<&str> {
         match &self.src {
-            Source::One(n) | Source::SplitRows { name: n, .. } => vec![n.as_str()],
+            Source::One(n) | Source::SplitRows { name: n, .. } | Source::Gather { name: n, .. } => {
+                vec![n.as_str()]
+            }
             Source::Stack(v) => v.iter().map(String::as_str).collect(),
             Source::Data(_) => Vec::new(),
         }
@@ -135,6 +147,16 @@ impl OutTensor {
                     out.extend_from_slice(&m[part * n_rows * cols..(part + 1) * n_rows * cols]);
                 }
                 out
+            }
+            Source::Gather { name, rows, cols } => {
+                let t = ck.req(name)?;
+                gather(
+                    name,
+                    &ck.read_f32(t)?,
+                    &t.shape,
+                    rows.as_deref(),
+                    cols.as_deref(),
+                )?
             }
         };
         if data.len() != self.n_elements() {
@@ -216,6 +238,13 @@ impl OutTensor {
                     }
                     round(data);
                 }
+                Op::Add(a) => {
+                    let a = a as f32;
+                    for x in data.iter_mut() {
+                        *x += a;
+                    }
+                    round(data);
+                }
                 Op::ScaleRows { start, end, factor } => {
                     let f = factor as f32;
                     let s = start.clamp(row0, row0 + have_rows) - row0;
@@ -233,6 +262,49 @@ impl OutTensor {
         }
         Ok(())
     }
+}
+
+/// `data` (of `shape`) as a matrix `[shape[0], rest]` with the chosen rows
+/// and columns, in the given orders.
+fn gather(
+    name: &str,
+    data: &[f32],
+    shape: &[usize],
+    rows: Option<&[usize]>,
+    cols: Option<&[usize]>,
+) -> Result<Vec<f32>> {
+    let n_rows = shape.first().copied().unwrap_or(1).max(1);
+    let n_cols = data.len() / n_rows;
+    let all_rows: Vec<usize>;
+    let rows = match rows {
+        Some(r) => r,
+        None => {
+            all_rows = (0..n_rows).collect();
+            &all_rows
+        }
+    };
+    let bad = |what: &str, i: usize, n: usize| {
+        ConvertError::tensor(
+            name,
+            format!("{what} {i} picked from a tensor of shape {shape:?} ({n} {what}s)"),
+        )
+    };
+    let mut out = Vec::with_capacity(rows.len() * cols.map_or(n_cols, <[usize]>::len));
+    for &r in rows {
+        if r >= n_rows {
+            return Err(bad("row", r, n_rows));
+        }
+        let row = &data[r * n_cols..(r + 1) * n_cols];
+        match cols {
+            None => out.extend_from_slice(row),
+            Some(cs) => {
+                for &c in cs {
+                    out.push(*row.get(c).ok_or_else(|| bad("column", c, n_cols))?);
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Row permutation of Q/K: within each head of `hd = rows / n_head` rows,

@@ -146,3 +146,52 @@ fn nemotron_h_moe() {
 fn llama() {
     check("llama", &[], &[]);
 }
+
+/// The Gated DeltaNet hybrids (tests/fixtures/hf/<name>, f32 checkpoints)
+/// against llama.cpp's `--outtype f32 --no-mtp` conversion that the parity
+/// tests run (tests/fixtures/parity/<name>/model.gguf), byte for byte:
+/// Qwen3.5's value heads re-tiled, Qwen3-Next's fused `in_proj_qkvz` split,
+/// the zero-centred norms stored as 1 + w.
+fn check_f32_parity(name: &str) {
+    let out = tmp(&format!("{name}.gguf"));
+    let opts = ConvertOptions {
+        out_type: OutType::F32,
+        name: Some(name.into()),
+        progress: false,
+    };
+    convert(&root().join("hf").join(name), &out, &opts).unwrap();
+    let ours = std::fs::read(&out).unwrap();
+    let theirs = std::fs::read(root().join("parity").join(name).join("model.gguf")).unwrap();
+    let d = diff(
+        &GgufFile::open(&out).unwrap(),
+        &GgufFile::open(root().join("parity").join(name).join("model.gguf")).unwrap(),
+        &[],
+        &[],
+    );
+    let _ = std::fs::remove_file(&out);
+    assert!(
+        d.is_empty(),
+        "{name}: {} differences:\n{}",
+        d.len(),
+        d.join("\n")
+    );
+    assert!(
+        ours == theirs,
+        "{name}: same content but not the same bytes"
+    );
+}
+
+#[test]
+fn qwen35() {
+    check_f32_parity("qwen35_tiny");
+}
+
+#[test]
+fn qwen35moe() {
+    check_f32_parity("qwen35moe_tiny");
+}
+
+#[test]
+fn qwen3next() {
+    check_f32_parity("qwen3next_tiny");
+}

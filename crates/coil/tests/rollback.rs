@@ -9,9 +9,23 @@ use std::path::PathBuf;
 
 mod common;
 
-use common::{assert_close, llama_cpp_fixture, ARCHS};
+use common::{assert_close, llama_cpp_fixture, tool_fixture, ARCHS};
+
+/// Gated DeltaNet hybrids (tools/make_fixtures_qwen35.py), beside the
+/// llama.cpp fixtures of `ARCHS`.
+const GATED_DELTA: [&str; 3] = ["qwen35_tiny", "qwen35moe_tiny", "qwen3next_tiny"];
+
+fn all_archs() -> impl Iterator<Item = &'static str> {
+    ARCHS.into_iter().chain(GATED_DELTA)
+}
 
 fn fixture(arch: &str) -> (PathBuf, Vec<u32>) {
+    if GATED_DELTA.contains(&arch) {
+        // 37 tokens: repeated to the 64 the tests index (no logits needed).
+        let f = tool_fixture(arch);
+        let tokens = f.tokens.iter().cycle().take(64).copied().collect();
+        return (f.model, tokens);
+    }
     let f = llama_cpp_fixture(arch);
     (f.model, f.tokens)
 }
@@ -46,7 +60,7 @@ impl Lcg {
 #[test]
 fn truncate_then_decode_equals_prefill_then_decode() {
     let mut rng = Lcg(7);
-    for arch in ARCHS {
+    for arch in all_archs() {
         let (path, tokens) = fixture(arch);
         for interval in [8, 0] {
             let mut e = engine(&path, interval);
@@ -89,7 +103,7 @@ fn truncate_then_decode_equals_prefill_then_decode() {
 
 #[test]
 fn forks_diverge_independently_and_rollback_leaves_others_alone() {
-    for arch in ARCHS {
+    for arch in all_archs() {
         let (path, tokens) = fixture(arch);
         let mut e = engine(&path, 8);
         e.eval(0, &tokens[..20], LogitRows::None, 0).unwrap();
@@ -172,7 +186,7 @@ fn tmpfile(name: &str) -> PathBuf {
 
 #[test]
 fn save_load_continue_equals_continue() {
-    for arch in ARCHS {
+    for arch in all_archs() {
         let (path, tokens) = fixture(arch);
         let mut e = engine(&path, 8);
         e.eval(0, &tokens[..30], LogitRows::None, 0).unwrap();
@@ -336,7 +350,7 @@ fn forks_share_kv_pages_and_continue_independently() {
 /// references to states that later passes move away from, never write.
 #[test]
 fn per_token_checkpoints_restore_exactly() {
-    for arch in ARCHS {
+    for arch in all_archs() {
         let (path, tokens) = fixture(arch);
         let opts = |every_call| EngineOptions {
             n_seq_max: 2,

@@ -51,11 +51,17 @@ fn vectors(stem: &str) -> Vec<(String, Vec<u32>)> {
 }
 
 fn check_golden(tok: &Tokenizer, stem: &str) {
+    check_golden_n(tok, stem, 46);
+}
+
+/// `n_inputs`: how many inputs llama.cpp's file holds (the split leaves
+/// one empty tail more).
+fn check_golden_n(tok: &Tokenizer, stem: &str, n_inputs: usize) {
     let vecs = vectors(stem);
     assert_eq!(
         vecs.len(),
-        47,
-        "{stem}: expected llama.cpp's 46 inputs plus the empty tail"
+        n_inputs + 1,
+        "{stem}: expected llama.cpp's {n_inputs} inputs plus the empty tail"
     );
     let mut failures = Vec::new();
     for (i, (text, want)) in vecs.iter().enumerate() {
@@ -87,6 +93,31 @@ fn golden_gpt_neox_mpt() {
     assert_eq!(tok.pre_tokenizer(), PreTokenizer::Gpt2);
     assert_eq!(tok.n_vocab(), 50432);
     check_golden(&tok, "ggml-vocab-mpt.gguf");
+}
+
+/// Qwen3.5 / Qwen3.6 (and Qwen3-Next files that name it): the Qwen2 regex
+/// whose letter runs also take combining marks (`\p{M}`), 248,320 tokens.
+#[test]
+fn golden_qwen35() {
+    let file = GgufFile::open(fixture("ggml-vocab-qwen35.gguf")).unwrap();
+    let tok = Tokenizer::from_gguf(&file).unwrap();
+    assert_eq!(tok.kind(), VocabKind::Bpe);
+    assert_eq!(tok.pre_tokenizer(), PreTokenizer::Qwen35);
+    check_golden_n(&tok, "ggml-vocab-qwen35.gguf", 50);
+}
+
+/// Where the Qwen3.5 regex and the Qwen2 one part: a combining mark after a
+/// letter stays in the word (Qwen2 splits it off with what follows).
+#[test]
+fn qwen35_marks_stay_in_words() {
+    let split = |p: PreTokenizer, s: &'static str| {
+        let mut out = Vec::new();
+        p.split(s, &mut out);
+        out
+    };
+    let text = "cafe\u{301} ok";
+    assert_eq!(split(PreTokenizer::Qwen35, text), ["cafe\u{301}", " ok"]);
+    assert_eq!(split(PreTokenizer::Qwen2, text), ["cafe", "\u{301}", " ok"]);
 }
 
 #[test]

@@ -19,7 +19,7 @@ pub(crate) struct TextOpts {
 }
 
 /// The `rope_parameters` (transformers 5) or `rope_scaling` table.
-fn rope_params(cfg: &Config) -> serde_json::Map<String, serde_json::Value> {
+pub(crate) fn rope_params(cfg: &Config) -> serde_json::Map<String, serde_json::Value> {
     cfg.get("rope_parameters")
         .or_else(|| cfg.get("rope_scaling"))
         .and_then(|v| v.as_object())
@@ -89,6 +89,21 @@ pub(crate) fn text_params(ctx: &Ctx, kv: &mut Kv, n_layer: usize, o: TextOpts) -
             }
         }
         _ => {}
+    }
+    // Multi-section RoPE (Qwen-VL, Qwen3.5): [time, height, width, extra].
+    if let Some(sec) = rp.get("mrope_section") {
+        let mut v: Vec<u64> = sec
+            .as_array()
+            .map(|a| a.iter().filter_map(|x| x.as_u64()).collect())
+            .unwrap_or_default();
+        if v.len() != sec.as_array().map_or(0, Vec::len) {
+            return Err(crate::error::ConvertError::config(
+                "rope_parameters.mrope_section",
+                format!("expected a list of integers, found {sec}"),
+            ));
+        }
+        v.resize(v.len().max(4), 0);
+        kv.i32s("rope.dimension_sections", &v[..4])?;
     }
     let theta = rp
         .get("rope_theta")

@@ -8,6 +8,7 @@ mod jamba;
 mod llama;
 mod mamba;
 mod nemotron_h;
+mod qwen35;
 
 use crate::config::Config;
 use crate::error::{ConvertError, Result};
@@ -27,6 +28,11 @@ pub const SUPPORTED: &[&str] = &[
     "NemotronHForCausalLM",
     "LlamaForCausalLM",
     "MistralForCausalLM",
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration",
+    "Qwen3NextForCausalLM",
 ];
 
 /// How the vocabulary is written.
@@ -142,6 +148,16 @@ pub(crate) fn for_arch<'a>(hf_arch: &str, ctx: &'a Ctx<'a>) -> Result<Box<dyn Ar
         "LlamaForCausalLM" | "MistralForCausalLM" | "LLaMAForCausalLM" => {
             Box::new(llama::Llama::new(ctx)?)
         }
+        "Qwen3_5ForCausalLM" | "Qwen3_5ForConditionalGeneration" => {
+            Box::new(qwen35::GatedDeltaHybrid::new(ctx, qwen35::Family::Qwen35)?)
+        }
+        "Qwen3_5MoeForCausalLM" | "Qwen3_5MoeForConditionalGeneration" => Box::new(
+            qwen35::GatedDeltaHybrid::new(ctx, qwen35::Family::Qwen35Moe)?,
+        ),
+        "Qwen3NextForCausalLM" => Box::new(qwen35::GatedDeltaHybrid::new(
+            ctx,
+            qwen35::Family::Qwen3Next,
+        )?),
         other => {
             return Err(ConvertError::UnsupportedArch {
                 arch: other.to_string(),
@@ -186,6 +202,12 @@ impl Kv {
     pub fn bool(&mut self, k: &str, v: bool) {
         let key = self.key(k);
         self.md.insert(key, Value::Bool(v));
+    }
+
+    pub fn bools(&mut self, k: &str, v: &[bool]) {
+        let key = self.key(k);
+        let items = v.iter().map(|&b| Value::Bool(b)).collect();
+        self.md.insert(key, Value::Array(ValueType::Bool, items));
     }
 
     pub fn i32s(&mut self, k: &str, v: &[u64]) -> Result<()> {

@@ -57,6 +57,10 @@ pub const PRE_HASHES: &[(&str, &str)] = &[
         "qwen2",
     ),
     (
+        "1444df51289cfa8063b96f0e62b1125440111bc79a52003ea14b6eac7016fd5f",
+        "qwen35",
+    ),
+    (
         "66b8d4e19ab16c3bfd89bce5d785fb7e0155e8648708a1f42077cb9fe002c273",
         "grok-2",
     ),
@@ -232,10 +236,20 @@ pub const PRE_HASHES: &[(&str, &str)] = &[
         "4a2e2abae11ca2b86d570fc5b44be4d5eb5e72cc8f22dd136a94b37da83ab665",
         "kormo",
     ),
+    (
+        "d30d75d9059f1aa2c19359de71047b3ae408c70875e8a3ccf8c5fba56c9d8af4",
+        "qwen35",
+    ),
     // The GPT-NeoX vocabulary cut to 4096 ids (coil's test fixtures); the
     // full NeoX vocabulary is "olmo" above.
     (
         "5b9631f34ae8ca6c4a5cc9da41c67df94e712005b1e5055040881c685a29e31b",
+        "olmo",
+    ),
+    // The same vocabulary cut to 1024 ids (coil's parity fixtures, e.g.
+    // tests/fixtures/hf/qwen35_tiny).
+    (
+        "944a7414300e9b2eb9ee2f7989facfa7e72abe9b5d19aee76753bfe9c3cbb8a6",
         "olmo",
     ),
 ];

@@ -5,6 +5,7 @@
 pub mod act;
 pub mod attention;
 pub mod conv;
+pub mod gated_delta;
 pub mod norm;
 pub mod rope;
 pub mod ssd;

@@ -13,6 +13,8 @@ pub mod mamba;
 pub mod mamba2;
 pub mod nemotron_h;
 pub mod plan;
+pub mod qwen35;
+pub mod qwen3next;
 pub mod weights;
 
 pub use plan::{FeedForward, LayerKind, LayerPlan, Mixer};
@@ -163,6 +165,8 @@ pub fn load(file: Arc<GgufFile>) -> Result<Box<dyn Model>, ModelError> {
         "falcon-h1" => falcon_h1::load(file, plan)?,
         "nemotron_h" | "nemotron_h_moe" => nemotron_h::load(file, plan)?,
         "llama" => llama::load(file, plan)?,
+        "qwen35" | "qwen35moe" => qwen35::load(file, plan)?,
+        "qwen3next" => qwen3next::load(file, plan)?,
         other => return Err(ModelError::NotImplemented(other.to_string())),
     };
     Ok(Box::new(stack))

@@ -16,6 +16,8 @@ pub enum Mixer {
     AttentionParallelMamba2,
     /// A feed-forward-only layer (Nemotron-H `-` / `E`).
     None,
+    /// Gated DeltaNet (Qwen3.5, Qwen3-Next linear-attention layers).
+    GatedDeltaNet,
 }
 
 /// The per-token feed-forward of a layer.
@@ -36,7 +38,7 @@ impl Mixer {
     pub fn has_recurrent(self) -> bool {
         matches!(
             self,
-            Mixer::Mamba1 | Mixer::Mamba2 | Mixer::AttentionParallelMamba2
+            Mixer::Mamba1 | Mixer::Mamba2 | Mixer::AttentionParallelMamba2 | Mixer::GatedDeltaNet
         )
     }
     pub fn name(self) -> &'static str {
@@ -46,6 +48,7 @@ impl Mixer {
             Mixer::Mamba2 => "mamba2",
             Mixer::AttentionParallelMamba2 => "attention+mamba2",
             Mixer::None => "none",
+            Mixer::GatedDeltaNet => "gated_deltanet",
         }
     }
 }
@@ -84,7 +87,7 @@ pub enum PlanError {
 }
 
 /// GGUF architectures coil knows.
-pub const SUPPORTED_ARCHS: [&str; 8] = [
+pub const SUPPORTED_ARCHS: [&str; 11] = [
     "mamba",
     "mamba2",
     "jamba",
@@ -93,6 +96,9 @@ pub const SUPPORTED_ARCHS: [&str; 8] = [
     "nemotron_h",
     "nemotron_h_moe",
     "llama",
+    "qwen35",
+    "qwen35moe",
+    "qwen3next",
 ];
 
 /// A per-layer integer hyper-parameter: either one value for all layers or
@@ -131,6 +137,52 @@ pub fn per_layer_u64(
     }
 }
 
+/// Which layers are recurrent (Gated DeltaNet) in a `qwen35` / `qwen35moe` /
+/// `qwen3next` file: the `attention.recurrent_layers` flags, else every
+/// layer but each `full_attention_interval`-th (default 4), as llama.cpp
+/// reads them.
+fn recurrent_layers(file: &GgufFile, arch: &str, n_layer: usize) -> Result<Vec<bool>, PlanError> {
+    let key = format!("{arch}.attention.recurrent_layers");
+    let bad = |key: &str, reason: String| PlanError::Metadata {
+        key: key.to_string(),
+        reason,
+    };
+    match file.metadata().get(&key) {
+        Some(Value::Array(_, items)) => {
+            // llama.cpp's converter appends `false` for multi-token-prediction
+            // blocks beyond block_count (not written with --no-mtp).
+            if items.len() < n_layer {
+                return Err(bad(
+                    &key,
+                    format!("has {} entries for {n_layer} layers", items.len()),
+                ));
+            }
+            items[..n_layer]
+                .iter()
+                .map(|v| match v {
+                    Value::Bool(b) => Ok(*b),
+                    other => other
+                        .as_u64()
+                        .map(|x| x != 0)
+                        .ok_or_else(|| bad(&key, format!("entry {other} is not a flag"))),
+                })
+                .collect()
+        }
+        Some(v) => Err(bad(&key, format!("{v} is not an array of flags"))),
+        None => {
+            let key = format!("{arch}.full_attention_interval");
+            let every = match file.metadata().get(&key) {
+                None => 4,
+                Some(v) => v
+                    .as_u64()
+                    .filter(|&x| x > 0)
+                    .ok_or_else(|| bad(&key, format!("{v} is not a positive count")))?,
+            } as usize;
+            Ok((0..n_layer).map(|i| (i + 1) % every != 0).collect())
+        }
+    }
+}
+
 impl LayerPlan {
     pub fn from_gguf(file: &GgufFile) -> Result<LayerPlan, PlanError> {
         let arch = file
@@ -154,7 +206,21 @@ impl LayerPlan {
                 reason: format!("{n_layer} layers is out of range"),
             });
         }
-        let n_layer = n_layer as usize;
+        let mut n_layer = n_layer as usize;
+        let gated_delta = matches!(arch.as_str(), "qwen35" | "qwen35moe" | "qwen3next");
+        if gated_delta {
+            // Multi-token-prediction blocks follow the trunk's layers; they
+            // are not part of the forward pass (llama.cpp skips them too).
+            let key = format!("{arch}.nextn_predict_layers");
+            let nextn = file.metadata().get_u64(&key).unwrap_or(0) as usize;
+            if nextn >= n_layer {
+                return Err(PlanError::Metadata {
+                    key,
+                    reason: format!("{nextn} prediction layers leave none of {n_layer}"),
+                });
+            }
+            n_layer -= nextn;
+        }
         let kv = per_layer_u64(file, &format!("{arch}.attention.head_count_kv"), n_layer)?;
         let ff = per_layer_u64(file, &format!("{arch}.feed_forward_length"), n_layer)?;
         let has = |i: usize, t: &str| file.tensor_info(&format!("blk.{i}.{t}.weight")).is_some();
@@ -172,6 +238,11 @@ impl LayerPlan {
             }
         };
         let kv_at = |i: usize| kv.as_ref().map_or(0, |v| v[i]);
+        let recurrent = if gated_delta {
+            Some(recurrent_layers(file, &arch, n_layer)?)
+        } else {
+            None
+        };
         let layers = (0..n_layer)
             .map(|i| {
                 let mixer = match arch.as_str() {
@@ -183,6 +254,10 @@ impl LayerPlan {
                     "jamba" => Mixer::Mamba1,
                     "granitehybrid" if kv_at(i) > 0 => Mixer::Attention,
                     "granitehybrid" => Mixer::Mamba2,
+                    _ if gated_delta => match recurrent.as_ref().is_some_and(|r| r[i]) {
+                        true => Mixer::GatedDeltaNet,
+                        false => Mixer::Attention,
+                    },
                     // nemotron_h(_moe): one block per layer, chosen by the
                     // per-layer arrays: attention, feed-forward, or Mamba-2.
                     _ if kv_at(i) > 0 => Mixer::Attention,
@@ -222,7 +297,8 @@ impl LayerPlan {
     }
 
     /// A one-letter-per-layer pattern in Nemotron-H's notation: `M` Mamba,
-    /// `*` attention, `P` parallel, `-` dense FFN, `E` MoE; a layer with both
+    /// `*` attention, `P` parallel, `-` dense FFN, `E` MoE (and `D` Gated
+    /// DeltaNet); a layer with both
     /// a mixer and a feed-forward shows the mixer.
     pub fn pattern(&self) -> String {
         self.layers
@@ -230,6 +306,7 @@ impl LayerPlan {
             .map(|l| match (l.mixer, l.ffn) {
                 (Mixer::Attention, _) => '*',
                 (Mixer::Mamba1 | Mixer::Mamba2, _) => 'M',
+                (Mixer::GatedDeltaNet, _) => 'D',
                 (Mixer::AttentionParallelMamba2, _) => 'P',
                 (Mixer::None, FeedForward::Moe | FeedForward::MoeShared) => 'E',
                 (Mixer::None, _) => '-',

@@ -6,7 +6,7 @@
 //! A pre-tokenizer is a pipeline of stages. Every stage splits each segment
 //! the previous stage produced; segments never merge again.
 
-use super::unicode::{flags, LETTER, NUMBER, PUNCTUATION, VALID, WHITESPACE};
+use super::unicode::{flags, LETTER, MARK, NUMBER, PUNCTUATION, VALID, WHITESPACE};
 use super::TokenizerError;
 
 /// One splitting stage (one regex of llama.cpp's `regex_exprs`).
@@ -15,8 +15,10 @@ enum Stage {
     /// `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
     Gpt2,
     /// `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
-    /// with N = the digit group size (3 for LLaMA-3, 1 for Qwen2).
-    Llama3 { digits: usize },
+    /// with N = the digit group size (3 for LLaMA-3, 1 for Qwen2). With
+    /// `marks` (Qwen3.5) letter runs also take combining marks:
+    /// `[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+` and ` ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*`.
+    Llama3 { digits: usize, marks: bool },
     /// The case-aware regexes of Tekken and GPT-4o, as llama.cpp adapts
     /// them (an "upper" letter is any letter but `a-z`, a "lower" one any
     /// letter but `A-Z`):
@@ -53,6 +55,9 @@ pub enum PreTokenizer {
     /// The LLaMA-3 regex with single digits (qwen2, stablelm2, hunyuan,
     /// grok-2, megrez, ...).
     Qwen2,
+    /// The Qwen2 regex whose letter runs also take combining marks
+    /// (`\p{M}`): Qwen3.5 / Qwen3.6 (qwen35).
+    Qwen35,
     /// Single digits split off, then GPT-2 (refact, starcoder, command-r,
     /// smollm, codeshell, exaone, minerva-7b).
     Refact,
@@ -89,6 +94,7 @@ impl PreTokenizer {
             "dbrx" | "smaug-bpe" | "glm4" | "chatglm-bpe" => PreTokenizer::Dbrx,
             "qwen2" | "deepseek-r1-qwen" | "kormo" | "megrez" | "stablelm2" | "hunyuan"
             | "grok-2" => PreTokenizer::Qwen2,
+            "qwen35" => PreTokenizer::Qwen35,
             "refact" | "starcoder" | "command-r" | "smollm" | "codeshell" | "exaone"
             | "minerva-7b" => PreTokenizer::Refact,
             "falcon" => PreTokenizer::Falcon,
@@ -119,8 +125,18 @@ impl PreTokenizer {
                 Stage::ThreeAsciiDigits,
             ],
             PreTokenizer::Gpt2 => &[Stage::Gpt2],
-            PreTokenizer::Llama3 | PreTokenizer::Dbrx => &[Stage::Llama3 { digits: 3 }],
-            PreTokenizer::Qwen2 => &[Stage::Llama3 { digits: 1 }],
+            PreTokenizer::Llama3 | PreTokenizer::Dbrx => &[Stage::Llama3 {
+                digits: 3,
+                marks: false,
+            }],
+            PreTokenizer::Qwen2 => &[Stage::Llama3 {
+                digits: 1,
+                marks: false,
+            }],
+            PreTokenizer::Qwen35 => &[Stage::Llama3 {
+                digits: 1,
+                marks: true,
+            }],
             PreTokenizer::Refact => &[Stage::NumberChar, Stage::Gpt2],
             PreTokenizer::Falcon => &[
                 Stage::PunctRun { backtick: true },
@@ -174,7 +190,7 @@ impl PreTokenizer {
                 };
                 match stage {
                     Stage::Gpt2 => split_gpt2(&seg, &mut sink),
-                    Stage::Llama3 { digits } => split_llama3(&seg, &mut sink, digits),
+                    Stage::Llama3 { digits, marks } => split_llama3(&seg, &mut sink, digits, marks),
                     Stage::Cased {
                         contractions,
                         digits,
@@ -378,8 +394,12 @@ fn split_gpt2(seg: &Seg<'_>, sink: &mut Sink<'_>) {
 
 /// llama.cpp's `unicode_regex_split_custom_llama3`, with the digit group
 /// size as a parameter (3; 1 gives the Qwen2 regex, which llama.cpp runs
-/// through `std::regex` with the same result).
-fn split_llama3(seg: &Seg<'_>, sink: &mut Sink<'_>, digits: usize) {
+/// through `std::regex` with the same result); `marks` counts combining
+/// marks as letters in the word and symbol runs (Qwen3.5's regex, llama.cpp's
+/// `unicode_regex_split_custom_qwen35`).
+fn split_llama3(seg: &Seg<'_>, sink: &mut Sink<'_>, digits: usize, marks: bool) {
+    // What a letter run takes (and a symbol run stops at).
+    let word = if marks { LETTER | MARK } else { LETTER };
     let is_rn = |c: Option<char>| matches!(c, Some('\r' | '\n'));
     let lower = |c: char| c.to_ascii_lowercase();
     let mut pos = seg.ini;
@@ -405,12 +425,12 @@ fn split_llama3(seg: &Seg<'_>, sink: &mut Sink<'_>, digits: usize) {
             }
         }
 
-        // [^\r\n\p{L}\p{N}]?\p{L}+
+        // [^\r\n\p{L}\p{N}]?\p{L}+  (or [\p{L}\p{M}]+)
         if !(cpt == '\r' || cpt == '\n' || fl & NUMBER != 0)
-            && (fl & LETTER != 0 || seg.flag(pos + 1) & LETTER != 0)
+            && (fl & word != 0 || seg.flag(pos + 1) & word != 0)
         {
             pos += 1;
-            while seg.flag(pos) & LETTER != 0 {
+            while seg.flag(pos) & word != 0 {
                 pos += 1;
             }
             sink.add(pos);
@@ -431,11 +451,11 @@ fn split_llama3(seg: &Seg<'_>, sink: &mut Sink<'_>, digits: usize) {
             continue;
         }
 
-        // ' ?[^\s\p{L}\p{N}]+[\r\n]*'
+        // ' ?[^\s\p{L}\p{N}]+[\r\n]*'  (or [^\s\p{L}\p{M}\p{N}])
         let mut fl2 = if cpt == ' ' { seg.flag(pos + 1) } else { fl };
-        if fl2 & (WHITESPACE | LETTER | NUMBER) == 0 && fl & VALID != 0 {
+        if fl2 & (WHITESPACE | word | NUMBER) == 0 && fl & VALID != 0 {
             pos += usize::from(cpt == ' ');
-            while fl2 & (WHITESPACE | LETTER | NUMBER) == 0 && fl2 & VALID != 0 {
+            while fl2 & (WHITESPACE | word | NUMBER) == 0 && fl2 & VALID != 0 {
                 pos += 1;
                 fl2 = seg.flag(pos);
             }

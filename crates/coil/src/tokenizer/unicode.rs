@@ -1,5 +1,5 @@
 //! Unicode helpers: the code point classes the pre-tokenizer regexes use
-//! (`\p{L}`, `\p{N}`, `\p{P}`, `\s`) and GPT-2's byte ↔ unicode mapping.
+//! (`\p{L}`, `\p{M}`, `\p{N}`, `\p{P}`, `\s`) and GPT-2's byte ↔ unicode mapping.
 //!
 //! `char::is_alphabetic` is the Alphabetic *property*, which also covers
 //! combining marks (e.g. Khmer vowel signs) and letter numbers, so it is not
@@ -9,7 +9,7 @@
 //!
 //! ```text
 //! import unicodedata, sys
-//! cls = lambda c: {'L': 'L', 'N': 'N', 'P': 'P'}.get(unicodedata.category(chr(c))[0])
+//! cls = lambda c: {'L': 'L', 'N': 'N', 'P': 'P', 'M': 'M'}.get(unicodedata.category(chr(c))[0])
 //! ranges, cur = [], None
 //! for cp in range(0x110000):
 //!     k = cls(cp)
@@ -30,6 +30,8 @@ use super::unicode_tables::CLASS_RANGES;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CharClass {
     Letter,
+    /// Combining marks (`\p{M}`: Mn, Mc, Me).
+    Mark,
     Number,
     Punctuation,
 }
@@ -41,6 +43,8 @@ pub(crate) const WHITESPACE: u8 = 4;
 pub(crate) const PUNCTUATION: u8 = 8;
 /// Set for every real code point; a position outside the segment has flags 0.
 pub(crate) const VALID: u8 = 16;
+/// A combining mark (`\p{M}`); only the Qwen3.5 regex tells marks apart.
+pub(crate) const MARK: u8 = 32;
 
 fn class_of(c: char) -> Option<CharClass> {
     let cp = c as u32;
@@ -99,7 +103,7 @@ const fn ascii_flags_table() -> [u8; 128] {
 
 static ASCII_FLAGS: [u8; 128] = ascii_flags_table();
 
-/// Flags of a code point: `LETTER`/`NUMBER`/`PUNCTUATION` from the general
+/// Flags of a code point: `LETTER`/`MARK`/`NUMBER`/`PUNCTUATION` from the general
 /// category, `WHITESPACE` from the White_Space property, always `VALID`.
 #[inline]
 pub(crate) fn flags(c: char) -> u8 {
@@ -113,6 +117,7 @@ pub(crate) fn flags(c: char) -> u8 {
     }
     match class_of(c) {
         Some(CharClass::Letter) => f | LETTER,
+        Some(CharClass::Mark) => f | MARK,
         Some(CharClass::Number) => f | NUMBER,
         Some(CharClass::Punctuation) => f | PUNCTUATION,
         None => f,
@@ -197,13 +202,15 @@ mod tests {
         assert_eq!(flags('\u{3000}'), VALID | WHITESPACE);
         assert_eq!(flags('\u{85}'), VALID | WHITESPACE);
         assert_eq!(flags('\u{A0}'), VALID | WHITESPACE);
-        // Khmer vowel sign AA (Mc) is Alphabetic but not a letter.
+        // Khmer vowel sign AA (Mc) is Alphabetic but not a letter: a mark.
         assert!('\u{17B6}'.is_alphabetic());
-        assert_eq!(flags('\u{17B6}'), VALID);
-        // Emoji, ZWJ, variation selector: none of the classes.
+        assert_eq!(flags('\u{17B6}'), VALID | MARK);
+        // combining acute accent (Mn)
+        assert_eq!(flags('\u{301}'), VALID | MARK);
+        // Emoji, ZWJ: none of the classes; a variation selector is a mark.
         assert_eq!(flags('🦙'), VALID);
         assert_eq!(flags('\u{200D}'), VALID);
-        assert_eq!(flags('\u{FE0F}'), VALID);
+        assert_eq!(flags('\u{FE0F}'), VALID | MARK);
         assert_eq!(flags('～'), VALID); // U+FF5E is Sm
         assert_eq!(flags('。'), VALID | PUNCTUATION);
         // ASCII table agrees with the range table.
@@ -215,6 +222,7 @@ mod tests {
             }
             f |= match class_of(c) {
                 Some(CharClass::Letter) => LETTER,
+                Some(CharClass::Mark) => MARK,
                 Some(CharClass::Number) => NUMBER,
                 Some(CharClass::Punctuation) => PUNCTUATION,
                 None => 0,

@@ -241,3 +241,33 @@ impl Moe {
         }
     }
 }
+
+/// A mixture of experts plus an always-on shared expert scaled per token by
+/// `sigmoid(shared_gate · x)` (Qwen2-MoE family: Qwen3-Next, Qwen3.5-MoE).
+pub struct MoeGatedShared {
+    pub moe: Moe,
+    pub shared: DenseFfn,
+    /// `ffn_gate_inp_shexp`: `[1, d_model]`.
+    pub shared_gate: Matrix,
+}
+
+impl MoeGatedShared {
+    /// `x`: `[n, d_model]` → `out`: `[n, d_model]`.
+    pub fn forward(&self, file: &GgufFile, pool: &ThreadPool, x: &[f32], out: &mut [f32]) {
+        let d = self.moe.router.cols;
+        let n = x.len() / d;
+        self.moe.forward(file, pool, x, out);
+        let mut s = Scratch::dirty(n * d);
+        self.shared.forward(file, pool, x, &mut s);
+        let mut gate = Scratch::dirty(n);
+        matmul(pool, &self.shared_gate.get(file), x, &mut gate, n);
+        for ((o, sr), g) in out
+            .chunks_exact_mut(d)
+            .zip(s.chunks_exact(d))
+            .zip(gate.iter())
+        {
+            let w = 1.0 / (1.0 + (-g).exp());
+            o.iter_mut().zip(sr).for_each(|(o, v)| *o += w * v);
+        }
+    }
+}

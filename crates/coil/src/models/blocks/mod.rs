@@ -3,6 +3,8 @@
 pub mod attention;
 pub mod common;
 pub mod ffn;
+pub mod gated_attention;
+pub mod gated_delta_mixer;
 pub mod mamba1_mixer;
 pub mod mamba2_mixer;
 pub mod stack;

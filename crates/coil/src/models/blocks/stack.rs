@@ -12,7 +12,9 @@
 
 use super::attention::Attention;
 use super::common::{check_ubatch, Embedding, OutputHead};
-use super::ffn::{DenseFfn, Moe};
+use super::ffn::{DenseFfn, Moe, MoeGatedShared};
+use super::gated_attention::GatedAttention;
+use super::gated_delta_mixer::GatedDeltaMixer;
 use super::mamba1_mixer::Mamba1Mixer;
 use super::mamba2_mixer::Mamba2Mixer;
 use crate::memory::{KvLayerShape, KvMemory, Memory, RecurrentLayerShape, RecurrentMemory};
@@ -30,12 +32,17 @@ pub enum MixerBlock {
     Mamba2(Box<Mamba2Mixer>),
     /// Attention and Mamba-2 on the same normed input, outputs summed.
     Parallel(Box<Attention>, Box<Mamba2Mixer>),
+    /// Attention with q/k norms and a sigmoid output gate (Qwen3.5 / Qwen3-Next).
+    GatedAttention(Box<GatedAttention>),
+    GatedDeltaNet(Box<GatedDeltaMixer>),
 }
 
 pub enum FfnBlock {
     None,
     Dense(Box<DenseFfn>),
     Moe(Box<Moe>),
+    /// Experts plus a sigmoid-gated shared expert.
+    MoeGatedShared(Box<MoeGatedShared>),
 }
 
 pub struct StackLayer {
@@ -52,6 +59,7 @@ impl StackLayer {
         match &self.mixer {
             MixerBlock::Mamba1(m) => Some(m.p.state_shape()),
             MixerBlock::Mamba2(m) | MixerBlock::Parallel(_, m) => Some(m.p.state_shape()),
+            MixerBlock::GatedDeltaNet(m) => Some(m.p.state_shape()),
             _ => None,
         }
     }
@@ -59,6 +67,10 @@ impl StackLayer {
     fn kv_shape(&self) -> Option<KvLayerShape> {
         match &self.mixer {
             MixerBlock::Attention(a) | MixerBlock::Parallel(a, _) => Some(KvLayerShape {
+                n_kv_head: a.p.n_kv_head,
+                head_dim: a.p.head_dim,
+            }),
+            MixerBlock::GatedAttention(a) => Some(KvLayerShape {
                 n_kv_head: a.p.n_kv_head,
                 head_dim: a.p.head_dim,
             }),
@@ -134,6 +146,8 @@ impl DecoderStack {
             MixerBlock::Attention(a) => a.forward(file, pool, l, rows, mem, h, out)?,
             MixerBlock::Mamba1(m) => m.forward(file, pool, l, rows, mem, h, out)?,
             MixerBlock::Mamba2(m) => m.forward(file, pool, l, rows, mem, h, out)?,
+            MixerBlock::GatedAttention(a) => a.forward(file, pool, l, rows, mem, h, out)?,
+            MixerBlock::GatedDeltaNet(m) => m.forward(file, pool, l, rows, mem, h, out)?,
             MixerBlock::Parallel(a, m) => {
                 a.forward(file, pool, l, rows, mem, h, out)?;
                 let mut o2 = Scratch::dirty(out.len());
@@ -203,6 +217,7 @@ impl Model for DecoderStack {
                 match &layer.ffn {
                     FfnBlock::Dense(f) => f.forward(&self.file, pool, &h, &mut o),
                     FfnBlock::Moe(f) => f.forward(&self.file, pool, &h, &mut o),
+                    FfnBlock::MoeGatedShared(f) => f.forward(&self.file, pool, &h, &mut o),
                     FfnBlock::None => {}
                 }
                 add_scaled_rows(pool, &mut x, rs, &o, d);

@@ -1,0 +1,368 @@
+//! The gated delta rule (Gated DeltaNet, Yang, Kautz & Hatamizadeh 2024),
+//! one state `S` (`[d_k, d_v]`, f32) per value head:
+//!
+//! ```text
+//! S ← exp(g)·S;   δ = β·(v − Sᵀk);   S ← S + k δᵀ;   o = Sᵀq
+//! ```
+//!
+//! with q, k already L2-normalised (q also scaled by 1/√d_k, see
+//! [`l2_normalize`]), β = sigmoid(b) and g ≤ 0 one scalar per value head and
+//! token. Value head j reads key head [`GatedDeltaDims::key_head`]`(j)`.
+//! [`gated_delta_scan`] runs the recurrence token by token (decode);
+//! `gated_delta_chunked` (see `gated_delta_chunk.rs`) gives the same result
+//! with matrix products per chunk (prefill).
+
+use crate::multiversion;
+use crate::pool::{SendPtr, ThreadPool};
+
+/// Which key head a value head reads, when there are more value heads than
+/// key heads (Hv = r·Hk).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadOrder {
+    /// Value head j reads key head j / r (the checkpoint's order; llama.cpp's
+    /// `qwen3next` files).
+    Grouped,
+    /// Value head j reads key head j % Hk (llama.cpp's `qwen35` files, whose
+    /// value heads the converter re-orders).
+    Tiled,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GatedDeltaDims {
+    pub n_k_head: usize,
+    pub n_v_head: usize,
+    pub d_k: usize,
+    pub d_v: usize,
+    pub order: HeadOrder,
+}
+
+impl GatedDeltaDims {
+    /// The key head value head `j` reads.
+    #[inline(always)]
+    pub fn key_head(&self, j: usize) -> usize {
+        match self.order {
+            HeadOrder::Grouped => j / (self.n_v_head / self.n_k_head),
+            HeadOrder::Tiled => j % self.n_k_head,
+        }
+    }
+
+    /// f32 elements of the state of all value heads.
+    pub fn state_len(&self) -> usize {
+        self.n_v_head * self.d_k * self.d_v
+    }
+
+    fn check(&self) {
+        assert!(
+            self.n_k_head > 0 && self.n_v_head.is_multiple_of(self.n_k_head),
+            "gated delta: value heads must be a multiple of key heads"
+        );
+        assert!(self.d_k > 0 && self.d_v > 0);
+    }
+}
+
+/// The per-token inputs, read in place from wider rows: token `i`'s q and k
+/// (`[Hk, d_k]` each) start at `q[i·ld_qk]`, `k[i·ld_qk]`, its v (`[Hv,
+/// d_v]`) at `v[i·ld_v]`; `g`, `beta`: `[n_tokens, Hv]`.
+#[derive(Clone, Copy)]
+pub struct DeltaInputs<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub ld_qk: usize,
+    pub v: &'a [f32],
+    pub ld_v: usize,
+    pub g: &'a [f32],
+    pub beta: &'a [f32],
+}
+
+impl DeltaInputs<'_> {
+    pub(crate) fn check(&self, d: &GatedDeltaDims, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let (kd, vd) = (d.n_k_head * d.d_k, d.n_v_head * d.d_v);
+        assert!(self.ld_qk >= kd && self.ld_v >= vd);
+        assert!(
+            self.q.len() >= (n - 1) * self.ld_qk + kd,
+            "gated delta: q too short"
+        );
+        assert!(
+            self.k.len() >= (n - 1) * self.ld_qk + kd,
+            "gated delta: k too short"
+        );
+        assert!(
+            self.v.len() >= (n - 1) * self.ld_v + vd,
+            "gated delta: v too short"
+        );
+        assert_eq!(
+            self.g.len(),
+            n * d.n_v_head,
+            "gated delta: g is not [n, Hv]"
+        );
+        assert_eq!(
+            self.beta.len(),
+            n * d.n_v_head,
+            "gated delta: beta is not [n, Hv]"
+        );
+    }
+
+    #[inline(always)]
+    pub(crate) fn q_at(&self, d: &GatedDeltaDims, i: usize, kh: usize) -> &[f32] {
+        &self.q[i * self.ld_qk + kh * d.d_k..][..d.d_k]
+    }
+    #[inline(always)]
+    pub(crate) fn k_at(&self, d: &GatedDeltaDims, i: usize, kh: usize) -> &[f32] {
+        &self.k[i * self.ld_qk + kh * d.d_k..][..d.d_k]
+    }
+    #[inline(always)]
+    pub(crate) fn v_at(&self, d: &GatedDeltaDims, i: usize, j: usize) -> &[f32] {
+        &self.v[i * self.ld_v + j * d.d_v..][..d.d_v]
+    }
+}
+
+/// `x ← scale · x / sqrt(Σx² + eps)` over each `dim`-wide row of `x`
+/// (transformers' / fla's `l2norm` with eps 1e-6, then the query scale).
+pub fn l2_normalize(x: &mut [f32], dim: usize, eps: f32, scale: f32) {
+    assert!(dim > 0 && x.len().is_multiple_of(dim));
+    for r in x.chunks_exact_mut(dim) {
+        let ss: f32 = r.iter().map(|v| v * v).sum();
+        let s = scale / (ss + eps).sqrt();
+        r.iter_mut().for_each(|v| *v *= s);
+    }
+}
+
+/// The recurrence over `n_tokens` tokens for every value head (heads spread
+/// over `pool`), from and into `state` (`[Hv, d_k, d_v]`); `out`:
+/// `[n_tokens, Hv, d_v]`.
+pub fn gated_delta_scan(
+    pool: &ThreadPool,
+    dims: GatedDeltaDims,
+    state: &mut [f32],
+    inp: DeltaInputs,
+    out: &mut [f32],
+    n_tokens: usize,
+) {
+    dims.check();
+    inp.check(&dims, n_tokens);
+    assert_eq!(
+        state.len(),
+        dims.state_len(),
+        "gated delta: state is not [Hv, dk, dv]"
+    );
+    assert_eq!(out.len(), n_tokens * dims.n_v_head * dims.d_v);
+    if n_tokens == 0 {
+        return;
+    }
+    let sp = SendPtr(state.as_mut_ptr());
+    let op = SendPtr(out.as_mut_ptr());
+    let hv = dims.n_v_head;
+    let grain = (hv / (pool.n_threads() * 4)).max(1);
+    pool.parallel_for(hv, grain, |hr, _| {
+        let mut kv = vec![0f32; dims.d_v];
+        for j in hr {
+            // SAFETY: each value head's state and output lanes belong to
+            // exactly one call (parallel_for hands out disjoint heads).
+            let s = unsafe {
+                std::slice::from_raw_parts_mut(
+                    sp.get().add(j * dims.d_k * dims.d_v),
+                    dims.d_k * dims.d_v,
+                )
+            };
+            head_scan_mv(&dims, j, s, &inp, op, &mut kv, n_tokens);
+        }
+    });
+}
+
+#[inline(always)]
+fn head_scan(
+    d: &GatedDeltaDims,
+    j: usize,
+    s: &mut [f32],
+    inp: &DeltaInputs,
+    out: SendPtr<f32>,
+    kv: &mut [f32],
+    n: usize,
+) {
+    let (dk, dv, hv) = (d.d_k, d.d_v, d.n_v_head);
+    let kh = d.key_head(j);
+    for i in 0..n {
+        let (q, k, v) = (inp.q_at(d, i, kh), inp.k_at(d, i, kh), inp.v_at(d, i, j));
+        let decay = inp.g[i * hv + j].exp();
+        let beta = inp.beta[i * hv + j];
+        // S ← exp(g)·S and kv = Sᵀk in one pass over the rows of S.
+        kv.fill(0.0);
+        for (r, &kr) in s.chunks_exact_mut(dv).zip(k) {
+            for (x, a) in r.iter_mut().zip(kv.iter_mut()) {
+                *x *= decay;
+                *a += kr * *x;
+            }
+        }
+        // δ = β(v − kv), kept in kv.
+        for (a, &vv) in kv.iter_mut().zip(v) {
+            *a = beta * (vv - *a);
+        }
+        // SAFETY: token i, head j: lanes no other head writes.
+        let o = unsafe { std::slice::from_raw_parts_mut(out.get().add((i * hv + j) * dv), dv) };
+        o.fill(0.0);
+        // S ← S + k δᵀ and o = Sᵀq in a second pass.
+        for ((r, &kr), &qr) in s.chunks_exact_mut(dv).zip(k).zip(q) {
+            for ((x, &dl), ov) in r.iter_mut().zip(kv.iter()).zip(o.iter_mut()) {
+                *x += kr * dl;
+                *ov += qr * *x;
+            }
+        }
+    }
+    debug_assert_eq!(s.len(), dk * dv);
+}
+multiversion!(fn head_scan_mv(
+    d: &GatedDeltaDims, j: usize, s: &mut [f32], inp: &DeltaInputs, out: SendPtr<f32>, kv: &mut [f32], n: usize
+) => head_scan);
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::testutil::Rng;
+
+    /// The textbook recurrence in f64, per value head (key head by `order`).
+    pub fn naive(
+        dims: &GatedDeltaDims,
+        s0: &[f32],
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        g: &[f32],
+        beta: &[f32],
+        n: usize,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let (hk, hv, dk, dv) = (dims.n_k_head, dims.n_v_head, dims.d_k, dims.d_v);
+        let mut s: Vec<f64> = s0.iter().map(|&x| x as f64).collect();
+        let mut out = vec![0f64; n * hv * dv];
+        for i in 0..n {
+            for j in 0..hv {
+                let kh = dims.key_head(j);
+                let sj = &mut s[j * dk * dv..(j + 1) * dk * dv];
+                let e = (g[i * hv + j] as f64).exp();
+                sj.iter_mut().for_each(|x| *x *= e);
+                for c in 0..dv {
+                    let mut kv = 0f64;
+                    for r in 0..dk {
+                        kv += sj[r * dv + c] * k[(i * hk + kh) * dk + r] as f64;
+                    }
+                    let delta = beta[i * hv + j] as f64 * (v[(i * hv + j) * dv + c] as f64 - kv);
+                    for r in 0..dk {
+                        sj[r * dv + c] += k[(i * hk + kh) * dk + r] as f64 * delta;
+                    }
+                }
+                for c in 0..dv {
+                    let mut o = 0f64;
+                    for r in 0..dk {
+                        o += sj[r * dv + c] * q[(i * hk + kh) * dk + r] as f64;
+                    }
+                    out[(i * hv + j) * dv + c] = o;
+                }
+            }
+        }
+        (s, out)
+    }
+
+    /// Random q, k (normalised), v, g, β and a start state.
+    pub struct Case {
+        pub q: Vec<f32>,
+        pub k: Vec<f32>,
+        pub v: Vec<f32>,
+        pub g: Vec<f32>,
+        pub beta: Vec<f32>,
+        pub s0: Vec<f32>,
+    }
+
+    pub fn random_inputs(rng: &mut Rng, dims: &GatedDeltaDims, n: usize) -> Case {
+        let (hk, hv, dk, dv) = (dims.n_k_head, dims.n_v_head, dims.d_k, dims.d_v);
+        let mut q = rng.vec(n * hk * dk);
+        let mut k = rng.vec(n * hk * dk);
+        l2_normalize(&mut q, dk, 1e-6, 1.0 / (dk as f32).sqrt());
+        l2_normalize(&mut k, dk, 1e-6, 1.0);
+        let v = rng.vec(n * hv * dv);
+        // g in (-2, 0), beta in (0, 1)
+        let g: Vec<f32> = rng.vec(n * hv).iter().map(|x| -(x.abs() * 2.0)).collect();
+        let beta: Vec<f32> = rng
+            .vec(n * hv)
+            .iter()
+            .map(|x| 1.0 / (1.0 + (-x).exp()))
+            .collect();
+        let s0 = rng.vec(hv * dk * dv);
+        Case {
+            q,
+            k,
+            v,
+            g,
+            beta,
+            s0,
+        }
+    }
+
+    #[test]
+    pub fn scan_matches_naive_in_both_orders_and_steps() {
+        let mut rng = Rng::new(11);
+        let pool = ThreadPool::new(2);
+        for order in [HeadOrder::Grouped, HeadOrder::Tiled] {
+            for &(hk, hv, dk, dv, n) in &[(2, 4, 8, 8, 9), (1, 3, 5, 7, 4), (2, 2, 16, 4, 1)] {
+                let dims = GatedDeltaDims {
+                    n_k_head: hk,
+                    n_v_head: hv,
+                    d_k: dk,
+                    d_v: dv,
+                    order,
+                };
+                let Case {
+                    q,
+                    k,
+                    v,
+                    g,
+                    beta,
+                    s0,
+                } = random_inputs(&mut rng, &dims, n);
+                let (ws, wo) = naive(&dims, &s0, &q, &k, &v, &g, &beta, n);
+                let inp = DeltaInputs {
+                    q: &q,
+                    k: &k,
+                    ld_qk: hk * dk,
+                    v: &v,
+                    ld_v: hv * dv,
+                    g: &g,
+                    beta: &beta,
+                };
+                let mut s = s0.clone();
+                let mut out = vec![0f32; n * hv * dv];
+                gated_delta_scan(&pool, dims, &mut s, inp, &mut out, n);
+                for (a, e) in out.iter().zip(&wo) {
+                    assert!((*a as f64 - e).abs() < 1e-4, "{a} vs {e}");
+                }
+                for (a, e) in s.iter().zip(&ws) {
+                    assert!((*a as f64 - e).abs() < 1e-4);
+                }
+                // token by token gives the same bits
+                let mut s2 = s0.clone();
+                let mut out2 = vec![0f32; n * hv * dv];
+                for i in 0..n {
+                    let one = DeltaInputs {
+                        q: &q[i * hk * dk..],
+                        k: &k[i * hk * dk..],
+                        v: &v[i * hv * dv..],
+                        g: &g[i * hv..(i + 1) * hv],
+                        beta: &beta[i * hv..(i + 1) * hv],
+                        ..inp
+                    };
+                    gated_delta_scan(
+                        &pool,
+                        dims,
+                        &mut s2,
+                        one,
+                        &mut out2[i * hv * dv..(i + 1) * hv * dv],
+                        1,
+                    );
+                }
+                assert_eq!(out, out2);
+                assert_eq!(s, s2);
+            }
+        }
+    }
+}

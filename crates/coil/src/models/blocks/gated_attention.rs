@@ -1,0 +1,138 @@
+//! Gated attention (Qwen3-Next, Qwen3.5): `attn_q` gives, per head, the
+//! query and an output gate (`[q (hd) | gate (hd)]`); q and k are
+//! RMS-normalised per head (`attn_q_norm`, `attn_k_norm`), rotated on their
+//! first `n_rot` lanes (NeoX halves), attend causally over the sequence's
+//! KV cells (grouped-query), and the result is scaled by `sigmoid(gate)`
+//! before `attn_output`.
+//!
+//! Qwen3.5's interleaved multi-section RoPE rotates every pair by the
+//! position of its section (time, height, width); for text all three are
+//! the token's position, so it is this plain rotation.
+
+use super::attention::AttentionParams;
+use crate::memory::Memory;
+use crate::models::weights::{Loader, Matrix};
+use crate::models::{ModelError, Rows};
+use coil_gguf::GgufFile;
+use coil_kernels::ops::attention::attention;
+use coil_kernels::ops::norm::rms_norm_inplace;
+use coil_kernels::ops::rope::{rope, rope_table};
+use coil_kernels::{matmul, Scratch, ThreadPool};
+
+pub struct GatedAttention {
+    pub p: AttentionParams,
+    pub eps: f32,
+    /// `[n_head · 2 · head_dim, d_model]`: per head q then gate.
+    pub wq: Matrix,
+    pub wk: Matrix,
+    pub wv: Matrix,
+    pub wo: Matrix,
+    pub q_norm: Vec<f32>,
+    pub k_norm: Vec<f32>,
+}
+
+impl GatedAttention {
+    pub fn load(
+        ld: &Loader,
+        layer: usize,
+        p: AttentionParams,
+        eps: f32,
+    ) -> Result<Self, ModelError> {
+        let n = |t: &str| format!("blk.{layer}.{t}");
+        let (qd, kvd, hd) = (p.n_head * p.head_dim, p.n_kv_head * p.head_dim, p.head_dim);
+        if p.n_kv_head == 0 || !p.n_head.is_multiple_of(p.n_kv_head) {
+            return Err(ModelError::BadKey {
+                key: format!("{}.attention.head_count_kv", ld.arch),
+                reason: format!(
+                    "layer {layer}: {} KV heads do not divide {} heads",
+                    p.n_kv_head, p.n_head
+                ),
+            });
+        }
+        Ok(GatedAttention {
+            wq: ld.matrix(&n("attn_q.weight"), 2 * qd, p.d_model)?,
+            wk: ld.matrix(&n("attn_k.weight"), kvd, p.d_model)?,
+            wv: ld.matrix(&n("attn_v.weight"), kvd, p.d_model)?,
+            wo: ld.matrix(&n("attn_output.weight"), p.d_model, qd)?,
+            q_norm: ld.vector(&n("attn_q_norm.weight"), &[hd])?,
+            k_norm: ld.vector(&n("attn_k_norm.weight"), &[hd])?,
+            p,
+            eps,
+        })
+    }
+
+    /// `h`: normed input `[n_tokens, d_model]` stacked over `rows`;
+    /// `out`: `[n_tokens, d_model]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        file: &GgufFile,
+        pool: &ThreadPool,
+        layer: usize,
+        rows: &[Rows],
+        mem: &mut Memory,
+        h: &[f32],
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let p = &self.p;
+        let n = h.len() / p.d_model;
+        let hd = p.head_dim;
+        let (qd, kvd) = (p.n_head * hd, p.n_kv_head * hd);
+        let mut qg = Scratch::dirty(n * 2 * qd);
+        let mut k = Scratch::dirty(n * kvd);
+        let mut v = Scratch::dirty(n * kvd);
+        matmul(pool, &self.wq.get(file), h, &mut qg, n);
+        matmul(pool, &self.wk.get(file), h, &mut k, n);
+        matmul(pool, &self.wv.get(file), h, &mut v, n);
+        // Split [q | gate] per head.
+        let mut q = Scratch::dirty(n * qd);
+        let mut gate = Scratch::dirty(n * qd);
+        for ((src, qh), gh) in qg
+            .chunks_exact(2 * hd)
+            .zip(q.chunks_exact_mut(hd))
+            .zip(gate.chunks_exact_mut(hd))
+        {
+            qh.copy_from_slice(&src[..hd]);
+            gh.copy_from_slice(&src[hd..]);
+        }
+        rms_norm_inplace(&mut q, Some(&self.q_norm), self.eps, hd);
+        rms_norm_inplace(&mut k, Some(&self.k_norm), self.eps, hd);
+        let kv = mem.kv.as_mut().ok_or_else(|| ModelError::Tensor {
+            name: format!("blk.{layer}"),
+            reason: "memory has no KV cells for attention layers".into(),
+        })?;
+        let mut att = Scratch::zeroed(n * qd);
+        for r in rows {
+            let t = r.rows.len();
+            let positions: Vec<usize> = (r.pos..r.pos + t).collect();
+            let qs = &mut q[r.rows.start * qd..r.rows.end * qd];
+            let ks = &mut k[r.rows.start * kvd..r.rows.end * kvd];
+            if let Some(rp) = p.rope {
+                let table = rope_table(pool, &positions, rp.n_rot, rp.freq_base, rp.freq_scale);
+                rope(qs, p.n_head, hd, rp.n_rot, &table, rp.style);
+                rope(ks, p.n_kv_head, hd, rp.n_rot, &table, rp.style);
+            }
+            kv.append(layer, r.seq, ks, &v[r.rows.start * kvd..r.rows.end * kvd])?;
+            let pages = kv.view(layer, r.seq)?.ok_or_else(|| ModelError::Tensor {
+                name: format!("blk.{layer}"),
+                reason: "memory has no KV cells for this layer".into(),
+            })?;
+            let view = pages.view();
+            let kv_len: Vec<usize> = (1..=t).map(|i| r.pos + i).collect();
+            attention(
+                pool,
+                qs,
+                p.n_head,
+                &view,
+                &kv_len,
+                p.scale,
+                &mut att[r.rows.start * qd..r.rows.end * qd],
+            );
+        }
+        for (a, g) in att.iter_mut().zip(gate.iter()) {
+            *a /= 1.0 + (-g).exp();
+        }
+        matmul(pool, &self.wo.get(file), &att, out, n);
+        Ok(())
+    }
+}

@@ -1,0 +1,327 @@
+//! The Gated DeltaNet mixer (Yang, Kautz & Hatamizadeh 2024) of Qwen3.5 and
+//! Qwen3-Next, as in transformers' torch path:
+//!
+//! * projections: `[q | k | v]` (`attn_qkv`: Hk·d_k, Hk·d_k, Hv·d_v), the
+//!   output gate z (`attn_gate`: Hv·d_v), and per value head b, a
+//!   (`ssm_beta` / `ssm_alpha`, or llama.cpp's fused `ssm_ba`; old
+//!   qwen3next files fuse q, k, v, z in `ssm_in` instead);
+//! * causal depthwise conv over `[q | k | v]` (window K, no bias), SiLU;
+//! * q, k L2-normalised per key head, q scaled by 1/√d_k;
+//! * `β = sigmoid(b)`, `g = −exp(A_log)·softplus(a + dt_bias)` (`ssm_a`
+//!   holds −exp(A_log));
+//! * the gated delta rule per value head (state `[d_k, d_v]`, see
+//!   `coil_kernels::ops::gated_delta`);
+//! * `RMSNorm(o)·w ⊙ silu(z)` per value head, then `ssm_out`.
+
+use super::common::{layer_state, recurrent_memory};
+use crate::memory::{Memory, RecurrentLayerShape};
+use crate::models::weights::{Loader, Matrix};
+use crate::models::{ModelError, Rows};
+use coil_gguf::GgufFile;
+use coil_kernels::ops::act::{mul_silu_inplace, softplus1};
+use coil_kernels::ops::conv::conv1d_causal_silu_pool;
+use coil_kernels::ops::gated_delta::{
+    gated_delta_scan, l2_normalize, DeltaInputs, GatedDeltaDims, HeadOrder,
+};
+use coil_kernels::ops::norm::rms_norm_inplace;
+use coil_kernels::{matmul, Scratch, ThreadPool};
+
+/// The L2 norm's epsilon (transformers' and fla's `l2norm`).
+const L2_EPS: f32 = 1e-6;
+
+/// Hyper-parameters, from `{arch}.ssm.*` as llama.cpp's converter writes
+/// them: `group_count` = Hk, `time_step_rank` = Hv, `state_size` = d_k,
+/// `inner_size` = Hv·d_v, `conv_kernel` = K.
+#[derive(Clone, Copy, Debug)]
+pub struct GatedDeltaParams {
+    pub d_model: usize,
+    pub dims: GatedDeltaDims,
+    pub d_conv: usize,
+    /// The gated norm's epsilon.
+    pub eps: f32,
+}
+
+impl GatedDeltaParams {
+    pub fn from_gguf(
+        ld: &Loader,
+        d_model: usize,
+        eps: f32,
+        order: HeadOrder,
+    ) -> Result<Self, ModelError> {
+        let n_k_head = ld.u_in("ssm.group_count", 1, 4096)?;
+        let n_v_head = ld.u_in("ssm.time_step_rank", 1, 4096)?;
+        let d_k = ld.u_in("ssm.state_size", 1, 4096)?;
+        let inner = ld.u_in("ssm.inner_size", 1, 1 << 20)?;
+        let d_conv = ld.u_in("ssm.conv_kernel", 1, 64)?;
+        let key = |s: &str| format!("{}.{s}", ld.arch);
+        if !n_v_head.is_multiple_of(n_k_head) {
+            return Err(ModelError::BadKey {
+                key: key("ssm.time_step_rank"),
+                reason: format!(
+                    "{n_v_head} value heads are not a multiple of the {n_k_head} key heads (ssm.group_count)"
+                ),
+            });
+        }
+        if !inner.is_multiple_of(n_v_head) {
+            return Err(ModelError::BadKey {
+                key: key("ssm.inner_size"),
+                reason: format!("{inner} is not a multiple of the {n_v_head} value heads"),
+            });
+        }
+        Ok(GatedDeltaParams {
+            d_model,
+            dims: GatedDeltaDims {
+                n_k_head,
+                n_v_head,
+                d_k,
+                d_v: inner / n_v_head,
+                order,
+            },
+            d_conv,
+            eps,
+        })
+    }
+
+    /// Width of q and of k: Hk·d_k.
+    pub fn key_dim(&self) -> usize {
+        self.dims.n_k_head * self.dims.d_k
+    }
+
+    /// Width of v and of z: Hv·d_v.
+    pub fn value_dim(&self) -> usize {
+        self.dims.n_v_head * self.dims.d_v
+    }
+
+    /// Channels of the convolution: q, k, v.
+    pub fn conv_channels(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    pub fn state_shape(&self) -> RecurrentLayerShape {
+        RecurrentLayerShape {
+            conv: (self.d_conv - 1) * self.conv_channels(),
+            ssm: self.dims.state_len(),
+        }
+    }
+}
+
+/// How q, k, v and z come out of the input.
+pub enum QkvzProj {
+    /// `attn_qkv` → `[q | k | v]`, `attn_gate` → z.
+    Split { qkv: Matrix, gate: Matrix },
+    /// Old qwen3next files: `ssm_in`, per key head `[q | k | v (r heads) |
+    /// z (r heads)]` (r = Hv/Hk).
+    Fused(Matrix),
+}
+
+/// How b and a come out of the input.
+pub enum BaProj {
+    /// `ssm_beta`, `ssm_alpha`: `[Hv]` each.
+    Split { beta: Matrix, alpha: Matrix },
+    /// `ssm_ba`: per key head `[b (r) | a (r)]`.
+    Fused(Matrix),
+}
+
+pub struct GatedDeltaMixer {
+    pub p: GatedDeltaParams,
+    pub qkvz: QkvzProj,
+    pub ba: BaProj,
+    /// `[channels, K]`
+    pub conv_w: Vec<f32>,
+    pub dt_bias: Vec<f32>,
+    /// −exp(A_log), `[Hv]`.
+    pub a: Vec<f32>,
+    /// The gated norm's weight `[d_v]`, shared by the value heads.
+    pub norm: Vec<f32>,
+    pub out_proj: Matrix,
+}
+
+impl GatedDeltaMixer {
+    pub fn load(ld: &Loader, layer: usize, p: GatedDeltaParams) -> Result<Self, ModelError> {
+        let n = |t: &str| format!("blk.{layer}.{t}");
+        let (kd, vd, hv, dm) = (p.key_dim(), p.value_dim(), p.dims.n_v_head, p.d_model);
+        let qkvz = if ld.has(&n("attn_qkv.weight")) {
+            QkvzProj::Split {
+                qkv: ld.matrix(&n("attn_qkv.weight"), 2 * kd + vd, dm)?,
+                gate: ld.matrix(&n("attn_gate.weight"), vd, dm)?,
+            }
+        } else if ld.has(&n("ssm_in.weight")) {
+            QkvzProj::Fused(ld.matrix(&n("ssm_in.weight"), 2 * kd + 2 * vd, dm)?)
+        } else {
+            return Err(ModelError::MissingTensor(n("attn_qkv.weight")));
+        };
+        let ba = if ld.has(&n("ssm_ba.weight")) {
+            BaProj::Fused(ld.matrix(&n("ssm_ba.weight"), 2 * hv, dm)?)
+        } else {
+            BaProj::Split {
+                beta: ld.matrix(&n("ssm_beta.weight"), hv, dm)?,
+                alpha: ld.matrix(&n("ssm_alpha.weight"), hv, dm)?,
+            }
+        };
+        Ok(GatedDeltaMixer {
+            qkvz,
+            ba,
+            conv_w: ld.vector(&n("ssm_conv1d.weight"), &[p.d_conv, p.conv_channels()])?,
+            dt_bias: ld.vector(&n("ssm_dt.bias"), &[hv])?,
+            a: ld.vector(&n("ssm_a"), &[hv])?,
+            norm: ld.vector(&n("ssm_norm.weight"), &[p.dims.d_v])?,
+            out_proj: ld.matrix(&n("ssm_out.weight"), dm, vd)?,
+            p,
+        })
+    }
+
+    /// `qkv`: `[n, 2·Hk·d_k + Hv·d_v]`, `z`: `[n, Hv·d_v]`.
+    fn project_qkvz(
+        &self,
+        file: &GgufFile,
+        pool: &ThreadPool,
+        h: &[f32],
+        qkv: &mut [f32],
+        z: &mut [f32],
+        n: usize,
+    ) {
+        match &self.qkvz {
+            QkvzProj::Split { qkv: wq, gate } => {
+                matmul(pool, &wq.get(file), h, qkv, n);
+                matmul(pool, &gate.get(file), h, z, n);
+            }
+            QkvzProj::Fused(w) => {
+                let (kd, vd) = (self.p.key_dim(), self.p.value_dim());
+                let GatedDeltaDims {
+                    n_k_head: hk,
+                    d_k: dk,
+                    ..
+                } = self.p.dims;
+                let rv = vd / hk; // v (and z) lanes per key head
+                let per = 2 * dk + 2 * rv;
+                let mut all = Scratch::dirty(n * hk * per);
+                matmul(pool, &w.get(file), h, &mut all, n);
+                let ch = 2 * kd + vd;
+                for (i, row) in all.chunks_exact(hk * per).enumerate() {
+                    let (qr, zr) = (&mut qkv[i * ch..(i + 1) * ch], &mut z[i * vd..(i + 1) * vd]);
+                    for (g, src) in row.chunks_exact(per).enumerate() {
+                        qr[g * dk..(g + 1) * dk].copy_from_slice(&src[..dk]);
+                        qr[kd + g * dk..kd + (g + 1) * dk].copy_from_slice(&src[dk..2 * dk]);
+                        qr[2 * kd + g * rv..2 * kd + (g + 1) * rv]
+                            .copy_from_slice(&src[2 * dk..2 * dk + rv]);
+                        zr[g * rv..(g + 1) * rv].copy_from_slice(&src[2 * dk + rv..]);
+                    }
+                }
+            }
+        }
+    }
+
+    /// β = sigmoid(b) and g = −exp(A_log)·softplus(a + dt_bias), `[n, Hv]` each.
+    fn gates(
+        &self,
+        file: &GgufFile,
+        pool: &ThreadPool,
+        h: &[f32],
+        beta: &mut [f32],
+        g: &mut [f32],
+        n: usize,
+    ) {
+        let hv = self.p.dims.n_v_head;
+        match &self.ba {
+            BaProj::Split { beta: wb, alpha } => {
+                matmul(pool, &wb.get(file), h, beta, n);
+                matmul(pool, &alpha.get(file), h, g, n);
+            }
+            BaProj::Fused(w) => {
+                let r = hv / self.p.dims.n_k_head;
+                let mut ba = Scratch::dirty(n * 2 * hv);
+                matmul(pool, &w.get(file), h, &mut ba, n);
+                for (i, row) in ba.chunks_exact(2 * hv).enumerate() {
+                    for (kh, src) in row.chunks_exact(2 * r).enumerate() {
+                        beta[i * hv + kh * r..i * hv + (kh + 1) * r].copy_from_slice(&src[..r]);
+                        g[i * hv + kh * r..i * hv + (kh + 1) * r].copy_from_slice(&src[r..]);
+                    }
+                }
+            }
+        }
+        for b in beta.iter_mut() {
+            *b = 1.0 / (1.0 + (-*b).exp());
+        }
+        for row in g.chunks_exact_mut(hv) {
+            for ((x, a), bias) in row.iter_mut().zip(&self.a).zip(&self.dt_bias) {
+                *x = a * softplus1(*x + bias);
+            }
+        }
+    }
+
+    /// `h`: normed input `[n_tokens, d_model]` stacked over `chunks` (one
+    /// sequence each); `out`: `[n_tokens, d_model]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        file: &GgufFile,
+        pool: &ThreadPool,
+        layer: usize,
+        chunks: &[Rows],
+        mem: &mut Memory,
+        h: &[f32],
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let p = &self.p;
+        let dims = p.dims;
+        let mem = recurrent_memory(mem, layer)?;
+        let n = h.len() / p.d_model;
+        let (kd, vd, ch, hv) = (p.key_dim(), p.value_dim(), p.conv_channels(), dims.n_v_head);
+
+        let mut qkv = Scratch::dirty(n * ch);
+        let mut z = Scratch::dirty(n * vd);
+        self.project_qkvz(file, pool, h, &mut qkv, &mut z, n);
+        let mut beta = Scratch::dirty(n * hv);
+        let mut g = Scratch::dirty(n * hv);
+        self.gates(file, pool, h, &mut beta, &mut g, n);
+
+        // [n, ch] = silu(conv([q | k | v])), then q, k L2-normalised.
+        let mut x = Scratch::dirty(n * ch);
+        let mut o = Scratch::dirty(n * vd);
+        let q_scale = 1.0 / (dims.d_k as f32).sqrt();
+        for Rows { seq, rows, .. } in chunks {
+            let t = rows.len();
+            let st = layer_state(mem, layer, *seq)?;
+            let xs = &mut x[rows.start * ch..rows.end * ch];
+            conv1d_causal_silu_pool(
+                pool,
+                &qkv[rows.start * ch..rows.end * ch],
+                ch,
+                st.conv,
+                &self.conv_w,
+                None,
+                xs,
+                ch,
+                p.d_conv,
+            );
+            for row in xs.chunks_exact_mut(ch) {
+                l2_normalize(&mut row[..kd], dims.d_k, L2_EPS, q_scale);
+                l2_normalize(&mut row[kd..2 * kd], dims.d_k, L2_EPS, 1.0);
+            }
+            let inputs = DeltaInputs {
+                q: xs,
+                k: &xs[kd..],
+                ld_qk: ch,
+                v: &xs[2 * kd..],
+                ld_v: ch,
+                g: &g[rows.start * hv..rows.end * hv],
+                beta: &beta[rows.start * hv..rows.end * hv],
+            };
+            gated_delta_scan(
+                pool,
+                dims,
+                st.ssm,
+                inputs,
+                &mut o[rows.start * vd..rows.end * vd],
+                t,
+            );
+        }
+        // RMSNorm(o)·w per value head, times silu(z).
+        pool.rows_mut(&mut o, vd, 16, |r0, part| {
+            rms_norm_inplace(part, Some(&self.norm), p.eps, dims.d_v);
+            mul_silu_inplace(part, &z[r0 * vd..r0 * vd + part.len()]);
+        });
+        matmul(pool, &self.out_proj.get(file), &o, out, n);
+        Ok(())
+    }
+}
