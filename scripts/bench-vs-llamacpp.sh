@@ -33,7 +33,8 @@
 # Usage:
 #   scripts/bench-vs-llamacpp.sh [-r REPS] [-t THREADS] [-p N_PROMPT] [-n N_GEN] [-d DEPTH]
 #                                [--models "mamba2-370m-like hybrid-350m-like"]
-#                                (also: mamba-370m-like, a Mamba-1 shape)
+#                                (also: mamba-370m-like, a Mamba-1 shape;
+#                                lfm2-1.2b-like, LFM2's short-conv hybrid)
 #                                [--types "F16 Q8_0 Q4_K_M"] [--skip-build]
 #                                [--isa avx2|avx512|native]
 #   scripts/bench-vs-llamacpp.sh --report RUN_DIR [same -r/-p/-n/-d/--models/--types]

@@ -76,11 +76,34 @@ fn chat_reads_turns_from_stdin_and_keeps_history() {
     assert!(stderr.contains("[conversation reset]"));
 }
 
+fn template(name: &str) -> String {
+    format!(
+        "{}/../../tests/fixtures/templates/{name}.jinja",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+#[test]
+fn serve_refuses_a_missing_chat_template() {
+    let out = Command::new(env!("CARGO_BIN_EXE_coil"))
+        .args(["serve", "-m", &model("mamba2"), "--port", "0"])
+        .args(["--chat-template", "no/such/template.jinja"])
+        .output()
+        .expect("run coil serve");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("reading the chat template no/such/template.jinja"),
+        "{err}"
+    );
+}
+
 #[test]
 fn serve_listens_and_answers() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_coil"))
         .args(["serve", "-m", &model("mamba2"), "--port", "0", "-t", "1"])
         .args(["--parallel", "2", "--ctx", "256", "--alias", "tiny"])
+        .args(["--chat-template", &template("Qwen3-Coder")])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -124,8 +147,18 @@ fn serve_listens_and_answers() {
         "/v1/completions",
         Some(r#"{"prompt": "Hello", "max_tokens": 4, "temperature": 0, "ignore_eos": true}"#),
     );
+    let rendered = get(
+        "/apply-template",
+        Some(r#"{"messages": [{"role": "user", "content": "Hi"}]}"#),
+    );
     let _ = child.kill();
     let _ = child.wait();
+    assert!(log.contains("Qwen3-Coder.jinja"), "{log}");
+    assert!(
+        rendered
+            .ends_with(r#"{"prompt":"<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"}"#),
+        "{rendered}"
+    );
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
     assert!(models.contains("\"tiny\""), "{models}");
     assert!(done.starts_with("HTTP/1.1 200"), "{done}");

@@ -341,7 +341,8 @@ fn permute_qk(name: &str, data: &mut [f32], rows: usize, n_head: usize, rot: usi
 }
 
 /// The output type llama.cpp's converter picks for a tensor, given the
-/// requested file type: 1-D tensors, norms, router weights, `ssm_conv1d`
+/// requested file type: 1-D tensors, norms, router weights, `ssm_conv1d`,
+/// `shortconv.conv`
 /// and anything not named `*.weight` (`ssm_a`, `ssm_d`, biases) stay F32;
 /// Q8_0 falls back to F16 when rows are not whole blocks.
 pub fn output_type(name: &str, shape: &[usize], requested: GgmlType) -> GgmlType {
@@ -349,6 +350,7 @@ pub fn output_type(name: &str, shape: &[usize], requested: GgmlType) -> GgmlType
         ".ffn_gate_inp.weight",
         ".ffn_gate_inp_shexp.weight",
         ".ssm_conv1d.weight",
+        ".shortconv.conv.weight",
         "position_embd.weight",
         "token_types.weight",
     ];

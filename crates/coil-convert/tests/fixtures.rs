@@ -195,3 +195,77 @@ fn qwen35moe() {
 fn qwen3next() {
     check_f32_parity("qwen3next_tiny");
 }
+
+/// The LFM2 parity fixtures (tests/fixtures/parity/<name>/): `hf/` converted
+/// to F32 against llama.cpp's `convert_hf_to_gguf.py --outtype f32` of it
+/// (`model.gguf`, made by tools/make_fixtures_lfm2.py).
+fn check_f32_fixture(name: &str) {
+    let dir = root().join("parity").join(name);
+    let out = tmp(&format!("{name}.f32.gguf"));
+    let opts = ConvertOptions {
+        out_type: OutType::F32,
+        name: Some("Hf".into()),
+        progress: false,
+    };
+    convert(&dir.join("hf"), &out, &opts).unwrap();
+    let ours = GgufFile::open(&out).unwrap();
+    let theirs = GgufFile::open(dir.join("model.gguf")).unwrap();
+    let d = diff(&ours, &theirs, &[], &[]);
+    let _ = std::fs::remove_file(&out);
+    assert!(
+        d.is_empty(),
+        "{name}: {} differences:\n{}",
+        d.len(),
+        d.join("\n")
+    );
+}
+
+#[test]
+fn lfm2() {
+    check_f32_fixture("lfm2_small");
+}
+
+#[test]
+fn lfm2moe() {
+    check_f32_fixture("lfm2moe_small");
+}
+
+/// LFM2-MoE settings llama.cpp's converter drops (its runtime always
+/// renormalises and never scales the expert weights) become keys, and only
+/// when they differ from that.
+#[test]
+fn lfm2moe_routing_settings_become_keys() {
+    let src = root().join("parity/lfm2moe_small/hf");
+    let dir = tmp("lfm2moe_routing");
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    let cfg_path = dir.join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    cfg["norm_topk_prob"] = serde_json::json!(false);
+    cfg["routed_scaling_factor"] = serde_json::json!(2.5);
+    std::fs::write(&cfg_path, serde_json::to_string(&cfg).unwrap()).unwrap();
+    let out = tmp("lfm2moe_routing.gguf");
+    let opts = ConvertOptions {
+        out_type: OutType::F32,
+        name: Some("Hf".into()),
+        progress: false,
+    };
+    convert(&dir, &out, &opts).unwrap();
+    let f = GgufFile::open(&out).unwrap();
+    assert_eq!(
+        f.metadata().get_bool("lfm2moe.expert_weights_norm"),
+        Some(false)
+    );
+    assert_eq!(
+        f.metadata()
+            .get("lfm2moe.expert_weights_scale")
+            .and_then(|v| v.as_f32()),
+        Some(2.5)
+    );
+    let _ = std::fs::remove_file(&out);
+    let _ = std::fs::remove_dir_all(&dir);
+}

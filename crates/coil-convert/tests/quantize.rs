@@ -87,3 +87,87 @@ fn k_mixtures_quantize_wide_tensors() {
     }
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// `coil quantize` on the LFM2 / LFM2-MoE fixtures (llama.cpp's F32
+/// conversions): the short-conv kernels, norms, router and expert bias stay
+/// F32, the matrices are quantized, and the quantized model still follows
+/// transformers' logits closely (Q8_0; an expert choice flipped by rounding moves the MoE by ~8e-2) or roughly (Q4_K_M, which falls back
+/// to Q5_0 / Q8_0 on these narrow rows) with the same argmax at most positions.
+#[test]
+fn lfm2_fixtures_quantize_and_run() {
+    use coil::engine::{Engine, EngineOptions};
+    use coil::models::LogitRows;
+    let root =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/parity");
+    let d = std::env::temp_dir().join(format!("coil-convert-q-lfm2-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    for name in ["lfm2_small", "lfm2moe_small"] {
+        let dir = root.join(name);
+        let text = std::fs::read_to_string(dir.join("tokens.json")).unwrap();
+        let tokens: Vec<u32> = text
+            .trim()
+            .trim_matches(|c| c == '[' || c == ']')
+            .split(',')
+            .map(|t| t.trim().parse().unwrap())
+            .collect();
+        let want = coil_gguf::npy::parse_f32(&std::fs::read(dir.join("logits.npy")).unwrap())
+            .unwrap()
+            .data;
+        let n_vocab = want.len() / tokens.len();
+        let max = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (mix, tol, min_argmax) in [(QuantMix::Q8_0, 0.15, 0.9), (QuantMix::Q4_K_M, 0.5, 0.6)] {
+            let out = d.join(format!("{name}.{}.gguf", mix.name()));
+            quantize(
+                &dir.join("model.gguf"),
+                &out,
+                &QuantizeOptions {
+                    mix,
+                    progress: false,
+                },
+            )
+            .unwrap();
+            let f = GgufFile::open(&out).unwrap();
+            for t in f.tensors() {
+                let keep = t.name.contains("shortconv.conv")
+                    || t.name.ends_with("_norm.weight")
+                    || t.name.contains("ffn_gate_inp")
+                    || t.name.ends_with(".bias");
+                if keep {
+                    assert_eq!(t.ty, GgmlType::F32, "{name} {}: {}", mix.name(), t.name);
+                } else if t.name.contains("shortconv.in_proj") || t.name.contains("ffn_up") {
+                    assert_ne!(t.ty, GgmlType::F32, "{name} {}: {}", mix.name(), t.name);
+                }
+            }
+            let mut e = Engine::load(&out, EngineOptions::default()).unwrap();
+            let got = e.eval(0, &tokens, LogitRows::All, 0).unwrap();
+            let diff = got
+                .iter()
+                .zip(&want)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            let argmax = |r: &[f32]| {
+                r.iter()
+                    .enumerate()
+                    .fold(0, |b, (i, &v)| if v > r[b] { i } else { b })
+            };
+            let same = got
+                .chunks(n_vocab)
+                .zip(want.chunks(n_vocab))
+                .filter(|(g, w)| argmax(g) == argmax(w))
+                .count() as f32
+                / tokens.len() as f32;
+            eprintln!(
+                "{name} {}: max rel {:.2e}, argmax {same:.2}",
+                mix.name(),
+                diff / max
+            );
+            assert!(
+                diff / max < tol,
+                "{name} {}: max rel {}",
+                mix.name(),
+                diff / max
+            );
+            assert!(same >= min_argmax, "{name} {}: argmax {same}", mix.name());
+            let _ = std::fs::remove_file(&out);
+        }
+    }
+}

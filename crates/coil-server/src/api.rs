@@ -5,6 +5,8 @@
 //! OpenAI-compatible servers do); responses are built as JSON values so
 //! that their shape reads exactly as OpenAI documents it.
 
+use crate::template::tool_calls::{Parsed, ToolCall};
+use crate::template::{TemplateVars, RESERVED};
 use coil::engine::sampling::SamplingParams;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -226,8 +228,78 @@ pub struct ChatRequest {
     pub max_completion_tokens: Option<u64>,
     /// Function definitions, passed to the chat template as `tools`.
     pub tools: Option<Value>,
+    /// `"auto"` (the default) or `"none"` (tools stay in the prompt, the
+    /// output is not read for tool calls).
+    pub tool_choice: Option<Value>,
+    /// Extra variables for the chat template (`enable_thinking`, ...).
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// Passed to the template as `reasoning_effort` (for templates that
+    /// read it).
+    pub reasoning_effort: Option<String>,
     #[serde(flatten)]
     pub sampling: Sampling,
+}
+
+/// What `tool_choice` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolChoice {
+    Auto,
+    None,
+}
+
+impl ChatRequest {
+    /// `tool_choice`: `"auto"` or `"none"`; `"required"` and a named
+    /// function need constrained decoding, which coil does not do.
+    pub fn tool_choice(&self) -> Result<ToolChoice, ApiError> {
+        let bad = |m: String| ApiError::bad_request(m).with_param("tool_choice");
+        match &self.tool_choice {
+            None | Some(Value::Null) => Ok(ToolChoice::Auto),
+            Some(Value::String(s)) if s == "auto" => Ok(ToolChoice::Auto),
+            Some(Value::String(s)) if s == "none" => Ok(ToolChoice::None),
+            Some(Value::String(s)) if s == "required" => Err(bad(
+                "tool_choice \"required\" is not supported (it needs constrained decoding); use \"auto\"".into(),
+            )),
+            Some(Value::Object(_)) => Err(bad(
+                "tool_choice naming a function is not supported (it needs constrained decoding); use \"auto\"".into(),
+            )),
+            Some(other) => Err(bad(format!(
+                "tool_choice must be \"auto\" or \"none\", got {other}"
+            ))),
+        }
+    }
+
+    /// The chat template's variables: `tools` (checked to be a list of
+    /// objects), `chat_template_kwargs` and `reasoning_effort`.
+    pub fn template_vars(&self) -> Result<TemplateVars, ApiError> {
+        let tools = match &self.tools {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(list)) => {
+                if let Some(i) = list.iter().position(|t| !t.is_object()) {
+                    return Err(ApiError::bad_request(format!(
+                        "tools[{i}] must be an object ({{\"type\": \"function\", \"function\": {{...}}}})"
+                    ))
+                    .with_param("tools"));
+                }
+                Some(Value::Array(list.clone()))
+            }
+            Some(_) => {
+                return Err(ApiError::bad_request("tools must be a list").with_param("tools"))
+            }
+        };
+        let mut kwargs = self.chat_template_kwargs.clone().unwrap_or_default();
+        if let Some(k) = kwargs.keys().find(|k| RESERVED.contains(&k.as_str())) {
+            return Err(ApiError::bad_request(format!(
+                "chat_template_kwargs.{k} cannot be set (the request gives it)"
+            ))
+            .with_param("chat_template_kwargs"));
+        }
+        if let Some(effort) = &self.reasoning_effort {
+            kwargs
+                .entry("reasoning_effort")
+                .or_insert_with(|| Value::String(effort.clone()));
+        }
+        Ok(TemplateVars { tools, kwargs })
+    }
 }
 
 /// Parses a request body; a syntax error and a wrong field read
@@ -297,9 +369,50 @@ pub fn normalise_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
         };
         let mut obj = obj.clone();
         obj.insert("content".into(), Value::String(content));
+        if let Some(calls) = obj.get_mut("tool_calls") {
+            parse_tool_call_arguments(i, calls)?;
+        }
         out.push(Value::Object(obj));
     }
     Ok(out)
+}
+
+/// A tool call's `arguments` is a JSON text in OpenAI's API; templates
+/// (and transformers) take the object it encodes.
+fn parse_tool_call_arguments(i: usize, calls: &mut Value) -> Result<(), ApiError> {
+    let bad = |m: String| ApiError::bad_request(m).with_param("messages");
+    let list = match calls {
+        Value::Null => return Ok(()),
+        Value::Array(list) => list,
+        _ => return Err(bad(format!("messages[{i}].tool_calls must be a list"))),
+    };
+    for (j, call) in list.iter_mut().enumerate() {
+        let Some(call) = call.as_object_mut() else {
+            return Err(bad(format!(
+                "messages[{i}].tool_calls[{j}] must be an object"
+            )));
+        };
+        let target = match call.get_mut("function") {
+            Some(Value::Object(f)) => f,
+            Some(_) => {
+                return Err(bad(format!(
+                    "messages[{i}].tool_calls[{j}].function must be an object"
+                )))
+            }
+            None => call,
+        };
+        if let Some(args) = target.get_mut("arguments") {
+            if let Value::String(text) = args {
+                let parsed: Value = serde_json::from_str(text).map_err(|e| {
+                    bad(format!(
+                        "messages[{i}].tool_calls[{j}].function.arguments is not valid JSON: {e}"
+                    ))
+                })?;
+                *args = parsed;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Why generation ended, as OpenAI names it.
@@ -377,12 +490,51 @@ pub fn completion_chunk(meta: &ResponseMeta, text: &str, finish: Option<FinishRe
     })
 }
 
-pub fn chat_completion(
-    meta: &ResponseMeta,
-    text: &str,
-    finish: FinishReason,
-    usage: &Usage,
-) -> Value {
+/// An assistant message: `content` (null when the reply is only tool
+/// calls), `reasoning_content` and `tool_calls` when there are some.
+pub fn assistant_message(parsed: &Parsed, call_id: impl Fn(usize) -> String) -> Value {
+    let mut m = json!({ "role": "assistant", "content": parsed.content });
+    if parsed.content.is_none() && parsed.tool_calls.is_empty() {
+        m["content"] = json!("");
+    }
+    if let Some(r) = &parsed.reasoning {
+        m["reasoning_content"] = json!(r);
+    }
+    if !parsed.tool_calls.is_empty() {
+        let calls: Vec<Value> = parsed
+            .tool_calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| tool_call_json(c, &call_id(i), None))
+            .collect();
+        m["tool_calls"] = Value::Array(calls);
+    }
+    m
+}
+
+/// One tool call as OpenAI writes it (`index` in stream deltas).
+pub fn tool_call_json(call: &ToolCall, id: &str, index: Option<usize>) -> Value {
+    let mut v = json!({
+        "id": id,
+        "type": "function",
+        "function": { "name": call.name, "arguments": call.arguments },
+    });
+    if let Some(i) = index {
+        v["index"] = json!(i);
+    }
+    v
+}
+
+/// `finish_reason` of a chat: `tool_calls` when the reply made some and
+/// ended by itself.
+pub fn chat_finish(finish: FinishReason, made_tool_calls: bool) -> &'static str {
+    match finish {
+        FinishReason::Stop if made_tool_calls => "tool_calls",
+        f => f.as_str(),
+    }
+}
+
+pub fn chat_completion(meta: &ResponseMeta, message: Value, finish: &str, usage: &Usage) -> Value {
     json!({
         "id": meta.id,
         "object": "chat.completion",
@@ -390,17 +542,18 @@ pub fn chat_completion(
         "model": meta.model,
         "choices": [{
             "index": 0,
-            "message": { "role": "assistant", "content": text },
+            "message": message,
             "logprobs": null,
-            "finish_reason": finish.as_str(),
+            "finish_reason": finish,
         }],
         "usage": usage.json(),
     })
 }
 
 /// A chat stream chunk; `delta` is `{"role": "assistant", "content": ""}`
-/// first, `{"content": text}` then, `{}` with the finish reason last.
-pub fn chat_chunk(meta: &ResponseMeta, delta: Value, finish: Option<FinishReason>) -> Value {
+/// first, `{"content": text}`, `{"reasoning_content": text}` or
+/// `{"tool_calls": [...]}` then, `{}` with the finish reason last.
+pub fn chat_chunk(meta: &ResponseMeta, delta: Value, finish: Option<&str>) -> Value {
     json!({
         "id": meta.id,
         "object": "chat.completion.chunk",
@@ -410,7 +563,7 @@ pub fn chat_chunk(meta: &ResponseMeta, delta: Value, finish: Option<FinishReason
             "index": 0,
             "delta": delta,
             "logprobs": null,
-            "finish_reason": finish.map(FinishReason::as_str),
+            "finish_reason": finish,
         }],
     })
 }

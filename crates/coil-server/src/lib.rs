@@ -3,11 +3,15 @@
 //! request from the longest prompt prefix already in memory.
 //!
 //! - [`api`]: OpenAI request / response shapes and errors.
-//! - [`template`]: chat templates (the model's Jinja, or ChatML).
+//! - [`template`]: chat templates (the model's Jinja, or ChatML) rendered
+//!   as transformers renders them, and the tool calls / reasoning in
+//!   replies.
 //! - [`scheduler`]: the engine thread — continuous batching, slots, the
 //!   prefix cache's use of fork and rollback.
 //! - [`prefix_cache`]: the radix tree over token ids with LRU eviction.
 //! - [`metrics`]: Prometheus counters.
+//! - [`reply`]: chat replies as OpenAI shapes them (content, reasoning,
+//!   tool calls; whole or streamed).
 //! - [`routes`]: the axum router.
 //!
 //! ```no_run
@@ -27,6 +31,7 @@
 pub mod api;
 pub mod metrics;
 pub mod prefix_cache;
+pub mod reply;
 pub mod routes;
 pub mod scheduler;
 pub mod template;
@@ -63,8 +68,22 @@ impl Server {
         cfg: SchedulerConfig,
         model_id: String,
     ) -> Result<Self, ServerError> {
+        Self::with_template(engine, cfg, model_id, None)
+    }
+
+    /// As [`Server::new`], with `chat_template` (Jinja text) in place of
+    /// the file's own template when given.
+    pub fn with_template(
+        engine: Engine,
+        cfg: SchedulerConfig,
+        model_id: String,
+        chat_template: Option<&str>,
+    ) -> Result<Self, ServerError> {
         let tokenizer = Arc::new(Tokenizer::from_gguf(&engine.file)?);
-        let template = ChatTemplate::from_gguf(&engine.file, &tokenizer)?;
+        let template = match chat_template {
+            Some(source) => ChatTemplate::new(Some(source), &tokenizer)?,
+            None => ChatTemplate::from_gguf(&engine.file, &tokenizer)?,
+        };
         let (scheduler, engine_thread) = Scheduler::start(engine, tokenizer.clone(), cfg)?;
         let state = Arc::new(ServerState::new(scheduler, tokenizer, template, model_id));
         Ok(Server {

@@ -1,10 +1,13 @@
 //! HTTP routes: `POST /v1/completions`, `POST /v1/chat/completions`
-//! (streamed as server-sent events or not), `GET /v1/models`, `GET /health`,
-//! `GET /metrics`.
+//! (streamed as server-sent events or not), `POST /apply-template`,
+//! `GET /v1/models`, `GET /health`, `GET /metrics`.
 
+use crate::api::ToolChoice;
 use crate::api::{self, ApiError, ChatRequest, CompletionRequest, Prompt, ResponseMeta};
+use crate::reply::ChatReply;
 use crate::scheduler::{Event, GenRequest, Scheduler};
-use crate::template::ChatTemplate;
+use crate::template::tool_calls::StreamParser;
+use crate::template::{ChatTemplate, TemplateVars};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
@@ -83,6 +86,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/chat/completions", post(chat_completions))
+        .route("/apply-template", post(apply_template))
         .route("/v1/models", get(models))
         .route("/models", get(models))
         .route("/health", get(health))
@@ -137,6 +141,9 @@ struct Job {
     stop_at_eos: bool,
     stream: bool,
     include_usage: bool,
+    /// Reads tool calls and reasoning out of a chat reply (`None`: the
+    /// reply is its raw text).
+    parser: Option<StreamParser>,
 }
 
 /// The prompt plus the completion must fit the context; an absent
@@ -234,6 +241,7 @@ fn completion_job(st: &ServerState, req: CompletionRequest) -> Result<Job, ApiEr
         stop_at_eos: !req.sampling.ignore_eos,
         stream: req.sampling.stream,
         include_usage: req.sampling.include_usage(),
+        parser: None,
     })
 }
 
@@ -250,6 +258,20 @@ async fn chat_completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Re
     run_job(&st, job, meta, Kind::Chat).await
 }
 
+/// `POST /apply-template` (llama-server's): a chat request's body, answered
+/// with `{"prompt": TEXT}`, the rendered prompt, without generating.
+async fn apply_template(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let rendered = api::parse_body::<ChatRequest>(&body).and_then(|req| {
+        let messages = api::normalise_messages(&req.messages)?;
+        let vars = req.template_vars()?;
+        render_chat(&st.template, &messages, &vars)
+    });
+    match rendered {
+        Ok(prompt) => Json(json!({ "prompt": prompt })).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
 /// Renders chat messages with the template and tokenizes them (special
 /// token texts become their tokens; BOS is added when the vocabulary asks
 /// for it and the template did not write it).
@@ -257,12 +279,22 @@ pub fn chat_prompt(
     template: &ChatTemplate,
     tokenizer: &Tokenizer,
     messages: &[Value],
-    tools: Option<&Value>,
+    vars: &TemplateVars,
 ) -> Result<Vec<u32>, ApiError> {
-    let text = template
-        .render_with_tools(messages, tools, true)
-        .map_err(|e| ApiError::bad_request(e.to_string()).with_param("messages"))?;
+    let text = render_chat(template, messages, vars)?;
     Ok(encode_rendered(template, tokenizer, &text))
+}
+
+/// The prompt text of a chat (with the assistant's header); a template
+/// that fails is the request's fault (400), naming the message and line.
+pub fn render_chat(
+    template: &ChatTemplate,
+    messages: &[Value],
+    vars: &TemplateVars,
+) -> Result<String, ApiError> {
+    template
+        .render(messages, vars, true)
+        .map_err(|e| ApiError::bad_request(e.to_string()).with_param("messages"))
 }
 
 /// Tokenizes a rendered chat text: special token texts become their
@@ -289,7 +321,7 @@ pub fn message_ends(
     template: &ChatTemplate,
     tokenizer: &Tokenizer,
     messages: &[Value],
-    tools: Option<&Value>,
+    vars: &TemplateVars,
     prompt: &[u32],
 ) -> Vec<usize> {
     let n = messages.len();
@@ -298,7 +330,7 @@ pub fn message_ends(
     ks.dedup();
     let mut marks = Vec::new();
     for k in ks {
-        let Ok(text) = template.render_with_tools(&messages[..k], tools, false) else {
+        let Ok(text) = template.render(&messages[..k], vars, false) else {
             continue;
         };
         let toks = encode_rendered(template, tokenizer, &text);
@@ -313,14 +345,16 @@ pub fn message_ends(
 fn chat_job(st: &ServerState, req: ChatRequest) -> Result<Job, ApiError> {
     let params = req.sampling.params()?;
     let messages = api::normalise_messages(&req.messages)?;
-    let prompt = chat_prompt(&st.template, &st.tokenizer, &messages, req.tools.as_ref())?;
-    let marks = message_ends(
-        &st.template,
-        &st.tokenizer,
-        &messages,
-        req.tools.as_ref(),
-        &prompt,
-    );
+    let vars = req.template_vars()?;
+    let tool_choice = req.tool_choice()?;
+    let text = render_chat(&st.template, &messages, &vars)?;
+    let prompt = encode_rendered(&st.template, &st.tokenizer, &text);
+    let read_tools = vars
+        .tools
+        .as_ref()
+        .filter(|_| tool_choice == ToolChoice::Auto);
+    let parser = StreamParser::new(st.template.output_format, &text, read_tools);
+    let marks = message_ends(&st.template, &st.tokenizer, &messages, &vars, &prompt);
     if prompt.is_empty() {
         return Err(
             ApiError::bad_request("the rendered chat prompt is empty").with_param("messages")
@@ -342,6 +376,7 @@ fn chat_job(st: &ServerState, req: ChatRequest) -> Result<Job, ApiError> {
         stop_at_eos: !req.sampling.ignore_eos,
         stream: req.sampling.stream,
         include_usage: req.sampling.include_usage(),
+        parser: parser.is_active().then_some(parser),
     })
 }
 
@@ -365,8 +400,9 @@ async fn run_job(st: &ServerState, job: Job, meta: ResponseMeta, kind: Kind) -> 
     if !submitted {
         return ApiError::unavailable("the engine has stopped").into_response();
     }
+    let mut reply = ChatReply::new(job.parser);
     if job.stream {
-        let sse = Sse::new(event_stream(rx, meta, kind, job.include_usage));
+        let sse = Sse::new(event_stream(rx, meta, kind, job.include_usage, reply));
         return sse.keep_alive(KeepAlive::default()).into_response();
     }
     let mut text = String::new();
@@ -376,7 +412,7 @@ async fn run_job(st: &ServerState, job: Job, meta: ResponseMeta, kind: Kind) -> 
             Event::Done { finish, usage } => {
                 let body = match kind {
                     Kind::Completion => api::completion(&meta, &text, finish, &usage),
-                    Kind::Chat => api::chat_completion(&meta, &text, finish, &usage),
+                    Kind::Chat => reply.body(&meta, text, finish, &usage),
                 };
                 return Json(body).into_response();
             }
@@ -393,6 +429,7 @@ struct StreamState {
     include_usage: bool,
     out: VecDeque<String>,
     ended: bool,
+    reply: ChatReply,
 }
 
 /// Server-sent events in OpenAI's chunk format, ending with `[DONE]`.
@@ -403,6 +440,7 @@ fn event_stream(
     meta: ResponseMeta,
     kind: Kind,
     include_usage: bool,
+    reply: ChatReply,
 ) -> impl Stream<Item = Result<sse::Event, Infallible>> {
     let mut out = VecDeque::new();
     if kind == Kind::Chat {
@@ -416,6 +454,7 @@ fn event_stream(
         include_usage,
         out,
         ended: false,
+        reply,
     };
     stream::unfold(st, |mut st| async move {
         loop {
@@ -444,18 +483,18 @@ impl StreamState {
         };
         match ev {
             Event::Text(t) => {
-                let chunk = match self.kind {
-                    Kind::Completion => api::completion_chunk(&self.meta, &t, None),
-                    Kind::Chat => api::chat_chunk(&self.meta, json!({ "content": t }), None),
+                let chunks = match self.kind {
+                    Kind::Completion => vec![api::completion_chunk(&self.meta, &t, None)],
+                    Kind::Chat => self.reply.chunks(&self.meta, &t),
                 };
-                self.out.push_back(chunk.to_string());
+                self.out.extend(chunks.iter().map(Value::to_string));
             }
             Event::Done { finish, usage } => {
                 let last = match self.kind {
-                    Kind::Completion => api::completion_chunk(&self.meta, "", Some(finish)),
-                    Kind::Chat => api::chat_chunk(&self.meta, json!({}), Some(finish)),
+                    Kind::Completion => vec![api::completion_chunk(&self.meta, "", Some(finish))],
+                    Kind::Chat => self.reply.last_chunks(&self.meta, finish),
                 };
-                self.out.push_back(last.to_string());
+                self.out.extend(last.iter().map(Value::to_string));
                 if self.include_usage {
                     self.out
                         .push_back(api::usage_chunk(&self.meta, object, &usage).to_string());

@@ -447,10 +447,18 @@ fn chat_uses_the_models_template() {
 }
 
 /// Continuous batching and prefix reuse on other memory kinds: recurrent
-/// only (Mamba-1, Mamba-2), attention only (Llama), Jamba's hybrid.
+/// only (Mamba-1, Mamba-2), attention only (Llama), Jamba's hybrid, LFM2's
+/// short-conv hybrids (dense and MoE).
 #[test]
 fn batched_and_cached_requests_match_on_every_memory_kind() {
-    for arch in ["mamba", "mamba2", "llama", "jamba"] {
+    for arch in [
+        "mamba",
+        "mamba2",
+        "llama",
+        "jamba",
+        "lfm2_small",
+        "lfm2moe_small",
+    ] {
         let prompts = [
             "Once upon a time there was",
             "Once upon a time",

@@ -1,4 +1,6 @@
-//! Exact rollback, forks and their independence, for every architecture:
+//! Exact rollback, forks and their independence, for every architecture
+//! (the llama.cpp-converted fixtures, the Gated DeltaNet hybrids, LFM2 and
+//! LFM2-MoE):
 //! (prefill n → truncate to p → decode m) equals (prefill p → decode m)
 //! within 1e-6 relative, at random positions.
 
@@ -15,12 +17,15 @@ use common::{assert_close, llama_cpp_fixture, tool_fixture, ARCHS};
 /// llama.cpp fixtures of `ARCHS`.
 const GATED_DELTA: [&str; 3] = ["qwen35_tiny", "qwen35moe_tiny", "qwen3next_tiny"];
 
+/// LFM2 / LFM2-MoE (tools/make_fixtures_lfm2.py).
+const LFM2: [&str; 2] = ["lfm2_small", "lfm2moe_small"];
+
 fn all_archs() -> impl Iterator<Item = &'static str> {
-    ARCHS.into_iter().chain(GATED_DELTA)
+    ARCHS.into_iter().chain(GATED_DELTA).chain(LFM2)
 }
 
 fn fixture(arch: &str) -> (PathBuf, Vec<u32>) {
-    if GATED_DELTA.contains(&arch) {
+    if GATED_DELTA.contains(&arch) || LFM2.contains(&arch) {
         // 37 tokens: repeated to the 64 the tests index (no logits needed).
         let f = tool_fixture(arch);
         let tokens = f.tokens.iter().cycle().take(64).copied().collect();
@@ -275,7 +280,7 @@ fn bad_session_files_fail_clearly_and_change_nothing() {
 #[test]
 fn forks_share_kv_pages_and_continue_independently() {
     use coil::memory::pages::PAGE_LEN;
-    for arch in ["granitemoehybrid", "jamba"] {
+    for arch in ["granitemoehybrid", "jamba", "lfm2_small"] {
         let (path, _) = fixture(arch);
         let mut e = engine(&path, 64);
         let mut rng = Lcg(11);

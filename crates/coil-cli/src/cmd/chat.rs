@@ -10,7 +10,7 @@ use coil::engine::sampling::SamplingParams;
 use coil::tokenizer::Tokenizer;
 use coil_server::routes::{chat_prompt, message_ends};
 use coil_server::scheduler::{Event, GenRequest, Scheduler, SchedulerConfig};
-use coil_server::template::ChatTemplate;
+use coil_server::template::{ChatTemplate, TemplateVars};
 use serde_json::{json, Value};
 use std::io::{BufRead, IsTerminal, Write};
 use std::sync::Arc;
@@ -80,6 +80,7 @@ pub fn run(a: Args) -> Result<()> {
         .map(|s| json!({"role": "system", "content": s}))
         .collect();
     let mut messages = opening.clone();
+    let no_vars = TemplateVars::default();
     let stdout = std::io::stdout();
     let mut input = stdin.lock();
     let mut line = String::new();
@@ -108,7 +109,7 @@ pub fn run(a: Args) -> Result<()> {
             _ => {}
         }
         messages.push(json!({"role": "user", "content": text}));
-        let prompt = chat_prompt(&template, &tokenizer, &messages, None)
+        let prompt = chat_prompt(&template, &tokenizer, &messages, &no_vars)
             .map_err(|e| anyhow!("{}", e.message))?;
         if prompt.len() >= n_ctx {
             messages.pop();
@@ -122,7 +123,7 @@ pub fn run(a: Args) -> Result<()> {
         stops.extend(template.extra_stops.iter().cloned());
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let max_tokens = a.n_predict.min(n_ctx - prompt.len());
-        let marks = message_ends(&template, &tokenizer, &messages, None, &prompt);
+        let marks = message_ends(&template, &tokenizer, &messages, &no_vars, &prompt);
         let req = GenRequest {
             prompt,
             marks,

@@ -1,6 +1,6 @@
 //! `coil serve -m MODEL`: an OpenAI-compatible HTTP server
-//! (`/v1/completions`, `/v1/chat/completions`, `/v1/models`, `/health`,
-//! `/metrics`) with continuous batching and a prefix cache.
+//! (`/v1/completions`, `/v1/chat/completions`, `/apply-template`,
+//! `/v1/models`, `/health`, `/metrics`) with continuous batching and a prefix cache.
 
 use super::common::ModelArgs;
 use anyhow::{bail, Context, Result};
@@ -43,6 +43,10 @@ pub struct Args {
     /// tokens — a model's output re-tokenized — reuses them too).
     #[arg(long = "exact-tokens")]
     exact_tokens: bool,
+    /// A Jinja chat template file to use in place of the model's own
+    /// (`tokenizer.chat_template`).
+    #[arg(long = "chat-template", value_name = "FILE")]
+    chat_template: Option<std::path::PathBuf>,
     /// No log line per request on stderr.
     #[arg(long = "quiet", short = 'q')]
     quiet: bool,
@@ -55,6 +59,13 @@ pub fn run(a: Args) -> Result<()> {
     if a.ubatch == 0 || a.prefill_chunk == 0 {
         bail!("--ubatch and --prefill-chunk must be at least 1");
     }
+    let chat_template = match &a.chat_template {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("reading the chat template {}", path.display()))?,
+        ),
+        None => None,
+    };
     let engine = a.model.load(a.parallel + a.cache_slots, a.ubatch)?;
     let info = engine.model.info();
     eprintln!(
@@ -82,15 +93,14 @@ pub fn run(a: Args) -> Result<()> {
         reuse_by_text: !a.exact_tokens,
         log_requests: !a.quiet,
     };
-    let server = Server::new(engine, cfg, model_id).context("starting the server")?;
-    eprintln!(
-        "chat template: {}",
-        if server.state.template.from_model {
-            "the model's (tokenizer.chat_template)"
-        } else {
-            "ChatML (the model has none)"
-        }
-    );
+    let server = Server::with_template(engine, cfg, model_id, chat_template.as_deref())
+        .context("starting the server")?;
+    let template_name = match (&a.chat_template, server.state.template.from_model) {
+        (Some(path), _) => path.display().to_string(),
+        (None, true) => "the model's (tokenizer.chat_template)".into(),
+        (None, false) => "ChatML (the model has none)".into(),
+    };
+    eprintln!("chat template: {template_name}");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

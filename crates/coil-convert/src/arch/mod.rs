@@ -5,6 +5,7 @@
 mod falcon_h1;
 mod granite;
 mod jamba;
+mod lfm2;
 mod llama;
 mod mamba;
 mod nemotron_h;
@@ -33,6 +34,8 @@ pub const SUPPORTED: &[&str] = &[
     "Qwen3_5MoeForCausalLM",
     "Qwen3_5MoeForConditionalGeneration",
     "Qwen3NextForCausalLM",
+    "Lfm2ForCausalLM",
+    "Lfm2MoeForCausalLM",
 ];
 
 /// How the vocabulary is written.
@@ -158,6 +161,8 @@ pub(crate) fn for_arch<'a>(hf_arch: &str, ctx: &'a Ctx<'a>) -> Result<Box<dyn Ar
             ctx,
             qwen35::Family::Qwen3Next,
         )?),
+        "Lfm2ForCausalLM" | "LFM2ForCausalLM" => Box::new(lfm2::Lfm2::new(ctx, false)?),
+        "Lfm2MoeForCausalLM" => Box::new(lfm2::Lfm2::new(ctx, true)?),
         other => {
             return Err(ConvertError::UnsupportedArch {
                 arch: other.to_string(),

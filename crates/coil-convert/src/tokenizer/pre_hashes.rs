@@ -247,7 +247,7 @@ pub const PRE_HASHES: &[(&str, &str)] = &[
         "olmo",
     ),
     // The same vocabulary cut to 1024 ids (coil's parity fixtures, e.g.
-    // tests/fixtures/hf/qwen35_tiny).
+    // tests/fixtures/hf/qwen35_tiny, tests/fixtures/parity/lfm2_small/hf).
     (
         "944a7414300e9b2eb9ee2f7989facfa7e72abe9b5d19aee76753bfe9c3cbb8a6",
         "olmo",

@@ -1,4 +1,4 @@
-//! Causal depthwise 1-D convolution with a carried window (Mamba conv1d).
+//! Causal depthwise 1-D convolution with a carried window (Mamba conv1d, LFM2 short conv).
 
 use crate::multiversion;
 use crate::pool::ThreadPool;
@@ -61,6 +61,44 @@ pub fn conv1d_causal_silu_pool(
     channels: usize,
     k: usize,
 ) {
+    conv1d_causal_act_pool(
+        pool, x, x_stride, state, weight, bias, out, channels, k, true,
+    );
+}
+
+/// [`conv1d_causal_silu_pool`] without the activation: `out[t, c] =
+/// bias[c] + Σ_j weight[c, j] · u[t − (k−1) + j, c]` (LFM2's short
+/// convolution, which has neither bias nor activation).
+#[allow(clippy::too_many_arguments)]
+pub fn conv1d_causal_pool(
+    pool: &ThreadPool,
+    x: &[f32],
+    x_stride: usize,
+    state: &mut [f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    channels: usize,
+    k: usize,
+) {
+    conv1d_causal_act_pool(
+        pool, x, x_stride, state, weight, bias, out, channels, k, false,
+    );
+}
+
+#[allow(clippy::too_many_arguments)]
+fn conv1d_causal_act_pool(
+    pool: &ThreadPool,
+    x: &[f32],
+    x_stride: usize,
+    state: &mut [f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    channels: usize,
+    k: usize,
+    silu: bool,
+) {
     assert!(k >= 1 && channels > 0 && x_stride >= channels);
     assert!(out.len().is_multiple_of(channels));
     let n = out.len() / channels;
@@ -95,8 +133,10 @@ pub fn conv1d_causal_silu_pool(
                 k,
                 nt,
             );
-            for o in part.chunks_exact_mut(channels) {
-                super::act::silu_inplace(o);
+            if silu {
+                for o in part.chunks_exact_mut(channels) {
+                    super::act::silu_inplace(o);
+                }
             }
         };
         if n <= grain || pool.n_threads() == 1 {
@@ -299,6 +339,25 @@ mod tests {
             );
             assert_eq!(o1, o2);
             assert_eq!(st1, st2);
+        }
+    }
+
+    #[test]
+    fn pool_version_without_activation_matches_the_reference() {
+        let mut rng = Rng::new(7);
+        let pool = crate::ThreadPool::new(2);
+        for &(ch, k, n) in &[(5, 3, 100), (6, 4, 33), (4, 2, 1), (3, 3, 2)] {
+            let x = rng.vec(n * ch);
+            let init = rng.vec((k - 1) * ch);
+            let w = rng.vec(ch * k);
+            let (mut st1, mut st2) = (init.clone(), init.clone());
+            let (mut o1, mut o2) = (vec![0f32; n * ch], vec![0f32; n * ch]);
+            conv1d_causal(&x, &mut st1, &w, None, &mut o1, ch, k);
+            conv1d_causal_pool(&pool, &x, ch, &mut st2, &w, None, &mut o2, ch, k);
+            assert_eq!(o1, o2);
+            assert_eq!(st1, st2);
+            // Some outputs are negative: no activation was applied.
+            assert!(o2.iter().any(|&v| v < -0.1));
         }
     }
 }

@@ -6,6 +6,7 @@ pub mod act;
 pub mod attention;
 pub mod conv;
 pub mod gated_delta;
+pub mod gated_delta_chunk;
 pub mod norm;
 pub mod rope;
 pub mod ssd;
@@ -14,7 +15,7 @@ pub mod topk;
 
 pub use act::*;
 pub use attention::{attention, KvData, KvView, KV_PAGE_ALIGN};
-pub use conv::conv1d_causal_silu_pool;
+pub use conv::{conv1d_causal_pool, conv1d_causal_silu_pool};
 pub use norm::{group_rms_norm_gated, rms_norm, rms_norm_inplace};
 pub use rope::{rope, rope_table, RopeStyle};
 pub use ssd::mamba2_chunked_scan;

@@ -15,10 +15,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub fn fixture(arch: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/models")
-        .join(arch)
-        .join("model.f16.gguf")
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+    if arch.starts_with("lfm2") {
+        // Made by tools/make_fixtures_lfm2.py (tests/fixtures/parity/).
+        return root.join("parity").join(arch).join("model.gguf");
+    }
+    root.join("models").join(arch).join("model.f16.gguf")
 }
 
 pub struct TestServer {
@@ -118,6 +120,19 @@ pub fn start_engine(engine: Engine, parallel: usize) -> TestServer {
 
 pub fn start_engine_cfg(engine: Engine, cfg: SchedulerConfig) -> TestServer {
     let server = Server::new(engine, cfg, "fixture".into()).expect("start the server");
+    serve(server)
+}
+
+/// The Granite fixture served with `chat_template` in place of its own
+/// (`coil serve --chat-template`).
+pub fn start_with_template_override(chat_template: &str, ctx: usize) -> TestServer {
+    let engine = Engine::load(fixture("granitemoehybrid"), options(1, 1, ctx)).expect("load");
+    let server = Server::with_template(engine, config(1), "fixture".into(), Some(chat_template))
+        .expect("start the server");
+    serve(server)
+}
+
+fn serve(server: Server) -> TestServer {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("address");
     listener.set_nonblocking(true).expect("nonblocking");

@@ -18,6 +18,8 @@ pub enum Mixer {
     None,
     /// Gated DeltaNet (Qwen3.5, Qwen3-Next linear-attention layers).
     GatedDeltaNet,
+    /// LFM2's gated short convolution.
+    ShortConv,
 }
 
 /// The per-token feed-forward of a layer.
@@ -38,7 +40,11 @@ impl Mixer {
     pub fn has_recurrent(self) -> bool {
         matches!(
             self,
-            Mixer::Mamba1 | Mixer::Mamba2 | Mixer::AttentionParallelMamba2 | Mixer::GatedDeltaNet
+            Mixer::Mamba1
+                | Mixer::Mamba2
+                | Mixer::AttentionParallelMamba2
+                | Mixer::GatedDeltaNet
+                | Mixer::ShortConv
         )
     }
     pub fn name(self) -> &'static str {
@@ -49,6 +55,7 @@ impl Mixer {
             Mixer::AttentionParallelMamba2 => "attention+mamba2",
             Mixer::None => "none",
             Mixer::GatedDeltaNet => "gated_deltanet",
+            Mixer::ShortConv => "shortconv",
         }
     }
 }
@@ -87,7 +94,7 @@ pub enum PlanError {
 }
 
 /// GGUF architectures coil knows.
-pub const SUPPORTED_ARCHS: [&str; 11] = [
+pub const SUPPORTED_ARCHS: [&str; 13] = [
     "mamba",
     "mamba2",
     "jamba",
@@ -99,6 +106,8 @@ pub const SUPPORTED_ARCHS: [&str; 11] = [
     "qwen35",
     "qwen35moe",
     "qwen3next",
+    "lfm2",
+    "lfm2moe",
 ];
 
 /// A per-layer integer hyper-parameter: either one value for all layers or
@@ -254,6 +263,8 @@ impl LayerPlan {
                     "jamba" => Mixer::Mamba1,
                     "granitehybrid" if kv_at(i) > 0 => Mixer::Attention,
                     "granitehybrid" => Mixer::Mamba2,
+                    "lfm2" | "lfm2moe" if kv_at(i) > 0 => Mixer::Attention,
+                    "lfm2" | "lfm2moe" => Mixer::ShortConv,
                     _ if gated_delta => match recurrent.as_ref().is_some_and(|r| r[i]) {
                         true => Mixer::GatedDeltaNet,
                         false => Mixer::Attention,
@@ -298,8 +309,8 @@ impl LayerPlan {
 
     /// A one-letter-per-layer pattern in Nemotron-H's notation: `M` Mamba,
     /// `*` attention, `P` parallel, `-` dense FFN, `E` MoE (and `D` Gated
-    /// DeltaNet); a layer with both
-    /// a mixer and a feed-forward shows the mixer.
+    /// DeltaNet, `C` LFM2's short convolution); a layer with both a mixer
+    /// and a feed-forward shows the mixer.
     pub fn pattern(&self) -> String {
         self.layers
             .iter()
@@ -308,6 +319,7 @@ impl LayerPlan {
                 (Mixer::Mamba1 | Mixer::Mamba2, _) => 'M',
                 (Mixer::GatedDeltaNet, _) => 'D',
                 (Mixer::AttentionParallelMamba2, _) => 'P',
+                (Mixer::ShortConv, _) => 'C',
                 (Mixer::None, FeedForward::Moe | FeedForward::MoeShared) => 'E',
                 (Mixer::None, _) => '-',
             })

@@ -1,6 +1,6 @@
 //! Multi-head attention with grouped-query KV heads: `q, k, v = x·Wq, x·Wk,
-//! x·Wv` (+ optional biases), optional RoPE on the first `n_rot` lanes of
-//! each head, keys and values appended to the sequence's KV cells, causal
+//! x·Wv` (+ optional biases), optional per-head RMSNorms of q and k (LFM2),
+//! optional RoPE on the first `n_rot` lanes of each head, keys and values appended to the sequence's KV cells, causal
 //! softmax attention over them, `out = attn·Wo`.
 
 use crate::memory::Memory;
@@ -10,6 +10,7 @@ use crate::models::Rows;
 use coil_gguf::GgufFile;
 use coil_kernels::ops::act::add_bias_rows;
 use coil_kernels::ops::attention::attention;
+use coil_kernels::ops::norm::rms_norm_inplace;
 use coil_kernels::ops::rope::{rope, rope_table, RopeStyle};
 use coil_kernels::{matmul, Scratch, ThreadPool};
 
@@ -32,6 +33,26 @@ pub struct AttentionParams {
     pub rope: Option<Rope>,
 }
 
+/// RMSNorms of each query and key head (weights `[head_dim]`), applied
+/// before RoPE (LFM2's `q_layernorm` / `k_layernorm`, GGUF `attn_q_norm` /
+/// `attn_k_norm`).
+pub struct QkNorm {
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub eps: f32,
+}
+
+impl QkNorm {
+    /// Loads `blk.{layer}.attn_{q,k}_norm.weight`.
+    pub fn load(ld: &Loader, layer: usize, head_dim: usize, eps: f32) -> Result<Self, ModelError> {
+        Ok(QkNorm {
+            q: ld.vector(&format!("blk.{layer}.attn_q_norm.weight"), &[head_dim])?,
+            k: ld.vector(&format!("blk.{layer}.attn_k_norm.weight"), &[head_dim])?,
+            eps,
+        })
+    }
+}
+
 pub struct Attention {
     pub p: AttentionParams,
     pub wq: Matrix,
@@ -45,6 +66,7 @@ pub struct Attention {
     /// Lane order fix-up applied to q and k within each head:
     /// `new[r] = old[perm[r]]` (see [`bamba_qk_lane_fix`]).
     pub qk_lane_perm: Option<Vec<usize>>,
+    pub qk_norm: Option<QkNorm>,
 }
 
 impl Attention {
@@ -78,6 +100,7 @@ impl Attention {
             bv: bias("attn_v.bias", kvd)?,
             bo: bias("attn_output.bias", p.d_model)?,
             qk_lane_perm: None,
+            qk_norm: None,
             p,
         })
     }
@@ -122,6 +145,10 @@ impl Attention {
             if let Some(b) = b {
                 add_bias_rows(x, b);
             }
+        }
+        if let Some(nrm) = &self.qk_norm {
+            rms_norm_inplace(&mut q, Some(&nrm.q), nrm.eps, p.head_dim);
+            rms_norm_inplace(&mut k, Some(&nrm.k), nrm.eps, p.head_dim);
         }
         self.permute_lanes(&mut q);
         self.permute_lanes(&mut k);

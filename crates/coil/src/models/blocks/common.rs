@@ -50,13 +50,24 @@ pub struct OutputHead {
 
 impl OutputHead {
     pub fn load(ld: &Loader, n_vocab: usize, n_embd: usize, eps: f32) -> Result<Self, ModelError> {
+        Self::load_with_norm(ld, n_vocab, n_embd, eps, "output_norm.weight")
+    }
+
+    /// [`OutputHead::load`] with the final norm read from tensor `norm`.
+    pub fn load_with_norm(
+        ld: &Loader,
+        n_vocab: usize,
+        n_embd: usize,
+        eps: f32,
+        norm: &str,
+    ) -> Result<Self, ModelError> {
         let output = if ld.has("output.weight") {
             ld.matrix("output.weight", n_vocab, n_embd)?
         } else {
             ld.matrix("token_embd.weight", n_vocab, n_embd)?
         };
         Ok(OutputHead {
-            norm: ld.vector("output_norm.weight", &[n_embd])?,
+            norm: ld.vector(norm, &[n_embd])?,
             output,
             eps,
         })

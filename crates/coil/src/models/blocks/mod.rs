@@ -7,4 +7,5 @@ pub mod gated_attention;
 pub mod gated_delta_mixer;
 pub mod mamba1_mixer;
 pub mod mamba2_mixer;
+pub mod short_conv;
 pub mod stack;

@@ -7,8 +7,8 @@
 //! logits = output(RMSNorm(x)) / logit_scale
 //! ```
 //!
-//! where the mixer is attention, Mamba-1, Mamba-2 or attention ∥ Mamba-2
-//! (their outputs summed, Falcon-H1). Architecture files choose the blocks.
+//! where the mixer is attention, Mamba-1, Mamba-2, attention ∥ Mamba-2
+//! (their outputs summed, Falcon-H1) or LFM2's short convolution. Architecture files choose the blocks.
 
 use super::attention::Attention;
 use super::common::{check_ubatch, Embedding, OutputHead};
@@ -17,6 +17,7 @@ use super::gated_attention::GatedAttention;
 use super::gated_delta_mixer::GatedDeltaMixer;
 use super::mamba1_mixer::Mamba1Mixer;
 use super::mamba2_mixer::Mamba2Mixer;
+use super::short_conv::ShortConv;
 use crate::memory::{KvLayerShape, KvMemory, Memory, RecurrentLayerShape, RecurrentMemory};
 use crate::models::weights::Loader;
 use crate::models::{Model, ModelError, ModelInfo, Rows, UBatch};
@@ -35,6 +36,8 @@ pub enum MixerBlock {
     /// Attention with q/k norms and a sigmoid output gate (Qwen3.5 / Qwen3-Next).
     GatedAttention(Box<GatedAttention>),
     GatedDeltaNet(Box<GatedDeltaMixer>),
+    /// LFM2's gated short convolution.
+    ShortConv(Box<ShortConv>),
 }
 
 pub enum FfnBlock {
@@ -60,6 +63,7 @@ impl StackLayer {
             MixerBlock::Mamba1(m) => Some(m.p.state_shape()),
             MixerBlock::Mamba2(m) | MixerBlock::Parallel(_, m) => Some(m.p.state_shape()),
             MixerBlock::GatedDeltaNet(m) => Some(m.p.state_shape()),
+            MixerBlock::ShortConv(c) => Some(c.p.state_shape()),
             _ => None,
         }
     }
@@ -117,9 +121,22 @@ impl DecoderStack {
         eps: f32,
         scales: Scales,
     ) -> Result<Self, ModelError> {
+        Self::build_with_output_norm(file, info, layers, eps, scales, "output_norm.weight")
+    }
+
+    /// [`DecoderStack::build`] where the final norm is the tensor
+    /// `output_norm` (LFM2's files call it `token_embd_norm.weight`).
+    pub fn build_with_output_norm(
+        file: Arc<GgufFile>,
+        info: ModelInfo,
+        layers: Vec<StackLayer>,
+        eps: f32,
+        scales: Scales,
+        output_norm: &str,
+    ) -> Result<Self, ModelError> {
         let ld = Loader::new(&file, &info.arch);
         let embed = Embedding::load(&ld, info.n_vocab, info.n_embd)?;
-        let head = OutputHead::load(&ld, info.n_vocab, info.n_embd, eps)?;
+        let head = OutputHead::load_with_norm(&ld, info.n_vocab, info.n_embd, eps, output_norm)?;
         Ok(DecoderStack {
             file,
             info,
@@ -154,6 +171,7 @@ impl DecoderStack {
                 m.forward(file, pool, l, rows, mem, h, &mut o2)?;
                 out.iter_mut().zip(&o2).for_each(|(a, b)| *a += b);
             }
+            MixerBlock::ShortConv(c) => c.forward(file, pool, l, rows, mem, h, out)?,
         }
         Ok(())
     }
