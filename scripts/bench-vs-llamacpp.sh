@@ -20,6 +20,14 @@
 # -d DEPTH runs both tests on DEPTH tokens of context (llama-bench -d and
 # coil bench -d: the context is processed once per process, untimed).
 #
+# --isa LEVEL compares both engines at one x86 SIMD level: llama.cpp built
+# for LEVEL (scripts/build-llamacpp.sh --isa LEVEL, in LLAMACPP_DIR) and coil
+# run with COIL_SIMD=LEVEL (native: coil's best level). So `--isa avx2` on an
+# AVX-512 machine measures what an AVX2-only CPU gets; give it its own
+# LLAMACPP_DIR there (the default directory holds the AVX-512 build). Without
+# --isa: whatever llama.cpp build LLAMACPP_DIR holds and coil's best level.
+# The report names the CPU and both levels.
+#
 # Everything it creates lives outside the repository.
 #
 # Usage:
@@ -28,6 +36,7 @@
 #                                (also: mamba-370m-like, a Mamba-1 shape;
 #                                lfm2-1.2b-like, LFM2's short-conv hybrid)
 #                                [--types "F16 Q8_0 Q4_K_M"] [--skip-build]
+#                                [--isa avx2|avx512|native]
 #   scripts/bench-vs-llamacpp.sh --report RUN_DIR [same -r/-p/-n/-d/--models/--types]
 #                                (re-print the report of a finished run)
 #
@@ -56,6 +65,7 @@ MODELS="mamba2-370m-like hybrid-350m-like"
 TYPES="F16 Q8_0 Q4_K_M"
 SKIP_BUILD=0
 REPORT_ONLY=""
+ISA=""
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -67,11 +77,23 @@ while [ $# -gt 0 ]; do
         --models) MODELS="$2"; shift 2 ;;
         --types) TYPES="$2"; shift 2 ;;
         --skip-build) SKIP_BUILD=1; shift ;;
+        --isa) ISA="$2"; shift 2 ;;
         --report) REPORT_ONLY="$2"; shift 2 ;;
         -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d'; exit 0 ;;
         *) echo "error: unknown argument: $1" >&2; exit 2 ;;
     esac
 done
+
+case "$ISA" in
+    ""|avx2|avx512|native) ;;
+    *) echo "error: --isa must be avx2, avx512 or native (got '$ISA')" >&2; exit 2 ;;
+esac
+# coil's side of --isa: a cap on its kernels (an unsupported level makes
+# coil exit with a clear error before anything runs).
+case "$ISA" in
+    avx2|avx512) export COIL_SIMD="$ISA" ;;
+    native) unset COIL_SIMD ;;
+esac
 
 BENCH_DIR="$(realpath -m "${BENCH_DIR:-$REPO_ROOT/../bench-models}")"
 case "$BENCH_DIR/" in
@@ -149,7 +171,11 @@ for m in models:
                             llama_rss_mib_by_repack={r: max(l_rss[r]) for r in repacks},
                             llama_by_repack={r: dict(pp=ms(l_pp[r]), tg=ms(l_tg[r])) for r in repacks}))
 
+coil_runs = [json.loads(p.read_text()) for p in sorted(run.glob("*.coil.json"))]
+infos = sorted({c.get("system_info", "(not reported)") for c in coil_runs})
 print((run / "info.txt").read_text().rstrip())
+for info in infos:
+    print(f"coil system info: {info}")
 print()
 print(f"| model | type | coil pp{n_p}{at} t/s | llama.cpp pp{n_p}{at} t/s | pp ratio | coil tg{n_g}{at} t/s "
       f"| llama.cpp tg{n_g}{at} t/s | tg ratio | pp paired ratio | tg paired ratio | coil peak RSS MiB | llama.cpp peak RSS MiB (rp{repacks[0]}) | RSS ratio |")
@@ -170,7 +196,11 @@ fi
 [ -x /usr/bin/time ] || { echo "error: /usr/bin/time (GNU time) is needed for peak RSS" >&2; exit 1; }
 
 # ---- 1. llama.cpp --------------------------------------------------------------
-"$REPO_ROOT/scripts/build-llamacpp.sh" >&2
+if [ -n "$ISA" ]; then
+    "$REPO_ROOT/scripts/build-llamacpp.sh" --isa "$ISA" >&2
+else
+    "$REPO_ROOT/scripts/build-llamacpp.sh" >&2
+fi
 LLAMACPP_DIR="$(realpath -m "${LLAMACPP_DIR:-$REPO_ROOT/../llama.cpp-build}")"
 # shellcheck disable=SC1091
 source "$LLAMACPP_DIR/env.sh"
@@ -236,7 +266,8 @@ mkdir -p "$RUN_DIR"
 {
     echo "date: $STAMP"
     echo "commit: $(git -C "$REPO_ROOT" rev-parse --short HEAD)$(git -C "$REPO_ROOT" diff --quiet HEAD -- crates || echo ' (+ uncommitted changes)')"
-    echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -n1), $(nproc) CPUs"
+    echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -n1), $(nproc) CPUs, x86 flags: $(grep -m1 -o -w -E 'avx2|fma|f16c|bmi2|avx_vnni|avx512f|avx512_vnni|avx512_bf16|amx_int8' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+    echo "isa: llama.cpp built for ${LLAMACPP_ISA:-avx512} ($LLAMACPP_DIR); coil COIL_SIMD=${COIL_SIMD:-(unset: best level)}"
     echo "threads: $THREADS, reps: $REPS, pp$N_PROMPT, tg$N_GEN, depth $N_DEPTH, llama-bench --repack: $LLAMA_REPACK ${LLAMA_BENCH_ARGS:-}"
     echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } > "$RUN_DIR/info.txt"

@@ -6,8 +6,26 @@
 # vendors a full llama.cpp tree (including convert_hf_to_gguf.py and gguf-py).
 #
 # Usage:
-#   scripts/build-llamacpp.sh [-jN]
+#   scripts/build-llamacpp.sh [-jN] [--isa avx512|avx2|native]
 #   LLAMACPP_DIR=/some/where nice -n 19 scripts/build-llamacpp.sh -j2
+#
+# Options:
+#   --isa LEVEL      the x86 instruction set llama.cpp is built for (default:
+#                    avx512, today's behaviour; also LLAMACPP_ISA):
+#                      avx512  AVX-512 F/VNNI/BF16 on, AMX off
+#                      avx2    AVX2 + FMA + F16C + BMI2, every AVX-512 / AMX /
+#                              AVX-VNNI option off: the level of most desktop,
+#                              laptop and pre-Zen-4 AMD CPUs; runs on any
+#                              AVX-512 machine too, so it measures the AVX2
+#                              comparison there (coil: COIL_SIMD=avx2)
+#                      native  GGML_NATIVE=ON (whatever this CPU has; AMX is
+#                              still forced off)
+#                    The build directory records its level
+#                    ($LLAMACPP_DIR/build/coil-isa; trees from before this
+#                    option count as avx512). Without --isa an existing build
+#                    is reused whatever its level; with --isa a build of
+#                    another level in the same LLAMACPP_DIR is refused: use
+#                    another directory.
 #
 # Environment:
 #   LLAMACPP_DIR     output directory (default: <repo>/../llama.cpp-build).
@@ -27,9 +45,10 @@
 #
 # Idempotent: when the binaries already exist nothing is rebuilt.
 #
-# Notes on flags: GGML_NATIVE is OFF and the ISA is spelled out (AVX2/FMA/F16C
-# are on by default once NATIVE is off; we add AVX-512 F/VNNI/BF16).  AMX must
-# stay OFF: a native build enables AMX and SIGILLs on our machines.
+# Notes on flags: GGML_NATIVE is OFF (except --isa native) and the ISA is
+# spelled out (AVX2/FMA/F16C are on by default once NATIVE is off; avx512 adds
+# AVX-512 F/VNNI/BF16, avx2 turns every AVX-512 and AVX-VNNI option off).  AMX
+# must stay OFF: a native build enables AMX and SIGILLs on our machines.
 # LLAMA_CURL is deprecated in this llama.cpp version (no-op), so it is not
 # passed; LLAMA_OPENSSL / prebuilt UI download are turned off instead so the
 # build needs no network and no libssl.
@@ -41,15 +60,23 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 PYTHON="${PYTHON:-python3}"
 JOBS="${JOBS:-$(nproc 2>/dev/null || echo 2)}"
 WITH_SERVER="${LLAMACPP_WITH_SERVER:-1}"
+ISA="${LLAMACPP_ISA:-}"
 
 while [ $# -gt 0 ]; do
     case "$1" in
         -j)   JOBS="$2"; shift 2 ;;
         -j*)  JOBS="${1#-j}"; shift ;;
+        --isa) ISA="${2:-}"; shift 2 ;;
+        --isa=*) ISA="${1#--isa=}"; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d'; exit 0 ;;
         *)    echo "error: unknown argument: $1" >&2; exit 2 ;;
     esac
 done
+
+case "$ISA" in
+    ""|avx512|avx2|native) ;;
+    *) echo "error: --isa must be avx512, avx2 or native (got '$ISA')" >&2; exit 2 ;;
+esac
 
 LLAMACPP_DIR="${LLAMACPP_DIR:-$REPO_ROOT/../llama.cpp-build}"
 LLAMACPP_DIR="$(realpath -m "$LLAMACPP_DIR")"
@@ -66,6 +93,7 @@ PKG_DIR="$SRC_PARENT/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
 LLAMA_SRC="$PKG_DIR/vendor/llama.cpp"
 BUILD_DIR="$LLAMACPP_DIR/build"
 BIN_DIR="$BUILD_DIR/bin"
+ISA_FILE="$BUILD_DIR/coil-isa"
 
 # Required binaries, plus "run a prompt" tools of which at least one must
 # exist: llama-completion (classic llama-cli behaviour) and llama-simple.
@@ -91,8 +119,9 @@ export LLAMACPP_BIN="$BIN_DIR"
 export LLAMACPP_SRC="$LLAMA_SRC"
 export LLAMACPP_CONVERT="$convert"
 export LLAMACPP_GGUF_PY="$gguf_py"
+export LLAMACPP_ISA="$ISA"
 EOF
-    echo "llama.cpp (from llama-cpp-python $LLAMA_CPP_PYTHON_VERSION)"
+    echo "llama.cpp (from llama-cpp-python $LLAMA_CPP_PYTHON_VERSION), built for $ISA"
     echo "  binaries:"
     local t
     for t in "${TARGETS[@]}"; do
@@ -119,6 +148,19 @@ all_built() {
     [ "$runner" = 1 ] || return 1
     [ -f "$LLAMA_SRC/convert_hf_to_gguf.py" ] || return 1
 }
+
+# A build tree of another level is never silently reused (the binaries would
+# run, measuring the wrong ISA). Trees from before --isa existed are avx512.
+if [ -f "$BUILD_DIR/CMakeCache.txt" ]; then
+    built_isa="$(cat "$ISA_FILE" 2>/dev/null || echo avx512)"
+    ISA="${ISA:-$built_isa}"
+    if [ "$built_isa" != "$ISA" ]; then
+        echo "error: $BUILD_DIR was built for $built_isa, not $ISA; set LLAMACPP_DIR to another directory" >&2
+        exit 1
+    fi
+fi
+
+ISA="${ISA:-avx512}"
 
 if all_built; then
     log "all binaries present in $BIN_DIR; nothing to do"
@@ -161,15 +203,28 @@ if [ ! -f "$BUILD_DIR/CMakeCache.txt" ] && command -v ninja >/dev/null 2>&1; the
     GENERATOR=(-G Ninja)
 fi
 
+case "$ISA" in
+    avx512) ISA_FLAGS=(
+        -DGGML_NATIVE=OFF
+        -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
+        -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+    ) ;;
+    avx2) ISA_FLAGS=(
+        -DGGML_NATIVE=OFF
+        -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+        -DGGML_AVX_VNNI=OFF
+        -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF
+        -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+    ) ;;
+    native) ISA_FLAGS=(
+        -DGGML_NATIVE=ON
+        -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+    ) ;;
+esac
+
 CMAKE_FLAGS=(
     -DCMAKE_BUILD_TYPE=Release
-    -DGGML_NATIVE=OFF
-    -DGGML_AVX512=ON
-    -DGGML_AVX512_VNNI=ON
-    -DGGML_AVX512_BF16=ON
-    -DGGML_AMX_TILE=OFF
-    -DGGML_AMX_INT8=OFF
-    -DGGML_AMX_BF16=OFF
+    "${ISA_FLAGS[@]}"
     -DGGML_OPENMP=ON
     -DGGML_CCACHE=OFF
     -DLLAMA_OPENSSL=OFF
@@ -185,11 +240,16 @@ CMAKE_FLAGS=(
 log "configuring $LLAMA_SRC -> $BUILD_DIR"
 cmake -S "$LLAMA_SRC" -B "$BUILD_DIR" "${GENERATOR[@]}" "${CMAKE_FLAGS[@]}"
 
-# Safety net: AMX must never be enabled (SIGILL on this hardware).
-if grep -E '^GGML_(AMX_TILE|AMX_INT8|AMX_BF16|NATIVE):BOOL=ON' "$BUILD_DIR/CMakeCache.txt"; then
-    echo "error: AMX/NATIVE got enabled in $BUILD_DIR/CMakeCache.txt" >&2
+# Safety net: AMX must never be enabled (SIGILL on this hardware); NATIVE
+# only when asked for; AVX-512 never in an avx2 build.
+forbidden='^GGML_(AMX_TILE|AMX_INT8|AMX_BF16|NATIVE):BOOL=ON'
+[ "$ISA" = native ] && forbidden='^GGML_(AMX_TILE|AMX_INT8|AMX_BF16):BOOL=ON'
+[ "$ISA" = avx2 ] && forbidden='^GGML_(AMX_TILE|AMX_INT8|AMX_BF16|NATIVE|AVX512[A-Z0-9_]*|AVX_VNNI):BOOL=ON'
+if grep -E "$forbidden" "$BUILD_DIR/CMakeCache.txt"; then
+    echo "error: an option outside --isa $ISA got enabled in $BUILD_DIR/CMakeCache.txt" >&2
     exit 1
 fi
+echo "$ISA" > "$ISA_FILE"
 
 # ---- 3. build only the targets we need ----------------------------------------
 available="$(cmake --build "$BUILD_DIR" --target help 2>/dev/null || true)"

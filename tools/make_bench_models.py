@@ -31,7 +31,20 @@ numbers on the development machine):
   (window 3) and grouped-query attention (32 heads, 8 KV heads, head_dim 64,
   RoPE θ 1e6) at layers 2, 5, 8, 10, 12, 14; SwiGLU `block_ff_dim` 12288
   adjusted (x 2/3, multiple of 256) to 8192; vocab 65536 (the NeoX ids, the
-  rest padding), tied (~1.17 G parameters).
+  rest padding), tied (~1.17 G parameters);
+- qwen35-0.8b-like (not in the anchor; --only): Qwen3_5ForCausalLM with the
+  shape of Qwen3.5-0.8B: 24 layers of d_model 1024, 3 Gated DeltaNet : 1
+  gated attention, DeltaNet 16 key and 16 value heads of 128 (conv 4),
+  attention 8 heads / 2 KV heads of 256 (rotary 64 lanes, sections
+  [11, 11, 10]), SwiGLU 3584, vocab 248320 (the real one's size; the token
+  strings are the GPT-NeoX tokenizer's, padded), tied (752 M parameters);
+- qwen35moe-1b-like (--only): Qwen3_5MoeForCausalLM, the same stack with
+  16 key / 32 value heads and, in every layer, 64 experts of 160 (top-8)
+  plus a shared expert of 512; untied (1.65 B parameters, 0.5 B of them the
+  two 248320-row embeddings; ~0.7 B active per token, output head included).
+  Both need transformers 5 (Qwen3.5) and llama.cpp's converter with
+  `--no-mtp`, run as tools/make_fixtures_qwen35.py runs it (pre-tokenizer
+  name fixed to olmo); scripts/bench-vs-llamacpp.sh does not build them yet.
 
 Random weights cost the same compute as trained ones. Init: every matrix
 N(0, 1/fan_in) (unit-variance activations), tied embeddings N(0, (4/sqrt(d))^2)
@@ -61,7 +74,14 @@ REPO = Path(__file__).resolve().parent.parent
 VOCAB = 50280
 VOCAB_MAMBA2 = 50288
 
-MODELS = ("mamba2-370m-like", "hybrid-350m-like", "mamba-370m-like", "lfm2-1.2b-like")
+MODELS = (
+    "mamba2-370m-like",
+    "hybrid-350m-like",
+    "mamba-370m-like",
+    "lfm2-1.2b-like",
+    "qwen35-0.8b-like",
+    "qwen35moe-1b-like",
+)
 # What --only builds by default: the two shapes of the anchor.
 DEFAULT_MODELS = ("mamba2-370m-like", "hybrid-350m-like")
 
@@ -107,6 +127,56 @@ def mamba1_config():
 
 
 ATTN_LAYERS = (5, 13, 21, 29)
+
+# Qwen3.5-0.8B's stack (Qwen/Qwen3.5-0.8B config.json, text part).
+QWEN35_COMMON = dict(
+    vocab_size=248320,
+    hidden_size=1024,
+    num_hidden_layers=24,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=256,
+    hidden_act="silu",
+    max_position_embeddings=262144,
+    rms_norm_eps=1e-6,
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_num_key_heads=16,
+    layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(24)],
+    rope_parameters=dict(
+        rope_type="default",
+        rope_theta=10_000_000.0,
+        partial_rotary_factor=0.25,
+        mrope_section=[11, 11, 10],
+        mrope_interleaved=True,
+    ),
+    bos_token_id=0,
+    eos_token_id=0,
+    pad_token_id=1,
+)
+
+
+def qwen35_config():
+    from transformers import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(
+        intermediate_size=3584, linear_num_value_heads=16, tie_word_embeddings=True, **QWEN35_COMMON
+    )
+
+
+def qwen35moe_config():
+    from transformers import Qwen3_5MoeTextConfig
+
+    return Qwen3_5MoeTextConfig(
+        linear_num_value_heads=32,
+        num_experts=64,
+        num_experts_per_tok=8,
+        moe_intermediate_size=160,
+        shared_expert_intermediate_size=512,
+        tie_word_embeddings=False,
+        **QWEN35_COMMON,
+    )
 
 
 def hybrid_config():
@@ -194,7 +264,17 @@ def build(name: str):
     import torch
     from transformers import GraniteMoeHybridForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
 
-    if name == "lfm2-1.2b-like":
+    if name == "qwen35-0.8b-like":
+        from transformers import Qwen3_5ForCausalLM
+
+        cfg = qwen35_config()
+        cls = Qwen3_5ForCausalLM
+    elif name == "qwen35moe-1b-like":
+        from transformers import Qwen3_5MoeForCausalLM
+
+        cfg = qwen35moe_config()
+        cls = Qwen3_5MoeForCausalLM
+    elif name == "lfm2-1.2b-like":
         from transformers import Lfm2ForCausalLM
 
         cfg = lfm2_config()
@@ -219,8 +299,8 @@ def build(name: str):
                 continue
             if "embed" in pname or "embedding" in pname:
                 p.normal_(0.0, 4.0 / d**0.5)
-            elif p.ndim == 2:
-                p.normal_(0.0, 1.0 / p.shape[1] ** 0.5)
+            elif p.ndim in (2, 3):  # (out, in), or fused experts (n, out, in)
+                p.normal_(0.0, 1.0 / p.shape[-1] ** 0.5)
             elif pname.endswith("norm.weight") or "norm" in pname:
                 p.fill_(1.0)
             elif "bias" in pname:

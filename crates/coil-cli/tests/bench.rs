@@ -136,3 +136,59 @@ fn bench_parallel_reports_every_sequence_count() {
     assert!(!ok);
     assert!(err.contains("at least 1"), "{err}");
 }
+
+fn coil_env(args: &[&str], simd: &str) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_coil"))
+        .args(args)
+        .env("COIL_SIMD", simd)
+        .output()
+        .expect("run coil");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The SIMD level and CPU features are reported (`--json` and the table's
+/// stderr line); `COIL_SIMD` caps the level; a level the CPU lacks or an
+/// unknown name is a clear error, not an illegal instruction.
+#[test]
+fn bench_reports_simd_level_and_refuses_levels_the_cpu_lacks() {
+    let m = model("mamba2");
+    let args = ["bench", "-m", &m, "-p", "8", "-n", "2", "-r", "1", "--json"];
+    let (ok, out, err) = coil_env(&args, "scalar");
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("bench prints JSON");
+    assert_eq!(v["simd"], "scalar");
+    let cpu = v["cpu_simd"].as_str().expect("cpu_simd").to_string();
+    assert!(
+        ["scalar", "avx2", "avx512"].contains(&cpu.as_str()),
+        "{cpu}"
+    );
+    assert!(v["cpu_features"].is_array(), "{v}");
+    let info = v["system_info"].as_str().expect("system_info");
+    assert!(info.starts_with("simd: scalar"), "{info}");
+    assert!(info.contains("COIL_SIMD=scalar"), "{info}");
+
+    let (ok, out, err) = coil_env(&["bench", "-m", &m, "-p", "8", "-n", "0", "-r", "1"], &cpu);
+    assert!(ok, "{err}");
+    assert!(out.contains("| pp8 |"), "{out}");
+    assert!(err.contains(&format!("system: simd: {cpu}")), "{err}");
+
+    let (ok, _, err) = coil_env(&args, "sse9");
+    assert!(!ok);
+    assert!(
+        err.contains("COIL_SIMD=\"sse9\" names no SIMD level"),
+        "{err}"
+    );
+    if cpu != "avx512" {
+        let (ok, _, err) = coil_env(&args, "avx512");
+        assert!(!ok, "COIL_SIMD=avx512 on a {cpu} CPU must fail");
+        assert!(
+            err.contains("COIL_SIMD=avx512 needs CPU features this CPU lacks"),
+            "{err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}

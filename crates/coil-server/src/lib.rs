@@ -13,6 +13,11 @@
 //! - [`reply`]: chat replies as OpenAI shapes them (content, reasoning,
 //!   tool calls; whole or streamed).
 //! - [`routes`]: the axum router.
+//! - [`errors`], [`auth`], [`limits`]: OpenAI-shaped errors for everything,
+//!   `--api-key`, the queue bound, `max_tokens` ceiling, request timeout
+//!   and the drain on shutdown.
+//! - [`http_metrics`], [`histogram`]: requests waiting / running, cache
+//!   use over its limit, time-to-first-token and per-token histograms.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -29,6 +34,11 @@
 //! ```
 
 pub mod api;
+pub mod auth;
+pub mod errors;
+pub mod histogram;
+pub mod http_metrics;
+pub mod limits;
 pub mod metrics;
 pub mod prefix_cache;
 pub mod reply;
@@ -38,10 +48,13 @@ pub mod template;
 
 use coil::engine::Engine;
 use coil::tokenizer::{Tokenizer, TokenizerError};
+use limits::{HttpOptions, Limits};
 use routes::ServerState;
 use scheduler::{Scheduler, SchedulerConfig, SchedulerError};
 use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 use template::{ChatTemplate, TemplateError};
 
 #[derive(Debug, thiserror::Error)]
@@ -79,13 +92,40 @@ impl Server {
         model_id: String,
         chat_template: Option<&str>,
     ) -> Result<Self, ServerError> {
+        Self::start(engine, cfg, model_id, chat_template, HttpOptions::default())
+    }
+
+    /// [`Server::new`] with the HTTP side's settings: API key, queue
+    /// bound, `max_tokens` ceiling, request timeout.
+    pub fn with_options(
+        engine: Engine,
+        cfg: SchedulerConfig,
+        model_id: String,
+        http: HttpOptions,
+    ) -> Result<Self, ServerError> {
+        Self::start(engine, cfg, model_id, None, http)
+    }
+
+    /// The server with every setting: a chat template in place of the
+    /// file's (when given) and the HTTP side's options.
+    pub fn start(
+        engine: Engine,
+        cfg: SchedulerConfig,
+        model_id: String,
+        chat_template: Option<&str>,
+        http: HttpOptions,
+    ) -> Result<Self, ServerError> {
         let tokenizer = Arc::new(Tokenizer::from_gguf(&engine.file)?);
         let template = match chat_template {
             Some(source) => ChatTemplate::new(Some(source), &tokenizer)?,
             None => ChatTemplate::from_gguf(&engine.file, &tokenizer)?,
         };
+        let (parallel, cache_bytes) = (cfg.parallel, cfg.cache_bytes);
         let (scheduler, engine_thread) = Scheduler::start(engine, tokenizer.clone(), cfg)?;
-        let state = Arc::new(ServerState::new(scheduler, tokenizer, template, model_id));
+        (scheduler.metrics.http.cache_limit_bytes).store(cache_bytes as u64, Ordering::Relaxed);
+        let mut state = ServerState::new(scheduler, tokenizer, template, model_id);
+        state.limits = Limits::new(http, parallel);
+        let state = Arc::new(state);
         Ok(Server {
             state,
             engine_thread,
@@ -96,20 +136,54 @@ impl Server {
         routes::router(self.state.clone())
     }
 
-    /// Serves HTTP on `listener` until `shutdown` completes.
+    /// Serves HTTP on `listener` until `shutdown` completes, then drains
+    /// without a time limit (see [`Server::serve_with_drain`]).
     pub async fn serve(
         self,
         listener: tokio::net::TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
+        self.serve_with_drain(listener, shutdown, None).await?;
+        Ok(())
+    }
+
+    /// Serves HTTP on `listener` until `shutdown` completes, then drains:
+    /// no new connection is accepted, `/health` and new requests on open
+    /// connections answer 503 (so routers move on), and requests in flight
+    /// run to their end — for at most `drain` (`None`: no limit), after
+    /// which the caller should exit. Returns how many requests were still
+    /// in flight when it stopped waiting (0: all drained).
+    pub async fn serve_with_drain(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+        drain: Option<Duration>,
+    ) -> std::io::Result<u64> {
         let app = self.router();
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await?;
+        let state = self.state.clone();
+        let (draining_tx, draining_rx) = tokio::sync::oneshot::channel::<()>();
+        let signal = async move {
+            shutdown.await;
+            state.limits.start_draining();
+            let _ = draining_tx.send(());
+        };
+        let server = axum::serve(listener, app).with_graceful_shutdown(signal);
+        let give_up = async move {
+            match (draining_rx.await, drain) {
+                (Ok(()), Some(d)) => tokio::time::sleep(d).await,
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = server => r?,
+            _ = give_up => {}
+        }
+        let metrics = &self.state.scheduler.metrics;
+        let left = metrics.http.in_flight.load(Ordering::Relaxed);
         drop(self.state);
         // The engine thread ends once every handle is gone and its work
         // is done; don't wait on clients that still hold one.
         drop(self.engine_thread);
-        Ok(())
+        Ok(left)
     }
 }

@@ -1,5 +1,6 @@
 //! Server counters, rendered in Prometheus' text format at `/metrics`.
 
+pub use crate::http_metrics::HttpMetrics;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Counters (monotonic) and gauges (current values), shared between the
@@ -27,6 +28,9 @@ pub struct Metrics {
     /// f64 bits: tokens per second of the recent steps.
     pub prompt_tps: AtomicU64,
     pub generation_tps: AtomicU64,
+    /// What the HTTP side measures: requests in flight, rejections,
+    /// latency histograms.
+    pub http: HttpMetrics,
 }
 
 pub(crate) fn add(c: &AtomicU64, n: usize) {
@@ -154,6 +158,11 @@ impl Metrics {
             "gauge",
             "Generation speed (all sequences together) over recent steps.",
             format!("{:.3}", get_f64(&self.generation_tps)),
+        );
+        self.http.render(
+            get(&self.active_sequences),
+            get(&self.cached_bytes),
+            &mut out,
         );
         out
     }

@@ -1,16 +1,23 @@
 //! HTTP routes: `POST /v1/completions`, `POST /v1/chat/completions`
 //! (streamed as server-sent events or not), `POST /apply-template`,
-//! `GET /v1/models`, `GET /health`, `GET /metrics`.
+//! `GET /v1/models`, `GET /health`, `GET /metrics`. Errors of every kind
+//! are OpenAI's JSON error object ([`crate::errors`]); `--api-key` guards
+//! every route but `/health` ([`crate::auth`]); [`crate::limits`] bounds
+//! the queue, `max_tokens` and time.
 
 use crate::api::ToolChoice;
 use crate::api::{self, ApiError, ChatRequest, CompletionRequest, Prompt, ResponseMeta};
+use crate::http_metrics::InFlight;
+use crate::limits::Limits;
 use crate::reply::ChatReply;
 use crate::scheduler::{Event, GenRequest, Scheduler};
 use crate::template::tool_calls::StreamParser;
 use crate::template::{ChatTemplate, TemplateVars};
+use crate::{auth, errors};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{header, StatusCode};
+use axum::http::header;
+use axum::middleware;
 use axum::response::sse::{self, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -23,6 +30,7 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 /// What the handlers share.
@@ -34,6 +42,8 @@ pub struct ServerState {
     pub model_id: String,
     pub created: u64,
     next_id: AtomicU64,
+    /// API key, queue bound, timeouts, drain.
+    pub limits: Limits,
 }
 
 impl ServerState {
@@ -50,6 +60,7 @@ impl ServerState {
             model_id,
             created: now(),
             next_id: AtomicU64::new(0),
+            limits: Limits::default(),
         }
     }
 
@@ -70,18 +81,11 @@ fn now() -> u64 {
         .unwrap_or(0)
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, Json(self.body())).into_response()
-    }
-}
-
 /// Largest request body: long conversations are big JSON.
 pub const MAX_BODY: usize = 64 << 20;
 
 pub fn router(state: Arc<ServerState>) -> Router {
-    Router::new()
+    let mut app = Router::new()
         .route("/v1/completions", post(completions))
         .route("/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
@@ -93,6 +97,12 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(middleware::from_fn(crate::limits::refuse_oversized));
+    if let Some(key) = &state.limits.opts.api_key {
+        let key: Arc<str> = Arc::from(key.as_str());
+        app = app.layer(middleware::from_fn_with_state(key, auth::require_api_key));
+    }
+    app.layer(middleware::map_response(errors::openai_errors))
         .with_state(state)
 }
 
@@ -100,9 +110,12 @@ async fn not_found(uri: axum::http::Uri) -> ApiError {
     ApiError::not_found(format!("no route for {}", uri.path()))
 }
 
-/// 200 `{"status": "ok"}` while the engine thread runs, 503 after it died.
+/// 200 `{"status": "ok"}` while the engine thread runs, 503 after it died
+/// or while the server drains for shutdown.
 async fn health(State(st): State<Arc<ServerState>>) -> Response {
-    if st.scheduler.is_alive() {
+    if st.limits.is_draining() {
+        ApiError::unavailable("the server is shutting down").into_response()
+    } else if st.scheduler.is_alive() {
         Json(json!({ "status": "ok" })).into_response()
     } else {
         ApiError::unavailable("the engine thread has stopped").into_response()
@@ -207,6 +220,7 @@ fn completion_prompt(st: &ServerState, prompt: Prompt) -> Result<Vec<u32>, ApiEr
 }
 
 async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let start = Instant::now();
     let req: CompletionRequest = match api::parse_body(&body) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
@@ -216,7 +230,7 @@ async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Respons
         Err(e) => return e.into_response(),
     };
     let meta = st.meta("cmpl");
-    run_job(&st, job, meta, Kind::Completion).await
+    run_job(&st, job, meta, Kind::Completion, start).await
 }
 
 fn completion_job(st: &ServerState, req: CompletionRequest) -> Result<Job, ApiError> {
@@ -231,7 +245,8 @@ fn completion_job(st: &ServerState, req: CompletionRequest) -> Result<Job, ApiEr
         Some(16),
         st.scheduler.n_ctx,
         "max_tokens",
-    )?;
+    )?
+    .min(st.limits.max_tokens(req.max_tokens, "max_tokens")?);
     Ok(Job {
         prompt,
         marks: Vec::new(),
@@ -246,6 +261,7 @@ fn completion_job(st: &ServerState, req: CompletionRequest) -> Result<Job, ApiEr
 }
 
 async fn chat_completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let start = Instant::now();
     let req: ChatRequest = match api::parse_body(&body) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
@@ -255,7 +271,7 @@ async fn chat_completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Re
         Err(e) => return e.into_response(),
     };
     let meta = st.meta("chatcmpl");
-    run_job(&st, job, meta, Kind::Chat).await
+    run_job(&st, job, meta, Kind::Chat, start).await
 }
 
 /// `POST /apply-template` (llama-server's): a chat request's body, answered
@@ -364,7 +380,8 @@ fn chat_job(st: &ServerState, req: ChatRequest) -> Result<Job, ApiError> {
         (Some(m), _) => (Some(m), "max_completion_tokens"),
         (None, m) => (m, "max_tokens"),
     };
-    let max_tokens = token_limit(prompt.len(), requested, None, st.scheduler.n_ctx, param)?;
+    let max_tokens = token_limit(prompt.len(), requested, None, st.scheduler.n_ctx, param)?
+        .min(st.limits.max_tokens(requested, param)?);
     let mut stop = req.sampling.stops();
     stop.extend(st.template.extra_stops.iter().cloned());
     Ok(Job {
@@ -386,7 +403,17 @@ enum Kind {
     Chat,
 }
 
-async fn run_job(st: &ServerState, job: Job, meta: ResponseMeta, kind: Kind) -> Response {
+async fn run_job(
+    st: &ServerState,
+    job: Job,
+    meta: ResponseMeta,
+    kind: Kind,
+    start: Instant,
+) -> Response {
+    let mut flight = match st.limits.admit(&st.scheduler.metrics, start) {
+        Ok(f) => f,
+        Err(refused) => return refused.into_response(),
+    };
     let (tx, mut rx) = unbounded_channel();
     let submitted = st.scheduler.submit(GenRequest {
         prompt: job.prompt,
@@ -400,16 +427,42 @@ async fn run_job(st: &ServerState, job: Job, meta: ResponseMeta, kind: Kind) -> 
     if !submitted {
         return ApiError::unavailable("the engine has stopped").into_response();
     }
+    let deadline = st.limits.deadline(start);
     let mut reply = ChatReply::new(job.parser);
     if job.stream {
-        let sse = Sse::new(event_stream(rx, meta, kind, job.include_usage, reply));
+        let sse = Sse::new(event_stream(
+            rx,
+            meta,
+            kind,
+            job.include_usage,
+            reply,
+            flight,
+            deadline.map(|d| (d, st.limits.timeout_error())),
+        ));
         return sse.keep_alive(KeepAlive::default()).into_response();
     }
     let mut text = String::new();
-    while let Some(ev) = rx.recv().await {
+    loop {
+        // Past the deadline, returning drops the receiver: the engine
+        // thread frees the slot.
+        let ev = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, rx.recv()).await {
+                Ok(ev) => ev,
+                Err(_) => {
+                    flight.timed_out();
+                    return st.limits.timeout_error().into_response();
+                }
+            },
+            None => rx.recv().await,
+        };
+        let Some(ev) = ev else { break };
         match ev {
-            Event::Text(t) => text.push_str(&t),
+            Event::Text(t) => {
+                flight.first_output();
+                text.push_str(&t)
+            }
             Event::Done { finish, usage } => {
+                flight.done(&usage);
                 let body = match kind {
                     Kind::Completion => api::completion(&meta, &text, finish, &usage),
                     Kind::Chat => reply.body(&meta, text, finish, &usage),
@@ -430,17 +483,23 @@ struct StreamState {
     out: VecDeque<String>,
     ended: bool,
     reply: ChatReply,
+    /// Counts the request in flight and times it; dropped with the stream.
+    flight: InFlight,
+    /// When the stream is cut, and the error it then ends with.
+    deadline: Option<(tokio::time::Instant, ApiError)>,
 }
 
 /// Server-sent events in OpenAI's chunk format, ending with `[DONE]`.
-/// Dropping the stream (client gone) drops the receiver, which tells the
-/// engine thread to free the request's slot.
+/// Dropping the stream (client gone, or the deadline passed) drops the
+/// receiver, which tells the engine thread to free the request's slot.
 fn event_stream(
     rx: UnboundedReceiver<Event>,
     meta: ResponseMeta,
     kind: Kind,
     include_usage: bool,
     reply: ChatReply,
+    flight: InFlight,
+    deadline: Option<(tokio::time::Instant, ApiError)>,
 ) -> impl Stream<Item = Result<sse::Event, Infallible>> {
     let mut out = VecDeque::new();
     if kind == Kind::Chat {
@@ -455,6 +514,8 @@ fn event_stream(
         out,
         ended: false,
         reply,
+        flight,
+        deadline,
     };
     stream::unfold(st, |mut st| async move {
         loop {
@@ -464,7 +525,20 @@ fn event_stream(
             if st.ended {
                 return None;
             }
-            let Some(ev) = st.rx.recv().await else {
+            let ev = match &st.deadline {
+                Some((d, err)) => match tokio::time::timeout_at(*d, st.rx.recv()).await {
+                    Ok(ev) => ev,
+                    Err(_) => {
+                        st.flight.timed_out();
+                        st.out.push_back(err.body().to_string());
+                        st.out.push_back("[DONE]".into());
+                        st.ended = true;
+                        continue;
+                    }
+                },
+                None => st.rx.recv().await,
+            };
+            let Some(ev) = ev else {
                 let e = ApiError::server("the engine stopped before the request ended");
                 st.out.push_back(e.body().to_string());
                 st.ended = true;
@@ -483,6 +557,7 @@ impl StreamState {
         };
         match ev {
             Event::Text(t) => {
+                self.flight.first_output();
                 let chunks = match self.kind {
                     Kind::Completion => vec![api::completion_chunk(&self.meta, &t, None)],
                     Kind::Chat => self.reply.chunks(&self.meta, &t),
@@ -490,6 +565,7 @@ impl StreamState {
                 self.out.extend(chunks.iter().map(Value::to_string));
             }
             Event::Done { finish, usage } => {
+                self.flight.done(&usage);
                 let last = match self.kind {
                     Kind::Completion => vec![api::completion_chunk(&self.meta, "", Some(finish))],
                     Kind::Chat => self.reply.last_chunks(&self.meta, finish),

@@ -1,44 +1,114 @@
 //! A `qwen35` / `qwen3next` GGUF with a missing or mis-shaped tensor, an
 //! inconsistent head count or an unknown rope section layout loads with an
 //! error naming the key or tensor — never a panic. Each case edits a copy
-//! of a parity fixture in memory.
+//! of a parity fixture in memory. Also: an old-style qwen3next file (q, k,
+//! v, z fused in `ssm_in`) gives the reference logits.
 
 mod common;
 
-use coil::models;
+use coil::engine::{Engine, EngineOptions};
+use coil::models::{self, LogitRows};
 use coil_gguf::gguf::encode_header;
 use coil_gguf::{GgufFile, Metadata, TensorSpec, Value, ValueType};
 use std::sync::Arc;
 
-/// The fixture `name` with its metadata and tensor list edited, rebuilt in
-/// memory (tensor data carried over by name; a reshaped tensor keeps its
-/// bytes, cut or zero-padded to its new size).
+/// Tensors as (spec, bytes).
+type Tensors = Vec<(TensorSpec, Vec<u8>)>;
+
+/// The fixture `name` with its metadata and tensors edited, rebuilt in
+/// memory.
+fn rebuilt(
+    name: &str,
+    edit: impl FnOnce(&mut Metadata, &mut Tensors),
+) -> Result<Arc<GgufFile>, String> {
+    let f = GgufFile::open(common::tool_fixture(name).model).unwrap();
+    let mut md = f.metadata().clone();
+    let mut tensors: Tensors = f
+        .tensors()
+        .iter()
+        .map(|t| {
+            let spec = TensorSpec::new(t.name.clone(), &t.dims, t.ty);
+            (spec, f.bytes()[f.data_range(t)].to_vec())
+        })
+        .collect();
+    edit(&mut md, &mut tensors);
+    let specs: Vec<TensorSpec> = tensors.iter().map(|t| t.0.clone()).collect();
+    let (mut bytes, sizes) = encode_header(&md, &specs).unwrap();
+    for ((_, data), size) in tensors.iter_mut().zip(&sizes) {
+        // A reshaped tensor keeps its bytes, cut or zero-padded.
+        data.resize(*size as usize, 0);
+        bytes.extend_from_slice(data);
+        bytes.resize(bytes.len().div_ceil(32) * 32, 0);
+    }
+    Ok(Arc::new(
+        GgufFile::from_bytes(bytes).map_err(|e| e.to_string())?,
+    ))
+}
+
+/// Loads the fixture with its metadata and tensor list edited.
 fn edited(
     name: &str,
     edit_md: impl FnOnce(&mut Metadata),
     edit_tensors: impl FnOnce(&mut Vec<TensorSpec>),
 ) -> Result<(), String> {
-    let f = GgufFile::open(common::tool_fixture(name).model).unwrap();
-    let mut md = f.metadata().clone();
-    edit_md(&mut md);
-    let mut specs: Vec<TensorSpec> = f
-        .tensors()
-        .iter()
-        .map(|t| TensorSpec::new(t.name.clone(), &t.dims, t.ty))
-        .collect();
-    edit_tensors(&mut specs);
-    let (mut bytes, sizes) = encode_header(&md, &specs).unwrap();
-    for (spec, size) in specs.iter().zip(&sizes) {
-        let mut data = match f.tensor_info(&spec.name) {
-            Some(t) => f.bytes()[f.data_range(t)].to_vec(),
-            None => Vec::new(),
-        };
-        data.resize(*size as usize, 0);
-        bytes.extend_from_slice(&data);
-        bytes.resize(bytes.len().div_ceil(32) * 32, 0);
-    }
-    let file = Arc::new(GgufFile::from_bytes(bytes).map_err(|e| e.to_string())?);
+    let file = rebuilt(name, |md, tensors| {
+        edit_md(md);
+        let mut specs: Vec<TensorSpec> = tensors.iter().map(|t| t.0.clone()).collect();
+        edit_tensors(&mut specs);
+        let mut old = std::mem::take(tensors);
+        for spec in specs {
+            let data = match old.iter().position(|t| t.0.name == spec.name) {
+                Some(i) => old.swap_remove(i).1,
+                None => Vec::new(),
+            };
+            tensors.push((spec, data));
+        }
+    })?;
     models::load(file).map(|_| ()).map_err(|e| e.to_string())
+}
+
+/// llama.cpp's older qwen3next files hold `ssm_in` (per key head: q, k,
+/// the value rows of its value heads, their z rows) instead of `attn_qkv`
+/// and `attn_gate`: built here from the fixture's, same logits.
+#[test]
+fn legacy_fused_ssm_in_matches_the_reference() {
+    let (hk, dk, r, dv, d) = (2usize, 16usize, 2usize, 16usize, 64usize);
+    let row = d * 4; // bytes of one f32 row
+    let file = rebuilt("qwen3next_tiny", |_, tensors| {
+        for l in [0, 2, 3] {
+            let take = |tensors: &mut Tensors, n: &str| {
+                let i = tensors.iter().position(|t| t.0.name == n).unwrap();
+                tensors.remove(i).1
+            };
+            let qkv = take(tensors, &format!("blk.{l}.attn_qkv.weight"));
+            let z = take(tensors, &format!("blk.{l}.attn_gate.weight"));
+            let rows =
+                |m: &[u8], first: usize, n: usize| m[first * row..(first + n) * row].to_vec();
+            let mut fused = Vec::new();
+            for g in 0..hk {
+                fused.extend(rows(&qkv, g * dk, dk)); // q
+                fused.extend(rows(&qkv, hk * dk + g * dk, dk)); // k
+                fused.extend(rows(&qkv, 2 * hk * dk + g * r * dv, r * dv)); // v
+                fused.extend(rows(&z, g * r * dv, r * dv)); // z
+            }
+            let n_rows = (2 * hk * dk + 2 * hk * r * dv) as u64;
+            let spec = TensorSpec::new(
+                format!("blk.{l}.ssm_in.weight"),
+                &[d as u64, n_rows],
+                coil_gguf::GgmlType::F32,
+            );
+            tensors.push((spec, fused));
+        }
+    })
+    .unwrap();
+    assert!(file.tensor_info("blk.0.attn_qkv.weight").is_none());
+    let f = common::tool_fixture("qwen3next_tiny");
+    let mut e = Engine::from_file(file, EngineOptions::default()).unwrap();
+    for ub in [f.tokens.len(), 1] {
+        e.mem_clear();
+        let got = e.eval(0, &f.tokens, LogitRows::All, ub).unwrap();
+        common::assert_parity(&format!("ssm_in, ubatch {ub}"), &got, &f.logits, f.n_vocab);
+    }
 }
 
 fn expect_error(what: &str, got: Result<(), String>, needle: &str) {

@@ -225,6 +225,7 @@ pub fn run(a: Args) -> Result<()> {
     let arch = engine.model.info().arch.clone();
     let model_type = format!("{arch} {ftype}");
     let threads = engine.pool.n_threads();
+    let system = super::common::simd_info()?;
     let mut rng = Rng(a.seed);
     if a.depth > 0 {
         let n_vocab = engine.n_vocab();
@@ -281,6 +282,14 @@ pub fn run(a: Args) -> Result<()> {
             "model_n_params": params,
             "file_size": engine.file.file_len(),
             "threads": threads,
+            "simd": coil_kernels::simd::level().name(),
+            "cpu_simd": coil_kernels::simd::cpu_level().name(),
+            "cpu_features": coil_kernels::simd::cpu_features()
+                .into_iter()
+                .filter(|(_, has)| *has)
+                .map(|(name, _)| name)
+                .collect::<Vec<_>>(),
+            "system_info": system,
             "n_prompt": a.n_prompt,
             "n_gen": a.n_gen,
             "n_depth": a.depth,
@@ -301,6 +310,7 @@ pub fn run(a: Args) -> Result<()> {
         return Ok(());
     }
 
+    eprintln!("system: {system}");
     let mib = size as f64 / (1u64 << 20) as f64;
     let mparams = params as f64 / 1e6;
     println!("| model | size | params | threads | test | t/s |");

@@ -68,8 +68,17 @@ pub struct ModelArgs {
     pub checkpoint_every_token: bool,
 }
 
+/// Checks `COIL_SIMD` against this CPU (a level it lacks is an error, not
+/// an illegal instruction later) and returns the system-info line to print:
+/// the SIMD level the kernels use and the CPU features seen.
+pub fn simd_info() -> Result<String> {
+    coil_kernels::simd::check_env()?;
+    Ok(coil_kernels::simd::system_info())
+}
+
 impl ModelArgs {
     pub fn load(&self, n_seq_max: usize, n_ubatch: usize) -> Result<Engine> {
+        coil_kernels::simd::check_env()?;
         let threads = self
             .threads
             .unwrap_or_else(coil_kernels::ThreadPool::default_threads);

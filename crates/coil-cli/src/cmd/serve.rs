@@ -4,8 +4,10 @@
 
 use super::common::ModelArgs;
 use anyhow::{bail, Context, Result};
+use coil_server::limits::HttpOptions;
 use coil_server::scheduler::SchedulerConfig;
 use coil_server::Server;
+use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -50,6 +52,31 @@ pub struct Args {
     /// No log line per request on stderr.
     #[arg(long = "quiet", short = 'q')]
     quiet: bool,
+    /// Require `Authorization: Bearer KEY` on every route but /health.
+    #[arg(long = "api-key", env = "COIL_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Requests that may wait for a slot beyond the --parallel running
+    /// ones; more are refused with 503 and Retry-After (default: no bound).
+    #[arg(long = "max-queue")]
+    max_queue: Option<usize>,
+    /// Most tokens one request may generate; a larger max_tokens is
+    /// refused (default: what the context leaves).
+    #[arg(long = "max-tokens")]
+    max_tokens: Option<usize>,
+    /// End a request still running this many seconds after it arrived
+    /// (504, or an error event in a stream; default: no limit).
+    #[arg(long = "request-timeout")]
+    request_timeout: Option<f64>,
+    /// On SIGTERM or Ctrl-C, wait at most this many seconds for requests in
+    /// flight to finish (new ones get 503), then exit.
+    #[arg(long = "drain-timeout", default_value_t = 30.0)]
+    drain_timeout: f64,
+}
+
+/// Seconds from a flag: finite and not negative.
+fn seconds(flag: &str, v: f64) -> Result<Duration> {
+    Duration::try_from_secs_f64(v)
+        .with_context(|| format!("{flag} must be a number of seconds >= 0, got {v}"))
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -59,6 +86,26 @@ pub fn run(a: Args) -> Result<()> {
     if a.ubatch == 0 || a.prefill_chunk == 0 {
         bail!("--ubatch and --prefill-chunk must be at least 1");
     }
+    if a.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        bail!("--api-key (or COIL_API_KEY) is empty");
+    }
+    if a.max_tokens == Some(0) {
+        bail!("--max-tokens must be at least 1");
+    }
+    let request_timeout = a
+        .request_timeout
+        .map(|t| seconds("--request-timeout", t))
+        .transpose()?;
+    if request_timeout.is_some_and(|t| t.is_zero()) {
+        bail!("--request-timeout must be more than 0 seconds");
+    }
+    let drain = seconds("--drain-timeout", a.drain_timeout)?;
+    let http = HttpOptions {
+        api_key: a.api_key.clone(),
+        max_queue: a.max_queue,
+        max_tokens: a.max_tokens,
+        request_timeout,
+    };
     let chat_template = match &a.chat_template {
         Some(path) => Some(
             std::fs::read_to_string(path)
@@ -78,6 +125,7 @@ pub fn run(a: Args) -> Result<()> {
         engine.pool.n_threads()
     );
     eprintln!("memory: {}", engine.mem.describe());
+    eprintln!("system: {}", super::common::simd_info()?);
     let model_id = a.alias.clone().unwrap_or_else(|| {
         a.model
             .model
@@ -92,7 +140,7 @@ pub fn run(a: Args) -> Result<()> {
         reuse_by_text: !a.exact_tokens,
         log_requests: !a.quiet,
     };
-    let server = Server::with_template(engine, cfg, model_id, chat_template.as_deref())
+    let server = Server::start(engine, cfg, model_id, chat_template.as_deref(), http)
         .context("starting the server")?;
     let template_name = match (&a.chat_template, server.state.template.from_model) {
         (Some(path), _) => path.display().to_string(),
@@ -112,14 +160,32 @@ pub fn run(a: Args) -> Result<()> {
             .with_context(|| format!("binding {addr}"))?;
         let local = listener.local_addr().context("reading the bound address")?;
         eprintln!(
-            "listening on http://{local} ({} parallel, {} cache slots); Ctrl-C stops",
-            a.parallel, a.cache_slots
+            "listening on http://{local} ({} parallel, {} cache slots{}); Ctrl-C or SIGTERM stops",
+            a.parallel,
+            a.cache_slots,
+            if a.api_key.is_some() {
+                ", API key required"
+            } else {
+                ""
+            }
         );
-        let shutdown = async {
+        let shutdown = async move {
             stop_signal().await;
-            eprintln!("shutting down");
+            eprintln!(
+                "shutting down: draining requests in flight (at most {:.0} s)",
+                drain.as_secs_f64()
+            );
         };
-        server.serve(listener, shutdown).await.context("serving")
+        let left = server
+            .serve_with_drain(listener, shutdown, Some(drain))
+            .await
+            .context("serving")?;
+        if left > 0 {
+            eprintln!("drain timeout: {left} requests in flight were cut");
+        } else {
+            eprintln!("drained; stopped");
+        }
+        Ok(())
     })
 }
 

@@ -23,6 +23,8 @@ pub mod dequant;
 pub mod gemm;
 #[cfg(target_arch = "x86_64")]
 mod igemm;
+#[cfg(target_arch = "x86_64")]
+mod igemm_avx2;
 pub mod vecdot;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx2;
@@ -194,6 +196,10 @@ pub fn matmul_at(
             if level >= SimdLevel::Avx512 && igemm::supported(w.ty) && int_gemm_enabled() {
                 return igemm::igemm(pool, w, x, y, n_tokens);
             }
+            #[cfg(target_arch = "x86_64")]
+            if level == SimdLevel::Avx2 && igemm_avx2::supported(w.ty) && int_gemm_enabled() {
+                return igemm_avx2::igemm(pool, w, x, y, n_tokens);
+            }
             gemm::gemm(pool, w, x, y, n_tokens, level)
         }
     }
@@ -202,7 +208,8 @@ pub fn matmul_at(
 /// 0 = from the environment, 1 = on, 2 = off.
 static INT_GEMM: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
-/// Integer GEMM for the 32-block formats at the AVX-512 level: on unless
+/// Integer GEMM for prefill (AVX-512 VNNI: the 32-block formats; AVX2: Q4_K,
+/// Q5_K, Q6_K): on unless
 /// `COIL_INT_GEMM=0` is set or [`set_int_gemm`]`(false)` was called.
 fn int_gemm_enabled() -> bool {
     use std::sync::atomic::Ordering;
@@ -283,6 +290,10 @@ fn rows_kernel(ty: GgmlType, level: SimdLevel) -> Option<QuantRows> {
     #[cfg(target_arch = "x86_64")]
     if level >= SimdLevel::Avx512 {
         return x86_avx512::rows_kernel(ty);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level >= SimdLevel::Avx2 {
+        return x86_avx2::rows_kernel(ty);
     }
     let _ = (ty, level);
     None

@@ -1,7 +1,7 @@
 //! AVX2 (+FMA, F16C) kernels: float-format dot products and decoding.
 
 use super::dequant::{iq4xs_scales, KVALUES_IQ4NL};
-use super::{ActKind, SimdLevel, VecKernel};
+use super::{ActKind, QuantRows, SimdLevel, VecKernel, PF_ROWS};
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 
@@ -50,6 +50,55 @@ pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
         _ => return None,
     })
 }
+
+/// The one-token row-range kernel of `ty` (decode: one call per chunk of
+/// rows, rows fetched [`PF_ROWS`] ahead into L1; the dot is inlined).
+pub(super) fn rows_kernel(ty: GgmlType) -> Option<QuantRows> {
+    // SAFETY (all): selected only when the CPU has AVX2+FMA+F16C.
+    Some(match ty {
+        GgmlType::Q8_0 => |w, rb, q, d, s, o| unsafe { rows_q8_0(w, rb, q, d, s, o) },
+        GgmlType::Q4_0 => |w, rb, q, d, s, o| unsafe { rows_q4_0(w, rb, q, d, s, o) },
+        GgmlType::IQ4_NL => |w, rb, q, d, s, o| unsafe { rows_iq4_nl(w, rb, q, d, s, o) },
+        GgmlType::Q4_K => |w, rb, q, d, s, o| unsafe { rows_q4_k(w, rb, q, d, s, o) },
+        GgmlType::Q5_K => |w, rb, q, d, s, o| unsafe { rows_q5_k(w, rb, q, d, s, o) },
+        GgmlType::Q6_K => |w, rb, q, d, s, o| unsafe { rows_q6_k(w, rb, q, d, s, o) },
+        GgmlType::IQ4_XS => |w, rb, q, d, s, o| unsafe { rows_iq4_xs(w, rb, q, d, s, o) },
+        _ => return None,
+    })
+}
+
+macro_rules! rows_entry {
+    ($name:ident, $dot:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name(w: &[u8], rb: usize, xq: &[i8], xd: &[f32], xs: &[i16], out: &mut [f32]) {
+            let n = out.len();
+            debug_assert!(w.len() >= n * rb);
+            let pf = |r: usize| {
+                let mut off = 0;
+                while off < rb {
+                    _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().add(r * rb + off) as *const i8);
+                    off += 64;
+                }
+            };
+            for r in 0..PF_ROWS.min(n) {
+                pf(r);
+            }
+            for (r, o) in out.iter_mut().enumerate() {
+                if r + PF_ROWS < n {
+                    pf(r + PF_ROWS);
+                }
+                *o = $dot(&w[r * rb..(r + 1) * rb], xq, xd, xs);
+            }
+        }
+    };
+}
+rows_entry!(rows_q8_0, dot_b32::<34, 0>);
+rows_entry!(rows_q4_0, dot_b32::<18, 1>);
+rows_entry!(rows_iq4_nl, dot_b32::<18, 2>);
+rows_entry!(rows_q4_k, dot_k45::<false>);
+rows_entry!(rows_q5_k, dot_k45::<true>);
+rows_entry!(rows_q6_k, dot_q6_k);
+rows_entry!(rows_iq4_xs, dot_iq4_xs);
 
 /// SIMD decoding of the plain float formats and Q8_0; false = not handled.
 pub(super) fn decode(ty: GgmlType, src: &[u8], dst: &mut [f32], _level: SimdLevel) -> bool {
@@ -298,6 +347,7 @@ unsafe fn dot_iq4_nl(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
 unsafe fn dot_k45<const HIGH: bool>(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
     let nb = xd.len();
     let bsz = if HIGH { 176 } else { 144 };
@@ -345,6 +395,7 @@ unsafe fn dot_k45<const HIGH: bool>(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
 unsafe fn dot_q6_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
     let nb = xd.len();
     let m4 = _mm256_set1_epi8(0xF);
@@ -401,6 +452,7 @@ unsafe fn dot_q6_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
 unsafe fn dot_iq4_xs(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
     let nb = xd.len();
     let tbl =

@@ -188,25 +188,24 @@ fn head_scan(
         let (q, k, v) = (inp.q_at(d, i, kh), inp.k_at(d, i, kh), inp.v_at(d, i, j));
         let decay = inp.g[i * hv + j].exp();
         let beta = inp.beta[i * hv + j];
-        // S ← exp(g)·S and kv = Sᵀk in one pass over the rows of S.
+        // kv = (exp(g)·S)ᵀk = exp(g)·(Sᵀk): a read-only pass over S.
         kv.fill(0.0);
-        for (r, &kr) in s.chunks_exact_mut(dv).zip(k) {
-            for (x, a) in r.iter_mut().zip(kv.iter_mut()) {
-                *x *= decay;
-                *a += kr * *x;
+        for (r, &kr) in s.chunks_exact(dv).zip(k) {
+            for (a, &x) in kv.iter_mut().zip(r) {
+                *a += kr * x;
             }
         }
         // δ = β(v − kv), kept in kv.
         for (a, &vv) in kv.iter_mut().zip(v) {
-            *a = beta * (vv - *a);
+            *a = beta * (vv - decay * *a);
         }
         // SAFETY: token i, head j: lanes no other head writes.
         let o = unsafe { std::slice::from_raw_parts_mut(out.get().add((i * hv + j) * dv), dv) };
         o.fill(0.0);
-        // S ← S + k δᵀ and o = Sᵀq in a second pass.
+        // S ← exp(g)·S + k δᵀ and o = Sᵀq in a second pass.
         for ((r, &kr), &qr) in s.chunks_exact_mut(dv).zip(k).zip(q) {
             for ((x, &dl), ov) in r.iter_mut().zip(kv.iter()).zip(o.iter_mut()) {
-                *x += kr * dl;
+                *x = decay * *x + kr * dl;
                 *ov += qr * *x;
             }
         }

@@ -6,6 +6,7 @@ pub mod act;
 pub mod attention;
 pub mod conv;
 pub mod gated_delta;
+pub mod gated_delta_chunk;
 pub mod norm;
 pub mod rope;
 pub mod ssd;

@@ -3,6 +3,11 @@
 //! Every kernel with SIMD code has a scalar version; [`level`] says which one
 //! runs. [`force_level`] caps it (tests use it to check each path against the
 //! reference; users can set `COIL_SIMD=scalar|avx2|avx512` in the environment).
+//! [`check_env`] turns a `COIL_SIMD` that names no level, or a level this CPU
+//! lacks, into an error (the apps call it before loading a model; the kernels
+//! themselves never run above [`cpu_level`], whatever the environment says).
+//! [`system_info`] is the one line the apps print: level chosen and CPU
+//! features seen.
 
 pub mod math;
 pub(crate) mod tile;
@@ -29,6 +34,16 @@ impl SimdLevel {
         }
     }
 
+    /// The level a `COIL_SIMD` value names (case-insensitive).
+    pub fn parse(s: &str) -> Option<SimdLevel> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "scalar" => Some(SimdLevel::Scalar),
+            "avx2" => Some(SimdLevel::Avx2),
+            "avx512" => Some(SimdLevel::Avx512),
+            _ => None,
+        }
+    }
+
     fn from_u8(v: u8) -> SimdLevel {
         match v {
             3 => SimdLevel::Avx512,
@@ -49,24 +64,141 @@ pub fn detected_level() -> SimdLevel {
     if v != 0 {
         return SimdLevel::from_u8(v);
     }
-    let mut lvl = detect();
-    if let Ok(s) = std::env::var("COIL_SIMD") {
-        let cap = match s.to_ascii_lowercase().as_str() {
-            "scalar" => Some(SimdLevel::Scalar),
-            "avx2" => Some(SimdLevel::Avx2),
-            "avx512" => Some(SimdLevel::Avx512),
-            _ => None,
-        };
-        if let Some(cap) = cap {
-            lvl = lvl.min(cap);
-        }
+    let mut lvl = cpu_level();
+    // Never above the CPU: an unknown or too-high COIL_SIMD is reported by
+    // `check_env`, and here only caps what exists.
+    if let Some(cap) = std::env::var("COIL_SIMD")
+        .ok()
+        .and_then(|s| SimdLevel::parse(&s))
+    {
+        lvl = lvl.min(cap);
     }
     DETECTED.store(lvl as u8, Ordering::Relaxed);
     lvl
 }
 
+/// The best level this CPU supports, whatever `COIL_SIMD` says.
+pub fn cpu_level() -> SimdLevel {
+    detect()
+}
+
+/// A `COIL_SIMD` value the kernels cannot honour.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SimdEnvError {
+    #[error("COIL_SIMD={0:?} names no SIMD level (use scalar, avx2 or avx512)")]
+    Unknown(String),
+    #[error(
+        "COIL_SIMD={requested} needs CPU features this CPU lacks ({missing}); \
+         its best level is {cpu} (unset COIL_SIMD or set COIL_SIMD={cpu})"
+    )]
+    Unsupported {
+        requested: &'static str,
+        cpu: &'static str,
+        missing: String,
+    },
+}
+
+/// Checks a `COIL_SIMD` value against a CPU's best level; `None` (unset) is
+/// fine. Returns the level it asks for.
+pub fn check_request(
+    value: Option<&str>,
+    cpu: SimdLevel,
+) -> Result<Option<SimdLevel>, SimdEnvError> {
+    let Some(value) = value else { return Ok(None) };
+    let requested = SimdLevel::parse(value).ok_or_else(|| SimdEnvError::Unknown(value.into()))?;
+    if requested > cpu {
+        let missing = required_features(requested)
+            .iter()
+            .filter(|f| !cpu_features().iter().any(|(n, has)| n == *f && *has))
+            .copied()
+            .collect::<Vec<_>>();
+        let missing = if missing.is_empty() {
+            format!("{} features", requested.name())
+        } else {
+            missing.join(", ")
+        };
+        return Err(SimdEnvError::Unsupported {
+            requested: requested.name(),
+            cpu: cpu.name(),
+            missing,
+        });
+    }
+    Ok(Some(requested))
+}
+
+/// Checks the `COIL_SIMD` environment variable against this CPU: the level
+/// the kernels will use, or an error naming what is wrong.
+pub fn check_env() -> Result<SimdLevel, SimdEnvError> {
+    let value = std::env::var("COIL_SIMD").ok();
+    check_request(value.as_deref(), cpu_level())?;
+    Ok(level())
+}
+
+/// The CPU features each level needs, as [`cpu_features`] names them.
+fn required_features(l: SimdLevel) -> &'static [&'static str] {
+    match l {
+        SimdLevel::Scalar => &[],
+        SimdLevel::Avx2 => &["AVX2", "FMA", "F16C"],
+        SimdLevel::Avx512 => &[
+            "AVX2",
+            "FMA",
+            "F16C",
+            "BMI2",
+            "AVX512F",
+            "AVX512BW",
+            "AVX512VL",
+            "AVX512DQ",
+            "AVX512_VNNI",
+        ],
+    }
+}
+
+/// The x86 features that matter to the kernels (or that users compare
+/// engines by), with whether this CPU has them; empty off x86-64.
+pub fn cpu_features() -> Vec<(&'static str, bool)> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        vec![
+            ("SSE3", is_x86_feature_detected!("sse3")),
+            ("SSSE3", is_x86_feature_detected!("ssse3")),
+            ("AVX", is_x86_feature_detected!("avx")),
+            ("AVX2", is_x86_feature_detected!("avx2")),
+            ("FMA", is_x86_feature_detected!("fma")),
+            ("F16C", is_x86_feature_detected!("f16c")),
+            ("BMI2", is_x86_feature_detected!("bmi2")),
+            ("AVX_VNNI", is_x86_feature_detected!("avxvnni")),
+            ("AVX512F", is_x86_feature_detected!("avx512f")),
+            ("AVX512BW", is_x86_feature_detected!("avx512bw")),
+            ("AVX512VL", is_x86_feature_detected!("avx512vl")),
+            ("AVX512DQ", is_x86_feature_detected!("avx512dq")),
+            ("AVX512_VNNI", is_x86_feature_detected!("avx512vnni")),
+            ("AVX512_BF16", is_x86_feature_detected!("avx512bf16")),
+        ]
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        Vec::new()
+    }
+}
+
+/// One line saying what runs, like llama.cpp's system-info line:
+/// `simd: avx2 (cpu: avx2) | AVX2 = 1 | FMA = 1 | ... | AVX512F = 0 | ...`;
+/// the `COIL_SIMD` cap is named when one is set.
+pub fn system_info() -> String {
+    let mut s = format!("simd: {} (cpu: {}", level().name(), cpu_level().name());
+    if let Some(v) = std::env::var("COIL_SIMD").ok().filter(|v| !v.is_empty()) {
+        s.push_str(&format!(", COIL_SIMD={v}"));
+    }
+    s.push(')');
+    for (name, has) in cpu_features() {
+        s.push_str(&format!(" | {name} = {}", u8::from(has)));
+    }
+    s
+}
+
 #[cfg(target_arch = "x86_64")]
 fn detect() -> SimdLevel {
+    // Keep in step with `required_features`.
     if is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vl")
@@ -142,4 +274,77 @@ macro_rules! multiversion {
             $body($($arg),*)
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_names_every_level() {
+        for l in [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512] {
+            assert_eq!(SimdLevel::parse(l.name()), Some(l));
+        }
+        assert_eq!(SimdLevel::parse(" AVX2 "), Some(SimdLevel::Avx2));
+        assert_eq!(SimdLevel::parse("sse4"), None);
+    }
+
+    #[test]
+    fn check_request_refuses_unknown_and_too_high_levels() {
+        assert_eq!(check_request(None, SimdLevel::Avx2), Ok(None));
+        assert_eq!(
+            check_request(Some("avx2"), SimdLevel::Avx2),
+            Ok(Some(SimdLevel::Avx2))
+        );
+        assert_eq!(
+            check_request(Some("scalar"), SimdLevel::Avx512),
+            Ok(Some(SimdLevel::Scalar))
+        );
+        assert_eq!(
+            check_request(Some("avx-512"), SimdLevel::Avx512),
+            Err(SimdEnvError::Unknown("avx-512".into()))
+        );
+        let e = check_request(Some("avx512"), SimdLevel::Avx2).unwrap_err();
+        assert!(matches!(
+            e,
+            SimdEnvError::Unsupported {
+                requested: "avx512",
+                cpu: "avx2",
+                ..
+            }
+        ));
+        let msg = e.to_string();
+        assert!(
+            msg.contains("COIL_SIMD=avx512") && msg.contains("avx2"),
+            "{msg}"
+        );
+        assert!(check_request(Some("avx2"), SimdLevel::Scalar).is_err());
+    }
+
+    #[test]
+    fn system_info_names_level_and_features() {
+        let info = system_info();
+        assert!(
+            info.starts_with(&format!("simd: {}", level().name())),
+            "{info}"
+        );
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = is_x86_feature_detected!("avx2");
+            assert!(
+                info.contains(&format!("AVX2 = {}", u8::from(avx2))),
+                "{info}"
+            );
+            assert!(info.contains("AVX512F = "), "{info}");
+        }
+        // The level a CPU reports needs every feature `required_features`
+        // lists for it.
+        let feats = cpu_features();
+        for f in required_features(cpu_level()) {
+            assert!(
+                feats.iter().any(|(n, has)| n == f && *has),
+                "{f} in {feats:?}"
+            );
+        }
+    }
 }

@@ -296,3 +296,89 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
     }
     out
 }
+
+/// The Granite fixture served with the HTTP side's `opts` (API key,
+/// queue bound, timeouts).
+pub fn start_opts(
+    parallel: usize,
+    cache: usize,
+    ctx: usize,
+    opts: coil_server::limits::HttpOptions,
+) -> TestServer {
+    start_drainable(parallel, cache, ctx, opts, None).0
+}
+
+/// A server whose shutdown the test triggers: send on the first value
+/// (dropping it leaves the server running); the second yields what `serve_with_drain` returned
+/// (requests still in flight when it stopped waiting) once it has.
+pub fn start_drainable(
+    parallel: usize,
+    cache: usize,
+    ctx: usize,
+    opts: coil_server::limits::HttpOptions,
+    drain: Option<Duration>,
+) -> (
+    TestServer,
+    tokio::sync::oneshot::Sender<()>,
+    std::sync::mpsc::Receiver<u64>,
+) {
+    let engine =
+        Engine::load(fixture("granitemoehybrid"), options(parallel, cache, ctx)).expect("load");
+    let server =
+        Server::with_options(engine, config(parallel), "fixture".into(), opts).expect("start");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("address");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::from_std(listener).expect("listener");
+            // A dropped sender never stops the server.
+            let stop = async move {
+                if stop_rx.await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
+            let left = server
+                .serve_with_drain(l, stop, drain)
+                .await
+                .expect("serve");
+            let _ = done_tx.send(left);
+        });
+    });
+    (TestServer { addr }, stop_tx, done_rx)
+}
+
+impl TestServer {
+    /// A request with extra header lines (`("Authorization", "Bearer k")`).
+    pub fn request_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> Reply {
+        let mut s = self.connect();
+        let body = body.unwrap_or("");
+        let mut req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
+            self.addr,
+            body.len()
+        );
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        req.push_str("\r\n");
+        req.push_str(body);
+        s.write_all(req.as_bytes()).expect("write");
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).expect("read");
+        parse(&raw)
+    }
+}

@@ -1,0 +1,389 @@
+//! Integer GEMM for many tokens (prefill) at the AVX2 level (no VNNI), for
+//! the K-quants of the Q4_K_M / Q5_K_M mixtures: Q4_K, Q5_K, Q6_K.
+//!
+//! Their weights are small unsigned integers `q` (Q4_K 0..15, Q5_K 0..31,
+//! Q6_K 0..63) with an integer scale `s` per group of 32 (Q6_K: 16) values
+//! and a float scale per 256: `w = d·s·q − dmin·m` (Q6_K: `d·s·(q − 32)`,
+//! i.e. `m = 32·s`, `dmin = d`). Activations are quantized as for the decode
+//! path (Q8_K style: `x = dx·qx`, `qx` in −127..127, one `dx` per 256, sums
+//! of `qx` per 16). Then, per row, token and super-block of 256,
+//! `y += dx·(d·Σ_g s_g·Σ q·qx − dmin·Σ_g m_g·Σ_g qx)` with both sums exact
+//! in i32 — the same integers as the decode dot products.
+//!
+//! `vpmaddubsw` multiplies the unsigned `q` by the signed `qx` and adds
+//! pairs into i16 (no overflow: `2·63·127 < 2^15`); a few of those add up in
+//! i16 before `vpmaddwd` by the group scale widens them to i32 (Q4_K: 8,
+//! Q5_K: 4, Q6_K: 2 — the most that cannot overflow).
+//!
+//! Layout: a work item is a panel of 8 weight rows, packed
+//! `[32-col block][group of 4 cols][8 rows][4]` (32 bytes per
+//! `vpmaddubsw`); a broadcast of 4 activation bytes feeds it. The
+//! microkernel keeps 4 tokens × 8 rows in registers.
+
+use super::dequant::{rd_f16, scale_min_k4};
+use super::{SendPtr, WeightRef};
+use crate::pool::ThreadPool;
+use coil_gguf::GgmlType;
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+/// Tokens per microkernel call.
+const NT: usize = 4;
+/// Weight rows per panel (one 256-bit vector of i32 / f32 lanes).
+const NR: usize = 8;
+
+/// Whether `ty` has an AVX2 integer GEMM.
+pub fn supported(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+}
+
+/// One packed panel of [`NR`] rows.
+#[derive(Default)]
+struct Panel {
+    /// `[block of 32][8 groups of 4 cols][NR rows][4]`
+    q: Vec<u8>,
+    /// Group scales, `[scale group][NR]`, each i16 repeated in both halves
+    /// of its i32 lane (the `vpmaddwd` operand).
+    s: Vec<i32>,
+    /// Mins of two consecutive groups, `[super-block][pair][NR]`, as
+    /// `m_2p | m_2p+1 << 16`.
+    m: Vec<i32>,
+    /// `d` and `dmin` per `[super-block][NR]`.
+    d: Vec<f32>,
+    dmin: Vec<f32>,
+    /// One row decoded, `q` as u8 (`[cols]`), before the transpose.
+    row: Vec<u8>,
+}
+
+thread_local! {
+    static PANEL: RefCell<Panel> = RefCell::new(Panel::default());
+}
+
+/// Scale groups per super-block: 16 for Q6_K, 8 otherwise.
+fn groups_per_sb(ty: GgmlType) -> usize {
+    if ty == GgmlType::Q6_K {
+        16
+    } else {
+        8
+    }
+}
+
+/// Decodes one encoded row: `q` (u8, unsigned) into `row`, per super-block
+/// `d`, `dmin` and per group `s`, `m` (integers) into the panel at row `r`.
+///
+/// # Safety
+/// AVX2 available; `src` holds `cols / 256` blocks of `ty`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_row(ty: GgmlType, src: &[u8], r: usize, p: &mut Panel) {
+    use GgmlType::*;
+    let ts = ty.block_layout().1;
+    let gps = groups_per_sb(ty);
+    let m4 = _mm_set1_epi8(0xF);
+    let m3 = _mm_set1_epi8(3);
+    let bit4 = _mm_set1_epi8(0x10);
+    for (sb, blk) in src.chunks_exact(ts).enumerate() {
+        let qo = p.row.as_mut_ptr().add(256 * sb);
+        let bp = blk.as_ptr();
+        let mut sm = [(0i32, 0i32); 16];
+        match ty {
+            Q4_K | Q5_K => {
+                p.d[sb * NR + r] = rd_f16(blk, 0);
+                p.dmin[sb * NR + r] = rd_f16(blk, 2);
+                for (j, v) in sm.iter_mut().take(8).enumerate() {
+                    let (s, m) = scale_min_k4(j, &blk[4..16]);
+                    *v = (s as i32, m as i32);
+                }
+                let high = ty == Q5_K;
+                let qs = bp.add(if high { 48 } else { 16 });
+                for h in 0..2 {
+                    let mut hb = if high {
+                        _mm_loadu_si128(bp.add(16 + 16 * h) as *const __m128i)
+                    } else {
+                        _mm_setzero_si128()
+                    };
+                    for j in 0..4 {
+                        let v = _mm_loadu_si128(qs.add(32 * j + 16 * h) as *const __m128i);
+                        let mut lo = _mm_and_si128(v, m4);
+                        let mut hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+                        if high {
+                            lo = _mm_or_si128(lo, _mm_and_si128(_mm_slli_epi16(hb, 4), bit4));
+                            hi = _mm_or_si128(hi, _mm_and_si128(_mm_slli_epi16(hb, 3), bit4));
+                            hb = _mm_srli_epi16(hb, 2);
+                        }
+                        _mm_storeu_si128(qo.add(64 * j + 16 * h) as *mut __m128i, lo);
+                        _mm_storeu_si128(qo.add(64 * j + 32 + 16 * h) as *mut __m128i, hi);
+                    }
+                }
+            }
+            Q6_K => {
+                let d = rd_f16(blk, 208);
+                p.d[sb * NR + r] = d;
+                p.dmin[sb * NR + r] = d;
+                for (g, v) in sm.iter_mut().enumerate() {
+                    let s = (blk[192 + g] as i8) as i32;
+                    *v = (s, 32 * s);
+                }
+                for n in 0..2 {
+                    let ql = bp.add(64 * n);
+                    let qh = bp.add(128 + 32 * n);
+                    for l in [0usize, 16] {
+                        let va = _mm_loadu_si128(ql.add(l) as *const __m128i);
+                        let vc = _mm_loadu_si128(ql.add(l + 32) as *const __m128i);
+                        let h = _mm_loadu_si128(qh.add(l) as *const __m128i);
+                        let h0 = _mm_slli_epi16(_mm_and_si128(h, m3), 4);
+                        let h2 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 2), m3), 4);
+                        let h4 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 4), m3), 4);
+                        let h6 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 6), m3), 4);
+                        let q1 = _mm_or_si128(_mm_and_si128(va, m4), h0);
+                        let q2 = _mm_or_si128(_mm_and_si128(vc, m4), h2);
+                        let q3 = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(va, 4), m4), h4);
+                        let q4 = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(vc, 4), m4), h6);
+                        let base = qo.add(128 * n + l);
+                        _mm_storeu_si128(base as *mut __m128i, q1);
+                        _mm_storeu_si128(base.add(32) as *mut __m128i, q2);
+                        _mm_storeu_si128(base.add(64) as *mut __m128i, q3);
+                        _mm_storeu_si128(base.add(96) as *mut __m128i, q4);
+                    }
+                }
+            }
+            _ => unreachable!("igemm_avx2: unsupported {ty}"),
+        }
+        for (g, &(s, _)) in sm.iter().take(gps).enumerate() {
+            p.s[(sb * gps + g) * NR + r] = (s & 0xFFFF) | (s << 16);
+        }
+        for pr in 0..gps / 2 {
+            let (m0, m1) = (sm[2 * pr].1, sm[2 * pr + 1].1);
+            p.m[(sb * gps / 2 + pr) * NR + r] = (m0 & 0xFFFF) | (m1 << 16);
+        }
+    }
+}
+
+/// Packs rows `r0..r0 + NR` of `w` (rows past the end: zeros).
+///
+/// # Safety
+/// AVX2 available.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
+    let cols = w.cols;
+    let (nsb, nb) = (cols / 256, cols / 32);
+    let gps = groups_per_sb(w.ty);
+    p.q.resize(nb * 32 * NR, 0);
+    p.s.resize(nsb * gps * NR, 0);
+    p.m.resize(nsb * gps / 2 * NR, 0);
+    p.d.resize(nsb * NR, 0.0);
+    p.dmin.resize(nsb * NR, 0.0);
+    p.row.resize(cols, 0);
+    let nr = NR.min(w.rows - r0);
+    for r in 0..NR {
+        if r < nr {
+            decode_row(w.ty, w.row(r0 + r), r, p);
+        } else {
+            p.row.fill(0);
+            for sb in 0..nsb {
+                p.d[sb * NR + r] = 0.0;
+                p.dmin[sb * NR + r] = 0.0;
+            }
+            for g in 0..nsb * gps {
+                p.s[g * NR + r] = 0;
+            }
+            for pr in 0..nsb * gps / 2 {
+                p.m[pr * NR + r] = 0;
+            }
+        }
+        // [cols] -> [block][group][r][4]
+        let src = p.row.as_ptr() as *const u32;
+        let dst = p.q.as_mut_ptr() as *mut u32;
+        for c4 in 0..cols / 4 {
+            *dst.add(c4 * NR + r) = src.add(c4).read_unaligned();
+        }
+    }
+}
+
+/// Activations of all tokens, Q8_K style: `qx` (i8) `[n][cols]`, `dx` per
+/// 256, and the sums of `qx` of two consecutive scale groups packed as
+/// `lo | hi << 16` (`[n][pairs]`, groups of 16 or 32).
+#[derive(Default)]
+struct Acts {
+    qx: Vec<i8>,
+    dx: Vec<f32>,
+    pairs: Vec<i32>,
+}
+
+thread_local! {
+    static ACTS: RefCell<Acts> = RefCell::new(Acts::default());
+}
+
+fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, group: usize, a: &mut Acts) {
+    let (nsb, npairs) = (cols / 256, cols / group / 2);
+    a.qx.resize(n * cols, 0);
+    a.dx.resize(n * nsb, 0.0);
+    a.pairs.resize(n * npairs, 0);
+    let (pq, pd, pp) = (
+        SendPtr(a.qx.as_mut_ptr()),
+        SendPtr(a.dx.as_mut_ptr()),
+        SendPtr(a.pairs.as_mut_ptr()),
+    );
+    pool.parallel_for(n, 16, |tr, _| {
+        for t in tr {
+            // SAFETY: token t owns its rows of the three buffers.
+            let (qx, dx, pairs) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(pq.get().add(t * cols), cols),
+                    std::slice::from_raw_parts_mut(pd.get().add(t * nsb), nsb),
+                    std::slice::from_raw_parts_mut(pp.get().add(t * npairs), npairs),
+                )
+            };
+            quantize_row(&x[t * cols..(t + 1) * cols], group, qx, dx, pairs);
+        }
+    });
+}
+
+/// One token, as [`super::act::QuantAct::q8_k`] quantizes it.
+fn quantize_row(x: &[f32], group: usize, qx: &mut [i8], dx: &mut [f32], pairs: &mut [i32]) {
+    for ((xb, qb), d) in x
+        .chunks_exact(256)
+        .zip(qx.chunks_exact_mut(256))
+        .zip(dx.iter_mut())
+    {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        if amax == 0.0 || !amax.is_finite() {
+            *d = if amax.is_finite() { 0.0 } else { amax };
+            qb.fill(0);
+            continue;
+        }
+        *d = amax / 127.0;
+        let id = 127.0 / amax;
+        for (q, v) in qb.iter_mut().zip(xb) {
+            *q = (v * id).round().clamp(-127.0, 127.0) as i8;
+        }
+    }
+    for (p, g2) in pairs.iter_mut().zip(qx.chunks_exact(2 * group)) {
+        let lo: i32 = g2[..group].iter().map(|&q| q as i32).sum();
+        let hi: i32 = g2[group..].iter().map(|&q| q as i32).sum();
+        *p = (lo & 0xFFFF) | (hi << 16);
+    }
+}
+
+/// `y[t, r0..r0+nr]` for tokens `ts` (up to [`NT`]; unused slots repeat the
+/// last token and are not stored). `ACC`: `vpmaddubsw` results summed in
+/// i16 before widening; `GC`: 4-column groups per scale group.
+///
+/// # Safety
+/// AVX2 available; `p` packed from `cols` columns; `y` valid for the
+/// stored elements.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn kernel<const ACC: usize, const GC: usize>(
+    p: &Panel,
+    acts: &Acts,
+    cols: usize,
+    ts: &[usize],
+    nr: usize,
+    y: *mut f32,
+    rows: usize,
+    r0: usize,
+) {
+    let nsb = cols / 256;
+    let gps = 64 / GC; // scale groups per super-block
+    let npairs = cols / (4 * GC) / 2;
+    let mut tok = [0usize; NT];
+    for (i, t) in tok.iter_mut().enumerate() {
+        *t = ts[i.min(ts.len() - 1)];
+    }
+    let xp: [*const i8; NT] = tok.map(|t| acts.qx.as_ptr().add(t * cols));
+    let mut facc = [_mm256_setzero_ps(); NT];
+    for sb in 0..nsb {
+        let mut iacc = [_mm256_setzero_si256(); NT];
+        let qsb = p.q.as_ptr().add(sb * 256 * NR);
+        for g0 in (0..64).step_by(ACC) {
+            let mut p16 = [_mm256_setzero_si256(); NT];
+            for g in g0..g0 + ACC {
+                let wv = _mm256_loadu_si256(qsb.add(32 * g) as *const __m256i);
+                for t in 0..NT {
+                    let xb = _mm256_set1_epi32(
+                        (xp[t].add(256 * sb + 4 * g) as *const i32).read_unaligned(),
+                    );
+                    p16[t] = _mm256_add_epi16(p16[t], _mm256_maddubs_epi16(wv, xb));
+                }
+            }
+            let sv = _mm256_loadu_si256(p.s.as_ptr().add((sb * gps + g0 / GC) * NR) as *const _);
+            for t in 0..NT {
+                iacc[t] = _mm256_add_epi32(iacc[t], _mm256_madd_epi16(p16[t], sv));
+            }
+        }
+        // Σ_g m_g · Σ_g qx, two groups per vpmaddwd.
+        let mut macc = [_mm256_setzero_si256(); NT];
+        for pr in 0..gps / 2 {
+            let mv = _mm256_loadu_si256(p.m.as_ptr().add((sb * gps / 2 + pr) * NR) as *const _);
+            for t in 0..NT {
+                let sp = *acts
+                    .pairs
+                    .get_unchecked(tok[t] * npairs + sb * gps / 2 + pr);
+                macc[t] = _mm256_add_epi32(macc[t], _mm256_madd_epi16(mv, _mm256_set1_epi32(sp)));
+            }
+        }
+        let dv = _mm256_loadu_ps(p.d.as_ptr().add(sb * NR));
+        let mdv = _mm256_loadu_ps(p.dmin.as_ptr().add(sb * NR));
+        for t in 0..NT {
+            let dx = _mm256_set1_ps(*acts.dx.get_unchecked(tok[t] * nsb + sb));
+            let v = _mm256_fmsub_ps(
+                _mm256_cvtepi32_ps(iacc[t]),
+                dv,
+                _mm256_mul_ps(_mm256_cvtepi32_ps(macc[t]), mdv),
+            );
+            facc[t] = _mm256_fmadd_ps(v, dx, facc[t]);
+        }
+    }
+    for (i, &t) in ts.iter().enumerate() {
+        let dst = y.add(t * rows + r0);
+        if nr == NR {
+            _mm256_storeu_ps(dst, facc[i]);
+        } else {
+            let mut tmp = [0f32; NR];
+            _mm256_storeu_ps(tmp.as_mut_ptr(), facc[i]);
+            std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, nr);
+        }
+    }
+}
+
+/// `y = x · wᵀ` for `n_tokens` tokens. The caller checks [`supported`] and
+/// that the CPU has AVX2 + FMA + F16C.
+pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_tokens: usize) {
+    let (rows, cols) = (w.rows, w.cols);
+    let group = if w.ty == GgmlType::Q6_K { 16 } else { 32 };
+    let mut acts = ACTS.with(|a| std::mem::take(&mut *a.borrow_mut()));
+    quantize_acts(pool, x, n_tokens, cols, group, &mut acts);
+    let yp = SendPtr(y.as_mut_ptr());
+    let rb = w.row_bytes();
+    pool.parallel_for(rows.div_ceil(NR), 1, |pr, _| {
+        PANEL.with(|p| {
+            let mut p = p.borrow_mut();
+            let all: Vec<usize> = (0..n_tokens).collect();
+            for it in pr {
+                let r0 = NR * it;
+                // SAFETY: AVX2 checked by the caller.
+                unsafe { pack_panel(w, r0, &mut p) };
+                // The next panel's rows load while this one is multiplied.
+                let next = r0 + NR;
+                if next < rows {
+                    let end = (next + NR).min(rows);
+                    super::gemm::prefetch(&w.data[next * rb..end * rb]);
+                }
+                let nr = NR.min(rows - r0);
+                for ts in all.chunks(NT) {
+                    // SAFETY: AVX2 checked by the caller; rows r0..r0+nr of
+                    // y belong to this item only.
+                    unsafe {
+                        let y = yp.get();
+                        match w.ty {
+                            GgmlType::Q4_K => kernel::<8, 8>(&p, &acts, cols, ts, nr, y, rows, r0),
+                            GgmlType::Q5_K => kernel::<4, 8>(&p, &acts, cols, ts, nr, y, rows, r0),
+                            _ => kernel::<2, 4>(&p, &acts, cols, ts, nr, y, rows, r0),
+                        }
+                    }
+                }
+            }
+        })
+    });
+    ACTS.with(|a| *a.borrow_mut() = acts);
+}

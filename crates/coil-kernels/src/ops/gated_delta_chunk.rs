@@ -1,0 +1,393 @@
+//! The chunked gated delta rule (the WY / UT form of Yang et al.'s
+//! DeltaNet and Gated DeltaNet papers, as flash-linear-attention's chunked
+//! kernels compute it): the same result as the token-by-token recurrence
+//! of [`super::gated_delta`], mostly in matrix products. Per value head and
+//! chunk of L tokens, from the state S (`[d_k, d_v]`) at its start:
+//!
+//! ```text
+//! γ = cumsum(g)                                  (within the chunk)
+//! A = strict_lower((β⊙K)Kᵀ ⊙ e^{γ_i−γ_j})        [L, L]
+//! U = (I + A)⁻¹ (β⊙V),  W = (I + A)⁻¹ (β⊙K⊙e^γ)  (forward substitution)
+//! V' = U − W S                                   [L, d_v]
+//! O = (Q⊙e^γ) S + lower(QKᵀ ⊙ e^{γ_i−γ_j}) V'    [L, d_v]
+//! S ← e^{γ_L} S + (K ⊙ e^{γ_L−γ})ᵀ V'
+//! ```
+//!
+//! Every exponent is ≤ 0 (g ≤ 0), so nothing overflows.
+
+use super::gated_delta::{DeltaInputs, GatedDeltaDims};
+use crate::multiversion;
+use crate::pool::{SendPtr, ThreadPool};
+
+/// Tokens per chunk.
+pub const DEFAULT_CHUNK: usize = 64;
+
+/// `c[i, :] += alpha · Σ_r a[i, r] · b[r, :]` for `i < m`, `r < k`, the
+/// columns `0..n`: `a` `[m, lda]`, `b` `[k, ldb]`, `c` `[m, ldc]` row-major.
+/// Tiles of 4 rows × 16 columns are accumulated in registers.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn gemm_acc(
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    const MR: usize = 4;
+    const NR: usize = 16;
+    if m == 0 || n == 0 || k == 0 {
+        return;
+    }
+    assert!(
+        a.len() >= (m - 1) * lda + k && lda >= k,
+        "gemm: a too short"
+    );
+    assert!(
+        b.len() >= (k - 1) * ldb + n && ldb >= n,
+        "gemm: b too short"
+    );
+    assert!(
+        c.len() >= (m - 1) * ldc + n && ldc >= n,
+        "gemm: c too short"
+    );
+    let mut i = 0;
+    while i + MR <= m {
+        let mut j = 0;
+        while j + NR <= n {
+            let mut acc = [[0f32; NR]; MR];
+            for r in 0..k {
+                // SAFETY: r < k, j + NR <= n and i + MR <= m, within the
+                // lengths asserted above.
+                let (bv, av) = unsafe {
+                    let bv =
+                        std::ptr::read_unaligned(b.as_ptr().add(r * ldb + j) as *const [f32; NR]);
+                    let ap = a.as_ptr().add(i * lda + r);
+                    (bv, [*ap, *ap.add(lda), *ap.add(2 * lda), *ap.add(3 * lda)])
+                };
+                for (acc_row, &x) in acc.iter_mut().zip(&av) {
+                    for (y, &bb) in acc_row.iter_mut().zip(&bv) {
+                        *y += x * bb;
+                    }
+                }
+            }
+            for (ii, acc_row) in acc.iter().enumerate() {
+                let cr = &mut c[(i + ii) * ldc + j..(i + ii) * ldc + j + NR];
+                for (x, &v) in cr.iter_mut().zip(acc_row) {
+                    *x += alpha * v;
+                }
+            }
+            j += NR;
+        }
+        if j < n {
+            gemm_edge(i, i + MR, j, n, k, alpha, a, lda, b, ldb, c, ldc);
+        }
+        i += MR;
+    }
+    if i < m {
+        gemm_edge(i, m, 0, n, k, alpha, a, lda, b, ldb, c, ldc);
+    }
+}
+
+/// [`gemm_acc`] on rows `i0..i1`, columns `j0..j1`, one row at a time.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn gemm_edge(
+    i0: usize,
+    i1: usize,
+    j0: usize,
+    j1: usize,
+    k: usize,
+    alpha: f32,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    for i in i0..i1 {
+        let cr = &mut c[i * ldc + j0..i * ldc + j1];
+        for r in 0..k {
+            let av = alpha * a[i * lda + r];
+            for (x, &bv) in cr.iter_mut().zip(&b[r * ldb + j0..r * ldb + j1]) {
+                *x += av * bv;
+            }
+        }
+    }
+}
+
+/// One thread's buffers for a chunk of up to `l` tokens.
+struct Work {
+    q: Vec<f32>,  // [L, dk]  Q, then Q ⊙ e^γ
+    k: Vec<f32>,  // [L, dk]
+    kt: Vec<f32>, // [dk, L]  Kᵀ, then (K ⊙ e^{γ_L−γ})ᵀ
+    kk: Vec<f32>, // [L, L]   A (strict lower)
+    qk: Vec<f32>, // [L, L]   lower(QKᵀ ⊙ e^{γ_i−γ_j})
+    u: Vec<f32>,  // [L, dv]  U, then V'
+    w: Vec<f32>,  // [L, dk]
+    o: Vec<f32>,  // [L, dv]
+    gamma: Vec<f32>,
+    decay: Vec<f32>, // [L, L]  e^{γ_i−γ_j}, j ≤ i
+}
+
+impl Work {
+    fn new(l: usize, dk: usize, dv: usize) -> Self {
+        Work {
+            q: vec![0.0; l * dk],
+            k: vec![0.0; l * dk],
+            kt: vec![0.0; dk * l],
+            kk: vec![0.0; l * l],
+            qk: vec![0.0; l * l],
+            u: vec![0.0; l * dv],
+            w: vec![0.0; l * dk],
+            o: vec![0.0; l * dv],
+            gamma: vec![0.0; l],
+            decay: vec![0.0; l * l],
+        }
+    }
+}
+
+/// The gated delta rule over `n_tokens` tokens in chunks of `chunk`,
+/// from and into `state` (`[Hv, d_k, d_v]`), heads spread over `pool`;
+/// `out`: `[n_tokens, Hv, d_v]`. Same inputs and result as
+/// [`super::gated_delta::gated_delta_scan`] (to f32 rounding).
+pub fn gated_delta_chunked(
+    pool: &ThreadPool,
+    dims: GatedDeltaDims,
+    chunk: usize,
+    state: &mut [f32],
+    inp: DeltaInputs,
+    out: &mut [f32],
+    n_tokens: usize,
+) {
+    assert!(chunk > 0);
+    assert!(dims.n_k_head > 0 && dims.n_v_head.is_multiple_of(dims.n_k_head));
+    inp.check(&dims, n_tokens);
+    assert_eq!(
+        state.len(),
+        dims.state_len(),
+        "gated delta: state is not [Hv, dk, dv]"
+    );
+    assert_eq!(out.len(), n_tokens * dims.n_v_head * dims.d_v);
+    if n_tokens == 0 {
+        return;
+    }
+    let (dk, dv, hv) = (dims.d_k, dims.d_v, dims.n_v_head);
+    let sp = SendPtr(state.as_mut_ptr());
+    let op = SendPtr(out.as_mut_ptr());
+    let l = chunk.min(n_tokens);
+    let grain = (hv / (pool.n_threads() * 2)).max(1);
+    pool.parallel_for(hv, grain, |hr, _| {
+        let mut wk = Work::new(l, dk, dv);
+        for j in hr {
+            // SAFETY: each value head's state and output lanes belong to
+            // exactly one call (parallel_for hands out disjoint heads).
+            let s = unsafe { std::slice::from_raw_parts_mut(sp.get().add(j * dk * dv), dk * dv) };
+            let mut c0 = 0;
+            while c0 < n_tokens {
+                let len = chunk.min(n_tokens - c0);
+                chunk_mv(&dims, j, s, &inp, c0, len, &mut wk, op);
+                c0 += len;
+            }
+        }
+    });
+}
+
+/// One chunk (`len` tokens from `c0`) of value head `j`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn chunk_step(
+    d: &GatedDeltaDims,
+    j: usize,
+    s: &mut [f32],
+    inp: &DeltaInputs,
+    c0: usize,
+    len: usize,
+    wk: &mut Work,
+    out: SendPtr<f32>,
+) {
+    let (dk, dv, hv) = (d.d_k, d.d_v, d.n_v_head);
+    let kh = d.key_head(j);
+    let l = len;
+    // γ, and the rows of Q, K, β⊙V (into U), β⊙K⊙e^γ (into W).
+    let mut acc = 0f32;
+    for i in 0..l {
+        let t = c0 + i;
+        acc += inp.g[t * hv + j];
+        wk.gamma[i] = acc;
+        let (e, beta) = (acc.exp(), inp.beta[t * hv + j]);
+        let (q, k, v) = (inp.q_at(d, t, kh), inp.k_at(d, t, kh), inp.v_at(d, t, j));
+        for (r, (&qv, &kv)) in q.iter().zip(k).enumerate() {
+            wk.q[i * dk + r] = qv;
+            wk.k[i * dk + r] = kv;
+            wk.w[i * dk + r] = kv * beta * e;
+            wk.kt[r * l + i] = kv;
+        }
+        for (x, &vv) in wk.u[i * dv..(i + 1) * dv].iter_mut().zip(v) {
+            *x = beta * vv;
+        }
+    }
+    // KKᵀ and QKᵀ, then the decays.
+    wk.kk[..l * l].fill(0.0);
+    wk.qk[..l * l].fill(0.0);
+    gemm_acc(l, l, dk, 1.0, &wk.k, dk, &wk.kt, l, &mut wk.kk, l);
+    gemm_acc(l, l, dk, 1.0, &wk.q, dk, &wk.kt, l, &mut wk.qk, l);
+    // e^{γ_i−γ_j} (j ≤ i) as products of the per-token decays e^{g}, row
+    // by row (no exponential per pair): row i = row i−1 · e^{g_i}.
+    for i in 0..l {
+        let (beta, eg) = (inp.beta[(c0 + i) * hv + j], inp.g[(c0 + i) * hv + j].exp());
+        let (prev, row) = wk.decay.split_at_mut(i * l);
+        let row = &mut row[..l];
+        if i > 0 {
+            for (x, &p) in row[..i].iter_mut().zip(&prev[(i - 1) * l..(i - 1) * l + i]) {
+                *x = p * eg;
+            }
+        }
+        row[i] = 1.0;
+        let (kk, qk) = (
+            &mut wk.kk[i * l..(i + 1) * l],
+            &mut wk.qk[i * l..(i + 1) * l],
+        );
+        // A_ij = β_i (k_i·k_j) e^{γ_i−γ_j} below the diagonal; P_ij =
+        // (q_i·k_j) e^{γ_i−γ_j} on and below.
+        for jj in 0..l {
+            if jj < i {
+                kk[jj] *= beta * row[jj];
+            } else {
+                kk[jj] = 0.0;
+            }
+            if jj <= i {
+                qk[jj] *= row[jj];
+            } else {
+                qk[jj] = 0.0;
+            }
+        }
+    }
+    // Q ⊙ e^γ for the inter-chunk term.
+    for (qr, &gi) in wk.q.chunks_exact_mut(dk).zip(&wk.gamma[..l]) {
+        let e = gi.exp();
+        qr.iter_mut().for_each(|x| *x *= e);
+    }
+    // Forward substitution: rows of U and W minus Σ_{j<i} A_ij (rows j).
+    for i in 1..l {
+        let (done, rest) = wk.u.split_at_mut(i * dv);
+        let ui = &mut rest[..dv];
+        let (wdone, wrest) = wk.w.split_at_mut(i * dk);
+        let wi = &mut wrest[..dk];
+        for jj in 0..i {
+            let a = wk.kk[i * l + jj];
+            if a == 0.0 {
+                continue;
+            }
+            for (x, &y) in ui.iter_mut().zip(&done[jj * dv..(jj + 1) * dv]) {
+                *x -= a * y;
+            }
+            for (x, &y) in wi.iter_mut().zip(&wdone[jj * dk..(jj + 1) * dk]) {
+                *x -= a * y;
+            }
+        }
+    }
+    // V' = U − W S.
+    gemm_acc(l, dv, dk, -1.0, &wk.w, dk, s, dv, &mut wk.u, dv);
+    // O = (Q ⊙ e^γ) S + P V'.
+    wk.o[..l * dv].fill(0.0);
+    gemm_acc(l, dv, dk, 1.0, &wk.q, dk, s, dv, &mut wk.o, dv);
+    gemm_acc(l, dv, l, 1.0, &wk.qk, l, &wk.u, dv, &mut wk.o, dv);
+    for i in 0..l {
+        // SAFETY: token c0 + i, head j: lanes no other head writes.
+        let o =
+            unsafe { std::slice::from_raw_parts_mut(out.get().add(((c0 + i) * hv + j) * dv), dv) };
+        o.copy_from_slice(&wk.o[i * dv..(i + 1) * dv]);
+    }
+    // S ← e^{γ_L} S + (K ⊙ e^{γ_L−γ})ᵀ V'.
+    let gl = wk.gamma[l - 1];
+    for i in 0..l {
+        let e = (gl - wk.gamma[i]).exp();
+        for r in 0..dk {
+            wk.kt[r * l + i] *= e;
+        }
+    }
+    let el = gl.exp();
+    s.iter_mut().for_each(|x| *x *= el);
+    gemm_acc(dk, dv, l, 1.0, &wk.kt, l, &wk.u, dv, s, dv);
+}
+multiversion!(fn chunk_mv(
+    d: &GatedDeltaDims, j: usize, s: &mut [f32], inp: &DeltaInputs, c0: usize, len: usize,
+    wk: &mut Work, out: SendPtr<f32>
+) => chunk_step);
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::super::gated_delta::tests::{naive, random_inputs, Case};
+    use super::super::gated_delta::{gated_delta_scan, HeadOrder};
+    use super::*;
+    use crate::testutil::Rng;
+
+    #[test]
+    pub fn chunked_matches_recurrence() {
+        let mut rng = Rng::new(21);
+        let pool = ThreadPool::new(2);
+        for order in [HeadOrder::Grouped, HeadOrder::Tiled] {
+            for &(hk, hv, dk, dv, n, chunk) in &[
+                (2, 4, 8, 8, 37, 8),
+                (1, 3, 5, 19, 20, 64),
+                (2, 2, 16, 4, 1, 4),
+                (1, 2, 24, 20, 70, 16),
+                (2, 4, 32, 32, 130, 64),
+            ] {
+                let dims = GatedDeltaDims {
+                    n_k_head: hk,
+                    n_v_head: hv,
+                    d_k: dk,
+                    d_v: dv,
+                    order,
+                };
+                let Case {
+                    q,
+                    k,
+                    v,
+                    g,
+                    beta,
+                    s0,
+                } = random_inputs(&mut rng, &dims, n);
+                let inp = DeltaInputs {
+                    q: &q,
+                    k: &k,
+                    ld_qk: hk * dk,
+                    v: &v,
+                    ld_v: hv * dv,
+                    g: &g,
+                    beta: &beta,
+                };
+                let (ws, wo) = naive(&dims, &s0, &q, &k, &v, &g, &beta, n);
+                let mut s = s0.clone();
+                let mut out = vec![0f32; n * hv * dv];
+                gated_delta_chunked(&pool, dims, chunk, &mut s, inp, &mut out, n);
+                let max = wo.iter().fold(0f64, |m, x| m.max(x.abs()));
+                for (a, e) in out.iter().zip(&wo) {
+                    assert!(
+                        (*a as f64 - e).abs() <= 1e-4 * max,
+                        "{a} vs {e} (n {n}, chunk {chunk})"
+                    );
+                }
+                let smax = ws.iter().fold(0f64, |m, x| m.max(x.abs()));
+                for (a, e) in s.iter().zip(&ws) {
+                    assert!((*a as f64 - e).abs() <= 1e-4 * smax);
+                }
+                // And the recurrence kernel agrees.
+                let mut s2 = s0.clone();
+                let mut out2 = vec![0f32; n * hv * dv];
+                gated_delta_scan(&pool, dims, &mut s2, inp, &mut out2, n);
+                for (a, e) in out.iter().zip(&out2) {
+                    assert!(((a - e) as f64).abs() <= 1e-4 * max);
+                }
+            }
+        }
+    }
+}
