@@ -1,22 +1,34 @@
 #!/usr/bin/env bash
-# Concurrent-client serving benchmark: coil serve (and llama-server when a
-# llama.cpp build is there) on the same GGUF files, 1/2/4/8/16 clients each
-# sending a short prompt and generating 128 tokens greedily, all at once.
+# Serving benchmark, unattended: coil against llama-server on the same GGUF
+# files, every measurement of issue 21, results in one directory.
 #
-#   scripts/serve-bench.sh [-c "1 2 4 8 16"] [-n 128] [-t THREADS] [-r ROUNDS] MODEL.gguf...
+#   scripts/serve-bench.sh [-o DIR] [-c "1 2 4 8 16"] [-n 128] [-t THREADS]
+#                          [-R REPEATS] [-s "bench sweep long"] MODEL.gguf...
 #
-# Prints, per file, server and client count: aggregate generated tokens/s,
-# time to first token (mean, max) and time per output token (mean), via
-# scripts/serve_load.py (Python standard library only).
+# Per file, REPEATS times (coil and llama-server alternating, so that both
+# see the same machine):
+#   bench  `coil bench` tg alone, tg with a checkpoint per token (as coil
+#          serve runs), and `coil bench --parallel 1,2,4,8,16` (generation
+#          tokens/s and the GB/s a step's least traffic makes: divided by
+#          the machine's read bandwidth, the batch-decode roofline fraction)
+#   sweep  1, 2, 4, 8, 16 clients at once, each a short prompt and N greedy
+#          tokens: aggregate generated tokens/s, time to first token, time
+#          per output token (coil serve, then llama-server)
+#   long   8 clients, ~240-token prompts, 64 tokens each, two rounds: total
+#          (prompt + generated) and generated tokens/s, TTFT, TPOT
+# Results: DIR/results.md (the tables, with the load average of each run),
+# DIR/results.jsonl (one JSON object per serve measurement), DIR/logs/.
 #
 # Environment:
 #   COIL             the coil binary (default: target/release/coil, built if missing)
 #   LLAMA_SERVER     llama-server binary (default: ../llama.cpp-build/build/bin/llama-server
-#                    relative to the repository, skipped when absent)
+#                    relative to the repository; skipped when absent)
 #   PYTHON           python3 to run the load generator (default: python3)
-#   PORT             first port to use (default: 18080)
+#   PORT             port to use (default: 18080)
+#   COIL_SERVE_ARGS  extra flags for coil serve (e.g. "--prefill-chunk 256")
+#   LLAMA_ARGS       extra flags for llama-server
 #
-# Timings on a shared machine are noisy: run twice, compare interleaved.
+# Timings on a shared machine are noisy: compare the interleaved ratios.
 
 set -euo pipefail
 
@@ -24,34 +36,54 @@ REPO_ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 CLIENTS="1 2 4 8 16"
 N_GEN=128
 THREADS=2
-ROUNDS=1
+REPEATS=1
+SECTIONS="bench sweep long"
+OUT=""
 
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
-while getopts "c:n:t:r:h" opt; do
+while getopts "o:c:n:t:R:s:h" opt; do
     case "$opt" in
+        o) OUT="$OPTARG" ;;
         c) CLIENTS="$OPTARG" ;;
         n) N_GEN="$OPTARG" ;;
         t) THREADS="$OPTARG" ;;
-        r) ROUNDS="$OPTARG" ;;
+        R) REPEATS="$OPTARG" ;;
+        s) SECTIONS="$OPTARG" ;;
         h) usage 0 ;;
         *) usage 1 ;;
     esac
 done
 shift $((OPTIND - 1))
 [ $# -ge 1 ] || { echo "error: give at least one GGUF file" >&2; usage 1; }
+for model in "$@"; do
+    [ -f "$model" ] || { echo "error: $model: no such file" >&2; exit 1; }
+done
 
 COIL="${COIL:-$REPO_ROOT/target/release/coil}"
 LLAMA_SERVER="${LLAMA_SERVER:-$(realpath -m "$REPO_ROOT/../llama.cpp-build/build/bin/llama-server")}"
 PYTHON="${PYTHON:-python3}"
 PORT="${PORT:-18080}"
-MAX_CLIENTS=0
+OUT="${OUT:-serve-bench-$(date -u +%Y%m%dT%H%M%SZ)}"
+mkdir -p "$OUT/logs"
+RESULTS="$OUT/results.md"
+JSONL="$OUT/results.jsonl"
+MAX_CLIENTS=8
 for c in $CLIENTS; do [ "$c" -gt "$MAX_CLIENTS" ] && MAX_CLIENTS=$c; done
+# Per slot: the long load's ~240-token prompt and 64 tokens, or the sweep's
+# short prompt and N_GEN tokens, with room to spare.
+CTX=$((N_GEN + 400))
+LONG_WORDS=234   # ~240 tokens with the GPT-NeoX and Qwen tokenizers
 
 if [ ! -x "$COIL" ]; then
     echo "building coil (release)..." >&2
     (cd "$REPO_ROOT" && cargo build --release -p coil-cli >&2)
 fi
+HAVE_LLAMA=0
+[ -x "$LLAMA_SERVER" ] && HAVE_LLAMA=1
+
+say() { echo "$*" | tee -a "$RESULTS"; }
+loadavg() { cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?"; }
 
 SERVER_PID=""
 cleanup() {
@@ -65,7 +97,7 @@ trap cleanup EXIT
 
 wait_ready() {
     local url="$1" i
-    for i in $(seq 1 600); do
+    for i in $(seq 1 1200); do
         if "$PYTHON" - "$url" <<'EOF' 2>/dev/null; then return 0; fi
 import sys, urllib.request
 urllib.request.urlopen(sys.argv[1] + "/health", timeout=2).read()
@@ -80,36 +112,100 @@ EOF
     return 1
 }
 
-run_load() {
-    local label="$1" url="$2"
-    # shellcheck disable=SC2086
-    "$PYTHON" "$REPO_ROOT/scripts/serve_load.py" --url "$url" --clients $CLIENTS \
-        --max-tokens "$N_GEN" --rounds "$ROUNDS" --label "$label"
+# start_server coil|llama MODEL LOG
+start_server() {
+    local which="$1" model="$2" log="$3"
+    if [ "$which" = coil ]; then
+        # shellcheck disable=SC2086
+        "$COIL" serve -m "$model" -t "$THREADS" --port "$PORT" --parallel "$MAX_CLIENTS" \
+            --cache-slots 0 -c "$CTX" --quiet ${COIL_SERVE_ARGS:-} > "$log" 2>&1 &
+    else
+        # shellcheck disable=SC2086
+        "$LLAMA_SERVER" -m "$model" -t "$THREADS" --port "$PORT" -np "$MAX_CLIENTS" \
+            -c $((CTX * MAX_CLIENTS)) --no-warmup ${LLAMA_ARGS:-} > "$log" 2>&1 &
+    fi
+    SERVER_PID=$!
+    wait_ready "http://127.0.0.1:$PORT" || { tail -20 "$log" >&2; exit 1; }
 }
 
-CTX=$((N_GEN + 256))
-for model in "$@"; do
-    [ -f "$model" ] || { echo "error: $model: no such file" >&2; exit 1; }
-    echo
-    echo "## $(basename "$model"): $N_GEN tokens per client, $THREADS threads"
-    echo
-    log="$(mktemp -t serve-bench-coil.XXXXXX.log)"
-    "$COIL" serve -m "$model" -t "$THREADS" --port "$PORT" --parallel "$MAX_CLIENTS" \
-        --cache-slots 0 -c "$CTX" --quiet > "$log" 2>&1 &
-    SERVER_PID=$!
-    wait_ready "http://127.0.0.1:$PORT" || { cat "$log" >&2; exit 1; }
-    run_load "coil" "http://127.0.0.1:$PORT"
-    cleanup
+# load LABEL TAG ARGS...: the load generator's table rows (header dropped)
+load() {
+    local label="$1" tag="$2"
+    shift 2
+    "$PYTHON" "$REPO_ROOT/scripts/serve_load.py" --url "http://127.0.0.1:$PORT" \
+        --label "$label" --tag "$tag" --out "$JSONL" "$@" | tail -n +3 | tee -a "$RESULTS"
+}
 
-    if [ -x "$LLAMA_SERVER" ]; then
-        log="$(mktemp -t serve-bench-llama.XXXXXX.log)"
-        "$LLAMA_SERVER" -m "$model" -t "$THREADS" --port "$PORT" -np "$MAX_CLIENTS" \
-            -c $((CTX * MAX_CLIENTS)) --no-warmup > "$log" 2>&1 &
-        SERVER_PID=$!
-        wait_ready "http://127.0.0.1:$PORT" || { cat "$log" >&2; exit 1; }
-        run_load "llama-server" "http://127.0.0.1:$PORT" | tail -n +3
+# serve_section SECTION MODEL REPEAT
+serve_section() {
+    local section="$1" model="$2" rep="$3" name which label
+    name="$(basename "$model" .gguf)"
+    for which in coil llama; do
+        [ "$which" = llama ] && [ "$HAVE_LLAMA" = 0 ] && continue
+        label="coil serve"
+        [ "$which" = llama ] && label="llama-server"
+        start_server "$which" "$model" "$OUT/logs/$name.$section.$which.$rep.log"
+        if [ "$section" = sweep ]; then
+            # shellcheck disable=SC2086
+            load "$label" "$name sweep $rep" --clients $CLIENTS --max-tokens "$N_GEN"
+        else
+            load "$label" "$name long $rep" --clients 8 --max-tokens 64 --rounds 2 \
+                --prompt-words "$LONG_WORDS"
+        fi
         cleanup
-    else
-        echo "(llama-server not found at $LLAMA_SERVER: skipped)"
-    fi
+    done
+}
+
+TABLE_HEAD="| server | clients | prompt tok | gen tok/s | total tok/s | TTFT mean (s) | TTFT max (s) | TPOT (ms) | load avg |
+| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+
+say "# serve-bench $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+say ""
+say "coil: $COIL ($(cd "$REPO_ROOT" && git rev-parse --short HEAD 2>/dev/null || echo ?))"
+if [ "$HAVE_LLAMA" = 1 ]; then
+    say "llama-server: $LLAMA_SERVER"
+else
+    say "llama-server: not found at $LLAMA_SERVER (skipped)"
+fi
+say "threads $THREADS, clients \"$CLIENTS\", $N_GEN tokens per sweep request, repeats $REPEATS"
+say "CPU: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ //'), load average at start: $(loadavg)"
+
+for model in "$@"; do
+    name="$(basename "$model" .gguf)"
+    say ""
+    say "## $name"
+    for rep in $(seq 1 "$REPEATS"); do
+        if [[ " $SECTIONS " == *" bench "* ]]; then
+            say ""
+            say "### coil bench, repeat $rep (load average $(loadavg))"
+            say ""
+            say "tg alone:"
+            "$COIL" bench -m "$model" -p 0 -n 128 -r 3 -t "$THREADS" \
+                2>>"$OUT/logs/$name.bench.log" | tee -a "$RESULTS"
+            say ""
+            say "tg with a checkpoint per token (as coil serve runs):"
+            "$COIL" bench -m "$model" -p 0 -n 128 -r 3 -t "$THREADS" --checkpoint-every-token \
+                2>>"$OUT/logs/$name.bench.log" | tee -a "$RESULTS"
+            say ""
+            "$COIL" bench -m "$model" -p 16 -n 32 -r 2 -t "$THREADS" --checkpoint-every-token \
+                --parallel 1,2,4,8,16 2>>"$OUT/logs/$name.bench.log" | tee -a "$RESULTS"
+        fi
+        if [[ " $SECTIONS " == *" sweep "* ]]; then
+            say ""
+            say "### clients at once, $N_GEN tokens each, repeat $rep"
+            say ""
+            say "$TABLE_HEAD"
+            serve_section sweep "$model" "$rep"
+        fi
+        if [[ " $SECTIONS " == *" long "* ]]; then
+            say ""
+            say "### 8 clients x ~240-token prompts, 64 tokens, 2 rounds, repeat $rep"
+            say ""
+            say "$TABLE_HEAD"
+            serve_section long "$model" "$rep"
+        fi
+    done
 done
+say ""
+say "done $(date -u +%Y-%m-%dT%H:%M:%SZ), load average $(loadavg)"
+echo "results: $RESULTS and $JSONL" >&2

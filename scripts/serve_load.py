@@ -2,15 +2,17 @@
 """Concurrent-client load against an OpenAI-compatible completions server.
 
     python3 scripts/serve_load.py --url http://127.0.0.1:8080 --clients 1 2 4 8 16 \
-        [--max-tokens 128] [--prompt-words 12] [--rounds 1] [--json]
+        [--max-tokens 128] [--prompt-words 12] [--rounds 1] [--json] [--out FILE]
 
 For each client count N, N clients each send one streamed /v1/completions
 request at the same moment (greedy, `ignore_eos`, `max_tokens` tokens, a short
 prompt of its own so that no two share a cached prefix), `--rounds` times.
 Printed per N:
 
+- prompt tokens per request (mean, as the server counted them);
 - aggregate generated tokens/s: all completion tokens / wall time from the
   first request sent to the last stream closed;
+- total tokens/s: prompt and completion tokens / the same wall time;
 - TTFT: time from sending a request to its first streamed text (mean, max);
 - TPOT: (last text - first text) / (completion tokens - 1), mean over
   requests: the time per output token a client sees while decoding.
@@ -84,7 +86,17 @@ def one_request(url: str, prompt: str, max_tokens: int, out: dict) -> None:
     out["ttft"] = (first or out["end"]) - t0
     n = (usage or {}).get("completion_tokens", n_chunks)
     out["tokens"] = n
+    out["prompt_tokens"] = (usage or {}).get("prompt_tokens", 0)
     out["tpot"] = (last - first) / (n - 1) if first and last and n > 1 else None
+
+
+def load_average() -> str:
+    """The 1-minute load average (Linux), as a note on how quiet the machine was."""
+    try:
+        with open("/proc/loadavg") as f:
+            return f.read().split()[0]
+    except OSError:
+        return "?"
 
 
 def run_level(url: str, n: int, max_tokens: int, words: int, rounds: int) -> dict:
@@ -108,6 +120,7 @@ def run_level(url: str, n: int, max_tokens: int, words: int, rounds: int) -> dic
     errors = [o["error"] for o in results if "error" in o]
     ok = [o for o in results if "error" not in o]
     tokens = sum(o["tokens"] for o in ok)
+    prompt_tokens = sum(o["prompt_tokens"] for o in ok)
     ttft = [o["ttft"] for o in ok]
     tpot = [o["tpot"] for o in ok if o["tpot"] is not None]
     return {
@@ -116,7 +129,9 @@ def run_level(url: str, n: int, max_tokens: int, words: int, rounds: int) -> dic
         "errors": errors,
         "tokens": tokens,
         "wall_s": wall,
+        "prompt_tokens_mean": prompt_tokens / len(ok) if ok else 0.0,
         "agg_tps": tokens / wall if wall > 0 else 0.0,
+        "total_tps": (tokens + prompt_tokens) / wall if wall > 0 else 0.0,
         "ttft_mean_s": sum(ttft) / len(ttft) if ttft else None,
         "ttft_max_s": max(ttft) if ttft else None,
         "tpot_mean_s": sum(tpot) / len(tpot) if tpot else None,
@@ -132,14 +147,26 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--label", default="server")
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
+    ap.add_argument("--out", help="also append one JSON object per line to this file")
+    ap.add_argument("--tag", default="", help="a note stored with each JSON line")
     a = ap.parse_args()
     if not a.json:
-        print(f"| {'server':<12} | clients | agg tok/s | TTFT mean (s) | TTFT max (s) | TPOT (ms) |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        print(
+            f"| {'server':<12} | clients | prompt tok | gen tok/s | total tok/s "
+            "| TTFT mean (s) | TTFT max (s) | TPOT (ms) | load avg |"
+        )
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     failed = False
     for n in a.clients:
         r = run_level(a.url, n, a.max_tokens, a.prompt_words, a.rounds)
         r["label"] = a.label
+        r["tag"] = a.tag
+        r["max_tokens"] = a.max_tokens
+        r["rounds"] = a.rounds
+        r["loadavg"] = load_average()
+        if a.out:
+            with open(a.out, "a") as f:
+                f.write(json.dumps(r) + "\n")
         if r["errors"]:
             failed = True
             print(f"error: {len(r['errors'])} requests failed: {r['errors'][0]}", file=sys.stderr)
@@ -148,8 +175,9 @@ def main() -> int:
         else:
             tpot = r["tpot_mean_s"]
             print(
-                f"| {a.label:<12} | {n} | {r['agg_tps']:.1f} | {r['ttft_mean_s'] or 0:.3f} | "
-                f"{r['ttft_max_s'] or 0:.3f} | {tpot * 1e3 if tpot else 0:.1f} |",
+                f"| {a.label:<12} | {n} | {r['prompt_tokens_mean']:.0f} | {r['agg_tps']:.1f} | "
+                f"{r['total_tps']:.1f} | {r['ttft_mean_s'] or 0:.3f} | "
+                f"{r['ttft_max_s'] or 0:.3f} | {tpot * 1e3 if tpot else 0:.1f} | {r['loadavg']} |",
                 flush=True,
             )
     return 1 if failed else 0

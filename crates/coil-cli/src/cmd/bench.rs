@@ -346,9 +346,17 @@ fn run_parallel(a: &Args, margs: &super::common::ModelArgs) -> Result<()> {
     let mut margs = margs.clone();
     margs.ctx = margs.ctx.max(a.n_prompt + a.n_gen);
     let mut engine = margs.load(n_max, a.ubatch)?;
-    let (_, _, ftype) = model_totals(&engine.file);
+    let (weight_bytes, _, ftype) = model_totals(&engine.file);
     let model_type = format!("{} {ftype}", engine.model.info().arch);
     let threads = engine.pool.n_threads();
+    let traffic = super::bench_parallel::Traffic {
+        weight_bytes,
+        state_bytes_per_seq: engine
+            .mem
+            .recurrent
+            .as_ref()
+            .map_or(0, |r| r.bytes_per_seq() as u64),
+    };
     let rows = super::bench_parallel::measure(
         &mut engine,
         &a.parallel,
@@ -358,6 +366,14 @@ fn run_parallel(a: &Args, margs: &super::common::ModelArgs) -> Result<()> {
         !a.no_warmup,
         a.seed,
     )?;
-    super::bench_parallel::print(&rows, &model_type, threads, a.n_prompt, a.n_gen, a.json);
+    super::bench_parallel::print(
+        &rows,
+        &model_type,
+        threads,
+        a.n_prompt,
+        a.n_gen,
+        traffic,
+        a.json,
+    );
     Ok(())
 }

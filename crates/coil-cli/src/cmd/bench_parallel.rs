@@ -8,7 +8,10 @@
 //! tokens/s (N·p over the prompt time), generation tokens/s (N·n over the
 //! generation time), the time per step, and the process's CPU seconds per
 //! generated token (user + system, every thread; on a shared machine it
-//! moves less than wall time). Best of `r` repetitions, after a warm-up.
+//! moves less than wall time), and the least bytes a step moves (weights
+//! once, every state read and written) with the GB/s that makes: divided
+//! by the machine's read bandwidth, the batch-decode roofline fraction.
+//! Best of `r` repetitions, after a warm-up.
 
 use anyhow::{bail, Result};
 use coil::engine::{BatchEntry, Engine};
@@ -164,8 +167,42 @@ fn tps(tokens: usize, p: &Phase) -> f64 {
     }
 }
 
+/// Bytes a decode step must move at least: the weights once, and each
+/// sequence's recurrent state read and written (attention caches left out:
+/// small at these lengths).
+#[derive(Clone, Copy, Debug)]
+pub struct Traffic {
+    pub weight_bytes: u64,
+    pub state_bytes_per_seq: u64,
+}
+
+impl Traffic {
+    fn step_bytes(&self, n_seq: usize) -> f64 {
+        self.weight_bytes as f64 + 2.0 * n_seq as f64 * self.state_bytes_per_seq as f64
+    }
+
+    /// GB/s a generation phase moved at that minimum (compare with the
+    /// machine's read bandwidth for the roofline fraction).
+    fn gbps(&self, r: &Row, n: usize) -> f64 {
+        if r.tg.secs > 0.0 {
+            self.step_bytes(r.n_seq) * n as f64 / r.tg.secs / 1e9
+        } else {
+            0.0
+        }
+    }
+}
+
 /// The table (or JSON lines) of `coil bench --parallel`.
-pub fn print(rows: &[Row], model_type: &str, threads: usize, p: usize, n: usize, as_json: bool) {
+#[allow(clippy::too_many_arguments)]
+pub fn print(
+    rows: &[Row],
+    model_type: &str,
+    threads: usize,
+    p: usize,
+    n: usize,
+    traffic: Traffic,
+    as_json: bool,
+) {
     if as_json {
         for r in rows {
             let v = json!({
@@ -179,22 +216,28 @@ pub fn print(rows: &[Row], model_type: &str, threads: usize, p: usize, n: usize,
                 "tg_secs": r.tg.secs,
                 "tg_tps": tps(r.n_seq * n, &r.tg),
                 "tg_cpu_secs_per_token": r.tg.cpu_secs / (r.n_seq * n).max(1) as f64,
+                "step_bytes": traffic.step_bytes(r.n_seq),
+                "tg_gbps": traffic.gbps(r, n),
             });
             println!("{v}");
         }
         return;
     }
-    println!("| model | threads | N | pp | S_PP t/s | tg | S_TG t/s | ms/step | CPU ms/token |");
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!(
+        "| model | threads | N | pp | S_PP t/s | tg | S_TG t/s | ms/step | CPU ms/token | MB/step | GB/s |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for r in rows {
         let steps = n.max(1) as f64;
         println!(
-            "| {model_type} | {threads} | {} | {p} | {:.1} | {n} | {:.1} | {:.1} | {:.2} |",
+            "| {model_type} | {threads} | {} | {p} | {:.1} | {n} | {:.1} | {:.1} | {:.2} | {:.0} | {:.1} |",
             r.n_seq,
             tps(r.n_seq * p, &r.pp),
             tps(r.n_seq * n, &r.tg),
             r.tg.secs / steps * 1e3,
             r.tg.cpu_secs / (r.n_seq * n).max(1) as f64 * 1e3,
+            traffic.step_bytes(r.n_seq) / 1e6,
+            traffic.gbps(r, n),
         );
     }
 }

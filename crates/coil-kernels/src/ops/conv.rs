@@ -1,5 +1,6 @@
 //! Causal depthwise 1-D convolution with a carried window (Mamba conv1d, LFM2 short conv).
 
+use crate::matmul::SendPtr;
 use crate::multiversion;
 use crate::pool::ThreadPool;
 
@@ -152,6 +153,92 @@ fn conv1d_causal_act_pool(
         channels,
         k,
     );
+}
+
+/// One sequence's part of [`conv1d_causal_silu_batch`]: its input rows
+/// (row `t` at `x[t·x_stride ..]`), carried window `[k − 1, channels]` and
+/// output `[n_tokens, channels]`.
+pub struct ConvSeq<'a> {
+    pub x: &'a [f32],
+    pub state: &'a mut [f32],
+    pub out: &'a mut [f32],
+}
+
+/// [`conv1d_causal_silu_pool`] for a few tokens of each of many sequences
+/// (a server's decode step): the weights are laid out once for all of
+/// them, and the sequences, not the tokens, are spread over `pool`. Each
+/// sequence gets the same result as alone, bit for bit.
+pub fn conv1d_causal_silu_batch(
+    pool: &ThreadPool,
+    seqs: &mut [ConvSeq],
+    x_stride: usize,
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    channels: usize,
+    k: usize,
+) {
+    assert!(k >= 1 && channels > 0 && x_stride >= channels);
+    let Some(first) = seqs.first() else {
+        return;
+    };
+    let wt = transposed_weights(first.state, weight, bias, channels, k);
+    struct Part<'a> {
+        x: &'a [f32],
+        state: SendPtr<f32>,
+        out: SendPtr<f32>,
+        n: usize,
+    }
+    let parts: Vec<Part> = seqs
+        .iter_mut()
+        .map(|s| {
+            assert_eq!(
+                s.state.len(),
+                (k - 1) * channels,
+                "conv1d: state is not [k-1, channels]"
+            );
+            assert!(s.out.len().is_multiple_of(channels));
+            let n = s.out.len() / channels;
+            assert!(
+                n == 0 || s.x.len() >= (n - 1) * x_stride + channels,
+                "conv1d: input shorter than its rows"
+            );
+            Part {
+                x: s.x,
+                state: SendPtr(s.state.as_mut_ptr()),
+                out: SendPtr(s.out.as_mut_ptr()),
+                n,
+            }
+        })
+        .collect();
+    let grain = (parts.len() / (2 * pool.n_threads())).max(1);
+    pool.parallel_for(parts.len(), grain, |r, _| {
+        for pt in &parts[r] {
+            if pt.n == 0 {
+                continue;
+            }
+            // SAFETY: each sequence's window and output belong to it alone,
+            // and parallel_for hands every sequence to exactly one call.
+            let (state, out) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(pt.state.get(), (k - 1) * channels),
+                    std::slice::from_raw_parts_mut(pt.out.get(), pt.n * channels),
+                )
+            };
+            conv_rows_mv(
+                pt.x, x_stride, state, channels, &wt, bias, out, channels, k, pt.n,
+            );
+            for o in out.chunks_exact_mut(channels) {
+                super::act::silu_inplace(o);
+            }
+            shift_window(
+                state,
+                |i| &pt.x[i * x_stride..i * x_stride + channels],
+                pt.n,
+                channels,
+                k,
+            );
+        }
+    });
 }
 
 /// The new carried window: the last `k − 1` rows of `state ++ x`, where
@@ -340,6 +427,46 @@ mod tests {
             assert_eq!(o1, o2);
             assert_eq!(st1, st2);
         }
+    }
+
+    #[test]
+    fn batch_equals_each_sequence_alone() {
+        let mut rng = Rng::new(9);
+        let pool = crate::ThreadPool::new(2);
+        let (ch, k, stride) = (6, 4, 9);
+        let w = rng.vec(ch * k);
+        let b = rng.vec(ch);
+        // Sequences of 1, 2 and 3 tokens, rows inside wider ones.
+        let toks = [1usize, 2, 1, 3, 1, 1, 2];
+        let xs: Vec<Vec<f32>> = toks.iter().map(|&n| rng.vec(n * stride)).collect();
+        let init: Vec<Vec<f32>> = toks.iter().map(|_| rng.vec((k - 1) * ch)).collect();
+        let mut want_st = init.clone();
+        let mut want_out: Vec<Vec<f32>> = toks.iter().map(|&n| vec![0f32; n * ch]).collect();
+        for i in 0..toks.len() {
+            conv1d_causal_silu_pool(
+                &pool,
+                &xs[i],
+                stride,
+                &mut want_st[i],
+                &w,
+                Some(&b),
+                &mut want_out[i],
+                ch,
+                k,
+            );
+        }
+        let mut st = init.clone();
+        let mut out: Vec<Vec<f32>> = toks.iter().map(|&n| vec![0f32; n * ch]).collect();
+        let mut seqs: Vec<ConvSeq> = st
+            .iter_mut()
+            .zip(out.iter_mut())
+            .zip(&xs)
+            .map(|((state, out), x)| ConvSeq { x, state, out })
+            .collect();
+        conv1d_causal_silu_batch(&pool, &mut seqs, stride, &w, Some(&b), ch, k);
+        drop(seqs);
+        assert_eq!(out, want_out);
+        assert_eq!(st, want_st);
     }
 
     #[test]

@@ -172,6 +172,68 @@ pub fn gated_delta_scan(
     });
 }
 
+/// One sequence's part of [`gated_delta_scan_batch`]: its state `[Hv,
+/// d_k, d_v]`, inputs and output `[n_tokens, Hv, d_v]`.
+pub struct DeltaSeq<'a> {
+    pub state: &'a mut [f32],
+    pub inputs: DeltaInputs<'a>,
+    pub out: &'a mut [f32],
+    pub n_tokens: usize,
+}
+
+/// [`gated_delta_scan`] for every sequence of `seqs` at once (a server's
+/// decode step, one layer): the (sequence, value head) pairs are spread
+/// over `pool` in one call, each running the code of the single-sequence
+/// scan (the same result, bit for bit).
+pub fn gated_delta_scan_batch(pool: &ThreadPool, dims: GatedDeltaDims, seqs: &mut [DeltaSeq]) {
+    dims.check();
+    struct Part<'a> {
+        state: SendPtr<f32>,
+        inputs: DeltaInputs<'a>,
+        out: SendPtr<f32>,
+        n_tokens: usize,
+    }
+    let parts: Vec<Part> = seqs
+        .iter_mut()
+        .map(|s| {
+            s.inputs.check(&dims, s.n_tokens);
+            assert_eq!(
+                s.state.len(),
+                dims.state_len(),
+                "gated delta: state is not [Hv, dk, dv]"
+            );
+            assert_eq!(s.out.len(), s.n_tokens * dims.n_v_head * dims.d_v);
+            Part {
+                state: SendPtr(s.state.as_mut_ptr()),
+                inputs: s.inputs,
+                out: SendPtr(s.out.as_mut_ptr()),
+                n_tokens: s.n_tokens,
+            }
+        })
+        .collect();
+    let hv = dims.n_v_head;
+    let items = parts.len() * hv;
+    let grain = (items / (pool.n_threads() * 4)).clamp(1, hv);
+    pool.parallel_for(items, grain, |r, _| {
+        let mut kv = vec![0f32; dims.d_v];
+        for i in r {
+            let (pt, j) = (&parts[i / hv], i % hv);
+            if pt.n_tokens == 0 {
+                continue;
+            }
+            // SAFETY: each (sequence, value head) pair's state and output
+            // lanes belong to exactly one call.
+            let s = unsafe {
+                std::slice::from_raw_parts_mut(
+                    pt.state.get().add(j * dims.d_k * dims.d_v),
+                    dims.d_k * dims.d_v,
+                )
+            };
+            head_scan_mv(&dims, j, s, &pt.inputs, pt.out, &mut kv, pt.n_tokens);
+        }
+    });
+}
+
 #[inline(always)]
 fn head_scan(
     d: &GatedDeltaDims,
@@ -363,5 +425,65 @@ pub(crate) mod tests {
                 assert_eq!(s, s2);
             }
         }
+    }
+
+    #[test]
+    fn batch_equals_each_sequence_alone() {
+        let mut rng = Rng::new(13);
+        let pool = ThreadPool::new(2);
+        let dims = GatedDeltaDims {
+            n_k_head: 2,
+            n_v_head: 4,
+            d_k: 8,
+            d_v: 4,
+            order: HeadOrder::Tiled,
+        };
+        let (hv, dv) = (4, 4);
+        let toks = [1usize, 2, 1, 1, 3];
+        let cases: Vec<Case> = toks
+            .iter()
+            .map(|&n| random_inputs(&mut rng, &dims, n))
+            .collect();
+        fn inp(c: &Case) -> DeltaInputs<'_> {
+            let (hk, hv, dk, dv) = (2, 4, 8, 4);
+            DeltaInputs {
+                q: &c.q,
+                k: &c.k,
+                ld_qk: hk * dk,
+                v: &c.v,
+                ld_v: hv * dv,
+                g: &c.g,
+                beta: &c.beta,
+            }
+        }
+        let mut want_s: Vec<Vec<f32>> = cases.iter().map(|c| c.s0.clone()).collect();
+        let mut want_o: Vec<Vec<f32>> = toks.iter().map(|&n| vec![0f32; n * hv * dv]).collect();
+        for i in 0..toks.len() {
+            gated_delta_scan(
+                &pool,
+                dims,
+                &mut want_s[i],
+                inp(&cases[i]),
+                &mut want_o[i],
+                toks[i],
+            );
+        }
+        let mut got_s: Vec<Vec<f32>> = cases.iter().map(|c| c.s0.clone()).collect();
+        let mut got_o: Vec<Vec<f32>> = toks.iter().map(|&n| vec![0f32; n * hv * dv]).collect();
+        let mut seqs: Vec<DeltaSeq> = got_s
+            .iter_mut()
+            .zip(got_o.iter_mut())
+            .zip(cases.iter().zip(&toks))
+            .map(|((state, out), (c, &n))| DeltaSeq {
+                state,
+                inputs: inp(c),
+                out,
+                n_tokens: n,
+            })
+            .collect();
+        gated_delta_scan_batch(&pool, dims, &mut seqs);
+        drop(seqs);
+        assert_eq!(got_s, want_s);
+        assert_eq!(got_o, want_o);
     }
 }

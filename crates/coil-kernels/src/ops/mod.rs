@@ -11,6 +11,7 @@ pub mod norm;
 pub mod rope;
 pub mod ssd;
 pub mod ssm;
+pub mod ssm_batch;
 mod ssm_move;
 pub mod topk;
 

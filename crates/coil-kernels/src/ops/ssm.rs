@@ -187,7 +187,7 @@ fn m2_heads(
 // x, B and C are separate arguments here, not one `ScanInputs`: references
 // inside a struct carry no no-alias guarantee into the compiled level, and
 // without it the state update is not vectorized (decode 2× slower).
-multiversion!(fn m2_heads_mv(
+multiversion!(pub(crate) fn m2_heads_mv(
     dims: &Mamba2Dims, h0: usize, h1: usize, from: Option<&[f32]>, state: *mut f32, x: &[f32],
     ldx: usize, b: &[f32], c: &[f32], ldbc: usize, dt: &[f32], a: &[f32], d: Option<&[f32]>, y: *mut f32, n_tokens: usize
 ) => m2_heads);

@@ -9,8 +9,9 @@
 //!    radix tree, and running sequences), fork or adopt that sequence and
 //!    roll it back to the common length (restore the nearest recurrent
 //!    checkpoint, replay the few tokens past it);
-//! 4. run one `decode_batch` holding a chunk of every new prompt (within a
-//!    per-step token budget) and one token of every generating sequence;
+//! 4. run one `decode_batch` holding one token of every generating
+//!    sequence and prompt chunks within what the step's token budget
+//!    leaves ([`plan`]);
 //! 5. sample, send text to each request's channel, finish the ones that
 //!    stop; a finished sequence is *parked* (kept, indexed by its tokens)
 //!    instead of cleared, and evicted least-recently-used first when slots
@@ -25,13 +26,15 @@
 //! before it (checkpoints are taken at the end of every decode call).
 //!
 //! The worker's parts, one job each: [`admit`] (queue, admission,
-//! cancellation), [`resume`] (the longest cached prefix, rollback to it,
-//! pinned checkpoints), [`slots`] (parking, eviction, the cache's byte
-//! budget), [`step`] (planning and running one batched forward pass) and
-//! [`finish`] (sampling, streaming, ending requests).
+//! cancellation), [`plan`] (the step's token budget), [`resume`] (the
+//! longest cached prefix, rollback to it, pinned checkpoints), [`slots`]
+//! (parking, eviction, the cache's byte budget), [`step`] (planning and
+//! running one batched forward pass) and [`finish`] (sampling, streaming,
+//! ending requests).
 
 mod admit;
 mod finish;
+mod plan;
 mod resume;
 mod slots;
 mod step;
@@ -64,8 +67,10 @@ pub struct SchedulerConfig {
     /// sequence shares with a running one is the running one's: this is
     /// what clearing every parked sequence would free.
     pub cache_bytes: usize,
-    /// Prompt tokens processed per step over all new requests, so that
-    /// running generations keep streaming while a long prompt goes in.
+    /// Tokens per step over all running requests: one for each generating
+    /// request, the rest (at least a quarter) for prompts, in chunks, so
+    /// that generations keep streaming while a long prompt goes in (see
+    /// `plan`).
     pub prefill_chunk: usize,
     /// Extend a cached prefix where the prompt spells the cached tokens'
     /// text with other tokens (see [`align_by_text`]).

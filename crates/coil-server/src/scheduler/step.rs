@@ -3,6 +3,7 @@
 //! last sampled token), run it through the engine, and hand the logits to
 //! [`super::finish`].
 
+use super::plan::{split, Need};
 use super::{Event, Worker};
 use crate::metrics;
 use coil::engine::BatchEntry;
@@ -48,20 +49,21 @@ impl Worker {
         self.after_step(plan, logits);
     }
 
-    /// What each active request feeds this step: its sampled token, or the
-    /// next chunk of its prompt while the step's prompt budget lasts.
+    /// What each active request feeds this step (see [`super::plan`]): its
+    /// sampled token, or the next chunk of its prompt within the step's
+    /// token budget. Generated tokens come first in the batch, so that
+    /// they share the first micro-batch whatever the prompts take.
     fn plan(&self) -> Vec<Planned> {
-        let mut budget = self.cfg.prefill_chunk;
-        let mut plan = Vec::new();
-        for (i, a) in self.active.iter().enumerate() {
-            if let Some(t) = a.next {
-                plan.push(Planned {
-                    active: i,
-                    tokens: vec![t],
-                    rows: LogitRows::Last,
-                    is_prompt: false,
-                });
-            } else if a.done < a.prompt.len() && budget > 0 {
+        let needs: Vec<Need> = self
+            .active
+            .iter()
+            .map(|a| {
+                if a.next.is_some() {
+                    return Need::Token;
+                }
+                if a.done >= a.prompt.len() {
+                    return Need::Idle;
+                }
                 // The last prompt token goes in a call of its own, so that a
                 // checkpoint lands right before it: the same prompt sent
                 // again then reuses all but that token.
@@ -71,21 +73,37 @@ impl Worker {
                 if let Some(&m) = a.marks.iter().find(|&&m| m > a.done && m < target) {
                     target = m;
                 }
-                let take = (target - a.done).min(budget);
-                budget -= take;
-                let end = a.done + take == n;
-                let rows = if end && a.max_tokens > 0 {
-                    LogitRows::Last
-                } else {
-                    LogitRows::None
-                };
+                Need::Prompt(target - a.done)
+            })
+            .collect();
+        let takes = split(self.cfg.prefill_chunk, &needs);
+        let mut plan = Vec::new();
+        for (i, (a, need)) in self.active.iter().zip(&needs).enumerate() {
+            if let (Need::Token, Some(t)) = (need, a.next) {
                 plan.push(Planned {
                     active: i,
-                    tokens: a.prompt[a.done..a.done + take].to_vec(),
-                    rows,
-                    is_prompt: true,
+                    tokens: vec![t],
+                    rows: LogitRows::Last,
+                    is_prompt: false,
                 });
             }
+        }
+        for (i, (a, &take)) in self.active.iter().zip(&takes).enumerate() {
+            if needs[i] == Need::Token || take == 0 {
+                continue;
+            }
+            let end = a.done + take == a.prompt.len();
+            let rows = if end && a.max_tokens > 0 {
+                LogitRows::Last
+            } else {
+                LogitRows::None
+            };
+            plan.push(Planned {
+                active: i,
+                tokens: a.prompt[a.done..a.done + take].to_vec(),
+                rows,
+                is_prompt: true,
+            });
         }
         plan
     }

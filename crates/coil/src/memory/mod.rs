@@ -9,7 +9,7 @@ pub mod session;
 
 pub use kv::{KvLayerShape, KvMemory};
 pub use recurrent::{
-    Checkpoint, CheckpointPolicy, RecurrentLayerShape, RecurrentMemory, RecurrentState,
+    Checkpoint, CheckpointPolicy, MovingState, RecurrentLayerShape, RecurrentMemory, RecurrentState,
 };
 
 /// A sequence's index in a memory (0..n_seq_max).
@@ -35,6 +35,8 @@ pub enum MemoryError {
     },
     #[error("cannot truncate sequence {seq} to position {pos} (it holds {len}): recurrent state cannot go back without rollback checkpoints")]
     CannotTruncate { seq: SeqId, pos: usize, len: usize },
+    #[error("sequence {seq} appears twice in one batch")]
+    DuplicateSeq { seq: SeqId },
 }
 
 /// The sequence operations every memory supports.

@@ -296,26 +296,44 @@ impl RecurrentMemory {
         let Some(shape) = self.shapes.get(layer).copied().flatten() else {
             return Ok(None);
         };
-        let (c, m) = self.offsets[layer];
+        let at = self.offsets[layer];
         let n_layer = self.shapes.len();
-        let slot = &mut self.slots[s];
-        // A state shared with a checkpoint or a fork: move to a buffer of
-        // this slot's own and bring the layers over as they are reached.
-        if slot.pending.is_none() && Arc::get_mut(&mut slot.state).is_none() {
-            slot.begin_move(n_layer);
-        }
-        // Unique here (just made, or made earlier in this pass): no copy.
-        let state = Arc::make_mut(&mut slot.state);
-        let from = match slot.pending.as_mut() {
-            Some(p) if !p.copied[layer] => {
-                p.copied[layer] = true;
-                state[c..m].copy_from_slice(&p.from[c..m]);
-                Some(&p.from[m..m + shape.ssm])
+        Ok(Some(slot_state_moving(
+            &mut self.slots[s],
+            layer,
+            n_layer,
+            at,
+            shape,
+        )))
+    }
+
+    /// [`RecurrentMemory::state_moving`] for several distinct sequences at
+    /// once (`out[i]` belongs to `seqs[i]`), so that one pass can update
+    /// all their states together; `None` if the layer has no state.
+    pub fn states_moving(
+        &mut self,
+        layer: usize,
+        seqs: &[SeqId],
+    ) -> Result<Option<Vec<MovingState<'_>>>, MemoryError> {
+        for (i, &s) in seqs.iter().enumerate() {
+            self.check(s)?;
+            if seqs[..i].contains(&s) {
+                return Err(MemoryError::DuplicateSeq { seq: s });
             }
-            _ => None,
+        }
+        let Some(shape) = self.shapes.get(layer).copied().flatten() else {
+            return Ok(None);
         };
-        let (conv, rest) = state[c..m + shape.ssm].split_at_mut(shape.conv);
-        Ok(Some((RecurrentState { conv, ssm: rest }, from)))
+        let at = self.offsets[layer];
+        let n_layer = self.shapes.len();
+        let mut out: Vec<Option<MovingState<'_>>> = (0..seqs.len()).map(|_| None).collect();
+        for (s, slot) in self.slots.iter_mut().enumerate() {
+            if let Some(i) = seqs.iter().position(|&x| x == s) {
+                out[i] = Some(slot_state_moving(slot, layer, n_layer, at, shape));
+            }
+        }
+        // Every entry is filled: the sequences are distinct and in range.
+        Ok(Some(out.into_iter().flatten().collect()))
     }
 
     /// The whole flat state of `s` (all layers).
@@ -463,6 +481,35 @@ pub fn distinct_checkpoint_bytes<'a>(cps: impl IntoIterator<Item = &'a Checkpoin
     seen.sort_unstable();
     seen.dedup();
     seen.iter().map(|&(_, b)| b).sum()
+}
+
+/// One slot's part of [`RecurrentMemory::state_moving`]: `at` is the
+/// layer's (conv, ssm) offsets in the flat state.
+fn slot_state_moving(
+    slot: &mut Slot,
+    layer: usize,
+    n_layer: usize,
+    at: (usize, usize),
+    shape: RecurrentLayerShape,
+) -> MovingState<'_> {
+    let (c, m) = at;
+    // A state shared with a checkpoint or a fork: move to a buffer of
+    // this slot's own and bring the layers over as they are reached.
+    if slot.pending.is_none() && Arc::get_mut(&mut slot.state).is_none() {
+        slot.begin_move(n_layer);
+    }
+    // Unique here (just made, or made earlier in this pass): no copy.
+    let state = Arc::make_mut(&mut slot.state);
+    let from = match slot.pending.as_mut() {
+        Some(p) if !p.copied[layer] => {
+            p.copied[layer] = true;
+            state[c..m].copy_from_slice(&p.from[c..m]);
+            Some(&p.from[m..m + shape.ssm])
+        }
+        _ => None,
+    };
+    let (conv, rest) = state[c..m + shape.ssm].split_at_mut(shape.conv);
+    (RecurrentState { conv, ssm: rest }, from)
 }
 
 /// Sets the state of `slot` to zeros (in place when it holds it alone).

@@ -1,9 +1,9 @@
 //! The parts every language model shares: token embedding, the check of a
 //! micro-batch against the memory, and the output head.
 
-use crate::memory::{Memory, RecurrentMemory, RecurrentState, SeqId};
+use crate::memory::{Memory, MovingState, RecurrentMemory, RecurrentState, SeqId};
 use crate::models::weights::{Loader, Matrix};
-use crate::models::{ModelError, UBatch};
+use crate::models::{ModelError, Rows, UBatch};
 use coil_gguf::GgufFile;
 use coil_kernels::{matmul, ops::norm::rms_norm, ThreadPool};
 
@@ -157,4 +157,33 @@ fn no_state(layer: usize) -> ModelError {
         name: format!("blk.{layer}"),
         reason: "memory has no recurrent state for this layer".into(),
     }
+}
+
+/// [`layer_state_moving`] for several distinct sequences at once
+/// (`out[i]` belongs to `seqs[i]`), so that one pass can update them all.
+pub fn layer_states_moving<'a>(
+    rec: &'a mut RecurrentMemory,
+    layer: usize,
+    seqs: &[SeqId],
+) -> Result<Vec<MovingState<'a>>, ModelError> {
+    rec.states_moving(layer, seqs)?
+        .ok_or_else(|| no_state(layer))
+}
+
+/// The rows of each of `chunks` (in row order, not overlapping) in `buf`
+/// (`[n_rows, width]`), as separate mutable slices.
+pub fn split_rows<'a>(buf: &'a mut [f32], width: usize, chunks: &[&Rows]) -> Vec<&'a mut [f32]> {
+    let mut out = Vec::with_capacity(chunks.len());
+    let mut rest = buf;
+    let mut at = 0;
+    for c in chunks {
+        assert!(c.rows.start >= at, "split_rows: chunks out of row order");
+        let tail = std::mem::take(&mut rest);
+        let (_, tail) = tail.split_at_mut((c.rows.start - at) * width);
+        let (mine, tail) = tail.split_at_mut(c.rows.len() * width);
+        out.push(mine);
+        rest = tail;
+        at = c.rows.end;
+    }
+    out
 }

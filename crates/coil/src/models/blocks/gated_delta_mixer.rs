@@ -13,15 +13,15 @@
 //!   `coil_kernels::ops::gated_delta`);
 //! * `RMSNorm(o)·w ⊙ silu(z)` per value head, then `ssm_out`.
 
-use super::common::{layer_state, recurrent_memory};
+use super::common::{layer_state, layer_states_moving, recurrent_memory, split_rows};
 use crate::memory::{Memory, RecurrentLayerShape};
 use crate::models::weights::{Loader, Matrix};
 use crate::models::{ModelError, Rows};
 use coil_gguf::GgufFile;
 use coil_kernels::ops::act::{mul_silu_inplace, softplus1};
-use coil_kernels::ops::conv::conv1d_causal_silu_pool;
+use coil_kernels::ops::conv::{conv1d_causal_silu_batch, conv1d_causal_silu_pool, ConvSeq};
 use coil_kernels::ops::gated_delta::{
-    gated_delta_scan, l2_normalize, DeltaInputs, GatedDeltaDims, HeadOrder,
+    gated_delta_scan_batch, l2_normalize, DeltaInputs, DeltaSeq, GatedDeltaDims, HeadOrder,
 };
 use coil_kernels::ops::gated_delta_chunk::{gated_delta_chunked, DEFAULT_CHUNK};
 use coil_kernels::ops::norm::rms_norm_inplace;
@@ -309,7 +309,11 @@ impl GatedDeltaMixer {
         let mut x = Scratch::dirty(n * ch);
         let mut o = Scratch::dirty(n * vd);
         let q_scale = 1.0 / (dims.d_k as f32).sqrt();
-        for Rows { seq, rows, .. } in chunks {
+        let (prompts, steps): (Vec<&Rows>, Vec<&Rows>) = chunks
+            .iter()
+            .partition(|c| c.rows.len() >= p.chunk_min_tokens);
+        // Prompts, one sequence at a time: the chunked form.
+        for Rows { seq, rows, .. } in prompts {
             let t = rows.len();
             let st = layer_state(mem, layer, *seq)?;
             let xs = &mut x[rows.start * ch..rows.end * ch];
@@ -338,11 +342,58 @@ impl GatedDeltaMixer {
                 beta: &beta[rows.start * hv..rows.end * hv],
             };
             let os = &mut o[rows.start * vd..rows.end * vd];
-            if t >= p.chunk_min_tokens {
-                gated_delta_chunked(pool, dims, p.chunk, st.ssm, inputs, os, t);
-            } else {
-                gated_delta_scan(pool, dims, st.ssm, inputs, os, t);
+            gated_delta_chunked(pool, dims, p.chunk, st.ssm, inputs, os, t);
+        }
+        // Decode steps: every sequence's convolution in one call, then the
+        // recurrence over all (sequence, value head) pairs in one call.
+        if !steps.is_empty() {
+            let seqs: Vec<usize> = steps.iter().map(|c| c.seq).collect();
+            let mut states = layer_states_moving(mem, layer, &seqs)?;
+            for (st, from) in states.iter_mut() {
+                if let Some(f) = from.take() {
+                    st.ssm.copy_from_slice(f);
+                }
             }
+            let mut xs_parts = split_rows(&mut x, ch, &steps);
+            let mut conv: Vec<ConvSeq> = states
+                .iter_mut()
+                .zip(xs_parts.iter_mut())
+                .zip(&steps)
+                .map(|(((st, _), out), c)| ConvSeq {
+                    x: &qkv[c.rows.start * ch..c.rows.end * ch],
+                    state: &mut *st.conv,
+                    out: &mut **out,
+                })
+                .collect();
+            conv1d_causal_silu_batch(pool, &mut conv, ch, &self.conv_w, None, ch, p.d_conv);
+            drop(conv);
+            for xs in xs_parts.iter_mut() {
+                for row in xs.chunks_exact_mut(ch) {
+                    l2_normalize(&mut row[..kd], dims.d_k, L2_EPS, q_scale);
+                    l2_normalize(&mut row[kd..2 * kd], dims.d_k, L2_EPS, 1.0);
+                }
+            }
+            let mut os = split_rows(&mut o, vd, &steps);
+            let mut scan: Vec<DeltaSeq> = states
+                .into_iter()
+                .zip(os.iter_mut())
+                .zip(xs_parts.iter().zip(&steps))
+                .map(|(((st, _), out), (xs, c))| DeltaSeq {
+                    state: st.ssm,
+                    inputs: DeltaInputs {
+                        q: xs,
+                        k: &xs[kd..],
+                        ld_qk: ch,
+                        v: &xs[2 * kd..],
+                        ld_v: ch,
+                        g: &g[c.rows.start * hv..c.rows.end * hv],
+                        beta: &beta[c.rows.start * hv..c.rows.end * hv],
+                    },
+                    out: &mut **out,
+                    n_tokens: c.rows.len(),
+                })
+                .collect();
+            gated_delta_scan_batch(pool, dims, &mut scan);
         }
         // RMSNorm(o)·w per value head, times silu(z).
         pool.rows_mut(&mut o, vd, 16, |r0, part| {

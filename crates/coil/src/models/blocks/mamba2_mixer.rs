@@ -6,17 +6,18 @@
 //! `S_h ← exp(dt_h·A_h)·S_h + dt_h·x_h ⊗ B_g`, `y_h = S_h·C_g + D_h·x_h`;
 //! gated RMSNorm per group (`y·silu(z)` before the norm); `out_proj`.
 
-use super::common::{layer_state_moving, recurrent_memory};
-use crate::memory::{Memory, RecurrentLayerShape};
+use super::common::{layer_state_moving, layer_states_moving, recurrent_memory, split_rows};
+use crate::memory::{Memory, RecurrentLayerShape, RecurrentMemory};
 use crate::models::weights::{Loader, Matrix};
 use crate::models::ModelError;
 use crate::models::Rows;
 use coil_gguf::GgufFile;
 use coil_kernels::ops::act::{mul_silu_inplace, softplus1};
-use coil_kernels::ops::conv::conv1d_causal_silu_pool;
+use coil_kernels::ops::conv::{conv1d_causal_silu_batch, conv1d_causal_silu_pool, ConvSeq};
 use coil_kernels::ops::norm::group_rms_norm_gated;
 use coil_kernels::ops::ssd::{mamba2_chunked_scan_rows, DEFAULT_CHUNK};
-use coil_kernels::ops::ssm::{mamba2_scan_from, Mamba2Dims, ScanInputs};
+use coil_kernels::ops::ssm::{Mamba2Dims, ScanInputs};
+use coil_kernels::ops::ssm_batch::{mamba2_scan_batch, Mamba2Seq};
 
 /// From how many tokens of one sequence on the chunked SSD algorithm
 /// replaces the token-by-token recurrence: `COIL_SSD_MIN_TOKENS` in the
@@ -172,95 +173,70 @@ impl Mamba2Mixer {
         let mut zxbcdt = Scratch::dirty(n_tokens * dip);
         matmul(pool, &self.in_proj.get(file), h, &mut zxbcdt, n_tokens);
 
+        // dt [n_tokens, H] = softplus(dt + dt_bias), clamped.
+        let mut dt = Scratch::dirty(n_tokens * hn);
+        for (i, v) in dt.chunks_exact_mut(hn).enumerate() {
+            let raw = &zxbcdt[i * dip + di + ch..(i + 1) * dip];
+            for ((v, r), b) in v.iter_mut().zip(raw).zip(&self.dt_bias) {
+                *v = softplus1(r + b).clamp(p.dt_min, p.dt_max);
+            }
+        }
+        let dims = Mamba2Dims {
+            n_head: hn,
+            head_dim: p.head_dim,
+            n_group: p.n_group,
+            d_state: p.d_state,
+        };
+        // xBC [n_tokens, ch] = silu(conv(xBC columns of in_proj's output,
+        // read in place)); its rows are [x (H·P) | B (G·N) | C (G·N)].
+        let mut xbc = Scratch::dirty(n_tokens * ch);
         let mut y = Scratch::dirty(n_tokens * di);
-        for Rows { seq, rows, .. } in chunks {
+        let (prompts, steps): (Vec<&Rows>, Vec<&Rows>) = chunks
+            .iter()
+            .partition(|c| c.rows.len() >= p.ssd_min_tokens);
+        // Prompts, one sequence at a time: chunked SSD (matrix products
+        // within each chunk, spread over the pool inside).
+        for Rows { seq, rows, .. } in prompts {
             let t = rows.len();
             let (st, ssm_from) = layer_state_moving(mem, layer, *seq)?;
-            let zx = &zxbcdt[rows.start * dip..rows.end * dip];
-            let mut dt = Scratch::dirty(t * hn);
-            for (i, v) in dt.chunks_exact_mut(hn).enumerate() {
-                let raw = &zx[i * dip + di + ch..(i + 1) * dip];
-                for ((v, r), b) in v.iter_mut().zip(raw).zip(&self.dt_bias) {
-                    *v = softplus1(r + b).clamp(p.dt_min, p.dt_max);
-                }
-            }
-            // xBC [t, ch] = silu(conv(xBC columns of in_proj's output, read
-            // in place)); its rows are [x (H·P) | B (G·N) | C (G·N)].
-            let mut xbc = Scratch::dirty(t * ch);
+            let xs = &mut xbc[rows.start * ch..rows.end * ch];
             conv1d_causal_silu_pool(
                 pool,
-                &zx[di..],
+                &zxbcdt[rows.start * dip + di..],
                 dip,
                 st.conv,
                 &self.conv_w,
                 Some(&self.conv_b),
-                &mut xbc,
+                xs,
                 ch,
                 p.d_conv,
             );
-            let dims = Mamba2Dims {
-                n_head: hn,
-                head_dim: p.head_dim,
-                n_group: p.n_group,
-                d_state: p.d_state,
-            };
-            let ys = &mut y[rows.start * di..rows.end * di];
+            if let Some(f) = ssm_from {
+                st.ssm.copy_from_slice(f);
+            }
             // x, B and C read in place from xBC's rows.
             let inputs = ScanInputs {
-                x: &xbc,
+                x: xs,
                 ldx: ch,
-                b: &xbc[di..],
-                c: &xbc[di + gn..],
+                b: &xs[di..],
+                c: &xs[di + gn..],
                 ldbc: ch,
             };
-            if t >= p.ssd_min_tokens {
-                if let Some(f) = ssm_from {
-                    st.ssm.copy_from_slice(f);
-                }
-                // Prompt: chunked SSD (matrix products within each chunk).
-                mamba2_chunked_scan_rows(
-                    pool,
-                    dims,
-                    DEFAULT_CHUNK,
-                    st.ssm,
-                    inputs,
-                    &dt,
-                    &self.a,
-                    Some(&self.d),
-                    ys,
-                    t,
-                );
-            } else {
-                // Decode: the single-step recurrence (moving the state to
-                // this sequence's own buffer head by head if it was shared).
-                // B and C (2·G·N per token) go to a buffer of their own:
-                // read in place, right behind x in xBC's rows, they slowed
-                // mamba2-370m decode by 7–8% (measured; a placement effect,
-                // the loop itself is the same).
-                let mut bc = Scratch::dirty(t * 2 * gn);
-                for i in 0..t {
-                    bc[i * 2 * gn..(i + 1) * 2 * gn]
-                        .copy_from_slice(&xbc[i * ch + di..(i + 1) * ch]);
-                }
-                let inputs = ScanInputs {
-                    b: &bc,
-                    c: &bc[gn..],
-                    ldbc: 2 * gn,
-                    ..inputs
-                };
-                mamba2_scan_from(
-                    pool,
-                    dims,
-                    ssm_from,
-                    st.ssm,
-                    inputs,
-                    &dt,
-                    &self.a,
-                    Some(&self.d),
-                    ys,
-                    t,
-                );
-            }
+            mamba2_chunked_scan_rows(
+                pool,
+                dims,
+                DEFAULT_CHUNK,
+                st.ssm,
+                inputs,
+                &dt[rows.start * hn..rows.end * hn],
+                &self.a,
+                Some(&self.d),
+                &mut y[rows.start * di..rows.end * di],
+                t,
+            );
+        }
+        if !steps.is_empty() {
+            self.step_all(pool, layer, &steps, mem, &zxbcdt, &dt, &mut xbc, &mut y)?;
         }
         // Gate and normalise: y·silu(z), RMSNorm per group; z read in place
         // from in_proj's output.
@@ -279,6 +255,101 @@ impl Mamba2Mixer {
             }
         });
         matmul(pool, &self.out_proj.get(file), &g, out, n_tokens);
+        Ok(())
+    }
+
+    /// The few-token updates (decode steps) of every sequence in `steps`
+    /// together: one convolution call and one scan call over all their
+    /// (sequence, head) pairs, instead of two pool calls per sequence. Each
+    /// state moves to its sequence's own buffer head by head if it was
+    /// shared (a checkpoint keeps the old one).
+    #[allow(clippy::too_many_arguments)]
+    fn step_all(
+        &self,
+        pool: &ThreadPool,
+        layer: usize,
+        steps: &[&Rows],
+        mem: &mut RecurrentMemory,
+        zxbcdt: &[f32],
+        dt: &[f32],
+        xbc: &mut [f32],
+        y: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let p = &self.p;
+        let dip = p.d_in_proj();
+        let ch = p.conv_channels();
+        let (di, hn, gn) = (p.d_inner, p.n_head, p.n_group * p.d_state);
+        let seqs: Vec<usize> = steps.iter().map(|c| c.seq).collect();
+        let mut states = layer_states_moving(mem, layer, &seqs)?;
+        let mut xs_parts = split_rows(xbc, ch, steps);
+        {
+            let mut conv: Vec<ConvSeq> = states
+                .iter_mut()
+                .zip(xs_parts.iter_mut())
+                .zip(steps)
+                .map(|(((st, _), out), c)| ConvSeq {
+                    x: &zxbcdt[c.rows.start * dip + di..],
+                    state: &mut *st.conv,
+                    out: &mut **out,
+                })
+                .collect();
+            conv1d_causal_silu_batch(
+                pool,
+                &mut conv,
+                dip,
+                &self.conv_w,
+                Some(&self.conv_b),
+                ch,
+                p.d_conv,
+            );
+        }
+        // B and C (2·G·N per token) go to a buffer of their own: read in
+        // place, right behind x in xBC's rows, they slowed mamba2-370m
+        // decode by 7–8% (measured; a placement effect, the loop itself is
+        // the same).
+        let n_rows: usize = steps.iter().map(|c| c.rows.len()).sum();
+        let mut bc = Scratch::dirty(n_rows * 2 * gn);
+        let mut at = 0;
+        let mut bc_at = Vec::with_capacity(steps.len());
+        for xs in &xs_parts {
+            bc_at.push(at);
+            for r in xs.chunks_exact(ch) {
+                bc[at * 2 * gn..(at + 1) * 2 * gn].copy_from_slice(&r[di..]);
+                at += 1;
+            }
+        }
+        let dims = Mamba2Dims {
+            n_head: hn,
+            head_dim: p.head_dim,
+            n_group: p.n_group,
+            d_state: p.d_state,
+        };
+        let mut ys = split_rows(y, di, steps);
+        let mut scan: Vec<Mamba2Seq> = states
+            .into_iter()
+            .zip(ys.iter_mut())
+            .zip(xs_parts.iter())
+            .zip(steps.iter().zip(&bc_at))
+            .map(|((((st, from), y), xs), (c, &b0))| {
+                let t = c.rows.len();
+                let bcs = &bc[b0 * 2 * gn..(b0 + t) * 2 * gn];
+                Mamba2Seq {
+                    from,
+                    state: st.ssm,
+                    inputs: ScanInputs {
+                        x: xs,
+                        ldx: ch,
+                        b: bcs,
+                        c: &bcs[gn..],
+                        ldbc: 2 * gn,
+                    },
+                    dt: &dt[c.rows.start * hn..c.rows.end * hn],
+                    y: &mut **y,
+                    n_tokens: t,
+                }
+            })
+            .collect();
+        mamba2_scan_batch(pool, dims, &mut scan, &self.a, Some(&self.d));
         Ok(())
     }
 }
