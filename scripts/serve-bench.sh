@@ -3,7 +3,7 @@
 # files, every measurement of issue 21, results in one directory.
 #
 #   scripts/serve-bench.sh [-o DIR] [-c "1 2 4 8 16"] [-n 128] [-t THREADS]
-#                          [-R REPEATS] [-s "bench sweep long"] MODEL.gguf...
+#                          [-R REPEATS] [-s "bench sweep join long"] MODEL.gguf...
 #
 # Per file, REPEATS times (coil and llama-server alternating, so that both
 # see the same machine):
@@ -14,6 +14,9 @@
 #   sweep  1, 2, 4, 8, 16 clients at once, each a short prompt and N greedy
 #          tokens: aggregate generated tokens/s, time to first token, time
 #          per output token (coil serve, then llama-server)
+#   join   4 clients generating N tokens; once all stream, a ~1000-token
+#          prompt arrives: its TTFT, and the longest gap between two texts
+#          of the others (how much a long prompt stalls running generations)
 #   long   8 clients, ~240-token prompts, 64 tokens each, two rounds: total
 #          (prompt + generated) and generated tokens/s, TTFT, TPOT
 # Results: DIR/results.md (the tables, with the load average of each run),
@@ -22,7 +25,7 @@
 # Environment:
 #   COIL             the coil binary (default: target/release/coil, built if missing)
 #   LLAMA_SERVER     llama-server binary (default: ../llama.cpp-build/build/bin/llama-server
-#                    relative to the repository; skipped when absent)
+#                    relative to the repository, else on PATH; skipped when absent)
 #   PYTHON           python3 to run the load generator (default: python3)
 #   PORT             port to use (default: 18080)
 #   COIL_SERVE_ARGS  extra flags for coil serve (e.g. "--prefill-chunk 256")
@@ -37,10 +40,10 @@ CLIENTS="1 2 4 8 16"
 N_GEN=128
 THREADS=2
 REPEATS=1
-SECTIONS="bench sweep long"
+SECTIONS="bench sweep join long"
 OUT=""
 
-usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
 while getopts "o:c:n:t:R:s:h" opt; do
     case "$opt" in
@@ -61,7 +64,10 @@ for model in "$@"; do
 done
 
 COIL="${COIL:-$REPO_ROOT/target/release/coil}"
-LLAMA_SERVER="${LLAMA_SERVER:-$(realpath -m "$REPO_ROOT/../llama.cpp-build/build/bin/llama-server")}"
+if [ -z "${LLAMA_SERVER:-}" ]; then
+    LLAMA_SERVER="$(realpath -m "$REPO_ROOT/../llama.cpp-build/build/bin/llama-server")"
+    [ -x "$LLAMA_SERVER" ] || LLAMA_SERVER="$(command -v llama-server || echo "$LLAMA_SERVER")"
+fi
 PYTHON="${PYTHON:-python3}"
 PORT="${PORT:-18080}"
 OUT="${OUT:-serve-bench-$(date -u +%Y%m%dT%H%M%SZ)}"
@@ -72,8 +78,9 @@ MAX_CLIENTS=8
 for c in $CLIENTS; do [ "$c" -gt "$MAX_CLIENTS" ] && MAX_CLIENTS=$c; done
 # Per slot: the long load's ~240-token prompt and 64 tokens, or the sweep's
 # short prompt and N_GEN tokens, with room to spare.
-CTX=$((N_GEN + 400))
+CTX=$((N_GEN + 1200))
 LONG_WORDS=234   # ~240 tokens with the GPT-NeoX and Qwen tokenizers
+JOIN_WORDS=980   # ~1000 tokens
 
 if [ ! -x "$COIL" ]; then
     echo "building coil (release)..." >&2
@@ -148,6 +155,9 @@ serve_section() {
         if [ "$section" = sweep ]; then
             # shellcheck disable=SC2086
             load "$label" "$name sweep $rep" --clients $CLIENTS --max-tokens "$N_GEN"
+        elif [ "$section" = join ]; then
+            load "$label" "$name join $rep" --clients 4 --max-tokens "$N_GEN" \
+                --join-words "$JOIN_WORDS"
         else
             load "$label" "$name long $rep" --clients 8 --max-tokens 64 --rounds 2 \
                 --prompt-words "$LONG_WORDS"
@@ -156,8 +166,8 @@ serve_section() {
     done
 }
 
-TABLE_HEAD="| server | clients | prompt tok | gen tok/s | total tok/s | TTFT mean (s) | TTFT max (s) | TPOT (ms) | load avg |
-| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+TABLE_HEAD="| server | clients | prompt tok | gen tok/s | total tok/s | TTFT mean (s) | TTFT max (s) | TPOT (ms) | max gap (ms) | joined TTFT (s) | load avg |
+| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 
 say "# serve-bench $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 say ""
@@ -196,6 +206,13 @@ for model in "$@"; do
             say ""
             say "$TABLE_HEAD"
             serve_section sweep "$model" "$rep"
+        fi
+        if [[ " $SECTIONS " == *" join "* ]]; then
+            say ""
+            say "### 4 clients generating $N_GEN tokens, one ~1000-token prompt joining, repeat $rep"
+            say ""
+            say "$TABLE_HEAD"
+            serve_section join "$model" "$rep"
         fi
         if [[ " $SECTIONS " == *" long "* ]]; then
             say ""

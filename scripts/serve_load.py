@@ -60,6 +60,7 @@ def one_request(url: str, prompt: str, max_tokens: int, out: dict) -> None:
     first = last = None
     usage = None
     n_chunks = 0
+    gap = 0.0
     try:
         with urllib.request.urlopen(req, timeout=3600) as r:
             for raw in r:
@@ -75,7 +76,10 @@ def one_request(url: str, prompt: str, max_tokens: int, out: dict) -> None:
                 for ch in msg.get("choices") or []:
                     if ch.get("text"):
                         now = time.perf_counter()
+                        if last is not None:
+                            gap = max(gap, now - last)
                         first = first or now
+                        out["first"] = first
                         last = now
                         n_chunks += 1
     except Exception as e:  # noqa: BLE001 - reported, not raised
@@ -88,6 +92,14 @@ def one_request(url: str, prompt: str, max_tokens: int, out: dict) -> None:
     out["tokens"] = n
     out["prompt_tokens"] = (usage or {}).get("prompt_tokens", 0)
     out["tpot"] = (last - first) / (n - 1) if first and last and n > 1 else None
+    out["gap"] = gap
+
+
+def join_when_started(url: str, outs: list, words: int, max_tokens: int, out: dict) -> None:
+    """Sends one long prompt once every client in `outs` streams text."""
+    while not all("first" in o or "error" in o or "end" in o for o in outs):
+        time.sleep(0.01)
+    one_request(url, prompt_for(999, words), max_tokens, out)
 
 
 def load_average() -> str:
@@ -99,8 +111,11 @@ def load_average() -> str:
         return "?"
 
 
-def run_level(url: str, n: int, max_tokens: int, words: int, rounds: int) -> dict:
+def run_level(
+    url: str, n: int, max_tokens: int, words: int, rounds: int, join_words: int = 0
+) -> dict:
     results = []
+    joins = []
     t_start = time.perf_counter()
     for rnd in range(rounds):
         outs = [dict() for _ in range(n)]
@@ -111,6 +126,13 @@ def run_level(url: str, n: int, max_tokens: int, words: int, rounds: int) -> dic
             )
             for i in range(n)
         ]
+        if join_words > 0:
+            joins.append(dict())
+            threads.append(
+                threading.Thread(
+                    target=join_when_started, args=(url, outs, join_words, 8, joins[-1])
+                )
+            )
         for t in threads:
             t.start()
         for t in threads:
@@ -123,6 +145,9 @@ def run_level(url: str, n: int, max_tokens: int, words: int, rounds: int) -> dic
     prompt_tokens = sum(o["prompt_tokens"] for o in ok)
     ttft = [o["ttft"] for o in ok]
     tpot = [o["tpot"] for o in ok if o["tpot"] is not None]
+    gaps = [o["gap"] for o in ok]
+    joined = [o for o in joins if "error" not in o]
+    errors += [o["error"] for o in joins if "error" in o]
     return {
         "clients": n,
         "requests": len(results),
@@ -135,6 +160,9 @@ def run_level(url: str, n: int, max_tokens: int, words: int, rounds: int) -> dic
         "ttft_mean_s": sum(ttft) / len(ttft) if ttft else None,
         "ttft_max_s": max(ttft) if ttft else None,
         "tpot_mean_s": sum(tpot) / len(tpot) if tpot else None,
+        "gap_max_s": max(gaps) if gaps else None,
+        "join_prompt_tokens": joined[0]["prompt_tokens"] if joined else None,
+        "join_ttft_s": sum(o["ttft"] for o in joined) / len(joined) if joined else None,
     }
 
 
@@ -145,6 +173,14 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--prompt-words", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument(
+        "--join-words",
+        type=int,
+        default=0,
+        help="once every client streams, one more sends a prompt this many words long "
+        "(8 tokens): its TTFT and the longest gap between two texts of the others show "
+        "how a long prompt admitted under load shares the steps",
+    )
     ap.add_argument("--label", default="server")
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
     ap.add_argument("--out", help="also append one JSON object per line to this file")
@@ -153,12 +189,12 @@ def main() -> int:
     if not a.json:
         print(
             f"| {'server':<12} | clients | prompt tok | gen tok/s | total tok/s "
-            "| TTFT mean (s) | TTFT max (s) | TPOT (ms) | load avg |"
+            "| TTFT mean (s) | TTFT max (s) | TPOT (ms) | max gap (ms) | joined TTFT (s) | load avg |"
         )
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     failed = False
     for n in a.clients:
-        r = run_level(a.url, n, a.max_tokens, a.prompt_words, a.rounds)
+        r = run_level(a.url, n, a.max_tokens, a.prompt_words, a.rounds, a.join_words)
         r["label"] = a.label
         r["tag"] = a.tag
         r["max_tokens"] = a.max_tokens
@@ -177,7 +213,10 @@ def main() -> int:
             print(
                 f"| {a.label:<12} | {n} | {r['prompt_tokens_mean']:.0f} | {r['agg_tps']:.1f} | "
                 f"{r['total_tps']:.1f} | {r['ttft_mean_s'] or 0:.3f} | "
-                f"{r['ttft_max_s'] or 0:.3f} | {tpot * 1e3 if tpot else 0:.1f} | {r['loadavg']} |",
+                f"{r['ttft_max_s'] or 0:.3f} | {tpot * 1e3 if tpot else 0:.1f} | "
+                f"{(r['gap_max_s'] or 0) * 1e3:.0f} | "
+                f"{'-' if r['join_ttft_s'] is None else format(r['join_ttft_s'], '.3f')} | "
+                f"{r['loadavg']} |",
                 flush=True,
             )
     return 1 if failed else 0

@@ -389,6 +389,80 @@ fn ops_bench(pool: &ThreadPool, rng: &mut Rng, bw: f64) {
             gbs
         );
     }
+    // A server's decode step: one token of each of N sequences through 12
+    // layers (states 12 MiB per sequence, beyond the caches), each
+    // sequence's scan its own pool call, or all in one (ops/ssm_batch.rs).
+    {
+        use coil_kernels::ops::ssm::{mamba2_scan_from, ScanInputs};
+        use coil_kernels::ops::ssm_batch::{mamba2_scan_batch, Mamba2Seq};
+        let layers = 12;
+        let ld = 32 * 64 + 2 * 128;
+        let a: Vec<f32> = rng.vec(32).iter().map(|v| -v.abs()).collect();
+        let d = rng.vec(32);
+        for n_seq in [1usize, 2, 4, 8, 16] {
+            let mut states: Vec<Vec<f32>> = (0..n_seq * layers).map(|_| rng.vec(sn)).collect();
+            let rows: Vec<Vec<f32>> = (0..n_seq).map(|_| rng.vec(ld)).collect();
+            let dts: Vec<Vec<f32>> = (0..n_seq)
+                .map(|_| rng.vec(32).iter().map(|v| v.abs() * 0.1).collect())
+                .collect();
+            let mut ys: Vec<Vec<f32>> = (0..n_seq).map(|_| vec![0f32; 32 * 64]).collect();
+            fn inputs(r: &[f32]) -> ScanInputs<'_> {
+                ScanInputs {
+                    x: r,
+                    ldx: r.len(),
+                    b: &r[32 * 64..],
+                    c: &r[32 * 64 + 128..],
+                    ldbc: r.len(),
+                }
+            }
+            let alone = best_of(5, || {
+                for l in 0..layers {
+                    for s in 0..n_seq {
+                        mamba2_scan_from(
+                            pool,
+                            dims,
+                            None,
+                            &mut states[l * n_seq + s],
+                            inputs(&rows[s]),
+                            &dts[s],
+                            &a,
+                            Some(&d),
+                            &mut ys[s],
+                            1,
+                        );
+                    }
+                }
+            });
+            let together = best_of(5, || {
+                for l in 0..layers {
+                    let mut seqs: Vec<Mamba2Seq> = states[l * n_seq..(l + 1) * n_seq]
+                        .iter_mut()
+                        .zip(ys.iter_mut())
+                        .enumerate()
+                        .map(|(s, (st, y))| Mamba2Seq {
+                            from: None,
+                            state: st,
+                            inputs: inputs(&rows[s]),
+                            dt: &dts[s],
+                            y,
+                            n_tokens: 1,
+                        })
+                        .collect();
+                    mamba2_scan_batch(pool, dims, &mut seqs, &a, Some(&d));
+                }
+            });
+            let bytes = 8.0 * (sn * n_seq * layers) as f64;
+            for (how, secs) in [("each alone", alone), ("batched", together)] {
+                println!(
+                    "{:>34} {:>10.3} {:>9.1} {:>9.1}",
+                    format!("mamba2 step N={n_seq} x{layers} {how}"),
+                    secs * 1e3,
+                    6.0 * (sn * n_seq * layers) as f64 / secs / 1e9,
+                    bytes / secs / 1e9
+                );
+            }
+        }
+    }
     // Mamba-1 (mamba-790m-like: d_inner 3072, d_state 16)
     let (di, n) = (3072usize, 16usize);
     for t in [1usize, 512] {

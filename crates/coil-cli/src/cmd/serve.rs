@@ -30,9 +30,12 @@ pub struct Args {
     /// share, such as a common prefix, counted once).
     #[arg(long = "cache-mib", default_value_t = 4096)]
     cache_mib: usize,
-    /// Prompt tokens processed per step over all new requests (running
-    /// generations keep streaming in between).
-    #[arg(long = "prefill-chunk", default_value_t = 512)]
+    /// Tokens per step over all running requests: one for each generating
+    /// request, the rest (at least a quarter) for prompts, first come first
+    /// served. Smaller: generations stall less while a long prompt goes in
+    /// (a step costs about this many tokens' compute); larger: prompts go
+    /// in in fewer, longer steps.
+    #[arg(long = "prefill-chunk", default_value_t = 128)]
     prefill_chunk: usize,
     /// Tokens per micro-batch.
     #[arg(long = "ubatch", default_value_t = 512)]

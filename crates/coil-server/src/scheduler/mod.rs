@@ -84,7 +84,7 @@ impl Default for SchedulerConfig {
         SchedulerConfig {
             parallel: 4,
             cache_bytes: 2 << 30,
-            prefill_chunk: 512,
+            prefill_chunk: 128,
             reuse_by_text: true,
             log_requests: false,
         }

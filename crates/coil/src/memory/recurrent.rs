@@ -732,6 +732,36 @@ mod tests {
     }
 
     #[test]
+    fn several_sequences_borrowed_at_once_each_get_their_own() {
+        let mut m = mem();
+        m.state(0, 1).unwrap().unwrap().ssm[0] = 4.0;
+        m.advance(1, 2).unwrap();
+        m.checkpoint(1).unwrap();
+        let states = m.states_moving(0, &[2, 1]).unwrap().unwrap();
+        assert_eq!(states.len(), 2);
+        // Sequence 2 never wrote (its zero state moves off the shared one),
+        // sequence 1 moves off its checkpoint: both come with the source.
+        assert_eq!(states[0].1.map(|f| f[0]), Some(0.0));
+        assert_eq!(states[1].1.map(|f| f[0]), Some(4.0));
+        for (i, (st, _)) in states.into_iter().enumerate() {
+            st.ssm.fill(i as f32 + 10.0);
+        }
+        assert_eq!(m.state(0, 2).unwrap().unwrap().ssm[7], 10.0);
+        assert_eq!(m.state(0, 1).unwrap().unwrap().ssm[7], 11.0);
+        // The checkpoint kept the old state.
+        assert_eq!(m.checkpoints(1).unwrap()[0].state[6], 4.0);
+        assert!(m.states_moving(1, &[0, 1]).unwrap().is_none());
+        assert!(matches!(
+            m.states_moving(0, &[1, 1]),
+            Err(MemoryError::DuplicateSeq { seq: 1 })
+        ));
+        assert!(matches!(
+            m.states_moving(0, &[0, 5]),
+            Err(MemoryError::SeqOutOfRange { .. })
+        ));
+    }
+
+    #[test]
     fn forks_share_the_state_until_written() {
         let mut m = mem();
         let one = m.bytes_per_seq();
