@@ -155,6 +155,34 @@ fn conv1d_causal_act_pool(
     );
 }
 
+/// A convolution's weights laid out for the kernels (`[k, channels]`), once
+/// at load instead of at every call.
+#[derive(Clone, Debug)]
+pub struct ConvWeights {
+    wt: Vec<f32>,
+    channels: usize,
+    k: usize,
+}
+
+impl ConvWeights {
+    /// From `weight` `[channels, k]` (ggml `ssm_conv1d.weight` `{k, channels}`).
+    pub fn new(weight: &[f32], channels: usize, k: usize) -> Self {
+        assert!(k >= 1 && channels > 0);
+        assert_eq!(
+            weight.len(),
+            channels * k,
+            "conv1d: weight is not [channels, k]"
+        );
+        let mut wt = vec![0f32; k * channels];
+        for c in 0..channels {
+            for j in 0..k {
+                wt[j * channels + c] = weight[c * k + j];
+            }
+        }
+        ConvWeights { wt, channels, k }
+    }
+}
+
 /// One sequence's part of [`conv1d_causal_silu_batch`]: its input rows
 /// (row `t` at `x[t·x_stride ..]`), carried window `[k − 1, channels]` and
 /// output `[n_tokens, channels]`.
@@ -172,16 +200,14 @@ pub fn conv1d_causal_silu_batch(
     pool: &ThreadPool,
     seqs: &mut [ConvSeq],
     x_stride: usize,
-    weight: &[f32],
+    weights: &ConvWeights,
     bias: Option<&[f32]>,
-    channels: usize,
-    k: usize,
 ) {
-    assert!(k >= 1 && channels > 0 && x_stride >= channels);
-    let Some(first) = seqs.first() else {
-        return;
-    };
-    let wt = transposed_weights(first.state, weight, bias, channels, k);
+    let (channels, k, wt) = (weights.channels, weights.k, &weights.wt[..]);
+    assert!(x_stride >= channels);
+    if let Some(b) = bias {
+        assert_eq!(b.len(), channels);
+    }
     struct Part<'a> {
         x: &'a [f32],
         state: SendPtr<f32>,
@@ -225,7 +251,7 @@ pub fn conv1d_causal_silu_batch(
                 )
             };
             conv_rows_mv(
-                pt.x, x_stride, state, channels, &wt, bias, out, channels, k, pt.n,
+                pt.x, x_stride, state, channels, wt, bias, out, channels, k, pt.n,
             );
             for o in out.chunks_exact_mut(channels) {
                 super::act::silu_inplace(o);
@@ -463,7 +489,8 @@ mod tests {
             .zip(&xs)
             .map(|((state, out), x)| ConvSeq { x, state, out })
             .collect();
-        conv1d_causal_silu_batch(&pool, &mut seqs, stride, &w, Some(&b), ch, k);
+        let wt = ConvWeights::new(&w, ch, k);
+        conv1d_causal_silu_batch(&pool, &mut seqs, stride, &wt, Some(&b));
         drop(seqs);
         assert_eq!(out, want_out);
         assert_eq!(st, want_st);

@@ -112,10 +112,11 @@ const MAX_SPARE: usize = 2;
 
 impl Slot {
     /// Leaves the (shared) state for a buffer of its own — a spare one when
-    /// there is one — whose layers are filled as they are first reached.
-    fn begin_move(&mut self, n_layer: usize) {
+    /// there is one, its own or one another slot gave back (`free`) — whose
+    /// layers are filled as they are first reached.
+    fn begin_move(&mut self, n_layer: usize, free: &mut Vec<Vec<f32>>) {
         let from = Arc::clone(&self.state);
-        let buf = match self.spare.pop() {
+        let buf = match self.spare.pop().or_else(|| free.pop()) {
             Some(b) if b.len() == from.len() => b,
             _ => vec![0.0; from.len()],
         };
@@ -148,12 +149,11 @@ impl Slot {
         }
     }
 
-    /// Returns the buffers of checkpoints nobody else shares to the spares.
+    /// Returns the buffers of checkpoints nobody else shares to the spares
+    /// (those beyond [`MAX_SPARE`] go on to the memory's free list: see
+    /// [`RecurrentMemory::spill`]).
     fn recycle(&mut self, dropped: Vec<Checkpoint>) {
         for c in dropped {
-            if self.spare.len() >= MAX_SPARE {
-                break;
-            }
             if let Ok(v) = Arc::try_unwrap(c.state) {
                 self.spare.push(v);
             }
@@ -168,6 +168,12 @@ pub struct RecurrentMemory {
     state_len: usize,
     slots: Vec<Slot>,
     pub policy: CheckpointPolicy,
+    /// State buffers no slot uses, given back by any: a new request's
+    /// sequence takes them instead of faulting fresh pages in (a checkpoint
+    /// per token cycles through `max_checkpoints() + 2` buffers per
+    /// sequence, ~250 MB on mamba2-370m, which cost ~5% of a 64-token
+    /// request when first touched). At most one sequence's worth is kept.
+    free: Vec<Vec<f32>>,
 }
 
 impl RecurrentMemory {
@@ -194,6 +200,21 @@ impl RecurrentMemory {
             state_len: at,
             slots: vec![slot; n_seq_max.max(1)],
             policy: CheckpointPolicy::default(),
+            free: Vec::new(),
+        }
+    }
+
+    /// Moves the spare buffers of `s` beyond [`MAX_SPARE`] to the free
+    /// list, which keeps at most `max_checkpoints() + 2` (the rest are
+    /// released).
+    fn spill(&mut self, s: SeqId) {
+        let cap = self.max_checkpoints() + 2;
+        let slot = &mut self.slots[s];
+        while slot.spare.len() > MAX_SPARE {
+            let Some(b) = slot.spare.pop() else { break };
+            if self.free.len() < cap {
+                self.free.push(b);
+            }
         }
     }
 
@@ -300,6 +321,7 @@ impl RecurrentMemory {
         let n_layer = self.shapes.len();
         Ok(Some(slot_state_moving(
             &mut self.slots[s],
+            &mut self.free,
             layer,
             n_layer,
             at,
@@ -329,7 +351,14 @@ impl RecurrentMemory {
         let mut out: Vec<Option<MovingState<'_>>> = (0..seqs.len()).map(|_| None).collect();
         for (s, slot) in self.slots.iter_mut().enumerate() {
             if let Some(i) = seqs.iter().position(|&x| x == s) {
-                out[i] = Some(slot_state_moving(slot, layer, n_layer, at, shape));
+                out[i] = Some(slot_state_moving(
+                    slot,
+                    &mut self.free,
+                    layer,
+                    n_layer,
+                    at,
+                    shape,
+                ));
             }
         }
         // Every entry is filled: the sequences are distinct and in range.
@@ -424,6 +453,7 @@ impl RecurrentMemory {
             state: Arc::clone(&slot.state),
         });
         thin(slot, policy, max);
+        self.spill(s);
         Ok(())
     }
 
@@ -455,9 +485,7 @@ impl RecurrentMemory {
                 slot.pending = None;
                 let old = std::mem::replace(&mut slot.state, cp);
                 if let Ok(v) = Arc::try_unwrap(old) {
-                    if slot.spare.len() < MAX_SPARE {
-                        slot.spare.push(v);
-                    }
+                    slot.spare.push(v);
                 }
                 slot.len = pos;
             }
@@ -466,7 +494,9 @@ impl RecurrentMemory {
                 slot.len = 0;
             }
         }
-        Ok(slot.len)
+        let len = slot.len;
+        self.spill(s);
+        Ok(len)
     }
 }
 
@@ -485,18 +515,19 @@ pub fn distinct_checkpoint_bytes<'a>(cps: impl IntoIterator<Item = &'a Checkpoin
 
 /// One slot's part of [`RecurrentMemory::state_moving`]: `at` is the
 /// layer's (conv, ssm) offsets in the flat state.
-fn slot_state_moving(
-    slot: &mut Slot,
+fn slot_state_moving<'a>(
+    slot: &'a mut Slot,
+    free: &mut Vec<Vec<f32>>,
     layer: usize,
     n_layer: usize,
     at: (usize, usize),
     shape: RecurrentLayerShape,
-) -> MovingState<'_> {
+) -> MovingState<'a> {
     let (c, m) = at;
     // A state shared with a checkpoint or a fork: move to a buffer of
     // this slot's own and bring the layers over as they are reached.
     if slot.pending.is_none() && Arc::get_mut(&mut slot.state).is_none() {
-        slot.begin_move(n_layer);
+        slot.begin_move(n_layer, free);
     }
     // Unique here (just made, or made earlier in this pass): no copy.
     let state = Arc::make_mut(&mut slot.state);
@@ -580,6 +611,7 @@ impl SequenceMemory for RecurrentMemory {
         slot.recycle(dropped);
         zero(slot);
         slot.level = 0;
+        self.spill(s);
         Ok(())
     }
 
@@ -621,6 +653,7 @@ impl SequenceMemory for RecurrentMemory {
             to.len = len;
             to.level = level;
             to.recycle(old);
+            self.spill(dst);
         }
         Ok(())
     }
@@ -845,6 +878,26 @@ mod tests {
         // Every checkpoint still holds its own exact state.
         for c in m.checkpoints(0).unwrap() {
             assert_eq!(c.state[m.region(0).start + 6], c.pos as f32);
+        }
+        // A sequence cleared gives its buffers back: the next one to run
+        // (another slot) takes them instead of new ones.
+        let used: Vec<*const f32> = m.slots[0]
+            .checkpoints
+            .iter()
+            .map(|c| c.state.as_ptr())
+            .collect();
+        m.seq_clear(0).unwrap();
+        // All but the newest (the current state, zeroed in place): the
+        // slot keeps MAX_SPARE, the rest are free for any slot.
+        let free = m.free.len();
+        assert!(free + m.slots[0].spare.len() >= used.len() - 1);
+        assert!(free >= used.len() - 1 - MAX_SPARE, "{free} free");
+        for t in 0..free {
+            m.state(0, 1).unwrap().unwrap().ssm[0] = t as f32;
+            m.advance(1, 1).unwrap();
+            m.checkpoint(1).unwrap();
+            let p = m.slots[1].state.as_ptr();
+            assert!(used.contains(&p), "token {t}: a fresh buffer");
         }
     }
 }

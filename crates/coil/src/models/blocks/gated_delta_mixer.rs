@@ -19,7 +19,9 @@ use crate::models::weights::{Loader, Matrix};
 use crate::models::{ModelError, Rows};
 use coil_gguf::GgufFile;
 use coil_kernels::ops::act::{mul_silu_inplace, softplus1};
-use coil_kernels::ops::conv::{conv1d_causal_silu_batch, conv1d_causal_silu_pool, ConvSeq};
+use coil_kernels::ops::conv::{
+    conv1d_causal_silu_batch, conv1d_causal_silu_pool, ConvSeq, ConvWeights,
+};
 use coil_kernels::ops::gated_delta::{
     gated_delta_scan_batch, l2_normalize, DeltaInputs, DeltaSeq, GatedDeltaDims, HeadOrder,
 };
@@ -158,6 +160,8 @@ pub struct GatedDeltaMixer {
     pub ba: BaProj,
     /// `[channels, K]`
     pub conv_w: Vec<f32>,
+    /// `conv_w` laid out for the decode kernel.
+    pub conv_wt: ConvWeights,
     pub dt_bias: Vec<f32>,
     /// −exp(A_log), `[Hv]`.
     pub a: Vec<f32>,
@@ -188,10 +192,12 @@ impl GatedDeltaMixer {
                 alpha: ld.matrix(&n("ssm_alpha.weight"), hv, dm)?,
             }
         };
+        let conv_w = ld.vector(&n("ssm_conv1d.weight"), &[p.d_conv, p.conv_channels()])?;
         Ok(GatedDeltaMixer {
             qkvz,
             ba,
-            conv_w: ld.vector(&n("ssm_conv1d.weight"), &[p.d_conv, p.conv_channels()])?,
+            conv_wt: ConvWeights::new(&conv_w, p.conv_channels(), p.d_conv),
+            conv_w,
             dt_bias: ld.vector(&n("ssm_dt.bias"), &[hv])?,
             a: ld.vector(&n("ssm_a"), &[hv])?,
             norm: ld.vector(&n("ssm_norm.weight"), &[p.dims.d_v])?,
@@ -365,7 +371,7 @@ impl GatedDeltaMixer {
                     out: &mut **out,
                 })
                 .collect();
-            conv1d_causal_silu_batch(pool, &mut conv, ch, &self.conv_w, None, ch, p.d_conv);
+            conv1d_causal_silu_batch(pool, &mut conv, ch, &self.conv_wt, None);
             drop(conv);
             for xs in xs_parts.iter_mut() {
                 for row in xs.chunks_exact_mut(ch) {

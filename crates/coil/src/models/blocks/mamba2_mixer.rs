@@ -13,7 +13,9 @@ use crate::models::ModelError;
 use crate::models::Rows;
 use coil_gguf::GgufFile;
 use coil_kernels::ops::act::{mul_silu_inplace, softplus1};
-use coil_kernels::ops::conv::{conv1d_causal_silu_batch, conv1d_causal_silu_pool, ConvSeq};
+use coil_kernels::ops::conv::{
+    conv1d_causal_silu_batch, conv1d_causal_silu_pool, ConvSeq, ConvWeights,
+};
 use coil_kernels::ops::norm::group_rms_norm_gated;
 use coil_kernels::ops::ssd::{mamba2_chunked_scan_rows, DEFAULT_CHUNK};
 use coil_kernels::ops::ssm::{Mamba2Dims, ScanInputs};
@@ -115,6 +117,8 @@ pub struct Mamba2Mixer {
     pub in_proj: Matrix,
     /// `[channels, K]`
     pub conv_w: Vec<f32>,
+    /// `conv_w` laid out for the decode kernel.
+    pub conv_wt: ConvWeights,
     pub conv_b: Vec<f32>,
     pub dt_bias: Vec<f32>,
     /// −exp(A_log), `[H]`.
@@ -136,9 +140,11 @@ impl Mamba2Mixer {
         } else {
             None
         };
+        let conv_w = ld.vector(&n("ssm_conv1d.weight"), &[p.d_conv, ch])?;
         Ok(Mamba2Mixer {
             in_proj: ld.matrix(&n("ssm_in.weight"), p.d_in_proj(), p.d_model)?,
-            conv_w: ld.vector(&n("ssm_conv1d.weight"), &[p.d_conv, ch])?,
+            conv_wt: ConvWeights::new(&conv_w, ch, p.d_conv),
+            conv_w,
             conv_b: ld.vector(&n("ssm_conv1d.bias"), &[ch])?,
             dt_bias: ld.vector(&n("ssm_dt.bias"), &[p.n_head])?,
             a: ld.vector(&n("ssm_a"), &[1, p.n_head])?,
@@ -293,15 +299,7 @@ impl Mamba2Mixer {
                     out: &mut **out,
                 })
                 .collect();
-            conv1d_causal_silu_batch(
-                pool,
-                &mut conv,
-                dip,
-                &self.conv_w,
-                Some(&self.conv_b),
-                ch,
-                p.d_conv,
-            );
+            conv1d_causal_silu_batch(pool, &mut conv, dip, &self.conv_wt, Some(&self.conv_b));
         }
         // B and C (2·G·N per token) go to a buffer of their own: read in
         // place, right behind x in xBC's rows, they slowed mamba2-370m
