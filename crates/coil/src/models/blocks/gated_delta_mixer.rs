@@ -368,7 +368,7 @@ impl GatedDeltaMixer {
                 .map(|(((st, _), out), c)| ConvSeq {
                     x: &qkv[c.rows.start * ch..c.rows.end * ch],
                     state: &mut *st.conv,
-                    out: &mut **out,
+                    out,
                 })
                 .collect();
             conv1d_causal_silu_batch(pool, &mut conv, ch, &self.conv_wt, None);
@@ -395,7 +395,7 @@ impl GatedDeltaMixer {
                         g: &g[c.rows.start * hv..c.rows.end * hv],
                         beta: &beta[c.rows.start * hv..c.rows.end * hv],
                     },
-                    out: &mut **out,
+                    out,
                     n_tokens: c.rows.len(),
                 })
                 .collect();

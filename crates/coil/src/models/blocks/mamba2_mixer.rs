@@ -296,7 +296,7 @@ impl Mamba2Mixer {
                 .map(|(((st, _), out), c)| ConvSeq {
                     x: &zxbcdt[c.rows.start * dip + di..],
                     state: &mut *st.conv,
-                    out: &mut **out,
+                    out,
                 })
                 .collect();
             conv1d_causal_silu_batch(pool, &mut conv, dip, &self.conv_wt, Some(&self.conv_b));
@@ -342,7 +342,7 @@ impl Mamba2Mixer {
                         ldbc: 2 * gn,
                     },
                     dt: &dt[c.rows.start * hn..c.rows.end * hn],
-                    y: &mut **y,
+                    y,
                     n_tokens: t,
                 }
             })
