@@ -357,9 +357,8 @@ unsafe fn dot_k45<const HIGH: bool>(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16
     let mut msum = 0f32;
     for i in 0..nb {
         let b = row.as_ptr().add(bsz * i);
-        let blk = std::slice::from_raw_parts(b, bsz);
+        let (sc, mn) = super::dequant::scales_mins_k4(std::slice::from_raw_parts(b.add(4), 12));
         let x = xq.as_ptr().add(256 * i);
-        let bs = &xs[16 * i..16 * i + 16];
         let qs = b.add(if HIGH { 48 } else { 16 });
         let mut hbits = if HIGH {
             _mm256_loadu_si256(b.add(16) as *const __m256i)
@@ -367,10 +366,7 @@ unsafe fn dot_k45<const HIGH: bool>(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16
             _mm256_setzero_si256()
         };
         let mut iacc = _mm256_setzero_si256();
-        let mut mins = 0i32;
         for j in 0..4 {
-            let (s1, m1) = super::dequant::scale_min_k4(2 * j, &blk[4..16]);
-            let (s2, m2) = super::dequant::scale_min_k4(2 * j + 1, &blk[4..16]);
             let q = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
             let mut lo = _mm256_and_si256(q, m4);
             let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
@@ -381,17 +377,37 @@ unsafe fn dot_k45<const HIGH: bool>(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16
             }
             let xl = _mm256_loadu_si256(x.add(64 * j) as *const __m256i);
             let xh = _mm256_loadu_si256(x.add(64 * j + 32) as *const __m256i);
-            let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_set1_epi16(s1 as i16));
-            let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), _mm256_set1_epi16(s2 as i16));
+            let pl = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(lo, xl),
+                _mm256_set1_epi16(sc[2 * j] as i16),
+            );
+            let ph = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(hi, xh),
+                _mm256_set1_epi16(sc[2 * j + 1] as i16),
+            );
             iacc = _mm256_add_epi32(iacc, _mm256_add_epi32(pl, ph));
-            mins += m1 as i32 * (bs[4 * j] as i32 + bs[4 * j + 1] as i32)
-                + m2 as i32 * (bs[4 * j + 2] as i32 + bs[4 * j + 3] as i32);
         }
+        let mins = k4_mins(&mn, xs.as_ptr().add(16 * i));
         let d = f16c(rd16(b)) * xd[i];
         facc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc), _mm256_set1_ps(d), facc);
         msum += f16c(rd16(b.add(2))) * xd[i] * mins as f32;
     }
     hsum256(facc) - msum
+}
+
+/// `sum_j mn[j] * (bs[2j] + bs[2j + 1])`: a Q4_K/Q5_K block's eight mins
+/// times the sums of the activations' 16-value groups (`bs`: 16 i16), exact.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn k4_mins(mn: &[u8; 8], bs: *const i16) -> i32 {
+    let m = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr() as *const __m128i));
+    // [m0 m0 m1 m1 m2 m2 m3 m3 | m4 m4 m5 m5 m6 m6 m7 m7]
+    let mdup = _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m));
+    let p = _mm256_madd_epi16(_mm256_loadu_si256(bs as *const __m256i), mdup);
+    let s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+    _mm_cvtsi128_si32(s)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
