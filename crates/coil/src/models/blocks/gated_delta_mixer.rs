@@ -315,9 +315,12 @@ impl GatedDeltaMixer {
         let mut x = Scratch::dirty(n * ch);
         let mut o = Scratch::dirty(n * vd);
         let q_scale = 1.0 / (dims.d_k as f32).sqrt();
+        // Batch-invariant micro-batches take the recurrence at any length
+        // (bit for bit the one-token result; see `coil_kernels::numerics`).
+        let invariant = coil_kernels::batch_invariant();
         let (prompts, steps): (Vec<&Rows>, Vec<&Rows>) = chunks
             .iter()
-            .partition(|c| c.rows.len() >= p.chunk_min_tokens);
+            .partition(|c| c.rows.len() >= p.chunk_min_tokens && !invariant);
         // Prompts, one sequence at a time: the chunked form.
         for Rows { seq, rows, .. } in prompts {
             let t = rows.len();

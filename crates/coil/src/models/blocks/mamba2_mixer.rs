@@ -197,9 +197,13 @@ impl Mamba2Mixer {
         // read in place)); its rows are [x (H·P) | B (G·N) | C (G·N)].
         let mut xbc = Scratch::dirty(n_tokens * ch);
         let mut y = Scratch::dirty(n_tokens * di);
+        // Batch-invariant micro-batches (speculative verification, batched
+        // decode) take the recurrence at any length: each token's output is
+        // then bit for bit that of decoding it alone.
+        let invariant = coil_kernels::batch_invariant();
         let (prompts, steps): (Vec<&Rows>, Vec<&Rows>) = chunks
             .iter()
-            .partition(|c| c.rows.len() >= p.ssd_min_tokens);
+            .partition(|c| c.rows.len() >= p.ssd_min_tokens && !invariant);
         // Prompts, one sequence at a time: chunked SSD (matrix products
         // within each chunk, spread over the pool inside).
         for Rows { seq, rows, .. } in prompts {
