@@ -34,6 +34,7 @@ mod admit;
 mod finish;
 mod resume;
 mod slots;
+mod speculate;
 mod step;
 
 pub use resume::align_by_text;
@@ -72,6 +73,9 @@ pub struct SchedulerConfig {
     pub reuse_by_text: bool,
     /// A line on stderr per finished request.
     pub log_requests: bool,
+    /// Speculative decoding with n-gram drafts, per request (see
+    /// [`speculate`]); `None`: off.
+    pub spec: Option<coil::engine::draft::SpecParams>,
 }
 
 impl Default for SchedulerConfig {
@@ -82,6 +86,7 @@ impl Default for SchedulerConfig {
             prefill_chunk: 512,
             reuse_by_text: true,
             log_requests: false,
+            spec: None,
         }
     }
 }
@@ -241,6 +246,8 @@ struct Active {
     stops: StopMatcher,
     /// A sampled token not yet fed to the model.
     next: Option<u32>,
+    /// Drafts and their adaptive length, when speculative decoding is on.
+    spec: Option<coil::engine::speculative::Speculator>,
     usage: Usage,
     /// Request number, for logs.
     id: u64,

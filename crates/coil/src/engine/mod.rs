@@ -1,8 +1,10 @@
 //! Layer 4: the engine a Rust user embeds — a loaded model, its memory and a
 //! thread pool; feeding tokens of sequences through micro-batches.
 
+pub mod draft;
 pub mod generate;
 pub mod sampling;
+pub mod speculative;
 
 use crate::memory::session::{self, SessionError};
 use crate::memory::{CheckpointPolicy, Memory, SeqId, SequenceMemory};
@@ -134,6 +136,11 @@ impl Engine {
     /// tokens, each holding every sequence at most once. Returns, per entry,
     /// the logits rows it asked for (`[rows, n_vocab]`). Everything is
     /// checked before anything runs: a bad entry changes no sequence.
+    ///
+    /// A sequence under speculative verification (see
+    /// [`Engine::spec_verify`]) is not cut at checkpoint positions and takes
+    /// no checkpoint: its commit takes what the policy asks for at the
+    /// kept length.
     pub fn decode_batch(&mut self, entries: &[BatchEntry]) -> Result<Vec<Vec<f32>>, EngineError> {
         let n_vocab = self.n_vocab();
         for (i, e) in entries.iter().enumerate() {
@@ -164,7 +171,8 @@ impl Engine {
                 }
                 let mut take = left.min(budget);
                 // End the micro-batch on the next periodic checkpoint position.
-                if let Some(k) = self.mem.tokens_to_checkpoint(e.seq)? {
+                let verify = self.mem.spec_base(e.seq).is_some();
+                if let (false, Some(k)) = (verify, self.mem.tokens_to_checkpoint(e.seq)?) {
                     take = take.min(k);
                 }
                 budget -= take;
@@ -193,8 +201,14 @@ impl Engine {
                 .forward(&self.pool, &UBatch { chunks }, &mut self.mem)?;
             for &i in &owners {
                 let e = &entries[i];
-                self.mem
-                    .after_ubatch(e.seq, done[i] == e.tokens.len(), e.tokens.len())?;
+                if self.mem.spec_base(e.seq).is_some() {
+                    if let Some(r) = &mut self.mem.recurrent {
+                        r.settle(e.seq)?;
+                    }
+                } else {
+                    self.mem
+                        .after_ubatch(e.seq, done[i] == e.tokens.len(), e.tokens.len())?;
+                }
             }
             let mut at = 0;
             for (&i, &r) in owners.iter().zip(&rows) {

@@ -99,6 +99,22 @@ struct Slot {
     /// While the slot moves off a shared state: that state, and which
     /// layers were already copied from it into `state`.
     pending: Option<Pending>,
+    /// While a speculative verification runs on this sequence: the state
+    /// before it and each layer's tape (see [`RecurrentMemory::spec_begin`]).
+    spec: Option<Box<Spec>>,
+    /// Tape buffers of the last verification, reused by the next.
+    spare_tapes: Vec<Vec<f32>>,
+}
+
+/// A speculative verification in progress: the state and length before the
+/// drafted tokens went through, and per layer a tape of what its mixer
+/// computed for them (written by mixers that can refold, see
+/// [`RecurrentMemory::tape`]).
+#[derive(Clone)]
+struct Spec {
+    base: Arc<Vec<f32>>,
+    base_len: usize,
+    tapes: Vec<Vec<f32>>,
 }
 
 #[derive(Clone)]
@@ -187,6 +203,8 @@ impl RecurrentMemory {
             level: 0,
             spare: Vec::new(),
             pending: None,
+            spec: None,
+            spare_tapes: Vec::new(),
         };
         RecurrentMemory {
             shapes,
@@ -421,12 +439,129 @@ impl RecurrentMemory {
         Ok(Some(k - len % k))
     }
 
+    /// Starts a speculative verification of `s`: keeps a reference to the
+    /// current state (so the next pass moves off it instead of updating it
+    /// in place: no copy) and opens an empty tape per layer. Until
+    /// [`RecurrentMemory::spec_end`], mixers take the token-by-token path
+    /// for `s` (see [`RecurrentMemory::stepwise`]) and those that can
+    /// refold record their scan inputs with [`RecurrentMemory::tape`].
+    pub fn spec_begin(&mut self, s: SeqId) -> Result<(), MemoryError> {
+        self.settle(s)?;
+        let n_layer = self.shapes.len();
+        let slot = &mut self.slots[s];
+        let mut tapes = std::mem::take(&mut slot.spare_tapes);
+        tapes.resize_with(n_layer, Vec::new);
+        tapes.iter_mut().for_each(Vec::clear);
+        slot.spec = Some(Box::new(Spec {
+            base: Arc::clone(&slot.state),
+            base_len: slot.len,
+            tapes,
+        }));
+        Ok(())
+    }
+
+    /// Whether `s` is being verified: its mixers must then run the same
+    /// token-by-token recurrence as single-token decoding (not a chunked
+    /// algorithm), so that the state after each drafted token is the one
+    /// plain decoding reaches, bit for bit.
+    pub fn stepwise(&self, s: SeqId) -> bool {
+        self.slots.get(s).is_some_and(|sl| sl.spec.is_some())
+    }
+
+    /// The tape of `layer` for `s` while it is being verified (`None`
+    /// otherwise): the mixer appends what it needs to refold a prefix of
+    /// the verified tokens from the state before them.
+    pub fn tape(&mut self, layer: usize, s: SeqId) -> Option<&mut Vec<f32>> {
+        let spec = self.slots.get_mut(s)?.spec.as_mut()?;
+        spec.tapes.get_mut(layer)
+    }
+
+    /// Position where the verification of `s` started, if one runs.
+    pub fn spec_base_len(&self, s: SeqId) -> Option<usize> {
+        self.slots.get(s)?.spec.as_ref().map(|sp| sp.base_len)
+    }
+
+    /// For refolding layer `layer` of `s`: the layer's state before the
+    /// verification (conv window, SSM state), its tape, and the current
+    /// state to overwrite. `None` when no verification runs or the layer
+    /// has no state.
+    #[allow(clippy::type_complexity)]
+    pub fn refold_parts(
+        &mut self,
+        layer: usize,
+        s: SeqId,
+    ) -> Option<(RecurrentState<'_>, &[f32], &[f32], &[f32])> {
+        let shape = self.shapes.get(layer).copied().flatten()?;
+        let (c, m) = self.offsets[layer];
+        let slot = self.slots.get_mut(s)?;
+        slot.pending.as_ref().is_none().then_some(())?;
+        let spec = slot.spec.as_ref()?;
+        // The verification moved the state off `base` (and no checkpoint
+        // refers to it after `spec_drop_checkpoints`); should anything
+        // still share it, it is copied here.
+        let state = Arc::make_mut(&mut slot.state);
+        let (conv, ssm) = state[c..m + shape.ssm].split_at_mut(shape.conv);
+        Some((
+            RecurrentState { conv, ssm },
+            &spec.base[c..m],
+            &spec.base[m..m + shape.ssm],
+            &spec.tapes[layer][..],
+        ))
+    }
+
+    /// Drops the checkpoints of `s` taken past position `p` (during a
+    /// verification whose tokens beyond `p` were rejected).
+    pub fn drop_checkpoints_after(&mut self, s: SeqId, p: usize) -> Result<(), MemoryError> {
+        self.check(s)?;
+        let slot = &mut self.slots[s];
+        let keep = slot.checkpoints.partition_point(|c| c.pos <= p);
+        let dropped = slot.checkpoints.split_off(keep);
+        slot.recycle(dropped);
+        Ok(())
+    }
+
+    /// Ends the verification of `s` keeping the state as it is, at length
+    /// `len` (all verified tokens kept, or a refold brought the state to
+    /// `len`).
+    pub fn spec_end(&mut self, s: SeqId, len: usize) -> Result<(), MemoryError> {
+        self.check(s)?;
+        let slot = &mut self.slots[s];
+        if let Some(spec) = slot.spec.take() {
+            slot.spare_tapes = spec.tapes;
+        }
+        slot.len = len;
+        Ok(())
+    }
+
+    /// Ends the verification of `s` by going back to the state before it
+    /// (its checkpoints past that position dropped). Returns that position.
+    pub fn spec_abort(&mut self, s: SeqId) -> Result<usize, MemoryError> {
+        self.check(s)?;
+        let Some(spec) = self.slots[s].spec.take() else {
+            return self.seq_len(s);
+        };
+        let base_len = spec.base_len;
+        self.drop_checkpoints_after(s, base_len)?;
+        let slot = &mut self.slots[s];
+        slot.pending = None;
+        let old = std::mem::replace(&mut slot.state, spec.base);
+        if let Ok(v) = Arc::try_unwrap(old) {
+            if slot.spare.len() < MAX_SPARE {
+                slot.spare.push(v);
+            }
+        }
+        slot.spare_tapes = spec.tapes;
+        slot.len = base_len;
+        Ok(base_len)
+    }
+
     /// Restores `s` to the newest checkpoint at or before `p` (the zero
     /// state at 0 when there is none), dropping checkpoints past it.
     /// Returns the restored position.
     pub fn restore(&mut self, s: SeqId, p: usize) -> Result<usize, MemoryError> {
         self.check(s)?;
         let slot = &mut self.slots[s];
+        slot.spec = None;
         let keep = slot.checkpoints.partition_point(|c| c.pos <= p);
         let dropped = slot.checkpoints.split_off(keep);
         slot.recycle(dropped);
@@ -527,6 +662,7 @@ impl SequenceMemory for RecurrentMemory {
         self.check(s)?;
         let slot = &mut self.slots[s];
         slot.len = 0;
+        slot.spec = None;
         // Checkpoints first: the newest may share the state, which can then
         // be zeroed in place instead of reallocated.
         let dropped = std::mem::take(&mut slot.checkpoints);
@@ -570,6 +706,7 @@ impl SequenceMemory for RecurrentMemory {
             let to = &mut self.slots[dst];
             let old = std::mem::replace(&mut to.checkpoints, checkpoints);
             to.pending = None;
+            to.spec = None;
             to.state = state;
             to.len = len;
             to.level = level;

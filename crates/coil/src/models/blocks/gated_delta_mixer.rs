@@ -311,6 +311,8 @@ impl GatedDeltaMixer {
         let q_scale = 1.0 / (dims.d_k as f32).sqrt();
         for Rows { seq, rows, .. } in chunks {
             let t = rows.len();
+            // Verifying drafts: the single-step recurrence whatever `t`.
+            let stepwise = mem.stepwise(*seq);
             let st = layer_state(mem, layer, *seq)?;
             let xs = &mut x[rows.start * ch..rows.end * ch];
             conv1d_causal_silu_pool(
@@ -338,7 +340,7 @@ impl GatedDeltaMixer {
                 beta: &beta[rows.start * hv..rows.end * hv],
             };
             let os = &mut o[rows.start * vd..rows.end * vd];
-            if t >= p.chunk_min_tokens {
+            if t >= p.chunk_min_tokens && !stepwise {
                 gated_delta_chunked(pool, dims, p.chunk, st.ssm, inputs, os, t);
             } else {
                 gated_delta_scan(pool, dims, st.ssm, inputs, os, t);

@@ -18,6 +18,7 @@ use super::gated_delta_mixer::GatedDeltaMixer;
 use super::mamba1_mixer::Mamba1Mixer;
 use super::mamba2_mixer::Mamba2Mixer;
 use super::short_conv::ShortConv;
+use crate::memory::SeqId;
 use crate::memory::{KvLayerShape, KvMemory, Memory, RecurrentLayerShape, RecurrentMemory};
 use crate::models::weights::Loader;
 use crate::models::{Model, ModelError, ModelInfo, Rows, UBatch};
@@ -250,6 +251,36 @@ impl Model for DecoderStack {
             logits.iter_mut().for_each(|v| *v *= s);
         }
         Ok(logits)
+    }
+
+    /// Refolds where every recurrent layer is a Mamba-2 mixer (alone or
+    /// beside attention); the other recurrent mixers replay.
+    fn refold(
+        &self,
+        pool: &ThreadPool,
+        mem: &mut Memory,
+        seq: SeqId,
+        n: usize,
+    ) -> Result<bool, ModelError> {
+        fn mamba2(l: &StackLayer) -> Option<&Mamba2Mixer> {
+            match &l.mixer {
+                MixerBlock::Mamba2(m) | MixerBlock::Parallel(_, m) => Some(m),
+                _ => None,
+            }
+        }
+        let all = self
+            .layers
+            .iter()
+            .all(|l| l.recurrent_shape().is_none() || mamba2(l).is_some());
+        if !all {
+            return Ok(false);
+        }
+        for (i, l) in self.layers.iter().enumerate() {
+            if let Some(m) = mamba2(l) {
+                m.refold(pool, i, seq, mem, n)?;
+            }
+        }
+        Ok(true)
     }
 }
 
