@@ -528,6 +528,14 @@ impl RecurrentMemory {
         let slot = &mut self.slots[s];
         if let Some(spec) = slot.spec.take() {
             slot.spare_tapes = spec.tapes;
+            // The state before the verification, unless a checkpoint keeps
+            // it: a buffer for the next one to move to (no allocation and
+            // page faults per verification).
+            if let Ok(v) = Arc::try_unwrap(spec.base) {
+                if slot.spare.len() < MAX_SPARE {
+                    slot.spare.push(v);
+                }
+            }
         }
         slot.len = len;
         Ok(())
@@ -906,5 +914,41 @@ mod tests {
         for c in m.checkpoints(0).unwrap() {
             assert_eq!(c.state[m.region(0).start + 6], c.pos as f32);
         }
+    }
+    #[test]
+    fn verification_keeps_the_state_before_it_and_recycles_buffers() {
+        let mut m = mem();
+        m.state(0, 0).unwrap().unwrap().ssm[0] = 1.0;
+        m.advance(0, 3).unwrap();
+        assert!(!m.stepwise(0));
+        m.spec_begin(0).unwrap();
+        assert!(m.stepwise(0) && !m.stepwise(1));
+        assert_eq!(m.spec_base_len(0), Some(3));
+        // The pass moves off the kept state; tapes are per layer.
+        m.state(0, 0).unwrap().unwrap().ssm[0] = 2.0;
+        m.tape(2, 0).unwrap().extend([5.0, 6.0]);
+        assert!(m.tape(1, 1).is_none());
+        m.advance(0, 4).unwrap();
+        m.settle(0).unwrap();
+        let (st, base_conv, base_ssm, tape) = m.refold_parts(0, 0).unwrap();
+        assert_eq!((st.ssm[0], base_ssm[0], base_conv.len()), (2.0, 1.0, 6));
+        assert!(tape.is_empty());
+        assert_eq!(m.refold_parts(2, 0).unwrap().3, &[5.0, 6.0]);
+        // Abort: back to the state and length before.
+        assert_eq!(m.spec_abort(0), Ok(3));
+        assert_eq!(m.state(0, 0).unwrap().unwrap().ssm[0], 1.0);
+        assert!(!m.stepwise(0));
+        // End: the state stays, the old buffer becomes a spare, tapes are
+        // cleared for the next verification.
+        m.spec_begin(0).unwrap();
+        assert!(m.tape(2, 0).unwrap().is_empty());
+        m.state(0, 0).unwrap().unwrap().ssm[0] = 3.0;
+        m.advance(0, 2).unwrap();
+        m.settle(0).unwrap();
+        m.spec_end(0, 5).unwrap();
+        assert_eq!(m.seq_len(0), Ok(5));
+        assert_eq!(m.state(0, 0).unwrap().unwrap().ssm[0], 3.0);
+        assert_eq!(m.slots[0].spare.len(), 1);
+        assert!(m.spec_base_len(0).is_none());
     }
 }
