@@ -58,6 +58,23 @@ pub struct BatchEntry<'a> {
     pub logits: LogitRows,
 }
 
+/// How [`Engine::decode_batch_with`] computes a micro-batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Numerics {
+    /// The fastest kernels for the micro-batch's size (a GEMM for the
+    /// weight products of many tokens, chunked scans for long chunks):
+    /// equal to token-at-a-time decoding up to f32 rounding. For prompts.
+    #[default]
+    Fast,
+    /// Batch-invariant: every entry's logits and state are bit for bit
+    /// those of feeding its tokens one at a time with the sequence alone,
+    /// whatever else shares the call (see [`UBatch::invariant`]). For
+    /// speculative verification and batched decoding, where a greedy
+    /// output must not depend on the batch. Slower than `Fast` for long
+    /// chunks (no GEMM, no chunked scan), the same speed for a token each.
+    BatchInvariant,
+}
+
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
     /// Worker threads (default: physical cores).
@@ -139,9 +156,23 @@ impl Engine {
     ///
     /// A sequence under speculative verification (see
     /// [`Engine::spec_verify`]) is not cut at checkpoint positions and takes
-    /// no checkpoint: its commit takes what the policy asks for at the
-    /// kept length.
+    /// no checkpoint (its commit takes what the policy asks for at the kept
+    /// length), and a micro-batch holding one runs with
+    /// [`Numerics::BatchInvariant`].
     pub fn decode_batch(&mut self, entries: &[BatchEntry]) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.decode_batch_with(entries, Numerics::Fast)
+    }
+
+    /// [`Engine::decode_batch`] with the given [`Numerics`]. With
+    /// [`Numerics::BatchInvariant`] each entry's logits rows are bit for bit
+    /// those of [`Engine::eval`]`(seq, tokens, rows, 1)` on the sequence
+    /// alone: what a speculative verification of k drafted tokens needs to
+    /// reproduce plain greedy decoding exactly.
+    pub fn decode_batch_with(
+        &mut self,
+        entries: &[BatchEntry],
+        numerics: Numerics,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
         let n_vocab = self.n_vocab();
         for (i, e) in entries.iter().enumerate() {
             if entries[..i].iter().any(|o| o.seq == e.seq) {
@@ -196,9 +227,12 @@ impl Engine {
                 break;
             }
             let rows: Vec<usize> = chunks.iter().map(|c| c.n_logit_rows()).collect();
-            let logits = self
-                .model
-                .forward(&self.pool, &UBatch { chunks }, &mut self.mem)?;
+            let verifying = chunks.iter().any(|c| self.mem.spec_base(c.seq).is_some());
+            let ub = UBatch {
+                chunks,
+                invariant: numerics == Numerics::BatchInvariant || verifying,
+            };
+            let logits = self.model.forward(&self.pool, &ub, &mut self.mem)?;
             for &i in &owners {
                 let e = &entries[i];
                 if self.mem.spec_base(e.seq).is_some() {

@@ -442,9 +442,10 @@ impl RecurrentMemory {
     /// Starts a speculative verification of `s`: keeps a reference to the
     /// current state (so the next pass moves off it instead of updating it
     /// in place: no copy) and opens an empty tape per layer. Until
-    /// [`RecurrentMemory::spec_end`], mixers take the token-by-token path
-    /// for `s` (see [`RecurrentMemory::stepwise`]) and those that can
-    /// refold record their scan inputs with [`RecurrentMemory::tape`].
+    /// [`RecurrentMemory::spec_end`], the mixers that can refold record
+    /// their scan inputs with [`RecurrentMemory::tape`] (the engine runs
+    /// the verification with batch-invariant numerics: recurrences token by
+    /// token).
     pub fn spec_begin(&mut self, s: SeqId) -> Result<(), MemoryError> {
         self.settle(s)?;
         let n_layer = self.shapes.len();
@@ -458,14 +459,6 @@ impl RecurrentMemory {
             tapes,
         }));
         Ok(())
-    }
-
-    /// Whether `s` is being verified: its mixers must then run the same
-    /// token-by-token recurrence as single-token decoding (not a chunked
-    /// algorithm), so that the state after each drafted token is the one
-    /// plain decoding reaches, bit for bit.
-    pub fn stepwise(&self, s: SeqId) -> bool {
-        self.slots.get(s).is_some_and(|sl| sl.spec.is_some())
     }
 
     /// The tape of `layer` for `s` while it is being verified (`None`
@@ -920,9 +913,7 @@ mod tests {
         let mut m = mem();
         m.state(0, 0).unwrap().unwrap().ssm[0] = 1.0;
         m.advance(0, 3).unwrap();
-        assert!(!m.stepwise(0));
         m.spec_begin(0).unwrap();
-        assert!(m.stepwise(0) && !m.stepwise(1));
         assert_eq!(m.spec_base_len(0), Some(3));
         // The pass moves off the kept state; tapes are per layer.
         m.state(0, 0).unwrap().unwrap().ssm[0] = 2.0;
@@ -937,7 +928,7 @@ mod tests {
         // Abort: back to the state and length before.
         assert_eq!(m.spec_abort(0), Ok(3));
         assert_eq!(m.state(0, 0).unwrap().unwrap().ssm[0], 1.0);
-        assert!(!m.stepwise(0));
+        assert!(m.spec_base_len(0).is_none());
         // End: the state stays, the old buffer becomes a spare, tapes are
         // cleared for the next verification.
         m.spec_begin(0).unwrap();

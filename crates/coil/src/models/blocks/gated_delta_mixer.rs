@@ -311,8 +311,6 @@ impl GatedDeltaMixer {
         let q_scale = 1.0 / (dims.d_k as f32).sqrt();
         for Rows { seq, rows, .. } in chunks {
             let t = rows.len();
-            // Verifying drafts: the single-step recurrence whatever `t`.
-            let stepwise = mem.stepwise(*seq);
             let st = layer_state(mem, layer, *seq)?;
             let xs = &mut x[rows.start * ch..rows.end * ch];
             conv1d_causal_silu_pool(
@@ -340,7 +338,10 @@ impl GatedDeltaMixer {
                 beta: &beta[rows.start * hv..rows.end * hv],
             };
             let os = &mut o[rows.start * vd..rows.end * vd];
-            if t >= p.chunk_min_tokens && !stepwise {
+            // Batch-invariant micro-batches take the recurrence at any
+            // length (bit for bit the one-token result; see
+            // `coil_kernels::numerics`).
+            if t >= p.chunk_min_tokens && !coil_kernels::batch_invariant() {
                 gated_delta_chunked(pool, dims, p.chunk, st.ssm, inputs, os, t);
             } else {
                 gated_delta_scan(pool, dims, st.ssm, inputs, os, t);

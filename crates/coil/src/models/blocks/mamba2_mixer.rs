@@ -175,8 +175,6 @@ impl Mamba2Mixer {
         let mut y = Scratch::dirty(n_tokens * di);
         for Rows { seq, rows, .. } in chunks {
             let t = rows.len();
-            // Verifying drafts: the single-step recurrence whatever `t`.
-            let stepwise = mem.stepwise(*seq);
             let (st, ssm_from) = layer_state_moving(mem, layer, *seq)?;
             let zx = &zxbcdt[rows.start * dip..rows.end * dip];
             let mut dt = Scratch::dirty(t * hn);
@@ -215,7 +213,10 @@ impl Mamba2Mixer {
                 c: &xbc[di + gn..],
                 ldbc: ch,
             };
-            if t >= p.ssd_min_tokens && !stepwise {
+            // Batch-invariant micro-batches (speculative verification,
+            // batched decode) take the recurrence at any length: each
+            // token's output is then bit for bit that of decoding it alone.
+            if t >= p.ssd_min_tokens && !coil_kernels::batch_invariant() {
                 if let Some(f) = ssm_from {
                     st.ssm.copy_from_slice(f);
                 }
