@@ -89,7 +89,10 @@ fn speculating_requests_get_the_plain_text() {
         let (mut drafted, mut accepted) = (0, 0);
         for (g, w) in got.iter().zip(&want) {
             assert_eq!(g["choices"][0]["text"], w["choices"][0]["text"], "{name}");
-            assert_eq!(g["usage"]["completion_tokens"], w["usage"]["completion_tokens"]);
+            assert_eq!(
+                g["usage"]["completion_tokens"],
+                w["usage"]["completion_tokens"]
+            );
             assert!(w["usage"].get("completion_tokens_details").is_none());
             if let Some(d) = g["usage"].get("completion_tokens_details") {
                 let a = d["accepted_prediction_tokens"].as_u64().unwrap();
@@ -101,7 +104,10 @@ fn speculating_requests_get_the_plain_text() {
         assert!(drafted > 0, "{name}: nothing was drafted");
         let m = spec.metrics();
         assert_eq!(m["coil_spec_draft_tokens_total"], drafted as f64, "{name}");
-        assert_eq!(m["coil_spec_accepted_tokens_total"], accepted as f64, "{name}");
+        assert_eq!(
+            m["coil_spec_accepted_tokens_total"], accepted as f64,
+            "{name}"
+        );
         assert!(m["coil_spec_verifications_total"] > 0.0);
         assert_eq!(plain.metrics()["coil_spec_draft_tokens_total"], 0.0);
     }

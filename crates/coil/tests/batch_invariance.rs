@@ -48,7 +48,10 @@ fn one_at_a_time(e: &mut Engine, tokens: &[u32]) -> Vec<f32> {
     e.mem_clear();
     let mut out = Vec::new();
     for t in tokens {
-        out.extend(e.eval(0, std::slice::from_ref(t), LogitRows::All, 1).unwrap());
+        out.extend(
+            e.eval(0, std::slice::from_ref(t), LogitRows::All, 1)
+                .unwrap(),
+        );
     }
     out
 }
@@ -58,10 +61,7 @@ fn assert_bitwise(what: &str, got: &[f32], want: &[f32], n_vocab: usize, pos0: u
     assert_eq!(got.len(), want.len(), "{what}: row count");
     for (i, (g, w)) in got.chunks(n_vocab).zip(want.chunks(n_vocab)).enumerate() {
         if let Some(j) = (0..n_vocab).find(|&j| g[j].to_bits() != w[j].to_bits()) {
-            let d = g
-                .iter()
-                .zip(w)
-                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            let d = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
             panic!(
                 "{what}: position {} differs (logit {j}: {} vs {} one at a time; max |Δ| {d:e})",
                 pos0 + i,
@@ -80,7 +80,10 @@ fn invariant(e: &mut Engine, entries: &[BatchEntry]) -> Vec<Vec<f32>> {
 fn check_model(name: &str, model: &Path, tokens: &[u32]) {
     let _turn = LEVEL.lock().unwrap_or_else(|p| p.into_inner());
     let n = tokens.len();
-    assert!(n >= K_MAX + 3 && n > N_SEQ, "{name}: fixture prompt too short");
+    assert!(
+        n >= K_MAX + 3 && n > N_SEQ,
+        "{name}: fixture prompt too short"
+    );
     for level in available_levels() {
         force_level(Some(level));
         let what = |s: String| format!("{name} ({}): {s}", level.name());
@@ -121,7 +124,13 @@ fn check_model(name: &str, model: &Path, tokens: &[u32]) {
             for (entry, g) in pre.iter().zip(&got) {
                 let w = at(0, entry.tokens.len());
                 let s = entry.seq;
-                assert_bitwise(&what(format!("{n_seq} seqs, prefill of seq {s}")), g, w, v, 0);
+                assert_bitwise(
+                    &what(format!("{n_seq} seqs, prefill of seq {s}")),
+                    g,
+                    w,
+                    v,
+                    0,
+                );
             }
             let step: Vec<BatchEntry> = std::iter::once(0)
                 .chain(1..=n_seq)

@@ -364,5 +364,8 @@ fn fast_mode_single_token_is_the_invariant_path() {
         let _inv = crate::numerics::invariant_scope(true);
         matmul(&pool, &w, &x, &mut inv, 1);
     }
-    assert!(fast.iter().zip(&inv).all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert!(fast
+        .iter()
+        .zip(&inv)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
 }

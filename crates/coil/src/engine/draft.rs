@@ -124,12 +124,13 @@ impl Drafter for NgramDrafter {
 /// Longest pause of drafting after drafts keep failing, in steps.
 const MAX_PAUSE: usize = 64;
 
-/// The draft length from the recent acceptance: doubles after a draft is
-/// accepted whole (up to the maximum), falls to what was accepted + 1 (at
-/// least half) after a partial one, halves after a draft fails outright —
-/// and then drafting pauses for 1, 2, 4, … steps (up to 64) while the
-/// failures go on, so a text where lookups keep failing is decoded almost
-/// as if speculation were off.
+/// The draft length from the recent acceptance: starts at half the maximum,
+/// doubles after a draft is accepted whole (up to the maximum), falls to
+/// what was accepted + 1 (at least half) after a partial one, and drops to
+/// one token after a draft fails outright — and drafting then pauses for
+/// 1, 4, 16, 64 steps while the failures go on, so that a text where
+/// lookups keep failing is decoded almost as if speculation were off (a
+/// failed verification costs more than the step it replaces).
 #[derive(Clone, Debug)]
 pub struct AdaptiveLen {
     max: usize,
@@ -144,7 +145,7 @@ impl AdaptiveLen {
         let max = max.max(1);
         AdaptiveLen {
             max,
-            k: max,
+            k: (max / 2).max(1),
             pause: 0,
             backoff: 0,
             fixed: false,
@@ -155,6 +156,7 @@ impl AdaptiveLen {
     pub fn fixed(k: usize) -> Self {
         AdaptiveLen {
             fixed: true,
+            k: k.max(1),
             ..Self::new(k)
         }
     }
@@ -177,8 +179,8 @@ impl AdaptiveLen {
             self.k = (self.k * 2).min(self.max);
             self.backoff = 0;
         } else if accepted == 0 {
-            self.k = (self.k / 2).max(1);
-            self.backoff = (self.backoff * 2).clamp(1, MAX_PAUSE);
+            self.k = 1;
+            self.backoff = (self.backoff * 4).clamp(1, MAX_PAUSE);
             self.pause = self.backoff;
         } else {
             self.k = (accepted + 1).max(self.k / 2).min(self.max);
@@ -248,14 +250,15 @@ mod tests {
     #[test]
     fn adaptive_length_follows_acceptance() {
         let mut a = AdaptiveLen::new(8);
+        assert_eq!(a.next(), 4);
+        a.observe(4, 4);
         assert_eq!(a.next(), 8);
         a.observe(8, 3);
         assert_eq!(a.next(), 4);
         a.observe(4, 4);
-        assert_eq!(a.next(), 8);
         a.observe(8, 8);
         assert_eq!(a.next(), 8);
-        // Outright failures: shorter drafts and growing pauses.
+        // Outright failures: one-token drafts and growing pauses.
         let mut steps = Vec::new();
         for _ in 0..5 {
             let mut skipped = 0;
@@ -268,9 +271,8 @@ mod tests {
             steps.push((k, skipped));
             a.observe(k, 0);
         }
-        assert_eq!(steps, vec![(8, 0), (4, 1), (2, 2), (1, 4), (1, 8)]);
+        assert_eq!(steps, vec![(8, 0), (1, 1), (1, 4), (1, 16), (1, 64)]);
         // One success ends the pauses.
-        a.next();
         let k = loop {
             match a.next() {
                 0 => {}
@@ -279,5 +281,9 @@ mod tests {
         };
         a.observe(k, k);
         assert_eq!(a.next(), 2);
+        // Fixed: never adapts.
+        let mut f = AdaptiveLen::fixed(5);
+        f.observe(5, 0);
+        assert_eq!((f.next(), f.len()), (5, 5));
     }
 }

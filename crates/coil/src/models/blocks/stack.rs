@@ -256,7 +256,8 @@ impl Model for DecoderStack {
     }
 
     /// Refolds where every recurrent layer is a Mamba-2 mixer (alone or
-    /// beside attention); the other recurrent mixers replay.
+    /// beside attention) or a Gated DeltaNet; the other recurrent mixers
+    /// (Mamba-1, LFM2's short convolution) replay.
     fn refold(
         &self,
         pool: &ThreadPool,
@@ -264,22 +265,20 @@ impl Model for DecoderStack {
         seq: SeqId,
         n: usize,
     ) -> Result<bool, ModelError> {
-        fn mamba2(l: &StackLayer) -> Option<&Mamba2Mixer> {
-            match &l.mixer {
-                MixerBlock::Mamba2(m) | MixerBlock::Parallel(_, m) => Some(m),
-                _ => None,
-            }
-        }
-        let all = self
-            .layers
-            .iter()
-            .all(|l| l.recurrent_shape().is_none() || mamba2(l).is_some());
-        if !all {
+        let can = |l: &StackLayer| match &l.mixer {
+            MixerBlock::Mamba2(_) | MixerBlock::Parallel(..) | MixerBlock::GatedDeltaNet(_) => true,
+            _ => l.recurrent_shape().is_none(),
+        };
+        if !self.layers.iter().all(can) {
             return Ok(false);
         }
         for (i, l) in self.layers.iter().enumerate() {
-            if let Some(m) = mamba2(l) {
-                m.refold(pool, i, seq, mem, n)?;
+            match &l.mixer {
+                MixerBlock::Mamba2(m) | MixerBlock::Parallel(_, m) => {
+                    m.refold(pool, i, seq, mem, n)?
+                }
+                MixerBlock::GatedDeltaNet(m) => m.refold(pool, i, seq, mem, n)?,
+                _ => {}
             }
         }
         Ok(true)
