@@ -47,18 +47,35 @@ fn count(err: &str, label: &str) -> usize {
 #[test]
 fn run_with_ngram_speculation_prints_the_same_text() {
     let passage = "the cat sat on the mat and the dog sat on the log; ".repeat(3);
-    for arch in ["mamba2", "granitemoehybrid", "jamba"] {
-        let m = model(arch);
+    let demo = repo()
+        .join("models/shakespeare-hybrid-q8_0.gguf")
+        .to_string_lossy()
+        .into_owned();
+    // Three fixtures (Mamba-2 refolds, Granite-4.0-H hybrid refolds, Jamba
+    // replays) and the bundled demo model (Q8_0 weights), greedy and
+    // sampled with a seed.
+    let runs = [
+        (model("mamba2"), "0"),
+        (model("granitemoehybrid"), "0"),
+        (model("jamba"), "0"),
+        (demo.clone(), "0"),
+        (demo, "0.8"),
+        (model("granitemoehybrid"), "1.0"),
+    ];
+    for (m, temp) in &runs {
+        let arch = format!("{m} at temperature {temp}");
         let base = [
             "run",
             "-m",
-            &m,
+            m,
             "-p",
             &passage,
             "-n",
             "48",
             "--temp",
-            "0",
+            temp,
+            "--seed",
+            "5",
             "-t",
             "2",
             "--ignore-eos",
