@@ -162,7 +162,7 @@ impl AdaptiveLen {
     }
 
     /// The draft length to ask for at this step (0: do not draft now).
-    pub fn next(&mut self) -> usize {
+    pub fn take(&mut self) -> usize {
         if self.pause > 0 {
             self.pause -= 1;
             return 0;
@@ -250,20 +250,20 @@ mod tests {
     #[test]
     fn adaptive_length_follows_acceptance() {
         let mut a = AdaptiveLen::new(8);
-        assert_eq!(a.next(), 4);
+        assert_eq!(a.take(), 4);
         a.observe(4, 4);
-        assert_eq!(a.next(), 8);
+        assert_eq!(a.take(), 8);
         a.observe(8, 3);
-        assert_eq!(a.next(), 4);
+        assert_eq!(a.take(), 4);
         a.observe(4, 4);
         a.observe(8, 8);
-        assert_eq!(a.next(), 8);
+        assert_eq!(a.take(), 8);
         // Outright failures: one-token drafts and growing pauses.
         let mut steps = Vec::new();
         for _ in 0..5 {
             let mut skipped = 0;
             let k = loop {
-                match a.next() {
+                match a.take() {
                     0 => skipped += 1,
                     k => break k,
                 }
@@ -274,16 +274,16 @@ mod tests {
         assert_eq!(steps, vec![(8, 0), (1, 1), (1, 4), (1, 16), (1, 64)]);
         // One success ends the pauses.
         let k = loop {
-            match a.next() {
+            match a.take() {
                 0 => {}
                 k => break k,
             }
         };
         a.observe(k, k);
-        assert_eq!(a.next(), 2);
+        assert_eq!(a.take(), 2);
         // Fixed: never adapts.
         let mut f = AdaptiveLen::fixed(5);
         f.observe(5, 0);
-        assert_eq!((f.next(), f.len()), (5, 5));
+        assert_eq!((f.take(), f.len()), (5, 5));
     }
 }

@@ -229,7 +229,7 @@ impl Speculator {
     /// The draft for the token `next` after `history`, at most `room`
     /// tokens (empty: decode `next` plainly).
     pub fn draft(&mut self, history: &[u32], next: u32, room: usize) -> Vec<u32> {
-        let k = self.len.next().min(room);
+        let k = self.len.take().min(room);
         if k == 0 {
             return Vec::new();
         }
