@@ -4,6 +4,8 @@
 //!
 //! * one sequence in micro-batches of 2..=17 tokens (a verification of 16
 //!   drafted tokens plus the last accepted one);
+//! * a rollback inside a verification batch (replayed with the invariant
+//!   kernels), then decoding on;
 //! * N = 1..=16 sequences decoding (and prefilling prefixes of different
 //!   lengths) in one micro-batch beside a 17-token verification chunk of
 //!   another sequence;
@@ -80,10 +82,7 @@ fn invariant(e: &mut Engine, entries: &[BatchEntry]) -> Vec<Vec<f32>> {
 fn check_model(name: &str, model: &Path, tokens: &[u32]) {
     let _turn = LEVEL.lock().unwrap_or_else(|p| p.into_inner());
     let n = tokens.len();
-    assert!(
-        n >= K_MAX + 3 && n > N_SEQ,
-        "{name}: fixture prompt too short"
-    );
+    assert!(n >= K_MAX + 3, "{name}: fixture prompt too short");
     for level in available_levels() {
         force_level(Some(level));
         let what = |s: String| format!("{name} ({}): {s}", level.name());
@@ -151,6 +150,25 @@ fn check_model(name: &str, model: &Path, tokens: &[u32]) {
                 let s = entry.seq;
                 assert_bitwise(&what(format!("{n_seq} seqs, step of seq {s}")), g, w, v, p0);
             }
+        }
+
+        // A verification rejected part-way: roll back inside it (restore
+        // the checkpoint before it, replay the accepted tokens with the
+        // invariant kernels), then decode on: the one-at-a-time logits.
+        for accepted in [1, 8, 12] {
+            e.mem_clear();
+            e.eval(0, &tokens[..3], LogitRows::None, 1).unwrap();
+            let entry = BatchEntry {
+                seq: 0,
+                tokens: &tokens[3..3 + K_MAX],
+                logits: LogitRows::All,
+            };
+            invariant(&mut e, &[entry]);
+            let p = 3 + accepted;
+            e.seq_truncate_with(0, p, Numerics::BatchInvariant).unwrap();
+            let got = e.eval(0, &tokens[p..p + 1], LogitRows::All, 1).unwrap();
+            let w = format!("rollback to {p} inside a verification");
+            assert_bitwise(&what(w), &got, at(p, 1), v, p);
         }
     }
     force_level(None);

@@ -246,7 +246,9 @@ pub fn set_int_gemm(enabled: bool) {
 /// (Measured on a 2-core AVX-512 machine: with the 4-token dot kernels the
 /// quantized formats cross over at ~24 tokens against the f32 GEMM, ~12
 /// against the integer GEMM, F16 at ~16.)
-/// `COIL_GEMM_MIN_TOKENS` in the environment overrides it (for tuning).
+/// `COIL_GEMM_MIN_TOKENS` in the environment overrides it (for tuning; a
+/// single token and the batch-invariant mode take the dot products whatever
+/// it says).
 fn gemm_min_tokens(ty: GgmlType, level: SimdLevel) -> usize {
     use GgmlType::*;
     static OVERRIDE: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();

@@ -76,6 +76,11 @@ pub struct SchedulerConfig {
     /// Speculative decoding with n-gram drafts, per request (see
     /// [`speculate`]); `None`: off.
     pub spec: Option<coil::engine::draft::SpecParams>,
+    /// Prompts too through the batch-invariant kernels: every output is
+    /// then bit for bit that of the request alone, whatever the load and
+    /// the prefix cache (see `Worker::forward`). Generated tokens always
+    /// are batch-invariant.
+    pub batch_invariant: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -87,6 +92,7 @@ impl Default for SchedulerConfig {
             reuse_by_text: true,
             log_requests: false,
             spec: None,
+            batch_invariant: false,
         }
     }
 }

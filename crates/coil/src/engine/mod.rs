@@ -282,11 +282,30 @@ impl Engine {
     /// replays the tokens from there. Exact: the state equals that of a
     /// sequence that only ever saw the first `p` tokens.
     pub fn seq_truncate(&mut self, seq: SeqId, p: usize) -> Result<RollbackStats, EngineError> {
+        self.seq_truncate_with(seq, p, Numerics::Fast)
+    }
+
+    /// [`Engine::seq_truncate`] replaying with the given [`Numerics`]. With
+    /// [`Numerics::BatchInvariant`] the replayed positions get bit for bit
+    /// the state of decoding them one at a time (a rejected speculative
+    /// draft rolled back inside its verification batch leaves the state
+    /// plain greedy decoding has); `Fast` replays them like a prompt.
+    pub fn seq_truncate_with(
+        &mut self,
+        seq: SeqId,
+        p: usize,
+        numerics: Numerics,
+    ) -> Result<RollbackStats, EngineError> {
         let t0 = std::time::Instant::now();
         let from = self.mem.seq_len(seq)?;
         let replay = self.mem.rollback(seq, p)?;
         if !replay.is_empty() {
-            self.eval(seq, &replay, LogitRows::None, 0)?;
+            let entry = BatchEntry {
+                seq,
+                tokens: &replay,
+                logits: LogitRows::None,
+            };
+            self.decode_batch_with(&[entry], numerics)?;
         }
         let stats = RollbackStats {
             from,
