@@ -208,10 +208,13 @@ fn generation(engine: &mut Engine, b: &SpecBench, name: &str) -> Result<()> {
         _ => "ngram",
     };
     let mut rows = Vec::new();
-    println!("| model | drafts | k | plain t/s | spec t/s | ratio | accepted / drafted | verifications | identical |");
-    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
+    println!("| model | drafts | k | plain t/s | spec t/s | ratio | CPU-time ratio | accepted / drafted | verifications | identical |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
+    let cpu = super::bench_parallel::cpu_secs;
     for &k in b.draft_max {
         let (mut plain_secs, mut spec_secs) = (0.0, 0.0);
+        // CPU seconds of each whole run (prompt included, the same in both).
+        let (mut plain_cpu, mut spec_cpu) = (0.0, 0.0);
         let mut counts = SpecCounts::default();
         let mut identical = true;
         let mut ratios = Vec::new();
@@ -219,7 +222,9 @@ fn generation(engine: &mut Engine, b: &SpecBench, name: &str) -> Result<()> {
             let prompt = random_tokens(&mut seed, b.n_prompt.max(1), n_vocab);
             engine.seq_clear(0)?;
             let mut s = Sampler::new(SamplingParams::greedy());
+            let c0 = cpu();
             let plain = generate_with(engine, &tok, 0, &prompt, &mut s, &opts, None, |_| true)?;
+            let plain_c = cpu() - c0;
             let drafter: Box<dyn Drafter + Send> = match b.mode {
                 BenchSpec::Ngram => Box::new(NgramDrafter::new(b.ngram)),
                 _ => Box::new(Oracle {
@@ -235,6 +240,7 @@ fn generation(engine: &mut Engine, b: &SpecBench, name: &str) -> Result<()> {
             }
             engine.seq_clear(0)?;
             let mut s = Sampler::new(SamplingParams::greedy());
+            let c0 = cpu();
             let spec = generate_with(
                 engine,
                 &tok,
@@ -245,10 +251,13 @@ fn generation(engine: &mut Engine, b: &SpecBench, name: &str) -> Result<()> {
                 Some(&mut sp),
                 |_| true,
             )?;
+            let spec_c = cpu() - c0;
             // Round 0 is the warm-up.
             if r == 0 {
                 continue;
             }
+            plain_cpu += plain_c;
+            spec_cpu += spec_c;
             identical &= spec.tokens == plain.tokens;
             plain_secs += plain.gen_secs;
             spec_secs += spec.gen_secs;
@@ -260,9 +269,10 @@ fn generation(engine: &mut Engine, b: &SpecBench, name: &str) -> Result<()> {
         let n = (b.reps * b.n_gen) as f64;
         let (pt, st) = (n / plain_secs, n / spec_secs);
         println!(
-            "| {name} | {mode}{} | {k} | {pt:.2} | {st:.2} | {:.2} | {} / {} | {} | {} |",
+            "| {name} | {mode}{} | {k} | {pt:.2} | {st:.2} | {:.2} | {:.2} | {} / {} | {} | {} |",
             if b.fixed { " (fixed k)" } else { "" },
             st / pt,
+            plain_cpu / spec_cpu.max(1e-9),
             counts.accepted,
             counts.drafted,
             counts.verifications,
@@ -271,6 +281,7 @@ fn generation(engine: &mut Engine, b: &SpecBench, name: &str) -> Result<()> {
         rows.push(json!({
             "k": k, "mode": mode, "fixed": b.fixed, "plain_tps": pt, "spec_tps": st,
             "speedup": st / pt, "speedup_per_rep": ratios,
+            "cpu_speedup": plain_cpu / spec_cpu.max(1e-9),
             "drafted": counts.drafted, "accepted": counts.accepted,
             "verifications": counts.verifications, "replayed": counts.replayed,
             "identical": identical,
