@@ -23,18 +23,18 @@
 //!    of the state and no weights — a fraction of a decode step.
 //!
 //! coil uses 3 wherever every recurrent layer is a Mamba-2 mixer (Mamba-2,
-//! the Granite-4.0-H / Bamba / Nemotron-H / Falcon-H1 hybrids) and 2 for
-//! the other recurrent mixers (Mamba-1, Gated DeltaNet, LFM2's short
-//! convolution); measurements in docs/PERFORMANCE.md. Attention cells of
+//! the Granite-4.0-H / Bamba / Nemotron-H / Falcon-H1 hybrids) or a Gated
+//! DeltaNet (Qwen3.5, Qwen3-Next), and 2 for the other recurrent mixers
+//! (Mamba-1, Jamba, LFM2's short convolution); measurements in
+//! docs/PERFORMANCE.md. Attention cells of
 //! rejected tokens are simply cut. Full acceptance needs neither: the
 //! state after the verification is the one wanted.
 //!
-//! Exactness: while a sequence is verified its recurrent mixers run the
-//! token-by-token recurrence (never the chunked SSD / delta-rule forms,
-//! whose sums are ordered differently), so each position's state is the one
-//! single-token decoding reaches; the logits of a position then equal
-//! plain decoding's as far as the rest of the forward pass is batch
-//! invariant (matrix products, attention).
+//! Exactness: a micro-batch holding a sequence under verification runs
+//! with batch-invariant numerics (`UBatch::invariant`: per-row weight
+//! products, attention one query at a time, the token-by-token recurrences
+//! instead of the chunked SSD / delta-rule forms), so each position's
+//! logits and state are bit for bit those single-token decoding reaches.
 //!
 //! Sampling: each emitted token is drawn from the logits of its position
 //! with the caller's sampler, in order, and a draft token is accepted when
