@@ -54,6 +54,11 @@ pub fn run(a: Args) -> Result<()> {
     }
     let params = a.sampling.params()?;
     let mut speculator = a.spec.params()?.map(super::common::ngram_speculator);
+    if speculator.is_some() && a.model.checkpoint_interval == 1 {
+        // A verification never runs past a periodic checkpoint position.
+        eprintln!("note: --spec has no effect with --checkpoint-interval 1; decoding plainly");
+        speculator = None;
+    }
 
     let mut engine = a.model.load(1, a.ubatch)?;
     let tokenizer = Tokenizer::from_gguf(&engine.file)
