@@ -438,16 +438,27 @@ pub struct Usage {
     /// Prompt tokens taken from the prefix cache (not processed).
     pub cached_tokens: usize,
     pub completion_tokens: usize,
+    /// Speculative decoding: draft tokens proposed, and accepted.
+    pub draft_tokens: usize,
+    pub accepted_draft_tokens: usize,
 }
 
 impl Usage {
     pub fn json(&self) -> Value {
-        json!({
+        let mut v = json!({
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": { "cached_tokens": self.cached_tokens },
-        })
+        });
+        if self.draft_tokens > 0 {
+            // OpenAI's names for predicted tokens that were (not) used.
+            v["completion_tokens_details"] = json!({
+                "accepted_prediction_tokens": self.accepted_draft_tokens,
+                "rejected_prediction_tokens": self.draft_tokens - self.accepted_draft_tokens,
+            });
+        }
+        v
     }
 }
 

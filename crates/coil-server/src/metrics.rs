@@ -21,6 +21,11 @@ pub struct Metrics {
     /// Micro-seconds spent in the model's forward passes.
     pub busy_us: AtomicU64,
     pub decode_steps: AtomicU64,
+    /// Speculative decoding: verification passes, draft tokens proposed
+    /// and accepted.
+    pub spec_verifications: AtomicU64,
+    pub spec_drafted: AtomicU64,
+    pub spec_accepted: AtomicU64,
     pub queue_length: AtomicU64,
     pub active_sequences: AtomicU64,
     pub cached_sequences: AtomicU64,
@@ -111,6 +116,21 @@ impl Metrics {
                 "decode_steps_total",
                 &self.decode_steps,
                 "Batched forward steps.",
+            ),
+            (
+                "spec_verifications_total",
+                &self.spec_verifications,
+                "Speculative decoding: drafts verified (one pass each).",
+            ),
+            (
+                "spec_draft_tokens_total",
+                &self.spec_drafted,
+                "Speculative decoding: draft tokens proposed.",
+            ),
+            (
+                "spec_accepted_tokens_total",
+                &self.spec_accepted,
+                "Speculative decoding: draft tokens accepted.",
             ),
         ];
         for (name, c, help) in counters {

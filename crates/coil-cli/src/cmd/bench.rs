@@ -60,6 +60,22 @@ pub struct Args {
     /// tokens/s with N sequences per step (best of the repetitions).
     #[arg(long = "parallel", value_delimiter = ',')]
     parallel: Vec<usize>,
+    /// Speculative decoding (greedy, `-n` tokens after a `-p`-token random
+    /// prompt, plain and speculative interleaved): `right` drafts the
+    /// model's own continuation (upper bound), `wrong` drafts that always
+    /// fail (lower bound), `ngram` prompt lookup; `verify` times one
+    /// verification of k + 1 tokens against one decode step.
+    #[arg(long = "spec", value_enum, value_name = "MODE")]
+    spec: Option<super::bench_spec::BenchSpec>,
+    /// Draft lengths k for --spec, e.g. `1,2,4,8,16`.
+    #[arg(long = "draft-max", value_delimiter = ',', default_value = "8")]
+    draft_max: Vec<usize>,
+    /// Longest n-gram for --spec ngram.
+    #[arg(long = "ngram", default_value_t = 4)]
+    ngram: usize,
+    /// Keep the draft length at --draft-max (no adaptation).
+    #[arg(long = "draft-fixed")]
+    draft_fixed: bool,
     /// Process the prompt with the batch-invariant kernels (per-row
     /// products, recurrences token by token): what a speculative
     /// verification of `-p` tokens, or a prompt under `coil serve
@@ -227,6 +243,30 @@ pub fn run(a: Args) -> Result<()> {
     }
     if a.n_prompt == 0 && a.n_gen == 0 {
         bail!("nothing to measure: -p and -n are both 0");
+    }
+    if let Some(mode) = a.spec {
+        if !a.parallel.is_empty() || a.depth > 0 {
+            bail!("--spec takes neither --parallel nor a depth (-d)");
+        }
+        if !(1..=coil::engine::draft::MAX_NGRAM).contains(&a.ngram) {
+            bail!(
+                "--ngram must be between 1 and {}, got {}",
+                coil::engine::draft::MAX_NGRAM,
+                a.ngram
+            );
+        }
+        let b = super::bench_spec::SpecBench {
+            mode,
+            draft_max: &a.draft_max,
+            ngram: a.ngram,
+            fixed: a.draft_fixed,
+            n_prompt: a.n_prompt,
+            n_gen: a.n_gen,
+            reps: a.reps,
+            seed: a.seed,
+            json: a.json,
+        };
+        return super::bench_spec::run(&b, &a.model);
     }
     let mut margs = a.model.clone();
     margs.ctx = margs.ctx.max(a.depth + a.n_prompt.max(a.n_gen));

@@ -28,7 +28,7 @@ pub struct Phase {
 
 /// CPU seconds (user + system) of this process so far, from
 /// `/proc/self/stat` (Linux; 0 elsewhere).
-fn cpu_secs() -> f64 {
+pub(super) fn cpu_secs() -> f64 {
     let Ok(s) = std::fs::read_to_string("/proc/self/stat") else {
         return 0.0;
     };

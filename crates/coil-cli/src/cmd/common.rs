@@ -161,3 +161,71 @@ impl SamplingArgs {
         Ok(params)
     }
 }
+
+/// What drafts speculative decoding (`--spec`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpecKind {
+    /// Prompt lookup: the continuation of the last n tokens' earlier
+    /// occurrence in the prompt or the text generated so far.
+    Ngram,
+}
+
+/// Speculative decoding flags shared by `run` and `serve`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SpecArgs {
+    /// Speculative decoding: draft tokens (`ngram`: looked up in the prompt
+    /// and the text so far) and verify them in one pass. The output is the
+    /// same as without it.
+    #[arg(long = "spec", value_enum, value_name = "KIND")]
+    pub spec: Option<SpecKind>,
+    /// Most draft tokens per verification (adapted down as drafts fail).
+    #[arg(long = "draft-max", value_name = "K", default_value_t = 8)]
+    pub draft_max: usize,
+    /// Longest n-gram looked up (the shortest is 2).
+    #[arg(long = "ngram", value_name = "N", default_value_t = 4)]
+    pub ngram: usize,
+}
+
+impl SpecArgs {
+    /// The checked settings, or `None` without `--spec` (a notice when
+    /// draft flags were given without it).
+    pub fn params(&self) -> Result<Option<coil::engine::draft::SpecParams>> {
+        let p = coil::engine::draft::SpecParams::new(self.draft_max, self.ngram)
+            .map_err(anyhow::Error::msg)?;
+        match self.spec {
+            Some(SpecKind::Ngram) => Ok(Some(p)),
+            None => {
+                if p != coil::engine::draft::SpecParams::default() {
+                    eprintln!("note: --draft-max / --ngram have no effect without --spec ngram");
+                }
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// The speculator of checked settings: n-gram drafts, adaptive length.
+pub fn ngram_speculator(
+    p: coil::engine::draft::SpecParams,
+) -> coil::engine::speculative::Speculator {
+    coil::engine::speculative::Speculator::new(
+        Box::new(coil::engine::draft::NgramDrafter::new(p.ngram_max)),
+        p.draft_max,
+    )
+}
+
+/// The line a run prints about speculation.
+pub fn spec_summary(c: &coil::engine::speculative::SpecCounts) -> String {
+    format!(
+        "speculative: {} drafted, {} accepted ({:.1}%) in {} verifications{}",
+        c.drafted,
+        c.accepted,
+        100.0 * c.acceptance(),
+        c.verifications,
+        if c.replayed > 0 {
+            format!(", {} tokens replayed", c.replayed)
+        } else {
+            String::new()
+        }
+    )
+}

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_parallel;
+pub mod bench_spec;
 pub mod chat;
 pub mod common;
 pub mod convert;

@@ -1,9 +1,9 @@
 //! `coil run -m MODEL -p PROMPT`: generate text, streamed to stdout, with
 //! prompt and generation speed on stderr.
 
-use super::common::{ModelArgs, SamplingArgs};
+use super::common::{ModelArgs, SamplingArgs, SpecArgs};
 use anyhow::{bail, Context, Result};
-use coil::engine::generate::{generate, GenerateOptions};
+use coil::engine::generate::{generate_with, GenerateOptions};
 use coil::engine::sampling::Sampler;
 use coil::memory::SequenceMemory;
 use coil::models::LogitRows;
@@ -35,6 +35,8 @@ pub struct Args {
     n_predict: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    spec: SpecArgs,
     /// Stop when this text appears (repeatable).
     #[arg(long = "stop")]
     stop: Vec<String>,
@@ -51,6 +53,12 @@ pub fn run(a: Args) -> Result<()> {
         bail!("--ubatch must be at least 1");
     }
     let params = a.sampling.params()?;
+    let mut speculator = a.spec.params()?.map(super::common::ngram_speculator);
+    if speculator.is_some() && a.model.checkpoint_interval == 1 {
+        // A verification never runs past a periodic checkpoint position.
+        eprintln!("note: --spec has no effect with --checkpoint-interval 1; decoding plainly");
+        speculator = None;
+    }
 
     let mut engine = a.model.load(1, a.ubatch)?;
     let tokenizer = Tokenizer::from_gguf(&engine.file)
@@ -116,13 +124,14 @@ pub fn run(a: Args) -> Result<()> {
     let mut out = stdout.lock();
     let _ = write!(out, "{}", a.prompt);
     let _ = out.flush();
-    let stats = generate(
+    let stats = generate_with(
         &mut engine,
         &tokenizer,
         0,
         &std::mem::take(&mut prompt),
         &mut sampler,
         &opts,
+        speculator.as_mut(),
         |text| {
             // A closed stdout (e.g. `| head`) ends generation quietly.
             write!(out, "{text}").and_then(|_| out.flush()).is_ok()
@@ -153,5 +162,8 @@ pub fn run(a: Args) -> Result<()> {
         stats.gen_tps(),
         stats.stop
     );
+    if let Some(c) = &stats.spec {
+        eprintln!("{}", super::common::spec_summary(c));
+    }
     Ok(())
 }

@@ -13,6 +13,8 @@ use std::time::Duration;
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    spec: super::common::SpecArgs,
     /// Address to listen on.
     #[arg(long = "host", default_value = "127.0.0.1")]
     host: String,
@@ -150,6 +152,7 @@ pub fn run(a: Args) -> Result<()> {
         prefill_chunk: a.prefill_chunk,
         reuse_by_text: !a.exact_tokens,
         log_requests: !a.quiet,
+        spec: a.spec.params()?,
         batch_invariant: a.batch_invariant,
     };
     let server = Server::start(engine, cfg, model_id, chat_template.as_deref(), http)

@@ -46,10 +46,11 @@ impl Worker {
                     decoder: self.tok.stream_decoder(),
                     stops: StopMatcher::new(&req.stop),
                     next: None,
+                    spec: self.cfg.spec.map(super::speculate::speculator),
                     usage: Usage {
                         prompt_tokens: n,
                         cached_tokens: cached,
-                        completion_tokens: 0,
+                        ..Default::default()
                     },
                     id: self.n_admitted,
                     started: Instant::now(),

@@ -10,7 +10,7 @@ use coil::models::LogitRows;
 use coil::tokenizer::Tokenizer;
 use std::time::Instant;
 
-enum Outcome {
+pub(super) enum Outcome {
     Continue,
     Finished(FinishReason, bool),
     Gone,
@@ -22,6 +22,14 @@ impl Worker {
         let mut ended: Vec<(usize, Option<(FinishReason, bool)>)> = Vec::new();
         let mut pins = Vec::new();
         for (p, row) in plan.into_iter().zip(logits) {
+            if !p.draft.is_empty() {
+                match self.verified(&p, &row) {
+                    Outcome::Continue => {}
+                    Outcome::Finished(r, flush) => ended.push((p.active, Some((r, flush)))),
+                    Outcome::Gone => ended.push((p.active, None)),
+                }
+                continue;
+            }
             let a = &mut self.active[p.active];
             if p.is_prompt {
                 a.done += p.tokens.len();
@@ -126,7 +134,7 @@ pub(super) fn log_request(a: &Active, end: &str) {
 }
 
 /// Samples the next token of `a` from `logits` and streams its text.
-fn sample(a: &mut Active, tok: &Tokenizer, logits: &[f32]) -> Outcome {
+pub(super) fn sample(a: &mut Active, tok: &Tokenizer, logits: &[f32]) -> Outcome {
     let t = a.sampler.sample(logits);
     if a.first_token.is_none() {
         a.first_token = Some(Instant::now());

@@ -37,6 +37,7 @@ mod finish;
 mod plan;
 mod resume;
 mod slots;
+mod speculate;
 mod step;
 
 pub use resume::align_by_text;
@@ -77,6 +78,9 @@ pub struct SchedulerConfig {
     pub reuse_by_text: bool,
     /// A line on stderr per finished request.
     pub log_requests: bool,
+    /// Speculative decoding with n-gram drafts, per request (see
+    /// [`speculate`]); `None`: off.
+    pub spec: Option<coil::engine::draft::SpecParams>,
     /// Prompts too through the batch-invariant kernels: every output is
     /// then bit for bit that of the request alone, whatever the load and
     /// the prefix cache (see `Worker::forward`). Generated tokens always
@@ -92,6 +96,7 @@ impl Default for SchedulerConfig {
             prefill_chunk: 128,
             reuse_by_text: true,
             log_requests: false,
+            spec: None,
             batch_invariant: false,
         }
     }
@@ -252,6 +257,8 @@ struct Active {
     stops: StopMatcher,
     /// A sampled token not yet fed to the model.
     next: Option<u32>,
+    /// Drafts and their adaptive length, when speculative decoding is on.
+    spec: Option<coil::engine::speculative::Speculator>,
     usage: Usage,
     /// Request number, for logs.
     id: u64,

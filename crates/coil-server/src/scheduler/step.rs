@@ -18,12 +18,15 @@ pub(super) struct Planned {
     pub(super) rows: LogitRows,
     /// A prompt chunk (else one generated token).
     pub(super) is_prompt: bool,
+    /// Draft tokens after the generated one (see [`super::speculate`]).
+    pub(super) draft: Vec<u32>,
 }
 
 impl Worker {
     /// One batched forward pass over every active request.
     pub(super) fn step(&mut self) {
-        let plan = self.plan();
+        let mut plan = self.plan();
+        self.add_drafts(&mut plan);
         if plan.is_empty() {
             return;
         }
@@ -116,6 +119,7 @@ impl Worker {
                     tokens: vec![t],
                     rows: LogitRows::Last,
                     is_prompt: false,
+                    draft: Vec::new(),
                 });
             }
         }
@@ -134,6 +138,7 @@ impl Worker {
                 tokens: a.prompt[a.done..a.done + take].to_vec(),
                 rows,
                 is_prompt: true,
+                draft: Vec::new(),
             });
         }
         plan

@@ -3,6 +3,7 @@
 //! a stop string or the token limit.
 
 use super::sampling::Sampler;
+use super::speculative::{SpecCounts, Speculator};
 use super::{Engine, EngineError};
 use crate::memory::SeqId;
 use crate::models::LogitRows;
@@ -30,6 +31,8 @@ pub struct GenerationStats {
     pub stop: StopReason,
     /// The generated tokens (the stop token excluded).
     pub tokens: Vec<u32>,
+    /// Speculative decoding's counters, when it was on.
+    pub spec: Option<SpecCounts>,
 }
 
 impl GenerationStats {
@@ -116,7 +119,58 @@ pub fn generate(
     prompt: &[u32],
     sampler: &mut Sampler,
     opts: &GenerateOptions,
-    mut on_text: impl FnMut(&str) -> bool,
+    on_text: impl FnMut(&str) -> bool,
+) -> Result<GenerationStats, EngineError> {
+    generate_with(engine, tokenizer, seq, prompt, sampler, opts, None, on_text)
+}
+
+/// The tokens generated so far and what decides when to stop.
+struct Emitter<'a, F> {
+    tokenizer: &'a Tokenizer,
+    opts: &'a GenerateOptions,
+    decoder: crate::tokenizer::StreamDecoder,
+    stops: StopMatcher,
+    tokens: Vec<u32>,
+    stop: StopReason,
+    on_text: F,
+}
+
+impl<F: FnMut(&str) -> bool> Emitter<'_, F> {
+    /// Takes a sampled token; `true` when generation ends here (the token
+    /// is then not fed to the model).
+    fn push(&mut self, sampler: &mut Sampler, tok: u32) -> bool {
+        if self.opts.stop_at_eos && self.tokenizer.is_eog(tok) {
+            self.stop = StopReason::Eos;
+            return true;
+        }
+        sampler.accept(tok);
+        self.tokens.push(tok);
+        let (text, hit) = self.stops.push(&self.decoder.push(self.tokenizer, tok));
+        if !text.is_empty() && !(self.on_text)(&text) {
+            self.stop = StopReason::Cancelled;
+            return true;
+        }
+        if hit {
+            self.stop = StopReason::StopString;
+            return true;
+        }
+        self.tokens.len() >= self.opts.max_tokens
+    }
+}
+
+/// [`generate`], with speculative decoding when `spec` is given: after each
+/// sampled token the speculator may propose drafts, verified in one pass
+/// (see [`super::speculative`]). The tokens are those of plain decoding.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_with(
+    engine: &mut Engine,
+    tokenizer: &Tokenizer,
+    seq: SeqId,
+    prompt: &[u32],
+    sampler: &mut Sampler,
+    opts: &GenerateOptions,
+    mut spec: Option<&mut Speculator>,
+    on_text: impl FnMut(&str) -> bool,
 ) -> Result<GenerationStats, EngineError> {
     if prompt.is_empty() {
         return Err(EngineError::Invalid("the prompt has no tokens".into()));
@@ -127,37 +181,80 @@ pub fn generate(
     let t0 = Instant::now();
     let mut logits = engine.eval(seq, prompt, LogitRows::Last, 0)?;
     let prompt_secs = t0.elapsed().as_secs_f64();
+    let n_vocab = engine.n_vocab();
 
-    let mut decoder = tokenizer.stream_decoder();
-    let mut stops = StopMatcher::new(&opts.stop);
-    let mut tokens = Vec::new();
-    let mut stop = StopReason::Length;
+    let mut out = Emitter {
+        tokenizer,
+        opts,
+        decoder: tokenizer.stream_decoder(),
+        stops: StopMatcher::new(&opts.stop),
+        tokens: Vec::new(),
+        stop: StopReason::Length,
+        on_text,
+    };
     let t1 = Instant::now();
-    while tokens.len() < opts.max_tokens {
-        let tok = sampler.sample(&logits);
-        if opts.stop_at_eos && tokenizer.is_eog(tok) {
-            stop = StopReason::Eos;
+    // A token sampled (and emitted) but not yet fed to the model.
+    let mut pending: Option<u32> = None;
+    while out.tokens.len() < opts.max_tokens {
+        let tok = match pending.take() {
+            Some(t) => t,
+            None => {
+                let t = sampler.sample(&logits);
+                if out.push(sampler, t) {
+                    break;
+                }
+                t
+            }
+        };
+        let draft = match spec.as_deref_mut() {
+            Some(sp) => {
+                // No point drafting past the token limit.
+                let left = opts.max_tokens - out.tokens.len();
+                let room = engine.spec_room(seq)?.min(left.saturating_sub(1));
+                sp.draft(engine.mem.seq_tokens(seq)?, tok, room)
+            }
+            None => Vec::new(),
+        };
+        if draft.is_empty() {
+            logits = engine.eval(seq, &[tok], LogitRows::Last, 1)?;
+            continue;
+        }
+        let mut fed = Vec::with_capacity(draft.len() + 1);
+        fed.push(tok);
+        fed.extend_from_slice(&draft);
+        let rows = engine.spec_verify(seq, &fed)?;
+        // Row j holds the logits after fed[..=j]: sample position by
+        // position while the draws confirm the draft.
+        let mut keep = fed.len();
+        let mut stopped = false;
+        for j in 0..fed.len() {
+            let t = sampler.sample(&rows[j * n_vocab..(j + 1) * n_vocab]);
+            if out.push(sampler, t) {
+                keep = j + 1;
+                stopped = true;
+                break;
+            }
+            if j < draft.len() && t == draft[j] {
+                continue;
+            }
+            // A correction (or, after a whole accepted draft, the bonus
+            // token): the next token to feed.
+            keep = j + 1;
+            pending = Some(t);
             break;
         }
-        sampler.accept(tok);
-        tokens.push(tok);
-        let (text, hit) = stops.push(&decoder.push(tokenizer, tok));
-        if !text.is_empty() && !on_text(&text) {
-            stop = StopReason::Cancelled;
+        let c = engine.spec_commit(seq, keep)?;
+        if let Some(sp) = spec.as_deref_mut() {
+            sp.observe(draft.len(), keep - 1, c.replayed);
+        }
+        if stopped {
             break;
         }
-        if hit {
-            stop = StopReason::StopString;
-            break;
-        }
-        if tokens.len() == opts.max_tokens {
-            break;
-        }
-        logits = engine.eval(seq, &[tok], LogitRows::Last, 1)?;
     }
-    if stop != StopReason::StopString && stop != StopReason::Cancelled {
-        let mut rest = stops.push(&decoder.flush()).0;
-        rest.push_str(&stops.flush());
+    let mut on_text = out.on_text;
+    if out.stop != StopReason::StopString && out.stop != StopReason::Cancelled {
+        let mut rest = out.stops.push(&out.decoder.flush()).0;
+        rest.push_str(&out.stops.flush());
         if !rest.is_empty() {
             on_text(&rest);
         }
@@ -165,10 +262,11 @@ pub fn generate(
     Ok(GenerationStats {
         n_prompt: prompt.len(),
         prompt_secs,
-        n_gen: tokens.len(),
+        n_gen: out.tokens.len(),
         gen_secs: t1.elapsed().as_secs_f64(),
-        stop,
-        tokens,
+        stop: out.stop,
+        tokens: out.tokens,
+        spec: spec.map(|s| s.counts),
     })
 }
 

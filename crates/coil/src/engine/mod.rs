@@ -1,8 +1,10 @@
 //! Layer 4: the engine a Rust user embeds — a loaded model, its memory and a
 //! thread pool; feeding tokens of sequences through micro-batches.
 
+pub mod draft;
 pub mod generate;
 pub mod sampling;
+pub mod speculative;
 
 use crate::memory::session::{self, SessionError};
 use crate::memory::{CheckpointPolicy, Memory, SeqId, SequenceMemory};
@@ -151,6 +153,12 @@ impl Engine {
     /// tokens, each holding every sequence at most once. Returns, per entry,
     /// the logits rows it asked for (`[rows, n_vocab]`). Everything is
     /// checked before anything runs: a bad entry changes no sequence.
+    ///
+    /// A sequence under speculative verification (see
+    /// [`Engine::spec_verify`]) is not cut at checkpoint positions and takes
+    /// no checkpoint (its commit takes what the policy asks for at the kept
+    /// length), and a micro-batch holding one runs with
+    /// [`Numerics::BatchInvariant`].
     pub fn decode_batch(&mut self, entries: &[BatchEntry]) -> Result<Vec<Vec<f32>>, EngineError> {
         self.decode_batch_with(entries, Numerics::Fast)
     }
@@ -194,7 +202,8 @@ impl Engine {
                 }
                 let mut take = left.min(budget);
                 // End the micro-batch on the next periodic checkpoint position.
-                if let Some(k) = self.mem.tokens_to_checkpoint(e.seq)? {
+                let verify = self.mem.spec_base(e.seq).is_some();
+                if let (false, Some(k)) = (verify, self.mem.tokens_to_checkpoint(e.seq)?) {
                     take = take.min(k);
                 }
                 budget -= take;
@@ -218,15 +227,22 @@ impl Engine {
                 break;
             }
             let rows: Vec<usize> = chunks.iter().map(|c| c.n_logit_rows()).collect();
+            let verifying = chunks.iter().any(|c| self.mem.spec_base(c.seq).is_some());
             let ub = UBatch {
                 chunks,
-                invariant: numerics == Numerics::BatchInvariant,
+                invariant: numerics == Numerics::BatchInvariant || verifying,
             };
             let logits = self.model.forward(&self.pool, &ub, &mut self.mem)?;
             for &i in &owners {
                 let e = &entries[i];
-                self.mem
-                    .after_ubatch(e.seq, done[i] == e.tokens.len(), e.tokens.len())?;
+                if self.mem.spec_base(e.seq).is_some() {
+                    if let Some(r) = &mut self.mem.recurrent {
+                        r.settle(e.seq)?;
+                    }
+                } else {
+                    self.mem
+                        .after_ubatch(e.seq, done[i] == e.tokens.len(), e.tokens.len())?;
+                }
             }
             let mut at = 0;
             for (&i, &r) in owners.iter().zip(&rows) {

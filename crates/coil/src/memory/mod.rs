@@ -68,6 +68,9 @@ pub struct Memory {
     pub kv: Option<KvMemory>,
     /// Each sequence's tokens, for replaying after a rollback.
     tokens: Vec<Vec<u32>>,
+    /// Per sequence, while a speculative verification runs on it: the
+    /// position it started at.
+    spec_base: Vec<Option<usize>>,
     n_seq_max: usize,
     n_ctx: usize,
 }
@@ -83,6 +86,7 @@ impl Memory {
             recurrent,
             kv,
             tokens: vec![Vec::new(); n_seq_max.max(1)],
+            spec_base: vec![None; n_seq_max.max(1)],
             n_seq_max: n_seq_max.max(1),
             n_ctx,
         }
@@ -223,6 +227,45 @@ impl Memory {
         }
     }
 
+    /// Starts a speculative verification of `s` at its current length:
+    /// the tokens appended next are drafts, of which
+    /// [`Memory::spec_cut`] keeps a prefix (see `engine::speculative`).
+    pub fn spec_begin(&mut self, s: SeqId) -> Result<usize, MemoryError> {
+        let len = self.seq_len(s)?;
+        if let Some(r) = &mut self.recurrent {
+            r.spec_begin(s)?;
+        }
+        self.spec_base[s] = Some(len);
+        Ok(len)
+    }
+
+    /// The position the verification of `s` started at, if one runs.
+    pub fn spec_base(&self, s: SeqId) -> Option<usize> {
+        self.spec_base.get(s).copied().flatten()
+    }
+
+    /// Cuts the token history and attention cells of `s` to `p` tokens (the
+    /// recurrent state is the caller's: a refold or a replay).
+    pub fn spec_cut(&mut self, s: SeqId, p: usize) -> Result<(), MemoryError> {
+        self.check(s)?;
+        if let Some(k) = &mut self.kv {
+            k.seq_truncate(s, p)?;
+        }
+        self.tokens[s].truncate(p);
+        Ok(())
+    }
+
+    /// Ends the verification of `s` with the state as it is, at `len`
+    /// tokens.
+    pub fn spec_end(&mut self, s: SeqId, len: usize) -> Result<(), MemoryError> {
+        self.check(s)?;
+        if let Some(r) = &mut self.recurrent {
+            r.spec_end(s, len)?;
+        }
+        self.spec_base[s] = None;
+        Ok(())
+    }
+
     /// First half of a rollback of `s` to position `p`: restores the newest
     /// recurrent checkpoint at or before `p` (attention cells are cut
     /// there too) and returns the tokens that must be replayed through the
@@ -233,6 +276,7 @@ impl Memory {
         if p >= len {
             return Ok(Vec::new());
         }
+        self.spec_base[s] = None;
         let c = match &mut self.recurrent {
             Some(r) => r.restore(s, p)?,
             None => p,
@@ -263,6 +307,7 @@ impl SequenceMemory for Memory {
     fn seq_clear(&mut self, s: SeqId) -> Result<(), MemoryError> {
         self.check(s)?;
         self.tokens[s].clear();
+        self.spec_base[s] = None;
         self.parts_mut().try_for_each(|p| p.seq_clear(s))
     }
 

@@ -99,6 +99,22 @@ struct Slot {
     /// While the slot moves off a shared state: that state, and which
     /// layers were already copied from it into `state`.
     pending: Option<Pending>,
+    /// While a speculative verification runs on this sequence: the state
+    /// before it and each layer's tape (see [`RecurrentMemory::spec_begin`]).
+    spec: Option<Box<Spec>>,
+    /// Tape buffers of the last verification, reused by the next.
+    spare_tapes: Vec<Vec<f32>>,
+}
+
+/// A speculative verification in progress: the state and length before the
+/// drafted tokens went through, and per layer a tape of what its mixer
+/// computed for them (written by mixers that can refold, see
+/// [`RecurrentMemory::tape`]).
+#[derive(Clone)]
+struct Spec {
+    base: Arc<Vec<f32>>,
+    base_len: usize,
+    tapes: Vec<Vec<f32>>,
 }
 
 #[derive(Clone)]
@@ -193,6 +209,8 @@ impl RecurrentMemory {
             level: 0,
             spare: Vec::new(),
             pending: None,
+            spec: None,
+            spare_tapes: Vec::new(),
         };
         RecurrentMemory {
             shapes,
@@ -469,12 +487,130 @@ impl RecurrentMemory {
         Ok(Some(k - len % k))
     }
 
+    /// Starts a speculative verification of `s`: keeps a reference to the
+    /// current state (so the next pass moves off it instead of updating it
+    /// in place: no copy) and opens an empty tape per layer. Until
+    /// [`RecurrentMemory::spec_end`], the mixers that can refold record
+    /// their scan inputs with [`RecurrentMemory::tape`] (the engine runs
+    /// the verification with batch-invariant numerics: recurrences token by
+    /// token).
+    pub fn spec_begin(&mut self, s: SeqId) -> Result<(), MemoryError> {
+        self.settle(s)?;
+        let n_layer = self.shapes.len();
+        let slot = &mut self.slots[s];
+        let mut tapes = std::mem::take(&mut slot.spare_tapes);
+        tapes.resize_with(n_layer, Vec::new);
+        tapes.iter_mut().for_each(Vec::clear);
+        slot.spec = Some(Box::new(Spec {
+            base: Arc::clone(&slot.state),
+            base_len: slot.len,
+            tapes,
+        }));
+        Ok(())
+    }
+
+    /// The tape of `layer` for `s` while it is being verified (`None`
+    /// otherwise): the mixer appends what it needs to refold a prefix of
+    /// the verified tokens from the state before them.
+    pub fn tape(&mut self, layer: usize, s: SeqId) -> Option<&mut Vec<f32>> {
+        let spec = self.slots.get_mut(s)?.spec.as_mut()?;
+        spec.tapes.get_mut(layer)
+    }
+
+    /// Position where the verification of `s` started, if one runs.
+    pub fn spec_base_len(&self, s: SeqId) -> Option<usize> {
+        self.slots.get(s)?.spec.as_ref().map(|sp| sp.base_len)
+    }
+
+    /// For refolding layer `layer` of `s`: the layer's state before the
+    /// verification (conv window, SSM state), its tape, and the current
+    /// state to overwrite. `None` when no verification runs or the layer
+    /// has no state.
+    #[allow(clippy::type_complexity)]
+    pub fn refold_parts(
+        &mut self,
+        layer: usize,
+        s: SeqId,
+    ) -> Option<(RecurrentState<'_>, &[f32], &[f32], &[f32])> {
+        let shape = self.shapes.get(layer).copied().flatten()?;
+        let (c, m) = self.offsets[layer];
+        let slot = self.slots.get_mut(s)?;
+        slot.pending.as_ref().is_none().then_some(())?;
+        let spec = slot.spec.as_ref()?;
+        // The verification moved the state off `base` (and no checkpoint
+        // refers to it after `spec_drop_checkpoints`); should anything
+        // still share it, it is copied here.
+        let state = Arc::make_mut(&mut slot.state);
+        let (conv, ssm) = state[c..m + shape.ssm].split_at_mut(shape.conv);
+        Some((
+            RecurrentState { conv, ssm },
+            &spec.base[c..m],
+            &spec.base[m..m + shape.ssm],
+            &spec.tapes[layer][..],
+        ))
+    }
+
+    /// Drops the checkpoints of `s` taken past position `p` (during a
+    /// verification whose tokens beyond `p` were rejected).
+    pub fn drop_checkpoints_after(&mut self, s: SeqId, p: usize) -> Result<(), MemoryError> {
+        self.check(s)?;
+        let slot = &mut self.slots[s];
+        let keep = slot.checkpoints.partition_point(|c| c.pos <= p);
+        let dropped = slot.checkpoints.split_off(keep);
+        slot.recycle(dropped);
+        Ok(())
+    }
+
+    /// Ends the verification of `s` keeping the state as it is, at length
+    /// `len` (all verified tokens kept, or a refold brought the state to
+    /// `len`).
+    pub fn spec_end(&mut self, s: SeqId, len: usize) -> Result<(), MemoryError> {
+        self.check(s)?;
+        let slot = &mut self.slots[s];
+        if let Some(spec) = slot.spec.take() {
+            slot.spare_tapes = spec.tapes;
+            // The state before the verification, unless a checkpoint keeps
+            // it: a buffer for the next one to move to (no allocation and
+            // page faults per verification).
+            if let Ok(v) = Arc::try_unwrap(spec.base) {
+                if slot.spare.len() < MAX_SPARE {
+                    slot.spare.push(v);
+                }
+            }
+        }
+        slot.len = len;
+        Ok(())
+    }
+
+    /// Ends the verification of `s` by going back to the state before it
+    /// (its checkpoints past that position dropped). Returns that position.
+    pub fn spec_abort(&mut self, s: SeqId) -> Result<usize, MemoryError> {
+        self.check(s)?;
+        let Some(spec) = self.slots[s].spec.take() else {
+            return self.seq_len(s);
+        };
+        let base_len = spec.base_len;
+        self.drop_checkpoints_after(s, base_len)?;
+        let slot = &mut self.slots[s];
+        slot.pending = None;
+        let old = std::mem::replace(&mut slot.state, spec.base);
+        if let Ok(v) = Arc::try_unwrap(old) {
+            if slot.spare.len() < MAX_SPARE {
+                slot.spare.push(v);
+            }
+        }
+        slot.spare_tapes = spec.tapes;
+        slot.len = base_len;
+        Ok(base_len)
+    }
+
     /// Restores `s` to the newest checkpoint at or before `p` (the zero
     /// state at 0 when there is none), dropping checkpoints past it.
     /// Returns the restored position.
     pub fn restore(&mut self, s: SeqId, p: usize) -> Result<usize, MemoryError> {
         self.check(s)?;
         let slot = &mut self.slots[s];
+        slot.spec = None;
         let keep = slot.checkpoints.partition_point(|c| c.pos <= p);
         let dropped = slot.checkpoints.split_off(keep);
         slot.recycle(dropped);
@@ -605,6 +741,7 @@ impl SequenceMemory for RecurrentMemory {
         self.check(s)?;
         let slot = &mut self.slots[s];
         slot.len = 0;
+        slot.spec = None;
         // Checkpoints first: the newest may share the state, which can then
         // be zeroed in place instead of reallocated.
         let dropped = std::mem::take(&mut slot.checkpoints);
@@ -649,6 +786,7 @@ impl SequenceMemory for RecurrentMemory {
             let to = &mut self.slots[dst];
             let old = std::mem::replace(&mut to.checkpoints, checkpoints);
             to.pending = None;
+            to.spec = None;
             to.state = state;
             to.len = len;
             to.level = level;
@@ -899,5 +1037,39 @@ mod tests {
             let p = m.slots[1].state.as_ptr();
             assert!(used.contains(&p), "token {t}: a fresh buffer");
         }
+    }
+    #[test]
+    fn verification_keeps_the_state_before_it_and_recycles_buffers() {
+        let mut m = mem();
+        m.state(0, 0).unwrap().unwrap().ssm[0] = 1.0;
+        m.advance(0, 3).unwrap();
+        m.spec_begin(0).unwrap();
+        assert_eq!(m.spec_base_len(0), Some(3));
+        // The pass moves off the kept state; tapes are per layer.
+        m.state(0, 0).unwrap().unwrap().ssm[0] = 2.0;
+        m.tape(2, 0).unwrap().extend([5.0, 6.0]);
+        assert!(m.tape(1, 1).is_none());
+        m.advance(0, 4).unwrap();
+        m.settle(0).unwrap();
+        let (st, base_conv, base_ssm, tape) = m.refold_parts(0, 0).unwrap();
+        assert_eq!((st.ssm[0], base_ssm[0], base_conv.len()), (2.0, 1.0, 6));
+        assert!(tape.is_empty());
+        assert_eq!(m.refold_parts(2, 0).unwrap().3, &[5.0, 6.0]);
+        // Abort: back to the state and length before.
+        assert_eq!(m.spec_abort(0), Ok(3));
+        assert_eq!(m.state(0, 0).unwrap().unwrap().ssm[0], 1.0);
+        assert!(m.spec_base_len(0).is_none());
+        // End: the state stays, the old buffer becomes a spare, tapes are
+        // cleared for the next verification.
+        m.spec_begin(0).unwrap();
+        assert!(m.tape(2, 0).unwrap().is_empty());
+        m.state(0, 0).unwrap().unwrap().ssm[0] = 3.0;
+        m.advance(0, 2).unwrap();
+        m.settle(0).unwrap();
+        m.spec_end(0, 5).unwrap();
+        assert_eq!(m.seq_len(0), Ok(5));
+        assert_eq!(m.state(0, 0).unwrap().unwrap().ssm[0], 3.0);
+        assert_eq!(m.slots[0].spare.len(), 1);
+        assert!(m.spec_base_len(0).is_none());
     }
 }

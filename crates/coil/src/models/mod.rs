@@ -162,6 +162,21 @@ pub trait Model: Send + Sync {
         ub: &UBatch,
         mem: &mut Memory,
     ) -> Result<Vec<f32>, ModelError>;
+
+    /// After a speculative verification of `seq` (`Memory::spec_begin`)
+    /// kept only its first `n` tokens: brings every recurrent layer's state
+    /// to the state after them from the verification's tapes, and returns
+    /// `true`; `false` (nothing changed) where some layer cannot, and the
+    /// engine replays the kept tokens instead.
+    fn refold(
+        &self,
+        _pool: &ThreadPool,
+        _mem: &mut Memory,
+        _seq: SeqId,
+        _n: usize,
+    ) -> Result<bool, ModelError> {
+        Ok(false)
+    }
 }
 
 /// Loads the model of a GGUF file, choosing the architecture from

@@ -23,7 +23,8 @@ use coil_kernels::ops::conv::{
     conv1d_causal_silu_batch, conv1d_causal_silu_pool, ConvSeq, ConvWeights,
 };
 use coil_kernels::ops::gated_delta::{
-    gated_delta_scan_batch, l2_normalize, DeltaInputs, DeltaSeq, GatedDeltaDims, HeadOrder,
+    gated_delta_scan, gated_delta_scan_batch, l2_normalize, DeltaInputs, DeltaSeq, GatedDeltaDims,
+    HeadOrder,
 };
 use coil_kernels::ops::gated_delta_chunk::{gated_delta_chunked, DEFAULT_CHUNK};
 use coil_kernels::ops::norm::rms_norm_inplace;
@@ -404,12 +405,86 @@ impl GatedDeltaMixer {
                 .collect();
             gated_delta_scan_batch(pool, dims, &mut scan);
         }
+        // A verification's tape (see `refold`), per token: [q | k | v]
+        // before and after the convolution (normalised), g and β.
+        for Rows { seq, rows, .. } in chunks {
+            if let Some(tape) = mem.tape(layer, *seq) {
+                for r in rows.clone() {
+                    tape.extend_from_slice(&qkv[r * ch..(r + 1) * ch]);
+                    tape.extend_from_slice(&x[r * ch..(r + 1) * ch]);
+                    tape.extend_from_slice(&g[r * hv..(r + 1) * hv]);
+                    tape.extend_from_slice(&beta[r * hv..(r + 1) * hv]);
+                }
+            }
+        }
         // RMSNorm(o)·w per value head, times silu(z).
         pool.rows_mut(&mut o, vd, 16, |r0, part| {
             rms_norm_inplace(part, Some(&self.norm), p.eps, dims.d_v);
             mul_silu_inplace(part, &z[r0 * vd..r0 * vd + part.len()]);
         });
         matmul(pool, &self.out_proj.get(file), &o, out, n);
+        Ok(())
+    }
+
+    /// After a verification of `seq` kept only its first `n` tokens: this
+    /// layer's state after them, from the state before the verification and
+    /// the tape its forward pass wrote — the conv window from the raw
+    /// inputs, the delta-rule state by the same token-by-token recurrence
+    /// over the same inputs (bit for bit the state plain decoding reaches).
+    /// See `Mamba2Mixer::refold`.
+    pub fn refold(
+        &self,
+        pool: &ThreadPool,
+        layer: usize,
+        seq: usize,
+        mem: &mut Memory,
+        n: usize,
+    ) -> Result<(), ModelError> {
+        let p = &self.p;
+        let dims = p.dims;
+        let (kd, vd, ch, hv) = (p.key_dim(), p.value_dim(), p.conv_channels(), dims.n_v_head);
+        let w = 2 * ch + 2 * hv;
+        let rec = recurrent_memory(mem, layer)?;
+        let no_tape = || ModelError::Tensor {
+            name: format!("blk.{layer}"),
+            reason: "no verification tape to refold".into(),
+        };
+        let (st, base_conv, base_ssm, tape) = rec.refold_parts(layer, seq).ok_or_else(no_tape)?;
+        if tape.len() < n * w {
+            return Err(no_tape());
+        }
+        let km1 = p.d_conv - 1;
+        for (j, dst) in st.conv.chunks_exact_mut(ch).enumerate() {
+            let i = n + j;
+            let src = if i < km1 {
+                &base_conv[i * ch..(i + 1) * ch]
+            } else {
+                &tape[(i - km1) * w..(i - km1) * w + ch]
+            };
+            dst.copy_from_slice(src);
+        }
+        st.ssm.copy_from_slice(base_ssm);
+        if n == 0 {
+            return Ok(());
+        }
+        let mut gb = Scratch::dirty(n * 2 * hv);
+        for i in 0..n {
+            let row = &tape[i * w + 2 * ch..(i + 1) * w];
+            gb[i * hv..(i + 1) * hv].copy_from_slice(&row[..hv]);
+            gb[(n + i) * hv..(n + i + 1) * hv].copy_from_slice(&row[hv..]);
+        }
+        let xs = &tape[ch..];
+        let inputs = DeltaInputs {
+            q: xs,
+            k: &xs[kd..],
+            ld_qk: w,
+            v: &xs[2 * kd..],
+            ld_v: w,
+            g: &gb[..n * hv],
+            beta: &gb[n * hv..],
+        };
+        let mut o = Scratch::dirty(n * vd);
+        gated_delta_scan(pool, dims, st.ssm, inputs, &mut o, n);
         Ok(())
     }
 }

@@ -18,7 +18,7 @@ use coil_kernels::ops::conv::{
 };
 use coil_kernels::ops::norm::group_rms_norm_gated;
 use coil_kernels::ops::ssd::{mamba2_chunked_scan_rows, DEFAULT_CHUNK};
-use coil_kernels::ops::ssm::{Mamba2Dims, ScanInputs};
+use coil_kernels::ops::ssm::{mamba2_scan_from, Mamba2Dims, ScanInputs};
 use coil_kernels::ops::ssm_batch::{mamba2_scan_batch, Mamba2Seq};
 
 /// From how many tokens of one sequence on the chunked SSD algorithm
@@ -248,6 +248,17 @@ impl Mamba2Mixer {
         if !steps.is_empty() {
             self.step_all(pool, layer, &steps, mem, &zxbcdt, &dt, &mut xbc, &mut y)?;
         }
+        // A verification's tape (see `refold`), per token: xBC before and
+        // after the convolution, and dt.
+        for Rows { seq, rows, .. } in chunks {
+            if let Some(tape) = mem.tape(layer, *seq) {
+                for r in rows.clone() {
+                    tape.extend_from_slice(&zxbcdt[r * dip + di..r * dip + di + ch]);
+                    tape.extend_from_slice(&xbc[r * ch..(r + 1) * ch]);
+                    tape.extend_from_slice(&dt[r * hn..(r + 1) * hn]);
+                }
+            }
+        }
         // Gate and normalise: y·silu(z), RMSNorm per group; z read in place
         // from in_proj's output.
         let mut g = Scratch::dirty(n_tokens * di);
@@ -352,6 +363,88 @@ impl Mamba2Mixer {
             })
             .collect();
         mamba2_scan_batch(pool, dims, &mut scan, &self.a, Some(&self.d));
+        Ok(())
+    }
+
+    /// After a verification of `seq` (see `Memory::spec_begin`) kept only
+    /// the first `n` of its tokens: brings this layer's state to the state
+    /// after those `n` tokens, from the state before the verification and
+    /// the tape the forward pass wrote (per token: xBC before and after the
+    /// convolution, dt). The conv window is the last K−1 inputs of
+    /// `window ++ xBC[..n]`; the SSM state is the same single-step
+    /// recurrence over the same inputs as the verification (and plain
+    /// decoding) ran, so it is bit for bit that state. Costs one read and
+    /// one write of the layer's state: a Mamba-2 decode step without the
+    /// weights.
+    pub fn refold(
+        &self,
+        pool: &ThreadPool,
+        layer: usize,
+        seq: usize,
+        mem: &mut Memory,
+        n: usize,
+    ) -> Result<(), ModelError> {
+        let p = &self.p;
+        let (di, hn, gn) = (p.d_inner, p.n_head, p.n_group * p.d_state);
+        let ch = p.conv_channels();
+        let w = 2 * ch + hn;
+        let rec = recurrent_memory(mem, layer)?;
+        let no_tape = || ModelError::Tensor {
+            name: format!("blk.{layer}"),
+            reason: "no verification tape to refold".into(),
+        };
+        let (st, base_conv, base_ssm, tape) = rec.refold_parts(layer, seq).ok_or_else(no_tape)?;
+        if tape.len() < n * w {
+            return Err(no_tape());
+        }
+        // Conv window: rows i = n..n+K−1 of `window ++ raw`.
+        let km1 = p.d_conv - 1;
+        for (j, dst) in st.conv.chunks_exact_mut(ch).enumerate() {
+            let i = n + j;
+            let src = if i < km1 {
+                &base_conv[i * ch..(i + 1) * ch]
+            } else {
+                &tape[(i - km1) * w..(i - km1) * w + ch]
+            };
+            dst.copy_from_slice(src);
+        }
+        if n == 0 {
+            st.ssm.copy_from_slice(base_ssm);
+            return Ok(());
+        }
+        let mut dt = Scratch::dirty(n * hn);
+        let mut bc = Scratch::dirty(n * 2 * gn);
+        for i in 0..n {
+            let row = &tape[i * w..(i + 1) * w];
+            dt[i * hn..(i + 1) * hn].copy_from_slice(&row[2 * ch..]);
+            bc[i * 2 * gn..(i + 1) * 2 * gn].copy_from_slice(&row[ch + di..2 * ch]);
+        }
+        let dims = Mamba2Dims {
+            n_head: hn,
+            head_dim: p.head_dim,
+            n_group: p.n_group,
+            d_state: p.d_state,
+        };
+        let inputs = ScanInputs {
+            x: &tape[ch..],
+            ldx: w,
+            b: &bc,
+            c: &bc[gn..],
+            ldbc: 2 * gn,
+        };
+        let mut y = Scratch::dirty(n * di);
+        mamba2_scan_from(
+            pool,
+            dims,
+            Some(base_ssm),
+            st.ssm,
+            inputs,
+            &dt,
+            &self.a,
+            Some(&self.d),
+            &mut y,
+            n,
+        );
         Ok(())
     }
 }

@@ -18,6 +18,7 @@ use super::gated_delta_mixer::GatedDeltaMixer;
 use super::mamba1_mixer::Mamba1Mixer;
 use super::mamba2_mixer::Mamba2Mixer;
 use super::short_conv::ShortConv;
+use crate::memory::SeqId;
 use crate::memory::{KvLayerShape, KvMemory, Memory, RecurrentLayerShape, RecurrentMemory};
 use crate::models::weights::Loader;
 use crate::models::{Model, ModelError, ModelInfo, Rows, UBatch};
@@ -252,6 +253,35 @@ impl Model for DecoderStack {
             logits.iter_mut().for_each(|v| *v *= s);
         }
         Ok(logits)
+    }
+
+    /// Refolds where every recurrent layer is a Mamba-2 mixer (alone or
+    /// beside attention) or a Gated DeltaNet; the other recurrent mixers
+    /// (Mamba-1, LFM2's short convolution) replay.
+    fn refold(
+        &self,
+        pool: &ThreadPool,
+        mem: &mut Memory,
+        seq: SeqId,
+        n: usize,
+    ) -> Result<bool, ModelError> {
+        let can = |l: &StackLayer| match &l.mixer {
+            MixerBlock::Mamba2(_) | MixerBlock::Parallel(..) | MixerBlock::GatedDeltaNet(_) => true,
+            _ => l.recurrent_shape().is_none(),
+        };
+        if !self.layers.iter().all(can) {
+            return Ok(false);
+        }
+        for (i, l) in self.layers.iter().enumerate() {
+            match &l.mixer {
+                MixerBlock::Mamba2(m) | MixerBlock::Parallel(_, m) => {
+                    m.refold(pool, i, seq, mem, n)?
+                }
+                MixerBlock::GatedDeltaNet(m) => m.refold(pool, i, seq, mem, n)?,
+                _ => {}
+            }
+        }
+        Ok(true)
     }
 }
 

@@ -1,0 +1,192 @@
+//! `coil run --spec ngram` and `coil bench --spec ...` as a user runs them:
+//! the same output as without speculation, counts in the summary, clear
+//! errors for bad flags (no timing assertions).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn coil(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_coil"))
+        .args(args)
+        .output()
+        .expect("run coil");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn model(arch: &str) -> String {
+    repo()
+        .join(format!("tests/fixtures/models/{arch}/model.f16.gguf"))
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The count after `label` in the speculation summary line.
+fn count(err: &str, label: &str) -> usize {
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("speculative:"))
+        .unwrap_or_else(|| panic!("no speculation summary in {err}"));
+    let at = line
+        .find(label)
+        .unwrap_or_else(|| panic!("{label} in {line}"));
+    line[..at]
+        .split_whitespace()
+        .last()
+        .and_then(|w| w.trim_start_matches('(').parse().ok())
+        .unwrap_or_else(|| panic!("{label} in {line}"))
+}
+
+#[test]
+fn run_with_ngram_speculation_prints_the_same_text() {
+    let passage = "the cat sat on the mat and the dog sat on the log; ".repeat(3);
+    let demo = repo()
+        .join("models/shakespeare-hybrid-q8_0.gguf")
+        .to_string_lossy()
+        .into_owned();
+    // Three fixtures (Mamba-2 refolds, Granite-4.0-H hybrid refolds, Jamba
+    // replays) and the bundled demo model (Q8_0 weights), greedy and
+    // sampled with a seed.
+    let runs = [
+        (model("mamba2"), "0"),
+        (model("granitemoehybrid"), "0"),
+        (model("jamba"), "0"),
+        (demo.clone(), "0"),
+        (demo, "0.8"),
+        (model("granitemoehybrid"), "1.0"),
+    ];
+    for (m, temp) in &runs {
+        let arch = format!("{m} at temperature {temp}");
+        let base = [
+            "run",
+            "-m",
+            m,
+            "-p",
+            &passage,
+            "-n",
+            "48",
+            "--temp",
+            temp,
+            "--seed",
+            "5",
+            "-t",
+            "2",
+            "--ignore-eos",
+        ];
+        let (ok, plain, err) = coil(&base);
+        assert!(ok, "{arch}: {err}");
+        assert!(!err.contains("speculative:"), "{err}");
+        let mut args = base.to_vec();
+        args.extend(["--spec", "ngram", "--draft-max", "6", "--ngram", "3"]);
+        let (ok, spec, err) = coil(&args);
+        assert!(ok, "{arch}: {err}");
+        assert_eq!(spec, plain, "{arch}: speculation changed the output");
+        let drafted = count(&err, "drafted");
+        let accepted = count(&err, "accepted");
+        assert!(drafted > 0 && accepted <= drafted, "{arch}: {err}");
+    }
+}
+
+#[test]
+fn bad_speculation_flags_are_clear_errors() {
+    let m = model("mamba2");
+    for (flags, want) in [
+        (vec!["--spec", "ngram", "--draft-max", "0"], "--draft-max"),
+        (
+            vec!["--spec", "ngram", "--draft-max", "1000"],
+            "--draft-max",
+        ),
+        (vec!["--spec", "ngram", "--ngram", "0"], "--ngram"),
+        (vec!["--spec", "ngram", "--ngram", "99"], "--ngram"),
+        (vec!["--spec", "eagle"], "eagle"),
+    ] {
+        let mut args = vec!["run", "-m", &m, "-p", "hello", "-n", "2"];
+        args.extend(flags.iter().copied());
+        let (ok, _, err) = coil(&args);
+        assert!(!ok, "{flags:?} should fail");
+        assert!(err.contains(want), "{flags:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    // Draft flags without --spec: a notice, plain decoding.
+    let (ok, _, err) = coil(&[
+        "run",
+        "-m",
+        &m,
+        "-p",
+        "hello",
+        "-n",
+        "2",
+        "--draft-max",
+        "3",
+    ]);
+    assert!(ok, "{err}");
+    assert!(err.contains("no effect without --spec"), "{err}");
+    assert!(!err.contains("speculative:"), "{err}");
+}
+
+#[test]
+fn bench_spec_modes_report_identical_tokens() {
+    let m = model("mamba2");
+    for mode in ["right", "wrong", "ngram"] {
+        let (ok, out, err) = coil(&[
+            "bench",
+            "-m",
+            &m,
+            "--spec",
+            mode,
+            "-p",
+            "8",
+            "-n",
+            "24",
+            "-r",
+            "1",
+            "-t",
+            "2",
+            "--draft-max",
+            "2,5",
+        ]);
+        assert!(ok, "{mode}: {err}");
+        let rows: Vec<&str> = out
+            .lines()
+            .filter(|l| l.contains(&format!("| {mode}")))
+            .collect();
+        assert_eq!(rows.len(), 2, "{mode}: {out}");
+        for r in rows {
+            assert!(r.trim_end().ends_with("| yes |"), "{mode}: {r}");
+        }
+    }
+    let (ok, out, err) = coil(&[
+        "bench",
+        "-m",
+        &m,
+        "--spec",
+        "verify",
+        "-p",
+        "8",
+        "-n",
+        "3",
+        "-r",
+        "1",
+        "-t",
+        "2",
+        "--draft-max",
+        "1,4",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out.lines()
+            .filter(|l| l.starts_with("| ") && l.contains(".gguf"))
+            .count(),
+        2,
+        "{out}"
+    );
+    let (ok, _, err) = coil(&["bench", "-m", &m, "--spec", "right", "--draft-max", "0"]);
+    assert!(!ok && err.contains("--draft-max"), "{err}");
+}

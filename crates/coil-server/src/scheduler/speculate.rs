@@ -1,0 +1,99 @@
+//! Speculative decoding inside continuous batching (`coil serve --spec
+//! ngram`): a generating request whose n-gram lookup finds a draft feeds
+//! its next token *and* the drafts in the step's one batched pass, beside
+//! every other request's rows; then it samples position by position and
+//! keeps what the draws confirm (`Engine::spec_commit` cuts the rest of its
+//! own sequence: drafts never touch another sequence). The tokens are those
+//! it would generate without speculation.
+
+use super::finish::{sample, Outcome};
+use super::step::Planned;
+use super::{Event, Worker};
+use crate::metrics;
+use coil::engine::draft::SpecParams;
+use coil::engine::speculative::Speculator;
+use coil::models::LogitRows;
+
+/// A request's speculator: n-gram drafts, adaptive length.
+pub(super) fn speculator(p: SpecParams) -> Speculator {
+    Speculator::new(
+        Box::new(coil::engine::draft::NgramDrafter::new(p.ngram_max)),
+        p.draft_max,
+    )
+}
+
+impl Worker {
+    /// Adds drafts behind the generated token of each speculating request
+    /// that has one, and starts its verification.
+    pub(super) fn add_drafts(&mut self, plan: &mut [Planned]) {
+        for p in plan.iter_mut().filter(|p| !p.is_prompt) {
+            let a = &mut self.active[p.active];
+            let (Some(sp), Some(&next)) = (a.spec.as_mut(), p.tokens.first()) else {
+                continue;
+            };
+            // At most the tokens the request may still emit after `next`.
+            let left = a.max_tokens.saturating_sub(a.usage.completion_tokens);
+            let Ok(room) = self.engine.spec_room(a.seq) else {
+                continue;
+            };
+            let Ok(history) = self.engine.mem.seq_tokens(a.seq) else {
+                continue;
+            };
+            let draft = sp.draft(history, next, room.min(left.saturating_sub(1)));
+            if draft.is_empty() || self.engine.spec_begin(a.seq).is_err() {
+                continue;
+            }
+            p.tokens.extend_from_slice(&draft);
+            p.rows = LogitRows::All;
+            p.draft = draft;
+        }
+    }
+
+    /// A request that verified drafts: samples from each position's logits
+    /// in turn while the draws equal the drafts, streams every sampled
+    /// token, and keeps the fed tokens up to the first that differs.
+    pub(super) fn verified(&mut self, p: &Planned, rows: &[f32]) -> Outcome {
+        let n_vocab = self.engine.n_vocab();
+        let a = &mut self.active[p.active];
+        a.next = None;
+        let d = &p.draft;
+        let mut keep = d.len() + 1;
+        let mut out = Outcome::Continue;
+        for j in 0..=d.len() {
+            match sample(a, &self.tok, &rows[j * n_vocab..(j + 1) * n_vocab]) {
+                Outcome::Continue if j < d.len() && a.next == Some(d[j]) => {
+                    a.next = None;
+                }
+                o => {
+                    keep = j + 1;
+                    out = o;
+                    break;
+                }
+            }
+        }
+        let seq = a.seq;
+        match self.engine.spec_commit(seq, keep) {
+            Ok(c) => {
+                let a = &mut self.active[p.active];
+                if let Some(sp) = a.spec.as_mut() {
+                    sp.observe(d.len(), keep - 1, c.replayed);
+                }
+                a.usage.draft_tokens += d.len();
+                a.usage.accepted_draft_tokens += keep - 1;
+                let m = &self.metrics;
+                metrics::add(&m.spec_verifications, 1);
+                metrics::add(&m.spec_drafted, d.len());
+                metrics::add(&m.spec_accepted, keep - 1);
+                out
+            }
+            Err(e) => {
+                let a = &mut self.active[p.active];
+                metrics::add(&self.metrics.requests_failed, 1);
+                let _ = a
+                    .events
+                    .send(Event::Error(format!("the model failed: {e}")));
+                Outcome::Gone
+            }
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! `coil serve --spec ngram`: speculation per request inside continuous
+//! batching gives every request the text it gets without speculation
+//! (greedy), concurrent requests included, and reports the draft counts in
+//! the usage and /metrics.
+
+mod common;
+
+use coil::engine::draft::SpecParams;
+use coil::engine::{Engine, EngineOptions};
+use coil_server::scheduler::SchedulerConfig;
+use common::{start_engine_cfg, TestServer};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+
+fn path(name: &str) -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+    if name.ends_with("_tiny") {
+        return root.join("parity").join(name).join("model.gguf");
+    }
+    root.join("models").join(name).join("model.f16.gguf")
+}
+
+fn server(name: &str, spec: Option<SpecParams>) -> TestServer {
+    let engine = Engine::load(
+        path(name),
+        EngineOptions {
+            n_threads: 1,
+            n_seq_max: 5,
+            n_ctx: 512,
+            ..Default::default()
+        },
+    )
+    .expect("load");
+    start_engine_cfg(
+        engine,
+        SchedulerConfig {
+            parallel: 3,
+            prefill_chunk: 64,
+            spec,
+            ..Default::default()
+        },
+    )
+}
+
+fn complete(s: &TestServer, prompt: &str) -> Value {
+    let r = s.post(
+        "/v1/completions",
+        &json!({"model": "fixture", "prompt": prompt, "max_tokens": 32, "temperature": 0, "ignore_eos": true}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+fn all_at_once(s: &TestServer, prompts: &[String]) -> Vec<Value> {
+    let threads: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let (addr, p) = (s.addr, p.clone());
+            std::thread::spawn(move || complete(&TestServer { addr }, &p))
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+#[test]
+fn speculating_requests_get_the_plain_text() {
+    let prompts: Vec<String> = [
+        "one two three one two three one two three",
+        "the cat sat on the mat, the cat sat on the",
+        "Call me",
+        "a b c d a b c d a b c d a b",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    // Granite-4.0-H (Mamba-2 refolds), Jamba (Mamba-1 replays), Qwen3.5
+    // (Gated DeltaNet replays).
+    for name in ["granitemoehybrid", "jamba", "qwen35_tiny"] {
+        let plain = server(name, None);
+        let want: Vec<Value> = prompts.iter().map(|p| complete(&plain, p)).collect();
+        let spec = server(
+            name,
+            Some(SpecParams {
+                draft_max: 5,
+                ngram_max: 3,
+            }),
+        );
+        let got = all_at_once(&spec, &prompts);
+        let (mut drafted, mut accepted) = (0, 0);
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g["choices"][0]["text"], w["choices"][0]["text"], "{name}");
+            assert_eq!(
+                g["usage"]["completion_tokens"],
+                w["usage"]["completion_tokens"]
+            );
+            assert!(w["usage"].get("completion_tokens_details").is_none());
+            if let Some(d) = g["usage"].get("completion_tokens_details") {
+                let a = d["accepted_prediction_tokens"].as_u64().unwrap();
+                let r = d["rejected_prediction_tokens"].as_u64().unwrap();
+                drafted += a + r;
+                accepted += a;
+            }
+        }
+        assert!(drafted > 0, "{name}: nothing was drafted");
+        let m = spec.metrics();
+        assert_eq!(m["coil_spec_draft_tokens_total"], drafted as f64, "{name}");
+        assert_eq!(
+            m["coil_spec_accepted_tokens_total"], accepted as f64,
+            "{name}"
+        );
+        assert!(m["coil_spec_verifications_total"] > 0.0);
+        assert_eq!(plain.metrics()["coil_spec_draft_tokens_total"], 0.0);
+    }
+}
