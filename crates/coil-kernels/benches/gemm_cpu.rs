@@ -1,6 +1,6 @@
 //! Prefill GEMM efficiency against the FMA peak, in CPU time (not a test).
 //!
-//!     cargo bench -p coil-kernels --bench gemm_cpu [-- FORMAT... [TOKENS ROWS COLS]]
+//!     [REPS=n] cargo bench -p coil-kernels --bench gemm_cpu [-- FORMAT... [TOKENS ROWS COLS]]
 //!
 //! One thread. Both the f32 FMA peak (register-only FMAs) and the GEMM are
 //! timed by the CPU time this thread got (`CLOCK_THREAD_CPUTIME_ID`),
@@ -133,13 +133,19 @@ fn main() {
         [n, r, c, ..] => (n, r, c),
         _ => (512, 1024, 1024),
     };
+    // Best of REPS runs (CPU time): a shared machine's other jobs evict the
+    // caches now and then, and the best run is the one they left alone.
+    let reps = std::env::var("REPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
     let pool = ThreadPool::new(1);
     let peak = fma_peak();
     println!(
         "gemm_cpu: 1 thread, SIMD level {}, f32 FMA peak {peak:.1} GFLOP per CPU-second",
         simd::level().name()
     );
-    println!("{n} tokens x {cols} by {rows} x {cols} (best of 5, CPU time):");
+    println!("{n} tokens x {cols} by {rows} x {cols} (best of {reps}, CPU time):");
     println!(
         "{:>8} {:>10} {:>9} {:>8}",
         "format", "ms", "GFLOP/s", "%peak"
@@ -150,7 +156,7 @@ fn main() {
     for ty in formats {
         let data = random_weights(&mut rng, ty, rows, cols);
         let w = WeightRef::new(ty, &data, rows, cols).expect("benchmark shapes are valid");
-        let secs = best_cpu(5, || matmul(&pool, &w, &x, &mut y, n));
+        let secs = best_cpu(reps, || matmul(&pool, &w, &x, &mut y, n));
         let gf = 2.0 * (n * rows * cols) as f64 / secs / 1e9;
         println!(
             "{:>8} {:>10.2} {:>9.1} {:>7.0}%",

@@ -87,7 +87,15 @@ thread_local! {
 }
 
 /// `xp[i][k][j] = x[(i·mt + j)·cols + k]` for tokens `< n` (0 beyond).
-fn pack_x(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, mt: usize, xp: &mut [f32]) {
+fn pack_x(
+    pool: &ThreadPool,
+    x: &[f32],
+    n: usize,
+    cols: usize,
+    mt: usize,
+    xp: &mut [f32],
+    level: SimdLevel,
+) {
     let n_tiles = n.div_ceil(mt);
     assert!(x.len() >= n * cols && xp.len() >= n_tiles * mt * cols);
     let pp = SendPtr(xp.as_mut_ptr());
@@ -96,17 +104,18 @@ fn pack_x(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, mt: usize, xp: &m
             // SAFETY: tile i owns xp[i·cols·mt .. (i+1)·cols·mt].
             let dst =
                 unsafe { std::slice::from_raw_parts_mut(pp.get().add(i * cols * mt), cols * mt) };
-            for j in 0..mt {
-                let t = i * mt + j;
-                if t < n {
-                    let src = &x[t * cols..(t + 1) * cols];
-                    for (d, v) in dst[j..].iter_mut().step_by(mt).zip(src) {
-                        *d = *v;
-                    }
-                } else {
-                    for d in dst[j..].iter_mut().step_by(mt) {
-                        *d = 0.0;
-                    }
+            let m = mt.min(n - i * mt);
+            let src = &x[i * mt * cols..(i * mt + m) * cols];
+            #[cfg(target_arch = "x86_64")]
+            if level == SimdLevel::Avx2 && mt == 6 {
+                // SAFETY: AVX2 is the CPU's (the level says so); sizes as checked.
+                unsafe { x86::pack_tile6_avx2(src, m, cols, dst) };
+                continue;
+            }
+            let _ = level;
+            for k in 0..cols {
+                for j in 0..mt {
+                    dst[k * mt + j] = if j < m { src[j * cols + k] } else { 0.0 };
                 }
             }
         }
@@ -144,7 +153,7 @@ pub fn gemm(
         if v.len() < len {
             v.resize(len, 0.0);
         }
-        pack_x(pool, x, n_tokens, cols, mt, &mut v);
+        pack_x(pool, x, n_tokens, cols, mt, &mut v, level);
         v
     } else {
         Vec::new()
@@ -233,10 +242,22 @@ pub fn gemm(
                             for tb in (0..n_tiles).step_by(MC_TILES) {
                                 for s in 0..n_strips {
                                     let nrs = rb.min(nr - s * rb);
-                                    for i in tb..(tb + MC_TILES).min(n_tiles) {
+                                    let tb_end = (tb + MC_TILES).min(n_tiles);
+                                    for i in tb..tb_end {
                                         fetch(call);
                                         call += 1;
                                         let (m, yt) = tile(i, s);
+                                        // The next tile's partial sums (rows
+                                        // 16 KiB apart, usually not in L1)
+                                        // load while this one computes.
+                                        if k0 > 0 && i + 1 < tb_end {
+                                            let (m2, y2) = tile(i + 1, s);
+                                            for t in 0..m2 {
+                                                // SAFETY: inside y (row t of tile i+1).
+                                                let yr = unsafe { y2.add(t * rows) };
+                                                prefetch_l1(yr, nrs);
+                                            }
+                                        }
                                         // SAFETY: the strip holds kc·rb
                                         // values; the packed tile has cols·mt
                                         // from its start (t_begin is a
@@ -346,6 +367,22 @@ unsafe fn to_strips_body<V: V16>(
             }
         }
     }
+}
+
+/// Hints the CPU to bring the `n` floats at `p` into L1.
+#[inline(always)]
+fn prefetch_l1(p: *const f32, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: a prefetch has no effect on memory, whatever the address.
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(n.max(1) - 1) as *const i8);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, n);
 }
 
 /// Hints the CPU to bring `bytes` into L2.
@@ -530,6 +567,55 @@ mod x86 {
             } else {
                 _mm512_mask_storeu_ps(y.add(t * ys), m0, a[0]);
                 _mm512_mask_storeu_ps(y.add(t * ys + 16), m1, a[1]);
+            }
+        }
+    }
+
+    /// One tile of 6 tokens, `dst[k·6 + j] = src[j·cols + k]` (`m ≤ 6`
+    /// token rows in `src`, zeros for the others): 8 columns at a time, an
+    /// 8 × 8 transpose (rows 6 and 7 zero), each column stored as 8 lanes
+    /// whose last 2 the next column's store overwrites.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn pack_tile6_avx2(src: &[f32], m: usize, cols: usize, dst: &mut [f32]) {
+        assert!(m <= 6 && src.len() >= m * cols && dst.len() >= 6 * cols);
+        let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+        let six = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0);
+        let mut k0 = 0;
+        while k0 + 8 <= cols {
+            let mut r = [_mm256_setzero_ps(); 8];
+            for (j, v) in r.iter_mut().enumerate().take(m) {
+                *v = _mm256_loadu_ps(sp.add(j * cols + k0));
+            }
+            let mut t = [_mm256_setzero_ps(); 8];
+            for k in 0..4 {
+                t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+                t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+            }
+            for q in 0..2 {
+                let (a, b, c, d) = (t[4 * q], t[4 * q + 1], t[4 * q + 2], t[4 * q + 3]);
+                r[4 * q] = _mm256_shuffle_ps::<0x44>(a, c);
+                r[4 * q + 1] = _mm256_shuffle_ps::<0xee>(a, c);
+                r[4 * q + 2] = _mm256_shuffle_ps::<0x44>(b, d);
+                r[4 * q + 3] = _mm256_shuffle_ps::<0xee>(b, d);
+            }
+            // column c = k0 + k: (r[k] low | r[k + 4] low) for k < 4, highs for k ≥ 4
+            let col = |k: usize| {
+                if k < 4 {
+                    _mm256_permute2f128_ps::<0x20>(r[k], r[k + 4])
+                } else {
+                    _mm256_permute2f128_ps::<0x31>(r[k - 4], r[k])
+                }
+            };
+            let o = dp.add(6 * k0);
+            for k in 0..7 {
+                _mm256_storeu_ps(o.add(6 * k), col(k));
+            }
+            _mm256_maskstore_ps(o.add(42), six, col(7));
+            k0 += 8;
+        }
+        for k in k0..cols {
+            for j in 0..6 {
+                *dp.add(6 * k + j) = if j < m { *sp.add(j * cols + k) } else { 0.0 };
             }
         }
     }
