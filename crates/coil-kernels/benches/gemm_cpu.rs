@@ -1,17 +1,23 @@
 //! Prefill GEMM efficiency against the FMA peak, in CPU time (not a test).
 //!
-//!     [REPS=n] cargo bench -p coil-kernels --bench gemm_cpu [-- FORMAT... [TOKENS ROWS COLS]]
+//!     [REPS=n] [THREADS=n] cargo bench -p coil-kernels --bench gemm_cpu \
+//!         [-- FORMAT... [TOKENS ROWS COLS | hybrid | mamba2]]
 //!
-//! One thread. Both the f32 FMA peak (register-only FMAs) and the GEMM are
-//! timed by the CPU time this thread got (`CLOCK_THREAD_CPUTIME_ID`),
-//! not wall time, so the ratio holds on a machine shared with other jobs
-//! (time the thread spends descheduled is not counted). What sharing still
-//! costs — caches refilled after another job ran — lowers the ratio a little.
+//! Both the f32 FMA peak (register-only FMAs, one thread) and the GEMM are
+//! timed by CPU time (`CLOCK_THREAD_CPUTIME_ID`, or with `THREADS` > 1 the
+//! process's: all threads, idle spinning included), not wall time, so the ratio
+//! holds on a machine shared with other jobs (time spent descheduled is not
+//! counted). What sharing still costs — caches refilled after another job
+//! ran — lowers the ratio a little. `hybrid` / `mamba2`: the matrices of a
+//! layer of hybrid-350m-like / mamba2-370m-like at 512 tokens, summed.
 
 use coil_gguf::GgmlType;
 use coil_kernels::testutil::{random_weights, Rng};
 use coil_kernels::{matmul, simd, ThreadPool, WeightRef};
 use std::hint::black_box;
+
+/// Time the process's CPU time (all threads) instead of this thread's.
+static PROCESS_CLOCK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Nanoseconds of CPU time this thread has used (`CLOCK_THREAD_CPUTIME_ID`).
 #[cfg(target_os = "linux")]
@@ -24,11 +30,17 @@ fn cpu_ns() -> u64 {
     extern "C" {
         fn clock_gettime(clk: i32, ts: *mut Timespec) -> i32;
     }
+    const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
     const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let clk = if PROCESS_CLOCK.load(std::sync::atomic::Ordering::Relaxed) {
+        CLOCK_PROCESS_CPUTIME_ID
+    } else {
+        CLOCK_THREAD_CPUTIME_ID
+    };
     let mut ts = Timespec { sec: 0, nsec: 0 };
     // SAFETY: clock_gettime writes one timespec (libc's, 64-bit Linux layout).
-    let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
+    let rc = unsafe { clock_gettime(clk, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime({clk}) failed");
     ts.sec as u64 * 1_000_000_000 + ts.nsec as u64
 }
 
@@ -129,9 +141,22 @@ fn main() {
     if formats.is_empty() {
         formats = vec![GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0];
     }
-    let (n, rows, cols) = match nums[..] {
-        [n, r, c, ..] => (n, r, c),
-        _ => (512, 1024, 1024),
+    // (tokens, rows, cols) of each product
+    let shapes: Vec<(usize, usize, usize)> = if args.iter().any(|a| a == "hybrid") {
+        // in_proj, out_proj, MLP gate+up, MLP down
+        vec![
+            (512, 3352, 768),
+            (512, 768, 1536),
+            (512, 5120, 768),
+            (512, 768, 2560),
+        ]
+    } else if args.iter().any(|a| a == "mamba2") {
+        vec![(512, 4384, 1024), (512, 1024, 2048)]
+    } else {
+        match nums[..] {
+            [n, r, c, ..] => vec![(n, r, c)],
+            _ => vec![(512, 1024, 1024)],
+        }
     };
     // Best of REPS runs (CPU time): a shared machine's other jobs evict the
     // caches now and then, and the best run is the one they left alone.
@@ -139,25 +164,52 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(5);
-    let pool = ThreadPool::new(1);
+    let threads: usize = std::env::var("THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let pool = ThreadPool::new(threads);
     let peak = fma_peak();
+    PROCESS_CLOCK.store(threads > 1, std::sync::atomic::Ordering::Relaxed);
     println!(
-        "gemm_cpu: 1 thread, SIMD level {}, f32 FMA peak {peak:.1} GFLOP per CPU-second",
+        "gemm_cpu: {threads} thread(s), SIMD level {}, f32 FMA peak {peak:.1} GFLOP per CPU-second",
         simd::level().name()
     );
-    println!("{n} tokens x {cols} by {rows} x {cols} (best of {reps}, CPU time):");
+    println!("{shapes:?} (tokens, rows, cols), best of {reps}, in GFLOP per CPU-second:");
     println!(
         "{:>8} {:>10} {:>9} {:>8}",
         "format", "ms", "GFLOP/s", "%peak"
     );
     let mut rng = Rng::new(7);
-    let x = rng.vec(n * cols);
-    let mut y = vec![0f32; n * rows];
+    let mut mats = Vec::new();
     for ty in formats {
-        let data = random_weights(&mut rng, ty, rows, cols);
-        let w = WeightRef::new(ty, &data, rows, cols).expect("benchmark shapes are valid");
-        let secs = best_cpu(reps, || matmul(&pool, &w, &x, &mut y, n));
-        let gf = 2.0 * (n * rows * cols) as f64 / secs / 1e9;
+        let data: Vec<Vec<u8>> = shapes
+            .iter()
+            .map(|&(_, r, c)| random_weights(&mut rng, ty, r, c))
+            .collect();
+        mats.push((ty, data));
+    }
+    let xs: Vec<Vec<f32>> = shapes.iter().map(|&(n, _, c)| rng.vec(n * c)).collect();
+    let mut ys: Vec<Vec<f32>> = shapes.iter().map(|&(n, r, _)| vec![0f32; n * r]).collect();
+    let flops: f64 = shapes
+        .iter()
+        .map(|&(n, r, c)| 2.0 * (n * r * c) as f64)
+        .sum();
+    for (ty, data) in &mats {
+        let ws: Vec<WeightRef> = data
+            .iter()
+            .zip(&shapes)
+            .map(|(d, &(_, r, c))| {
+                WeightRef::new(*ty, d, r, c).expect("benchmark shapes are valid")
+            })
+            .collect();
+        let secs = best_cpu(reps, || {
+            for ((w, x), (y, &(n, _, _))) in ws.iter().zip(&xs).zip(ys.iter_mut().zip(&shapes)) {
+                matmul(&pool, w, x, y, n);
+            }
+        });
+        // GFLOP per CPU-second (per core busy), against one core's peak
+        let gf = flops / secs / 1e9;
         println!(
             "{:>8} {:>10.2} {:>9.1} {:>7.0}%",
             ty.name(),
@@ -165,6 +217,6 @@ fn main() {
             gf,
             100.0 * gf / peak
         );
-        black_box(&y);
+        black_box(&ys);
     }
 }

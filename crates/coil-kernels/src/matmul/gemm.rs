@@ -181,8 +181,13 @@ pub fn gemm(
                 let mut sbuf = sbuf.borrow_mut();
                 if rbuf.len() < PANEL * KC {
                     rbuf.resize(PANEL * KC, 0.0);
-                    sbuf.resize(PANEL * KC, 0.0);
+                    sbuf.resize(PANEL * KC + 16, 0.0);
                 }
+                // The strips start on a cache line: a strip's row of 16
+                // floats is then one line, not two halves of two (split
+                // loads; twice the lines in L1).
+                let off = sbuf.as_ptr().align_offset(64).min(15);
+                let sbuf = &mut sbuf[off..off + PANEL * KC];
                 let mut item = claim();
                 while item < n_items {
                     let following = if next_item.load(Ordering::Relaxed) + n_threads < n_items {
@@ -205,7 +210,7 @@ pub fn gemm(
                             let src = w.row_range(r0 + r, k0, kc);
                             decode_segment(w.ty, src, &mut rbuf[r * kc..(r + 1) * kc], level);
                         }
-                        to_strips(&rbuf, nr, kc, rb, &mut sbuf, level);
+                        to_strips(&rbuf, nr, kc, rb, sbuf, level);
                         // The panel's rows are many concurrent streams, more
                         // than hardware prefetchers follow: fetch the next
                         // block (of this item, else the first of the
