@@ -283,7 +283,10 @@ fn main() {
                     | GgmlType::IQ4_XS
             ),
             simd::SimdLevel::Avx2 => {
-                matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+                matches!(
+                    ty,
+                    GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_0
+                )
             }
             simd::SimdLevel::Scalar => false,
         };
