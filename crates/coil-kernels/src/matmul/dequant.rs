@@ -57,6 +57,32 @@ pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
+/// Q4_K / Q5_K: all eight 6-bit scales and mins of a block at once, from
+/// its 12 packed bytes, as two little-endian words of eight bytes (byte `j`:
+/// what [`scale_min_k4`] gives for `j`), with word operations instead of
+/// eight branchy byte lookups.
+#[inline(always)]
+pub fn scales_mins_k4_words(q: &[u8]) -> (u64, u64) {
+    const M6: u32 = 0x3f3f_3f3f;
+    const M4: u32 = 0x0f0f_0f0f;
+    const M2: u32 = 0x0303_0303;
+    let w = |i: usize| u32::from_le_bytes([q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]]);
+    let (a, b, c) = (w(0), w(1), w(2));
+    // j < 4: the low six bits of bytes 0..4 (scales) and 4..8 (mins);
+    // j >= 4: a nibble of bytes 8..12 below the top two bits of bytes 0..8.
+    let sc_hi = (c & M4) | (((a >> 6) & M2) << 4);
+    let mn_hi = ((c >> 4) & M4) | (((b >> 6) & M2) << 4);
+    let join = |lo: u32, hi: u32| u64::from(lo) | u64::from(hi) << 32;
+    (join(a & M6, sc_hi), join(b & M6, mn_hi))
+}
+
+/// [`scales_mins_k4_words`] as byte arrays: (scales, mins).
+#[inline(always)]
+pub fn scales_mins_k4(q: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let (s, m) = scales_mins_k4_words(q);
+    (s.to_le_bytes(), m.to_le_bytes())
+}
+
 /// Q3_K: the 16 signed 6-bit scales (already minus 32).
 #[inline]
 pub fn q3k_scales(sc: &[u8]) -> [i8; 16] {

@@ -298,3 +298,26 @@ fn f32_gemm_path_for_int_gemm_formats() {
         );
     }
 }
+
+#[test]
+fn scales_mins_k4_equal_the_bytewise_lookup() {
+    let mut state = 0x1234_5678_9abc_def0u64;
+    for _ in 0..1000 {
+        let q: Vec<u8> = (0..12)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (state >> 56) as u8
+            })
+            .collect();
+        let (sc, mn) = super::dequant::scales_mins_k4(&q);
+        for j in 0..8 {
+            assert_eq!(
+                (sc[j], mn[j]),
+                super::dequant::scale_min_k4(j, &q),
+                "j = {j}"
+            );
+        }
+    }
+}

@@ -357,9 +357,10 @@ unsafe fn dot_k45<const HIGH: bool>(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16
     let mut msum = 0f32;
     for i in 0..nb {
         let b = row.as_ptr().add(bsz * i);
-        let blk = std::slice::from_raw_parts(b, bsz);
+        let (sc, mn) =
+            super::dequant::scales_mins_k4_words(std::slice::from_raw_parts(b.add(4), 12));
+        let sp = k4_scale_lanes(sc);
         let x = xq.as_ptr().add(256 * i);
-        let bs = &xs[16 * i..16 * i + 16];
         let qs = b.add(if HIGH { 48 } else { 16 });
         let mut hbits = if HIGH {
             _mm256_loadu_si256(b.add(16) as *const __m256i)
@@ -367,10 +368,7 @@ unsafe fn dot_k45<const HIGH: bool>(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16
             _mm256_setzero_si256()
         };
         let mut iacc = _mm256_setzero_si256();
-        let mut mins = 0i32;
         for j in 0..4 {
-            let (s1, m1) = super::dequant::scale_min_k4(2 * j, &blk[4..16]);
-            let (s2, m2) = super::dequant::scale_min_k4(2 * j + 1, &blk[4..16]);
             let q = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
             let mut lo = _mm256_and_si256(q, m4);
             let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
@@ -381,17 +379,79 @@ unsafe fn dot_k45<const HIGH: bool>(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16
             }
             let xl = _mm256_loadu_si256(x.add(64 * j) as *const __m256i);
             let xh = _mm256_loadu_si256(x.add(64 * j + 32) as *const __m256i);
-            let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_set1_epi16(s1 as i16));
-            let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), _mm256_set1_epi16(s2 as i16));
+            let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), k4_scale(sp, 2 * j));
+            let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), k4_scale(sp, 2 * j + 1));
             iacc = _mm256_add_epi32(iacc, _mm256_add_epi32(pl, ph));
-            mins += m1 as i32 * (bs[4 * j] as i32 + bs[4 * j + 1] as i32)
-                + m2 as i32 * (bs[4 * j + 2] as i32 + bs[4 * j + 3] as i32);
         }
+        let mins = k4_mins(mn, xs.as_ptr().add(16 * i));
         let d = f16c(rd16(b)) * xd[i];
         facc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc), _mm256_set1_ps(d), facc);
         msum += f16c(rd16(b.add(2))) * xd[i] * mins as f32;
     }
     hsum256(facc) - msum
+}
+
+/// `_mm256_shuffle_epi8` mask byte pair picking 16-bit word `w` (0..8) of a
+/// 128-bit lane.
+#[inline(always)]
+const fn word_mask(w: usize) -> i16 {
+    (((2 * w + 1) << 8) | (2 * w)) as i16
+}
+
+/// A Q4_K/Q5_K block's eight scales (bytes of `sc`) as i16 in both 128-bit
+/// lanes, for [`k4_scale`].
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn k4_scale_lanes(sc: u64) -> __m256i {
+    _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)))
+}
+
+/// Scale `w` of a block in all sixteen i16 lanes: one byte shuffle instead
+/// of a scalar load and broadcast.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn k4_scale(lanes: __m256i, w: usize) -> __m256i {
+    _mm256_shuffle_epi8(lanes, _mm256_set1_epi16(word_mask(w)))
+}
+
+/// Q6_K's sixteen scales of a block (sign-extended to i16,
+/// `[s0..s8 | s8..s16]`) rearranged as `[s0..s8 | s0..s8]` and
+/// `[s8..s16 | s8..s16]`, for [`q6k_scale`].
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn q6k_scale_lanes(sc16: __m256i) -> [__m256i; 2] {
+    [
+        _mm256_permute2x128_si256(sc16, sc16, 0x00),
+        _mm256_permute2x128_si256(sc16, sc16, 0x11),
+    ]
+}
+
+/// The multiplier of 16-groups `g` (low lane) and `g + 1` (high lane) of a
+/// Q6_K block, `g = 8 n + 2 k`.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn q6k_scale(lanes: &[__m256i; 2], n: usize, k: usize) -> __m256i {
+    let mask = _mm256_set_m128i(
+        _mm_set1_epi16(word_mask(2 * k + 1)),
+        _mm_set1_epi16(word_mask(2 * k)),
+    );
+    _mm256_shuffle_epi8(lanes[n], mask)
+}
+
+/// `sum_j mn[j] * (bs[2j] + bs[2j + 1])`: a Q4_K/Q5_K block's eight mins
+/// (bytes of `mn`) times the sums of the activations' 16-value groups (`bs`:
+/// 16 i16), exact.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn k4_mins(mn: u64, bs: *const i16) -> i32 {
+    let m = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
+    // [m0 m0 m1 m1 m2 m2 m3 m3 | m4 m4 m5 m5 m6 m6 m7 m7]
+    let mdup = _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m));
+    let p = _mm256_madd_epi16(_mm256_loadu_si256(bs as *const __m256i), mdup);
+    let s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+    _mm_cvtsi128_si32(s)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -405,6 +465,8 @@ unsafe fn dot_q6_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
         let b = row.as_ptr().add(210 * i);
         let sc = b.add(192) as *const i8;
         let x = xq.as_ptr().add(256 * i);
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc as *const __m128i));
+        let lanes = q6k_scale_lanes(sc16);
         let mut iacc = _mm256_setzero_si256();
         for n in 0..2 {
             let la = _mm256_loadu_si256(b.add(64 * n) as *const __m256i);
@@ -430,18 +492,12 @@ unsafe fn dot_q6_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
             ];
             for (k, qk) in q.iter().enumerate() {
                 // 32 values = 16-groups g, g+1 with g = 8n + 2k
-                let g = 8 * n + 2 * k;
                 let xv = _mm256_loadu_si256(x.add(128 * n + 32 * k) as *const __m256i);
                 let p = _mm256_maddubs_epi16(*qk, xv);
-                let s = _mm256_set_m128i(
-                    _mm_set1_epi16(*sc.add(g + 1) as i16),
-                    _mm_set1_epi16(*sc.add(g) as i16),
-                );
-                iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(p, s));
+                iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(p, q6k_scale(&lanes, n, k)));
             }
         }
         // minus 32 * sum_g sc_g * bsum_g
-        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc as *const __m128i));
         let bs16 = _mm256_loadu_si256(xs.as_ptr().add(16 * i) as *const __m256i);
         let corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs16), 5);
         iacc = _mm256_sub_epi32(iacc, corr);

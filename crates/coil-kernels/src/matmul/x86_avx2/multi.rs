@@ -95,7 +95,9 @@ pub(super) unsafe fn dot4_k45<const HIGH: bool>(
     let mut msum = [0f32; 4];
     for i in 0..nb {
         let b = row.as_ptr().add(bsz * i);
-        let blk = std::slice::from_raw_parts(b, bsz);
+        let (sc, mn) =
+            super::super::dequant::scales_mins_k4_words(std::slice::from_raw_parts(b.add(4), 12));
+        let sp = super::k4_scale_lanes(sc);
         let qs = b.add(if HIGH { 48 } else { 16 });
         let mut hbits = if HIGH {
             _mm256_loadu_si256(b.add(16) as *const __m256i)
@@ -103,10 +105,7 @@ pub(super) unsafe fn dot4_k45<const HIGH: bool>(
             _mm256_setzero_si256()
         };
         let mut iacc = [_mm256_setzero_si256(); 4];
-        let mut mins = [0i32; 4];
         for j in 0..4 {
-            let (s1, m1) = super::super::dequant::scale_min_k4(2 * j, &blk[4..16]);
-            let (s2, m2) = super::super::dequant::scale_min_k4(2 * j + 1, &blk[4..16]);
             let q = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
             let mut lo = _mm256_and_si256(q, m4);
             let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
@@ -115,19 +114,18 @@ pub(super) unsafe fn dot4_k45<const HIGH: bool>(
                 hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hbits, 3), bit4));
                 hbits = _mm256_srli_epi16(hbits, 2);
             }
-            let (v1, v2) = (_mm256_set1_epi16(s1 as i16), _mm256_set1_epi16(s2 as i16));
+            let (v1, v2) = (super::k4_scale(sp, 2 * j), super::k4_scale(sp, 2 * j + 1));
             for t in 0..4 {
                 let x = xq[t].as_ptr().add(256 * i);
-                let bs = &xs[t][16 * i..16 * i + 16];
                 let xl = _mm256_loadu_si256(x.add(64 * j) as *const __m256i);
                 let xh = _mm256_loadu_si256(x.add(64 * j + 32) as *const __m256i);
                 let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), v1);
                 let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), v2);
                 iacc[t] = _mm256_add_epi32(iacc[t], _mm256_add_epi32(pl, ph));
-                mins[t] += m1 as i32 * (bs[4 * j] as i32 + bs[4 * j + 1] as i32)
-                    + m2 as i32 * (bs[4 * j + 2] as i32 + bs[4 * j + 3] as i32);
             }
         }
+        let mins: [i32; 4] =
+            std::array::from_fn(|t| super::k4_mins(mn, xs[t].as_ptr().add(16 * i)));
         let (wd, wm) = (f16c(rd16(b)), f16c(rd16(b.add(2))));
         for t in 0..4 {
             let d = wd * xd[t][i];
@@ -153,6 +151,8 @@ pub(super) unsafe fn dot4_q6_k(
     for i in 0..nb {
         let b = row.as_ptr().add(210 * i);
         let sc = b.add(192) as *const i8;
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc as *const __m128i));
+        let lanes = super::q6k_scale_lanes(sc16);
         let mut iacc = [_mm256_setzero_si256(); 4];
         for n in 0..2 {
             let la = _mm256_loadu_si256(b.add(64 * n) as *const __m256i);
@@ -177,11 +177,7 @@ pub(super) unsafe fn dot4_q6_k(
                 ),
             ];
             for (k, qk) in q.iter().enumerate() {
-                let g = 8 * n + 2 * k;
-                let s = _mm256_set_m128i(
-                    _mm_set1_epi16(*sc.add(g + 1) as i16),
-                    _mm_set1_epi16(*sc.add(g) as i16),
-                );
+                let s = super::q6k_scale(&lanes, n, k);
                 for t in 0..4 {
                     let x = xq[t].as_ptr().add(256 * i);
                     let xv = _mm256_loadu_si256(x.add(128 * n + 32 * k) as *const __m256i);
@@ -190,7 +186,6 @@ pub(super) unsafe fn dot4_q6_k(
                 }
             }
         }
-        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc as *const __m128i));
         let wd = f16c(rd16(b.add(208)));
         for t in 0..4 {
             let bs16 = _mm256_loadu_si256(xs[t].as_ptr().add(16 * i) as *const __m256i);

@@ -152,44 +152,66 @@ impl Attention {
         }
         self.permute_lanes(&mut q);
         self.permute_lanes(&mut k);
-        let kv = mem.kv.as_mut().ok_or_else(|| ModelError::Tensor {
-            name: format!("blk.{layer}"),
-            reason: "memory has no KV cells for attention layers".into(),
-        })?;
         let mut att = Scratch::zeroed(n * qd);
-        for r in rows {
-            let t = r.rows.len();
-            let positions: Vec<usize> = (r.pos..r.pos + t).collect();
-            let qs = &mut q[r.rows.start * qd..r.rows.end * qd];
-            let ks = &mut k[r.rows.start * kvd..r.rows.end * kvd];
-            if let Some(rp) = p.rope {
-                let table = rope_table(pool, &positions, rp.n_rot, rp.freq_base, rp.freq_scale);
-                rope(qs, p.n_head, p.head_dim, rp.n_rot, &table, rp.style);
-                rope(ks, p.n_kv_head, p.head_dim, rp.n_rot, &table, rp.style);
-            }
-            kv.append(layer, r.seq, ks, &v[r.rows.start * kvd..r.rows.end * kvd])?;
-            let pages = kv.view(layer, r.seq)?.ok_or_else(|| ModelError::Tensor {
-                name: format!("blk.{layer}"),
-                reason: "memory has no KV cells for this layer".into(),
-            })?;
-            let view = pages.view();
-            let kv_len: Vec<usize> = (1..=t).map(|i| r.pos + i).collect();
-            attention(
-                pool,
-                qs,
-                p.n_head,
-                &view,
-                &kv_len,
-                p.scale,
-                &mut att[r.rows.start * qd..r.rows.end * qd],
-            );
-        }
+        attend(pool, p, layer, rows, mem, &mut q, &mut k, &v, &mut att)?;
         matmul(pool, &self.wo.get(file), &att, out, n);
         if let Some(b) = &self.bo {
             add_bias_rows(out, b);
         }
         Ok(())
     }
+}
+
+/// The core both attention blocks share: for each sequence chunk of `rows`,
+/// rotate its queries and keys (`p.rope`), append its keys and values to the
+/// sequence's KV cells of `layer`, and attend causally over them.
+/// `q`: `[n_tokens, n_head·head_dim]`, `k`, `v`: `[n_tokens,
+/// n_kv_head·head_dim]`, `att`: `[n_tokens, n_head·head_dim]`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn attend(
+    pool: &ThreadPool,
+    p: &AttentionParams,
+    layer: usize,
+    rows: &[Rows],
+    mem: &mut Memory,
+    q: &mut [f32],
+    k: &mut [f32],
+    v: &[f32],
+    att: &mut [f32],
+) -> Result<(), ModelError> {
+    let (qd, kvd) = (p.n_head * p.head_dim, p.n_kv_head * p.head_dim);
+    let kv = mem.kv.as_mut().ok_or_else(|| ModelError::Tensor {
+        name: format!("blk.{layer}"),
+        reason: "memory has no KV cells for attention layers".into(),
+    })?;
+    for r in rows {
+        let t = r.rows.len();
+        let positions: Vec<usize> = (r.pos..r.pos + t).collect();
+        let qs = &mut q[r.rows.start * qd..r.rows.end * qd];
+        let ks = &mut k[r.rows.start * kvd..r.rows.end * kvd];
+        if let Some(rp) = p.rope {
+            let table = rope_table(pool, &positions, rp.n_rot, rp.freq_base, rp.freq_scale);
+            rope(qs, p.n_head, p.head_dim, rp.n_rot, &table, rp.style);
+            rope(ks, p.n_kv_head, p.head_dim, rp.n_rot, &table, rp.style);
+        }
+        kv.append(layer, r.seq, ks, &v[r.rows.start * kvd..r.rows.end * kvd])?;
+        let pages = kv.view(layer, r.seq)?.ok_or_else(|| ModelError::Tensor {
+            name: format!("blk.{layer}"),
+            reason: "memory has no KV cells for this layer".into(),
+        })?;
+        let view = pages.view();
+        let kv_len: Vec<usize> = (1..=t).map(|i| r.pos + i).collect();
+        attention(
+            pool,
+            qs,
+            p.n_head,
+            &view,
+            &kv_len,
+            p.scale,
+            &mut att[r.rows.start * qd..r.rows.end * qd],
+        );
+    }
+    Ok(())
 }
 
 /// llama.cpp's converter permutes the rows of the *whole* Q/K head into

@@ -9,14 +9,12 @@
 //! position of its section (time, height, width); for text all three are
 //! the token's position, so it is this plain rotation.
 
-use super::attention::AttentionParams;
+use super::attention::{attend, AttentionParams};
 use crate::memory::Memory;
 use crate::models::weights::{Loader, Matrix};
 use crate::models::{ModelError, Rows};
 use coil_gguf::GgufFile;
-use coil_kernels::ops::attention::attention;
 use coil_kernels::ops::norm::rms_norm_inplace;
-use coil_kernels::ops::rope::{rope, rope_table};
 use coil_kernels::{matmul, Scratch, ThreadPool};
 
 pub struct GatedAttention {
@@ -97,38 +95,8 @@ impl GatedAttention {
         }
         rms_norm_inplace(&mut q, Some(&self.q_norm), self.eps, hd);
         rms_norm_inplace(&mut k, Some(&self.k_norm), self.eps, hd);
-        let kv = mem.kv.as_mut().ok_or_else(|| ModelError::Tensor {
-            name: format!("blk.{layer}"),
-            reason: "memory has no KV cells for attention layers".into(),
-        })?;
         let mut att = Scratch::zeroed(n * qd);
-        for r in rows {
-            let t = r.rows.len();
-            let positions: Vec<usize> = (r.pos..r.pos + t).collect();
-            let qs = &mut q[r.rows.start * qd..r.rows.end * qd];
-            let ks = &mut k[r.rows.start * kvd..r.rows.end * kvd];
-            if let Some(rp) = p.rope {
-                let table = rope_table(pool, &positions, rp.n_rot, rp.freq_base, rp.freq_scale);
-                rope(qs, p.n_head, hd, rp.n_rot, &table, rp.style);
-                rope(ks, p.n_kv_head, hd, rp.n_rot, &table, rp.style);
-            }
-            kv.append(layer, r.seq, ks, &v[r.rows.start * kvd..r.rows.end * kvd])?;
-            let pages = kv.view(layer, r.seq)?.ok_or_else(|| ModelError::Tensor {
-                name: format!("blk.{layer}"),
-                reason: "memory has no KV cells for this layer".into(),
-            })?;
-            let view = pages.view();
-            let kv_len: Vec<usize> = (1..=t).map(|i| r.pos + i).collect();
-            attention(
-                pool,
-                qs,
-                p.n_head,
-                &view,
-                &kv_len,
-                p.scale,
-                &mut att[r.rows.start * qd..r.rows.end * qd],
-            );
-        }
+        attend(pool, p, layer, rows, mem, &mut q, &mut k, &v, &mut att)?;
         for (a, g) in att.iter_mut().zip(gate.iter()) {
             *a /= 1.0 + (-g).exp();
         }
