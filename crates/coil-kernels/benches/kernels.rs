@@ -146,8 +146,8 @@ fn fma_peak_iters(pool: &ThreadPool, iters: usize) -> f64 {
             #[cfg(target_arch = "x86_64")]
             black_box(unsafe {
                 match lvl {
-                    simd::SimdLevel::Avx512 => fma_loop_512(iters),
-                    _ => fma_loop_256(iters),
+                    simd::SimdLevel::Avx512 => fma_loop_512(black_box(iters)),
+                    _ => fma_loop_256(black_box(iters)),
                 }
             });
         });
