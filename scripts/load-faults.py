@@ -135,7 +135,7 @@ def prompts(n):
 def phase_load(args, logdir):
     print(f"== load: 32 streaming clients for {args.duration} s against one replica", flush=True)
     r = Replica(args, args.base_port, logdir, "load", ["--parallel", str(args.parallel),
-                                                        "--cache-slots", "8"])
+                                                        "--cache-slots", "8", *args.serve_arg])
     try:
         ps = prompts(16)
         body = lambda p: {"model": "coil-demo", "prompt": p, "max_tokens": args.max_tokens,
@@ -369,6 +369,9 @@ def main():
     ap.add_argument("--base-port", type=int, default=18400)
     ap.add_argument("--router-port", type=int, default=18500)
     ap.add_argument("--only", default="load,failover,drain")
+    ap.add_argument("--serve-arg", action="append", default=[],
+                    help="an extra `coil serve` argument for the load replica (repeatable), "
+                         "e.g. --serve-arg=--batch-invariant")
     args = ap.parse_args()
     logdir = tempfile.mkdtemp(prefix="coil-load-")
     print(f"logs in {logdir}", file=sys.stderr)

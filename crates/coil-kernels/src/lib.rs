@@ -16,6 +16,9 @@
 //!   queries over a KV view (GQA, per-query causal limits, f32/f16 KV), top-k.
 //! * [`ThreadPool`]: persistent threads; the caller works too; chunks handed
 //!   out from an atomic counter; idle threads spin ~100 µs, then sleep.
+//! * [`numerics`]: batch-invariant mode — inside [`invariant_scope`] every
+//!   kernel takes the path of a single row, so a row's result does not
+//!   depend on how many rows share the call (bit for bit).
 //! * [`simd`]: runtime dispatch (AVX-512+VNNI, AVX2+FMA, portable);
 //!   [`matmul_at`] and [`simd::force_level`] pick a level explicitly (tests,
 //!   benchmarks, `COIL_SIMD=scalar|avx2|avx512`).
@@ -28,6 +31,7 @@
 
 pub mod error;
 pub mod matmul;
+pub mod numerics;
 pub mod ops;
 pub mod pool;
 pub mod scratch;
@@ -37,6 +41,7 @@ pub mod testutil;
 
 pub use error::KernelError;
 pub use matmul::{matmul, matmul_at, WeightRef};
+pub use numerics::{batch_invariant, invariant_scope};
 pub use pool::ThreadPool;
 pub use scratch::Scratch;
 pub use simd::SimdLevel;

@@ -5,6 +5,7 @@
 
 mod common;
 
+use coil_server::scheduler::SchedulerConfig;
 use common::{
     start, start_any, start_arch, start_tight, start_with_budget, start_with_template, TestServer,
 };
@@ -788,6 +789,70 @@ fn sixteen_concurrent_clients_match_requests_alone_on_every_architecture() {
             m["coil_decode_steps_total"] < (prompts.len() * 9) as f64,
             "{arch}: {} steps",
             m["coil_decode_steps_total"]
+        );
+    }
+}
+
+/// With `batch_invariant` (`coil serve --batch-invariant`) a request's
+/// greedy output depends neither on the load, nor on how its prompt is cut
+/// into chunks (a prefill budget of 5 tokens a step cuts prompts
+/// differently under load), nor on resuming from the prefix cache (the
+/// prompts share beginnings; the second round finds them cached): each
+/// equals the same request sent alone to a fresh server.
+#[test]
+fn batch_invariant_outputs_equal_alone_under_load_chunking_and_cache() {
+    let names = ["ROMEO", "JULIET", "HAMLET", "PORTIA"];
+    let prompts: Vec<String> = (0..12)
+        .map(|i| {
+            let (a, b) = (names[i % 4], names[(i / 4 + i + 1) % 4]);
+            let words = ["the", "night", "crown", "sword", "love", "grief"];
+            let tail: Vec<&str> = (0..6 + i).map(|j| words[(i * 7 + j * 5) % 6]).collect();
+            format!("{a}:\nWhat news? {}\n\n{b}:\n", tail.join(" "))
+        })
+        .collect();
+    for arch in ["demo", "mamba2", "granitemoehybrid", "qwen35_tiny"] {
+        let cfg = |parallel| SchedulerConfig {
+            parallel,
+            prefill_chunk: 16,
+            batch_invariant: true,
+            ..Default::default()
+        };
+        let alone: Vec<String> = prompts
+            .iter()
+            .map(|p| {
+                let s = common::start_any_cfg(arch, 0, 256, cfg(1));
+                complete(&s, p, 32)["choices"][0]["text"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        let s = common::start_any_cfg(arch, 6, 256, cfg(12));
+        for round in 0..2 {
+            let threads: Vec<_> = prompts
+                .iter()
+                .map(|p| {
+                    let addr = s.addr;
+                    let p = p.clone();
+                    std::thread::spawn(move || {
+                        complete(&TestServer { addr }, &p, 32)["choices"][0]["text"]
+                            .as_str()
+                            .unwrap()
+                            .to_string()
+                    })
+                })
+                .collect();
+            for (i, t) in threads.into_iter().enumerate() {
+                let got = t.join().unwrap();
+                assert_eq!(
+                    got, alone[i],
+                    "{arch} round {round}: prompt {i} differs from alone"
+                );
+            }
+        }
+        assert!(
+            s.metrics()["coil_prompt_tokens_cached_total"] > 0.0,
+            "{arch}: no cache hit"
         );
     }
 }

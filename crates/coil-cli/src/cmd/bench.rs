@@ -20,7 +20,7 @@
 
 use super::common::ModelArgs;
 use anyhow::{bail, Result};
-use coil::engine::Engine;
+use coil::engine::{BatchEntry, Engine, Numerics};
 use coil::memory::SeqId;
 use coil::models::LogitRows;
 use coil_gguf::GgufFile;
@@ -60,6 +60,12 @@ pub struct Args {
     /// tokens/s with N sequences per step (best of the repetitions).
     #[arg(long = "parallel", value_delimiter = ',')]
     parallel: Vec<usize>,
+    /// Process the prompt with the batch-invariant kernels (per-row
+    /// products, recurrences token by token): what a speculative
+    /// verification of `-p` tokens, or a prompt under `coil serve
+    /// --batch-invariant`, costs.
+    #[arg(long = "batch-invariant")]
+    batch_invariant: bool,
 }
 
 /// Mean and sample standard deviation of tokens/s over repetitions.
@@ -181,12 +187,21 @@ fn run_prompt(
     n: usize,
     ubatch: usize,
     depth: usize,
+    numerics: Numerics,
 ) -> Result<f64> {
     let n_vocab = engine.n_vocab();
     let tokens: Vec<u32> = (0..n).map(|_| rng.token(n_vocab)).collect();
     let seq = start_seq(engine, depth)?;
     let t0 = Instant::now();
-    engine.eval(seq, &tokens, LogitRows::Last, ubatch)?;
+    let saved = std::mem::replace(&mut engine.opts.n_ubatch, ubatch);
+    let entry = BatchEntry {
+        seq,
+        tokens: &tokens,
+        logits: LogitRows::Last,
+    };
+    let out = engine.decode_batch_with(&[entry], numerics);
+    engine.opts.n_ubatch = saved;
+    out?;
     Ok(t0.elapsed().as_secs_f64())
 }
 
@@ -216,6 +231,9 @@ pub fn run(a: Args) -> Result<()> {
     let mut margs = a.model.clone();
     margs.ctx = margs.ctx.max(a.depth + a.n_prompt.max(a.n_gen));
     if !a.parallel.is_empty() {
+        if a.batch_invariant {
+            bail!("--batch-invariant measures one sequence's prompt: leave out --parallel");
+        }
         return run_parallel(&a, &margs);
     }
     let t_load = Instant::now();
@@ -227,6 +245,10 @@ pub fn run(a: Args) -> Result<()> {
     let threads = engine.pool.n_threads();
     let system = super::common::simd_info()?;
     let mut rng = Rng(a.seed);
+    let numerics = match a.batch_invariant {
+        true => Numerics::BatchInvariant,
+        false => Numerics::Fast,
+    };
     if a.depth > 0 {
         let n_vocab = engine.n_vocab();
         let context: Vec<u32> = (0..a.depth).map(|_| rng.token(n_vocab)).collect();
@@ -236,7 +258,14 @@ pub fn run(a: Args) -> Result<()> {
 
     if !a.no_warmup {
         if a.n_prompt > 0 {
-            run_prompt(&mut engine, &mut rng, a.n_prompt, a.ubatch, a.depth)?;
+            run_prompt(
+                &mut engine,
+                &mut rng,
+                a.n_prompt,
+                a.ubatch,
+                a.depth,
+                numerics,
+            )?;
         }
         if a.n_gen > 0 {
             run_gen(&mut engine, &mut rng, 1, a.depth)?;
@@ -252,6 +281,7 @@ pub fn run(a: Args) -> Result<()> {
                 a.n_prompt,
                 a.ubatch,
                 a.depth,
+                numerics,
             )?);
         }
         pp = Some(Stats::new(a.n_prompt, secs));
@@ -294,6 +324,7 @@ pub fn run(a: Args) -> Result<()> {
             "n_gen": a.n_gen,
             "n_depth": a.depth,
             "n_ubatch": a.ubatch,
+            "batch_invariant": a.batch_invariant,
             "repetitions": a.reps,
             "checkpoint_interval": margs.checkpoint_interval,
             "checkpoint_every_token": margs.checkpoint_every_token,

@@ -45,6 +45,14 @@ pub struct Args {
     /// tokens — a model's output re-tokenized — reuses them too).
     #[arg(long = "exact-tokens")]
     exact_tokens: bool,
+    /// Process prompts with the batch-invariant kernels too, so that every
+    /// greedy output is bit for bit that of the same request sent alone,
+    /// whatever the load, the prompt's chunking and the prefix cache.
+    /// Prompts go slower (per-row products instead of the GEMM, the
+    /// recurrences token by token). Generated tokens are batch-invariant
+    /// with or without it.
+    #[arg(long = "batch-invariant")]
+    batch_invariant: bool,
     /// A Jinja chat template file to use in place of the model's own
     /// (`tokenizer.chat_template`).
     #[arg(long = "chat-template", value_name = "FILE")]
@@ -139,6 +147,7 @@ pub fn run(a: Args) -> Result<()> {
         prefill_chunk: a.prefill_chunk,
         reuse_by_text: !a.exact_tokens,
         log_requests: !a.quiet,
+        batch_invariant: a.batch_invariant,
     };
     let server = Server::start(engine, cfg, model_id, chat_template.as_deref(), http)
         .context("starting the server")?;

@@ -11,6 +11,11 @@
 //!   IQ4_XS) and use integer dot products as llama.cpp does, 4 tokens per
 //!   unpacked weight row (AVX-512); F32/F16/BF16 convert weights to f32 in
 //!   registers. Memory-bound at one token.
+//!   Each token's result is bit for bit the one-token result (the 4-token
+//!   kernels do each token's operations in the one-token kernel's order;
+//!   activations are quantized per row), so inside
+//!   [`crate::numerics::invariant_scope`] this path serves any number of
+//!   tokens: batch-invariant mode.
 //! * many tokens (prefill): for Q8_0/Q4_0/IQ4_NL/Q4_K/Q5_K/Q6_K/IQ4_XS on
 //!   AVX-512 VNNI, an integer GEMM (`igemm`: weights unpacked to i8 per
 //!   16-row panel, activations quantized per 32 values); on AVX2, one for
@@ -187,11 +192,15 @@ pub fn matmul_at(
         y.fill(0.0);
         return;
     }
+    // One token, or batch-invariant numerics: per-row dot products, each
+    // token's result computed exactly as if it were alone (see
+    // [`crate::numerics`]).
+    let per_row = n_tokens == 1 || crate::numerics::batch_invariant();
     match vec_kernel(w.ty, level) {
-        Some(k) if n_tokens < gemm_min_tokens(w.ty, level) => {
+        Some(k) if per_row || n_tokens < gemm_min_tokens(w.ty, level) => {
             vec_path(pool, w, x, y, n_tokens, k, rows_kernel(w.ty, level))
         }
-        None if n_tokens < 4 => decode_vec_path(pool, w, x, y, n_tokens, level),
+        None if per_row || n_tokens < 4 => decode_vec_path(pool, w, x, y, n_tokens, level),
         _ => {
             #[cfg(target_arch = "x86_64")]
             if level >= SimdLevel::Avx512 && igemm::supported(w.ty) && int_gemm_enabled() {
@@ -238,7 +247,9 @@ pub fn set_int_gemm(enabled: bool) {
 /// (Measured on a 2-core AVX-512 machine: with the 4-token dot kernels the
 /// quantized formats cross over at ~24 tokens against the f32 GEMM, ~12
 /// against the integer GEMM, F16 at ~16.)
-/// `COIL_GEMM_MIN_TOKENS` in the environment overrides it (for tuning).
+/// `COIL_GEMM_MIN_TOKENS` in the environment overrides it (for tuning; a
+/// single token and the batch-invariant mode take the dot products whatever
+/// it says).
 fn gemm_min_tokens(ty: GgmlType, level: SimdLevel) -> usize {
     use GgmlType::*;
     static OVERRIDE: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();

@@ -299,6 +299,77 @@ fn f32_gemm_path_for_int_gemm_formats() {
     }
 }
 
+/// Batch invariance: inside `invariant_scope`, every token's outputs from
+/// one call over `n` tokens equal, bit for bit, a one-token call on that
+/// token alone — for every format (native dot kernels with their 4-token
+/// variants and row-range kernels, and the decode-each-row fallback), at
+/// every SIMD level, for token counts on both sides of the GEMM switch.
+#[test]
+fn invariant_mode_rows_equal_one_token_calls_bit_for_bit() {
+    let pool = ThreadPool::new(2);
+    let _inv = crate::numerics::invariant_scope(true);
+    let mut seed = 900;
+    for ty in FORMATS {
+        let cols = match ty.block_size() {
+            1 => 600,
+            32 => 640,
+            _ => 512,
+        };
+        let rows = 37;
+        seed += 1;
+        let mut rng = Rng::new(seed);
+        let data = random_weights(&mut rng, ty, rows, cols);
+        let w = WeightRef::new(ty, &data, rows, cols).unwrap();
+        let n_max = 33;
+        let x = rng.vec(n_max * cols);
+        for level in crate::simd::available_levels() {
+            let one: Vec<f32> = (0..n_max)
+                .flat_map(|t| {
+                    let mut y = vec![f32::NAN; rows];
+                    matmul_at(&pool, &w, &x[t * cols..(t + 1) * cols], &mut y, 1, level);
+                    y
+                })
+                .collect();
+            for n in [2, 3, 4, 5, 8, 9, 16, 17, 24, 25, 33] {
+                let mut y = vec![f32::NAN; n * rows];
+                matmul_at(&pool, &w, &x[..n * cols], &mut y, n, level);
+                for (i, (a, b)) in y.iter().zip(&one).enumerate() {
+                    assert!(
+                        a.to_bits() == b.to_bits(),
+                        "{ty} {level:?} n {n}: token {} row {}: {a} vs {b} alone",
+                        i / rows,
+                        i % rows
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Without the invariant scope, a single token still takes the one-token
+/// path (what plain decoding and the invariant mode share), and many
+/// tokens may take another (the GEMM): this is why the mode exists.
+#[test]
+fn fast_mode_single_token_is_the_invariant_path() {
+    let pool = ThreadPool::new(2);
+    let (ty, rows, cols) = (GgmlType::Q8_0, 16, 256);
+    let mut rng = Rng::new(77);
+    let data = random_weights(&mut rng, ty, rows, cols);
+    let w = WeightRef::new(ty, &data, rows, cols).unwrap();
+    let x = rng.vec(cols);
+    let mut fast = vec![0f32; rows];
+    matmul(&pool, &w, &x, &mut fast, 1);
+    let mut inv = vec![0f32; rows];
+    {
+        let _inv = crate::numerics::invariant_scope(true);
+        matmul(&pool, &w, &x, &mut inv, 1);
+    }
+    assert!(fast
+        .iter()
+        .zip(&inv)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
 #[test]
 fn scales_mins_k4_equal_the_bytewise_lookup() {
     let mut state = 0x1234_5678_9abc_def0u64;

@@ -38,6 +38,7 @@ mod level_tests {
             super::ssd::tests::chunked_matches_sequential();
             super::ssm::tests::mamba1_matches_naive();
             super::attention::tests::matches_naive_softmax();
+            super::attention::tests::invariant_mode_queries_equal_single_query_calls();
         }
         force_level(None);
     }

@@ -72,6 +72,11 @@ pub struct SchedulerConfig {
     pub reuse_by_text: bool,
     /// A line on stderr per finished request.
     pub log_requests: bool,
+    /// Prompts too through the batch-invariant kernels: every output is
+    /// then bit for bit that of the request alone, whatever the load and
+    /// the prefix cache (see `Worker::forward`). Generated tokens always
+    /// are batch-invariant.
+    pub batch_invariant: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -82,6 +87,7 @@ impl Default for SchedulerConfig {
             prefill_chunk: 512,
             reuse_by_text: true,
             log_requests: false,
+            batch_invariant: false,
         }
     }
 }

@@ -5,7 +5,7 @@
 
 use super::{Event, Worker};
 use crate::metrics;
-use coil::engine::BatchEntry;
+use coil::engine::{BatchEntry, EngineError, Numerics};
 use coil::models::LogitRows;
 use std::time::Instant;
 
@@ -26,18 +26,9 @@ impl Worker {
         if plan.is_empty() {
             return;
         }
-        let entries: Vec<BatchEntry> = plan
-            .iter()
-            .map(|p| BatchEntry {
-                seq: self.active[p.active].seq,
-                tokens: &p.tokens,
-                logits: p.rows,
-            })
-            .collect();
         let t0 = Instant::now();
-        let result = self.engine.decode_batch(&entries);
+        let result = self.forward(&plan);
         let secs = t0.elapsed().as_secs_f64();
-        drop(entries);
         metrics::add(&self.metrics.decode_steps, 1);
         metrics::add(&self.metrics.busy_us, (secs * 1e6) as usize);
         let logits = match result {
@@ -46,6 +37,47 @@ impl Worker {
         };
         self.count_rates(&plan, secs);
         self.after_step(plan, logits);
+    }
+
+    /// Runs the step's entries; returns each one's logits, in plan order.
+    ///
+    /// Generated tokens always go through the batch-invariant kernels
+    /// ([`Numerics::BatchInvariant`]): a sequence's logits are then bit for
+    /// bit those of decoding it alone, however many others share the step.
+    /// Prompt chunks take the fast kernels (GEMM, chunked scans) in a call
+    /// of their own, unless `batch_invariant` is set: then they join the
+    /// same invariant call, and a request's whole output no longer depends
+    /// on the load, on how its prompt was cut into chunks or on where it
+    /// resumed from the prefix cache (every state is the token-by-token
+    /// one), at the cost of slower prompt processing.
+    fn forward<'p>(&mut self, plan: &'p [Planned]) -> Result<Vec<Vec<f32>>, EngineError> {
+        let active = &self.active;
+        let entry = |p: &'p Planned| BatchEntry {
+            seq: active[p.active].seq,
+            tokens: &p.tokens,
+            logits: p.rows,
+        };
+        if self.cfg.batch_invariant {
+            let entries: Vec<BatchEntry> = plan.iter().map(entry).collect();
+            return self
+                .engine
+                .decode_batch_with(&entries, Numerics::BatchInvariant);
+        }
+        let mut out = vec![Vec::new(); plan.len()];
+        for (prompt, numerics) in [(true, Numerics::Fast), (false, Numerics::BatchInvariant)] {
+            let idx: Vec<usize> = (0..plan.len())
+                .filter(|&i| plan[i].is_prompt == prompt)
+                .collect();
+            if idx.is_empty() {
+                continue;
+            }
+            let entries: Vec<BatchEntry> = idx.iter().map(|&i| entry(&plan[i])).collect();
+            let logits = self.engine.decode_batch_with(&entries, numerics)?;
+            for (i, l) in idx.into_iter().zip(logits) {
+                out[i] = l;
+            }
+        }
+        Ok(out)
     }
 
     /// What each active request feeds this step: its sampled token, or the

@@ -68,7 +68,16 @@ pub fn start_arch(arch: &str, parallel: usize, cache: usize, ctx: usize) -> Test
 /// or, for a name ending in `_tiny`, the parity fixture
 /// `tests/fixtures/parity/<name>/model.gguf` (the Gated DeltaNet models).
 pub fn start_any(name: &str, parallel: usize, cache: usize, ctx: usize) -> TestServer {
-    let path = if name.ends_with("_tiny") {
+    start_any_cfg(name, cache, ctx, config(parallel))
+}
+
+/// [`start_any`] with a scheduler configuration of its own (`name` "demo":
+/// the bundled demo model).
+pub fn start_any_cfg(name: &str, cache: usize, ctx: usize, cfg: SchedulerConfig) -> TestServer {
+    let path = if name == "demo" {
+        // The bundled demo model (Q8_0; trained, so near-ties are common).
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/shakespeare-hybrid-q8_0.gguf")
+    } else if name.ends_with("_tiny") {
         PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../../tests/fixtures/parity")
             .join(name)
@@ -76,8 +85,8 @@ pub fn start_any(name: &str, parallel: usize, cache: usize, ctx: usize) -> TestS
     } else {
         fixture(name)
     };
-    let engine = Engine::load(path, options(parallel, cache, ctx)).expect("load");
-    start_engine(engine, parallel)
+    let engine = Engine::load(path, options(cfg.parallel, cache, ctx)).expect("load");
+    start_engine_cfg(engine, cfg)
 }
 
 /// The Granite fixture with `tokenizer.chat_template` set to `template`

@@ -56,6 +56,23 @@ pub struct BatchEntry<'a> {
     pub logits: LogitRows,
 }
 
+/// How [`Engine::decode_batch_with`] computes a micro-batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Numerics {
+    /// The fastest kernels for the micro-batch's size (a GEMM for the
+    /// weight products of many tokens, chunked scans for long chunks):
+    /// equal to token-at-a-time decoding up to f32 rounding. For prompts.
+    #[default]
+    Fast,
+    /// Batch-invariant: every entry's logits and state are bit for bit
+    /// those of feeding its tokens one at a time with the sequence alone,
+    /// whatever else shares the call (see [`UBatch::invariant`]). For
+    /// speculative verification and batched decoding, where a greedy
+    /// output must not depend on the batch. Slower than `Fast` for long
+    /// chunks (no GEMM, no chunked scan), the same speed for a token each.
+    BatchInvariant,
+}
+
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
     /// Worker threads (default: physical cores).
@@ -135,6 +152,19 @@ impl Engine {
     /// the logits rows it asked for (`[rows, n_vocab]`). Everything is
     /// checked before anything runs: a bad entry changes no sequence.
     pub fn decode_batch(&mut self, entries: &[BatchEntry]) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.decode_batch_with(entries, Numerics::Fast)
+    }
+
+    /// [`Engine::decode_batch`] with the given [`Numerics`]. With
+    /// [`Numerics::BatchInvariant`] each entry's logits rows are bit for bit
+    /// those of [`Engine::eval`]`(seq, tokens, rows, 1)` on the sequence
+    /// alone: what a speculative verification of k drafted tokens needs to
+    /// reproduce plain greedy decoding exactly.
+    pub fn decode_batch_with(
+        &mut self,
+        entries: &[BatchEntry],
+        numerics: Numerics,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
         let n_vocab = self.n_vocab();
         for (i, e) in entries.iter().enumerate() {
             if entries[..i].iter().any(|o| o.seq == e.seq) {
@@ -188,9 +218,11 @@ impl Engine {
                 break;
             }
             let rows: Vec<usize> = chunks.iter().map(|c| c.n_logit_rows()).collect();
-            let logits = self
-                .model
-                .forward(&self.pool, &UBatch { chunks }, &mut self.mem)?;
+            let ub = UBatch {
+                chunks,
+                invariant: numerics == Numerics::BatchInvariant,
+            };
+            let logits = self.model.forward(&self.pool, &ub, &mut self.mem)?;
             for &i in &owners {
                 let e = &entries[i];
                 self.mem
@@ -234,11 +266,30 @@ impl Engine {
     /// replays the tokens from there. Exact: the state equals that of a
     /// sequence that only ever saw the first `p` tokens.
     pub fn seq_truncate(&mut self, seq: SeqId, p: usize) -> Result<RollbackStats, EngineError> {
+        self.seq_truncate_with(seq, p, Numerics::Fast)
+    }
+
+    /// [`Engine::seq_truncate`] replaying with the given [`Numerics`]. With
+    /// [`Numerics::BatchInvariant`] the replayed positions get bit for bit
+    /// the state of decoding them one at a time (a rejected speculative
+    /// draft rolled back inside its verification batch leaves the state
+    /// plain greedy decoding has); `Fast` replays them like a prompt.
+    pub fn seq_truncate_with(
+        &mut self,
+        seq: SeqId,
+        p: usize,
+        numerics: Numerics,
+    ) -> Result<RollbackStats, EngineError> {
         let t0 = std::time::Instant::now();
         let from = self.mem.seq_len(seq)?;
         let replay = self.mem.rollback(seq, p)?;
         if !replay.is_empty() {
-            self.eval(seq, &replay, LogitRows::None, 0)?;
+            let entry = BatchEntry {
+                seq,
+                tokens: &replay,
+                logits: LogitRows::None,
+            };
+            self.decode_batch_with(&[entry], numerics)?;
         }
         let stats = RollbackStats {
             from,

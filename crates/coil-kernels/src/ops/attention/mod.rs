@@ -219,6 +219,9 @@ struct Call<'a> {
     kv_len: &'a [usize],
     scale: f32,
     out: *mut f32,
+    /// Queries per work item: [`QB`], or 1 in batch-invariant mode (each
+    /// query then computed exactly as when it is alone).
+    qb: usize,
 }
 
 /// A work item: queries `t0..t1`, KV head `kvh` and its query heads.
@@ -414,10 +417,10 @@ fn items(i0: usize, i1: usize, call: &Call, sc: &mut Scratch) {
     let n_q = call.kv_len.len();
     let n_kv = call.kv.n_kv_heads;
     for i in i0..i1 {
-        let t0 = (i / n_kv) * QB;
+        let t0 = (i / n_kv) * call.qb;
         let it = Item {
             t0,
-            t1: (t0 + QB).min(n_q),
+            t1: (t0 + call.qb).min(n_q),
             kvh: i % n_kv,
         };
         // SAFETY: `attention` checked the shapes and hands each work item
@@ -471,7 +474,15 @@ pub fn attention(
         "attention: kv_len beyond the view"
     );
     let op = SendPtr(out.as_mut_ptr());
-    let n_items = n_q.div_ceil(QB) * kv.n_kv_heads;
+    // A query's result depends on the queries that share its work item
+    // (the row tiling and the transposed-K path follow the item's row
+    // count); in batch-invariant mode each query is an item of its own.
+    let qb = if crate::numerics::batch_invariant() {
+        1
+    } else {
+        QB
+    };
+    let n_items = n_q.div_ceil(qb) * kv.n_kv_heads;
     let grain = (n_items / (pool.n_threads() * 4)).max(1);
     pool.parallel_for(n_items, grain, |r, _| {
         SCRATCH.with(|sc| {
@@ -483,6 +494,7 @@ pub fn attention(
                 kv_len,
                 scale,
                 out: op.get(),
+                qb,
             };
             items_mv(r.start, r.end, &call, &mut sc);
         });
@@ -569,6 +581,51 @@ pub(crate) mod tests {
             attention(&pool, &q, nh, &view16, &lens, scale, &mut out);
             for (a, e) in out.iter().zip(&want) {
                 assert!((*a as f64 - e).abs() < 5e-3);
+            }
+        }
+    }
+
+    /// Batch invariance: in the invariant scope, each query of a call gives
+    /// bit for bit what it gives alone (one-query call), at every SIMD
+    /// level (run by `ops_at_every_level`), for the row-at-a-time and the
+    /// tiled kernels.
+    pub(crate) fn invariant_mode_queries_equal_single_query_calls() {
+        let pool = ThreadPool::new(2);
+        let mut rng = Rng::new(33);
+        let _inv = crate::numerics::invariant_scope(true);
+        for &(nq, nh, nkv, hd, npos) in &[
+            (17, 4, 2, 8, 60),
+            (17, 8, 1, 16, 70),
+            (9, 6, 2, 64, 40),
+            (17, 32, 2, 5, 33),
+        ] {
+            let stride = nkv * hd;
+            let q = rng.vec(nq * nh * hd);
+            let k = rng.vec(npos * stride);
+            let v = rng.vec(npos * stride);
+            let lens: Vec<usize> = (0..nq).map(|i| npos - nq + 1 + i).collect();
+            let scale = 1.0 / (hd as f32).sqrt();
+            let view = KvView {
+                k: KvData::F32(&k),
+                v: KvData::F32(&v),
+                n_pos: npos,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                row_stride: stride,
+            };
+            let mut all = vec![0f32; q.len()];
+            attention(&pool, &q, nh, &view, &lens, scale, &mut all);
+            let w = nh * hd;
+            for t in 0..nq {
+                let mut one = vec![0f32; w];
+                let qt = &q[t * w..(t + 1) * w];
+                attention(&pool, qt, nh, &view, &lens[t..t + 1], scale, &mut one);
+                let same = one
+                    .iter()
+                    .zip(&all[t * w..(t + 1) * w])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                let level = crate::simd::level();
+                assert!(same, "{level:?} nq {nq} nh {nh} hd {hd}: query {t}");
             }
         }
     }

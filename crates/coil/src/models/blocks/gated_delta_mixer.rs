@@ -338,7 +338,10 @@ impl GatedDeltaMixer {
                 beta: &beta[rows.start * hv..rows.end * hv],
             };
             let os = &mut o[rows.start * vd..rows.end * vd];
-            if t >= p.chunk_min_tokens {
+            // Batch-invariant micro-batches take the recurrence at any
+            // length (bit for bit the one-token result; see
+            // `coil_kernels::numerics`).
+            if t >= p.chunk_min_tokens && !coil_kernels::batch_invariant() {
                 gated_delta_chunked(pool, dims, p.chunk, st.ssm, inputs, os, t);
             } else {
                 gated_delta_scan(pool, dims, st.ssm, inputs, os, t);

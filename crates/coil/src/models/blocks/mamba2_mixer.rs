@@ -213,7 +213,10 @@ impl Mamba2Mixer {
                 c: &xbc[di + gn..],
                 ldbc: ch,
             };
-            if t >= p.ssd_min_tokens {
+            // Batch-invariant micro-batches (speculative verification,
+            // batched decode) take the recurrence at any length: each
+            // token's output is then bit for bit that of decoding it alone.
+            if t >= p.ssd_min_tokens && !coil_kernels::batch_invariant() {
                 if let Some(f) = ssm_from {
                     st.ssm.copy_from_slice(f);
                 }

@@ -207,6 +207,8 @@ impl Model for DecoderStack {
         mem: &mut Memory,
     ) -> Result<Vec<f32>, ModelError> {
         check_ubatch(ub, mem)?;
+        // Every kernel called below on this thread reads it.
+        let _numerics = coil_kernels::invariant_scope(ub.invariant);
         let d = self.info.n_embd;
         let n = ub.n_tokens();
         let tokens: Vec<u32> = ub

@@ -1,0 +1,253 @@
+//! Batch invariance (what speculative decoding stands on): with
+//! `Numerics::BatchInvariant`, the logits of every position are bit for bit
+//! those of feeding the tokens one at a time, each sequence alone —
+//!
+//! * one sequence in micro-batches of 2..=17 tokens (a verification of 16
+//!   drafted tokens plus the last accepted one);
+//! * a rollback inside a verification batch (replayed with the invariant
+//!   kernels), then decoding on;
+//! * N = 1..=16 sequences decoding (and prefilling prefixes of different
+//!   lengths) in one micro-batch beside a 17-token verification chunk of
+//!   another sequence;
+//!
+//! for every architecture (the llama.cpp-converted fixtures, the tools'
+//! fixtures and the bundled Q8_0 demo model), at every SIMD level this CPU
+//! has. The reference is plain one-token decoding (`Numerics::Fast`, one
+//! token per call), so the test also pins that one token takes the
+//! invariant path.
+
+mod common;
+
+use coil::engine::{BatchEntry, Engine, EngineOptions, Numerics};
+use coil::models::LogitRows;
+use coil_kernels::simd::{available_levels, force_level};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// The SIMD level is process-wide: tests of this binary take turns.
+static LEVEL: Mutex<()> = Mutex::new(());
+
+/// Draft-max 16 plus the last accepted token.
+const K_MAX: usize = 17;
+const N_SEQ: usize = 16;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn engine(model: &Path) -> Engine {
+    let opts = EngineOptions {
+        n_threads: 2,
+        n_seq_max: N_SEQ + 1,
+        n_ctx: 256,
+        ..Default::default()
+    };
+    Engine::load(model, opts).unwrap()
+}
+
+/// `[tokens.len(), n_vocab]`: one token per call, the sequence alone.
+fn one_at_a_time(e: &mut Engine, tokens: &[u32]) -> Vec<f32> {
+    e.mem_clear();
+    let mut out = Vec::new();
+    for t in tokens {
+        out.extend(
+            e.eval(0, std::slice::from_ref(t), LogitRows::All, 1)
+                .unwrap(),
+        );
+    }
+    out
+}
+
+/// Panics at the first position whose logits differ in any bit.
+fn assert_bitwise(what: &str, got: &[f32], want: &[f32], n_vocab: usize, pos0: usize) {
+    assert_eq!(got.len(), want.len(), "{what}: row count");
+    for (i, (g, w)) in got.chunks(n_vocab).zip(want.chunks(n_vocab)).enumerate() {
+        if let Some(j) = (0..n_vocab).find(|&j| g[j].to_bits() != w[j].to_bits()) {
+            let d = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            panic!(
+                "{what}: position {} differs (logit {j}: {} vs {} one at a time; max |Δ| {d:e})",
+                pos0 + i,
+                g[j],
+                w[j]
+            );
+        }
+    }
+}
+
+fn invariant(e: &mut Engine, entries: &[BatchEntry]) -> Vec<Vec<f32>> {
+    e.decode_batch_with(entries, Numerics::BatchInvariant)
+        .unwrap()
+}
+
+fn check_model(name: &str, model: &Path, tokens: &[u32]) {
+    let _turn = LEVEL.lock().unwrap_or_else(|p| p.into_inner());
+    let n = tokens.len();
+    assert!(n >= K_MAX + 3, "{name}: fixture prompt too short");
+    for level in available_levels() {
+        force_level(Some(level));
+        let what = |s: String| format!("{name} ({}): {s}", level.name());
+        let mut e = engine(model);
+        let v = e.n_vocab();
+        let reference = one_at_a_time(&mut e, tokens);
+        let at = |p: usize, len: usize| &reference[p * v..(p + len) * v];
+
+        // One sequence, micro-batches of k tokens.
+        for k in 2..=K_MAX {
+            e.mem_clear();
+            let mut got = Vec::new();
+            for chunk in tokens.chunks(k) {
+                let entry = BatchEntry {
+                    seq: 0,
+                    tokens: chunk,
+                    logits: LogitRows::All,
+                };
+                got.extend(invariant(&mut e, &[entry]).remove(0));
+            }
+            assert_bitwise(&what(format!("chunks of {k}")), &got, &reference, v, 0);
+        }
+
+        // N sequences: prefixes of 1..=N tokens prefilled together (and a
+        // 3-token prefix of sequence 0), then one token each beside a
+        // 17-token verification chunk of sequence 0.
+        for n_seq in 1..=N_SEQ {
+            e.mem_clear();
+            let pre: Vec<BatchEntry> = std::iter::once(0)
+                .chain(1..=n_seq)
+                .map(|s| BatchEntry {
+                    seq: s,
+                    tokens: &tokens[..if s == 0 { 3 } else { s }],
+                    logits: LogitRows::All,
+                })
+                .collect();
+            let got = invariant(&mut e, &pre);
+            for (entry, g) in pre.iter().zip(&got) {
+                let w = at(0, entry.tokens.len());
+                let s = entry.seq;
+                assert_bitwise(
+                    &what(format!("{n_seq} seqs, prefill of seq {s}")),
+                    g,
+                    w,
+                    v,
+                    0,
+                );
+            }
+            let step: Vec<BatchEntry> = std::iter::once(0)
+                .chain(1..=n_seq)
+                .map(|s| BatchEntry {
+                    seq: s,
+                    tokens: if s == 0 {
+                        &tokens[3..3 + K_MAX]
+                    } else {
+                        &tokens[s..s + 1]
+                    },
+                    logits: LogitRows::All,
+                })
+                .collect();
+            let got = invariant(&mut e, &step);
+            for (entry, g) in step.iter().zip(&got) {
+                let p0 = if entry.seq == 0 { 3 } else { entry.seq };
+                let w = at(p0, entry.tokens.len());
+                let s = entry.seq;
+                assert_bitwise(&what(format!("{n_seq} seqs, step of seq {s}")), g, w, v, p0);
+            }
+        }
+
+        // A verification rejected part-way: roll back inside it (restore
+        // the checkpoint before it, replay the accepted tokens with the
+        // invariant kernels), then decode on: the one-at-a-time logits.
+        for accepted in [1, 8, 12] {
+            e.mem_clear();
+            e.eval(0, &tokens[..3], LogitRows::None, 1).unwrap();
+            let entry = BatchEntry {
+                seq: 0,
+                tokens: &tokens[3..3 + K_MAX],
+                logits: LogitRows::All,
+            };
+            invariant(&mut e, &[entry]);
+            let p = 3 + accepted;
+            e.seq_truncate_with(0, p, Numerics::BatchInvariant).unwrap();
+            let got = e.eval(0, &tokens[p..p + 1], LogitRows::All, 1).unwrap();
+            let w = format!("rollback to {p} inside a verification");
+            assert_bitwise(&what(w), &got, at(p, 1), v, p);
+        }
+    }
+    force_level(None);
+}
+
+fn llama_cpp(arch: &str) {
+    let f = common::llama_cpp_fixture(arch);
+    check_model(arch, &f.model, &f.tokens);
+}
+
+fn tool(name: &str) {
+    let f = common::tool_fixture(name);
+    check_model(name, &f.model, &f.tokens);
+}
+
+#[test]
+fn mamba() {
+    llama_cpp("mamba");
+    tool("mamba_dstate8");
+}
+
+#[test]
+fn mamba2() {
+    llama_cpp("mamba2");
+    tool("mamba2_g1_hd16");
+    tool("mamba2_g4_hd24");
+}
+
+#[test]
+fn jamba() {
+    llama_cpp("jamba");
+    tool("jamba_small");
+}
+
+#[test]
+fn granite_hybrid() {
+    llama_cpp("bamba");
+    llama_cpp("granitemoehybrid");
+    tool("bamba_partial_rope");
+    tool("granitemoehybrid_rope");
+}
+
+#[test]
+fn falcon_h1() {
+    llama_cpp("falcon_h1");
+}
+
+#[test]
+fn nemotron_h() {
+    llama_cpp("nemotron_h");
+    llama_cpp("nemotron_h_moe");
+    tool("nemotron_h_mixed");
+    tool("nemotron_h_no_attn");
+}
+
+#[test]
+fn llama() {
+    llama_cpp("llama");
+}
+
+#[test]
+fn lfm2() {
+    tool("lfm2_small");
+    tool("lfm2moe_small");
+}
+
+#[test]
+fn gated_delta_net() {
+    tool("qwen35_tiny");
+    tool("qwen35moe_tiny");
+    tool("qwen3next_tiny");
+}
+
+/// The bundled demo model: Q8_0 weights (the integer dot kernels, one and
+/// four tokens at a time), Mamba-2 and attention.
+#[test]
+fn bundled_q8_0_model() {
+    let model = repo().join("models/shakespeare-hybrid-q8_0.gguf");
+    // Any text: ids below the 2048-token vocabulary.
+    let tokens: Vec<u32> = (0..40u32).map(|i| (i * 37 + 11) % 2048).collect();
+    check_model("shakespeare-hybrid-q8_0", &model, &tokens);
+}
