@@ -18,8 +18,9 @@
 //!   tokens: batch-invariant mode.
 //! * many tokens (prefill): for Q8_0/Q4_0/IQ4_NL/Q4_K/Q5_K/Q6_K/IQ4_XS on
 //!   AVX-512 VNNI, an integer GEMM (`igemm`: weights unpacked to i8 per
-//!   16-row panel, activations quantized per 32 values); for every other
-//!   format and level, [`gemm`] — weights decoded to f32 panel by panel and an
+//!   16-row panel, activations quantized per 32 values); on AVX2, one for
+//!   Q4_K/Q5_K/Q6_K/Q8_0 (`igemm_avx2`: `vpmaddubsw` / `vpmaddwd`, 8-row
+//!   panels); for every other format and level, [`gemm`] — weights decoded to f32 panel by panel and an
 //!   f32 register-tile GEMM. Compute-bound. (Below 4 tokens, formats without
 //!   a dot kernel decode each row once and use f32 dots.)
 
@@ -218,7 +219,7 @@ pub fn matmul_at(
 static INT_GEMM: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 /// Integer GEMM for prefill (AVX-512 VNNI: the 32-block formats; AVX2: Q4_K,
-/// Q5_K, Q6_K): on unless
+/// Q5_K, Q6_K, Q8_0): on unless
 /// `COIL_INT_GEMM=0` is set or [`set_int_gemm`]`(false)` was called.
 fn int_gemm_enabled() -> bool {
     use std::sync::atomic::Ordering;
