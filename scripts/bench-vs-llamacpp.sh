@@ -6,8 +6,9 @@
 # 2. makes a Python environment for llama.cpp's converter (transformers 4.x);
 # 3. creates the random-weight benchmark models (tools/make_bench_models.py:
 #    mamba2-370m-like, hybrid-350m-like; see docs/PERFORMANCE.md);
-# 4. converts them with llama.cpp's convert_hf_to_gguf.py (--outtype f16) and
-#    quantizes to Q8_0 and Q4_K_M with llama-quantize;
+# 4. converts them with llama.cpp's convert_hf_to_gguf.py (--outtype f16, and
+#    --outtype bf16 for BF16) and quantizes to Q8_0 and Q4_K_M with
+#    llama-quantize;
 # 5. builds coil in release;
 # 6. for each file, REPS rounds of: `coil bench`, then `llama-bench` (once per
 #    --repack value), each a fresh process with one timed repetition after
@@ -35,7 +36,7 @@
 #                                [--models "mamba2-370m-like hybrid-350m-like"]
 #                                (also: mamba-370m-like, a Mamba-1 shape;
 #                                lfm2-1.2b-like, LFM2's short-conv hybrid)
-#                                [--types "F16 Q8_0 Q4_K_M"] [--skip-build]
+#                                [--types "F16 BF16 Q8_0 Q4_K_M"] [--skip-build]
 #                                [--isa avx2|avx512|native]
 #   scripts/bench-vs-llamacpp.sh --report RUN_DIR [same -r/-p/-n/-d/--models/--types]
 #                                (re-print the report of a finished run)
@@ -62,7 +63,7 @@ N_PROMPT=512
 N_GEN=128
 N_DEPTH=0
 MODELS="mamba2-370m-like hybrid-350m-like"
-TYPES="F16 Q8_0 Q4_K_M"
+TYPES="F16 BF16 Q8_0 Q4_K_M"
 SKIP_BUILD=0
 REPORT_ONLY=""
 ISA=""
@@ -240,6 +241,18 @@ for m in $MODELS; do
     fi
     for t in $TYPES; do
         [ "$t" = F16 ] && continue
+        if [ "$t" = BF16 ]; then
+            # bf16 is a conversion (the checkpoint's own type), not a quantization
+            bf16="$BENCH_DIR/$m/$m.BF16.gguf"
+            if [ ! -f "$bf16" ]; then
+                log "converting $m (llama.cpp's convert_hf_to_gguf.py --outtype bf16)"
+                PYTHONPATH="$LLAMACPP_GGUF_PY" "$CONVERT_PYTHON" "$LLAMACPP_CONVERT" "$hf" \
+                    --outtype bf16 --outfile "$bf16.partial" > "$BENCH_DIR/$m/convert.bf16.log" 2>&1 \
+                    || { echo "error: conversion failed, see $BENCH_DIR/$m/convert.bf16.log" >&2; exit 1; }
+                mv "$bf16.partial" "$bf16"
+            fi
+            continue
+        fi
         q="$BENCH_DIR/$m/$m.$t.gguf"
         if [ ! -f "$q" ]; then
             log "quantizing $m to $t"

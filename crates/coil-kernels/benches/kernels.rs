@@ -146,8 +146,8 @@ fn fma_peak_iters(pool: &ThreadPool, iters: usize) -> f64 {
             #[cfg(target_arch = "x86_64")]
             black_box(unsafe {
                 match lvl {
-                    simd::SimdLevel::Avx512 => fma_loop_512(iters),
-                    _ => fma_loop_256(iters),
+                    simd::SimdLevel::Avx512 => fma_loop_512(black_box(iters)),
+                    _ => fma_loop_256(black_box(iters)),
                 }
             });
         });
@@ -283,7 +283,10 @@ fn main() {
                     | GgmlType::IQ4_XS
             ),
             simd::SimdLevel::Avx2 => {
-                matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+                matches!(
+                    ty,
+                    GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_0
+                )
             }
             simd::SimdLevel::Scalar => false,
         };

@@ -1,16 +1,26 @@
 //! Many-token products (prefill): `y = x · Wᵀ` with the weights decoded to
-//! f32 a panel at a time and laid out as strips of [`RB`] rows, `[k][RB]`,
+//! f32 a panel at a time and laid out as strips of `rb` rows, `[k][rb]`,
 //! so the microkernel holds a strip's rows in vector lanes and broadcasts
-//! activations read in place from `x` (`[n_tokens, cols]`): an `MT tokens ×
-//! RB rows` tile of `y` accumulates in registers and goes straight to `y`'s
-//! rows, whole vectors each. Nothing is packed on the activation side and
-//! nothing transposed on the output side.
+//! activations: an `mt tokens × rb rows` tile of `y` accumulates in
+//! registers and goes straight to `y`'s rows, whole vectors each. Nothing is
+//! transposed on the output side.
 //!
 //! A work item is a panel of up to [`PANEL`] weight rows times a group of
 //! tokens; its rows are decoded [`KC`] columns at a time (row by row, then
 //! transposed into strips in registers). Decoding costs O(rows·cols) per
 //! item while the products cost O(rows·cols·tokens), so every weight format
 //! runs at f32 GEMM speed once there are enough tokens.
+//!
+//! Two loop orders, per SIMD level ([`Shape`]):
+//! * AVX-512 and portable: 32-row strips, activations read in place from `x`
+//!   (`[n_tokens, cols]`); per token tile, every strip of the panel.
+//! * AVX2 (16 ymm registers, a 6 × 16 tile): 16-row strips, and the
+//!   activations packed once per call as `[tile of 6 tokens][cols][6]`, so a
+//!   tile's broadcasts come from one contiguous stream; per strip (16 KiB,
+//!   kept in L1), every token tile of a block of [`MC_TILES`] (in L2). Read
+//!   in place, the 6 token rows of a tile sit `cols` floats apart — a
+//!   multiple of 4 KiB for the usual widths, so they all fall in the same
+//!   L1 sets — and every strip was re-read from L2 for each tile.
 
 use super::{decode_segment, SendPtr, WeightRef};
 use crate::pool::ThreadPool;
@@ -19,31 +29,97 @@ use crate::simd::SimdLevel;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Weight rows per strip: the microkernel's rows, in vector lanes.
+/// Weight rows per strip at the AVX-512 and portable levels (AVX2: 16).
 pub const RB: usize = 32;
 /// Columns decoded per step (a multiple of every block size, 256).
 pub const KC: usize = 256;
-/// Weight rows per work item (a multiple of [`RB`]).
+/// Weight rows per work item (a multiple of both strip widths).
 pub const PANEL: usize = 96;
-/// Tokens per unit of a work item's token group.
+/// Tokens per unit of a work item's token group (activations in place).
 const TG: usize = 32;
 /// Largest microkernel token count.
 const MT_MAX: usize = 12;
+/// Token tiles per block of the packed loop order (6 tokens each: 120
+/// tokens, 120 KiB of packed activations per [`KC`] columns, in L2 beside
+/// the panel's strips).
+const MC_TILES: usize = 20;
+
+/// How a level tiles the product.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    /// Weight rows per strip (the microkernel's vector lanes).
+    rb: usize,
+    /// Tokens per microkernel tile.
+    mt: usize,
+    /// Activations packed per tile (`[tile][cols][mt]`) and strips outside
+    /// token tiles; else read in place, tiles outside strips.
+    packed: bool,
+}
+
+fn shape_for(level: SimdLevel) -> Shape {
+    match level {
+        SimdLevel::Avx512 => Shape {
+            rb: RB,
+            mt: MT_MAX,
+            packed: false,
+        },
+        SimdLevel::Avx2 => Shape {
+            rb: 16,
+            mt: 6,
+            packed: true,
+        },
+        SimdLevel::Scalar => Shape {
+            rb: RB,
+            mt: 4,
+            packed: false,
+        },
+    }
+}
 
 thread_local! {
     /// A panel decoded row by row, `[PANEL][KC]`, and as strips,
-    /// `[PANEL / RB][KC][RB]`.
+    /// `[PANEL / rb][KC][rb]`.
     static RBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     static SBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The calling thread's packed activations (kept between calls: no
+    /// page faults per call).
+    static XPACK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Tokens of the microkernel tile for `level`.
-fn mt_for(level: SimdLevel) -> usize {
-    match level {
-        SimdLevel::Avx512 => MT_MAX,
-        SimdLevel::Avx2 => 6,
-        SimdLevel::Scalar => 4,
-    }
+/// `xp[i][k][j] = x[(i·mt + j)·cols + k]` for tokens `< n` (0 beyond).
+fn pack_x(
+    pool: &ThreadPool,
+    x: &[f32],
+    n: usize,
+    cols: usize,
+    mt: usize,
+    xp: &mut [f32],
+    level: SimdLevel,
+) {
+    let n_tiles = n.div_ceil(mt);
+    assert!(x.len() >= n * cols && xp.len() >= n_tiles * mt * cols);
+    let pp = SendPtr(xp.as_mut_ptr());
+    pool.parallel_for(n_tiles, 8, |tr, _| {
+        for i in tr {
+            // SAFETY: tile i owns xp[i·cols·mt .. (i+1)·cols·mt].
+            let dst =
+                unsafe { std::slice::from_raw_parts_mut(pp.get().add(i * cols * mt), cols * mt) };
+            let m = mt.min(n - i * mt);
+            let src = &x[i * mt * cols..(i * mt + m) * cols];
+            #[cfg(target_arch = "x86_64")]
+            if level == SimdLevel::Avx2 && mt == 6 {
+                // SAFETY: AVX2 is the CPU's (the level says so); sizes as checked.
+                unsafe { x86::pack_tile6_avx2(src, m, cols, dst) };
+                continue;
+            }
+            let _ = level;
+            for k in 0..cols {
+                for j in 0..mt {
+                    dst[k * mt + j] = if j < m { src[j * cols + k] } else { 0.0 };
+                }
+            }
+        }
+    });
 }
 
 pub fn gemm(
@@ -56,7 +132,11 @@ pub fn gemm(
 ) {
     let (rows, cols) = (w.rows, w.cols);
     assert!(x.len() >= n_tokens * cols && y.len() >= n_tokens * rows);
-    let nb = n_tokens.div_ceil(TG);
+    let shape = shape_for(level);
+    let (rb, mt) = (shape.rb, shape.mt);
+    // Token groups are made of whole units (whole tiles when packed).
+    let unit = if shape.packed { 6 * mt } else { TG };
+    let nb = n_tokens.div_ceil(unit);
     let panels = rows.div_ceil(PANEL);
     // Split the tokens into groups when there are few row panels.
     let mut groups = 1;
@@ -67,8 +147,20 @@ pub fn gemm(
     let units_per_group = nb.div_ceil(groups);
     let groups = nb.div_ceil(units_per_group);
 
+    let mut xpack = if shape.packed {
+        let mut v = XPACK.with(|b| std::mem::take(&mut *b.borrow_mut()));
+        let len = n_tokens.div_ceil(mt) * mt * cols;
+        if v.len() < len {
+            v.resize(len, 0.0);
+        }
+        pack_x(pool, x, n_tokens, cols, mt, &mut v, level);
+        v
+    } else {
+        Vec::new()
+    };
+    let xpp = SendPtr(xpack.as_mut_ptr());
+
     let yp = SendPtr(y.as_mut_ptr());
-    let mt = mt_for(level);
     let n_items = panels * groups;
     // Work items are claimed one ahead, so the first weight block of the
     // next item can be fetched while this one computes — except for the
@@ -89,8 +181,13 @@ pub fn gemm(
                 let mut sbuf = sbuf.borrow_mut();
                 if rbuf.len() < PANEL * KC {
                     rbuf.resize(PANEL * KC, 0.0);
-                    sbuf.resize(PANEL * KC, 0.0);
+                    sbuf.resize(PANEL * KC + 16, 0.0);
                 }
+                // The strips start on a cache line: a strip's row of 16
+                // floats is then one line, not two halves of two (split
+                // loads; twice the lines in L1).
+                let off = sbuf.as_ptr().align_offset(64).min(15);
+                let sbuf = &mut sbuf[off..off + PANEL * KC];
                 let mut item = claim();
                 while item < n_items {
                     let following = if next_item.load(Ordering::Relaxed) + n_threads < n_items {
@@ -100,24 +197,26 @@ pub fn gemm(
                     };
                     let (r0, nr) = rows_of(item);
                     let g = item % groups;
-                    let t_begin = g * units_per_group * TG;
-                    let t_end = ((g + 1) * units_per_group * TG).min(n_tokens);
-                    let n_strips = nr.div_ceil(RB);
+                    let t_begin = g * units_per_group * unit;
+                    let t_end = ((g + 1) * units_per_group * unit).min(n_tokens);
+                    let n_strips = nr.div_ceil(rb);
+                    let n_tiles = (t_end - t_begin).div_ceil(mt);
                     let mut k0 = 0;
                     while k0 < cols {
                         let kc = KC.min(cols - k0);
                         // Weight rows r0..r0+nr, columns k0..k0+kc, as f32
-                        // strips [strip][k][RB] (rows past nr zero).
+                        // strips [strip][k][rb] (rows past nr zero).
                         for r in 0..nr {
                             let src = w.row_range(r0 + r, k0, kc);
                             decode_segment(w.ty, src, &mut rbuf[r * kc..(r + 1) * kc], level);
                         }
-                        to_strips(&rbuf, nr, kc, &mut sbuf, level);
+                        to_strips(&rbuf, nr, kc, rb, sbuf, level);
                         // The panel's rows are many concurrent streams, more
                         // than hardware prefetchers follow: fetch the next
                         // block (of this item, else the first of the
-                        // following one) ahead, spread over the token tiles
-                        // so the requests overlap the products.
+                        // following one) ahead, spread over the
+                        // microkernel calls so the requests overlap the
+                        // products.
                         let ahead = if k0 + kc < cols {
                             Some((r0, nr, k0 + kc, KC.min(cols - k0 - kc)))
                         } else if following < n_items {
@@ -126,34 +225,95 @@ pub fn gemm(
                         } else {
                             None
                         };
-                        let n_tiles = (t_end - t_begin).div_ceil(mt);
-                        for (i, t0) in (t_begin..t_end).step_by(mt).enumerate() {
+                        let n_calls = n_tiles * n_strips;
+                        let mut call = 0;
+                        let fetch = |call: usize| {
                             if let Some((pr0, pnr, pk0, pkc)) = ahead {
-                                for r in i * pnr / n_tiles..(i + 1) * pnr / n_tiles {
+                                for r in call * pnr / n_calls..(call + 1) * pnr / n_calls {
                                     prefetch(w.row_range(pr0 + r, pk0, pkc));
                                 }
                             }
-                            let m = mt.min(t_end - t0);
-                            for s in 0..n_strips {
-                                let nrs = RB.min(nr - s * RB);
-                                // SAFETY: the strip holds kc·RB values; x
-                                // rows t0..t0+m have cols ≥ k0+kc values;
-                                // y[t0..t0+m, r0+s·RB ..+nrs] belong to this
-                                // item only.
-                                unsafe {
-                                    microkernel(
-                                        level,
-                                        m,
-                                        sbuf.as_ptr().add(s * kc * RB),
-                                        x.as_ptr().add(t0 * cols + k0),
-                                        cols,
-                                        kc,
-                                        yp.get().add(t0 * rows + r0 + s * RB),
-                                        rows,
-                                        nrs,
-                                        k0 == 0,
-                                    )
-                                };
+                        };
+                        // Tile i's tokens t_begin + i·mt.., its y rows
+                        // from column r0 + s·rb: (m, y pointer).
+                        let tile = |i: usize, s: usize| {
+                            let t0 = t_begin + i * mt;
+                            // SAFETY: y[t0.., r0 + s·rb..] belongs to this item.
+                            (mt.min(t_end - t0), unsafe {
+                                yp.get().add(t0 * rows + r0 + s * rb)
+                            })
+                        };
+                        if shape.packed {
+                            for tb in (0..n_tiles).step_by(MC_TILES) {
+                                for s in 0..n_strips {
+                                    let nrs = rb.min(nr - s * rb);
+                                    let tb_end = (tb + MC_TILES).min(n_tiles);
+                                    for i in tb..tb_end {
+                                        fetch(call);
+                                        call += 1;
+                                        let (m, yt) = tile(i, s);
+                                        // The next tile's partial sums (rows
+                                        // 16 KiB apart, usually not in L1)
+                                        // load while this one computes.
+                                        if k0 > 0 && i + 1 < tb_end {
+                                            let (m2, y2) = tile(i + 1, s);
+                                            for t in 0..m2 {
+                                                // SAFETY: inside y (row t of tile i+1).
+                                                let yr = unsafe { y2.add(t * rows) };
+                                                prefetch_l1(yr, nrs);
+                                            }
+                                        }
+                                        // SAFETY: the strip holds kc·rb
+                                        // values; the packed tile has cols·mt
+                                        // from its start (t_begin is a
+                                        // multiple of mt); y rows t0..t0+m,
+                                        // columns ..+nrs belong to this item.
+                                        unsafe {
+                                            let xt = xpp
+                                                .get()
+                                                .add((t_begin / mt + i) * cols * mt + k0 * mt);
+                                            packed_microkernel(
+                                                level,
+                                                m,
+                                                sbuf.as_ptr().add(s * kc * rb),
+                                                xt,
+                                                kc,
+                                                yt,
+                                                rows,
+                                                nrs,
+                                                k0 == 0,
+                                            )
+                                        };
+                                    }
+                                }
+                            }
+                        } else {
+                            for i in 0..n_tiles {
+                                for s in 0..n_strips {
+                                    fetch(call);
+                                    call += 1;
+                                    let (m, yt) = tile(i, s);
+                                    let t0 = t_begin + i * mt;
+                                    let nrs = rb.min(nr - s * rb);
+                                    // SAFETY: the strip holds kc·rb values;
+                                    // x rows t0..t0+m have cols ≥ k0+kc
+                                    // values; y[t0..t0+m, r0+s·rb ..+nrs]
+                                    // belong to this item only.
+                                    unsafe {
+                                        microkernel(
+                                            level,
+                                            m,
+                                            sbuf.as_ptr().add(s * kc * rb),
+                                            x.as_ptr().add(t0 * cols + k0),
+                                            cols,
+                                            kc,
+                                            yt,
+                                            rows,
+                                            nrs,
+                                            k0 == 0,
+                                        )
+                                    };
+                                }
                             }
                         }
                         k0 += kc;
@@ -167,20 +327,24 @@ pub fn gemm(
             })
         });
     });
+    if shape.packed {
+        XPACK.with(|b| *b.borrow_mut() = xpack);
+    }
 }
 
-/// `strips[s][k][i] = rows[(s·RB + i)·kc + k]` for rows `< nr` (0 beyond),
-/// in 16 × 16 register transposes at the SIMD levels.
-fn to_strips(rows: &[f32], nr: usize, kc: usize, strips: &mut [f32], level: SimdLevel) {
-    assert!(rows.len() >= nr * kc && strips.len() >= nr.div_ceil(RB) * RB * kc);
+/// `strips[s][k][i] = rows[(s·rb + i)·kc + k]` for rows `< nr` (0 beyond),
+/// in 16 × 16 register transposes at the SIMD levels (`rb` a multiple of 16).
+fn to_strips(rows: &[f32], nr: usize, kc: usize, rb: usize, strips: &mut [f32], level: SimdLevel) {
+    assert!(rb.is_multiple_of(16));
+    assert!(rows.len() >= nr * kc && strips.len() >= nr.div_ceil(rb) * rb * kc);
     // SAFETY: the sizes are checked above; the levels are the CPU's.
     unsafe {
         match level {
             #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx512 => x86::to_strips_avx512(rows, nr, kc, strips),
+            SimdLevel::Avx512 => x86::to_strips_avx512(rows, nr, kc, rb, strips),
             #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx2 => x86::to_strips_avx2(rows, nr, kc, strips),
-            _ => to_strips_body::<Lanes>(rows, nr, kc, strips),
+            SimdLevel::Avx2 => x86::to_strips_avx2(rows, nr, kc, rb, strips),
+            _ => to_strips_body::<Lanes>(rows, nr, kc, rb, strips),
         }
     }
 }
@@ -188,20 +352,42 @@ fn to_strips(rows: &[f32], nr: usize, kc: usize, strips: &mut [f32], level: Simd
 /// [`to_strips`] with `V`'s transposes.
 ///
 /// # Safety
-/// `rows` holds `nr · kc` values, `strips` `ceil(nr / RB) · RB · kc`.
+/// `rows` holds `nr · kc` values, `strips` `ceil(nr / rb) · rb · kc`.
 #[inline(always)]
-unsafe fn to_strips_body<V: V16>(rows: &[f32], nr: usize, kc: usize, strips: &mut [f32]) {
-    for s in 0..nr.div_ceil(RB) {
-        let r0 = s * RB;
-        let valid = RB.min(nr - r0);
-        let dst = strips.as_mut_ptr().add(s * kc * RB);
-        transpose::<V>(rows.as_ptr().add(r0 * kc), kc, valid, kc, dst, RB);
-        if valid < RB {
+unsafe fn to_strips_body<V: V16>(
+    rows: &[f32],
+    nr: usize,
+    kc: usize,
+    rb: usize,
+    strips: &mut [f32],
+) {
+    for s in 0..nr.div_ceil(rb) {
+        let r0 = s * rb;
+        let valid = rb.min(nr - r0);
+        let dst = strips.as_mut_ptr().add(s * kc * rb);
+        transpose::<V>(rows.as_ptr().add(r0 * kc), kc, valid, kc, dst, rb);
+        if valid < rb {
             for k in 0..kc {
-                std::slice::from_raw_parts_mut(dst.add(k * RB + valid), RB - valid).fill(0.0);
+                std::slice::from_raw_parts_mut(dst.add(k * rb + valid), rb - valid).fill(0.0);
             }
         }
     }
+}
+
+/// Hints the CPU to bring the `n` floats at `p` into L1.
+#[inline(always)]
+fn prefetch_l1(p: *const f32, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: a prefetch has no effect on memory, whatever the address.
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(n.max(1) - 1) as *const i8);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, n);
 }
 
 /// Hints the CPU to bring `bytes` into L2.
@@ -244,8 +430,6 @@ unsafe fn microkernel(
     match level {
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx512 => x86::mk_avx512_dispatch(m, strip, x, xs, kc, y, ys, nrs, init),
-        #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 => x86::mk_avx2_dispatch(m, strip, x, xs, kc, y, ys, nrs, init),
         _ => {
             for t in 0..m {
                 let mut acc = [0f32; RB];
@@ -265,6 +449,32 @@ unsafe fn microkernel(
     }
 }
 
+/// `y[t·ys + i] (+)= Σ_k xt[k·mt + t] · strip[k·rb + i]` for `t < m`,
+/// `i < nrs`, with the activations packed (`xt`: a tile, `[k][mt]`).
+///
+/// # Safety
+/// `strip` valid for `kc·rb` values; `xt` for `kc·mt`; `y` for `m` rows of
+/// stride `ys` with `nrs ≤ rb` values each; `level`'s shape packed and
+/// supported by the CPU.
+#[allow(clippy::too_many_arguments)]
+unsafe fn packed_microkernel(
+    level: SimdLevel,
+    m: usize,
+    strip: *const f32,
+    xt: *const f32,
+    kc: usize,
+    y: *mut f32,
+    ys: usize,
+    nrs: usize,
+    init: bool,
+) {
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => x86::mk_avx2_packed(m, strip, xt, kc, y, ys, nrs, init),
+        _ => unreachable!("no packed microkernel at {level:?}"),
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::RB;
@@ -272,13 +482,25 @@ mod x86 {
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn to_strips_avx512(rows: &[f32], nr: usize, kc: usize, strips: &mut [f32]) {
-        super::to_strips_body::<__m512>(rows, nr, kc, strips)
+    pub unsafe fn to_strips_avx512(
+        rows: &[f32],
+        nr: usize,
+        kc: usize,
+        rb: usize,
+        strips: &mut [f32],
+    ) {
+        super::to_strips_body::<__m512>(rows, nr, kc, rb, strips)
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn to_strips_avx2(rows: &[f32], nr: usize, kc: usize, strips: &mut [f32]) {
-        super::to_strips_body::<Pair>(rows, nr, kc, strips)
+    pub unsafe fn to_strips_avx2(
+        rows: &[f32],
+        nr: usize,
+        kc: usize,
+        rb: usize,
+        strips: &mut [f32],
+    ) {
+        super::to_strips_body::<Pair>(rows, nr, kc, rb, strips)
     }
 
     macro_rules! dispatch {
@@ -296,7 +518,6 @@ mod x86 {
         };
     }
     dispatch!(mk_avx512_dispatch, mk_avx512, 1 2 3 4 5 6 7 8 9 10 11 12);
-    dispatch!(mk_avx2_dispatch, mk_avx2, 1 2 3 4 5 6);
 
     /// Lane masks of the two vectors of a strip's first `nrs` rows.
     fn masks(nrs: usize) -> (u16, u16) {
@@ -355,66 +576,121 @@ mod x86 {
         }
     }
 
+    /// One tile of 6 tokens, `dst[k·6 + j] = src[j·cols + k]` (`m ≤ 6`
+    /// token rows in `src`, zeros for the others): 8 columns at a time, an
+    /// 8 × 8 transpose (rows 6 and 7 zero), each column stored as 8 lanes
+    /// whose last 2 the next column's store overwrites.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn pack_tile6_avx2(src: &[f32], m: usize, cols: usize, dst: &mut [f32]) {
+        assert!(m <= 6 && src.len() >= m * cols && dst.len() >= 6 * cols);
+        let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+        let six = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0);
+        let mut k0 = 0;
+        while k0 + 8 <= cols {
+            let mut r = [_mm256_setzero_ps(); 8];
+            for (j, v) in r.iter_mut().enumerate().take(m) {
+                *v = _mm256_loadu_ps(sp.add(j * cols + k0));
+            }
+            let mut t = [_mm256_setzero_ps(); 8];
+            for k in 0..4 {
+                t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+                t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+            }
+            for q in 0..2 {
+                let (a, b, c, d) = (t[4 * q], t[4 * q + 1], t[4 * q + 2], t[4 * q + 3]);
+                r[4 * q] = _mm256_shuffle_ps::<0x44>(a, c);
+                r[4 * q + 1] = _mm256_shuffle_ps::<0xee>(a, c);
+                r[4 * q + 2] = _mm256_shuffle_ps::<0x44>(b, d);
+                r[4 * q + 3] = _mm256_shuffle_ps::<0xee>(b, d);
+            }
+            // column c = k0 + k: (r[k] low | r[k + 4] low) for k < 4, highs for k ≥ 4
+            let col = |k: usize| {
+                if k < 4 {
+                    _mm256_permute2f128_ps::<0x20>(r[k], r[k + 4])
+                } else {
+                    _mm256_permute2f128_ps::<0x31>(r[k - 4], r[k])
+                }
+            };
+            let o = dp.add(6 * k0);
+            for k in 0..7 {
+                _mm256_storeu_ps(o.add(6 * k), col(k));
+            }
+            _mm256_maskstore_ps(o.add(42), six, col(7));
+            k0 += 8;
+        }
+        for k in k0..cols {
+            for j in 0..6 {
+                *dp.add(6 * k + j) = if j < m { *sp.add(j * cols + k) } else { 0.0 };
+            }
+        }
+    }
+
+    /// Lane masks (`maskload` / `maskstore`) of the first `n ≤ 16` of 16 rows.
+    #[inline(always)]
+    unsafe fn masks256(n: usize) -> [__m256i; 2] {
+        let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let lim = |k: usize| _mm256_set1_epi32(n.saturating_sub(k).min(8) as i32);
+        [
+            _mm256_cmpgt_epi32(lim(0), idx),
+            _mm256_cmpgt_epi32(lim(8), idx),
+        ]
+    }
+
+    /// 6 tokens × 16 rows (12 accumulators, 2 weight vectors, 1 broadcast
+    /// of the 16 ymm registers): the activations' broadcasts from one
+    /// contiguous tile `[k][6]`, the strip `[k][16]` (in L1 across tiles).
+    /// Tokens past `m` are the tile's zero padding: computed, not stored.
+    /// Each output starts from `y` (unless `init`) and adds the products in
+    /// `k` order, one FMA each — the other levels' order.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn mk_avx2<const M: usize>(
+    pub unsafe fn mk_avx2_packed(
+        m: usize,
         strip: *const f32,
-        x: *const f32,
-        xs: usize,
+        xt: *const f32,
         kc: usize,
         y: *mut f32,
         ys: usize,
         nrs: usize,
         init: bool,
     ) {
-        // Each half of the strip (16 rows, 2 ymm) in turn: M tokens x 2 ymm
-        // accumulators, the activations broadcast twice (from L1).
-        let mut buf = [0f32; 16];
-        for h in 0..RB / 16 {
-            let n = nrs.saturating_sub(16 * h).min(16);
-            if n == 0 {
-                break;
-            }
-            let mut acc = [[_mm256_setzero_ps(); 2]; M];
-            if !init {
-                for (t, a) in acc.iter_mut().enumerate() {
-                    let yt = y.add(t * ys + 16 * h);
-                    let src = if n == 16 {
-                        yt as *const f32
-                    } else {
-                        buf[..n].copy_from_slice(std::slice::from_raw_parts(yt, n));
-                        buf.as_ptr()
-                    };
-                    a[0] = _mm256_loadu_ps(src);
-                    a[1] = _mm256_loadu_ps(src.add(8));
-                }
-            }
-            let mut xp = [x; M];
-            for (t, p) in xp.iter_mut().enumerate() {
-                *p = x.add(t * xs);
-            }
-            let mut wk = strip.add(16 * h);
-            for _ in 0..kc {
-                let w0 = _mm256_loadu_ps(wk);
-                let w1 = _mm256_loadu_ps(wk.add(8));
-                for t in 0..M {
-                    let b = _mm256_set1_ps(*xp[t]);
-                    acc[t][0] = _mm256_fmadd_ps(b, w0, acc[t][0]);
-                    acc[t][1] = _mm256_fmadd_ps(b, w1, acc[t][1]);
-                    xp[t] = xp[t].add(1);
-                }
-                wk = wk.add(RB);
-            }
-            for (t, a) in acc.iter().enumerate() {
-                let yt = y.add(t * ys + 16 * h);
-                if n == 16 {
-                    _mm256_storeu_ps(yt, a[0]);
-                    _mm256_storeu_ps(yt.add(8), a[1]);
+        const M: usize = 6;
+        let full = nrs == 16;
+        let mk = masks256(nrs);
+        let mut acc = [[_mm256_setzero_ps(); 2]; M];
+        if !init {
+            for (t, a) in acc.iter_mut().enumerate().take(m) {
+                let yt = y.add(t * ys);
+                if full {
+                    a[0] = _mm256_loadu_ps(yt);
+                    a[1] = _mm256_loadu_ps(yt.add(8));
                 } else {
-                    _mm256_storeu_ps(buf.as_mut_ptr(), a[0]);
-                    _mm256_storeu_ps(buf.as_mut_ptr().add(8), a[1]);
-                    std::slice::from_raw_parts_mut(yt, n).copy_from_slice(&buf[..n]);
+                    a[0] = _mm256_maskload_ps(yt, mk[0]);
+                    a[1] = _mm256_maskload_ps(yt.add(8), mk[1]);
                 }
+            }
+        }
+        let mut wk = strip;
+        let mut xk = xt;
+        for _ in 0..kc {
+            let w0 = _mm256_loadu_ps(wk);
+            let w1 = _mm256_loadu_ps(wk.add(8));
+            for (t, a) in acc.iter_mut().enumerate() {
+                let b = _mm256_broadcast_ss(&*xk.add(t));
+                a[0] = _mm256_fmadd_ps(b, w0, a[0]);
+                a[1] = _mm256_fmadd_ps(b, w1, a[1]);
+            }
+            wk = wk.add(16);
+            xk = xk.add(M);
+        }
+        for (t, a) in acc.iter().enumerate().take(m) {
+            let yt = y.add(t * ys);
+            if full {
+                _mm256_storeu_ps(yt, a[0]);
+                _mm256_storeu_ps(yt.add(8), a[1]);
+            } else {
+                _mm256_maskstore_ps(yt, mk[0], a[0]);
+                _mm256_maskstore_ps(yt.add(8), mk[1], a[1]);
             }
         }
     }

@@ -5,7 +5,8 @@
 //! `x`: `[n_tokens, cols]` f32, `y`: `[n_tokens, rows]` f32.
 //!
 //! Two strategies, chosen per call by format and token count:
-//! * few tokens (decode, < 24 for quantized formats, < 16 for F32/F16/BF16):
+//! * few tokens (decode; < 12 for the formats with an integer GEMM at AVX2
+//!   or AVX-512, < 24 for other quantized formats, < 16 for F32/F16/BF16):
 //!   per-row dot products; quantized formats quantize the activations on the
 //!   fly (Q8_0-style for Q8_0/Q4_0/IQ4_NL, Q8_K-style for K-quants and
 //!   IQ4_XS) and use integer dot products as llama.cpp does, 4 tokens per
@@ -18,8 +19,9 @@
 //!   tokens: batch-invariant mode.
 //! * many tokens (prefill): for Q8_0/Q4_0/IQ4_NL/Q4_K/Q5_K/Q6_K/IQ4_XS on
 //!   AVX-512 VNNI, an integer GEMM (`igemm`: weights unpacked to i8 per
-//!   16-row panel, activations quantized per 32 values); for every other
-//!   format and level, [`gemm`] — weights decoded to f32 panel by panel and an
+//!   16-row panel, activations quantized per 32 values); on AVX2, one for
+//!   Q4_K/Q5_K/Q6_K/Q8_0 (`igemm_avx2`: `vpmaddubsw` / `vpmaddwd`, 8-row
+//!   panels); for every other format and level, [`gemm`] — weights decoded to f32 panel by panel and an
 //!   f32 register-tile GEMM. Compute-bound. (Below 4 tokens, formats without
 //!   a dot kernel decode each row once and use f32 dots.)
 
@@ -218,7 +220,7 @@ pub fn matmul_at(
 static INT_GEMM: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 /// Integer GEMM for prefill (AVX-512 VNNI: the 32-block formats; AVX2: Q4_K,
-/// Q5_K, Q6_K): on unless
+/// Q5_K, Q6_K, Q8_0): on unless
 /// `COIL_INT_GEMM=0` is set or [`set_int_gemm`]`(false)` was called.
 fn int_gemm_enabled() -> bool {
     use std::sync::atomic::Ordering;
@@ -265,6 +267,13 @@ fn gemm_min_tokens(ty: GgmlType, level: SimdLevel) -> usize {
         // The two-panel integer GEMM overtakes the dot kernels early
         // (2 threads, 4096 x 4096: Q4_K 16 tokens 0.91 ms against 1.79,
         // 8 tokens even; Q8_0 16 tokens 1.75-2.04 against 2.51).
+        return 12;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx2 && igemm_avx2::supported(ty) && int_gemm_enabled() {
+        // The AVX2 integer GEMM (Q4_K/Q5_K/Q6_K/Q8_0) crosses the dot
+        // kernels at about 8 tokens (4096 x 4096, 1 thread; at 12 tokens
+        // Q8_0 6.5 ms against 8.3, Q4_K 6.1 against 14.0): as at AVX-512.
         return 12;
     }
     match (ty, level) {

@@ -1,5 +1,4 @@
-//! Integer GEMM for many tokens (prefill) at the AVX2 level (no VNNI), for
-//! the K-quants of the Q4_K_M / Q5_K_M mixtures: Q4_K, Q5_K, Q6_K.
+//! The K-quants of the Q4_K_M / Q5_K_M mixtures: Q4_K, Q5_K, Q6_K.
 //!
 //! Their weights are small unsigned integers `q` (Q4_K 0..15, Q5_K 0..31,
 //! Q6_K 0..63) with an integer scale `s` per group of 32 (Q6_K: 16) values
@@ -20,8 +19,9 @@
 //! `vpmaddubsw`); a broadcast of 4 activation bytes feeds it. The
 //! microkernel keeps 4 tokens × 8 rows in registers.
 
-use super::dequant::{rd_f16, scale_min_k4};
-use super::{SendPtr, WeightRef};
+use super::super::dequant::{rd_f16, scale_min_k4};
+use super::super::{SendPtr, WeightRef};
+use super::{over_panels, store_tokens, tile_tokens, NR};
 use crate::pool::ThreadPool;
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
@@ -29,13 +29,6 @@ use std::cell::RefCell;
 
 /// Tokens per microkernel call.
 const NT: usize = 4;
-/// Weight rows per panel (one 256-bit vector of i32 / f32 lanes).
-const NR: usize = 8;
-
-/// Whether `ty` has an AVX2 integer GEMM.
-pub fn supported(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
-}
 
 /// One packed panel of [`NR`] rows.
 #[derive(Default)]
@@ -286,10 +279,7 @@ unsafe fn kernel<const ACC: usize, const GC: usize>(
     let nsb = cols / 256;
     let gps = 64 / GC; // scale groups per super-block
     let npairs = cols / (4 * GC) / 2;
-    let mut tok = [0usize; NT];
-    for (i, t) in tok.iter_mut().enumerate() {
-        *t = ts[i.min(ts.len() - 1)];
-    }
+    let tok = tile_tokens::<NT>(ts);
     let xp: [*const i8; NT] = tok.map(|t| acts.qx.as_ptr().add(t * cols));
     let mut facc = [_mm256_setzero_ps(); NT];
     for sb in 0..nsb {
@@ -334,56 +324,34 @@ unsafe fn kernel<const ACC: usize, const GC: usize>(
             facc[t] = _mm256_fmadd_ps(v, dx, facc[t]);
         }
     }
-    for (i, &t) in ts.iter().enumerate() {
-        let dst = y.add(t * rows + r0);
-        if nr == NR {
-            _mm256_storeu_ps(dst, facc[i]);
-        } else {
-            let mut tmp = [0f32; NR];
-            _mm256_storeu_ps(tmp.as_mut_ptr(), facc[i]);
-            std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, nr);
-        }
-    }
+    store_tokens(&facc, ts, nr, y, rows, r0);
 }
 
-/// `y = x · wᵀ` for `n_tokens` tokens. The caller checks [`supported`] and
-/// that the CPU has AVX2 + FMA + F16C.
-pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_tokens: usize) {
+/// `y = x · wᵀ` for `n_tokens` tokens (Q4_K, Q5_K or Q6_K weights; the
+/// CPU has AVX2 + FMA + F16C).
+pub(super) fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_tokens: usize) {
     let (rows, cols) = (w.rows, w.cols);
     let group = if w.ty == GgmlType::Q6_K { 16 } else { 32 };
     let mut acts = ACTS.with(|a| std::mem::take(&mut *a.borrow_mut()));
     quantize_acts(pool, x, n_tokens, cols, group, &mut acts);
     let yp = SendPtr(y.as_mut_ptr());
-    let rb = w.row_bytes();
-    pool.parallel_for(rows.div_ceil(NR), 1, |pr, _| {
-        PANEL.with(|p| {
-            let mut p = p.borrow_mut();
-            let all: Vec<usize> = (0..n_tokens).collect();
-            for it in pr {
-                let r0 = NR * it;
-                // SAFETY: AVX2 checked by the caller.
-                unsafe { pack_panel(w, r0, &mut p) };
-                // The next panel's rows load while this one is multiplied.
-                let next = r0 + NR;
-                if next < rows {
-                    let end = (next + NR).min(rows);
-                    super::gemm::prefetch(&w.data[next * rb..end * rb]);
-                }
-                let nr = NR.min(rows - r0);
-                for ts in all.chunks(NT) {
-                    // SAFETY: AVX2 checked by the caller; rows r0..r0+nr of
-                    // y belong to this item only.
-                    unsafe {
-                        let y = yp.get();
-                        match w.ty {
-                            GgmlType::Q4_K => kernel::<8, 8>(&p, &acts, cols, ts, nr, y, rows, r0),
-                            GgmlType::Q5_K => kernel::<4, 8>(&p, &acts, cols, ts, nr, y, rows, r0),
-                            _ => kernel::<2, 4>(&p, &acts, cols, ts, nr, y, rows, r0),
-                        }
-                    }
+    let all: Vec<usize> = (0..n_tokens).collect();
+    over_panels(pool, w, &PANEL, |r0, nr, p, packed| {
+        // SAFETY: AVX2 checked by the caller.
+        unsafe { pack_panel(w, r0, p) };
+        packed();
+        for ts in all.chunks(NT) {
+            // SAFETY: AVX2 checked by the caller; rows r0..r0+nr of y
+            // belong to this panel only.
+            unsafe {
+                let y = yp.get();
+                match w.ty {
+                    GgmlType::Q4_K => kernel::<8, 8>(p, &acts, cols, ts, nr, y, rows, r0),
+                    GgmlType::Q5_K => kernel::<4, 8>(p, &acts, cols, ts, nr, y, rows, r0),
+                    _ => kernel::<2, 4>(p, &acts, cols, ts, nr, y, rows, r0),
                 }
             }
-        })
+        }
     });
     ACTS.with(|a| *a.borrow_mut() = acts);
 }

@@ -1,0 +1,105 @@
+//! Integer GEMM for many tokens (prefill) at the AVX2 level (no VNNI): the
+//! K-quants of the Q4_K_M / Q5_K_M mixtures (Q4_K, Q5_K, Q6_K, [`kquant`])
+//! and Q8_0 ([`q8_0`]).
+//!
+//! Both multiply small integers exactly in i32 per scale group and apply
+//! the float scales once per group: weights packed per panel of [`NR`] rows
+//! (one 256-bit vector of i32 / f32 lanes), activations quantized once per
+//! call, a microkernel holding a few tokens × 8 rows in registers. This
+//! file is what they share: the panels over the thread pool, the next
+//! panel's rows fetched while one is multiplied, the token tiles, the
+//! stores.
+
+mod kquant;
+mod q8_0;
+
+use super::WeightRef;
+use crate::pool::ThreadPool;
+use coil_gguf::GgmlType;
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+/// Weight rows per panel (one 256-bit vector of i32 / f32 lanes).
+const NR: usize = 8;
+
+/// Whether `ty` has an AVX2 integer GEMM.
+pub fn supported(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_0
+    )
+}
+
+/// `y = x · wᵀ` for `n_tokens` tokens. The caller checks [`supported`] and
+/// that the CPU has AVX2 + FMA + F16C.
+pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_tokens: usize) {
+    if w.ty == GgmlType::Q8_0 {
+        q8_0::igemm(pool, w, x, y, n_tokens)
+    } else {
+        kquant::igemm(pool, w, x, y, n_tokens)
+    }
+}
+
+/// Runs `item(r0, nr, panel)` for every panel of [`NR`] weight rows
+/// (`r0..r0 + nr`, `nr < NR` only for the last) over the pool, each thread
+/// with its own reusable `P` from `key`; the next panel's encoded rows are
+/// fetched into L2 when `item` has packed this one (`item` calls
+/// `packed()` then; its decode would otherwise wait on memory).
+fn over_panels<P: Default + 'static>(
+    pool: &ThreadPool,
+    w: &WeightRef,
+    key: &'static std::thread::LocalKey<RefCell<P>>,
+    item: impl Fn(usize, usize, &mut P, &dyn Fn()) + Sync,
+) {
+    let rows = w.rows;
+    let rb = w.row_bytes();
+    pool.parallel_for(rows.div_ceil(NR), 1, |pr, _| {
+        key.with(|p| {
+            let mut p = p.borrow_mut();
+            for it in pr {
+                let r0 = NR * it;
+                let next = r0 + NR;
+                let fetch_next = || {
+                    if next < rows {
+                        let end = (next + NR).min(rows);
+                        super::gemm::prefetch(&w.data[next * rb..end * rb]);
+                    }
+                };
+                item(r0, NR.min(rows - r0), &mut p, &fetch_next);
+            }
+        })
+    });
+}
+
+/// Stores `acc[i]` (rows `r0..r0 + nr` of token `ts[i]`) into `y`.
+///
+/// # Safety
+/// AVX available; `y` is `[tokens, rows]` and holds every `ts[i]`'s row;
+/// `nr ≤ NR`, `r0 + nr ≤ rows`.
+#[inline(always)]
+unsafe fn store_tokens(
+    acc: &[__m256],
+    ts: &[usize],
+    nr: usize,
+    y: *mut f32,
+    rows: usize,
+    r0: usize,
+) {
+    for (a, &t) in acc.iter().zip(ts) {
+        let dst = y.add(t * rows + r0);
+        if nr == NR {
+            _mm256_storeu_ps(dst, *a);
+        } else {
+            let mut tmp = [0f32; NR];
+            _mm256_storeu_ps(tmp.as_mut_ptr(), *a);
+            std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, nr);
+        }
+    }
+}
+
+/// The `NT` token indices of a tile of `ts` (`1 ≤ ts.len() ≤ NT`): unused
+/// slots repeat the last token (computed, not stored).
+#[inline(always)]
+fn tile_tokens<const NT: usize>(ts: &[usize]) -> [usize; NT] {
+    std::array::from_fn(|i| ts[i.min(ts.len() - 1)])
+}
