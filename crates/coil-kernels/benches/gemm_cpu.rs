@@ -11,9 +11,12 @@
 //! ran — lowers the ratio a little. `hybrid` / `mamba2`: the matrices of a
 //! layer of hybrid-350m-like / mamba2-370m-like at 512 tokens, summed.
 
+#[path = "common/fma.rs"]
+mod fma;
 use coil_gguf::GgmlType;
 use coil_kernels::testutil::{random_weights, Rng};
 use coil_kernels::{matmul, simd, ThreadPool, WeightRef};
+use fma::*;
 use std::hint::black_box;
 
 /// Time the process's CPU time (all threads) instead of this thread's.
@@ -62,46 +65,6 @@ fn best_cpu(reps: usize, mut f: impl FnMut()) -> f64 {
         best = best.min(cpu_ns() - t);
     }
     best as f64 / 1e9
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn fma_loop_256(iters: usize) -> f32 {
-    use std::arch::x86_64::*;
-    let mut acc = [_mm256_set1_ps(0.0); 12];
-    let a = _mm256_set1_ps(0.999_999);
-    let b = _mm256_set1_ps(1e-7);
-    for _ in 0..iters {
-        for v in acc.iter_mut() {
-            *v = _mm256_fmadd_ps(*v, a, b);
-        }
-    }
-    let mut o = [0f32; 8];
-    let mut s = _mm256_setzero_ps();
-    for v in acc {
-        s = _mm256_add_ps(s, v);
-    }
-    _mm256_storeu_ps(o.as_mut_ptr(), s);
-    o.iter().sum()
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn fma_loop_512(iters: usize) -> f32 {
-    use std::arch::x86_64::*;
-    let mut acc = [_mm512_set1_ps(0.0); 24];
-    let a = _mm512_set1_ps(0.999_999);
-    let b = _mm512_set1_ps(1e-7);
-    for _ in 0..iters {
-        for v in acc.iter_mut() {
-            *v = _mm512_fmadd_ps(*v, a, b);
-        }
-    }
-    let mut s = _mm512_setzero_ps();
-    for v in acc {
-        s = _mm512_add_ps(s, v);
-    }
-    _mm512_reduce_add_ps(s)
 }
 
 /// f32 FMA peak of one thread at the current SIMD level, GFLOP per CPU-second.

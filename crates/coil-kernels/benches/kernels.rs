@@ -6,9 +6,12 @@
 //! Machine limits are measured here too: memory read bandwidth (sum of a
 //! 1 GiB buffer with all threads) and the f32 FMA peak (register-only FMAs).
 
+#[path = "common/fma.rs"]
+mod fma;
 use coil_gguf::GgmlType;
 use coil_kernels::testutil::{random_weights, Rng};
 use coil_kernels::{matmul, simd, ThreadPool, WeightRef};
+use fma::*;
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -82,46 +85,6 @@ fn read_bandwidth_of(pool: &ThreadPool, buf: &[f32], reps: usize) -> f64 {
 fn read_bandwidth(pool: &ThreadPool) -> f64 {
     let buf: Vec<f32> = (0..256usize << 20).map(|i| (i % 7) as f32).collect(); // 1 GiB
     read_bandwidth_of(pool, &buf, 4)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn fma_loop_512(iters: usize) -> f32 {
-    use std::arch::x86_64::*;
-    let mut acc = [_mm512_set1_ps(0.0); 24];
-    let a = _mm512_set1_ps(0.999_999);
-    let b = _mm512_set1_ps(1e-7);
-    for _ in 0..iters {
-        for v in acc.iter_mut() {
-            *v = _mm512_fmadd_ps(*v, a, b);
-        }
-    }
-    let mut s = _mm512_setzero_ps();
-    for v in acc {
-        s = _mm512_add_ps(s, v);
-    }
-    _mm512_reduce_add_ps(s)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn fma_loop_256(iters: usize) -> f32 {
-    use std::arch::x86_64::*;
-    let mut acc = [_mm256_set1_ps(0.0); 12];
-    let a = _mm256_set1_ps(0.999_999);
-    let b = _mm256_set1_ps(1e-7);
-    for _ in 0..iters {
-        for v in acc.iter_mut() {
-            *v = _mm256_fmadd_ps(*v, a, b);
-        }
-    }
-    let mut o = [0f32; 8];
-    let mut s = _mm256_setzero_ps();
-    for v in acc {
-        s = _mm256_add_ps(s, v);
-    }
-    _mm256_storeu_ps(o.as_mut_ptr(), s);
-    o.iter().sum()
 }
 
 /// f32 FMA peak of all threads, GFLOP/s.
