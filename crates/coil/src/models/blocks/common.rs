@@ -131,6 +131,42 @@ pub fn recurrent_memory(
     })
 }
 
+/// The common start of a refold (a speculative verification of `seq` kept
+/// only `n` tokens) for a mixer with a causal conv (`d_conv` taps over `ch`
+/// channels) and a tape of `w` values per verified token whose first `ch`
+/// are the conv inputs: sets the conv window to the one after the `n` kept
+/// tokens and returns the state to overwrite, the SSM state before the
+/// verification and the tape.
+pub fn refold_conv_window(
+    mem: &mut Memory,
+    layer: usize,
+    seq: SeqId,
+    n: usize,
+    (ch, w, d_conv): (usize, usize, usize),
+) -> Result<(RecurrentState<'_>, &[f32], &[f32]), ModelError> {
+    let no_tape = || ModelError::Tensor {
+        name: format!("blk.{layer}"),
+        reason: "no verification tape to refold".into(),
+    };
+    let rec = recurrent_memory(mem, layer)?;
+    let (st, base_conv, base_ssm, tape) = rec.refold_parts(layer, seq).ok_or_else(no_tape)?;
+    if tape.len() < n * w {
+        return Err(no_tape());
+    }
+    // Conv window: rows i = n..n+K−1 of `window ++ tape inputs`.
+    let km1 = d_conv - 1;
+    for (j, dst) in st.conv.chunks_exact_mut(ch).enumerate() {
+        let i = n + j;
+        let src = if i < km1 {
+            &base_conv[i * ch..(i + 1) * ch]
+        } else {
+            &tape[(i - km1) * w..(i - km1) * w + ch]
+        };
+        dst.copy_from_slice(src);
+    }
+    Ok((st, base_ssm, tape))
+}
+
 /// The state of `layer` for sequence `seq`.
 pub fn layer_state(
     rec: &mut RecurrentMemory,

@@ -13,7 +13,9 @@
 //!   `coil_kernels::ops::gated_delta`);
 //! * `RMSNorm(o)·w ⊙ silu(z)` per value head, then `ssm_out`.
 
-use super::common::{layer_state, layer_states_moving, recurrent_memory, split_rows};
+use super::common::{
+    layer_state, layer_states_moving, recurrent_memory, refold_conv_window, split_rows,
+};
 use crate::memory::{Memory, RecurrentLayerShape};
 use crate::models::weights::{Loader, Matrix};
 use crate::models::{ModelError, Rows};
@@ -444,25 +446,7 @@ impl GatedDeltaMixer {
         let dims = p.dims;
         let (kd, vd, ch, hv) = (p.key_dim(), p.value_dim(), p.conv_channels(), dims.n_v_head);
         let w = 2 * ch + 2 * hv;
-        let rec = recurrent_memory(mem, layer)?;
-        let no_tape = || ModelError::Tensor {
-            name: format!("blk.{layer}"),
-            reason: "no verification tape to refold".into(),
-        };
-        let (st, base_conv, base_ssm, tape) = rec.refold_parts(layer, seq).ok_or_else(no_tape)?;
-        if tape.len() < n * w {
-            return Err(no_tape());
-        }
-        let km1 = p.d_conv - 1;
-        for (j, dst) in st.conv.chunks_exact_mut(ch).enumerate() {
-            let i = n + j;
-            let src = if i < km1 {
-                &base_conv[i * ch..(i + 1) * ch]
-            } else {
-                &tape[(i - km1) * w..(i - km1) * w + ch]
-            };
-            dst.copy_from_slice(src);
-        }
+        let (st, base_ssm, tape) = refold_conv_window(mem, layer, seq, n, (ch, w, p.d_conv))?;
         st.ssm.copy_from_slice(base_ssm);
         if n == 0 {
             return Ok(());

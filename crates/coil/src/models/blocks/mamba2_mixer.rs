@@ -6,7 +6,9 @@
 //! `S_h ← exp(dt_h·A_h)·S_h + dt_h·x_h ⊗ B_g`, `y_h = S_h·C_g + D_h·x_h`;
 //! gated RMSNorm per group (`y·silu(z)` before the norm); `out_proj`.
 
-use super::common::{layer_state_moving, layer_states_moving, recurrent_memory, split_rows};
+use super::common::{
+    layer_state_moving, layer_states_moving, recurrent_memory, refold_conv_window, split_rows,
+};
 use crate::memory::{Memory, RecurrentLayerShape, RecurrentMemory};
 use crate::models::weights::{Loader, Matrix};
 use crate::models::ModelError;
@@ -388,26 +390,7 @@ impl Mamba2Mixer {
         let (di, hn, gn) = (p.d_inner, p.n_head, p.n_group * p.d_state);
         let ch = p.conv_channels();
         let w = 2 * ch + hn;
-        let rec = recurrent_memory(mem, layer)?;
-        let no_tape = || ModelError::Tensor {
-            name: format!("blk.{layer}"),
-            reason: "no verification tape to refold".into(),
-        };
-        let (st, base_conv, base_ssm, tape) = rec.refold_parts(layer, seq).ok_or_else(no_tape)?;
-        if tape.len() < n * w {
-            return Err(no_tape());
-        }
-        // Conv window: rows i = n..n+K−1 of `window ++ raw`.
-        let km1 = p.d_conv - 1;
-        for (j, dst) in st.conv.chunks_exact_mut(ch).enumerate() {
-            let i = n + j;
-            let src = if i < km1 {
-                &base_conv[i * ch..(i + 1) * ch]
-            } else {
-                &tape[(i - km1) * w..(i - km1) * w + ch]
-            };
-            dst.copy_from_slice(src);
-        }
+        let (st, base_ssm, tape) = refold_conv_window(mem, layer, seq, n, (ch, w, p.d_conv))?;
         if n == 0 {
             st.ssm.copy_from_slice(base_ssm);
             return Ok(());
