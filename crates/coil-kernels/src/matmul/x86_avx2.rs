@@ -454,12 +454,33 @@ pub(super) unsafe fn k4_mins(mn: u64, bs: *const i16) -> i32 {
     _mm_cvtsi128_si32(s)
 }
 
+/// Half `n` (0, 1) of a Q6_K block's quants, unsigned 0..64: four vectors of
+/// 32, the 16-groups `8n + 2k` and `8n + 2k + 1` in vector `k`.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn q6k_quants(b: *const u8, n: usize) -> [__m256i; 4] {
+    let (m4, m3) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(3));
+    let la = _mm256_loadu_si256(b.add(64 * n) as *const __m256i);
+    let lb = _mm256_loadu_si256(b.add(64 * n + 32) as *const __m256i);
+    let h = _mm256_loadu_si256(b.add(128 + 32 * n) as *const __m256i);
+    let six = |lo: __m256i, hi2: __m256i| {
+        _mm256_or_si256(
+            _mm256_and_si256(lo, m4),
+            _mm256_slli_epi16(_mm256_and_si256(hi2, m3), 4),
+        )
+    };
+    [
+        six(la, h),
+        six(lb, _mm256_srli_epi16(h, 2)),
+        six(_mm256_srli_epi16(la, 4), _mm256_srli_epi16(h, 4)),
+        six(_mm256_srli_epi16(lb, 4), _mm256_srli_epi16(h, 6)),
+    ]
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn dot_q6_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
     let nb = xd.len();
-    let m4 = _mm256_set1_epi8(0xF);
-    let m3 = _mm256_set1_epi8(3);
     let mut facc = _mm256_setzero_ps();
     for i in 0..nb {
         let b = row.as_ptr().add(210 * i);
@@ -469,27 +490,7 @@ unsafe fn dot_q6_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
         let lanes = q6k_scale_lanes(sc16);
         let mut iacc = _mm256_setzero_si256();
         for n in 0..2 {
-            let la = _mm256_loadu_si256(b.add(64 * n) as *const __m256i);
-            let lb = _mm256_loadu_si256(b.add(64 * n + 32) as *const __m256i);
-            let h = _mm256_loadu_si256(b.add(128 + 32 * n) as *const __m256i);
-            let q = [
-                _mm256_or_si256(
-                    _mm256_and_si256(la, m4),
-                    _mm256_slli_epi16(_mm256_and_si256(h, m3), 4),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(lb, m4),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(la, 4), m4),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(lb, 4), m4),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4),
-                ),
-            ];
+            let q = q6k_quants(b, n);
             for (k, qk) in q.iter().enumerate() {
                 // 32 values = 16-groups g, g+1 with g = 8n + 2k
                 let xv = _mm256_loadu_si256(x.add(128 * n + 32 * k) as *const __m256i);

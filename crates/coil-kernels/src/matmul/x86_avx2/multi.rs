@@ -145,8 +145,6 @@ pub(super) unsafe fn dot4_q6_k(
     xs: [&[i16]; 4],
 ) -> [f32; 4] {
     let nb = xd[0].len();
-    let m4 = _mm256_set1_epi8(0xF);
-    let m3 = _mm256_set1_epi8(3);
     let mut facc = [_mm256_setzero_ps(); 4];
     for i in 0..nb {
         let b = row.as_ptr().add(210 * i);
@@ -155,27 +153,7 @@ pub(super) unsafe fn dot4_q6_k(
         let lanes = super::q6k_scale_lanes(sc16);
         let mut iacc = [_mm256_setzero_si256(); 4];
         for n in 0..2 {
-            let la = _mm256_loadu_si256(b.add(64 * n) as *const __m256i);
-            let lb = _mm256_loadu_si256(b.add(64 * n + 32) as *const __m256i);
-            let h = _mm256_loadu_si256(b.add(128 + 32 * n) as *const __m256i);
-            let q = [
-                _mm256_or_si256(
-                    _mm256_and_si256(la, m4),
-                    _mm256_slli_epi16(_mm256_and_si256(h, m3), 4),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(lb, m4),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(la, 4), m4),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(lb, 4), m4),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4),
-                ),
-            ];
+            let q = super::q6k_quants(b, n);
             for (k, qk) in q.iter().enumerate() {
                 let s = super::q6k_scale(&lanes, n, k);
                 for t in 0..4 {
