@@ -21,7 +21,7 @@
 
 use super::super::dequant::{rd_f16, scale_min_k4};
 use super::super::{SendPtr, WeightRef};
-use super::{over_panels, store_tokens, tile_tokens, NR};
+use super::{over_panels, quant, store_tokens, tile_tokens, NR};
 use crate::pool::ThreadPool;
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
@@ -226,30 +226,19 @@ fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, group: usi
                     std::slice::from_raw_parts_mut(pp.get().add(t * npairs), npairs),
                 )
             };
-            quantize_row(&x[t * cols..(t + 1) * cols], group, qx, dx, pairs);
+            // SAFETY: AVX2 checked by igemm's caller.
+            unsafe { quantize_row(&x[t * cols..(t + 1) * cols], group, qx, dx, pairs) };
         }
     });
 }
 
-/// One token, as [`super::act::QuantAct::q8_k`] quantizes it.
-fn quantize_row(x: &[f32], group: usize, qx: &mut [i8], dx: &mut [f32], pairs: &mut [i32]) {
-    for ((xb, qb), d) in x
-        .chunks_exact(256)
-        .zip(qx.chunks_exact_mut(256))
-        .zip(dx.iter_mut())
-    {
-        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-        if amax == 0.0 || !amax.is_finite() {
-            *d = if amax.is_finite() { 0.0 } else { amax };
-            qb.fill(0);
-            continue;
-        }
-        *d = amax / 127.0;
-        let id = 127.0 / amax;
-        for (q, v) in qb.iter_mut().zip(xb) {
-            *q = (v * id).round().clamp(-127.0, 127.0) as i8;
-        }
-    }
+/// One token, as [`super::super::act::QuantAct::q8_k`] quantizes it.
+///
+/// # Safety
+/// AVX2 available.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_row(x: &[f32], group: usize, qx: &mut [i8], dx: &mut [f32], pairs: &mut [i32]) {
+    quant::row_i8_256(x, qx, dx);
     for (p, g2) in pairs.iter_mut().zip(qx.chunks_exact(2 * group)) {
         let lo: i32 = g2[..group].iter().map(|&q| q as i32).sum();
         let hi: i32 = g2[group..].iter().map(|&q| q as i32).sum();

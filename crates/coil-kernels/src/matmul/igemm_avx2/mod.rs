@@ -12,6 +12,7 @@
 
 mod kquant;
 mod q8_0;
+mod quant;
 
 use super::WeightRef;
 use crate::pool::ThreadPool;

@@ -19,7 +19,7 @@
 
 use super::super::dequant::rd_f16;
 use super::super::{SendPtr, WeightRef};
-use super::{over_panels, store_tokens, tile_tokens, NR};
+use super::{over_panels, quant, store_tokens, tile_tokens, NR};
 use crate::pool::ThreadPool;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -118,61 +118,6 @@ unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
     })
 }
 
-/// One token, as [`super::super::act::QuantAct::q8_0`] quantizes it
-/// (`qx = round(x / dx)`, ties away from zero; zero and non-finite blocks
-/// as there), widened to i16.
-///
-/// # Safety
-/// AVX2 available.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn quantize_row(x: &[f32], qx: &mut [i16], dx: &mut [f32]) {
-    let absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
-    let signmask = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MIN));
-    // round() as trunc(v + copysign(0.5 - 2^-25, v)): exact (0.5 itself
-    // would turn 0.49999997 into 1)
-    let half = _mm256_set1_ps(0.499_999_97);
-    let (lim, nlim) = (_mm256_set1_ps(127.0), _mm256_set1_ps(-127.0));
-    for ((xb, qb), d) in x
-        .chunks_exact(32)
-        .zip(qx.chunks_exact_mut(32))
-        .zip(dx.iter_mut())
-    {
-        // NaN lanes count as 0 (the scalar code's `max` skips them and
-        // `NaN as i8` is 0)
-        let v: [__m256; 4] = std::array::from_fn(|j| {
-            let l = _mm256_loadu_ps(xb.as_ptr().add(8 * j));
-            _mm256_and_ps(l, _mm256_cmp_ps::<_CMP_ORD_Q>(l, l))
-        });
-        let m = _mm256_max_ps(
-            _mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask)),
-            _mm256_max_ps(_mm256_and_ps(v[2], absmask), _mm256_and_ps(v[3], absmask)),
-        );
-        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-        if amax == 0.0 || !amax.is_finite() {
-            *d = if amax.is_finite() { 0.0 } else { amax };
-            qb.fill(0);
-            continue;
-        }
-        *d = amax / 127.0;
-        let id = _mm256_set1_ps(127.0 / amax);
-        let q: [__m256i; 4] = std::array::from_fn(|j| {
-            let p = _mm256_mul_ps(v[j], id);
-            let r = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(_mm256_add_ps(
-                p,
-                _mm256_or_ps(_mm256_and_ps(p, signmask), half),
-            ));
-            _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(r, lim), nlim))
-        });
-        // packs interleave the 128-bit lanes: [0 1 | 0 1] -> put them back
-        let lo = _mm256_permute4x64_epi64::<0xD8>(_mm256_packs_epi32(q[0], q[1]));
-        let hi = _mm256_permute4x64_epi64::<0xD8>(_mm256_packs_epi32(q[2], q[3]));
-        _mm256_storeu_si256(qb.as_mut_ptr() as *mut __m256i, lo);
-        _mm256_storeu_si256(qb.as_mut_ptr().add(16) as *mut __m256i, hi);
-    }
-}
-
 fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, a: &mut Acts) {
     let nb = cols / 32;
     a.qx.resize(n * cols, 0);
@@ -188,7 +133,7 @@ fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, a: &mut Ac
                 )
             };
             // SAFETY: AVX2 checked by igemm's caller.
-            unsafe { quantize_row(&x[t * cols..(t + 1) * cols], qx, dx) };
+            unsafe { quant::row_i16(&x[t * cols..(t + 1) * cols], qx, dx) };
         }
     });
 }
@@ -261,38 +206,6 @@ mod tests {
     use super::*;
     use crate::testutil::{random_weights, Rng};
     use coil_gguf::GgmlType;
-
-    /// The activations are quantized bit for bit as the decode path does
-    /// (ties, NaN, infinities, zero blocks, values at ±amax).
-    #[test]
-    fn quantize_row_matches_quant_act() {
-        if !std::arch::is_x86_feature_detected!("avx2") {
-            return;
-        }
-        let mut rng = Rng::new(5);
-        let mut x = rng.vec(32 * 8);
-        // block 1: ties after scaling (amax 127: qx = x exactly)
-        x[32] = 127.0;
-        for i in 1..32 {
-            x[32 + i] = (i as f32 - 16.0) + 0.5;
-        }
-        x[64 + 3] = f32::NAN; // block 2
-        x[96 + 5] = f32::INFINITY; // block 3
-        x[128..160].fill(0.0); // block 4
-        x[160] = 0.499_999_97; // block 5: just below a tie
-        x[161] = 1.0;
-        x[192 + 7] = -f32::INFINITY; // block 6
-        let a = super::super::super::act::QuantAct::q8_0(&x, x.len());
-        let (mut qx, mut dx) = (vec![0i16; x.len()], vec![0f32; x.len() / 32]);
-        // SAFETY: AVX2 checked above.
-        unsafe { quantize_row(&x, &mut qx, &mut dx) };
-        for (i, (q, r)) in qx.iter().zip(&a.qs).enumerate() {
-            assert_eq!(*q, *r as i16, "value {i} ({})", x[i]);
-        }
-        for (b, (d, r)) in dx.iter().zip(&a.d).enumerate() {
-            assert_eq!(d.to_bits(), r.to_bits(), "block {b}");
-        }
-    }
 
     /// The integer GEMM gives, per row and token, `Σ_b d·dx·Σ q·qx` of the
     /// decode path's activation quantization (checked in f64, to f32
