@@ -325,7 +325,7 @@ pub(super) fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], 
     quantize_acts(pool, x, n_tokens, cols, group, &mut acts);
     let yp = SendPtr(y.as_mut_ptr());
     let all: Vec<usize> = (0..n_tokens).collect();
-    over_panels(pool, w, &PANEL, |r0, nr, p, packed| {
+    over_panels(pool, w, NR, &PANEL, |r0, nr, p, packed| {
         // SAFETY: AVX2 checked by the caller.
         unsafe { pack_panel(w, r0, p) };
         packed();
