@@ -214,17 +214,13 @@ unsafe fn kernel(
         let wb = w.add(b * PANEL_BLOCK);
         let xb = xq.add(b * TILE_BLOCK);
         let mut ia = [_mm256_setzero_si256(); 2 * NT];
-        // 4 column pairs per iteration (the loop's own instructions are a
-        // tenth of the work otherwise)
-        for g4 in 0..4 {
-            for g in 4 * g4..4 * g4 + 4 {
-                let w0 = _mm256_loadu_si256(wb.add(2 * PR * g) as *const __m256i);
-                let w1 = _mm256_loadu_si256(wb.add(2 * PR * g + 16) as *const __m256i);
-                for t in 0..NT {
-                    let x = _mm256_set1_epi32(*xb.add(NT * g + t));
-                    ia[t] = _mm256_add_epi32(ia[t], _mm256_madd_epi16(w0, x));
-                    ia[NT + t] = _mm256_add_epi32(ia[NT + t], _mm256_madd_epi16(w1, x));
-                }
+        for g in 0..16 {
+            let w0 = _mm256_loadu_si256(wb.add(2 * PR * g) as *const __m256i);
+            let w1 = _mm256_loadu_si256(wb.add(2 * PR * g + 16) as *const __m256i);
+            for t in 0..NT {
+                let x = _mm256_set1_epi32(*xb.add(NT * g + t));
+                ia[t] = _mm256_add_epi32(ia[t], _mm256_madd_epi16(w0, x));
+                ia[NT + t] = _mm256_add_epi32(ia[NT + t], _mm256_madd_epi16(w1, x));
             }
         }
         let d0 = _mm256_loadu_ps(d.add(b * PR));
