@@ -48,8 +48,11 @@ struct Panel {
     row: Vec<u8>,
 }
 
+/// Panels per work item.
+const PG: usize = 4;
+
 thread_local! {
-    static PANEL: RefCell<Panel> = RefCell::new(Panel::default());
+    static PANELS: RefCell<Vec<Panel>> = RefCell::new(Vec::new());
 }
 
 /// Scale groups per super-block: 16 for Q6_K, 8 otherwise.
@@ -325,19 +328,28 @@ pub(super) fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], 
     quantize_acts(pool, x, n_tokens, cols, group, &mut acts);
     let yp = SendPtr(y.as_mut_ptr());
     let all: Vec<usize> = (0..n_tokens).collect();
-    over_panels(pool, w, NR, &PANEL, |r0, nr, p, packed| {
-        // SAFETY: AVX2 checked by the caller.
-        unsafe { pack_panel(w, r0, p) };
+    // A work item is PG panels: each tile's activations, read from L2 or
+    // L3 for the first panel, are in L1 for the others.
+    over_panels(pool, w, PG * NR, &PANELS, |r0, nr, ps, packed| {
+        let np = nr.div_ceil(NR);
+        ps.resize_with(np.max(ps.len()), Panel::default);
+        for (k, p) in ps.iter_mut().take(np).enumerate() {
+            // SAFETY: AVX2 checked by the caller.
+            unsafe { pack_panel(w, r0 + k * NR, p) };
+        }
         packed();
         for ts in all.chunks(NT) {
-            // SAFETY: AVX2 checked by the caller; rows r0..r0+nr of y
-            // belong to this panel only.
-            unsafe {
-                let y = yp.get();
-                match w.ty {
-                    GgmlType::Q4_K => kernel::<8, 8>(p, &acts, cols, ts, nr, y, rows, r0),
-                    GgmlType::Q5_K => kernel::<4, 8>(p, &acts, cols, ts, nr, y, rows, r0),
-                    _ => kernel::<2, 4>(p, &acts, cols, ts, nr, y, rows, r0),
+            for (k, p) in ps.iter().take(np).enumerate() {
+                let (r0, nr) = (r0 + k * NR, NR.min(nr - k * NR));
+                // SAFETY: AVX2 checked by the caller; rows r0..r0+nr of y
+                // belong to this panel only.
+                unsafe {
+                    let y = yp.get();
+                    match w.ty {
+                        GgmlType::Q4_K => kernel::<8, 8>(p, &acts, cols, ts, nr, y, rows, r0),
+                        GgmlType::Q5_K => kernel::<4, 8>(p, &acts, cols, ts, nr, y, rows, r0),
+                        _ => kernel::<2, 4>(p, &acts, cols, ts, nr, y, rows, r0),
+                    }
                 }
             }
         }
