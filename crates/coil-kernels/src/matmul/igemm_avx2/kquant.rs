@@ -14,10 +14,12 @@
 //! i16 before `vpmaddwd` by the group scale widens them to i32 (Q4_K: 8,
 //! Q5_K: 4, Q6_K: 2 — the most that cannot overflow).
 //!
-//! Layout: a work item is a panel of 8 weight rows, packed
+//! Layout: a panel of 8 weight rows is packed
 //! `[32-col block][group of 4 cols][8 rows][4]` (32 bytes per
 //! `vpmaddubsw`); a broadcast of 4 activation bytes feeds it. The
-//! microkernel keeps 4 tokens × 8 rows in registers.
+//! microkernel keeps 4 tokens × 8 rows in registers. A work item is
+//! [`PG`] panels, each token tile multiplied by all of them in turn (the
+//! tile's activations read from L2 / L3 once, then from L1).
 
 use super::super::dequant::{rd_f16, scale_min_k4};
 use super::super::{SendPtr, WeightRef};
