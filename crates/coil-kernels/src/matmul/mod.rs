@@ -198,9 +198,16 @@ pub fn matmul_at(
     // [`crate::numerics`]).
     let per_row = n_tokens == 1 || crate::numerics::batch_invariant();
     match vec_kernel(w.ty, level) {
-        Some(k) if per_row || n_tokens < gemm_min_tokens(w.ty, level) => {
-            vec_path(pool, w, x, y, n_tokens, k, rows_kernel(w.ty, level))
-        }
+        Some(k) if per_row || n_tokens < gemm_min_tokens(w.ty, level) => vec_path(
+            pool,
+            w,
+            x,
+            y,
+            n_tokens,
+            k,
+            rows_kernel(w.ty, level),
+            tile_kernel(w.ty, level),
+        ),
         None if per_row || n_tokens < 4 => decode_vec_path(pool, w, x, y, n_tokens, level),
         _ => {
             #[cfg(target_arch = "x86_64")]
@@ -299,10 +306,38 @@ pub(crate) type QuantDot4 = fn(&[u8], [&[i8]; 4], [&[f32]; 4], [&[i16]; 4]) -> [
 /// no call per row, constants set up once, rows prefetched ahead).
 pub(crate) type QuantRows = fn(&[u8], usize, &[i8], &[f32], &[i16], &mut [f32]);
 
+/// One token's quantized activations (see [`act::QuantAct`]).
+#[derive(Clone, Copy)]
+pub(crate) struct TokenAct<'a> {
+    pub qs: &'a [i8],
+    pub d: &'a [f32],
+    pub sums: &'a [i16],
+}
+
+/// One to four tokens against consecutive rows: `out[t][i] = row i · token t`
+/// for the `out[t].len()` rows of `row_bytes` bytes at the start of the data
+/// (each row unpacked once for all the tokens; each token's result bit for
+/// bit the one-token kernel's).
+pub(crate) type QuantTile = fn(&[u8], usize, &[TokenAct], &mut [&mut [f32]]);
+
+/// Rows the few-token path multiplies with every group of tokens before it
+/// moves on, so the later groups find them in L1/L2.
+const TILE_ROWS: usize = 32;
+
 #[derive(Clone, Copy)]
 pub(crate) enum VecKernel {
     Float(FloatDot),
     Quant(ActKind, QuantDot, Option<QuantDot4>),
+}
+
+/// The few-token row-range kernel of `ty` at `level`, if there is one.
+fn tile_kernel(ty: GgmlType, level: SimdLevel) -> Option<QuantTile> {
+    #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx2 {
+        return x86_avx2::tile_kernel(ty);
+    }
+    let _ = (ty, level);
+    None
 }
 
 /// The one-token row-range kernel of `ty` at `level`, if there is one.
@@ -440,6 +475,7 @@ fn decode_vec_path(
     });
 }
 
+#[allow(clippy::too_many_arguments)]
 fn vec_path(
     pool: &ThreadPool,
     w: &WeightRef,
@@ -448,6 +484,7 @@ fn vec_path(
     n_tokens: usize,
     k: VecKernel,
     rows_k: Option<QuantRows>,
+    tile_k: Option<QuantTile>,
 ) {
     let (rows, cols) = (w.rows, w.cols);
     let yp = SendPtr(y.as_mut_ptr());
@@ -479,6 +516,38 @@ fn vec_path(
                     let out =
                         unsafe { std::slice::from_raw_parts_mut(yp.get().add(rr.start), rr.len()) };
                     rk(&w.data[rr.start * rb..], rb, &xa.qs, &xa.d, &xa.sums, out);
+                });
+                return;
+            }
+            let act = |t: usize| TokenAct {
+                qs: xa.qs_row(t),
+                d: &xa.d[t * nd..(t + 1) * nd],
+                sums: &xa.sums[t * ns..(t + 1) * ns],
+            };
+            if let (Some(tk), true) = (tile_k, n_tokens > 1) {
+                let rb = w.row_bytes();
+                rows_for(pool, rows, |rr| {
+                    let mut r0 = rr.start;
+                    while r0 < rr.end {
+                        let r1 = (r0 + TILE_ROWS).min(rr.end);
+                        let mut t = 0;
+                        while t < n_tokens {
+                            let nt = (n_tokens - t).min(4);
+                            let acts: [TokenAct; 4] =
+                                std::array::from_fn(|k| act((t + k).min(n_tokens - 1)));
+                            // SAFETY: y[t + k, r0..r1] is written by this chunk only.
+                            let mut outs: [&mut [f32]; 4] = std::array::from_fn(|k| unsafe {
+                                let tk = (t + k).min(n_tokens - 1);
+                                std::slice::from_raw_parts_mut(
+                                    yp.get().add(tk * rows + r0),
+                                    if k < nt { r1 - r0 } else { 0 },
+                                )
+                            });
+                            tk(&w.data[r0 * rb..r1 * rb], rb, &acts[..nt], &mut outs[..nt]);
+                            t += nt;
+                        }
+                        r0 = r1;
+                    }
                 });
                 return;
             }

@@ -1,11 +1,11 @@
 //! AVX2 (+FMA, F16C) kernels: float-format dot products and decoding.
 
 use super::dequant::{iq4xs_scales, KVALUES_IQ4NL};
-use super::{ActKind, QuantRows, SimdLevel, VecKernel, PF_ROWS};
+use super::{ActKind, QuantRows, QuantTile, SimdLevel, VecKernel, PF_ROWS};
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 
-mod multi;
+mod tiles;
 
 pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
     use ActKind::*;
@@ -14,39 +14,44 @@ pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
         GgmlType::F32 => VecKernel::Float(|r, x| unsafe { dot_f32(r, x) }),
         GgmlType::F16 => VecKernel::Float(|r, x| unsafe { dot_f16(r, x) }),
         GgmlType::BF16 => VecKernel::Float(|r, x| unsafe { dot_bf16(r, x) }),
-        GgmlType::Q8_0 => VecKernel::Quant(
-            Q8_0,
-            |r, q, d, s| unsafe { dot_q8_0(r, q, d, s) },
-            Some(|r, q, d, s| unsafe { multi::dot4_q8_0(r, q, d, s) }),
-        ),
-        GgmlType::Q4_0 => VecKernel::Quant(
-            Q8_0,
-            |r, q, d, s| unsafe { dot_q4_0(r, q, d, s) },
-            Some(|r, q, d, s| unsafe { multi::dot4_q4_0(r, q, d, s) }),
-        ),
-        GgmlType::IQ4_NL => VecKernel::Quant(
-            Q8_0,
-            |r, q, d, s| unsafe { dot_iq4_nl(r, q, d, s) },
-            Some(|r, q, d, s| unsafe { multi::dot4_iq4_nl(r, q, d, s) }),
-        ),
+        GgmlType::Q8_0 => {
+            VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_q8_0(r, q, d, s) }, None)
+        }
+        GgmlType::Q4_0 => {
+            VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_q4_0(r, q, d, s) }, None)
+        }
+        GgmlType::IQ4_NL => {
+            VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_iq4_nl(r, q, d, s) }, None)
+        }
         GgmlType::Q4_K => VecKernel::Quant(
             Q8K,
             |r, q, d, s| unsafe { dot_k45::<false>(r, q, d, s) },
-            Some(|r, q, d, s| unsafe { multi::dot4_k45::<false>(r, q, d, s) }),
+            None,
         ),
         GgmlType::Q5_K => VecKernel::Quant(
             Q8K,
             |r, q, d, s| unsafe { dot_k45::<true>(r, q, d, s) },
-            Some(|r, q, d, s| unsafe { multi::dot4_k45::<true>(r, q, d, s) }),
+            None,
         ),
-        GgmlType::Q6_K => VecKernel::Quant(
-            Q8K,
-            |r, q, d, s| unsafe { dot_q6_k(r, q, d, s) },
-            Some(|r, q, d, s| unsafe { multi::dot4_q6_k(r, q, d, s) }),
-        ),
+        GgmlType::Q6_K => VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_q6_k(r, q, d, s) }, None),
         GgmlType::IQ4_XS => {
             VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_iq4_xs(r, q, d, s) }, None)
         }
+        _ => return None,
+    })
+}
+
+/// The few-token row-range kernel of `ty` (1 to 4 tokens per call, each
+/// token's result bit for bit the one-token kernel's; see `tiles.rs`).
+pub(super) fn tile_kernel(ty: GgmlType) -> Option<QuantTile> {
+    // SAFETY (all): selected only when the CPU has AVX2+FMA+F16C.
+    Some(match ty {
+        GgmlType::Q8_0 => |w, rb, a, o| unsafe { tiles::tile_q8_0(w, rb, a, o) },
+        GgmlType::Q4_0 => |w, rb, a, o| unsafe { tiles::tile_q4_0(w, rb, a, o) },
+        GgmlType::IQ4_NL => |w, rb, a, o| unsafe { tiles::tile_iq4_nl(w, rb, a, o) },
+        GgmlType::Q4_K => |w, rb, a, o| unsafe { tiles::tile_q4_k(w, rb, a, o) },
+        GgmlType::Q5_K => |w, rb, a, o| unsafe { tiles::tile_q5_k(w, rb, a, o) },
+        GgmlType::Q6_K => |w, rb, a, o| unsafe { tiles::tile_q6_k(w, rb, a, o) },
         _ => return None,
     })
 }

@@ -1,0 +1,388 @@
+//! AVX2 integer dot products of a range of weight rows with up to four
+//! tokens at once (batched decode of several sequences, speculative
+//! verification): each row is fetched and unpacked once (nibbles, high
+//! bits, scales) and multiplied with every token's quantized activations
+//! while it sits in registers; no call per row.
+//!
+//! Batch invariance: each token's result is computed with exactly the
+//! floating-point operations, in the same order, of the one-token kernel
+//! beside it in `x86_avx2.rs` (the integer parts are exact, so only their
+//! per-lane values matter, not the order of their additions), so a token's
+//! output does not depend on how many tokens share the call: a request
+//! decoded alone or among others, or a drafted token verified in a batch,
+//! gets the same logits bit for bit.
+//!
+//! Register use (16 ymm): the unpacked weights of one 64-value step (two
+//! vectors and their two scale vectors) plus one i32 accumulator per token;
+//! the f32 accumulators are touched once per 256-value block. An empty
+//! `asm!` ([`pin`]) marks where each step's unpacked weights must be ready,
+//! so the compiler does not hoist all of a block's unpacking ahead of the
+//! token loop (it did, spilling half of it to the stack: 2.5× slower).
+
+use super::super::dequant::scales_mins_k4_words;
+use super::super::{TokenAct, PF_ROWS};
+use super::{dot_us, f16c, hsum256, k4_scale, k4_scale_lanes, nibbles, rd16, KVALUES_IQ4NL};
+use std::arch::x86_64::*;
+
+/// Keeps each `v` in a register at this point of the program: an empty
+/// `asm!` the compiler can neither see through nor move across a memory
+/// access or another one, so the loads (and the products folded into them)
+/// of one step stay between its pins.
+macro_rules! pin {
+    ($($v:expr),+) => {
+        $(
+            // SAFETY: an empty instruction template; the register is unchanged.
+            core::arch::asm!("/* {0} */", inout(ymm_reg) $v, options(nostack, preserves_flags));
+        )+
+    };
+}
+
+/// The per-token pointers of `acts` as arrays (`acts.len() == NT`).
+#[inline(always)]
+fn token_ptrs<const NT: usize>(
+    acts: &[TokenAct],
+) -> ([*const i8; NT], [*const f32; NT], [*const i16; NT]) {
+    assert_eq!(acts.len(), NT);
+    (
+        std::array::from_fn(|t| acts[t].qs.as_ptr()),
+        std::array::from_fn(|t| acts[t].d.as_ptr()),
+        std::array::from_fn(|t| acts[t].sums.as_ptr()),
+    )
+}
+
+/// Fetches encoded row `r` (`rb` bytes) of `w` into L1.
+#[inline(always)]
+unsafe fn prefetch_row(w: *const u8, rb: usize, r: usize) {
+    let mut off = 0;
+    while off < rb {
+        _mm_prefetch::<_MM_HINT_T0>(w.add(r * rb + off) as *const i8);
+        off += 64;
+    }
+}
+
+/// Checks the shapes every kernel relies on: `NT` tokens with `nb` scales
+/// each, one output slice per token of the same length, `w` holding that
+/// many rows of `rb` bytes.
+#[inline(always)]
+fn check<const NT: usize>(w: &[u8], rb: usize, acts: &[TokenAct], out: &[&mut [f32]]) -> usize {
+    assert!(acts.len() == NT && out.len() == NT);
+    let n = out[0].len();
+    assert!(out.iter().all(|o| o.len() == n) && w.len() >= n * rb);
+    let nb = acts[0].d.len();
+    assert!(acts.iter().all(|a| a.d.len() == nb));
+    n
+}
+
+/// Q8_0 / Q4_0 / IQ4_NL (`KIND` 0 / 1 / 2; `BYTES` per 32-value block), as
+/// `dot_b32`, for `NT` tokens.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn rows_b32<const BYTES: usize, const KIND: u8, const NT: usize>(
+    w: &[u8],
+    rb: usize,
+    acts: &[TokenAct],
+    out: &mut [&mut [f32]],
+) {
+    let n = check::<NT>(w, rb, acts, out);
+    let nb = acts[0].d.len();
+    assert!(acts.iter().all(|a| a.qs.len() >= 32 * nb));
+    if KIND == 1 {
+        assert!(acts.iter().all(|a| a.sums.len() >= nb));
+    }
+    let (xq, xd, xs) = token_ptrs::<NT>(acts);
+    let tbl =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
+    let wp = w.as_ptr();
+    for r in 0..PF_ROWS.min(n) {
+        prefetch_row(wp, rb, r);
+    }
+    for r in 0..n {
+        if r + PF_ROWS < n {
+            prefetch_row(wp, rb, r + PF_ROWS);
+        }
+        let row = wp.add(r * rb);
+        let mut acc = [[_mm256_setzero_ps(); 2]; NT];
+        let mut corr = [0f32; NT];
+        for i in 0..nb {
+            let b = row.add(BYTES * i);
+            let mut wv = match KIND {
+                0 => _mm256_loadu_si256(b.add(2) as *const __m256i),
+                1 => nibbles(b.add(2)),
+                _ => _mm256_shuffle_epi8(tbl, nibbles(b.add(2))),
+            };
+            let mut wabs = if KIND == 1 { wv } else { _mm256_abs_epi8(wv) };
+            pin!(wv, wabs);
+            let wd = f16c(rd16(b));
+            for t in 0..NT {
+                let xv = _mm256_loadu_si256(xq[t].add(32 * i) as *const __m256i);
+                let dot = match KIND {
+                    1 => dot_us(wv, xv),
+                    _ => dot_us(wabs, _mm256_sign_epi8(xv, wv)),
+                };
+                let s = wd * *xd[t].add(i);
+                if KIND == 1 {
+                    corr[t] += s * *xs[t].add(i) as f32;
+                }
+                acc[t][i % 2] =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(s), acc[t][i % 2]);
+            }
+        }
+        for t in 0..NT {
+            *out[t].get_unchecked_mut(r) =
+                hsum256(_mm256_add_ps(acc[t][0], acc[t][1])) - 8.0 * corr[t];
+        }
+    }
+}
+
+/// `sum_j mn[j] * (bs_t[2j] + bs_t[2j + 1])` for each token `t` (its block
+/// `i`'s sixteen 16-value sums), as `k4_mins`; exact.
+#[inline(always)]
+unsafe fn k4_mins_n<const NT: usize>(mn: u64, xs: &[*const i16; NT], i: usize) -> [i32; NT] {
+    let m = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
+    // [m0 m0 m1 m1 m2 m2 m3 m3 | m4 m4 m5 m5 m6 m6 m7 m7]
+    let mdup = _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m));
+    std::array::from_fn(|t| {
+        let p = _mm256_madd_epi16(
+            _mm256_loadu_si256(xs[t].add(16 * i) as *const __m256i),
+            mdup,
+        );
+        let s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+        _mm_cvtsi128_si32(s)
+    })
+}
+
+/// Q4_K (`HIGH` false) / Q5_K (`HIGH` true), as `dot_k45`, for `NT` tokens.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn rows_k45<const HIGH: bool, const NT: usize>(
+    w: &[u8],
+    rb: usize,
+    acts: &[TokenAct],
+    out: &mut [&mut [f32]],
+) {
+    let n = check::<NT>(w, rb, acts, out);
+    let nb = acts[0].d.len();
+    assert!(acts
+        .iter()
+        .all(|a| a.qs.len() >= 256 * nb && a.sums.len() >= 16 * nb));
+    let (xq, xd, xs) = token_ptrs::<NT>(acts);
+    let bsz = if HIGH { 176 } else { 144 };
+    let m4 = _mm256_set1_epi8(0xF);
+    let bit4 = _mm256_set1_epi8(0x10);
+    let wp = w.as_ptr();
+    for r in 0..PF_ROWS.min(n) {
+        prefetch_row(wp, rb, r);
+    }
+    for r in 0..n {
+        if r + PF_ROWS < n {
+            prefetch_row(wp, rb, r + PF_ROWS);
+        }
+        let row = wp.add(r * rb);
+        let mut facc = [_mm256_setzero_ps(); NT];
+        let mut msum = [0f32; NT];
+        for i in 0..nb {
+            let b = row.add(bsz * i);
+            let (sc, mn) = scales_mins_k4_words(std::slice::from_raw_parts(b.add(4), 12));
+            let sp = k4_scale_lanes(sc);
+            let qs = b.add(if HIGH { 48 } else { 16 });
+            let mut hbits = if HIGH {
+                _mm256_loadu_si256(b.add(16) as *const __m256i)
+            } else {
+                _mm256_setzero_si256()
+            };
+            let mut iacc = [_mm256_setzero_si256(); NT];
+            for j in 0..4 {
+                let q = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
+                let mut lo = _mm256_and_si256(q, m4);
+                let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                if HIGH {
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hbits, 4), bit4));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hbits, 3), bit4));
+                    hbits = _mm256_srli_epi16(hbits, 2);
+                }
+                let (mut v1, mut v2) = (k4_scale(sp, 2 * j), k4_scale(sp, 2 * j + 1));
+                pin!(lo, hi, v1, v2);
+                for t in 0..NT {
+                    let x = xq[t].add(256 * i + 64 * j);
+                    let xl = _mm256_loadu_si256(x as *const __m256i);
+                    let xh = _mm256_loadu_si256(x.add(32) as *const __m256i);
+                    let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), v1);
+                    let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), v2);
+                    iacc[t] = _mm256_add_epi32(iacc[t], _mm256_add_epi32(pl, ph));
+                }
+                for a in iacc.iter_mut() {
+                    pin!(*a);
+                }
+            }
+            let mins = k4_mins_n::<NT>(mn, &xs, i);
+            let (wd, wm) = (f16c(rd16(b)), f16c(rd16(b.add(2))));
+            for t in 0..NT {
+                let xdi = *xd[t].add(i);
+                let d = wd * xdi;
+                facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[t]), _mm256_set1_ps(d), facc[t]);
+                msum[t] += wm * xdi * mins[t] as f32;
+            }
+        }
+        for t in 0..NT {
+            *out[t].get_unchecked_mut(r) = hsum256(facc[t]) - msum[t];
+        }
+    }
+}
+
+/// Q6_K, as `dot_q6_k`, for `NT` tokens.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn rows_q6_k<const NT: usize>(
+    w: &[u8],
+    rb: usize,
+    acts: &[TokenAct],
+    out: &mut [&mut [f32]],
+) {
+    let n = check::<NT>(w, rb, acts, out);
+    let nb = acts[0].d.len();
+    assert!(acts
+        .iter()
+        .all(|a| a.qs.len() >= 256 * nb && a.sums.len() >= 16 * nb));
+    let (xq, xd, xs) = token_ptrs::<NT>(acts);
+    let wp = w.as_ptr();
+    for r in 0..PF_ROWS.min(n) {
+        prefetch_row(wp, rb, r);
+    }
+    for r in 0..n {
+        if r + PF_ROWS < n {
+            prefetch_row(wp, rb, r + PF_ROWS);
+        }
+        let row = wp.add(r * rb);
+        let mut facc = [_mm256_setzero_ps(); NT];
+        for i in 0..nb {
+            let b = row.add(210 * i);
+            let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
+            let lanes = super::q6k_scale_lanes(sc16);
+            let mut iacc = [_mm256_setzero_si256(); NT];
+            for n in 0..2 {
+                let [mut q0, mut q1, mut q2, mut q3] = super::q6k_quants(b, n);
+                pin!(q0, q1, q2, q3);
+                for (k, qk) in [q0, q1, q2, q3].into_iter().enumerate() {
+                    let mut s = super::q6k_scale(&lanes, n, k);
+                    pin!(s);
+                    for t in 0..NT {
+                        let x = xq[t].add(256 * i + 128 * n + 32 * k);
+                        let p = _mm256_maddubs_epi16(qk, _mm256_loadu_si256(x as *const __m256i));
+                        iacc[t] = _mm256_add_epi32(iacc[t], _mm256_madd_epi16(p, s));
+                    }
+                    for a in iacc.iter_mut() {
+                        pin!(*a);
+                    }
+                }
+            }
+            let wd = f16c(rd16(b.add(208)));
+            for t in 0..NT {
+                let bs16 = _mm256_loadu_si256(xs[t].add(16 * i) as *const __m256i);
+                let corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs16), 5);
+                let ia = _mm256_sub_epi32(iacc[t], corr);
+                let d = wd * *xd[t].add(i);
+                facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_set1_ps(d), facc[t]);
+            }
+        }
+        for t in 0..NT {
+            *out[t].get_unchecked_mut(r) = hsum256(facc[t]);
+        }
+    }
+}
+
+/// Defines a `#[target_feature]` entry point `$name` that serves one to
+/// four tokens by choosing the instantiation of `$kernel` for their count.
+macro_rules! tile_entry {
+    ($name:ident, $kernel:ident $(, $param:expr)*) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) unsafe fn $name(
+            w: &[u8],
+            rb: usize,
+            acts: &[TokenAct],
+            out: &mut [&mut [f32]],
+        ) {
+            match acts.len() {
+                1 => $kernel::<$($param,)* 1>(w, rb, acts, out),
+                2 => $kernel::<$($param,)* 2>(w, rb, acts, out),
+                3 => $kernel::<$($param,)* 3>(w, rb, acts, out),
+                4 => $kernel::<$($param,)* 4>(w, rb, acts, out),
+                n => panic!("tile kernels take 1 to 4 tokens, not {n}"),
+            }
+        }
+    };
+}
+tile_entry!(tile_q8_0, rows_b32, 34, 0);
+tile_entry!(tile_q4_0, rows_b32, 18, 1);
+tile_entry!(tile_iq4_nl, rows_b32, 18, 2);
+tile_entry!(tile_q4_k, rows_k45, false);
+tile_entry!(tile_q5_k, rows_k45, true);
+tile_entry!(tile_q6_k, rows_q6_k);
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::act::QuantAct;
+    use super::super::super::{ActKind, TokenAct, VecKernel, WeightRef};
+    use crate::simd::{detected_level, SimdLevel};
+    use crate::testutil::{random_weights, Rng};
+    use coil_gguf::GgmlType;
+
+    /// Each token's result from the tile kernels (1 to 4 tokens, row counts
+    /// below and above the prefetch distance) equals the one-token dot
+    /// kernel's bit for bit (batch invariance of decode).
+    #[test]
+    fn tiles_equal_one_token_each_bit_for_bit() {
+        if detected_level() < SimdLevel::Avx2 {
+            return;
+        }
+        let cols = 512;
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::IQ4_NL,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ] {
+            for rows in [1, 5, 13] {
+                let mut rng = Rng::new(7 + rows as u64);
+                let data = random_weights(&mut rng, ty, rows, cols);
+                let w = WeightRef::new(ty, &data, rows, cols).unwrap();
+                let x = rng.vec(4 * cols);
+                let Some(VecKernel::Quant(kind, one, _)) = super::super::vec_kernel(ty) else {
+                    panic!("{ty}: no AVX2 dot kernel");
+                };
+                let tile = super::super::tile_kernel(ty).expect("tile kernel");
+                let (xa, nd, ns) = match kind {
+                    ActKind::Q8_0 => (QuantAct::q8_0(&x, cols), cols / 32, cols / 32),
+                    ActKind::Q8K => (QuantAct::q8_k(&x, cols), cols / 256, cols / 16),
+                };
+                let act = |t: usize| TokenAct {
+                    qs: xa.qs_row(t),
+                    d: &xa.d[t * nd..(t + 1) * nd],
+                    sums: &xa.sums[t * ns..(t + 1) * ns],
+                };
+                for nt in 1..=4 {
+                    let acts: Vec<TokenAct> = (0..nt).map(act).collect();
+                    let mut ys = vec![vec![f32::NAN; rows]; nt];
+                    let mut outs: Vec<&mut [f32]> =
+                        ys.iter_mut().map(|y| y.as_mut_slice()).collect();
+                    tile(w.data, w.row_bytes(), &acts, &mut outs);
+                    for (t, y) in ys.iter().enumerate() {
+                        for (r, g) in y.iter().enumerate() {
+                            let a = act(t);
+                            let want = one(w.row(r), a.qs, a.d, a.sums);
+                            assert!(want.is_finite());
+                            assert_eq!(
+                                g.to_bits(),
+                                want.to_bits(),
+                                "{ty} {nt} tokens row {r} token {t}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
