@@ -53,6 +53,58 @@ impl QuantAct {
     }
 }
 
+/// Most tokens an [`ActPanel`] holds (the lanes of its scale rows).
+pub(crate) const PANEL_LANES: usize = 8;
+
+/// The quantized activations of a few tokens interleaved for the few-token
+/// kernels, so one pointer reaches every token at fixed offsets:
+/// * `qs`: `[cols / 32][nt][32]`: 32-value chunk `c` of token `t` at `(c·nt + t)·32`
+/// * `d`: `[n_blocks][PANEL_LANES]`: token `t`'s scale of block `i` in lane `t` (the
+///   lanes past `nt` are 0)
+/// * `sums`: `[n_blocks][nt][per_block]` (the group sums of block `i` of token `t`)
+#[derive(Debug)]
+pub(crate) struct ActPanel {
+    pub nt: usize,
+    pub n_blocks: usize,
+    pub qs: Vec<i8>,
+    pub d: Vec<f32>,
+    pub sums: Vec<i16>,
+}
+
+impl ActPanel {
+    /// Tokens `t0..t0 + nt` of `a` (`nt` ≤ [`PANEL_LANES`]), whose blocks
+    /// have `block` values and `per_block` group sums each.
+    pub(crate) fn new(a: &QuantAct, t0: usize, nt: usize, block: usize, per_block: usize) -> Self {
+        assert!((1..=PANEL_LANES).contains(&nt) && a.cols.is_multiple_of(block));
+        let (cols, nb) = (a.cols, a.cols / block);
+        let chunks = cols / 32;
+        let mut qs = vec![0i8; nt * cols];
+        for (c, dst) in qs.chunks_exact_mut(nt * 32).enumerate().take(chunks) {
+            for (t, d) in dst.chunks_exact_mut(32).enumerate() {
+                let src = (t0 + t) * cols + 32 * c;
+                d.copy_from_slice(&a.qs[src..src + 32]);
+            }
+        }
+        let mut d = vec![0f32; nb * PANEL_LANES];
+        let mut sums = vec![0i16; nb * nt * per_block];
+        for i in 0..nb {
+            for t in 0..nt {
+                d[i * PANEL_LANES + t] = a.d[(t0 + t) * nb + i];
+                let src = ((t0 + t) * nb + i) * per_block;
+                let dst = (i * nt + t) * per_block;
+                sums[dst..dst + per_block].copy_from_slice(&a.sums[src..src + per_block]);
+            }
+        }
+        ActPanel {
+            nt,
+            n_blocks: nb,
+            qs,
+            d,
+            sums,
+        }
+    }
+}
+
 /// Quantizes each `block` of `x` to i8 with scale `amax / 127` (round half
 /// away from zero). Written so the compiler vectorizes it at the SIMD level
 /// ([`crate::multiversion`]): the block maximum in eight lanes (max is exact

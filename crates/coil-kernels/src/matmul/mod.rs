@@ -306,19 +306,12 @@ pub(crate) type QuantDot4 = fn(&[u8], [&[i8]; 4], [&[f32]; 4], [&[i16]; 4]) -> [
 /// no call per row, constants set up once, rows prefetched ahead).
 pub(crate) type QuantRows = fn(&[u8], usize, &[i8], &[f32], &[i16], &mut [f32]);
 
-/// One token's quantized activations (see [`act::QuantAct`]).
-#[derive(Clone, Copy)]
-pub(crate) struct TokenAct<'a> {
-    pub qs: &'a [i8],
-    pub d: &'a [f32],
-    pub sums: &'a [i16],
-}
-
-/// One to four tokens against consecutive rows: `out[t][i] = row i · token t`
+/// A few tokens (up to the kernel's maximum, at least 4) against consecutive
+/// rows: `out[t][i] = row i · token t`
 /// for the `out[t].len()` rows of `row_bytes` bytes at the start of the data
 /// (each row unpacked once for all the tokens; each token's result bit for
 /// bit the one-token kernel's).
-pub(crate) type QuantTile = fn(&[u8], usize, &[TokenAct], &mut [&mut [f32]]);
+pub(crate) type QuantTile = fn(&[u8], usize, &act::ActPanel, &mut [&mut [f32]]);
 
 /// Rows the few-token path multiplies with every group of tokens before it
 /// moves on, so the later groups find them in L1/L2.
@@ -330,8 +323,9 @@ pub(crate) enum VecKernel {
     Quant(ActKind, QuantDot, Option<QuantDot4>),
 }
 
-/// The few-token row-range kernel of `ty` at `level`, if there is one.
-fn tile_kernel(ty: GgmlType, level: SimdLevel) -> Option<QuantTile> {
+/// The few-token row-range kernel of `ty` at `level` and the most tokens it
+/// takes per call, if there is one.
+fn tile_kernel(ty: GgmlType, level: SimdLevel) -> Option<(QuantTile, usize)> {
     #[cfg(target_arch = "x86_64")]
     if level == SimdLevel::Avx2 {
         return x86_avx2::tile_kernel(ty);
@@ -484,7 +478,7 @@ fn vec_path(
     n_tokens: usize,
     k: VecKernel,
     rows_k: Option<QuantRows>,
-    tile_k: Option<QuantTile>,
+    tile_k: Option<(QuantTile, usize)>,
 ) {
     let (rows, cols) = (w.rows, w.cols);
     let yp = SendPtr(y.as_mut_ptr());
@@ -519,32 +513,30 @@ fn vec_path(
                 });
                 return;
             }
-            let act = |t: usize| TokenAct {
-                qs: xa.qs_row(t),
-                d: &xa.d[t * nd..(t + 1) * nd],
-                sums: &xa.sums[t * ns..(t + 1) * ns],
-            };
-            if let (Some(tk), true) = (tile_k, n_tokens > 1) {
+            if let (Some((tk, max)), true) = (tile_k, n_tokens > 1) {
+                // groups of at most `max` tokens, each interleaved once
+                let per_block = block / group;
+                let panels: Vec<act::ActPanel> = (0..n_tokens)
+                    .step_by(max)
+                    .map(|t0| act::ActPanel::new(&xa, t0, max.min(n_tokens - t0), block, per_block))
+                    .collect();
                 let rb = w.row_bytes();
                 rows_for(pool, rows, |rr| {
                     let mut r0 = rr.start;
                     while r0 < rr.end {
                         let r1 = (r0 + TILE_ROWS).min(rr.end);
-                        let mut t = 0;
-                        while t < n_tokens {
-                            let nt = (n_tokens - t).min(4);
-                            let acts: [TokenAct; 4] =
-                                std::array::from_fn(|k| act((t + k).min(n_tokens - 1)));
-                            // SAFETY: y[t + k, r0..r1] is written by this chunk only.
-                            let mut outs: [&mut [f32]; 4] = std::array::from_fn(|k| unsafe {
-                                let tk = (t + k).min(n_tokens - 1);
-                                std::slice::from_raw_parts_mut(
-                                    yp.get().add(tk * rows + r0),
-                                    if k < nt { r1 - r0 } else { 0 },
-                                )
-                            });
-                            tk(&w.data[r0 * rb..r1 * rb], rb, &acts[..nt], &mut outs[..nt]);
-                            t += nt;
+                        for (g, p) in panels.iter().enumerate() {
+                            let t0 = g * max;
+                            // SAFETY: y[t0.., r0..r1] is written by this chunk only.
+                            let mut outs: [&mut [f32]; act::PANEL_LANES] =
+                                std::array::from_fn(|k| match k < p.nt {
+                                    true => unsafe {
+                                        let y = yp.get().add((t0 + k) * rows + r0);
+                                        std::slice::from_raw_parts_mut(y, r1 - r0)
+                                    },
+                                    false => &mut [],
+                                });
+                            tk(&w.data[r0 * rb..r1 * rb], rb, p, &mut outs[..p.nt]);
                         }
                         r0 = r1;
                     }
