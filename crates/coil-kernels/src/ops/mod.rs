@@ -13,6 +13,8 @@ pub mod ssd;
 pub mod ssm;
 pub mod ssm_batch;
 mod ssm_move;
+#[cfg(target_arch = "x86_64")]
+mod ssm_tokens;
 pub mod topk;
 
 pub use act::*;
