@@ -54,7 +54,7 @@ struct Panel {
 const PG: usize = 4;
 
 thread_local! {
-    static PANELS: RefCell<Vec<Panel>> = RefCell::new(Vec::new());
+    static PANELS: RefCell<Vec<Panel>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Scale groups per super-block: 16 for Q6_K, 8 otherwise.
