@@ -12,7 +12,7 @@
 //! `gated_delta_chunked` (see `gated_delta_chunk.rs`) gives the same result
 //! with matrix products per chunk (prefill).
 
-use super::state_elem::StateElem;
+use super::state_elem::{StateElem, StateMut};
 use crate::multiversion;
 use crate::pool::{SendPtr, ThreadPool};
 use half::bf16;
@@ -187,6 +187,21 @@ pub fn gated_delta_scan<S: DeltaState>(
             S::head_scan(&dims, j, s, &inp, op.get(), &mut kv, n_tokens);
         }
     });
+}
+
+/// [`gated_delta_scan`] on a state of either stored type.
+pub fn gated_delta_scan_state(
+    pool: &ThreadPool,
+    dims: GatedDeltaDims,
+    state: StateMut,
+    inp: DeltaInputs,
+    out: &mut [f32],
+    n_tokens: usize,
+) {
+    match state {
+        StateMut::F32(s) => gated_delta_scan(pool, dims, s, inp, out, n_tokens),
+        StateMut::Bf16(s) => gated_delta_scan(pool, dims, s, inp, out, n_tokens),
+    }
 }
 
 /// One sequence's part of [`gated_delta_scan_batch`]: its state `[Hv,

@@ -4,7 +4,7 @@
 //! caller to the model's time-step limits) and `a` already as `A = −exp(A_log)`
 //! (how GGUF stores it).
 
-use super::state_elem::{StateElem, StateType};
+use super::state_elem::{StateElem, StateMut, StateRef, StateType};
 use crate::matmul::SendPtr;
 use crate::multiversion;
 use crate::pool::ThreadPool;
@@ -285,6 +285,33 @@ pub fn mamba2_scan_from<S: ScanState>(
             n_tokens,
         );
     });
+}
+
+/// [`mamba2_scan_from`] on a state of either stored type (`from`, when
+/// given, of the same type as `state`).
+#[allow(clippy::too_many_arguments)]
+pub fn mamba2_scan_from_state(
+    pool: &ThreadPool,
+    dims: Mamba2Dims,
+    from: Option<StateRef>,
+    state: StateMut,
+    inputs: ScanInputs,
+    dt: &[f32],
+    a: &[f32],
+    d: Option<&[f32]>,
+    y: &mut [f32],
+    n_tokens: usize,
+) {
+    match state {
+        StateMut::F32(s) => {
+            let f = from.map(|f| f32::of_ref(f).expect("mamba2: source of another type"));
+            mamba2_scan_from(pool, dims, f, s, inputs, dt, a, d, y, n_tokens)
+        }
+        StateMut::Bf16(s) => {
+            let f = from.map(|f| bf16::of_ref(f).expect("mamba2: source of another type"));
+            mamba2_scan_from(pool, dims, f, s, inputs, dt, a, d, y, n_tokens)
+        }
+    }
 }
 
 /// One Mamba-2 decode step ([`mamba2_scan`] with one token):
@@ -573,6 +600,28 @@ pub fn mamba1_scan<S: ScanState>(
             n_tokens,
         );
     });
+}
+
+/// [`mamba1_scan`] on a state of either stored type.
+#[allow(clippy::too_many_arguments)]
+pub fn mamba1_scan_state(
+    pool: &ThreadPool,
+    d_inner: usize,
+    d_state: usize,
+    state: StateMut,
+    x: &[f32],
+    dt: &[f32],
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+    d: Option<&[f32]>,
+    y: &mut [f32],
+    n_tokens: usize,
+) {
+    match state {
+        StateMut::F32(s) => mamba1_scan(pool, d_inner, d_state, s, x, dt, a, b, c, d, y, n_tokens),
+        StateMut::Bf16(s) => mamba1_scan(pool, d_inner, d_state, s, x, dt, a, b, c, d, y, n_tokens),
+    }
 }
 
 /// One Mamba-1 decode step: `x`, `dt`, `y`: `[d_inner]`; `b`, `c`: `[d_state]`.

@@ -18,7 +18,9 @@ use crate::simd::math::exp_fast;
 use half::bf16;
 
 /// One head over `n_tokens` tokens (see `ssm::m2_head`); `row` is a work
-/// row of `d_state` f32.
+/// row of `d_state` f32. With `fused` (AVX2, `d_state` a multiple of 16),
+/// each row is widened, updated and rounded in registers ([`avx2::row`]);
+/// otherwise it goes through `row` (the same arithmetic).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn m2_head_bf16(
@@ -37,6 +39,7 @@ fn m2_head_bf16(
     y: *mut f32,
     n_tokens: usize,
     row: &mut [f32],
+    fused: bool,
 ) {
     let (hn, p_dim, n) = (dims.n_head, dims.head_dim, dims.d_state);
     let g = h / (hn / dims.n_group);
@@ -48,12 +51,27 @@ fn m2_head_bf16(
         let dh = d.map_or(0.0, |d| d[h]);
         let src = if t == 0 { from } else { None };
         // One token moving the state to a new buffer: stream the new rows
-        // there (see `ssm_move`).
-        let stream = src.is_some() && n_tokens == 1 && ssm_move::usable_bf16(state, n);
+        // there (see `ssm_move`; rows of 16-byte multiples).
+        let stream =
+            src.is_some() && n_tokens == 1 && (state.as_ptr() as usize).is_multiple_of(16) && fused;
         for p in 0..p_dim {
             let xv = x[t * ldx + h * p_dim + p];
             let xdt = xv * dth;
             let s = &mut state[p * n..(p + 1) * n];
+            if fused {
+                let from_row = match src {
+                    Some(f) => f[p * n..(p + 1) * n].as_ptr(),
+                    None => s.as_ptr(),
+                };
+                // SAFETY: `fused` means AVX2 and n a multiple of 16; the
+                // source row holds n values (it may be `s` itself: each
+                // 16 values are read before they are written).
+                let sum = unsafe { avx2::row(s.as_mut_ptr(), from_row, bt, ct, da, xdt, stream) };
+                let yv = sum + 0f32 + dh * xv;
+                // SAFETY: (t, h, p) belongs to this head only.
+                unsafe { *y.add((t * hn + h) * p_dim + p) = yv };
+                continue;
+            }
             match src {
                 Some(f) => widen_row(&f[p * n..(p + 1) * n], row),
                 None => widen_row(s, row),
@@ -79,13 +97,7 @@ fn m2_head_bf16(
                 *sv = *sv * da + xdt * bv;
                 tail += *sv * cv;
             }
-            if stream {
-                // SAFETY: `usable_bf16` checked AVX2, the row length and
-                // alignment.
-                unsafe { ssm_move::stream_row_bf16(s, row) };
-            } else {
-                round_row(row, s);
-            }
+            round_row(row, s);
             let yv = acc.iter().sum::<f32>() + tail + dh * xv;
             // SAFETY: (t, h, p) belongs to this head only.
             unsafe { *y.add((t * hn + h) * p_dim + p) = yv };
@@ -114,13 +126,14 @@ fn m2_heads_bf16(
     n_tokens: usize,
 ) {
     let hs = dims.head_dim * dims.d_state;
-    let mut row = vec![0f32; dims.d_state];
+    let fused = avx2::usable(dims.d_state);
+    let mut row = vec![0f32; if fused { 0 } else { dims.d_state }];
     for h in h0..h1 {
         // SAFETY: head h owns state[h*hs..(h+1)*hs].
         let st = unsafe { std::slice::from_raw_parts_mut(state.add(h * hs), hs) };
         let f = from.map(|f| &f[h * hs..(h + 1) * hs]);
         m2_head_bf16(
-            dims, h, f, st, x, ldx, b, c, ldbc, dt, a, d, y, n_tokens, &mut row,
+            dims, h, f, st, x, ldx, b, c, ldbc, dt, a, d, y, n_tokens, &mut row, fused,
         );
     }
     if from.is_some() {
@@ -132,6 +145,107 @@ multiversion!(pub(crate) fn m2_heads_bf16_mv(
     dims: &Mamba2Dims, h0: usize, h1: usize, from: Option<&[bf16]>, state: *mut bf16, x: &[f32],
     ldx: usize, b: &[f32], c: &[f32], ldbc: usize, dt: &[f32], a: &[f32], d: Option<&[f32]>, y: *mut f32, n_tokens: usize
 ) => m2_heads_bf16);
+
+/// The row update widened, computed and rounded in registers, 16 values
+/// at a time.
+mod avx2 {
+    use crate::simd::{level, SimdLevel};
+    use half::bf16;
+
+    /// Whether [`row`] can run: rows of whole 16-value steps, AVX2 (as the
+    /// SIMD level allows: a lower forced level takes the portable path).
+    #[inline]
+    pub(super) fn usable(n: usize) -> bool {
+        n.is_multiple_of(16) && n > 0 && level() >= SimdLevel::Avx2
+    }
+
+    /// `dst[i] = bf16(src[i]·da + xdt·b[i])` for the `b.len()` values of a
+    /// row, returning `Σ (src[i]·da + xdt·b[i])·c[i]` (unrounded) summed as
+    /// `ssm::m2_head` sums it (16 lanes, added in order). `stream`: store
+    /// with non-temporal stores (`dst` 16-byte aligned; call
+    /// `ssm_move::fence` before another thread reads it).
+    ///
+    /// # Safety
+    /// AVX2 ([`usable`]); `b`, `c` hold n values, n a multiple of 16;
+    /// `dst` and `src` point at n bf16 (the same row, or rows that do not
+    /// overlap).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn row(
+        dst: *mut bf16,
+        src: *const bf16,
+        b: &[f32],
+        c: &[f32],
+        da: f32,
+        xdt: f32,
+        stream: bool,
+    ) -> f32 {
+        use std::arch::x86_64::*;
+        let n = b.len();
+        let (vda, vx) = (_mm256_set1_ps(da), _mm256_set1_ps(xdt));
+        let (bias, one, quiet) = (
+            _mm256_set1_epi32(0x7fff),
+            _mm256_set1_epi32(1),
+            _mm256_set1_epi32(0x0040),
+        );
+        // Eight f32 → eight bf16 (nearest even, NaN kept: `round_bf16`)
+        // in the low halves of 32-bit lanes.
+        let round8 = |v: __m256| {
+            let bits = _mm256_castps_si256(v);
+            let hi = _mm256_srli_epi32(bits, 16);
+            let lsb = _mm256_and_si256(hi, one);
+            let r = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(bias, lsb)), 16);
+            let nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+            _mm256_blendv_epi8(r, _mm256_or_si256(hi, quiet), nan)
+        };
+        let mut acc = [_mm256_setzero_ps(); 2];
+        for i in (0..n).step_by(16) {
+            let raw = _mm256_loadu_si256(src.add(i) as *const __m256i);
+            let halves = [
+                _mm256_castsi256_si128(raw),
+                _mm256_extracti128_si256(raw, 1),
+            ];
+            let mut out = [_mm256_setzero_si256(); 2];
+            for h in 0..2 {
+                let s =
+                    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves[h]), 16));
+                let bv = _mm256_loadu_ps(b.as_ptr().add(i + 8 * h));
+                let cv = _mm256_loadu_ps(c.as_ptr().add(i + 8 * h));
+                let v = _mm256_add_ps(_mm256_mul_ps(s, vda), _mm256_mul_ps(vx, bv));
+                acc[h] = _mm256_add_ps(acc[h], _mm256_mul_ps(v, cv));
+                out[h] = round8(v);
+            }
+            // packus works per 128-bit lane: [0-3 8-11 4-7 12-15], put back
+            // in order.
+            let packed =
+                _mm256_permute4x64_epi64(_mm256_packus_epi32(out[0], out[1]), 0b11_01_10_00);
+            if stream {
+                let d = dst.add(i) as *mut __m128i;
+                _mm_stream_si128(d, _mm256_castsi256_si128(packed));
+                _mm_stream_si128(d.add(1), _mm256_extracti128_si256(packed, 1));
+            } else {
+                _mm256_storeu_si256(dst.add(i) as *mut __m256i, packed);
+            }
+        }
+        let mut lanes = [0f32; 16];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc[0]);
+        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[1]);
+        lanes.iter().sum()
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    pub(super) unsafe fn row(
+        _dst: *mut bf16,
+        _src: *const bf16,
+        _b: &[f32],
+        _c: &[f32],
+        _da: f32,
+        _xdt: f32,
+        _stream: bool,
+    ) -> f32 {
+        unreachable!("usable() is false off x86-64")
+    }
+}
 
 #[cfg(test)]
 pub(crate) mod tests {
@@ -237,6 +351,47 @@ pub(crate) mod tests {
             }
             assert_eq!(st2, want_s, "{dims:?} moving");
             assert_eq!(y2, want_y, "{dims:?} moving");
+        }
+    }
+
+    /// The fused row rounds as `round_bf16` does (ties, NaN, inf), in
+    /// place and streamed: with a zero state, da = 1 and xdt = 1 the row's
+    /// new values are exactly `b`.
+    #[test]
+    fn fused_row_rounds_like_the_scalar_code() {
+        if !super::avx2::usable(64) {
+            return;
+        }
+        let mut rng = Rng::new(9);
+        let mut b: Vec<f32> = (0..64)
+            .map(|_| f32::from_bits(rng.next_u64() as u32))
+            .collect();
+        b[1] = f32::from_bits(0x3f80_8000);
+        b[2] = f32::from_bits(0x3f81_8000);
+        b[3] = f32::from_bits(0x7f80_0001);
+        b[4] = f32::NEG_INFINITY;
+        b[5] = f32::MAX;
+        b[6] = f32::from_bits(0xffff_ffff);
+        let c = vec![0f32; 64];
+        let zeros = vec![bf16::ZERO; 64];
+        for stream in [false, true] {
+            // 16-byte aligned destination.
+            let mut buf = vec![0u128; 64 * 2 / 16];
+            let dst = buf.as_mut_ptr() as *mut bf16;
+            // SAFETY: AVX2 checked; 64 values everywhere; no overlap.
+            unsafe { super::avx2::row(dst, zeros.as_ptr(), &b, &c, 1.0, 1.0, stream) };
+            crate::ops::ssm_move::fence();
+            // SAFETY: the u128 buffer holds 64 bf16.
+            let got = unsafe { std::slice::from_raw_parts(dst, 64) };
+            for (g, &x) in got.iter().zip(&b) {
+                let want = round_bf16(0.0 * 1.0 + 1.0 * x);
+                assert_eq!(
+                    g.to_bits(),
+                    want.to_bits(),
+                    "{:08x} stream {stream}",
+                    x.to_bits()
+                );
+            }
         }
     }
 

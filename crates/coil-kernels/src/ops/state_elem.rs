@@ -7,10 +7,10 @@
 //! low half. NaNs stay NaNs (quieted: the rounding bias could otherwise
 //! carry a NaN's low payload into an infinity), ±inf stay, finite values
 //! beyond the largest bf16 round to ±inf as round-to-nearest-even does.
-//! The 16-lane helpers are branch-free on fixed-size arrays, so that the
-//! kernels compiled per SIMD level (`multiversion!`) convert 16 values at a
-//! time (with AVX2: `vpmovzxwd` + `vpslld` to widen; `vpsrld`, `vpaddd`,
-//! a compare, a blend and `vpackusdw` to round).
+//! The row conversions are branch-free loops, so that the kernels compiled
+//! per SIMD level (`multiversion!`) convert 8 or 16 values at a time (with
+//! AVX2: `vpmovzxwd` + `vpslld` to widen; `vpsrld`, `vpaddd`, a compare, a
+//! blend and `vpackusdw` to round).
 
 use half::bf16;
 use std::fmt;
@@ -95,62 +95,22 @@ pub fn widen_bf16(x: bf16) -> f32 {
     f32::from_bits((x.to_bits() as u32) << 16)
 }
 
-/// 16 bf16 values as f32.
-#[inline(always)]
-pub fn widen16(src: &[bf16; 16]) -> [f32; 16] {
-    let mut out = [0f32; 16];
-    for i in 0..16 {
-        out[i] = widen_bf16(src[i]);
-    }
-    out
-}
-
-/// 16 f32 values rounded to bf16 (see [`round_bf16`]).
-#[inline(always)]
-pub fn round16(src: &[f32; 16]) -> [bf16; 16] {
-    let mut out = [bf16::ZERO; 16];
-    for i in 0..16 {
-        out[i] = round_bf16(src[i]);
-    }
-    out
-}
-
-/// `dst = src` widened, 16 values at a time (`dst.len() == src.len()`).
+/// `dst = src` widened (`dst.len() == src.len()`); a plain loop, which the
+/// compiler vectorizes 8 or 16 lanes wide at each SIMD level.
 #[inline(always)]
 pub fn widen_row(src: &[bf16], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "widen: lengths differ");
-    let mut d = dst.chunks_exact_mut(16);
-    let mut s = src.chunks_exact(16);
-    for (d16, s16) in (&mut d).zip(&mut s) {
-        // Whole chunks of 16 by construction.
-        if let (Ok(d16), Ok(s16)) = (
-            <&mut [f32; 16]>::try_from(d16),
-            <&[bf16; 16]>::try_from(s16),
-        ) {
-            *d16 = widen16(s16);
-        }
-    }
-    for (dv, &sv) in d.into_remainder().iter_mut().zip(s.remainder()) {
-        *dv = widen_bf16(sv);
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = widen_bf16(s);
     }
 }
 
-/// `dst = src` rounded to bf16, 16 values at a time.
+/// `dst = src` rounded to bf16 (see [`round_bf16`]), vectorized likewise.
 #[inline(always)]
 pub fn round_row(src: &[f32], dst: &mut [bf16]) {
     assert_eq!(src.len(), dst.len(), "round: lengths differ");
-    let mut d = dst.chunks_exact_mut(16);
-    let mut s = src.chunks_exact(16);
-    for (d16, s16) in (&mut d).zip(&mut s) {
-        if let (Ok(d16), Ok(s16)) = (
-            <&mut [bf16; 16]>::try_from(d16),
-            <&[f32; 16]>::try_from(s16),
-        ) {
-            *d16 = round16(s16);
-        }
-    }
-    for (dv, &sv) in d.into_remainder().iter_mut().zip(s.remainder()) {
-        *dv = round_bf16(sv);
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = round_bf16(s);
     }
 }
 
@@ -158,13 +118,7 @@ pub fn round_row(src: &[f32], dst: &mut [bf16]) {
 /// what storing and reloading a bf16 state does.
 #[inline(always)]
 pub fn round_through_bf16(x: &mut [f32]) {
-    let mut c = x.chunks_exact_mut(16);
-    for c16 in &mut c {
-        if let Ok(c16) = <&mut [f32; 16]>::try_from(c16) {
-            *c16 = widen16(&round16(c16));
-        }
-    }
-    for v in c.into_remainder() {
+    for v in x.iter_mut() {
         *v = widen_bf16(round_bf16(*v));
     }
 }
