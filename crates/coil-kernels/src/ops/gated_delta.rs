@@ -109,7 +109,7 @@ impl DeltaInputs<'_> {
 
     /// The inputs from token `i` on.
     #[inline(always)]
-    pub(crate) fn from_token(&self, d: &GatedDeltaDims, i: usize) -> Self {
+    pub(crate) fn skip_tokens(&self, d: &GatedDeltaDims, i: usize) -> Self {
         let hv = d.n_v_head;
         DeltaInputs {
             q: &self.q[i * self.ld_qk..],

@@ -26,7 +26,7 @@ fn head_scan_bf16(
     let step = d.n_v_head * d.d_v;
     for i in 0..n {
         widen_row(s, &mut wide);
-        let one = inp.from_token(d, i);
+        let one = inp.skip_tokens(d, i);
         // SAFETY: token i's output rows lie within `out`'s n tokens.
         let o = SendPtr(unsafe { out.get().add(i * step) });
         head_scan(d, j, &mut wide, &one, o, kv, 1);

@@ -373,7 +373,7 @@ pub(crate) mod tests {
         b[5] = f32::MAX;
         b[6] = f32::from_bits(0xffff_ffff);
         let c = vec![0f32; 64];
-        let zeros = vec![bf16::ZERO; 64];
+        let zeros = [bf16::ZERO; 64];
         for stream in [false, true] {
             // 16-byte aligned destination.
             let mut buf = vec![0u128; 64 * 2 / 16];

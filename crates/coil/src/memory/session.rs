@@ -280,7 +280,7 @@ pub fn load(
             let st = rd.f32s("checkpoint")?;
             let st = in_memory_type(r, file_state, st);
             let Some(st) =
-                st.filter(|_| pos <= nt && !cps.last().is_some_and(|c: &Checkpoint| c.pos >= pos))
+                st.filter(|_| pos <= nt && cps.last().is_none_or(|c: &Checkpoint| c.pos < pos))
             else {
                 return Err(SessionError::Mismatch("a checkpoint does not fit".into()));
             };
