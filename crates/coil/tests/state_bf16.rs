@@ -334,6 +334,80 @@ fn bf16_sessions_record_their_type_and_convert() {
     }
 }
 
+/// Speculative decoding stays exact with a bf16 state: verifying drafts
+/// (right, wrong, partly right) gives bit for bit the logits of plain
+/// greedy decoding, and the same state after the rejected tokens are
+/// refolded or replayed.
+#[test]
+fn bf16_speculation_is_bitwise_plain_decoding() {
+    for arch in recurrent_archs() {
+        let (path, tokens) = fixture(arch);
+        let prompt = &tokens[..12];
+        let n = 24;
+        let policy = every(8, true);
+        // Plain greedy decoding.
+        let mut p = engine(&path, StateType::Bf16, policy);
+        let mut logits = p.eval(0, prompt, LogitRows::Last, 0).unwrap();
+        let (mut want_tok, mut want_rows) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            let t = argmax(&logits) as u32;
+            want_tok.push(t);
+            want_rows.push(logits.clone());
+            logits = p.eval(0, &[t], LogitRows::Last, 1).unwrap();
+        }
+        let n_vocab = p.n_vocab();
+        // Drafts of the plain continuation, every third one wrong at its
+        // second token.
+        let mut e = engine(&path, StateType::Bf16, policy);
+        let mut logits = e.eval(0, prompt, LogitRows::Last, 0).unwrap();
+        let (mut i, mut step) = (0, 0);
+        while i + 1 < n {
+            assert!(logits == want_rows[i], "{arch}: logits before token {i}");
+            let t = want_tok[i];
+            let end = (i + 1 + 4).min(n - 1);
+            let mut d: Vec<u32> = want_tok[i + 1..end].to_vec();
+            step += 1;
+            if step % 3 == 0 && d.len() > 1 {
+                d[1] = (d[1] + 1) % n_vocab as u32;
+            }
+            let mut fed = vec![t];
+            fed.extend(&d);
+            let rows = e.spec_verify(0, &fed).unwrap();
+            let mut keep = fed.len();
+            for j in 0..fed.len() {
+                let row = &rows[j * n_vocab..(j + 1) * n_vocab];
+                assert!(
+                    row == &want_rows[i + 1 + j][..],
+                    "{arch}: verified row {}",
+                    i + 1 + j
+                );
+                if j < d.len() && argmax(row) as u32 == d[j] {
+                    continue;
+                }
+                keep = j + 1;
+                break;
+            }
+            logits = rows[(keep - 1) * n_vocab..keep * n_vocab].to_vec();
+            e.spec_commit(0, keep).unwrap();
+            i += keep;
+        }
+        // The same state as plain decoding at the same length.
+        let mut q = engine(&path, StateType::Bf16, policy);
+        q.eval(0, prompt, LogitRows::Last, 0).unwrap();
+        for &t in &want_tok[..i] {
+            q.eval(0, &[t], LogitRows::Last, 1).unwrap();
+        }
+        let (re, rq) = (
+            e.mem.recurrent.as_ref().unwrap(),
+            q.mem.recurrent.as_ref().unwrap(),
+        );
+        assert!(
+            re.flat_state(0).unwrap() == rq.flat_state(0).unwrap(),
+            "{arch}: state after speculation"
+        );
+    }
+}
+
 /// Without a recurrent state (llama), the state type changes nothing.
 #[test]
 fn bf16_state_type_leaves_attention_only_models_alone() {
