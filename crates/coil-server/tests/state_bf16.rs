@@ -1,11 +1,12 @@
-//! `coil serve --state-type bf16`: continuous batching and the prefix
-//! cache with the recurrent state stored in bf16 give each prompt what it
-//! gets alone (greedy), and cached prompts are resumed, not re-processed.
+//! `coil serve --state-type bf16 [--cache-type f16]`: continuous batching
+//! and the prefix cache with the recurrent state stored in bf16 (and the
+//! attention cells in f16) give each prompt what it gets alone (greedy),
+//! and cached prompts are resumed, not re-processed.
 
 mod common;
 
 use coil::engine::{Engine, EngineOptions};
-use coil::memory::StateType;
+use coil::memory::{CacheType, StateType};
 use common::{fixture, start_engine, TestServer};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -20,7 +21,7 @@ fn model(arch: &str) -> PathBuf {
     fixture(arch)
 }
 
-fn start_bf16(arch: &str, parallel: usize, cache: usize) -> TestServer {
+fn start_bf16(arch: &str, parallel: usize, cache: usize, cells: CacheType) -> TestServer {
     let mut engine = Engine::load(
         model(arch),
         EngineOptions {
@@ -32,6 +33,7 @@ fn start_bf16(arch: &str, parallel: usize, cache: usize) -> TestServer {
     )
     .expect("load");
     engine.set_state_type(StateType::Bf16);
+    engine.set_cache_type(cells);
     start_engine(engine, parallel)
 }
 
@@ -46,7 +48,14 @@ fn complete(s: &TestServer, prompt: &str) -> Value {
 
 #[test]
 fn bf16_state_batched_and_cached_requests_match_alone() {
-    for arch in ["mamba2", "granitemoehybrid", "jamba", "qwen35_tiny"] {
+    let runs = [
+        ("mamba2", CacheType::F32),
+        ("granitemoehybrid", CacheType::F32),
+        ("granitemoehybrid", CacheType::F16),
+        ("jamba", CacheType::F16),
+        ("qwen35_tiny", CacheType::F16),
+    ];
+    for (arch, cells) in runs {
         let prompts = [
             "Once upon a time there was",
             "Once upon a time",
@@ -55,14 +64,14 @@ fn bf16_state_batched_and_cached_requests_match_alone() {
         let alone: Vec<String> = prompts
             .iter()
             .map(|p| {
-                let s = start_bf16(arch, 1, 0);
+                let s = start_bf16(arch, 1, 0, cells);
                 complete(&s, p)["choices"][0]["text"]
                     .as_str()
                     .unwrap()
                     .to_string()
             })
             .collect();
-        let s = start_bf16(arch, 3, 3);
+        let s = start_bf16(arch, 3, 3, cells);
         for round in 0..2 {
             let threads: Vec<_> = prompts
                 .iter()

@@ -3,7 +3,7 @@
 use anyhow::{bail, Context, Result};
 use coil::engine::sampling::SamplingParams;
 use coil::engine::{Engine, EngineOptions};
-use coil::memory::{CheckpointPolicy, StateType};
+use coil::memory::{CacheType, CheckpointPolicy, StateType};
 use std::path::{Path, PathBuf};
 
 /// The bundled demo model (tools/train_demo.py, models/README.md), the
@@ -72,6 +72,16 @@ pub struct ModelArgs {
     #[arg(long = "state-type", value_name = "TYPE", default_value = "f32",
           value_parser = parse_state_type)]
     pub state_type: StateType,
+    /// How attention K/V cells are stored: f32 (exact) or f16 (half the
+    /// memory per token; attention computed in f32).
+    #[arg(long = "cache-type", value_name = "TYPE", default_value = "f32",
+          value_parser = parse_cache_type)]
+    pub cache_type: CacheType,
+}
+
+fn parse_cache_type(s: &str) -> Result<CacheType, String> {
+    s.parse()
+        .map_err(|e: coil::memory::UnknownCacheType| e.to_string())
 }
 
 fn parse_state_type(s: &str) -> Result<StateType, String> {
@@ -116,6 +126,9 @@ impl ModelArgs {
             Engine::load(&path, opts).with_context(|| format!("loading {}", path.display()))?;
         if self.state_type != StateType::F32 {
             engine.set_state_type(self.state_type);
+        }
+        if self.cache_type != CacheType::F32 {
+            engine.set_cache_type(self.cache_type);
         }
         Ok(engine)
     }

@@ -7,7 +7,7 @@ pub mod sampling;
 pub mod speculative;
 
 use crate::memory::session::{self, SessionError};
-use crate::memory::{CheckpointPolicy, Memory, SeqId, SequenceMemory, StateType};
+use crate::memory::{CacheType, CheckpointPolicy, Memory, SeqId, SequenceMemory, StateType};
 use crate::models::{self, LogitRows, Model, ModelError, SeqChunk, UBatch};
 use coil_gguf::{GgufError, GgufFile};
 use coil_kernels::ThreadPool;
@@ -141,6 +141,13 @@ impl Engine {
     pub fn set_state_type(&mut self, ty: StateType) {
         let mem = std::mem::replace(&mut self.mem, Memory::new(None, None, 1, 1));
         self.mem = mem.with_state_type(ty);
+    }
+
+    /// Stores the attention cells as `ty` from now on (`F16`: half the
+    /// bytes per token, attention computed in f32). Forgets every sequence.
+    pub fn set_cache_type(&mut self, ty: CacheType) {
+        let mem = std::mem::replace(&mut self.mem, Memory::new(None, None, 1, 1));
+        self.mem = mem.with_cache_type(ty);
     }
 
     /// Forgets every sequence.

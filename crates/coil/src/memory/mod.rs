@@ -8,7 +8,7 @@ pub mod recurrent;
 pub mod session;
 
 pub use coil_kernels::ops::state_elem::{StateMut, StateRef, StateType};
-pub use kv::{KvLayerShape, KvMemory};
+pub use kv::{CacheType, KvLayerShape, KvMemory, UnknownCacheType};
 pub use recurrent::{
     Checkpoint, CheckpointPolicy, LayerState, MovingState, RecurrentLayerShape, RecurrentMemory,
     RecurrentState,
@@ -115,6 +115,26 @@ impl Memory {
         Memory::new(recurrent, kv, n_seq_max, n_ctx)
     }
 
+    /// This memory, empty, with its attention cells stored as `ty` (see
+    /// [`KvMemory::with_cache_type`]).
+    pub fn with_cache_type(self, ty: CacheType) -> Self {
+        let (n_seq_max, n_ctx) = (self.n_seq_max, self.n_ctx);
+        let kv = self.kv.map(|k| k.with_cache_type(ty));
+        let mut recurrent = self.recurrent;
+        if let Some(r) = &mut recurrent {
+            for s in 0..n_seq_max {
+                // In range by construction.
+                let _ = r.seq_clear(s);
+            }
+        }
+        Memory::new(recurrent, kv, n_seq_max, n_ctx)
+    }
+
+    /// How the attention cells are stored (f32 without any).
+    pub fn cache_type(&self) -> CacheType {
+        self.kv.as_ref().map_or(CacheType::F32, |k| k.cache_type())
+    }
+
     /// How the recurrent SSM states are stored (f32 without any).
     pub fn state_type(&self) -> StateType {
         self.recurrent
@@ -153,11 +173,15 @@ impl Memory {
         if let Some(k) = &self.kv {
             let st = k.page_stats();
             parts.push(format!(
-                "KV cells {:.2} MiB in use ({:.2} MiB of it shared between sequences), up to {:.2} MiB ({} bytes per token, pages of {} positions)",
+                "KV cells {:.2} MiB in use ({:.2} MiB of it shared between sequences), up to {:.2} MiB ({} bytes per token{}, pages of {} positions)",
                 mib(st.bytes),
                 mib(st.shared_bytes),
                 mib(k.max_bytes()),
                 k.bytes_per_token(),
+                match k.cache_type() {
+                    CacheType::F32 => String::new(),
+                    t => format!(" in {t}"),
+                },
                 k.page_len()
             ));
         }

@@ -5,7 +5,7 @@
 //! 2 (which records the types first):
 //! ```text
 //! "COILSESS"  u32 version  u64 model identity  u64 payload length
-//! payload:    [version 2: u8 state type (0 f32, 1 bf16), u8 cell type (0 f32)]
+//! payload:    [version 2: u8 state type (0 f32, 1 bf16), u8 cell type (0 f32, 1 f16)]
 //!             u64 n_tokens, u32 × n_tokens
 //!             u8 has_recurrent [u64 state_len, f32 × state_len,
 //!                               u64 n_checkpoints, (u64 pos, f32 × state_len) × n]
@@ -14,14 +14,17 @@
 //! ```
 //! A bf16 recurrent state is written as its flat buffer is held: f32
 //! words, each layer's SSM part two bf16 per word (see `recurrent`).
-//! A session loads into a memory of either state type: a bf16 state
-//! widens exactly into an f32 memory; an f32 state is rounded to nearest
-//! even into a bf16 one.
+//! f16 cells likewise (two f16 per word, each position's row padded to
+//! whole words). A session loads into a memory of either type: bf16 / f16
+//! values widen exactly into an f32 memory; f32 values are rounded to
+//! nearest (even) into a bf16 / f16 one.
 //! Loading parses and checks everything (identity, checksum, every size
 //! against this memory's shapes) before touching the memory: a truncated,
 //! corrupted or other-model file changes nothing.
 
-use super::{Checkpoint, Memory, MemoryError, RecurrentMemory, SeqId, SequenceMemory, StateType};
+use super::{
+    CacheType, Checkpoint, Memory, MemoryError, RecurrentMemory, SeqId, SequenceMemory, StateType,
+};
 use std::io::{Read, Write};
 use std::sync::Arc;
 
@@ -90,11 +93,12 @@ pub fn save(mem: &Memory, s: SeqId, identity: u64, w: &mut impl Write) -> Result
         .recurrent
         .as_ref()
         .map_or(StateType::F32, |r| r.state_type());
-    let version = if state_type == StateType::F32 {
+    let cache_type = mem.kv.as_ref().map_or(CacheType::F32, |k| k.cache_type());
+    let version = if state_type == StateType::F32 && cache_type == CacheType::F32 {
         VERSION
     } else {
         p.push(state_type.code());
-        p.push(0); // f32 cells
+        p.push(cache_type.code());
         VERSION_TYPED
     };
     put_u64(&mut p, tokens.len() as u64);
@@ -234,17 +238,16 @@ pub fn load(
         return Err(SessionError::Corrupt("checksum mismatch".into()));
     }
     let mut rd = Reader { b: p, at: 0 };
-    let file_state = if version == VERSION_TYPED {
+    let (file_state, file_cells) = if version == VERSION_TYPED {
         let code = rd.u8("state type")?;
         let ty = StateType::from_code(code)
             .ok_or_else(|| SessionError::Corrupt(format!("unknown state type {code}")))?;
-        let cells = rd.u8("cell type")?;
-        if cells != 0 {
-            return Err(SessionError::Corrupt(format!("unknown cell type {cells}")));
-        }
-        ty
+        let code = rd.u8("cell type")?;
+        let cells = CacheType::from_code(code)
+            .ok_or_else(|| SessionError::Corrupt(format!("unknown cell type {code}")))?;
+        (ty, cells)
     } else {
-        StateType::F32
+        (StateType::F32, CacheType::F32)
     };
     let nt = rd.len("tokens", 4)?;
     let tokens: Vec<u32> = rd
@@ -314,11 +317,17 @@ pub fn load(
             let k = rd.f32s("keys")?;
             let v = rd.f32s("values")?;
             let want = m.expected_len(l, nt);
-            if k.len() != want || v.len() != want {
-                return Err(SessionError::Mismatch(format!(
-                    "layer {l}: cells do not match {nt} tokens"
-                )));
-            }
+            let (k, v) = match (
+                m.convert_cells(l, file_cells, k),
+                m.convert_cells(l, file_cells, v),
+            ) {
+                (Some(k), Some(v)) if k.len() == want && v.len() == want => (k, v),
+                _ => {
+                    return Err(SessionError::Mismatch(format!(
+                        "layer {l}: cells do not match {nt} tokens"
+                    )))
+                }
+            };
             ks.push(k);
             vs.push(v);
         }
