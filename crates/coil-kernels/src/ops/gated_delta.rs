@@ -107,21 +107,6 @@ impl DeltaInputs<'_> {
         );
     }
 
-    /// The inputs from token `i` on.
-    #[inline(always)]
-    pub(crate) fn skip_tokens(&self, d: &GatedDeltaDims, i: usize) -> Self {
-        let hv = d.n_v_head;
-        DeltaInputs {
-            q: &self.q[i * self.ld_qk..],
-            k: &self.k[i * self.ld_qk..],
-            ld_qk: self.ld_qk,
-            v: &self.v[i * self.ld_v..],
-            ld_v: self.ld_v,
-            g: &self.g[i * hv..],
-            beta: &self.beta[i * hv..],
-        }
-    }
-
     #[inline(always)]
     pub(crate) fn q_at(&self, d: &GatedDeltaDims, i: usize, kh: usize) -> &[f32] {
         &self.q[i * self.ld_qk + kh * d.d_k..][..d.d_k]
@@ -271,7 +256,7 @@ pub fn gated_delta_scan_batch<S: DeltaState>(
 }
 
 #[inline(always)]
-pub(crate) fn head_scan(
+fn head_scan(
     d: &GatedDeltaDims,
     j: usize,
     s: &mut [f32],

@@ -1,12 +1,12 @@
 //! The gated delta rule (`gated_delta::head_scan`) over a value head's
-//! state stored in bf16: per token, the head (`[d_k, d_v]`, 32 KiB at
-//! 128 × 128) is widened into an f32 work copy that stays in cache, the
-//! f32 step runs on it unchanged, and the result is rounded back to bf16
-//! (nearest even) — once per token, so a token's result does not depend on
-//! how many tokens share the call. Half the state bytes of the f32 kernel
-//! go to and from memory.
+//! state stored in bf16: the same two passes over the state rows (`d_v`
+//! values each) as the f32 kernel, each row widened to f32 in a work row
+//! as it is read and, in the second pass, rounded back to bf16 (nearest
+//! even) as it is written — once per token, so a token's result does not
+//! depend on how many tokens share the call. Same arithmetic in the same
+//! order as the f32 kernel; half the state bytes go to and from memory.
 
-use super::gated_delta::{head_scan, DeltaInputs, GatedDeltaDims};
+use super::gated_delta::{DeltaInputs, GatedDeltaDims};
 use super::state_elem::{round_row, widen_row};
 use crate::multiversion;
 use crate::pool::SendPtr;
@@ -22,16 +22,39 @@ fn head_scan_bf16(
     kv: &mut [f32],
     n: usize,
 ) {
-    let mut wide = crate::Scratch::dirty(s.len());
-    let step = d.n_v_head * d.d_v;
+    let (dk, dv, hv) = (d.d_k, d.d_v, d.n_v_head);
+    let kh = d.key_head(j);
+    let mut row = vec![0f32; dv];
     for i in 0..n {
-        widen_row(s, &mut wide);
-        let one = inp.skip_tokens(d, i);
-        // SAFETY: token i's output rows lie within `out`'s n tokens.
-        let o = SendPtr(unsafe { out.get().add(i * step) });
-        head_scan(d, j, &mut wide, &one, o, kv, 1);
-        round_row(&wide, s);
+        let (q, k, v) = (inp.q_at(d, i, kh), inp.k_at(d, i, kh), inp.v_at(d, i, j));
+        let decay = inp.g[i * hv + j].exp();
+        let beta = inp.beta[i * hv + j];
+        // kv = Sᵀk: a read-only pass over S.
+        kv.fill(0.0);
+        for (r, &kr) in s.chunks_exact(dv).zip(k) {
+            widen_row(r, &mut row);
+            for (a, &x) in kv.iter_mut().zip(&row) {
+                *a += kr * x;
+            }
+        }
+        // δ = β(v − exp(g)·kv), kept in kv.
+        for (a, &vv) in kv.iter_mut().zip(v) {
+            *a = beta * (vv - decay * *a);
+        }
+        // SAFETY: token i, head j: lanes no other head writes.
+        let o = unsafe { std::slice::from_raw_parts_mut(out.get().add((i * hv + j) * dv), dv) };
+        o.fill(0.0);
+        // S ← exp(g)·S + k δᵀ and o = Sᵀq, each row rounded as stored.
+        for ((r, &kr), &qr) in s.chunks_exact_mut(dv).zip(k).zip(q) {
+            widen_row(r, &mut row);
+            for ((x, &dl), ov) in row.iter_mut().zip(kv.iter()).zip(o.iter_mut()) {
+                *x = decay * *x + kr * dl;
+                *ov += qr * *x;
+            }
+            round_row(&row, r);
+        }
     }
+    debug_assert_eq!(s.len(), dk * dv);
 }
 
 multiversion!(pub(crate) fn head_scan_bf16_mv(
