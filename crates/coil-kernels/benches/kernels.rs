@@ -295,8 +295,58 @@ fn main() {
         }
         println!();
     }
+    invariant_bench(&pool, &mut rng, &filter);
     if filter.is_empty() || filter.eq_ignore_ascii_case("ops") {
         ops_bench(&pool, &mut rng, bw);
+    }
+}
+
+/// Batch-invariant mode (speculative verification, batched decode with
+/// `--batch-invariant`): n tokens through per-row dot products, each
+/// token's result as if alone. Reported as the time of n tokens relative to
+/// one token, on a weight that stays in L2 (one thread: the kernels' compute
+/// cost) and on one streamed from memory (64 MB, all threads).
+fn invariant_bench(pool: &ThreadPool, rng: &mut Rng, filter: &str) {
+    let ns = [1usize, 2, 3, 4, 5, 8, 9, 16];
+    let one_thread = ThreadPool::new(1);
+    println!("\nbatch-invariant few tokens: time of n tokens / time of 1 token");
+    for (label, in_l2) in [("L2,1t", true), ("64 MB", false)] {
+        print!("{:>8} {:>6}", "format", label);
+        for n in ns {
+            print!(" {:>6}", format!("n={n}"));
+        }
+        println!("   1 token (us)");
+        let pool = if in_l2 { &one_thread } else { pool };
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+            GgmlType::F16,
+        ] {
+            if !filter.is_empty() && !ty.name().eq_ignore_ascii_case(filter) {
+                continue;
+            }
+            let cols = 4096;
+            let row_bytes = cols / ty.block_size() * ty.type_size();
+            let bytes = if in_l2 { 512usize << 10 } else { 64usize << 20 };
+            let rows = bytes.div_ceil(row_bytes).next_multiple_of(16);
+            let data = random_weights(rng, ty, rows, cols);
+            let w = WeightRef::new(ty, &data, rows, cols).unwrap();
+            let _inv = coil_kernels::numerics::invariant_scope(true);
+            let mut one = 0.0;
+            print!("{:>8} {:>6}", ty.name(), "");
+            for n in ns {
+                let x = rng.vec(n * cols);
+                let mut y = vec![0f32; n * rows];
+                let reps = if in_l2 { 200 } else { 7 };
+                let secs = best_of(reps, || matmul(pool, &w, &x, &mut y, n));
+                if n == 1 {
+                    one = secs;
+                }
+                print!(" {:>6.2}", secs / one);
+            }
+            println!("   {:.1}", one * 1e6);
+        }
     }
 }
 

@@ -40,23 +40,7 @@ impl QuantAct {
         self.d.resize(x.len() / block, 0.0);
         self.sums.clear();
         self.sums.resize(x.len() / group, 0);
-        for ((xb, qb), d) in x
-            .chunks_exact(block)
-            .zip(self.qs.chunks_exact_mut(block))
-            .zip(self.d.iter_mut())
-        {
-            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-            if amax == 0.0 || !amax.is_finite() {
-                *d = if amax.is_finite() { 0.0 } else { amax };
-                qb.fill(0);
-                continue;
-            }
-            *d = amax / 127.0;
-            let id = 127.0 / amax;
-            for (q, v) in qb.iter_mut().zip(xb) {
-                *q = (v * id).round().clamp(-127.0, 127.0) as i8;
-            }
-        }
+        quantize_blocks_mv(x, &mut self.qs, &mut self.d, block);
         for (s, qg) in self.sums.iter_mut().zip(self.qs.chunks_exact(group)) {
             *s = qg.iter().map(|&q| q as i16).sum();
         }
@@ -66,5 +50,149 @@ impl QuantAct {
     #[inline]
     pub fn qs_row(&self, t: usize) -> &[i8] {
         &self.qs[t * self.cols..(t + 1) * self.cols]
+    }
+}
+
+/// Most tokens an [`ActPanel`] holds (the lanes of its scale rows).
+pub(crate) const PANEL_LANES: usize = 8;
+
+/// The quantized activations of a few tokens interleaved for the few-token
+/// kernels, so one pointer reaches every token at fixed offsets:
+/// * `qs`: `[cols / 32][nt][32]`: 32-value chunk `c` of token `t` at `(c·nt + t)·32`
+/// * `d`: `[n_blocks][PANEL_LANES]`: token `t`'s scale of block `i` in lane `t` (the
+///   lanes past `nt` are 0)
+/// * `sums`: `[n_blocks][nt][per_block]` (the group sums of block `i` of token `t`)
+#[derive(Debug)]
+pub(crate) struct ActPanel {
+    pub nt: usize,
+    pub n_blocks: usize,
+    pub qs: Vec<i8>,
+    pub d: Vec<f32>,
+    pub sums: Vec<i16>,
+}
+
+impl ActPanel {
+    /// Tokens `t0..t0 + nt` of `a` (`nt` ≤ [`PANEL_LANES`]), whose blocks
+    /// have `block` values and `per_block` group sums each.
+    pub(crate) fn new(a: &QuantAct, t0: usize, nt: usize, block: usize, per_block: usize) -> Self {
+        assert!((1..=PANEL_LANES).contains(&nt) && a.cols.is_multiple_of(block));
+        let (cols, nb) = (a.cols, a.cols / block);
+        let chunks = cols / 32;
+        let mut qs = vec![0i8; nt * cols];
+        for (c, dst) in qs.chunks_exact_mut(nt * 32).enumerate().take(chunks) {
+            for (t, d) in dst.chunks_exact_mut(32).enumerate() {
+                let src = (t0 + t) * cols + 32 * c;
+                d.copy_from_slice(&a.qs[src..src + 32]);
+            }
+        }
+        let mut d = vec![0f32; nb * PANEL_LANES];
+        let mut sums = vec![0i16; nb * nt * per_block];
+        for i in 0..nb {
+            for t in 0..nt {
+                d[i * PANEL_LANES + t] = a.d[(t0 + t) * nb + i];
+                let src = ((t0 + t) * nb + i) * per_block;
+                let dst = (i * nt + t) * per_block;
+                sums[dst..dst + per_block].copy_from_slice(&a.sums[src..src + per_block]);
+            }
+        }
+        ActPanel {
+            nt,
+            n_blocks: nb,
+            qs,
+            d,
+            sums,
+        }
+    }
+}
+
+/// Quantizes each `block` of `x` to i8 with scale `amax / 127` (round half
+/// away from zero). Written so the compiler vectorizes it at the SIMD level
+/// ([`crate::multiversion`]): the block maximum in eight lanes (max is exact
+/// and order-free), the rounding inlined instead of a `roundf` call per
+/// value; the results are those of the plain scalar loop, bit for bit.
+#[inline(always)]
+fn quantize_blocks(x: &[f32], qs: &mut [i8], d: &mut [f32], block: usize) {
+    for ((xb, qb), d) in x
+        .chunks_exact(block)
+        .zip(qs.chunks_exact_mut(block))
+        .zip(d.iter_mut())
+    {
+        let mut lanes = [0f32; 8];
+        let mut c8 = xb.chunks_exact(8);
+        for c in &mut c8 {
+            for (m, v) in lanes.iter_mut().zip(c) {
+                *m = m.max(v.abs());
+            }
+        }
+        let amax = c8
+            .remainder()
+            .iter()
+            .fold(lanes.iter().fold(0f32, |m, &v| m.max(v)), |m, v| {
+                m.max(v.abs())
+            });
+        if amax == 0.0 || !amax.is_finite() {
+            *d = if amax.is_finite() { 0.0 } else { amax };
+            qb.fill(0);
+            continue;
+        }
+        *d = amax / 127.0;
+        let id = 127.0 / amax;
+        for (q, v) in qb.iter_mut().zip(xb) {
+            *q = (v * id).round().clamp(-127.0, 127.0) as i8;
+        }
+    }
+}
+
+crate::multiversion!(fn quantize_blocks_mv(x: &[f32], qs: &mut [i8], d: &mut [f32], block: usize) => quantize_blocks);
+
+#[cfg(test)]
+mod tests {
+    use super::QuantAct;
+
+    /// The vectorized quantization gives the plain scalar loop's values,
+    /// including NaN / infinite / all-zero blocks and ties at .5.
+    #[test]
+    fn quantization_matches_the_scalar_definition() {
+        let mut x: Vec<f32> = (0..4 * 256)
+            .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 0.013)
+            .collect();
+        x[40] = 127.0; // amax 127: exact .5 ties below
+        x[41] = 0.5;
+        x[42] = -2.5;
+        x[300] = f32::NAN;
+        x[600] = f32::INFINITY;
+        for v in &mut x[768..800] {
+            *v = 0.0;
+        }
+        for (block, a) in [
+            (32, QuantAct::q8_0(&x, 256)),
+            (256, QuantAct::q8_k(&x, 256)),
+        ] {
+            for (b, xb) in x.chunks_exact(block).enumerate() {
+                let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let want_d = if amax == 0.0 || !amax.is_finite() {
+                    if amax.is_finite() {
+                        0.0
+                    } else {
+                        amax
+                    }
+                } else {
+                    amax / 127.0
+                };
+                assert_eq!(a.d[b].to_bits(), want_d.to_bits(), "block {b} of {block}");
+                for (k, v) in xb.iter().enumerate() {
+                    let want = if amax == 0.0 || !amax.is_finite() {
+                        0
+                    } else {
+                        (v * (127.0 / amax)).round().clamp(-127.0, 127.0) as i8
+                    };
+                    assert_eq!(
+                        a.qs[b * block + k],
+                        want,
+                        "value {k} of block {b} of {block}"
+                    );
+                }
+            }
+        }
     }
 }

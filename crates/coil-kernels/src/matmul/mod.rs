@@ -198,9 +198,16 @@ pub fn matmul_at(
     // [`crate::numerics`]).
     let per_row = n_tokens == 1 || crate::numerics::batch_invariant();
     match vec_kernel(w.ty, level) {
-        Some(k) if per_row || n_tokens < gemm_min_tokens(w.ty, level) => {
-            vec_path(pool, w, x, y, n_tokens, k, rows_kernel(w.ty, level))
-        }
+        Some(k) if per_row || n_tokens < gemm_min_tokens(w.ty, level) => vec_path(
+            pool,
+            w,
+            x,
+            y,
+            n_tokens,
+            k,
+            rows_kernel(w.ty, level),
+            tile_kernel(w.ty, level),
+        ),
         None if per_row || n_tokens < 4 => decode_vec_path(pool, w, x, y, n_tokens, level),
         _ => {
             #[cfg(target_arch = "x86_64")]
@@ -299,10 +306,32 @@ pub(crate) type QuantDot4 = fn(&[u8], [&[i8]; 4], [&[f32]; 4], [&[i16]; 4]) -> [
 /// no call per row, constants set up once, rows prefetched ahead).
 pub(crate) type QuantRows = fn(&[u8], usize, &[i8], &[f32], &[i16], &mut [f32]);
 
+/// A few tokens (up to the kernel's maximum, at least 4) against consecutive
+/// rows: `out[t][i] = row i · token t`
+/// for the `out[t].len()` rows of `row_bytes` bytes at the start of the data
+/// (each row unpacked once for all the tokens; each token's result bit for
+/// bit the one-token kernel's).
+pub(crate) type QuantTile = fn(&[u8], usize, &act::ActPanel, &mut [&mut [f32]]);
+
+/// Rows the few-token path multiplies with every group of tokens before it
+/// moves on, so the later groups find them in L1/L2.
+const TILE_ROWS: usize = 32;
+
 #[derive(Clone, Copy)]
 pub(crate) enum VecKernel {
     Float(FloatDot),
     Quant(ActKind, QuantDot, Option<QuantDot4>),
+}
+
+/// The few-token row-range kernel of `ty` at `level` and the most tokens it
+/// takes per call, if there is one.
+fn tile_kernel(ty: GgmlType, level: SimdLevel) -> Option<(QuantTile, usize)> {
+    #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx2 {
+        return x86_avx2::tile_kernel(ty);
+    }
+    let _ = (ty, level);
+    None
 }
 
 /// The one-token row-range kernel of `ty` at `level`, if there is one.
@@ -440,6 +469,7 @@ fn decode_vec_path(
     });
 }
 
+#[allow(clippy::too_many_arguments)]
 fn vec_path(
     pool: &ThreadPool,
     w: &WeightRef,
@@ -448,6 +478,7 @@ fn vec_path(
     n_tokens: usize,
     k: VecKernel,
     rows_k: Option<QuantRows>,
+    tile_k: Option<(QuantTile, usize)>,
 ) {
     let (rows, cols) = (w.rows, w.cols);
     let yp = SendPtr(y.as_mut_ptr());
@@ -479,6 +510,36 @@ fn vec_path(
                     let out =
                         unsafe { std::slice::from_raw_parts_mut(yp.get().add(rr.start), rr.len()) };
                     rk(&w.data[rr.start * rb..], rb, &xa.qs, &xa.d, &xa.sums, out);
+                });
+                return;
+            }
+            if let (Some((tk, max)), true) = (tile_k, n_tokens > 1) {
+                // groups of at most `max` tokens, each interleaved once
+                let per_block = block / group;
+                let panels: Vec<act::ActPanel> = (0..n_tokens)
+                    .step_by(max)
+                    .map(|t0| act::ActPanel::new(&xa, t0, max.min(n_tokens - t0), block, per_block))
+                    .collect();
+                let rb = w.row_bytes();
+                rows_for(pool, rows, |rr| {
+                    let mut r0 = rr.start;
+                    while r0 < rr.end {
+                        let r1 = (r0 + TILE_ROWS).min(rr.end);
+                        for (g, p) in panels.iter().enumerate() {
+                            let t0 = g * max;
+                            // SAFETY: y[t0.., r0..r1] is written by this chunk only.
+                            let mut outs: [&mut [f32]; act::PANEL_LANES] =
+                                std::array::from_fn(|k| match k < p.nt {
+                                    true => unsafe {
+                                        let y = yp.get().add((t0 + k) * rows + r0);
+                                        std::slice::from_raw_parts_mut(y, r1 - r0)
+                                    },
+                                    false => &mut [],
+                                });
+                            tk(&w.data[r0 * rb..r1 * rb], rb, p, &mut outs[..p.nt]);
+                        }
+                        r0 = r1;
+                    }
                 });
                 return;
             }

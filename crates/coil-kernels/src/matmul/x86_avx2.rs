@@ -1,11 +1,11 @@
 //! AVX2 (+FMA, F16C) kernels: float-format dot products and decoding.
 
 use super::dequant::{iq4xs_scales, KVALUES_IQ4NL};
-use super::{ActKind, QuantRows, SimdLevel, VecKernel, PF_ROWS};
+use super::{ActKind, QuantRows, QuantTile, SimdLevel, VecKernel, PF_ROWS};
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 
-mod multi;
+mod tiles;
 
 pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
     use ActKind::*;
@@ -14,39 +14,49 @@ pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
         GgmlType::F32 => VecKernel::Float(|r, x| unsafe { dot_f32(r, x) }),
         GgmlType::F16 => VecKernel::Float(|r, x| unsafe { dot_f16(r, x) }),
         GgmlType::BF16 => VecKernel::Float(|r, x| unsafe { dot_bf16(r, x) }),
-        GgmlType::Q8_0 => VecKernel::Quant(
-            Q8_0,
-            |r, q, d, s| unsafe { dot_q8_0(r, q, d, s) },
-            Some(|r, q, d, s| unsafe { multi::dot4_q8_0(r, q, d, s) }),
-        ),
-        GgmlType::Q4_0 => VecKernel::Quant(
-            Q8_0,
-            |r, q, d, s| unsafe { dot_q4_0(r, q, d, s) },
-            Some(|r, q, d, s| unsafe { multi::dot4_q4_0(r, q, d, s) }),
-        ),
-        GgmlType::IQ4_NL => VecKernel::Quant(
-            Q8_0,
-            |r, q, d, s| unsafe { dot_iq4_nl(r, q, d, s) },
-            Some(|r, q, d, s| unsafe { multi::dot4_iq4_nl(r, q, d, s) }),
-        ),
+        GgmlType::Q8_0 => {
+            VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_q8_0(r, q, d, s) }, None)
+        }
+        GgmlType::Q4_0 => {
+            VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_q4_0(r, q, d, s) }, None)
+        }
+        GgmlType::IQ4_NL => {
+            VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_iq4_nl(r, q, d, s) }, None)
+        }
         GgmlType::Q4_K => VecKernel::Quant(
             Q8K,
             |r, q, d, s| unsafe { dot_k45::<false>(r, q, d, s) },
-            Some(|r, q, d, s| unsafe { multi::dot4_k45::<false>(r, q, d, s) }),
+            None,
         ),
         GgmlType::Q5_K => VecKernel::Quant(
             Q8K,
             |r, q, d, s| unsafe { dot_k45::<true>(r, q, d, s) },
-            Some(|r, q, d, s| unsafe { multi::dot4_k45::<true>(r, q, d, s) }),
+            None,
         ),
-        GgmlType::Q6_K => VecKernel::Quant(
-            Q8K,
-            |r, q, d, s| unsafe { dot_q6_k(r, q, d, s) },
-            Some(|r, q, d, s| unsafe { multi::dot4_q6_k(r, q, d, s) }),
-        ),
+        GgmlType::Q6_K => VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_q6_k(r, q, d, s) }, None),
         GgmlType::IQ4_XS => {
             VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_iq4_xs(r, q, d, s) }, None)
         }
+        _ => return None,
+    })
+}
+
+/// The few-token row-range kernel of `ty` and the most tokens it takes per
+/// call (each
+/// token's result bit for bit the one-token kernel's; see `tiles.rs`).
+pub(super) fn tile_kernel(ty: GgmlType) -> Option<(QuantTile, usize)> {
+    use tiles::{MAX_TOKENS_B32 as B32, MAX_TOKENS_K as K};
+    // SAFETY (all): selected only when the CPU has AVX2+FMA+F16C.
+    Some(match ty {
+        GgmlType::Q8_0 => (|w, rb, a, o| unsafe { tiles::tile_q8_0(w, rb, a, o) }, B32),
+        GgmlType::Q4_0 => (|w, rb, a, o| unsafe { tiles::tile_q4_0(w, rb, a, o) }, B32),
+        GgmlType::IQ4_NL => (
+            |w, rb, a, o| unsafe { tiles::tile_iq4_nl(w, rb, a, o) },
+            B32,
+        ),
+        GgmlType::Q4_K => (|w, rb, a, o| unsafe { tiles::tile_q4_k(w, rb, a, o) }, K),
+        GgmlType::Q5_K => (|w, rb, a, o| unsafe { tiles::tile_q5_k(w, rb, a, o) }, K),
+        GgmlType::Q6_K => (|w, rb, a, o| unsafe { tiles::tile_q6_k(w, rb, a, o) }, K),
         _ => return None,
     })
 }
@@ -459,22 +469,27 @@ pub(super) unsafe fn k4_mins(mn: u64, bs: *const i16) -> i32 {
 #[target_feature(enable = "avx2")]
 #[inline]
 pub(super) unsafe fn q6k_quants(b: *const u8, n: usize) -> [__m256i; 4] {
+    std::array::from_fn(|k| q6k_quant(b, n, k))
+}
+
+/// Vector `k` (0..4) of [`q6k_quants`] alone.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn q6k_quant(b: *const u8, n: usize, k: usize) -> __m256i {
     let (m4, m3) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(3));
-    let la = _mm256_loadu_si256(b.add(64 * n) as *const __m256i);
-    let lb = _mm256_loadu_si256(b.add(64 * n + 32) as *const __m256i);
+    // low nibbles of bytes 64n.. (k even) or 64n+32.. (k odd); k >= 2: high nibbles
+    let l = _mm256_loadu_si256(b.add(64 * n + 32 * (k % 2)) as *const __m256i);
     let h = _mm256_loadu_si256(b.add(128 + 32 * n) as *const __m256i);
-    let six = |lo: __m256i, hi2: __m256i| {
-        _mm256_or_si256(
-            _mm256_and_si256(lo, m4),
-            _mm256_slli_epi16(_mm256_and_si256(hi2, m3), 4),
-        )
+    let (l, h) = match k {
+        0 => (l, h),
+        1 => (l, _mm256_srli_epi16(h, 2)),
+        2 => (_mm256_srli_epi16(l, 4), _mm256_srli_epi16(h, 4)),
+        _ => (_mm256_srli_epi16(l, 4), _mm256_srli_epi16(h, 6)),
     };
-    [
-        six(la, h),
-        six(lb, _mm256_srli_epi16(h, 2)),
-        six(_mm256_srli_epi16(la, 4), _mm256_srli_epi16(h, 4)),
-        six(_mm256_srli_epi16(lb, 4), _mm256_srli_epi16(h, 6)),
-    ]
+    _mm256_or_si256(
+        _mm256_and_si256(l, m4),
+        _mm256_slli_epi16(_mm256_and_si256(h, m3), 4),
+    )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -15,6 +15,8 @@ pub mod ssm;
 pub mod ssm_batch;
 mod ssm_bf16;
 mod ssm_move;
+#[cfg(target_arch = "x86_64")]
+mod ssm_tokens;
 pub mod state_elem;
 pub mod topk;
 

@@ -178,6 +178,14 @@ fn m2_heads(
         // A source in another buffer is copied row by row (512 B) just
         // before each row is updated, so the update finds it in L1.
         let f = from.map(|f| &f[h * hs..(h + 1) * hs]);
+        #[cfg(target_arch = "x86_64")]
+        if n_tokens > 1 && super::ssm_tokens::usable(dims) {
+            // SAFETY: `usable` checked AVX2; (·, h, ·) of y is this head's.
+            unsafe {
+                super::ssm_tokens::head(dims, h, f, st, x, ldx, b, c, ldbc, dt, a, d, y, n_tokens)
+            };
+            continue;
+        }
         m2_head(dims, h, f, st, x, ldx, b, c, ldbc, dt, a, d, y, n_tokens);
     }
     if from.is_some() {
