@@ -4,7 +4,11 @@
 //! (nearest even) when stored — after every token, so that a token's
 //! result does not depend on how many tokens share the call (what
 //! batch-invariant decoding and speculative verification need). The
-//! output `y` reads the updated row before rounding.
+//! output `y` reads the updated row before rounding. The fused AVX2 row
+//! sums its sixteen output lanes as a tree (four adds, not sixteen in a
+//! row: the f32 kernel's order is kept there for bit-exactness with what
+//! it always computed), so `y` may differ from the f32 kernel's in the
+//! last bits; the state does not.
 //!
 //! Half the state bytes of the f32 kernel are read and written per token:
 //! on mamba2-370m the state is ~50 MB, a third of a Q4_K_M decode step's
@@ -227,10 +231,12 @@ mod avx2 {
                 _mm256_storeu_si256(dst.add(i) as *mut __m256i, packed);
             }
         }
-        let mut lanes = [0f32; 16];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), acc[0]);
-        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[1]);
-        lanes.iter().sum()
+        // A tree of four adds (not the f32 kernel's sixteen in a row).
+        let s8 = _mm256_add_ps(acc[0], acc[1]);
+        let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        let s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
+        _mm_cvtss_f32(s1)
     }
 
     #[cfg(not(target_arch = "x86_64"))]
@@ -257,9 +263,10 @@ pub(crate) mod tests {
 
     /// A bf16 state gives, token after token, exactly what the f32 kernel
     /// gives from the same (widened) state with its result rounded to bf16
-    /// after each token: same outputs bit for bit, same rounded state —
-    /// whether the tokens come in one call or one per call, in place or
-    /// moving off another buffer.
+    /// after each token: the same rounded state bit for bit, the same
+    /// outputs up to the order of their last sum — whether the tokens come
+    /// in one call or one per call (those two bit for bit alike), in place
+    /// or moving off another buffer.
     #[test]
     pub(crate) fn mamba2_bf16_is_the_f32_update_rounded_per_token() {
         let pool = ThreadPool::new(2);
@@ -327,7 +334,7 @@ pub(crate) mod tests {
                 t,
             );
             assert_eq!(st, want_s, "{dims:?}");
-            assert_eq!(y, want_y, "{dims:?}");
+            close(&y, &want_y, &format!("{dims:?}"));
             // One token per call, the first moving off the start state.
             let mut st2 = vec![bf16::NAN; s0.len()];
             let mut y2 = Vec::new();
@@ -350,7 +357,8 @@ pub(crate) mod tests {
                 y2.extend(yy);
             }
             assert_eq!(st2, want_s, "{dims:?} moving");
-            assert_eq!(y2, want_y, "{dims:?} moving");
+            // One call or one token per call: the same bits.
+            assert_eq!(y2, y, "{dims:?} moving");
         }
     }
 
@@ -392,6 +400,14 @@ pub(crate) mod tests {
                     x.to_bits()
                 );
             }
+        }
+    }
+
+    /// `got` equals `want` up to the order of a 16-lane sum.
+    fn close(got: &[f32], want: &[f32], what: &str) {
+        let max = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() <= 1e-6 * max.max(1.0), "{what}: {g} vs {w}");
         }
     }
 

@@ -135,13 +135,30 @@ mod tests {
                         nt,
                     )
                 };
-                let mut st = if from { vec![f32::NAN; s0.len()] } else { s0.clone() };
+                let mut st = if from {
+                    vec![f32::NAN; s0.len()]
+                } else {
+                    s0.clone()
+                };
                 let mut y = vec![0f32; t * hn * p];
                 let src = from.then_some(&s0[..]);
                 mamba2_scan_from(
-                    &pool, dims, src, &mut st, inputs(0, t), &dt, &a, Some(&dd), &mut y, t,
+                    &pool,
+                    dims,
+                    src,
+                    &mut st,
+                    inputs(0, t),
+                    &dt,
+                    &a,
+                    Some(&dd),
+                    &mut y,
+                    t,
                 );
-                let mut st1 = if from { vec![f32::NAN; s0.len()] } else { s0.clone() };
+                let mut st1 = if from {
+                    vec![f32::NAN; s0.len()]
+                } else {
+                    s0.clone()
+                };
                 let mut y1 = vec![0f32; t * hn * p];
                 for k in 0..t {
                     let src = (from && k == 0).then_some(&s0[..]);
