@@ -543,7 +543,20 @@ fn the_cache_evicts_least_recently_used() {
 /// edited last turn resume where the shared part ends, with the same text.
 #[test]
 fn prompt_ends_stay_reusable_when_checkpoints_are_thinned() {
-    let s = start_tight(1, 2, 512);
+    regenerate_and_edit_the_last_turn(&start_tight(1, 2, 512));
+}
+
+/// The same on a Qwen3.5-shaped Gated DeltaNet hybrid (the other half of
+/// llama.cpp's complaint on these models): a regenerated answer reuses the
+/// whole prompt, and a chat whose last message is edited resumes from a
+/// checkpoint at or after the end of the previous exchange instead of
+/// re-processing the conversation.
+#[test]
+fn edited_last_message_on_qwen35_resumes_from_a_checkpoint() {
+    regenerate_and_edit_the_last_turn(&start_any("qwen35_tiny", 1, 2, 2048));
+}
+
+fn regenerate_and_edit_the_last_turn(s: &TestServer) {
     let turn = |msgs: &Value| {
         let r = s.post(
             "/v1/chat/completions",

@@ -22,12 +22,37 @@ use crate::pool::{SendPtr, ThreadPool};
 /// Tokens per chunk.
 pub const DEFAULT_CHUNK: usize = 64;
 
+/// `a · b + c`, fused (one rounding) when `FMA`.
+#[inline(always)]
+fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+/// Which triangle of a product matters (`L × L` matrices of a chunk).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tri {
+    /// All of it.
+    Full,
+    /// Only `c[i, j]` with `j ≤ i` is wanted: the column tiles past the
+    /// diagonal are skipped (what they leave in `c` is the caller's).
+    LowerC,
+    /// `a[i, r] = 0` for `r > i`: those terms are skipped.
+    LowerA,
+}
+
 /// `c[i, :] += alpha · Σ_r a[i, r] · b[r, :]` for `i < m`, `r < k`, the
 /// columns `0..n`: `a` `[m, lda]`, `b` `[k, ldb]`, `c` `[m, ldc]` row-major.
-/// Tiles of 4 rows × 16 columns are accumulated in registers.
+/// Tiles of 4 rows × 16 columns are accumulated in registers; `FMA`:
+/// fused multiply-adds (one rounding per product; off where they would be
+/// a library call, see [`chunk_mv`]).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn gemm_acc(
+fn gemm_acc<const FMA: bool>(
+    tri: Tri,
     m: usize,
     n: usize,
     k: usize,
@@ -56,8 +81,15 @@ fn gemm_acc(
         c.len() >= (m - 1) * ldc + n && ldc >= n,
         "gemm: c too short"
     );
+    // the columns and inner length rows up to i1 need
+    let limits = |i1: usize| match tri {
+        Tri::Full => (n, k),
+        Tri::LowerC => (n.min(i1.next_multiple_of(NR)), k),
+        Tri::LowerA => (n, k.min(i1)),
+    };
     let mut i = 0;
     while i + MR <= m {
+        let (n, k) = limits(i + MR);
         let mut j = 0;
         while j + NR <= n {
             let mut acc = [[0f32; NR]; MR];
@@ -72,32 +104,33 @@ fn gemm_acc(
                 };
                 for (acc_row, &x) in acc.iter_mut().zip(&av) {
                     for (y, &bb) in acc_row.iter_mut().zip(&bv) {
-                        *y += x * bb;
+                        *y = madd::<FMA>(x, bb, *y);
                     }
                 }
             }
             for (ii, acc_row) in acc.iter().enumerate() {
                 let cr = &mut c[(i + ii) * ldc + j..(i + ii) * ldc + j + NR];
                 for (x, &v) in cr.iter_mut().zip(acc_row) {
-                    *x += alpha * v;
+                    *x = madd::<FMA>(alpha, v, *x);
                 }
             }
             j += NR;
         }
         if j < n {
-            gemm_edge(i, i + MR, j, n, k, alpha, a, lda, b, ldb, c, ldc);
+            gemm_edge::<FMA>(i, i + MR, j, n, k, alpha, a, lda, b, ldb, c, ldc);
         }
         i += MR;
     }
     if i < m {
-        gemm_edge(i, m, 0, n, k, alpha, a, lda, b, ldb, c, ldc);
+        let (n, k) = limits(m);
+        gemm_edge::<FMA>(i, m, 0, n, k, alpha, a, lda, b, ldb, c, ldc);
     }
 }
 
 /// [`gemm_acc`] on rows `i0..i1`, columns `j0..j1`, one row at a time.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn gemm_edge(
+fn gemm_edge<const FMA: bool>(
     i0: usize,
     i1: usize,
     j0: usize,
@@ -116,7 +149,7 @@ fn gemm_edge(
         for r in 0..k {
             let av = alpha * a[i * lda + r];
             for (x, &bv) in cr.iter_mut().zip(&b[r * ldb + j0..r * ldb + j1]) {
-                *x += av * bv;
+                *x = madd::<FMA>(av, bv, *x);
             }
         }
     }
@@ -131,6 +164,9 @@ struct Work {
     qk: Vec<f32>, // [L, L]   lower(QKᵀ ⊙ e^{γ_i−γ_j})
     u: Vec<f32>,  // [L, dv]  U, then V'
     w: Vec<f32>,  // [L, dk]
+    bv: Vec<f32>, // [L, dv]  β⊙V
+    bk: Vec<f32>, // [L, dk]  β⊙K⊙e^γ
+    t: Vec<f32>,  // [L, L]   (I + A)⁻¹
     o: Vec<f32>,  // [L, dv]
     gamma: Vec<f32>,
     decay: Vec<f32>, // [L, L]  e^{γ_i−γ_j}, j ≤ i
@@ -146,6 +182,9 @@ impl Work {
             qk: vec![0.0; l * l],
             u: vec![0.0; l * dv],
             w: vec![0.0; l * dk],
+            bv: vec![0.0; l * dv],
+            bk: vec![0.0; l * dk],
+            t: vec![0.0; l * l],
             o: vec![0.0; l * dv],
             gamma: vec![0.0; l],
             decay: vec![0.0; l * l],
@@ -202,7 +241,7 @@ pub fn gated_delta_chunked(
 /// One chunk (`len` tokens from `c0`) of value head `j`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn chunk_step(
+fn chunk_step<const FMA: bool>(
     d: &GatedDeltaDims,
     j: usize,
     s: &mut [f32],
@@ -215,7 +254,7 @@ fn chunk_step(
     let (dk, dv, hv) = (d.d_k, d.d_v, d.n_v_head);
     let kh = d.key_head(j);
     let l = len;
-    // γ, and the rows of Q, K, β⊙V (into U), β⊙K⊙e^γ (into W).
+    // γ, and the rows of Q, K, β⊙V, β⊙K⊙e^γ.
     let mut acc = 0f32;
     for i in 0..l {
         let t = c0 + i;
@@ -226,18 +265,42 @@ fn chunk_step(
         for (r, (&qv, &kv)) in q.iter().zip(k).enumerate() {
             wk.q[i * dk + r] = qv;
             wk.k[i * dk + r] = kv;
-            wk.w[i * dk + r] = kv * beta * e;
+            wk.bk[i * dk + r] = kv * beta * e;
             wk.kt[r * l + i] = kv;
         }
-        for (x, &vv) in wk.u[i * dv..(i + 1) * dv].iter_mut().zip(v) {
+        for (x, &vv) in wk.bv[i * dv..(i + 1) * dv].iter_mut().zip(v) {
             *x = beta * vv;
         }
     }
     // KKᵀ and QKᵀ, then the decays.
     wk.kk[..l * l].fill(0.0);
     wk.qk[..l * l].fill(0.0);
-    gemm_acc(l, l, dk, 1.0, &wk.k, dk, &wk.kt, l, &mut wk.kk, l);
-    gemm_acc(l, l, dk, 1.0, &wk.q, dk, &wk.kt, l, &mut wk.qk, l);
+    gemm_acc::<FMA>(
+        Tri::LowerC,
+        l,
+        l,
+        dk,
+        1.0,
+        &wk.k,
+        dk,
+        &wk.kt,
+        l,
+        &mut wk.kk,
+        l,
+    );
+    gemm_acc::<FMA>(
+        Tri::LowerC,
+        l,
+        l,
+        dk,
+        1.0,
+        &wk.q,
+        dk,
+        &wk.kt,
+        l,
+        &mut wk.qk,
+        l,
+    );
     // e^{γ_i−γ_j} (j ≤ i) as products of the per-token decays e^{g}, row
     // by row (no exponential per pair): row i = row i−1 · e^{g_i}.
     for i in 0..l {
@@ -274,31 +337,73 @@ fn chunk_step(
         let e = gi.exp();
         qr.iter_mut().for_each(|x| *x *= e);
     }
-    // Forward substitution: rows of U and W minus Σ_{j<i} A_ij (rows j).
-    for i in 1..l {
-        let (done, rest) = wk.u.split_at_mut(i * dv);
-        let ui = &mut rest[..dv];
-        let (wdone, wrest) = wk.w.split_at_mut(i * dk);
-        let wi = &mut wrest[..dk];
+    // T = (I + A)⁻¹ (lower triangular, unit diagonal) by forward
+    // substitution on the identity, row i = e_i − Σ_{j<i} A_ij · row j
+    // (row j is zero past column j); then U = T (β⊙V), W = T (β⊙K⊙e^γ)
+    // as products (the substitution on U and W directly did the same
+    // multiply-adds one row at a time).
+    let t = &mut wk.t[..l * l];
+    t.fill(0.0);
+    for i in 0..l {
+        let (done, rest) = t.split_at_mut(i * l);
+        let ti = &mut rest[..l];
+        ti[i] = 1.0;
         for jj in 0..i {
             let a = wk.kk[i * l + jj];
             if a == 0.0 {
                 continue;
             }
-            for (x, &y) in ui.iter_mut().zip(&done[jj * dv..(jj + 1) * dv]) {
-                *x -= a * y;
-            }
-            for (x, &y) in wi.iter_mut().zip(&wdone[jj * dk..(jj + 1) * dk]) {
-                *x -= a * y;
+            for (x, &y) in ti[..=jj].iter_mut().zip(&done[jj * l..jj * l + jj + 1]) {
+                *x = madd::<FMA>(-a, y, *x);
             }
         }
     }
+    wk.u[..l * dv].fill(0.0);
+    wk.w[..l * dk].fill(0.0);
+    gemm_acc::<FMA>(
+        Tri::LowerA,
+        l,
+        dv,
+        l,
+        1.0,
+        &wk.t,
+        l,
+        &wk.bv,
+        dv,
+        &mut wk.u,
+        dv,
+    );
+    gemm_acc::<FMA>(
+        Tri::LowerA,
+        l,
+        dk,
+        l,
+        1.0,
+        &wk.t,
+        l,
+        &wk.bk,
+        dk,
+        &mut wk.w,
+        dk,
+    );
     // V' = U − W S.
-    gemm_acc(l, dv, dk, -1.0, &wk.w, dk, s, dv, &mut wk.u, dv);
+    gemm_acc::<FMA>(Tri::Full, l, dv, dk, -1.0, &wk.w, dk, s, dv, &mut wk.u, dv);
     // O = (Q ⊙ e^γ) S + P V'.
     wk.o[..l * dv].fill(0.0);
-    gemm_acc(l, dv, dk, 1.0, &wk.q, dk, s, dv, &mut wk.o, dv);
-    gemm_acc(l, dv, l, 1.0, &wk.qk, l, &wk.u, dv, &mut wk.o, dv);
+    gemm_acc::<FMA>(Tri::Full, l, dv, dk, 1.0, &wk.q, dk, s, dv, &mut wk.o, dv);
+    gemm_acc::<FMA>(
+        Tri::LowerA,
+        l,
+        dv,
+        l,
+        1.0,
+        &wk.qk,
+        l,
+        &wk.u,
+        dv,
+        &mut wk.o,
+        dv,
+    );
     for i in 0..l {
         // SAFETY: token c0 + i, head j: lanes no other head writes.
         let o =
@@ -315,12 +420,36 @@ fn chunk_step(
     }
     let el = gl.exp();
     s.iter_mut().for_each(|x| *x *= el);
-    gemm_acc(dk, dv, l, 1.0, &wk.kt, l, &wk.u, dv, s, dv);
+    gemm_acc::<FMA>(Tri::Full, dk, dv, l, 1.0, &wk.kt, l, &wk.u, dv, s, dv);
 }
-multiversion!(fn chunk_mv(
+multiversion!(fn chunk_fma(
     d: &GatedDeltaDims, j: usize, s: &mut [f32], inp: &DeltaInputs, c0: usize, len: usize,
     wk: &mut Work, out: SendPtr<f32>
-) => chunk_step);
+) => chunk_step::<true>);
+
+/// [`chunk_step`] at the best SIMD level: with fused multiply-adds where
+/// the CPU has them (x86-64 at the AVX2 and AVX-512 levels, every AArch64),
+/// plain ones at the portable x86 level (`mul_add` would be a library call
+/// there).
+#[allow(clippy::too_many_arguments)]
+fn chunk_mv(
+    d: &GatedDeltaDims,
+    j: usize,
+    s: &mut [f32],
+    inp: &DeltaInputs,
+    c0: usize,
+    len: usize,
+    wk: &mut Work,
+    out: SendPtr<f32>,
+) {
+    let fused =
+        !cfg!(target_arch = "x86_64") || crate::simd::level() != crate::simd::SimdLevel::Scalar;
+    if fused {
+        chunk_fma(d, j, s, inp, c0, len, wk, out)
+    } else {
+        chunk_step::<false>(d, j, s, inp, c0, len, wk, out)
+    }
+}
 
 #[cfg(test)]
 pub(crate) mod tests {

@@ -243,7 +243,10 @@ pub struct RecurrentMemory {
     /// sequence takes them instead of faulting fresh pages in (a checkpoint
     /// per token cycles through `max_checkpoints() + 2` buffers per
     /// sequence, ~250 MB on mamba2-370m, which cost ~5% of a 64-token
-    /// request when first touched). At most one sequence's worth is kept.
+    /// request when first touched on a quiet machine; with 8 requests at
+    /// once, over half the server's CPU time went to zeroing fresh pages
+    /// when only one sequence's worth was kept). Up to every slot's worth is
+    /// kept: the most the slots can hold at once anyway.
     free: Vec<Vec<f32>>,
 }
 
@@ -295,10 +298,10 @@ impl RecurrentMemory {
     }
 
     /// Moves the spare buffers of `s` beyond [`MAX_SPARE`] to the free
-    /// list, which keeps at most `max_checkpoints() + 2` (the rest are
-    /// released).
+    /// list, which keeps at most `max_checkpoints() + 2` per slot (what the
+    /// slots hold at most together; the rest are released).
     fn spill(&mut self, s: SeqId) {
-        let cap = self.max_checkpoints() + 2;
+        let cap = (self.max_checkpoints() + 2) * self.slots.len();
         let slot = &mut self.slots[s];
         while slot.spare.len() > MAX_SPARE {
             let Some(b) = slot.spare.pop() else { break };

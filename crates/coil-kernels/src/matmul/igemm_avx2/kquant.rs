@@ -14,14 +14,16 @@
 //! i16 before `vpmaddwd` by the group scale widens them to i32 (Q4_K: 8,
 //! Q5_K: 4, Q6_K: 2 — the most that cannot overflow).
 //!
-//! Layout: a work item is a panel of 8 weight rows, packed
+//! Layout: a panel of 8 weight rows is packed
 //! `[32-col block][group of 4 cols][8 rows][4]` (32 bytes per
 //! `vpmaddubsw`); a broadcast of 4 activation bytes feeds it. The
-//! microkernel keeps 4 tokens × 8 rows in registers.
+//! microkernel keeps 4 tokens × 8 rows in registers. A work item is
+//! [`PG`] panels, each token tile multiplied by all of them in turn (the
+//! tile's activations read from L2 / L3 once, then from L1).
 
 use super::super::dequant::{rd_f16, scale_min_k4};
 use super::super::{SendPtr, WeightRef};
-use super::{over_panels, store_tokens, tile_tokens, NR};
+use super::{over_panels, quant, store_tokens, tile_tokens, NR};
 use crate::pool::ThreadPool;
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
@@ -48,8 +50,11 @@ struct Panel {
     row: Vec<u8>,
 }
 
+/// Panels per work item.
+const PG: usize = 4;
+
 thread_local! {
-    static PANEL: RefCell<Panel> = RefCell::new(Panel::default());
+    static PANELS: RefCell<Vec<Panel>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Scale groups per super-block: 16 for Q6_K, 8 otherwise.
@@ -226,30 +231,19 @@ fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, group: usi
                     std::slice::from_raw_parts_mut(pp.get().add(t * npairs), npairs),
                 )
             };
-            quantize_row(&x[t * cols..(t + 1) * cols], group, qx, dx, pairs);
+            // SAFETY: AVX2 checked by igemm's caller.
+            unsafe { quantize_row(&x[t * cols..(t + 1) * cols], group, qx, dx, pairs) };
         }
     });
 }
 
-/// One token, as [`super::act::QuantAct::q8_k`] quantizes it.
-fn quantize_row(x: &[f32], group: usize, qx: &mut [i8], dx: &mut [f32], pairs: &mut [i32]) {
-    for ((xb, qb), d) in x
-        .chunks_exact(256)
-        .zip(qx.chunks_exact_mut(256))
-        .zip(dx.iter_mut())
-    {
-        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-        if amax == 0.0 || !amax.is_finite() {
-            *d = if amax.is_finite() { 0.0 } else { amax };
-            qb.fill(0);
-            continue;
-        }
-        *d = amax / 127.0;
-        let id = 127.0 / amax;
-        for (q, v) in qb.iter_mut().zip(xb) {
-            *q = (v * id).round().clamp(-127.0, 127.0) as i8;
-        }
-    }
+/// One token, as [`super::super::act::QuantAct::q8_k`] quantizes it.
+///
+/// # Safety
+/// AVX2 available.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_row(x: &[f32], group: usize, qx: &mut [i8], dx: &mut [f32], pairs: &mut [i32]) {
+    quant::row_i8_256(x, qx, dx);
     for (p, g2) in pairs.iter_mut().zip(qx.chunks_exact(2 * group)) {
         let lo: i32 = g2[..group].iter().map(|&q| q as i32).sum();
         let hi: i32 = g2[group..].iter().map(|&q| q as i32).sum();
@@ -336,19 +330,28 @@ pub(super) fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], 
     quantize_acts(pool, x, n_tokens, cols, group, &mut acts);
     let yp = SendPtr(y.as_mut_ptr());
     let all: Vec<usize> = (0..n_tokens).collect();
-    over_panels(pool, w, &PANEL, |r0, nr, p, packed| {
-        // SAFETY: AVX2 checked by the caller.
-        unsafe { pack_panel(w, r0, p) };
+    // A work item is PG panels: each tile's activations, read from L2 or
+    // L3 for the first panel, are in L1 for the others.
+    over_panels(pool, w, PG * NR, &PANELS, |r0, nr, ps, packed| {
+        let np = nr.div_ceil(NR);
+        ps.resize_with(np.max(ps.len()), Panel::default);
+        for (k, p) in ps.iter_mut().take(np).enumerate() {
+            // SAFETY: AVX2 checked by the caller.
+            unsafe { pack_panel(w, r0 + k * NR, p) };
+        }
         packed();
         for ts in all.chunks(NT) {
-            // SAFETY: AVX2 checked by the caller; rows r0..r0+nr of y
-            // belong to this panel only.
-            unsafe {
-                let y = yp.get();
-                match w.ty {
-                    GgmlType::Q4_K => kernel::<8, 8>(p, &acts, cols, ts, nr, y, rows, r0),
-                    GgmlType::Q5_K => kernel::<4, 8>(p, &acts, cols, ts, nr, y, rows, r0),
-                    _ => kernel::<2, 4>(p, &acts, cols, ts, nr, y, rows, r0),
+            for (k, p) in ps.iter().take(np).enumerate() {
+                let (r0, nr) = (r0 + k * NR, NR.min(nr - k * NR));
+                // SAFETY: AVX2 checked by the caller; rows r0..r0+nr of y
+                // belong to this panel only.
+                unsafe {
+                    let y = yp.get();
+                    match w.ty {
+                        GgmlType::Q4_K => kernel::<8, 8>(p, &acts, cols, ts, nr, y, rows, r0),
+                        GgmlType::Q5_K => kernel::<4, 8>(p, &acts, cols, ts, nr, y, rows, r0),
+                        _ => kernel::<2, 4>(p, &acts, cols, ts, nr, y, rows, r0),
+                    }
                 }
             }
         }

@@ -12,6 +12,7 @@
 
 mod kquant;
 mod q8_0;
+mod quant;
 
 use super::WeightRef;
 use crate::pool::ThreadPool;
@@ -40,32 +41,33 @@ pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_token
     }
 }
 
-/// Runs `item(r0, nr, panel)` for every panel of [`NR`] weight rows
-/// (`r0..r0 + nr`, `nr < NR` only for the last) over the pool, each thread
-/// with its own reusable `P` from `key`; the next panel's encoded rows are
-/// fetched into L2 when `item` has packed this one (`item` calls
+/// Runs `item(r0, nr, panel)` for every panel of `height` weight rows
+/// (`r0..r0 + nr`, `nr < height` only for the last) over the pool, each
+/// thread with its own reusable `P` from `key`; the next panel's encoded
+/// rows are fetched into L2 when `item` has packed this one (`item` calls
 /// `packed()` then; its decode would otherwise wait on memory).
 fn over_panels<P: Default + 'static>(
     pool: &ThreadPool,
     w: &WeightRef,
+    height: usize,
     key: &'static std::thread::LocalKey<RefCell<P>>,
     item: impl Fn(usize, usize, &mut P, &dyn Fn()) + Sync,
 ) {
     let rows = w.rows;
     let rb = w.row_bytes();
-    pool.parallel_for(rows.div_ceil(NR), 1, |pr, _| {
+    pool.parallel_for(rows.div_ceil(height), 1, |pr, _| {
         key.with(|p| {
             let mut p = p.borrow_mut();
             for it in pr {
-                let r0 = NR * it;
-                let next = r0 + NR;
+                let r0 = height * it;
+                let next = r0 + height;
                 let fetch_next = || {
                     if next < rows {
-                        let end = (next + NR).min(rows);
+                        let end = (next + height).min(rows);
                         super::gemm::prefetch(&w.data[next * rb..end * rb]);
                     }
                 };
-                item(r0, NR.min(rows - r0), &mut p, &fetch_next);
+                item(r0, height.min(rows - r0), &mut p, &fetch_next);
             }
         })
     });
@@ -102,4 +104,29 @@ unsafe fn store_tokens(
 #[inline(always)]
 fn tile_tokens<const NT: usize>(ts: &[usize]) -> [usize; NT] {
     std::array::from_fn(|i| ts[i.min(ts.len() - 1)])
+}
+
+/// `out[j][i] = v[i][j]` (8 × 8, 32-bit lanes).
+#[inline(always)]
+pub(super) unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    let mut t = [_mm256_setzero_ps(); 8];
+    for k in 0..4 {
+        t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    let mut u = [_mm256_setzero_ps(); 8];
+    for q in 0..2 {
+        let (a, b, c, d) = (t[4 * q], t[4 * q + 1], t[4 * q + 2], t[4 * q + 3]);
+        u[4 * q] = _mm256_shuffle_ps::<0x44>(a, c);
+        u[4 * q + 1] = _mm256_shuffle_ps::<0xee>(a, c);
+        u[4 * q + 2] = _mm256_shuffle_ps::<0x44>(b, d);
+        u[4 * q + 3] = _mm256_shuffle_ps::<0xee>(b, d);
+    }
+    std::array::from_fn(|j| {
+        if j < 4 {
+            _mm256_permute2f128_ps::<0x20>(u[j], u[j + 4])
+        } else {
+            _mm256_permute2f128_ps::<0x31>(u[j - 4], u[j])
+        }
+    })
 }

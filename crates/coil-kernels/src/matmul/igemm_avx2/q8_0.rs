@@ -12,36 +12,55 @@
 //! add per 16 products, measured 10% faster than the sign route here
 //! (Zen 3) and about 1.4× the f32 FMA rate, products per cycle.
 //!
-//! Layout: a panel of 8 rows packed `[block][16 column pairs][8 rows][2]`
-//! as i16 (32 bytes per `vpmaddwd`), `d` per `[block][8 rows]`; activations
-//! `qx` as i16 `[token][cols]`, so a broadcast of one i32 is a column pair.
-//! The microkernel keeps 6 tokens × 8 rows in registers.
+//! Layout: a panel of [`PR`] = 16 rows (two vectors of i32 lanes; one
+//! 64-byte line of `y` per token, so the two threads never write the same
+//! line) packed `[block][16 column pairs][16 rows][2]` as i16, `d` per
+//! `[block][16 rows]`; the activations packed per tile of [`NT`] tokens,
+//! `[tile][block][16 column pairs][NT]` as i32 (a pair of i16: one
+//! broadcast feeds a `vpmaddwd`), so a tile's broadcasts come from one
+//! contiguous stream. The microkernel keeps `NT` tokens × 16 rows in
+//! registers (2 weight loads and `NT` broadcasts per `2·NT` `vpmaddwd`);
+//! the panel is walked [`KB`] blocks at a time over all tiles, so its share
+//! (16 KiB) stays in L1 while the tiles stream through (stored pass by
+//! pass: one contiguous stream per pass).
 
 use super::super::dequant::rd_f16;
 use super::super::{SendPtr, WeightRef};
-use super::{over_panels, store_tokens, tile_tokens, NR};
+use super::{over_panels, quant, transpose8};
 use crate::pool::ThreadPool;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-/// Tokens per microkernel call.
-const NT: usize = 6;
+/// Weight rows per panel.
+const PR: usize = 16;
+/// Tokens per tile (microkernel call).
+const NT: usize = 4;
+/// Blocks of 32 columns per pass over the tiles.
+const KB: usize = 16;
+/// i16 of a packed block of a panel: 16 pairs × [`PR`] rows × 2.
+const PANEL_BLOCK: usize = 16 * PR * 2;
+/// i32 of a packed block of a tile: 16 pairs × [`NT`] tokens.
+const TILE_BLOCK: usize = 16 * NT;
 
-/// One packed panel of [`NR`] rows.
+/// One packed panel of [`PR`] rows.
 #[derive(Default)]
 struct Panel {
-    /// `[block][16 column pairs][NR rows][2]`
+    /// `[block][16 column pairs][PR rows][2]`
     q: Vec<i16>,
-    /// `[block][NR]`
+    /// `[block][PR]`
     d: Vec<f32>,
-    /// The panel's rows widened, `[NR][cols]`, before the transpose.
+    /// The panel's rows widened, `[PR][cols]`, before the transpose.
     rows: Vec<i16>,
+    /// Partial sums between passes, `[tile][2 · NT][8]` (rows 0–7 of the
+    /// tile's tokens, then rows 8–15).
+    acc: Vec<f32>,
 }
 
-/// Activations of all tokens: `qx` `[n][cols]` (i16), `dx` `[n][cols / 32]`.
+/// Activations of all tokens, per tile of [`NT`] (the last padded with
+/// zeros): `qx` `[tile][block][16 pairs][NT]`, `dx` `[tile][block][NT]`.
 #[derive(Default)]
 struct Acts {
-    qx: Vec<i16>,
+    qx: Vec<i32>,
     dx: Vec<f32>,
 }
 
@@ -58,20 +77,20 @@ thread_local! {
 unsafe fn pack_panel(w: &WeightRef, r0: usize, nr: usize, p: &mut Panel) {
     let cols = w.cols;
     let nb = cols / 32;
-    p.q.resize(nb * 32 * NR, 0);
-    p.d.resize(nb * NR, 0.0);
-    p.rows.resize(NR * cols, 0);
-    for r in 0..NR {
+    p.q.resize(nb * PANEL_BLOCK, 0);
+    p.d.resize(nb * PR, 0.0);
+    p.rows.resize(PR * cols, 0);
+    for r in 0..PR {
         let dst = &mut p.rows[r * cols..(r + 1) * cols];
         if r >= nr {
             dst.fill(0);
             for b in 0..nb {
-                p.d[b * NR + r] = 0.0;
+                p.d[b * PR + r] = 0.0;
             }
             continue;
         }
         for (b, blk) in w.row(r0 + r).chunks_exact(34).enumerate() {
-            p.d[b * NR + r] = rd_f16(blk, 0);
+            p.d[b * PR + r] = rd_f16(blk, 0);
             let q = _mm256_loadu_si256(blk.as_ptr().add(2) as *const __m256i);
             let o = dst.as_mut_ptr().add(32 * b) as *mut __m256i;
             _mm256_storeu_si256(o, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)));
@@ -81,158 +100,224 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, nr: usize, p: &mut Panel) {
             );
         }
     }
-    // [r][pair] -> [pair][r]: 8 x 8 transposes of 32-bit pairs.
+    // [r][pair] -> [pair][r]: 8 x 8 transposes of 32-bit pairs, rows 0-7
+    // then 8-15 of each pair.
     let src = p.rows.as_ptr() as *const f32;
     let dst = p.q.as_mut_ptr() as *mut f32;
     let half = cols / 2; // pairs per row
-    for c0 in (0..half).step_by(8) {
-        let v: [__m256; 8] = std::array::from_fn(|r| _mm256_loadu_ps(src.add(r * half + c0)));
-        for (j, t) in transpose8(v).iter().enumerate() {
-            _mm256_storeu_ps(dst.add((c0 + j) * NR), *t);
+    for h in 0..PR / 8 {
+        for c0 in (0..half).step_by(8) {
+            let v: [__m256; 8] =
+                std::array::from_fn(|r| _mm256_loadu_ps(src.add((8 * h + r) * half + c0)));
+            for (j, t) in transpose8(v).iter().enumerate() {
+                _mm256_storeu_ps(dst.add((c0 + j) * PR + 8 * h), *t);
+            }
         }
     }
 }
 
-/// `out[j][i] = v[i][j]` (8 × 8, 32-bit lanes).
+/// Where block `b` of tile `tile` starts in [`Acts`], in blocks: pass by
+/// pass ([`KB`] blocks each), then tile by tile, so that a pass over the
+/// tiles reads one contiguous stream.
 #[inline(always)]
-unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
-    let mut t = [_mm256_setzero_ps(); 8];
-    for k in 0..4 {
-        t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-        t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-    }
-    let mut u = [_mm256_setzero_ps(); 8];
-    for q in 0..2 {
-        let (a, b, c, d) = (t[4 * q], t[4 * q + 1], t[4 * q + 2], t[4 * q + 3]);
-        u[4 * q] = _mm256_shuffle_ps::<0x44>(a, c);
-        u[4 * q + 1] = _mm256_shuffle_ps::<0xee>(a, c);
-        u[4 * q + 2] = _mm256_shuffle_ps::<0x44>(b, d);
-        u[4 * q + 3] = _mm256_shuffle_ps::<0xee>(b, d);
-    }
-    std::array::from_fn(|j| {
-        if j < 4 {
-            _mm256_permute2f128_ps::<0x20>(u[j], u[j + 4])
-        } else {
-            _mm256_permute2f128_ps::<0x31>(u[j - 4], u[j])
-        }
-    })
+fn act_block(nb: usize, tiles: usize, tile: usize, b: usize) -> usize {
+    let (k, bb) = (b / KB, b % KB);
+    let kb = KB.min(nb - k * KB);
+    tiles * KB * k + tile * kb + bb
 }
 
-/// One token, as [`super::super::act::QuantAct::q8_0`] quantizes it
-/// (`qx = round(x / dx)`, ties away from zero; zero and non-finite blocks
-/// as there), widened to i16.
+/// Quantizes the tokens of tile `tile` into `qx` / `dx` (tokens past `n`:
+/// zeros), through `row` / `rdx` (one token's i16 and scales).
 ///
 /// # Safety
-/// AVX2 available.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn quantize_row(x: &[f32], qx: &mut [i16], dx: &mut [f32]) {
-    let absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
-    let signmask = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MIN));
-    // round() as trunc(v + copysign(0.5 - 2^-25, v)): exact (0.5 itself
-    // would turn 0.49999997 into 1)
-    let half = _mm256_set1_ps(0.499_999_97);
-    let (lim, nlim) = (_mm256_set1_ps(127.0), _mm256_set1_ps(-127.0));
-    for ((xb, qb), d) in x
-        .chunks_exact(32)
-        .zip(qx.chunks_exact_mut(32))
-        .zip(dx.iter_mut())
-    {
-        // NaN lanes count as 0 (the scalar code's `max` skips them and
-        // `NaN as i8` is 0)
-        let v: [__m256; 4] = std::array::from_fn(|j| {
-            let l = _mm256_loadu_ps(xb.as_ptr().add(8 * j));
-            _mm256_and_ps(l, _mm256_cmp_ps::<_CMP_ORD_Q>(l, l))
-        });
-        let m = _mm256_max_ps(
-            _mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask)),
-            _mm256_max_ps(_mm256_and_ps(v[2], absmask), _mm256_and_ps(v[3], absmask)),
-        );
-        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-        if amax == 0.0 || !amax.is_finite() {
-            *d = if amax.is_finite() { 0.0 } else { amax };
-            qb.fill(0);
-            continue;
+/// AVX2 available; `qx` / `dx` are [`Acts`]' buffers for `tiles` tiles of
+/// `cols` columns, and this tile's blocks are this call's alone.
+#[allow(clippy::too_many_arguments)]
+unsafe fn quantize_tile(
+    x: &[f32],
+    n: usize,
+    cols: usize,
+    tiles: usize,
+    tile: usize,
+    qx: *mut i32,
+    dx: *mut f32,
+    row: &mut [i16],
+    rdx: &mut [f32],
+) {
+    let nb = cols / 32;
+    for t in 0..NT {
+        let tok = tile * NT + t;
+        let live = tok < n;
+        if live {
+            quant::row_i16(&x[tok * cols..(tok + 1) * cols], row, rdx);
         }
-        *d = amax / 127.0;
-        let id = _mm256_set1_ps(127.0 / amax);
-        let q: [__m256i; 4] = std::array::from_fn(|j| {
-            let p = _mm256_mul_ps(v[j], id);
-            let r = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(_mm256_add_ps(
-                p,
-                _mm256_or_ps(_mm256_and_ps(p, signmask), half),
-            ));
-            _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(r, lim), nlim))
-        });
-        // packs interleave the 128-bit lanes: [0 1 | 0 1] -> put them back
-        let lo = _mm256_permute4x64_epi64::<0xD8>(_mm256_packs_epi32(q[0], q[1]));
-        let hi = _mm256_permute4x64_epi64::<0xD8>(_mm256_packs_epi32(q[2], q[3]));
-        _mm256_storeu_si256(qb.as_mut_ptr() as *mut __m256i, lo);
-        _mm256_storeu_si256(qb.as_mut_ptr().add(16) as *mut __m256i, hi);
+        let pairs = row.as_ptr() as *const i32;
+        for b in 0..nb {
+            let ab = act_block(nb, tiles, tile, b);
+            *dx.add(ab * NT + t) = if live { rdx[b] } else { 0.0 };
+            let q = qx.add(ab * TILE_BLOCK + t);
+            for g in 0..16 {
+                *q.add(g * NT) = if live {
+                    pairs.add(16 * b + g).read_unaligned()
+                } else {
+                    0
+                };
+            }
+        }
     }
 }
 
 fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, a: &mut Acts) {
     let nb = cols / 32;
-    a.qx.resize(n * cols, 0);
-    a.dx.resize(n * nb, 0.0);
+    let tiles = n.div_ceil(NT);
+    a.qx.resize(tiles * nb * TILE_BLOCK, 0);
+    a.dx.resize(tiles * nb * NT, 0.0);
     let (pq, pd) = (SendPtr(a.qx.as_mut_ptr()), SendPtr(a.dx.as_mut_ptr()));
-    pool.parallel_for(n, 16, |tr, _| {
-        for t in tr {
-            // SAFETY: token t owns its rows of both buffers.
-            let (qx, dx) = unsafe {
-                (
-                    std::slice::from_raw_parts_mut(pq.get().add(t * cols), cols),
-                    std::slice::from_raw_parts_mut(pd.get().add(t * nb), nb),
+    pool.parallel_for(tiles, 4, |tr, _| {
+        let (mut row, mut rdx) = (vec![0i16; cols], vec![0f32; nb]);
+        for tile in tr {
+            // SAFETY: AVX2 checked by igemm's caller; the tile owns its
+            // blocks of both buffers.
+            unsafe {
+                quantize_tile(
+                    x,
+                    n,
+                    cols,
+                    tiles,
+                    tile,
+                    pq.get(),
+                    pd.get(),
+                    &mut row,
+                    &mut rdx,
                 )
             };
-            // SAFETY: AVX2 checked by igemm's caller.
-            unsafe { quantize_row(&x[t * cols..(t + 1) * cols], qx, dx) };
         }
     });
 }
 
-/// `y[t, r0..r0+nr]` for the tokens `ts` (up to [`NT`]).
+/// Adds blocks `0..nb` of a panel (`w`, `d` at its first block) times a
+/// tile (`xq`, `xd` at the same block) to `acc` (`[2 · NT]`: rows 0–7 of
+/// each token, then rows 8–15), block by block: `acc += (d·dx)·Σ q·qx`.
 ///
 /// # Safety
-/// AVX2 + FMA available; `p` packed from `cols` columns; `y` valid for the
-/// stored elements.
+/// AVX2 + FMA available; the pointers hold `nb` blocks.
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
 unsafe fn kernel(
-    p: &Panel,
+    w: *const i16,
+    d: *const f32,
+    xq: *const i32,
+    xd: *const f32,
+    nb: usize,
+    acc: &mut [__m256; 2 * NT],
+) {
+    for b in 0..nb {
+        let wb = w.add(b * PANEL_BLOCK);
+        let xb = xq.add(b * TILE_BLOCK);
+        let mut ia = [_mm256_setzero_si256(); 2 * NT];
+        for g in 0..16 {
+            let w0 = _mm256_loadu_si256(wb.add(2 * PR * g) as *const __m256i);
+            let w1 = _mm256_loadu_si256(wb.add(2 * PR * g + 16) as *const __m256i);
+            for t in 0..NT {
+                let x = _mm256_set1_epi32(*xb.add(NT * g + t));
+                ia[t] = _mm256_add_epi32(ia[t], _mm256_madd_epi16(w0, x));
+                ia[NT + t] = _mm256_add_epi32(ia[NT + t], _mm256_madd_epi16(w1, x));
+            }
+        }
+        let d0 = _mm256_loadu_ps(d.add(b * PR));
+        let d1 = _mm256_loadu_ps(d.add(b * PR + 8));
+        for t in 0..NT {
+            let dx = _mm256_set1_ps(*xd.add(b * NT + t));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[t]), _mm256_mul_ps(d0, dx), acc[t]);
+            acc[NT + t] = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(ia[NT + t]),
+                _mm256_mul_ps(d1, dx),
+                acc[NT + t],
+            );
+        }
+    }
+}
+
+/// Stores a tile's `acc` (rows `r0..r0 + nr` of tokens `t0..t0 + NT`, those
+/// below `n`) into `y` (`[n][rows]`).
+///
+/// # Safety
+/// AVX available; `y` holds `n · rows` floats; `nr ≤ PR`, `r0 + nr ≤ rows`.
+#[inline(always)]
+unsafe fn store(
+    acc: &[__m256; 2 * NT],
+    t0: usize,
+    n: usize,
+    nr: usize,
+    y: *mut f32,
+    rows: usize,
+    r0: usize,
+) {
+    for t in 0..NT.min(n - t0) {
+        let dst = y.add((t0 + t) * rows + r0);
+        if nr == PR {
+            _mm256_storeu_ps(dst, acc[t]);
+            _mm256_storeu_ps(dst.add(8), acc[NT + t]);
+        } else {
+            let mut tmp = [0f32; PR];
+            _mm256_storeu_ps(tmp.as_mut_ptr(), acc[t]);
+            _mm256_storeu_ps(tmp.as_mut_ptr().add(8), acc[NT + t]);
+            std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, nr);
+        }
+    }
+}
+
+/// Rows `r0..r0 + nr` of `y` for all `n` tokens from the packed panel `p`.
+///
+/// # Safety
+/// AVX2 + FMA available; `p` packed from `cols` columns, `acts` quantized
+/// for `n` tokens of `cols`; `y` holds `n · rows` floats and rows
+/// `r0..r0 + nr` of it belong to this call.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn panel_rows(
+    p: &mut Panel,
     acts: &Acts,
     cols: usize,
-    ts: &[usize],
+    n: usize,
     nr: usize,
     y: *mut f32,
     rows: usize,
     r0: usize,
 ) {
     let nb = cols / 32;
-    let tok = tile_tokens::<NT>(ts);
-    let xp: [*const i16; NT] = tok.map(|t| acts.qx.as_ptr().add(t * cols));
-    let dxp: [*const f32; NT] = tok.map(|t| acts.dx.as_ptr().add(t * nb));
-    let mut facc = [_mm256_setzero_ps(); NT];
-    for b in 0..nb {
-        let qb = p.q.as_ptr().add(b * 32 * NR);
-        let mut iacc = [_mm256_setzero_si256(); NT];
-        for g in 0..16 {
-            let wv = _mm256_loadu_si256(qb.add(16 * g) as *const __m256i);
-            for t in 0..NT {
-                let xb =
-                    _mm256_set1_epi32((xp[t].add(32 * b + 2 * g) as *const i32).read_unaligned());
-                iacc[t] = _mm256_add_epi32(iacc[t], _mm256_madd_epi16(wv, xb));
+    let tiles = n.div_ceil(NT);
+    let passes = nb.div_ceil(KB);
+    if passes > 1 {
+        p.acc.resize(tiles * 2 * NT * 8, 0.0);
+    }
+    for k in 0..passes {
+        let (b0, b1) = (k * KB, (k * KB + KB).min(nb));
+        for tile in 0..tiles {
+            let saved = p.acc.as_mut_ptr().add(tile * 2 * NT * 8);
+            let mut acc: [__m256; 2 * NT] = if k == 0 {
+                [_mm256_setzero_ps(); 2 * NT]
+            } else {
+                std::array::from_fn(|i| _mm256_loadu_ps(saved.add(8 * i)))
+            };
+            kernel(
+                p.q.as_ptr().add(b0 * PANEL_BLOCK),
+                p.d.as_ptr().add(b0 * PR),
+                acts.qx
+                    .as_ptr()
+                    .add(act_block(nb, tiles, tile, b0) * TILE_BLOCK),
+                acts.dx.as_ptr().add(act_block(nb, tiles, tile, b0) * NT),
+                b1 - b0,
+                &mut acc,
+            );
+            if k + 1 == passes {
+                store(&acc, tile * NT, n, nr, y, rows, r0);
+            } else {
+                for (i, a) in acc.iter().enumerate() {
+                    _mm256_storeu_ps(saved.add(8 * i), *a);
+                }
             }
         }
-        let dv = _mm256_loadu_ps(p.d.as_ptr().add(b * NR));
-        for t in 0..NT {
-            let s = _mm256_mul_ps(dv, _mm256_set1_ps(*dxp[t].add(b)));
-            facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[t]), s, facc[t]);
-        }
     }
-    store_tokens(&facc, ts, nr, y, rows, r0);
 }
 
 /// `y = x · wᵀ` for `n_tokens` tokens (Q8_0 weights; the CPU has AVX2 +
@@ -242,15 +327,13 @@ pub(super) fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], 
     let mut acts = ACTS.with(|a| std::mem::take(&mut *a.borrow_mut()));
     quantize_acts(pool, x, n_tokens, cols, &mut acts);
     let yp = SendPtr(y.as_mut_ptr());
-    let all: Vec<usize> = (0..n_tokens).collect();
-    over_panels(pool, w, &PANEL, |r0, nr, p, packed| {
-        // SAFETY: AVX2 + F16C checked by the caller.
-        unsafe { pack_panel(w, r0, nr, p) };
-        packed();
-        for ts in all.chunks(NT) {
-            // SAFETY: AVX2 + FMA checked by the caller; rows r0..r0+nr of y
-            // belong to this panel only.
-            unsafe { kernel(p, &acts, cols, ts, nr, yp.get(), rows, r0) };
+    over_panels(pool, w, PR, &PANEL, |r0, nr, p, packed| {
+        // SAFETY: AVX2 + FMA + F16C checked by the caller; rows r0..r0+nr
+        // of y belong to this panel only.
+        unsafe {
+            pack_panel(w, r0, nr, p);
+            packed();
+            panel_rows(p, &acts, cols, n_tokens, nr, yp.get(), rows, r0);
         }
     });
     ACTS.with(|a| *a.borrow_mut() = acts);
@@ -261,38 +344,6 @@ mod tests {
     use super::*;
     use crate::testutil::{random_weights, Rng};
     use coil_gguf::GgmlType;
-
-    /// The activations are quantized bit for bit as the decode path does
-    /// (ties, NaN, infinities, zero blocks, values at ±amax).
-    #[test]
-    fn quantize_row_matches_quant_act() {
-        if !std::arch::is_x86_feature_detected!("avx2") {
-            return;
-        }
-        let mut rng = Rng::new(5);
-        let mut x = rng.vec(32 * 8);
-        // block 1: ties after scaling (amax 127: qx = x exactly)
-        x[32] = 127.0;
-        for i in 1..32 {
-            x[32 + i] = (i as f32 - 16.0) + 0.5;
-        }
-        x[64 + 3] = f32::NAN; // block 2
-        x[96 + 5] = f32::INFINITY; // block 3
-        x[128..160].fill(0.0); // block 4
-        x[160] = 0.499_999_97; // block 5: just below a tie
-        x[161] = 1.0;
-        x[192 + 7] = -f32::INFINITY; // block 6
-        let a = super::super::super::act::QuantAct::q8_0(&x, x.len());
-        let (mut qx, mut dx) = (vec![0i16; x.len()], vec![0f32; x.len() / 32]);
-        // SAFETY: AVX2 checked above.
-        unsafe { quantize_row(&x, &mut qx, &mut dx) };
-        for (i, (q, r)) in qx.iter().zip(&a.qs).enumerate() {
-            assert_eq!(*q, *r as i16, "value {i} ({})", x[i]);
-        }
-        for (b, (d, r)) in dx.iter().zip(&a.d).enumerate() {
-            assert_eq!(d.to_bits(), r.to_bits(), "block {b}");
-        }
-    }
 
     /// The integer GEMM gives, per row and token, `Σ_b d·dx·Σ q·qx` of the
     /// decode path's activation quantization (checked in f64, to f32
@@ -307,7 +358,12 @@ mod tests {
             return;
         }
         let mut rng = Rng::new(11);
-        for (rows, cols, n, threads) in [(8, 32, 6, 1), (21, 96, 13, 2), (64, 512, 40, 2)] {
+        for (rows, cols, n, threads) in [
+            (8, 32, 6, 1),
+            (21, 96, 13, 2),
+            (64, 512, 40, 2),
+            (40, 1088, 9, 2),
+        ] {
             let mut data = random_weights(&mut rng, GgmlType::Q8_0, rows, cols);
             // one block of extremes: −128 and 127
             data[2..18].fill(0x80);
