@@ -192,3 +192,71 @@ fn bench_reports_simd_level_and_refuses_levels_the_cpu_lacks() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+/// `--state-type` / `--cache-type`: bf16 / f16 run and are reported; a
+/// type that does not exist is refused with the allowed ones listed.
+#[test]
+fn bench_state_type() {
+    let m = model("mamba2");
+    let (ok, out, err) = coil(&[
+        "bench",
+        "-m",
+        &m,
+        "-p",
+        "8",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--json",
+        "--state-type",
+        "bf16",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("bench prints JSON");
+    assert_eq!(v["state_type"], "bf16");
+    assert!(v["tg_tps"].as_f64().unwrap() > 0.0);
+    let (ok, out, err) = coil(&[
+        "bench",
+        "-m",
+        &model("granitemoehybrid"),
+        "-p",
+        "8",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--json",
+        "--cache-type",
+        "f16",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("bench prints JSON");
+    assert_eq!(v["cache_type"], "f16");
+    assert_eq!(v["state_type"], "f32");
+    let (ok, _, err) = coil(&["bench", "-m", &m, "--cache-type", "q4_0"]);
+    assert!(!ok);
+    assert!(err.contains("allowed: f32, f16"), "{err}");
+    let (ok, _, err) = coil(&["bench", "-m", &m, "--state-type", "f8"]);
+    assert!(!ok);
+    assert!(
+        err.contains("f8") && err.contains("allowed: f32, bf16"),
+        "{err}"
+    );
+    // `coil run` says what it stores.
+    let (ok, _, err) = coil(&[
+        "run",
+        "-m",
+        &m,
+        "-p",
+        "ROMEO:",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+        "--state-type",
+        "bf16",
+    ]);
+    assert!(ok, "{err}");
+    assert!(err.contains("SSM state in bf16"), "{err}");
+}

@@ -479,6 +479,113 @@ fn ops_bench(pool: &ThreadPool, rng: &mut Rng, bw: f64) {
             }
         }
     }
+    // A decode step through 48 layers (mamba2-370m: 48 MiB of f32 state,
+    // beyond the caches) with the state stored in f32 or bf16
+    // (ops/ssm_bf16.rs): half the bytes, more arithmetic per value.
+    {
+        use coil_kernels::ops::ssm::{mamba2_scan_from, ScanInputs};
+        use half::bf16;
+        let layers = 48;
+        let mut s32: Vec<Vec<f32>> = (0..layers).map(|_| rng.vec(sn)).collect();
+        let mut s16: Vec<Vec<bf16>> = s32
+            .iter()
+            .map(|s| s.iter().map(|&v| bf16::from_f32(v)).collect())
+            .collect();
+        let x = rng.vec(32 * 64);
+        let dt: Vec<f32> = rng.vec(32).iter().map(|v| v.abs() * 0.1).collect();
+        let a: Vec<f32> = rng.vec(32).iter().map(|v| -v.abs()).collect();
+        let (b, c, d) = (rng.vec(128), rng.vec(128), rng.vec(32));
+        let mut y = vec![0f32; 32 * 64];
+        let inputs = ScanInputs::dense(&dims, &x, &b, &c, 1);
+        let f32_secs = best_of(10, || {
+            for s in s32.iter_mut() {
+                mamba2_scan_from(pool, dims, None, s, inputs, &dt, &a, Some(&d), &mut y, 1);
+            }
+        });
+        let bf16_secs = best_of(10, || {
+            for s in s16.iter_mut() {
+                mamba2_scan_from(pool, dims, None, s, inputs, &dt, &a, Some(&d), &mut y, 1);
+            }
+        });
+        for (ty, secs, size) in [("f32", f32_secs, 4.0), ("bf16", bf16_secs, 2.0)] {
+            println!(
+                "{:>34} {:>10.3} {:>9.1} {:>9.1}",
+                format!("mamba2 step x{layers} state {ty}"),
+                secs * 1e3,
+                6.0 * (sn * layers) as f64 / secs / 1e9,
+                2.0 * size * (sn * layers) as f64 / secs / 1e9
+            );
+        }
+    }
+    // The same for the gated delta rule: a decode step through 18 Gated
+    // DeltaNet layers of qwen35-0.8b (16 heads of 128 × 128: 18 MiB of f32
+    // state).
+    {
+        use coil_kernels::ops::gated_delta::{
+            gated_delta_scan, DeltaInputs, GatedDeltaDims, HeadOrder,
+        };
+        use half::bf16;
+        let (layers, h, dk) = (18, 16, 128);
+        let gd = GatedDeltaDims {
+            n_k_head: h,
+            n_v_head: h,
+            d_k: dk,
+            d_v: dk,
+            order: HeadOrder::Tiled,
+        };
+        let n = gd.state_len();
+        let mut s32: Vec<Vec<f32>> = (0..layers)
+            .map(|_| rng.vec(n).iter().map(|v| v * 0.1).collect())
+            .collect();
+        let mut s16: Vec<Vec<bf16>> = s32
+            .iter()
+            .map(|s| s.iter().map(|&v| bf16::from_f32(v)).collect())
+            .collect();
+        let norm = |v: Vec<f32>| -> Vec<f32> {
+            let mut v = v;
+            for r in v.chunks_mut(dk) {
+                let ss: f32 = r.iter().map(|x| x * x).sum::<f32>().sqrt();
+                r.iter_mut().for_each(|x| *x /= ss);
+            }
+            v
+        };
+        let (q, k, v) = (
+            norm(rng.vec(h * dk)),
+            norm(rng.vec(h * dk)),
+            rng.vec(h * dk),
+        );
+        let g: Vec<f32> = rng.vec(h).iter().map(|x| -x.abs() * 0.1).collect();
+        let beta: Vec<f32> = rng.vec(h).iter().map(|x| 0.5 + 0.4 * x).collect();
+        let inp = DeltaInputs {
+            q: &q,
+            k: &k,
+            ld_qk: h * dk,
+            v: &v,
+            ld_v: h * dk,
+            g: &g,
+            beta: &beta,
+        };
+        let mut o = vec![0f32; h * dk];
+        let f32_secs = best_of(10, || {
+            for s in s32.iter_mut() {
+                gated_delta_scan(pool, gd, s, inp, &mut o, 1);
+            }
+        });
+        let bf16_secs = best_of(10, || {
+            for s in s16.iter_mut() {
+                gated_delta_scan(pool, gd, s, inp, &mut o, 1);
+            }
+        });
+        for (ty, secs, size) in [("f32", f32_secs, 4.0), ("bf16", bf16_secs, 2.0)] {
+            println!(
+                "{:>34} {:>10.3} {:>9.1} {:>9.1}",
+                format!("delta step x{layers} state {ty}"),
+                secs * 1e3,
+                6.0 * (n * layers) as f64 / secs / 1e9,
+                2.0 * size * (n * layers) as f64 / secs / 1e9
+            );
+        }
+    }
     // Mamba-1 (mamba-790m-like: d_inner 3072, d_state 16)
     let (di, n) = (3072usize, 16usize);
     for t in [1usize, 512] {

@@ -368,6 +368,8 @@ pub fn run(a: Args) -> Result<()> {
             "repetitions": a.reps,
             "checkpoint_interval": margs.checkpoint_interval,
             "checkpoint_every_token": margs.checkpoint_every_token,
+            "state_type": margs.state_type.name(),
+            "cache_type": margs.cache_type.name(),
             "pp_tps": mean(&pp),
             "pp_tps_std": std(&pp),
             "pp_secs": secs(&pp),

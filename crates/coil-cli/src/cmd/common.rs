@@ -3,7 +3,7 @@
 use anyhow::{bail, Context, Result};
 use coil::engine::sampling::SamplingParams;
 use coil::engine::{Engine, EngineOptions};
-use coil::memory::CheckpointPolicy;
+use coil::memory::{CacheType, CheckpointPolicy, StateType};
 use std::path::{Path, PathBuf};
 
 /// The bundled demo model (tools/train_demo.py, models/README.md), the
@@ -66,6 +66,27 @@ pub struct ModelArgs {
     /// copy of the recurrent state per token. `coil serve` always does.
     #[arg(long = "checkpoint-every-token")]
     pub checkpoint_every_token: bool,
+    /// How the recurrent (SSM / delta-rule) state is stored: f32 (exact) or
+    /// bf16 (half the memory and state traffic per token, computed in f32;
+    /// logits move slightly). The conv windows stay f32.
+    #[arg(long = "state-type", value_name = "TYPE", default_value = "f32",
+          value_parser = parse_state_type)]
+    pub state_type: StateType,
+    /// How attention K/V cells are stored: f32 (exact) or f16 (half the
+    /// memory per token; attention computed in f32).
+    #[arg(long = "cache-type", value_name = "TYPE", default_value = "f32",
+          value_parser = parse_cache_type)]
+    pub cache_type: CacheType,
+}
+
+fn parse_cache_type(s: &str) -> Result<CacheType, String> {
+    s.parse()
+        .map_err(|e: coil::memory::UnknownCacheType| e.to_string())
+}
+
+fn parse_state_type(s: &str) -> Result<StateType, String> {
+    s.parse()
+        .map_err(|e: coil_kernels::ops::state_elem::UnknownStateType| e.to_string())
 }
 
 /// Checks `COIL_SIMD` against this CPU (a level it lacks is an error, not
@@ -101,7 +122,15 @@ impl ModelArgs {
             },
         };
         let path = resolve_model(&self.model)?;
-        Engine::load(&path, opts).with_context(|| format!("loading {}", path.display()))
+        let mut engine =
+            Engine::load(&path, opts).with_context(|| format!("loading {}", path.display()))?;
+        if self.state_type != StateType::F32 {
+            engine.set_state_type(self.state_type);
+        }
+        if self.cache_type != CacheType::F32 {
+            engine.set_cache_type(self.cache_type);
+        }
+        Ok(engine)
     }
 }
 

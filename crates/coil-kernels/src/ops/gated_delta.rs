@@ -12,8 +12,10 @@
 //! `gated_delta_chunked` (see `gated_delta_chunk.rs`) gives the same result
 //! with matrix products per chunk (prefill).
 
+use super::state_elem::{StateElem, StateMut};
 use crate::multiversion;
 use crate::pool::{SendPtr, ThreadPool};
+use half::bf16;
 
 /// Which key head a value head reads, when there are more value heads than
 /// key heads (Hv = r·Hk).
@@ -131,12 +133,12 @@ pub fn l2_normalize(x: &mut [f32], dim: usize, eps: f32, scale: f32) {
 }
 
 /// The recurrence over `n_tokens` tokens for every value head (heads spread
-/// over `pool`), from and into `state` (`[Hv, d_k, d_v]`); `out`:
-/// `[n_tokens, Hv, d_v]`.
-pub fn gated_delta_scan(
+/// over `pool`), from and into `state` (`[Hv, d_k, d_v]`, f32 or bf16: see
+/// [`DeltaState`]); `out`: `[n_tokens, Hv, d_v]`.
+pub fn gated_delta_scan<S: DeltaState>(
     pool: &ThreadPool,
     dims: GatedDeltaDims,
-    state: &mut [f32],
+    state: &mut [S],
     inp: DeltaInputs,
     out: &mut [f32],
     n_tokens: usize,
@@ -167,15 +169,30 @@ pub fn gated_delta_scan(
                     dims.d_k * dims.d_v,
                 )
             };
-            head_scan_mv(&dims, j, s, &inp, op, &mut kv, n_tokens);
+            S::head_scan(&dims, j, s, &inp, op.get(), &mut kv, n_tokens);
         }
     });
 }
 
+/// [`gated_delta_scan`] on a state of either stored type.
+pub fn gated_delta_scan_state(
+    pool: &ThreadPool,
+    dims: GatedDeltaDims,
+    state: StateMut,
+    inp: DeltaInputs,
+    out: &mut [f32],
+    n_tokens: usize,
+) {
+    match state {
+        StateMut::F32(s) => gated_delta_scan(pool, dims, s, inp, out, n_tokens),
+        StateMut::Bf16(s) => gated_delta_scan(pool, dims, s, inp, out, n_tokens),
+    }
+}
+
 /// One sequence's part of [`gated_delta_scan_batch`]: its state `[Hv,
-/// d_k, d_v]`, inputs and output `[n_tokens, Hv, d_v]`.
-pub struct DeltaSeq<'a> {
-    pub state: &'a mut [f32],
+/// d_k, d_v]` (f32 or bf16), inputs and output `[n_tokens, Hv, d_v]`.
+pub struct DeltaSeq<'a, S: DeltaState = f32> {
+    pub state: &'a mut [S],
     pub inputs: DeltaInputs<'a>,
     pub out: &'a mut [f32],
     pub n_tokens: usize,
@@ -185,15 +202,19 @@ pub struct DeltaSeq<'a> {
 /// decode step, one layer): the (sequence, value head) pairs are spread
 /// over `pool` in one call, each running the code of the single-sequence
 /// scan (the same result, bit for bit).
-pub fn gated_delta_scan_batch(pool: &ThreadPool, dims: GatedDeltaDims, seqs: &mut [DeltaSeq]) {
+pub fn gated_delta_scan_batch<S: DeltaState>(
+    pool: &ThreadPool,
+    dims: GatedDeltaDims,
+    seqs: &mut [DeltaSeq<S>],
+) {
     dims.check();
-    struct Part<'a> {
-        state: SendPtr<f32>,
+    struct Part<'a, S> {
+        state: SendPtr<S>,
         inputs: DeltaInputs<'a>,
         out: SendPtr<f32>,
         n_tokens: usize,
     }
-    let parts: Vec<Part> = seqs
+    let parts: Vec<Part<S>> = seqs
         .iter_mut()
         .map(|s| {
             s.inputs.check(&dims, s.n_tokens);
@@ -229,7 +250,7 @@ pub fn gated_delta_scan_batch(pool: &ThreadPool, dims: GatedDeltaDims, seqs: &mu
                     dims.d_k * dims.d_v,
                 )
             };
-            head_scan_mv(&dims, j, s, &pt.inputs, pt.out, &mut kv, pt.n_tokens);
+            S::head_scan(&dims, j, s, &pt.inputs, pt.out.get(), &mut kv, pt.n_tokens);
         }
     });
 }
@@ -277,6 +298,52 @@ fn head_scan(
 multiversion!(fn head_scan_mv(
     d: &GatedDeltaDims, j: usize, s: &mut [f32], inp: &DeltaInputs, out: SendPtr<f32>, kv: &mut [f32], n: usize
 ) => head_scan);
+
+/// The state types the delta rule takes (f32, bf16): which compiled head
+/// loop runs for each. A bf16 head is computed in f32 and rounded once per
+/// token when stored (`gated_delta_bf16`).
+pub trait DeltaState: StateElem {
+    #[doc(hidden)]
+    fn head_scan(
+        d: &GatedDeltaDims,
+        j: usize,
+        s: &mut [Self],
+        inp: &DeltaInputs,
+        out: *mut f32,
+        kv: &mut [f32],
+        n: usize,
+    );
+}
+
+impl DeltaState for f32 {
+    #[inline(always)]
+    fn head_scan(
+        d: &GatedDeltaDims,
+        j: usize,
+        s: &mut [f32],
+        inp: &DeltaInputs,
+        out: *mut f32,
+        kv: &mut [f32],
+        n: usize,
+    ) {
+        head_scan_mv(d, j, s, inp, SendPtr(out), kv, n)
+    }
+}
+
+impl DeltaState for bf16 {
+    #[inline(always)]
+    fn head_scan(
+        d: &GatedDeltaDims,
+        j: usize,
+        s: &mut [bf16],
+        inp: &DeltaInputs,
+        out: *mut f32,
+        kv: &mut [f32],
+        n: usize,
+    ) {
+        super::gated_delta_bf16::head_scan_bf16_mv(d, j, s, inp, SendPtr(out), kv, n)
+    }
+}
 
 #[cfg(test)]
 pub(crate) mod tests {

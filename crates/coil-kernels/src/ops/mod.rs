@@ -6,15 +6,18 @@ pub mod act;
 pub mod attention;
 pub mod conv;
 pub mod gated_delta;
+mod gated_delta_bf16;
 pub mod gated_delta_chunk;
 pub mod norm;
 pub mod rope;
 pub mod ssd;
 pub mod ssm;
 pub mod ssm_batch;
+mod ssm_bf16;
 mod ssm_move;
 #[cfg(target_arch = "x86_64")]
 mod ssm_tokens;
+pub mod state_elem;
 pub mod topk;
 
 pub use act::*;
@@ -24,6 +27,7 @@ pub use norm::{group_rms_norm_gated, rms_norm, rms_norm_inplace};
 pub use rope::{rope, rope_table, RopeStyle};
 pub use ssd::mamba2_chunked_scan;
 pub use ssm::{mamba1_scan, mamba1_step, mamba2_scan, mamba2_step, Mamba2Dims};
+pub use state_elem::{StateMut, StateRef, StateType};
 pub use topk::{top_k, top_k_into};
 
 #[cfg(test)]
@@ -40,6 +44,8 @@ mod level_tests {
             super::ssm::tests::mamba2_matches_naive_and_steps();
             super::ssd::tests::chunked_matches_sequential();
             super::ssm::tests::mamba1_matches_naive();
+            super::ssm_bf16::tests::mamba2_bf16_is_the_f32_update_rounded_per_token();
+            super::ssm_bf16::tests::mamba1_bf16_is_the_f32_update_rounded_per_token();
             super::attention::tests::matches_naive_softmax();
             super::attention::tests::invariant_mode_queries_equal_single_query_calls();
         }

@@ -4,10 +4,12 @@
 //! caller to the model's time-step limits) and `a` already as `A = −exp(A_log)`
 //! (how GGUF stores it).
 
+use super::state_elem::{StateElem, StateMut, StateRef, StateType};
 use crate::matmul::SendPtr;
 use crate::multiversion;
 use crate::pool::ThreadPool;
 use crate::simd::math::exp_fast;
+use half::bf16;
 
 /// Mamba-2 sizes: `n_head` heads of `head_dim` channels, `n_group` groups of
 /// B/C with `d_state` each; head `h` uses group `h / (n_head / n_group)`.
@@ -229,13 +231,14 @@ pub fn mamba2_scan(
 /// of `state`'s own contents; the result goes to `state` as usual. Moving a
 /// state to a new buffer this way (each head copied just before it is
 /// updated, in parallel) costs about what the in-place update costs. x, B
-/// and C come as [`ScanInputs`] rows.
+/// and C come as [`ScanInputs`] rows. The state is f32 or bf16 (see
+/// [`ScanState`]).
 #[allow(clippy::too_many_arguments)]
-pub fn mamba2_scan_from(
+pub fn mamba2_scan_from<S: ScanState>(
     pool: &ThreadPool,
     dims: Mamba2Dims,
-    from: Option<&[f32]>,
-    state: &mut [f32],
+    from: Option<&[S]>,
+    state: &mut [S],
     inputs: ScanInputs,
     dt: &[f32],
     a: &[f32],
@@ -272,7 +275,7 @@ pub fn mamba2_scan_from(
     let yp = SendPtr(y.as_mut_ptr());
     let grain = (hn / (pool.n_threads() * 4)).max(1);
     pool.parallel_for(hn, grain, |hr, _| {
-        m2_heads_mv(
+        S::m2_heads(
             &dims,
             hr.start,
             hr.end,
@@ -290,6 +293,33 @@ pub fn mamba2_scan_from(
             n_tokens,
         );
     });
+}
+
+/// [`mamba2_scan_from`] on a state of either stored type (`from`, when
+/// given, of the same type as `state`).
+#[allow(clippy::too_many_arguments)]
+pub fn mamba2_scan_from_state(
+    pool: &ThreadPool,
+    dims: Mamba2Dims,
+    from: Option<StateRef>,
+    state: StateMut,
+    inputs: ScanInputs,
+    dt: &[f32],
+    a: &[f32],
+    d: Option<&[f32]>,
+    y: &mut [f32],
+    n_tokens: usize,
+) {
+    match state {
+        StateMut::F32(s) => {
+            let f = from.map(|f| f32::of_ref(f).expect("mamba2: source of another type"));
+            mamba2_scan_from(pool, dims, f, s, inputs, dt, a, d, y, n_tokens)
+        }
+        StateMut::Bf16(s) => {
+            let f = from.map(|f| bf16::of_ref(f).expect("mamba2: source of another type"));
+            mamba2_scan_from(pool, dims, f, s, inputs, dt, a, d, y, n_tokens)
+        }
+    }
 }
 
 /// One Mamba-2 decode step ([`mamba2_scan`] with one token):
@@ -315,12 +345,12 @@ pub fn mamba2_step(
 /// channels (contiguous, vectorizable), then transposed back.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn m1_channels(
+fn m1_channels<S: StateElem>(
     d0: usize,
     d1: usize,
     d_inner: usize,
     n: usize,
-    state: *mut f32,
+    state: *mut S,
     x: &[f32],
     dt: &[f32],
     a: &[f32],
@@ -337,7 +367,7 @@ fn m1_channels(
     let st = unsafe { std::slice::from_raw_parts_mut(state.add(d0 * n), len * n) };
     for i in 0..len {
         for k in 0..n {
-            ht[k * len + i] = st[i * n + k];
+            ht[k * len + i] = st[i * n + k].to_f32();
             at[k * len + i] = a[(d0 + i) * n + k];
         }
     }
@@ -369,10 +399,15 @@ fn m1_channels(
         // SAFETY: y[t, d0..d1] belongs to this chunk only.
         let yo = unsafe { std::slice::from_raw_parts_mut(y.add(t * d_inner + d0), len) };
         yo.copy_from_slice(&yacc);
+        // A state stored rounded is rounded after every token (as decoding
+        // one token per call does); the last rounding is the store below.
+        if S::TYPE != StateType::F32 && t + 1 < n_tokens {
+            super::state_elem::round_through_bf16(&mut ht);
+        }
     }
     for i in 0..len {
         for k in 0..n {
-            st[i * n + k] = ht[k * len + i];
+            st[i * n + k] = S::from_f32(ht[k * len + i]);
         }
     }
 }
@@ -383,7 +418,139 @@ const M1_CHUNK: usize = 256;
 multiversion!(fn m1_channels_mv(
     d0: usize, d1: usize, d_inner: usize, n: usize, state: *mut f32, x: &[f32], dt: &[f32],
     a: &[f32], b: &[f32], c: &[f32], d: Option<&[f32]>, y: *mut f32, n_tokens: usize
-) => m1_channels);
+) => m1_channels::<f32>);
+multiversion!(fn m1_channels_bf16_mv(
+    d0: usize, d1: usize, d_inner: usize, n: usize, state: *mut bf16, x: &[f32], dt: &[f32],
+    a: &[f32], b: &[f32], c: &[f32], d: Option<&[f32]>, y: *mut f32, n_tokens: usize
+) => m1_channels::<bf16>);
+
+/// The state types the Mamba scans take (f32, bf16): which compiled head
+/// and channel loops run for each. bf16 states are computed in f32 and
+/// rounded once per token when stored (`ssm_bf16`).
+pub trait ScanState: StateElem {
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn m2_heads(
+        dims: &Mamba2Dims,
+        h0: usize,
+        h1: usize,
+        from: Option<&[Self]>,
+        state: *mut Self,
+        x: &[f32],
+        ldx: usize,
+        b: &[f32],
+        c: &[f32],
+        ldbc: usize,
+        dt: &[f32],
+        a: &[f32],
+        d: Option<&[f32]>,
+        y: *mut f32,
+        n_tokens: usize,
+    );
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn m1_channels(
+        d0: usize,
+        d1: usize,
+        d_inner: usize,
+        n: usize,
+        state: *mut Self,
+        x: &[f32],
+        dt: &[f32],
+        a: &[f32],
+        b: &[f32],
+        c: &[f32],
+        d: Option<&[f32]>,
+        y: *mut f32,
+        n_tokens: usize,
+    );
+}
+
+impl ScanState for f32 {
+    #[inline(always)]
+    fn m2_heads(
+        dims: &Mamba2Dims,
+        h0: usize,
+        h1: usize,
+        from: Option<&[f32]>,
+        state: *mut f32,
+        x: &[f32],
+        ldx: usize,
+        b: &[f32],
+        c: &[f32],
+        ldbc: usize,
+        dt: &[f32],
+        a: &[f32],
+        d: Option<&[f32]>,
+        y: *mut f32,
+        n_tokens: usize,
+    ) {
+        m2_heads_mv(
+            dims, h0, h1, from, state, x, ldx, b, c, ldbc, dt, a, d, y, n_tokens,
+        )
+    }
+    #[inline(always)]
+    fn m1_channels(
+        d0: usize,
+        d1: usize,
+        d_inner: usize,
+        n: usize,
+        state: *mut f32,
+        x: &[f32],
+        dt: &[f32],
+        a: &[f32],
+        b: &[f32],
+        c: &[f32],
+        d: Option<&[f32]>,
+        y: *mut f32,
+        n_tokens: usize,
+    ) {
+        m1_channels_mv(d0, d1, d_inner, n, state, x, dt, a, b, c, d, y, n_tokens)
+    }
+}
+
+impl ScanState for bf16 {
+    #[inline(always)]
+    fn m2_heads(
+        dims: &Mamba2Dims,
+        h0: usize,
+        h1: usize,
+        from: Option<&[bf16]>,
+        state: *mut bf16,
+        x: &[f32],
+        ldx: usize,
+        b: &[f32],
+        c: &[f32],
+        ldbc: usize,
+        dt: &[f32],
+        a: &[f32],
+        d: Option<&[f32]>,
+        y: *mut f32,
+        n_tokens: usize,
+    ) {
+        super::ssm_bf16::m2_heads_bf16_mv(
+            dims, h0, h1, from, state, x, ldx, b, c, ldbc, dt, a, d, y, n_tokens,
+        )
+    }
+    #[inline(always)]
+    fn m1_channels(
+        d0: usize,
+        d1: usize,
+        d_inner: usize,
+        n: usize,
+        state: *mut bf16,
+        x: &[f32],
+        dt: &[f32],
+        a: &[f32],
+        b: &[f32],
+        c: &[f32],
+        d: Option<&[f32]>,
+        y: *mut f32,
+        n_tokens: usize,
+    ) {
+        m1_channels_bf16_mv(d0, d1, d_inner, n, state, x, dt, a, b, c, d, y, n_tokens)
+    }
+}
 
 /// Mamba-1 sequential scan over `n_tokens` tokens:
 /// `h ← exp(dt⊙A)⊙h + (dt·x)⊗B`, `y = h·C + D·x`.
@@ -393,11 +560,11 @@ multiversion!(fn m1_channels_mv(
 /// * `a`: `[d_inner, d_state]` (= −exp(A_log)); `d`: `[d_inner]` or `None`
 /// * `b`, `c`: `[n_tokens, d_state]`
 #[allow(clippy::too_many_arguments)]
-pub fn mamba1_scan(
+pub fn mamba1_scan<S: ScanState>(
     pool: &ThreadPool,
     d_inner: usize,
     d_state: usize,
-    state: &mut [f32],
+    state: &mut [S],
     x: &[f32],
     dt: &[f32],
     a: &[f32],
@@ -425,7 +592,7 @@ pub fn mamba1_scan(
         .clamp(16, M1_CHUNK)
         .next_multiple_of(16);
     pool.parallel_for(d_inner, grain, |r, _| {
-        m1_channels_mv(
+        S::m1_channels(
             r.start,
             r.end,
             d_inner,
@@ -441,6 +608,28 @@ pub fn mamba1_scan(
             n_tokens,
         );
     });
+}
+
+/// [`mamba1_scan`] on a state of either stored type.
+#[allow(clippy::too_many_arguments)]
+pub fn mamba1_scan_state(
+    pool: &ThreadPool,
+    d_inner: usize,
+    d_state: usize,
+    state: StateMut,
+    x: &[f32],
+    dt: &[f32],
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+    d: Option<&[f32]>,
+    y: &mut [f32],
+    n_tokens: usize,
+) {
+    match state {
+        StateMut::F32(s) => mamba1_scan(pool, d_inner, d_state, s, x, dt, a, b, c, d, y, n_tokens),
+        StateMut::Bf16(s) => mamba1_scan(pool, d_inner, d_state, s, x, dt, a, b, c, d, y, n_tokens),
+    }
 }
 
 /// One Mamba-1 decode step: `x`, `dt`, `y`: `[d_inner]`; `b`, `c`: `[d_state]`.

@@ -9,17 +9,18 @@
 //! (`m2_heads`), so the results are bit for bit those of updating each
 //! sequence alone.
 
-use super::ssm::{Mamba2Dims, ScanInputs};
+use super::ssm::{Mamba2Dims, ScanInputs, ScanState};
 use crate::matmul::SendPtr;
 use crate::pool::ThreadPool;
 
 /// One sequence's part of [`mamba2_scan_batch`]: its state `[H, P, N]`
 /// (started from `from` when the state moves to a new buffer, as in
 /// [`super::ssm::mamba2_scan_from`]), inputs, activated `dt` `[n_tokens,
-/// H]` and output `y` `[n_tokens, H, P]`.
-pub struct Mamba2Seq<'a> {
-    pub from: Option<&'a [f32]>,
-    pub state: &'a mut [f32],
+/// H]` and output `y` `[n_tokens, H, P]`. The state is f32 or bf16 (see
+/// [`ScanState`]).
+pub struct Mamba2Seq<'a, S: ScanState = f32> {
+    pub from: Option<&'a [S]>,
+    pub state: &'a mut [S],
     pub inputs: ScanInputs<'a>,
     pub dt: &'a [f32],
     pub y: &'a mut [f32],
@@ -29,9 +30,9 @@ pub struct Mamba2Seq<'a> {
 /// What a pool job needs of one sequence (raw pointers for the parts it
 /// writes: each (sequence, head) item writes only its own head's state and
 /// output lanes).
-struct Part<'a> {
-    from: Option<&'a [f32]>,
-    state: SendPtr<f32>,
+struct Part<'a, S> {
+    from: Option<&'a [S]>,
+    state: SendPtr<S>,
     inputs: ScanInputs<'a>,
     dt: &'a [f32],
     y: SendPtr<f32>,
@@ -41,10 +42,10 @@ struct Part<'a> {
 /// [`super::ssm::mamba2_scan_from`] for every sequence of `seqs` at once
 /// (same `a`, `d` and sizes: one layer), with the (sequence, head) pairs
 /// spread over `pool` in a single parallel call.
-pub fn mamba2_scan_batch(
+pub fn mamba2_scan_batch<S: ScanState>(
     pool: &ThreadPool,
     dims: Mamba2Dims,
-    seqs: &mut [Mamba2Seq],
+    seqs: &mut [Mamba2Seq<S>],
     a: &[f32],
     d: Option<&[f32]>,
 ) {
@@ -62,7 +63,7 @@ pub fn mamba2_scan_batch(
     if let Some(d) = d {
         assert_eq!(d.len(), hn);
     }
-    let parts: Vec<Part> = seqs
+    let parts: Vec<Part<S>> = seqs
         .iter_mut()
         .map(|s| {
             assert_eq!(s.state.len(), hn * p * n, "mamba2: state is not [H, P, N]");
@@ -97,7 +98,7 @@ pub fn mamba2_scan_batch(
             let (s, h0) = (i / hn, i % hn);
             let h1 = (h0 + (r.end - i)).min(hn);
             let pt = &parts[s];
-            super::ssm::m2_heads_mv(
+            S::m2_heads(
                 &dims,
                 h0,
                 h1,

@@ -8,7 +8,7 @@
 //!
 //! Same arithmetic, in the same order, as the row loop of `ssm::m2_head`
 //! (16 partial sums, added in order), so the result is bit for bit the
-//! in-place update's.
+//! in-place update's. (A bf16 state streams its rows in `ssm_bf16`.)
 
 /// Whether [`move_row`] can run: AVX2, rows a whole number of 16-lane
 /// steps, the destination 16-byte aligned.

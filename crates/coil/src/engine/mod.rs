@@ -7,7 +7,7 @@ pub mod sampling;
 pub mod speculative;
 
 use crate::memory::session::{self, SessionError};
-use crate::memory::{CheckpointPolicy, Memory, SeqId, SequenceMemory};
+use crate::memory::{CacheType, CheckpointPolicy, Memory, SeqId, SequenceMemory, StateType};
 use crate::models::{self, LogitRows, Model, ModelError, SeqChunk, UBatch};
 use coil_gguf::{GgufError, GgufFile};
 use coil_kernels::ThreadPool;
@@ -133,6 +133,21 @@ impl Engine {
             pool: ThreadPool::new(opts.n_threads),
             opts,
         })
+    }
+
+    /// Stores the recurrent SSM states as `ty` from now on (`Bf16`: half
+    /// the state's memory and per-token traffic, computed in f32; the
+    /// logits move a little from the f32 default). Forgets every sequence.
+    pub fn set_state_type(&mut self, ty: StateType) {
+        let mem = std::mem::replace(&mut self.mem, Memory::new(None, None, 1, 1));
+        self.mem = mem.with_state_type(ty);
+    }
+
+    /// Stores the attention cells as `ty` from now on (`F16`: half the
+    /// bytes per token, attention computed in f32). Forgets every sequence.
+    pub fn set_cache_type(&mut self, ty: CacheType) {
+        let mem = std::mem::replace(&mut self.mem, Memory::new(None, None, 1, 1));
+        self.mem = mem.with_cache_type(ty);
     }
 
     /// Forgets every sequence.

@@ -3,11 +3,124 @@
 //! each, in f32, in copy-on-write pages (see [`super::pages`]): a fork
 //! shares its source's pages and copies at most the last, partly filled
 //! page of each layer when it writes. Grows with the sequence up to the
-//! context size.
+//! context size. With [`CacheType::F16`] (`--cache-type f16`) the cells
+//! are stored in f16 (attention still computes in f32): the pages are f32
+//! words holding two f16 each, a position's row padded to whole words.
 
 use super::pages::{PageShape, PageStats, PagedCells, PAGE_LEN};
 use super::{MemoryError, SeqId, SequenceMemory};
-use coil_kernels::ops::attention::{KvView, KV_PAGE_ALIGN};
+use coil_kernels::ops::attention::{KvData, KvView, KV_PAGE_ALIGN};
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use std::fmt;
+use std::str::FromStr;
+
+/// The element type of attention cells.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CacheType {
+    /// Exact: what the attention kernel computes with.
+    #[default]
+    F32,
+    /// Half the bytes per position; rounded to nearest on write.
+    F16,
+}
+
+impl CacheType {
+    pub const ALL: [CacheType; 2] = [CacheType::F32, CacheType::F16];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheType::F32 => "f32",
+            CacheType::F16 => "f16",
+        }
+    }
+
+    /// The byte that stands for this type in session files.
+    pub fn code(self) -> u8 {
+        match self {
+            CacheType::F32 => 0,
+            CacheType::F16 => 1,
+        }
+    }
+
+    pub fn from_code(c: u8) -> Option<CacheType> {
+        CacheType::ALL.into_iter().find(|t| t.code() == c)
+    }
+
+    /// f32 words one position of `row` values takes.
+    pub fn words(self, row: usize) -> usize {
+        match self {
+            CacheType::F32 => row,
+            CacheType::F16 => row.div_ceil(2),
+        }
+    }
+}
+
+impl fmt::Display for CacheType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A cache type name that is not one of [`CacheType::ALL`].
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("unknown cache type {0:?} (allowed: f32, f16)")]
+pub struct UnknownCacheType(pub String);
+
+impl FromStr for CacheType {
+    type Err = UnknownCacheType;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let l = s.trim().to_ascii_lowercase();
+        CacheType::ALL
+            .into_iter()
+            .find(|t| t.name() == l)
+            .ok_or_else(|| UnknownCacheType(s.to_string()))
+    }
+}
+
+/// The f16 values packed in `words` (two per word).
+fn as_f16(words: &[f32]) -> &[f16] {
+    // SAFETY: f32 words are at least as aligned as f16, hold twice as many
+    // of them, and every bit pattern is valid for both types.
+    unsafe { std::slice::from_raw_parts(words.as_ptr() as *const f16, words.len() * 2) }
+}
+
+fn as_f16_mut(words: &mut [f32]) -> &mut [f16] {
+    // SAFETY: as in `as_f16`; the borrow is exclusive.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut f16, words.len() * 2) }
+}
+
+/// `[n, row]` f32 values as stored with `ty`: `[n, ty.words(row)]` words.
+fn encode(ty: CacheType, row: usize, data: &[f32]) -> Vec<f32> {
+    match ty {
+        CacheType::F32 => data.to_vec(),
+        CacheType::F16 => {
+            let rw = ty.words(row);
+            let n = data.len() / row.max(1);
+            let mut out = vec![0f32; n * rw];
+            for (src, dst) in data.chunks_exact(row).zip(out.chunks_exact_mut(rw)) {
+                as_f16_mut(dst)[..row].convert_from_f32_slice(src);
+            }
+            out
+        }
+    }
+}
+
+/// Stored words of `[n, row]` values back as f32 (exact for f16).
+fn decode(ty: CacheType, row: usize, words: &[f32]) -> Vec<f32> {
+    match ty {
+        CacheType::F32 => words.to_vec(),
+        CacheType::F16 => {
+            let rw = ty.words(row);
+            let n = words.len() / rw.max(1);
+            let mut out = vec![0f32; n * row];
+            for (src, dst) in words.chunks_exact(rw).zip(out.chunks_exact_mut(row)) {
+                as_f16(src)[..row].convert_to_f32_slice(dst);
+            }
+            out
+        }
+    }
+}
 
 /// Sizes of one attention layer's cells.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,7 +137,8 @@ impl KvLayerShape {
 }
 
 /// One layer of one sequence, as slices of its pages in position order
-/// (each `[n, row]`; empty for layers without attention).
+/// (each `[n, words per row]`, see [`CacheType::words`]; empty for layers
+/// without attention).
 pub struct LayerSlices<'a> {
     pub k: Vec<&'a [f32]>,
     pub v: Vec<&'a [f32]>,
@@ -35,21 +149,43 @@ pub struct LayerSlices<'a> {
 pub struct LayerPages<'a> {
     k: Vec<&'a [f32]>,
     v: Vec<&'a [f32]>,
+    /// The same pages as f16 (f16 cells only).
+    k16: Vec<&'a [f16]>,
+    v16: Vec<&'a [f16]>,
     page_len: usize,
     n_pos: usize,
     shape: KvLayerShape,
+    ty: CacheType,
 }
 
 impl LayerPages<'_> {
     pub fn view(&self) -> KvView<'_> {
-        KvView::paged(
-            &self.k,
-            &self.v,
-            self.page_len,
-            self.n_pos,
-            self.shape.n_kv_head,
-            self.shape.head_dim,
-        )
+        let sh = self.shape;
+        match self.ty {
+            CacheType::F32 => KvView::paged(
+                &self.k,
+                &self.v,
+                self.page_len,
+                self.n_pos,
+                sh.n_kv_head,
+                sh.head_dim,
+            ),
+            CacheType::F16 => KvView {
+                k: KvData::PagedF16 {
+                    pages: &self.k16,
+                    page_len: self.page_len,
+                },
+                v: KvData::PagedF16 {
+                    pages: &self.v16,
+                    page_len: self.page_len,
+                },
+                n_pos: self.n_pos,
+                n_kv_heads: sh.n_kv_head,
+                head_dim: sh.head_dim,
+                // Rows padded to whole words.
+                row_stride: 2 * self.ty.words(sh.row()),
+            },
+        }
     }
 }
 
@@ -68,6 +204,7 @@ pub struct KvMemory {
     seqs: Vec<SeqCells>,
     n_ctx: usize,
     page_len: usize,
+    cache_type: CacheType,
 }
 
 impl KvMemory {
@@ -82,7 +219,44 @@ impl KvMemory {
             seqs: vec![empty; n_seq_max.max(1)],
             n_ctx,
             page_len: PAGE_LEN,
+            cache_type: CacheType::F32,
         }
+    }
+
+    /// This memory, empty, with its cells stored as `ty`.
+    pub fn with_cache_type(mut self, ty: CacheType) -> Self {
+        for s in 0..self.seqs.len() {
+            self.cut(s, 0);
+        }
+        self.cache_type = ty;
+        self
+    }
+
+    pub fn cache_type(&self) -> CacheType {
+        self.cache_type
+    }
+
+    /// Stored cells of `layer` for `n` positions of another type `from`
+    /// (`[n, from.words(row)]` words, as a session holds them) in this
+    /// memory's type; `None` if they are not that long.
+    pub fn convert_cells(
+        &self,
+        layer: usize,
+        from: CacheType,
+        words: Vec<f32>,
+    ) -> Option<Vec<f32>> {
+        let row = self.shape(layer).map_or(0, |sh| sh.row());
+        let fw = from.words(row);
+        if fw == 0 {
+            return words.is_empty().then_some(words);
+        }
+        if !words.len().is_multiple_of(fw) {
+            return None;
+        }
+        if from == self.cache_type {
+            return Some(words);
+        }
+        Some(encode(self.cache_type, row, &decode(from, row, &words)))
     }
 
     /// The same with pages of `page_len` positions, rounded up to a
@@ -115,7 +289,12 @@ impl KvMemory {
 
     /// Bytes one position takes over all attention layers (K and V).
     pub fn bytes_per_token(&self) -> usize {
-        self.shapes.iter().flatten().map(|s| 2 * s.row() * 4).sum()
+        let ty = self.cache_type;
+        self.shapes
+            .iter()
+            .flatten()
+            .map(|s| 2 * ty.words(s.row()) * 4)
+            .sum()
     }
 
     /// Bytes the cells would take with every sequence at the full context
@@ -131,7 +310,7 @@ impl KvMemory {
     fn page_shape(&self, sh: KvLayerShape) -> PageShape {
         PageShape {
             page_len: self.page_len,
-            row: sh.row(),
+            row: self.cache_type.words(sh.row()),
         }
     }
 
@@ -151,30 +330,54 @@ impl KvMemory {
         };
         debug_assert_eq!(k.len() % shape.row(), 0);
         let ps = self.page_shape(shape);
+        let ty = self.cache_type;
         let cells = &mut self.seqs[s];
         // Drop anything a failed pass left behind past the committed length.
         cells.k[layer].truncate(cells.len, ps);
         cells.v[layer].truncate(cells.len, ps);
-        cells.k[layer].append(k, ps);
-        cells.v[layer].append(v, ps);
+        match ty {
+            CacheType::F32 => {
+                cells.k[layer].append(k, ps);
+                cells.v[layer].append(v, ps);
+            }
+            CacheType::F16 => {
+                cells.k[layer].append(&encode(ty, shape.row(), k), ps);
+                cells.v[layer].append(&encode(ty, shape.row(), v), ps);
+            }
+        }
         Ok(())
     }
 
     /// Keys and values of every position `s` holds in `layer`, including
     /// those appended in the current pass.
-    pub fn view(&self, layer: usize, s: SeqId) -> Result<Option<LayerPages<'_>>, MemoryError> {
+    pub fn view<'a>(
+        &'a self,
+        layer: usize,
+        s: SeqId,
+    ) -> Result<Option<LayerPages<'a>>, MemoryError> {
         self.check(s)?;
         let Some(shape) = self.shape(layer) else {
             return Ok(None);
         };
         let ps = self.page_shape(shape);
         let c = &self.seqs[s];
+        let (k, v) = (c.k[layer].slices(ps), c.v[layer].slices(ps));
+        let ty = self.cache_type;
+        let halves = |p: &[&'a [f32]]| -> Vec<&'a [f16]> {
+            match ty {
+                CacheType::F32 => Vec::new(),
+                CacheType::F16 => p.iter().map(|w| as_f16(w)).collect(),
+            }
+        };
         Ok(Some(LayerPages {
-            k: c.k[layer].slices(ps),
-            v: c.v[layer].slices(ps),
+            k16: halves(&k),
+            v16: halves(&v),
+            k,
+            v,
             page_len: self.page_len,
             n_pos: c.k[layer].n_pos(),
             shape,
+            ty: self.cache_type,
         }))
     }
 
@@ -226,9 +429,10 @@ impl KvMemory {
         Ok(())
     }
 
-    /// Elements layer `layer` holds for `len` positions (K or V).
+    /// Words layer `layer` holds for `len` positions (K or V).
     pub fn expected_len(&self, layer: usize, len: usize) -> usize {
-        self.shape(layer).map_or(0, |sh| sh.row() * len)
+        self.shape(layer)
+            .map_or(0, |sh| self.cache_type.words(sh.row()) * len)
     }
 
     pub fn n_layer(&self) -> usize {
@@ -259,13 +463,13 @@ impl KvMemory {
     }
 
     fn cut(&mut self, s: SeqId, p: usize) {
-        let page_len = self.page_len;
+        let (page_len, ty) = (self.page_len, self.cache_type);
         let c = &mut self.seqs[s];
         c.len = c.len.min(p);
         for (l, shape) in self.shapes.iter().enumerate() {
             let ps = PageShape {
                 page_len,
-                row: shape.map_or(0, |sh| sh.row()),
+                row: shape.map_or(0, |sh| ty.words(sh.row())),
             };
             c.k[l].truncate(c.len, ps);
             c.v[l].truncate(c.len, ps);
@@ -355,6 +559,52 @@ mod tests {
         m.seq_keep(1).unwrap();
         assert_eq!(m.seq_len(0), Ok(0));
         assert!(m.seq_clear(2).is_err());
+    }
+
+    /// f16 cells: half the bytes, values rounded to f16, odd rows padded;
+    /// the attention view reads them back, forks and truncation as in f32;
+    /// stored words convert both ways.
+    #[test]
+    fn f16_cells_round_and_view_back() {
+        let sh = KvLayerShape {
+            n_kv_head: 1,
+            head_dim: 3,
+        };
+        let m32 = KvMemory::new(vec![Some(sh)], 2, 100);
+        let mut m = KvMemory::new(vec![Some(sh)], 2, 100).with_cache_type(CacheType::F16);
+        assert_eq!(m32.bytes_per_token(), 2 * 3 * 4);
+        assert_eq!(m.bytes_per_token(), 2 * 2 * 4, "3 f16 padded to 2 words");
+        let k = [1.0f32, 1.0 + 1.0 / 4096.0, -3.5, 65504.0, 1e-8, 0.1];
+        let v = [0.5f32; 6];
+        m.append(0, 0, &k, &v).unwrap();
+        m.advance(0, 2).unwrap();
+        m.seq_fork(0, 1).unwrap();
+        m.seq_truncate(0, 1).unwrap();
+        let p = m.view(0, 1).unwrap().unwrap();
+        let view = p.view();
+        assert_eq!((view.n_pos, view.row_stride), (2, 4));
+        let KvData::PagedF16 { pages, .. } = view.k else {
+            panic!("f16 cells give an f16 view")
+        };
+        let got: Vec<f32> = [&pages[0][0..3], &pages[0][4..7]]
+            .concat()
+            .iter()
+            .map(|x| x.to_f32())
+            .collect();
+        let want: Vec<f32> = k.iter().map(|x| f16::from_f32(*x).to_f32()).collect();
+        assert_eq!(got, want);
+        assert_eq!(got[1], 1.0, "rounded to nearest");
+        assert_eq!(m.view(0, 0).unwrap().unwrap().n_pos, 1);
+        // Stored words → f32 (exact) → f16 again: the same words.
+        let words: Vec<f32> = m.seq_cells(1).unwrap()[0].k.concat();
+        assert_eq!(m.expected_len(0, 2), words.len());
+        let wide = m32.convert_cells(0, CacheType::F16, words.clone()).unwrap();
+        assert_eq!(wide, want);
+        assert_eq!(m.convert_cells(0, CacheType::F32, wide), Some(words));
+        assert!(m.convert_cells(0, CacheType::F32, vec![0.0; 4]).is_none());
+        assert_eq!("f16".parse(), Ok(CacheType::F16));
+        let e = "q8_0".parse::<CacheType>().unwrap_err().to_string();
+        assert!(e.contains("allowed: f32, f16"), "{e}");
     }
 
     /// All keys then all values `s` sees in `layer`, flat.

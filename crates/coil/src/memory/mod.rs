@@ -7,9 +7,11 @@ pub mod pages;
 pub mod recurrent;
 pub mod session;
 
-pub use kv::{KvLayerShape, KvMemory};
+pub use coil_kernels::ops::state_elem::{StateMut, StateRef, StateType};
+pub use kv::{CacheType, KvLayerShape, KvMemory, UnknownCacheType};
 pub use recurrent::{
-    Checkpoint, CheckpointPolicy, MovingState, RecurrentLayerShape, RecurrentMemory, RecurrentState,
+    Checkpoint, CheckpointPolicy, LayerState, MovingState, RecurrentLayerShape, RecurrentMemory,
+    RecurrentState,
 };
 
 /// A sequence's index in a memory (0..n_seq_max).
@@ -37,6 +39,8 @@ pub enum MemoryError {
     CannotTruncate { seq: SeqId, pos: usize, len: usize },
     #[error("sequence {seq} appears twice in one batch")]
     DuplicateSeq { seq: SeqId },
+    #[error("the recurrent state is stored as {have}, not {want}")]
+    StateType { want: StateType, have: StateType },
 }
 
 /// The sequence operations every memory supports.
@@ -96,6 +100,48 @@ impl Memory {
         self.n_ctx
     }
 
+    /// This memory, empty, with its recurrent SSM states stored as `ty`
+    /// (see [`RecurrentMemory::with_state_type`]).
+    pub fn with_state_type(self, ty: StateType) -> Self {
+        let (n_seq_max, n_ctx) = (self.n_seq_max, self.n_ctx);
+        let recurrent = self.recurrent.map(|r| r.with_state_type(ty));
+        let mut kv = self.kv;
+        if let Some(k) = &mut kv {
+            for s in 0..n_seq_max {
+                // In range by construction.
+                let _ = k.seq_clear(s);
+            }
+        }
+        Memory::new(recurrent, kv, n_seq_max, n_ctx)
+    }
+
+    /// This memory, empty, with its attention cells stored as `ty` (see
+    /// [`KvMemory::with_cache_type`]).
+    pub fn with_cache_type(self, ty: CacheType) -> Self {
+        let (n_seq_max, n_ctx) = (self.n_seq_max, self.n_ctx);
+        let kv = self.kv.map(|k| k.with_cache_type(ty));
+        let mut recurrent = self.recurrent;
+        if let Some(r) = &mut recurrent {
+            for s in 0..n_seq_max {
+                // In range by construction.
+                let _ = r.seq_clear(s);
+            }
+        }
+        Memory::new(recurrent, kv, n_seq_max, n_ctx)
+    }
+
+    /// How the attention cells are stored (f32 without any).
+    pub fn cache_type(&self) -> CacheType {
+        self.kv.as_ref().map_or(CacheType::F32, |k| k.cache_type())
+    }
+
+    /// How the recurrent SSM states are stored (f32 without any).
+    pub fn state_type(&self) -> StateType {
+        self.recurrent
+            .as_ref()
+            .map_or(StateType::F32, |r| r.state_type())
+    }
+
     fn parts(&self) -> impl Iterator<Item = &dyn SequenceMemory> {
         let r = self.recurrent.iter().map(|r| r as &dyn SequenceMemory);
         r.chain(self.kv.iter().map(|k| k as &dyn SequenceMemory))
@@ -114,8 +160,12 @@ impl Memory {
         let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
         let mut parts = Vec::new();
         if let Some(r) = &self.recurrent {
+            let ty = match r.state_type() {
+                StateType::F32 => String::new(),
+                t => format!(", SSM state in {t}"),
+            };
             parts.push(format!(
-                "recurrent state {:.2} MiB ({:.2} MiB per sequence)",
+                "recurrent state {:.2} MiB ({:.2} MiB per sequence{ty})",
                 mib(r.bytes()),
                 mib(r.bytes_per_seq())
             ));
@@ -123,11 +173,15 @@ impl Memory {
         if let Some(k) = &self.kv {
             let st = k.page_stats();
             parts.push(format!(
-                "KV cells {:.2} MiB in use ({:.2} MiB of it shared between sequences), up to {:.2} MiB ({} bytes per token, pages of {} positions)",
+                "KV cells {:.2} MiB in use ({:.2} MiB of it shared between sequences), up to {:.2} MiB ({} bytes per token{}, pages of {} positions)",
                 mib(st.bytes),
                 mib(st.shared_bytes),
                 mib(k.max_bytes()),
                 k.bytes_per_token(),
+                match k.cache_type() {
+                    CacheType::F32 => String::new(),
+                    t => format!(" in {t}"),
+                },
                 k.page_len()
             ));
         }

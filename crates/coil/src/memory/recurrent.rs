@@ -1,7 +1,11 @@
 //! Recurrent-state slots: for each recurrent layer and each sequence, the
 //! conv window `[d_conv − 1, channels]` and the SSM state (`[H, P, N]` for
 //! Mamba-2, `[d_inner, N]` for Mamba-1), in f32. Sized once; never grows
-//! with context.
+//! with context. The SSM state may instead be stored in bf16
+//! ([`RecurrentMemory::with_state_type`]): half the bytes, computed in f32
+//! by the kernels (the conv window stays f32). A slot's flat buffer is then
+//! still f32 words, each layer's SSM region packing two bf16 per word (and
+//! starting on a 64-byte boundary of the buffer).
 //!
 //! Each sequence also keeps checkpoints: copies of its whole state at
 //! earlier positions, so that it can be rolled back (restore the newest
@@ -20,27 +24,76 @@
 //! costs about what updating the state in place costs anyway.
 
 use super::{MemoryError, SeqId, SequenceMemory};
+use coil_kernels::ops::state_elem::{StateMut, StateRef, StateType};
+use half::bf16;
 use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Arc;
 
-/// Sizes of one recurrent layer's state, in f32 elements.
+/// Sizes of one recurrent layer's state, in values (f32 for the conv
+/// window; f32 or bf16 for the SSM state, see [`StateType`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RecurrentLayerShape {
     pub conv: usize,
     pub ssm: usize,
 }
 
-/// One layer's state of one sequence, borrowed for a forward pass.
+/// One layer's state of one sequence in an f32 memory, borrowed (tests and
+/// tools; the mixers take [`LayerState`]).
 pub struct RecurrentState<'a> {
     pub conv: &'a mut [f32],
     pub ssm: &'a mut [f32],
 }
 
+/// One layer's state of one sequence, borrowed for a forward pass: the
+/// conv window and the SSM state as stored (f32 or bf16).
+pub struct LayerState<'a> {
+    pub conv: &'a mut [f32],
+    pub ssm: StateMut<'a>,
+}
+
 /// A layer's state moving off a shared one: its conv window (copied) and
 /// SSM state to write, and the SSM source to write it from, if not yet
 /// brought over (see [`RecurrentMemory::state_moving`]).
-pub type MovingState<'a> = (RecurrentState<'a>, Option<&'a [f32]>);
+pub type MovingState<'a> = (LayerState<'a>, Option<StateRef<'a>>);
+
+/// The first `n` bf16 packed in `words` (two per f32 word).
+fn as_bf16(words: &[f32], n: usize) -> &[bf16] {
+    assert!(n <= words.len() * 2);
+    // SAFETY: f32 words are at least as aligned as bf16, `n` bf16 fit in
+    // them, and every bit pattern is valid for both types.
+    unsafe { std::slice::from_raw_parts(words.as_ptr() as *const bf16, n) }
+}
+
+fn as_bf16_mut(words: &mut [f32], n: usize) -> &mut [bf16] {
+    assert!(n <= words.len() * 2);
+    // SAFETY: as in `as_bf16`; the borrow is exclusive.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut bf16, n) }
+}
+
+/// The SSM region `words` of a flat state as `n` values of type `ty`.
+fn ssm_ref(ty: StateType, words: &[f32], n: usize) -> StateRef<'_> {
+    match ty {
+        StateType::F32 => StateRef::F32(&words[..n]),
+        StateType::Bf16 => StateRef::Bf16(as_bf16(words, n)),
+    }
+}
+
+fn ssm_mut(ty: StateType, words: &mut [f32], n: usize) -> StateMut<'_> {
+    match ty {
+        StateType::F32 => StateMut::F32(&mut words[..n]),
+        StateType::Bf16 => StateMut::Bf16(as_bf16_mut(words, n)),
+    }
+}
+
+/// Where one layer lies in a slot's flat state (f32 words).
+#[derive(Clone, Copy, Debug, Default)]
+struct LayerAt {
+    conv: usize,
+    ssm: usize,
+    /// Words the SSM state takes.
+    ssm_words: usize,
+}
 
 /// When to take checkpoints and how much memory they may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -179,9 +232,11 @@ impl Slot {
 
 pub struct RecurrentMemory {
     shapes: Vec<Option<RecurrentLayerShape>>,
-    /// Per layer: (conv offset, ssm offset) in a slot's flat state.
-    offsets: Vec<(usize, usize)>,
+    /// Per layer: where it lies in a slot's flat state.
+    offsets: Vec<LayerAt>,
+    /// f32 words of a slot's flat state.
     state_len: usize,
+    state_type: StateType,
     slots: Vec<Slot>,
     pub policy: CheckpointPolicy,
     /// State buffers no slot uses, given back by any: a new request's
@@ -198,13 +253,29 @@ pub struct RecurrentMemory {
 impl RecurrentMemory {
     /// `shapes[l]` is `None` for a layer without recurrent state.
     pub fn new(shapes: Vec<Option<RecurrentLayerShape>>, n_seq_max: usize) -> Self {
-        let mut offsets = Vec::with_capacity(shapes.len());
-        let mut at = 0;
-        for s in &shapes {
-            let (c, m) = s.map_or((0, 0), |s| (s.conv, s.ssm));
-            offsets.push((at, at + c));
-            at += c + m;
-        }
+        Self::with_type(shapes, n_seq_max, StateType::F32)
+    }
+
+    /// This memory, empty, with its SSM states stored as `ty` (every
+    /// sequence forgotten; the checkpoint policy kept).
+    pub fn with_state_type(self, ty: StateType) -> Self {
+        let policy = self.policy;
+        let mut m = Self::with_type(self.shapes, self.slots.len(), ty);
+        m.policy = policy;
+        m
+    }
+
+    pub fn state_type(&self) -> StateType {
+        self.state_type
+    }
+
+    fn with_type(
+        shapes: Vec<Option<RecurrentLayerShape>>,
+        n_seq_max: usize,
+        state_type: StateType,
+    ) -> Self {
+        let offsets = layout(&shapes, state_type);
+        let at = offsets.last().map_or(0, |l| l.ssm + l.ssm_words);
         let slot = Slot {
             len: 0,
             state: Arc::new(vec![0.0; at]),
@@ -219,6 +290,7 @@ impl RecurrentMemory {
             shapes,
             offsets,
             state_len: at,
+            state_type,
             slots: vec![slot; n_seq_max.max(1)],
             policy: CheckpointPolicy::default(),
             free: Vec::new(),
@@ -241,8 +313,8 @@ impl RecurrentMemory {
 
     /// The span of layer `l` in a flat state (conv window, then SSM state).
     fn region(&self, l: usize) -> Range<usize> {
-        let len = self.shapes[l].map_or(0, |s| s.conv + s.ssm);
-        self.offsets[l].0..self.offsets[l].0 + len
+        let at = self.offsets[l];
+        at.conv..at.ssm + at.ssm_words
     }
 
     fn regions(&self) -> Vec<Range<usize>> {
@@ -310,15 +382,36 @@ impl RecurrentMemory {
         (self.policy.budget_bytes / self.bytes_per_seq().max(1)).max(2)
     }
 
-    /// The state of `layer` for sequence `s`, or `None` if the layer has none.
+    /// The state of `layer` for sequence `s` of an f32 memory, or `None`
+    /// if the layer has none (see [`RecurrentMemory::layer_state`] for
+    /// either type).
     pub fn state(
         &mut self,
         layer: usize,
         s: SeqId,
     ) -> Result<Option<RecurrentState<'_>>, MemoryError> {
-        Ok(self.state_moving(layer, s)?.map(|(st, from)| {
+        let Some(st) = self.layer_state(layer, s)? else {
+            return Ok(None);
+        };
+        match st.ssm {
+            StateMut::F32(ssm) => Ok(Some(RecurrentState { conv: st.conv, ssm })),
+            StateMut::Bf16(_) => Err(MemoryError::StateType {
+                want: StateType::F32,
+                have: StateType::Bf16,
+            }),
+        }
+    }
+
+    /// The state of `layer` for sequence `s` as stored, or `None` if the
+    /// layer has none.
+    pub fn layer_state(
+        &mut self,
+        layer: usize,
+        s: SeqId,
+    ) -> Result<Option<LayerState<'_>>, MemoryError> {
+        Ok(self.state_moving(layer, s)?.map(|(mut st, from)| {
             if let Some(f) = from {
-                st.ssm.copy_from_slice(f);
+                st.ssm.copy_from(f);
             }
             st
         }))
@@ -347,6 +440,7 @@ impl RecurrentMemory {
             n_layer,
             at,
             shape,
+            self.state_type,
         )))
     }
 
@@ -379,6 +473,7 @@ impl RecurrentMemory {
                     n_layer,
                     at,
                     shape,
+                    self.state_type,
                 ));
             }
         }
@@ -419,8 +514,43 @@ impl RecurrentMemory {
         Ok(())
     }
 
+    /// f32 words of one sequence's flat state.
     pub fn state_len(&self) -> usize {
         self.state_len
+    }
+
+    /// f32 words a flat state of these layers takes with SSM type `ty`.
+    pub fn state_len_of(&self, ty: StateType) -> usize {
+        layout(&self.shapes, ty)
+            .last()
+            .map_or(0, |l| l.ssm + l.ssm_words)
+    }
+
+    /// A flat state of these layers stored with SSM type `from` (as
+    /// [`RecurrentMemory::flat_state`] gives it), in this memory's type:
+    /// widened exactly from bf16, rounded to nearest even from f32. `None`
+    /// when `words` is not such a state.
+    pub fn convert_flat<'a>(&self, from: StateType, words: &'a [f32]) -> Option<Cow<'a, [f32]>> {
+        if words.len() != self.state_len_of(from) {
+            return None;
+        }
+        if from == self.state_type {
+            return Some(Cow::Borrowed(words));
+        }
+        let src = layout(&self.shapes, from);
+        let mut out = vec![0f32; self.state_len];
+        for ((shape, s), d) in self.shapes.iter().zip(&src).zip(&self.offsets) {
+            let Some(shape) = shape else { continue };
+            out[d.conv..d.conv + shape.conv].copy_from_slice(&words[s.conv..s.conv + shape.conv]);
+            let from_ssm = ssm_ref(from, &words[s.ssm..s.ssm + s.ssm_words], shape.ssm);
+            ssm_mut(
+                self.state_type,
+                &mut out[d.ssm..d.ssm + d.ssm_words],
+                shape.ssm,
+            )
+            .copy_from(from_ssm);
+        }
+        Some(Cow::Owned(out))
     }
 
     /// Records that `n` more tokens of `s` went through every layer.
@@ -534,9 +664,10 @@ impl RecurrentMemory {
         &mut self,
         layer: usize,
         s: SeqId,
-    ) -> Option<(RecurrentState<'_>, &[f32], &[f32], &[f32])> {
+    ) -> Option<(LayerState<'_>, &[f32], StateRef<'_>, &[f32])> {
         let shape = self.shapes.get(layer).copied().flatten()?;
-        let (c, m) = self.offsets[layer];
+        let at = self.offsets[layer];
+        let ty = self.state_type;
         let slot = self.slots.get_mut(s)?;
         slot.pending.as_ref().is_none().then_some(())?;
         let spec = slot.spec.as_ref()?;
@@ -544,11 +675,11 @@ impl RecurrentMemory {
         // refers to it after `spec_drop_checkpoints`); should anything
         // still share it, it is copied here.
         let state = Arc::make_mut(&mut slot.state);
-        let (conv, ssm) = state[c..m + shape.ssm].split_at_mut(shape.conv);
+        let (conv, ssm) = layer_parts(state, at, shape, ty);
         Some((
-            RecurrentState { conv, ssm },
-            &spec.base[c..m],
-            &spec.base[m..m + shape.ssm],
+            LayerState { conv, ssm },
+            &spec.base[at.conv..at.conv + shape.conv],
+            ssm_ref(ty, &spec.base[at.ssm..at.ssm + at.ssm_words], shape.ssm),
             &spec.tapes[layer][..],
         ))
     }
@@ -652,17 +783,54 @@ pub fn distinct_checkpoint_bytes<'a>(cps: impl IntoIterator<Item = &'a Checkpoin
     seen.iter().map(|&(_, b)| b).sum()
 }
 
-/// One slot's part of [`RecurrentMemory::state_moving`]: `at` is the
-/// layer's (conv, ssm) offsets in the flat state.
+/// Where each layer lies in a flat state of SSM type `ty`: conv window,
+/// then SSM state, layer after layer. In bf16 the SSM state starts on a
+/// 16-word (64-byte) boundary, so that its rows can be streamed (the f32
+/// layout is packed, as it always was).
+fn layout(shapes: &[Option<RecurrentLayerShape>], ty: StateType) -> Vec<LayerAt> {
+    let mut out = Vec::with_capacity(shapes.len());
+    let mut at = 0;
+    for s in shapes {
+        let (c, m) = s.map_or((0, 0), |s| (s.conv, s.ssm));
+        let conv = at;
+        let (ssm, ssm_words) = match ty {
+            StateType::F32 => (conv + c, m),
+            StateType::Bf16 if m == 0 => (conv + c, 0),
+            StateType::Bf16 => ((conv + c).next_multiple_of(16), m.div_ceil(2)),
+        };
+        out.push(LayerAt {
+            conv,
+            ssm,
+            ssm_words,
+        });
+        at = ssm + ssm_words;
+    }
+    out
+}
+
+/// The conv window and SSM state of the layer at `at` in a flat state.
+fn layer_parts(
+    state: &mut [f32],
+    at: LayerAt,
+    shape: RecurrentLayerShape,
+    ty: StateType,
+) -> (&mut [f32], StateMut<'_>) {
+    let (head, ssm) = state[at.conv..at.ssm + at.ssm_words].split_at_mut(at.ssm - at.conv);
+    (&mut head[..shape.conv], ssm_mut(ty, ssm, shape.ssm))
+}
+
+/// One slot's part of [`RecurrentMemory::state_moving`]: `at` is where the
+/// layer lies in the flat state.
 fn slot_state_moving<'a>(
     slot: &'a mut Slot,
     free: &mut Vec<Vec<f32>>,
     layer: usize,
     n_layer: usize,
-    at: (usize, usize),
+    at: LayerAt,
     shape: RecurrentLayerShape,
+    ty: StateType,
 ) -> MovingState<'a> {
-    let (c, m) = at;
+    let (c, m, mw) = (at.conv, at.ssm, at.ssm_words);
     // A state shared with a checkpoint or a fork: move to a buffer of
     // this slot's own and bring the layers over as they are reached.
     if slot.pending.is_none() && Arc::get_mut(&mut slot.state).is_none() {
@@ -674,12 +842,12 @@ fn slot_state_moving<'a>(
         Some(p) if !p.copied[layer] => {
             p.copied[layer] = true;
             state[c..m].copy_from_slice(&p.from[c..m]);
-            Some(&p.from[m..m + shape.ssm])
+            Some(ssm_ref(ty, &p.from[m..m + mw], shape.ssm))
         }
         _ => None,
     };
-    let (conv, rest) = state[c..m + shape.ssm].split_at_mut(shape.conv);
-    (RecurrentState { conv, ssm: rest }, from)
+    let (conv, ssm) = layer_parts(state, at, shape, ty);
+    (LayerState { conv, ssm }, from)
 }
 
 /// Sets the state of `slot` to zeros (in place when it holds it alone).
@@ -818,9 +986,78 @@ impl SequenceMemory for RecurrentMemory {
 mod tests {
     use super::*;
 
+    fn f32s(s: StateRef<'_>) -> &[f32] {
+        match s {
+            StateRef::F32(s) => s,
+            StateRef::Bf16(_) => panic!("an f32 memory gave a bf16 state"),
+        }
+    }
+
+    fn f32s_mut(s: StateMut<'_>) -> &mut [f32] {
+        match s {
+            StateMut::F32(s) => s,
+            StateMut::Bf16(_) => panic!("an f32 memory gave a bf16 state"),
+        }
+    }
+
     fn mem() -> RecurrentMemory {
         let shape = RecurrentLayerShape { conv: 6, ssm: 8 };
         RecurrentMemory::new(vec![Some(shape), None, Some(shape)], 3)
+    }
+
+    #[test]
+    fn bf16_states_take_half_and_convert_both_ways() {
+        let shape = RecurrentLayerShape { conv: 6, ssm: 40 };
+        let f = RecurrentMemory::new(vec![Some(shape), None, Some(shape)], 2);
+        let mut b = RecurrentMemory::new(vec![Some(shape), None, Some(shape)], 2)
+            .with_state_type(StateType::Bf16);
+        assert_eq!(f.bytes_per_seq(), 2 * 46 * 4);
+        // Per layer: 6 conv words, padding to a multiple of 16, 20 words
+        // of bf16: 0..6, 16..36, then 36..42, 48..68.
+        assert_eq!(b.state_len(), 68);
+        assert_eq!(b.state_len_of(StateType::F32), f.state_len());
+        assert!(matches!(
+            b.state(0, 0),
+            Err(MemoryError::StateType {
+                have: StateType::Bf16,
+                ..
+            })
+        ));
+        // Write through the typed view; a fork shares it, a checkpoint
+        // keeps it.
+        {
+            let st = b.layer_state(2, 0).unwrap().unwrap();
+            st.conv[5] = 0.25;
+            let StateMut::Bf16(ssm) = st.ssm else {
+                panic!("an f32 state in a bf16 memory")
+            };
+            ssm[39] = bf16::from_f32(1.5);
+        }
+        b.advance(0, 3).unwrap();
+        b.checkpoint(0).unwrap();
+        b.seq_fork(0, 1).unwrap();
+        let flat = b.flat_state(1).unwrap().into_owned();
+        let wide = f.convert_flat(StateType::Bf16, &flat).unwrap();
+        let l2 = f.region(2);
+        assert_eq!(wide[l2.start + 5], 0.25);
+        assert_eq!(wide[l2.end - 1], 1.5);
+        assert_eq!(wide.iter().filter(|v| **v != 0.0).count(), 2);
+        // f32 → bf16 rounds to nearest even; back is exact.
+        let mut w = wide.into_owned();
+        w[l2.end - 2] = f32::from_bits(0x3f81_8000);
+        let narrow = b.convert_flat(StateType::F32, &w).unwrap();
+        let back = f.convert_flat(StateType::Bf16, &narrow).unwrap();
+        assert_eq!(back[l2.end - 2], f32::from_bits(0x3f82_0000));
+        assert_eq!(back[l2.end - 1], 1.5);
+        assert!(b.convert_flat(StateType::F32, &w[1..]).is_none());
+        // Restoring the checkpoint after a write brings the value back.
+        if let StateMut::Bf16(ssm) = b.layer_state(2, 0).unwrap().unwrap().ssm {
+            ssm[39] = bf16::from_f32(-2.0);
+        }
+        b.advance(0, 2).unwrap();
+        assert_eq!(b.restore(0, 4), Ok(3));
+        let again = b.flat_state(0).unwrap().into_owned();
+        assert_eq!(again, flat);
     }
 
     #[test]
@@ -915,10 +1152,10 @@ mod tests {
         assert_eq!(states.len(), 2);
         // Sequence 2 never wrote (its zero state moves off the shared one),
         // sequence 1 moves off its checkpoint: both come with the source.
-        assert_eq!(states[0].1.map(|f| f[0]), Some(0.0));
-        assert_eq!(states[1].1.map(|f| f[0]), Some(4.0));
+        assert_eq!(states[0].1.map(|f| f32s(f)[0]), Some(0.0));
+        assert_eq!(states[1].1.map(|f| f32s(f)[0]), Some(4.0));
         for (i, (st, _)) in states.into_iter().enumerate() {
-            st.ssm.fill(i as f32 + 10.0);
+            f32s_mut(st.ssm).fill(i as f32 + 10.0);
         }
         assert_eq!(m.state(0, 2).unwrap().unwrap().ssm[7], 10.0);
         assert_eq!(m.state(0, 1).unwrap().unwrap().ssm[7], 11.0);
@@ -1055,7 +1292,8 @@ mod tests {
         m.advance(0, 4).unwrap();
         m.settle(0).unwrap();
         let (st, base_conv, base_ssm, tape) = m.refold_parts(0, 0).unwrap();
-        assert_eq!((st.ssm[0], base_ssm[0], base_conv.len()), (2.0, 1.0, 6));
+        let now = f32s_mut(st.ssm)[0];
+        assert_eq!((now, f32s(base_ssm)[0], base_conv.len()), (2.0, 1.0, 6));
         assert!(tape.is_empty());
         assert_eq!(m.refold_parts(2, 0).unwrap().3, &[5.0, 6.0]);
         // Abort: back to the state and length before.

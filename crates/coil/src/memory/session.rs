@@ -1,31 +1,43 @@
 //! Saving one sequence's complete state — tokens, recurrent state and
 //! checkpoints, attention cells — to a file and loading it back.
 //!
-//! Format (little-endian), version 1:
+//! Format (little-endian), version 1 (a memory of f32 state and cells) or
+//! 2 (which records the types first):
 //! ```text
 //! "COILSESS"  u32 version  u64 model identity  u64 payload length
-//! payload:    u64 n_tokens, u32 × n_tokens
+//! payload:    [version 2: u8 state type (0 f32, 1 bf16), u8 cell type (0 f32, 1 f16)]
+//!             u64 n_tokens, u32 × n_tokens
 //!             u8 has_recurrent [u64 state_len, f32 × state_len,
 //!                               u64 n_checkpoints, (u64 pos, f32 × state_len) × n]
 //!             u8 has_kv [u64 n_layer, (u64 n, f32 × n  keys, u64 n, f32 × n  values) × n_layer]
 //! u64 FNV-1a checksum of the payload
 //! ```
+//! A bf16 recurrent state is written as its flat buffer is held: f32
+//! words, each layer's SSM part two bf16 per word (see `recurrent`).
+//! f16 cells likewise (two f16 per word, each position's row padded to
+//! whole words). A session loads into a memory of either type: bf16 / f16
+//! values widen exactly into an f32 memory; f32 values are rounded to
+//! nearest (even) into a bf16 / f16 one.
 //! Loading parses and checks everything (identity, checksum, every size
 //! against this memory's shapes) before touching the memory: a truncated,
 //! corrupted or other-model file changes nothing.
 
-use super::{Checkpoint, Memory, MemoryError, SeqId, SequenceMemory};
+use super::{
+    CacheType, Checkpoint, Memory, MemoryError, RecurrentMemory, SeqId, SequenceMemory, StateType,
+};
 use std::io::{Read, Write};
 use std::sync::Arc;
 
 const MAGIC: &[u8; 8] = b"COILSESS";
 const VERSION: u32 = 1;
+/// Version 1 with the state and cell types recorded.
+const VERSION_TYPED: u32 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
     #[error("not a coil session file (bad magic)")]
     BadMagic,
-    #[error("session file version {0} is not supported (this coil reads version {VERSION})")]
+    #[error("session file version {0} is not supported (this coil reads versions {VERSION} and {VERSION_TYPED})")]
     Version(u32),
     #[error("the session was saved with another model (identity {found:016x}, this model is {expected:016x})")]
     OtherModel { expected: u64, found: u64 },
@@ -77,6 +89,18 @@ fn put_f32_pages(out: &mut Vec<u8>, pages: &[&[f32]]) {
 pub fn save(mem: &Memory, s: SeqId, identity: u64, w: &mut impl Write) -> Result<(), SessionError> {
     let tokens = mem.seq_tokens(s)?;
     let mut p = Vec::new();
+    let state_type = mem
+        .recurrent
+        .as_ref()
+        .map_or(StateType::F32, |r| r.state_type());
+    let cache_type = mem.kv.as_ref().map_or(CacheType::F32, |k| k.cache_type());
+    let version = if state_type == StateType::F32 && cache_type == CacheType::F32 {
+        VERSION
+    } else {
+        p.push(state_type.code());
+        p.push(cache_type.code());
+        VERSION_TYPED
+    };
     put_u64(&mut p, tokens.len() as u64);
     for t in tokens {
         p.extend_from_slice(&t.to_le_bytes());
@@ -107,7 +131,7 @@ pub fn save(mem: &Memory, s: SeqId, identity: u64, w: &mut impl Write) -> Result
         None => p.push(0),
     }
     w.write_all(MAGIC)?;
-    w.write_all(&VERSION.to_le_bytes())?;
+    w.write_all(&version.to_le_bytes())?;
     w.write_all(&identity.to_le_bytes())?;
     w.write_all(&(p.len() as u64).to_le_bytes())?;
     w.write_all(&p)?;
@@ -159,6 +183,16 @@ impl Reader<'_> {
     }
 }
 
+/// A flat recurrent state read from a file (SSM type `ty`) as `r` holds
+/// it (converted when the types differ); `None` if it does not fit.
+fn in_memory_type(r: &RecurrentMemory, ty: StateType, words: Vec<f32>) -> Option<Vec<f32>> {
+    if ty == r.state_type() {
+        (words.len() == r.state_len()).then_some(words)
+    } else {
+        r.convert_flat(ty, &words).map(|c| c.into_owned())
+    }
+}
+
 /// Reads a session into sequence `s` of `mem`, replacing what it held.
 pub fn load(
     mem: &mut Memory,
@@ -175,7 +209,7 @@ pub fn load(
         return Err(SessionError::BadMagic);
     }
     let version = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
-    if version != VERSION {
+    if version != VERSION && version != VERSION_TYPED {
         return Err(SessionError::Version(version));
     }
     let mut id = [0u8; 8];
@@ -204,6 +238,17 @@ pub fn load(
         return Err(SessionError::Corrupt("checksum mismatch".into()));
     }
     let mut rd = Reader { b: p, at: 0 };
+    let (file_state, file_cells) = if version == VERSION_TYPED {
+        let code = rd.u8("state type")?;
+        let ty = StateType::from_code(code)
+            .ok_or_else(|| SessionError::Corrupt(format!("unknown state type {code}")))?;
+        let code = rd.u8("cell type")?;
+        let cells = CacheType::from_code(code)
+            .ok_or_else(|| SessionError::Corrupt(format!("unknown cell type {code}")))?;
+        (ty, cells)
+    } else {
+        (StateType::F32, CacheType::F32)
+    };
     let nt = rd.len("tokens", 4)?;
     let tokens: Vec<u32> = rd
         .take(nt * 4, "tokens")?
@@ -224,24 +269,24 @@ pub fn load(
             ));
         };
         let state = rd.f32s("recurrent state")?;
-        if state.len() != r.state_len() {
+        let len = state.len();
+        let Some(state) = in_memory_type(r, file_state, state) else {
             return Err(SessionError::Mismatch(format!(
-                "recurrent state of {} values, this model has {}",
-                state.len(),
-                r.state_len()
+                "recurrent state of {len} values, this model has {} ({file_state})",
+                r.state_len_of(file_state)
             )));
-        }
+        };
         let ncp = rd.len("checkpoints", 16)?;
         let mut cps = Vec::with_capacity(ncp);
         for _ in 0..ncp {
             let pos = rd.u64("checkpoint position")? as usize;
             let st = rd.f32s("checkpoint")?;
-            if st.len() != r.state_len()
-                || pos > nt
-                || cps.last().is_some_and(|c: &Checkpoint| c.pos >= pos)
-            {
+            let st = in_memory_type(r, file_state, st);
+            let Some(st) =
+                st.filter(|_| pos <= nt && cps.last().is_none_or(|c: &Checkpoint| c.pos < pos))
+            else {
                 return Err(SessionError::Mismatch("a checkpoint does not fit".into()));
-            }
+            };
             cps.push(Checkpoint {
                 pos,
                 state: Arc::new(st),
@@ -272,11 +317,17 @@ pub fn load(
             let k = rd.f32s("keys")?;
             let v = rd.f32s("values")?;
             let want = m.expected_len(l, nt);
-            if k.len() != want || v.len() != want {
-                return Err(SessionError::Mismatch(format!(
-                    "layer {l}: cells do not match {nt} tokens"
-                )));
-            }
+            let (k, v) = match (
+                m.convert_cells(l, file_cells, k),
+                m.convert_cells(l, file_cells, v),
+            ) {
+                (Some(k), Some(v)) if k.len() == want && v.len() == want => (k, v),
+                _ => {
+                    return Err(SessionError::Mismatch(format!(
+                        "layer {l}: cells do not match {nt} tokens"
+                    )))
+                }
+            };
             ks.push(k);
             vs.push(v);
         }

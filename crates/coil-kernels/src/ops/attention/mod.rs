@@ -22,6 +22,34 @@ pub enum KvData<'a> {
         pages: &'a [&'a [f32]],
         page_len: usize,
     },
+    /// [`KvData::PagedF32`] with f16 storage (`--cache-type f16`): each
+    /// block is widened to f32 as it is read.
+    PagedF16 {
+        pages: &'a [&'a [f16]],
+        page_len: usize,
+    },
+}
+
+/// Whether `pages` of `page_len` positions hold `n_pos` positions, given
+/// the elements `need(n)` that `n` positions take.
+fn pages_cover(
+    lens: impl Iterator<Item = usize>,
+    page_len: usize,
+    n_pos: usize,
+    need: impl Fn(usize) -> usize,
+) -> bool {
+    if page_len == 0 || !page_len.is_multiple_of(PB) {
+        return false;
+    }
+    let n_pages = n_pos.div_ceil(page_len);
+    let mut seen = 0;
+    for (i, len) in lens.take(n_pages).enumerate() {
+        if len < need((n_pos - i * page_len).min(page_len)) {
+            return false;
+        }
+        seen += 1;
+    }
+    seen == n_pages
 }
 
 /// Page lengths of [`KvData::PagedF32`] must be multiples of this (the
@@ -44,15 +72,10 @@ impl KvData<'_> {
             KvData::F32(s) => s.len() >= need(n_pos),
             KvData::F16(s) => s.len() >= need(n_pos),
             KvData::PagedF32 { pages, page_len } => {
-                if *page_len == 0 || !page_len.is_multiple_of(PB) {
-                    return false;
-                }
-                let n_pages = n_pos.div_ceil(*page_len);
-                n_pages <= pages.len()
-                    && pages[..n_pages]
-                        .iter()
-                        .enumerate()
-                        .all(|(i, p)| p.len() >= need((n_pos - i * page_len).min(*page_len)))
+                pages_cover(pages.iter().map(|p| p.len()), *page_len, n_pos, need)
+            }
+            KvData::PagedF16 { pages, page_len } => {
+                pages_cover(pages.iter().map(|p| p.len()), *page_len, n_pos, need)
             }
         }
     }
@@ -80,6 +103,7 @@ impl<'a> KvView<'a> {
             KvData::F32(s) => s.len(),
             KvData::F16(s) => s.len(),
             KvData::PagedF32 { pages, .. } => pages.iter().map(|p| p.len()).sum(),
+            KvData::PagedF16 { pages, .. } => pages.iter().map(|p| p.len()).sum(),
         };
         let n_pos = len.checked_div(row).unwrap_or(0);
         KvView {
@@ -109,6 +133,31 @@ impl<'a> KvView<'a> {
                 page_len,
             },
             v: KvData::PagedF32 {
+                pages: v_pages,
+                page_len,
+            },
+            n_pos,
+            n_kv_heads,
+            head_dim,
+            row_stride: n_kv_heads * head_dim,
+        }
+    }
+
+    /// [`KvView::paged`] over f16 pages.
+    pub fn paged_f16(
+        k_pages: &'a [&'a [f16]],
+        v_pages: &'a [&'a [f16]],
+        page_len: usize,
+        n_pos: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+    ) -> Self {
+        KvView {
+            k: KvData::PagedF16 {
+                pages: k_pages,
+                page_len,
+            },
+            v: KvData::PagedF16 {
                 pages: v_pages,
                 page_len,
             },
@@ -159,6 +208,19 @@ fn kv_block<'a>(
             for j in 0..nb {
                 let off = (p0 + j) * kv.row_stride + kvh * hd;
                 s[off..off + hd].convert_to_f32_slice(&mut buf[j * hd..(j + 1) * hd]);
+            }
+            KvRows {
+                data: &buf[..nb * hd],
+                stride: hd,
+            }
+        }
+        KvData::PagedF16 { pages, page_len } => {
+            use half::slice::HalfFloatSliceExt;
+            // The block lies in one page (see `PagedF32`).
+            let (page, at) = (pages[p0 / page_len], p0 % page_len);
+            for j in 0..nb {
+                let off = (at + j) * kv.row_stride + kvh * hd;
+                page[off..off + hd].convert_to_f32_slice(&mut buf[j * hd..(j + 1) * hd]);
             }
             KvRows {
                 data: &buf[..nb * hd],
@@ -674,6 +736,26 @@ pub(crate) mod tests {
                         .zip(&want)
                         .all(|(a, b)| a.to_bits() == b.to_bits()),
                     "nq {nq} nh {nh} nkv {nkv} hd {hd} npos {npos} page {page_len}"
+                );
+            }
+            // f16 pages read as the dense f16 view reads them.
+            let (k16, v16): (Vec<f16>, Vec<f16>) = (
+                k.iter().map(|x| f16::from_f32(*x)).collect(),
+                v.iter().map(|x| f16::from_f32(*x)).collect(),
+            );
+            let dense16 = KvView::dense(KvData::F16(&k16), KvData::F16(&v16), nkv, hd);
+            attention(&pool, &q, nh, &dense16, &lens, scale, &mut want);
+            for page_len in [32, 96, 256] {
+                let kp: Vec<&[f16]> = k16.chunks(page_len * row).collect();
+                let vp: Vec<&[f16]> = v16.chunks(page_len * row).collect();
+                let paged = KvView::paged_f16(&kp, &vp, page_len, npos, nkv, hd);
+                let mut got = vec![1f32; q.len()];
+                attention(&pool, &q, nh, &paged, &lens, scale, &mut got);
+                assert!(
+                    got.iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "f16: nq {nq} nh {nh} nkv {nkv} hd {hd} npos {npos} page {page_len}"
                 );
             }
         }

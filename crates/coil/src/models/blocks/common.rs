@@ -1,10 +1,11 @@
 //! The parts every language model shares: token embedding, the check of a
 //! micro-batch against the memory, and the output head.
 
-use crate::memory::{Memory, MovingState, RecurrentMemory, RecurrentState, SeqId};
+use crate::memory::{LayerState, Memory, MovingState, RecurrentMemory, SeqId, StateMut, StateRef};
 use crate::models::weights::{Loader, Matrix};
 use crate::models::{ModelError, Rows, UBatch};
 use coil_gguf::GgufFile;
+use coil_kernels::ops::state_elem::StateElem;
 use coil_kernels::{matmul, ops::norm::rms_norm, ThreadPool};
 
 /// `token_embd`: `[n_vocab, n_embd]`.
@@ -143,7 +144,7 @@ pub fn refold_conv_window(
     seq: SeqId,
     n: usize,
     (ch, w, d_conv): (usize, usize, usize),
-) -> Result<(RecurrentState<'_>, &[f32], &[f32]), ModelError> {
+) -> Result<(LayerState<'_>, StateRef<'_>, &[f32]), ModelError> {
     let no_tape = || ModelError::Tensor {
         name: format!("blk.{layer}"),
         reason: "no verification tape to refold".into(),
@@ -172,8 +173,8 @@ pub fn layer_state(
     rec: &mut RecurrentMemory,
     layer: usize,
     seq: SeqId,
-) -> Result<RecurrentState<'_>, ModelError> {
-    rec.state(layer, seq)?.ok_or_else(|| no_state(layer))
+) -> Result<LayerState<'_>, ModelError> {
+    rec.layer_state(layer, seq)?.ok_or_else(|| no_state(layer))
 }
 
 /// [`layer_state`] for a mixer that can start its update from another
@@ -184,8 +185,28 @@ pub fn layer_state_moving(
     rec: &mut RecurrentMemory,
     layer: usize,
     seq: SeqId,
-) -> Result<(RecurrentState<'_>, Option<&[f32]>), ModelError> {
+) -> Result<MovingState<'_>, ModelError> {
     rec.state_moving(layer, seq)?.ok_or_else(|| no_state(layer))
+}
+
+/// An SSM state (and the source it moves off) as `S`, the type its memory
+/// stores: what a mixer generic over the state type runs on.
+#[allow(clippy::type_complexity)]
+pub fn typed_state<'a, S: StateElem>(
+    ssm: StateMut<'a>,
+    from: Option<StateRef<'a>>,
+) -> Result<(&'a mut [S], Option<&'a [S]>), ModelError> {
+    let bad = |have: coil_kernels::ops::StateType| ModelError::Tensor {
+        name: "recurrent state".into(),
+        reason: format!("stored as {have}, expected {}", S::TYPE),
+    };
+    let have = ssm.state_type();
+    let st = S::of_mut(ssm).ok_or_else(|| bad(have))?;
+    let f = match from {
+        Some(f) => Some(S::of_ref(f).ok_or_else(|| bad(f.state_type()))?),
+        None => None,
+    };
+    Ok((st, f))
 }
 
 fn no_state(layer: usize) -> ModelError {

@@ -14,9 +14,9 @@
 //! * `RMSNorm(o)·w ⊙ silu(z)` per value head, then `ssm_out`.
 
 use super::common::{
-    layer_state, layer_states_moving, recurrent_memory, refold_conv_window, split_rows,
+    layer_state, layer_states_moving, recurrent_memory, refold_conv_window, split_rows, typed_state,
 };
-use crate::memory::{Memory, RecurrentLayerShape};
+use crate::memory::{Memory, RecurrentLayerShape, StateMut, StateType};
 use crate::models::weights::{Loader, Matrix};
 use crate::models::{ModelError, Rows};
 use coil_gguf::GgufFile;
@@ -25,12 +25,13 @@ use coil_kernels::ops::conv::{
     conv1d_causal_silu_batch, conv1d_causal_silu_pool, ConvSeq, ConvWeights,
 };
 use coil_kernels::ops::gated_delta::{
-    gated_delta_scan, gated_delta_scan_batch, l2_normalize, DeltaInputs, DeltaSeq, GatedDeltaDims,
-    HeadOrder,
+    gated_delta_scan_batch, gated_delta_scan_state, l2_normalize, DeltaInputs, DeltaSeq,
+    DeltaState, GatedDeltaDims, HeadOrder,
 };
 use coil_kernels::ops::gated_delta_chunk::{gated_delta_chunked, DEFAULT_CHUNK};
 use coil_kernels::ops::norm::rms_norm_inplace;
 use coil_kernels::{matmul, Scratch, ThreadPool};
+use half::bf16;
 
 /// The L2 norm's epsilon (transformers' and fla's `l2norm`).
 const L2_EPS: f32 = 1e-6;
@@ -327,7 +328,7 @@ impl GatedDeltaMixer {
         // Prompts, one sequence at a time: the chunked form.
         for Rows { seq, rows, .. } in prompts {
             let t = rows.len();
-            let st = layer_state(mem, layer, *seq)?;
+            let mut st = layer_state(mem, layer, *seq)?;
             let xs = &mut x[rows.start * ch..rows.end * ch];
             conv1d_causal_silu_pool(
                 pool,
@@ -354,16 +355,20 @@ impl GatedDeltaMixer {
                 beta: &beta[rows.start * hv..rows.end * hv],
             };
             let os = &mut o[rows.start * vd..rows.end * vd];
-            gated_delta_chunked(pool, dims, p.chunk, st.ssm, inputs, os, t);
+            // In f32 (a bf16 state is widened, and rounded once at the end).
+            st.ssm.with_f32(None, |s| {
+                gated_delta_chunked(pool, dims, p.chunk, s, inputs, os, t)
+            });
         }
         // Decode steps: every sequence's convolution in one call, then the
         // recurrence over all (sequence, value head) pairs in one call.
         if !steps.is_empty() {
             let seqs: Vec<usize> = steps.iter().map(|c| c.seq).collect();
+            let ty = mem.state_type();
             let mut states = layer_states_moving(mem, layer, &seqs)?;
             for (st, from) in states.iter_mut() {
                 if let Some(f) = from.take() {
-                    st.ssm.copy_from_slice(f);
+                    st.ssm.copy_from(f);
                 }
             }
             let mut xs_parts = split_rows(&mut x, ch, &steps);
@@ -385,27 +390,25 @@ impl GatedDeltaMixer {
                     l2_normalize(&mut row[kd..2 * kd], dims.d_k, L2_EPS, 1.0);
                 }
             }
-            let mut os = split_rows(&mut o, vd, &steps);
-            let mut scan: Vec<DeltaSeq> = states
-                .into_iter()
-                .zip(os.iter_mut())
-                .zip(xs_parts.iter().zip(&steps))
-                .map(|(((st, _), out), (xs, c))| DeltaSeq {
-                    state: st.ssm,
-                    inputs: DeltaInputs {
-                        q: xs,
-                        k: &xs[kd..],
-                        ld_qk: ch,
-                        v: &xs[2 * kd..],
-                        ld_v: ch,
-                        g: &g[c.rows.start * hv..c.rows.end * hv],
-                        beta: &beta[c.rows.start * hv..c.rows.end * hv],
-                    },
-                    out,
-                    n_tokens: c.rows.len(),
+            let os = split_rows(&mut o, vd, &steps);
+            let inputs: Vec<DeltaInputs> = xs_parts
+                .iter()
+                .zip(&steps)
+                .map(|(xs, c)| DeltaInputs {
+                    q: xs,
+                    k: &xs[kd..],
+                    ld_qk: ch,
+                    v: &xs[2 * kd..],
+                    ld_v: ch,
+                    g: &g[c.rows.start * hv..c.rows.end * hv],
+                    beta: &beta[c.rows.start * hv..c.rows.end * hv],
                 })
                 .collect();
-            gated_delta_scan_batch(pool, dims, &mut scan);
+            let ssm: Vec<StateMut> = states.into_iter().map(|(st, _)| st.ssm).collect();
+            match ty {
+                StateType::F32 => scan_steps::<f32>(pool, dims, ssm, inputs, os)?,
+                StateType::Bf16 => scan_steps::<bf16>(pool, dims, ssm, inputs, os)?,
+            }
         }
         // A verification's tape (see `refold`), per token: [q | k | v]
         // before and after the convolution (normalised), g and β.
@@ -446,8 +449,8 @@ impl GatedDeltaMixer {
         let dims = p.dims;
         let (kd, vd, ch, hv) = (p.key_dim(), p.value_dim(), p.conv_channels(), dims.n_v_head);
         let w = 2 * ch + 2 * hv;
-        let (st, base_ssm, tape) = refold_conv_window(mem, layer, seq, n, (ch, w, p.d_conv))?;
-        st.ssm.copy_from_slice(base_ssm);
+        let (mut st, base_ssm, tape) = refold_conv_window(mem, layer, seq, n, (ch, w, p.d_conv))?;
+        st.ssm.copy_from(base_ssm);
         if n == 0 {
             return Ok(());
         }
@@ -468,7 +471,31 @@ impl GatedDeltaMixer {
             beta: &gb[n * hv..],
         };
         let mut o = Scratch::dirty(n * vd);
-        gated_delta_scan(pool, dims, st.ssm, inputs, &mut o, n);
+        gated_delta_scan_state(pool, dims, st.ssm, inputs, &mut o, n);
         Ok(())
     }
+}
+
+/// The decode steps' recurrence of [`GatedDeltaMixer::forward`] on states
+/// stored as `S`, all sequences in one call.
+fn scan_steps<S: DeltaState>(
+    pool: &ThreadPool,
+    dims: GatedDeltaDims,
+    ssm: Vec<StateMut>,
+    inputs: Vec<DeltaInputs>,
+    os: Vec<&mut [f32]>,
+) -> Result<(), ModelError> {
+    let mut scan: Vec<DeltaSeq<S>> = Vec::with_capacity(ssm.len());
+    for ((st, inputs), out) in ssm.into_iter().zip(inputs).zip(os) {
+        let (state, _) = typed_state::<S>(st, None)?;
+        let n_tokens = inputs.g.len() / dims.n_v_head;
+        scan.push(DeltaSeq {
+            state,
+            inputs,
+            out,
+            n_tokens,
+        });
+    }
+    gated_delta_scan_batch(pool, dims, &mut scan);
+    Ok(())
 }

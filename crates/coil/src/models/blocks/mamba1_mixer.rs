@@ -15,7 +15,7 @@ use coil_gguf::GgufFile;
 use coil_kernels::ops::act::{mul_silu_inplace, softplus_inplace};
 use coil_kernels::ops::conv::conv1d_causal_silu_pool;
 use coil_kernels::ops::norm::rms_norm_inplace;
-use coil_kernels::ops::ssm::mamba1_scan;
+use coil_kernels::ops::ssm::mamba1_scan_state;
 use coil_kernels::{matmul, Scratch, ThreadPool};
 
 #[derive(Clone, Copy, Debug)]
@@ -183,7 +183,7 @@ impl Mamba1Mixer {
                 rows.start * di..rows.end * di,
                 rows.start * ns..rows.end * ns,
             );
-            mamba1_scan(
+            mamba1_scan_state(
                 pool,
                 di,
                 ns,

@@ -8,8 +8,10 @@
 
 use super::common::{
     layer_state_moving, layer_states_moving, recurrent_memory, refold_conv_window, split_rows,
+    typed_state,
 };
 use crate::memory::{Memory, RecurrentLayerShape, RecurrentMemory};
+use crate::memory::{StateMut, StateRef, StateType};
 use crate::models::weights::{Loader, Matrix};
 use crate::models::ModelError;
 use crate::models::Rows;
@@ -20,8 +22,9 @@ use coil_kernels::ops::conv::{
 };
 use coil_kernels::ops::norm::group_rms_norm_gated;
 use coil_kernels::ops::ssd::{mamba2_chunked_scan_rows, DEFAULT_CHUNK};
-use coil_kernels::ops::ssm::{mamba2_scan_from, Mamba2Dims, ScanInputs};
+use coil_kernels::ops::ssm::{mamba2_scan_from_state, Mamba2Dims, ScanInputs, ScanState};
 use coil_kernels::ops::ssm_batch::{mamba2_scan_batch, Mamba2Seq};
+use half::bf16;
 
 /// From how many tokens of one sequence on the chunked SSD algorithm
 /// replaces the token-by-token recurrence: `COIL_SSD_MIN_TOKENS` in the
@@ -112,6 +115,18 @@ impl Mamba2Params {
             ssm: self.n_head * self.head_dim * self.d_state,
         }
     }
+}
+
+/// What [`Mamba2Mixer::step_all`] hands its typed scan: per sequence the
+/// SSM state (and its source), output rows and inputs.
+struct StepParts<'a, 'b> {
+    ssm: Vec<(StateMut<'a>, Option<StateRef<'a>>)>,
+    ys: Vec<&'b mut [f32]>,
+    xs: &'b [&'b mut [f32]],
+    steps: &'b [&'b Rows],
+    bc: &'b [f32],
+    bc_at: &'b [usize],
+    dt: &'b [f32],
 }
 
 pub struct Mamba2Mixer {
@@ -210,7 +225,7 @@ impl Mamba2Mixer {
         // within each chunk, spread over the pool inside).
         for Rows { seq, rows, .. } in prompts {
             let t = rows.len();
-            let (st, ssm_from) = layer_state_moving(mem, layer, *seq)?;
+            let (mut st, ssm_from) = layer_state_moving(mem, layer, *seq)?;
             let xs = &mut xbc[rows.start * ch..rows.end * ch];
             conv1d_causal_silu_pool(
                 pool,
@@ -223,9 +238,6 @@ impl Mamba2Mixer {
                 ch,
                 p.d_conv,
             );
-            if let Some(f) = ssm_from {
-                st.ssm.copy_from_slice(f);
-            }
             // x, B and C read in place from xBC's rows.
             let inputs = ScanInputs {
                 x: xs,
@@ -234,18 +246,21 @@ impl Mamba2Mixer {
                 c: &xs[di + gn..],
                 ldbc: ch,
             };
-            mamba2_chunked_scan_rows(
-                pool,
-                dims,
-                DEFAULT_CHUNK,
-                st.ssm,
-                inputs,
-                &dt[rows.start * hn..rows.end * hn],
-                &self.a,
-                Some(&self.d),
-                &mut y[rows.start * di..rows.end * di],
-                t,
-            );
+            // In f32 (a bf16 state is widened, and rounded once at the end).
+            st.ssm.with_f32(ssm_from, |ssm| {
+                mamba2_chunked_scan_rows(
+                    pool,
+                    dims,
+                    DEFAULT_CHUNK,
+                    ssm,
+                    inputs,
+                    &dt[rows.start * hn..rows.end * hn],
+                    &self.a,
+                    Some(&self.d),
+                    &mut y[rows.start * di..rows.end * di],
+                    t,
+                )
+            });
         }
         if !steps.is_empty() {
             self.step_all(pool, layer, &steps, mem, &zxbcdt, &dt, &mut xbc, &mut y)?;
@@ -303,6 +318,7 @@ impl Mamba2Mixer {
         let ch = p.conv_channels();
         let (di, hn, gn) = (p.d_inner, p.n_head, p.n_group * p.d_state);
         let seqs: Vec<usize> = steps.iter().map(|c| c.seq).collect();
+        let ty = mem.state_type();
         let mut states = layer_states_moving(mem, layer, &seqs)?;
         let mut xs_parts = split_rows(xbc, ch, steps);
         {
@@ -339,31 +355,67 @@ impl Mamba2Mixer {
             n_group: p.n_group,
             d_state: p.d_state,
         };
-        let mut ys = split_rows(y, di, steps);
-        let mut scan: Vec<Mamba2Seq> = states
+        let ys = split_rows(y, di, steps);
+        let ssm: Vec<_> = states.into_iter().map(|(st, f)| (st.ssm, f)).collect();
+        let parts = StepParts {
+            ssm,
+            ys,
+            xs: &xs_parts,
+            steps,
+            bc: &bc,
+            bc_at: &bc_at,
+            dt,
+        };
+        match ty {
+            StateType::F32 => self.scan_steps::<f32>(pool, dims, parts),
+            StateType::Bf16 => self.scan_steps::<bf16>(pool, dims, parts),
+        }
+    }
+
+    /// The scan of [`Mamba2Mixer::step_all`] on states stored as `S`.
+    fn scan_steps<S: ScanState>(
+        &self,
+        pool: &ThreadPool,
+        dims: Mamba2Dims,
+        parts: StepParts,
+    ) -> Result<(), ModelError> {
+        let p = &self.p;
+        let ch = p.conv_channels();
+        let (hn, gn) = (p.n_head, p.n_group * p.d_state);
+        let StepParts {
+            ssm,
+            ys,
+            xs,
+            steps,
+            bc,
+            bc_at,
+            dt,
+        } = parts;
+        let mut scan: Vec<Mamba2Seq<S>> = Vec::with_capacity(steps.len());
+        for ((((ssm, from), y), xs), (c, &b0)) in ssm
             .into_iter()
-            .zip(ys.iter_mut())
-            .zip(xs_parts.iter())
-            .zip(steps.iter().zip(&bc_at))
-            .map(|((((st, from), y), xs), (c, &b0))| {
-                let t = c.rows.len();
-                let bcs = &bc[b0 * 2 * gn..(b0 + t) * 2 * gn];
-                Mamba2Seq {
-                    from,
-                    state: st.ssm,
-                    inputs: ScanInputs {
-                        x: xs,
-                        ldx: ch,
-                        b: bcs,
-                        c: &bcs[gn..],
-                        ldbc: 2 * gn,
-                    },
-                    dt: &dt[c.rows.start * hn..c.rows.end * hn],
-                    y,
-                    n_tokens: t,
-                }
-            })
-            .collect();
+            .zip(ys)
+            .zip(xs.iter())
+            .zip(steps.iter().zip(bc_at))
+        {
+            let (state, from) = typed_state::<S>(ssm, from)?;
+            let t = c.rows.len();
+            let bcs = &bc[b0 * 2 * gn..(b0 + t) * 2 * gn];
+            scan.push(Mamba2Seq {
+                from,
+                state,
+                inputs: ScanInputs {
+                    x: xs,
+                    ldx: ch,
+                    b: bcs,
+                    c: &bcs[gn..],
+                    ldbc: 2 * gn,
+                },
+                dt: &dt[c.rows.start * hn..c.rows.end * hn],
+                y,
+                n_tokens: t,
+            });
+        }
         mamba2_scan_batch(pool, dims, &mut scan, &self.a, Some(&self.d));
         Ok(())
     }
@@ -390,9 +442,9 @@ impl Mamba2Mixer {
         let (di, hn, gn) = (p.d_inner, p.n_head, p.n_group * p.d_state);
         let ch = p.conv_channels();
         let w = 2 * ch + hn;
-        let (st, base_ssm, tape) = refold_conv_window(mem, layer, seq, n, (ch, w, p.d_conv))?;
+        let (mut st, base_ssm, tape) = refold_conv_window(mem, layer, seq, n, (ch, w, p.d_conv))?;
         if n == 0 {
-            st.ssm.copy_from_slice(base_ssm);
+            st.ssm.copy_from(base_ssm);
             return Ok(());
         }
         let mut dt = Scratch::dirty(n * hn);
@@ -416,7 +468,7 @@ impl Mamba2Mixer {
             ldbc: 2 * gn,
         };
         let mut y = Scratch::dirty(n * di);
-        mamba2_scan_from(
+        mamba2_scan_from_state(
             pool,
             dims,
             Some(base_ssm),
