@@ -54,7 +54,7 @@ impl QuantAct {
 }
 
 /// Most tokens an [`ActPanel`] holds (the lanes of its scale rows).
-pub(crate) const PANEL_LANES: usize = 8;
+pub(crate) const PANEL_LANES: usize = 16;
 
 /// The quantized activations of a few tokens interleaved for the few-token
 /// kernels, so one pointer reaches every token at fixed offsets:

@@ -1,6 +1,7 @@
 //! AVX2 integer dot products of a range of weight rows with up to four
-//! (32-value formats) or eight (K-quants) tokens at once (batched decode of several sequences, speculative
-//! verification): each row is fetched and unpacked once (nibbles, high
+//! (32-value formats) or nine (K-quants: a verification of 8 drafts) tokens
+//! at once (batched decode of several sequences, speculative verification):
+//! each row is fetched and unpacked once (nibbles, high
 //! bits, scales) and multiplied with every token's quantized activations
 //! while it sits in registers; no call per row.
 //!
@@ -130,16 +131,17 @@ unsafe fn rows_b32<const BYTES: usize, const KIND: u8, const NT: usize>(
     }
 }
 
-/// `sum_j mn[j] * (bs_t[2j] + bs_t[2j + 1])` for each token `t` (its block
-/// `i`'s sixteen 16-value sums, `xs`: a panel's) in lane `t` (lanes `NT..8`: 0), as
-/// `k4_mins`; exact.
+/// `sum_j mn[j] * (bs_t[2j] + bs_t[2j + 1])` for tokens `t = t0..t0 + 8`
+/// (their block `i`'s sixteen 16-value sums, `xs`: a panel's) in lane
+/// `t - t0` (tokens from `NT` on: 0), as `k4_mins`; exact.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn k4_mins8<const NT: usize>(mn: u64, xs: *const i16, i: usize) -> __m256i {
+unsafe fn k4_mins8<const NT: usize>(mn: u64, xs: *const i16, i: usize, t0: usize) -> __m256i {
     let m = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
     // [m0 m0 m1 m1 m2 m2 m3 m3 | m4 m4 m5 m5 m6 m6 m7 m7]
     let mdup = _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m));
-    let p: [__m256i; 8] = std::array::from_fn(|t| {
+    let p: [__m256i; 8] = std::array::from_fn(|k| {
+        let t = t0 + k;
         if t < NT {
             _mm256_madd_epi16(
                 _mm256_loadu_si256(xs.add(16 * (i * NT + t)) as *const __m256i),
@@ -187,7 +189,9 @@ unsafe fn rows_k45<const HIGH: bool, const NT: usize>(
         }
         let row = wp.add(r * rb);
         let mut facc = [_mm256_setzero_ps(); NT];
-        let mut msum = _mm256_setzero_ps();
+        // lanes of tokens 0..8, 8..16 (the second only for more than 8)
+        let mut msum_all = [_mm256_setzero_ps(); 2];
+        let msum = &mut msum_all[..NT.div_ceil(8)];
         for i in 0..nb {
             let b = row.add(bsz * i);
             let (sc, mn) = scales_mins_k4_words(std::slice::from_raw_parts(b.add(4), 12));
@@ -227,15 +231,20 @@ unsafe fn rows_k45<const HIGH: bool, const NT: usize>(
                 }
             }
             // one token per lane: d = wd·xd, msum += (wm·xd)·mins
-            let xdv = _mm256_loadu_ps(xd.add(i * PANEL_LANES));
-            let mins = _mm256_cvtepi32_ps(k4_mins8::<NT>(mn, xs, i));
             let (wd, wm) = (f16c(rd16(b)), f16c(rd16(b.add(2))));
-            msum = _mm256_add_ps(
-                msum,
-                _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(wm), xdv), mins),
-            );
-            let mut d = [0f32; 8];
-            _mm256_storeu_ps(d.as_mut_ptr(), _mm256_mul_ps(_mm256_set1_ps(wd), xdv));
+            let mut d = [0f32; PANEL_LANES];
+            for (g, ms) in msum.iter_mut().enumerate() {
+                let xdv = _mm256_loadu_ps(xd.add(i * PANEL_LANES + 8 * g));
+                let mins = _mm256_cvtepi32_ps(k4_mins8::<NT>(mn, xs, i, 8 * g));
+                *ms = _mm256_add_ps(
+                    *ms,
+                    _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(wm), xdv), mins),
+                );
+                _mm256_storeu_ps(
+                    d.as_mut_ptr().add(8 * g),
+                    _mm256_mul_ps(_mm256_set1_ps(wd), xdv),
+                );
+            }
             for t in 0..NT {
                 facc[t] = _mm256_fmadd_ps(
                     _mm256_cvtepi32_ps(iacc[t]),
@@ -244,8 +253,10 @@ unsafe fn rows_k45<const HIGH: bool, const NT: usize>(
                 );
             }
         }
-        let mut ms = [0f32; 8];
-        _mm256_storeu_ps(ms.as_mut_ptr(), msum);
+        let mut ms = [0f32; PANEL_LANES];
+        for (g, m) in msum_all[..NT.div_ceil(8)].iter().enumerate() {
+            _mm256_storeu_ps(ms.as_mut_ptr().add(8 * g), *m);
+        }
         for t in 0..NT {
             *out[t].get_unchecked_mut(r) = hsum256(facc[t]) - ms[t];
         }
@@ -290,10 +301,12 @@ unsafe fn rows_q6_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
                     }
                 }
             }
-            let mut d = [0f32; 8];
+            let mut d = [0f32; PANEL_LANES];
             let wd = _mm256_set1_ps(f16c(rd16(b.add(208))));
-            let xdv = _mm256_loadu_ps(xd.add(i * PANEL_LANES));
-            _mm256_storeu_ps(d.as_mut_ptr(), _mm256_mul_ps(wd, xdv));
+            for g in 0..NT.div_ceil(8) {
+                let xdv = _mm256_loadu_ps(xd.add(i * PANEL_LANES + 8 * g));
+                _mm256_storeu_ps(d.as_mut_ptr().add(8 * g), _mm256_mul_ps(wd, xdv));
+            }
             for t in 0..NT {
                 // minus 32 * sum_g sc_g * bsum_g
                 let bs16 = _mm256_loadu_si256(xs.add(16 * (i * NT + t)) as *const __m256i);
@@ -331,7 +344,7 @@ macro_rules! tile_entry {
 /// token in registers (as their one-token kernel does), the K-quants one
 /// i32 accumulator.
 pub(super) const MAX_TOKENS_B32: usize = 4;
-pub(super) const MAX_TOKENS_K: usize = 8;
+pub(super) const MAX_TOKENS_K: usize = 9;
 /// Each format's kernel with its token count as the only parameter.
 macro_rules! format_kernel {
     ($name:ident, $kernel:ident, $($param:tt),+) => {
@@ -355,9 +368,9 @@ format_kernel!(q5_k_n, rows_k45, true);
 tile_entry!(tile_q8_0, q8_0_n, [1 2 3 4]);
 tile_entry!(tile_q4_0, q4_0_n, [1 2 3 4]);
 tile_entry!(tile_iq4_nl, iq4_nl_n, [1 2 3 4]);
-tile_entry!(tile_q4_k, q4_k_n, [1 2 3 4 5 6 7 8]);
-tile_entry!(tile_q5_k, q5_k_n, [1 2 3 4 5 6 7 8]);
-tile_entry!(tile_q6_k, rows_q6_k, [1 2 3 4 5 6 7 8]);
+tile_entry!(tile_q4_k, q4_k_n, [1 2 3 4 5 6 7 8 9]);
+tile_entry!(tile_q5_k, q5_k_n, [1 2 3 4 5 6 7 8 9]);
+tile_entry!(tile_q6_k, rows_q6_k, [1 2 3 4 5 6 7 8 9]);
 
 #[cfg(test)]
 mod tests {
@@ -367,7 +380,7 @@ mod tests {
     use crate::testutil::{random_weights, Rng};
     use coil_gguf::GgmlType;
 
-    /// Each token's result from the tile kernels (1 to 4 or 8 tokens, row counts
+    /// Each token's result from the tile kernels (1 to 4 or 9 tokens, row counts
     /// below and above the prefetch distance) equals the one-token dot
     /// kernel's bit for bit (batch invariance of decode).
     #[test]
@@ -388,7 +401,7 @@ mod tests {
                 let mut rng = Rng::new(7 + rows as u64);
                 let data = random_weights(&mut rng, ty, rows, cols);
                 let w = WeightRef::new(ty, &data, rows, cols).unwrap();
-                let x = rng.vec(8 * cols);
+                let x = rng.vec(12 * cols);
                 let Some(VecKernel::Quant(kind, one, _)) = super::super::vec_kernel(ty) else {
                     panic!("{ty}: no AVX2 dot kernel");
                 };
@@ -409,8 +422,8 @@ mod tests {
                     )
                 };
                 for nt in 1..=max {
-                    // tokens 8 - nt .. 8: a panel that does not start at token 0
-                    let t0 = 8 - nt;
+                    // tokens 12 - nt .. 12: a panel that does not start at token 0
+                    let t0 = 12 - nt;
                     let panel = ActPanel::new(&xa, t0, nt, block, per_block);
                     let mut ys = vec![vec![f32::NAN; rows]; nt];
                     let mut outs: Vec<&mut [f32]> =
