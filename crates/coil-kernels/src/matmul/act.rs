@@ -143,7 +143,7 @@ fn quantize_blocks(x: &[f32], qs: &mut [i8], d: &mut [f32], block: usize) {
     }
 }
 
-crate::multiversion!(fn quantize_blocks_mv(x: &[f32], qs: &mut [i8], d: &mut [f32], block: usize) => quantize_blocks);
+crate::multiversion!(pub(crate) fn quantize_blocks_mv(x: &[f32], qs: &mut [i8], d: &mut [f32], block: usize) => quantize_blocks);
 
 #[cfg(test)]
 mod tests {

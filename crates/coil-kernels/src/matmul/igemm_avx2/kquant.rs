@@ -23,7 +23,7 @@
 
 use super::super::dequant::{rd_f16, scale_min_k4};
 use super::super::{SendPtr, WeightRef};
-use super::{over_panels, quant, store_tokens, tile_tokens, NR};
+use super::{over_panels, store_tokens, tile_tokens, NR};
 use crate::pool::ThreadPool;
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
@@ -243,7 +243,7 @@ fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, group: usi
 /// AVX2 available.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn quantize_row(x: &[f32], group: usize, qx: &mut [i8], dx: &mut [f32], pairs: &mut [i32]) {
-    quant::row_i8_256(x, qx, dx);
+    super::super::act::quantize_blocks_mv(x, qx, dx, 256);
     for (p, g2) in pairs.iter_mut().zip(qx.chunks_exact(2 * group)) {
         let lo: i32 = g2[..group].iter().map(|&q| q as i32).sum();
         let hi: i32 = g2[group..].iter().map(|&q| q as i32).sum();

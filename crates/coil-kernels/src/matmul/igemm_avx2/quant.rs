@@ -1,4 +1,4 @@
-//! The activations' quantization for the integer GEMMs, in AVX2 registers
+//! The activations' quantization for the Q8_0 integer GEMM (widened to i16), in AVX2 registers
 //! and bit for bit as [`super::super::act::QuantAct`] does it: per block
 //! (32 values for Q8_0, 256 for the K-quants) `dx = amax / 127` and
 //! `qx = round(x · 127 / amax)` (ties away from zero), clamped to ±127;
@@ -93,39 +93,6 @@ pub(super) unsafe fn row_i16(x: &[f32], qx: &mut [i16], dx: &mut [f32]) {
     }
 }
 
-/// One token, blocks of 256, `qx` as i8 (the K-quant GEMM's operand).
-///
-/// # Safety
-/// AVX2 available; `x.len()` a multiple of 256, `qx` as long, `dx` one per
-/// 256.
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn row_i8_256(x: &[f32], qx: &mut [i8], dx: &mut [f32]) {
-    // packs_epi32 then packs_epi16 leave 4-byte groups in the order
-    // [0 1 2 3 | 0 1 2 3] of the lanes' halves: this puts them back
-    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for ((xb, qb), d) in x
-        .chunks_exact(256)
-        .zip(qx.chunks_exact_mut(256))
-        .zip(dx.iter_mut())
-    {
-        let Some(id) = scale(xb, d) else {
-            qb.fill(0);
-            continue;
-        };
-        for (c, o) in xb.chunks_exact(32).zip(qb.chunks_exact_mut(32)) {
-            let q: [__m256i; 4] = std::array::from_fn(|j| round8(c.as_ptr().add(8 * j), id));
-            let w = _mm256_packs_epi16(
-                _mm256_packs_epi32(q[0], q[1]),
-                _mm256_packs_epi32(q[2], q[3]),
-            );
-            _mm256_storeu_si256(
-                o.as_mut_ptr() as *mut __m256i,
-                _mm256_permutevar8x32_epi32(w, order),
-            );
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::super::act::QuantAct;
@@ -164,39 +131,6 @@ mod tests {
         unsafe { row_i16(&x, &mut qx, &mut dx) };
         for (i, (q, r)) in qx.iter().zip(&a.qs).enumerate() {
             assert_eq!(*q, *r as i16, "value {i} ({})", x[i]);
-        }
-        for (b, (d, r)) in dx.iter().zip(&a.d).enumerate() {
-            assert_eq!(d.to_bits(), r.to_bits(), "block {b}");
-        }
-    }
-
-    /// Blocks of 256 to i8, bit for bit as the decode path: one block with
-    /// the tricky values in its groups of 32 (ties, just-below-tie), one
-    /// with a NaN, one with an infinity, one zero block, one random.
-    #[test]
-    fn row_i8_256_matches_quant_act() {
-        if !std::arch::is_x86_feature_detected!("avx2") {
-            return;
-        }
-        let mut x = tricky(8);
-        x[64 + 3] = 0.25; // keep block 0 finite: NaN and inf go below
-        x[96 + 5] = -3.0;
-        x[192 + 7] = 1.5;
-        let mut rng = Rng::new(9);
-        let mut nan = rng.vec(256);
-        nan[17] = f32::NAN;
-        let mut inf = rng.vec(256);
-        inf[200] = f32::NEG_INFINITY;
-        x.extend(nan);
-        x.extend(inf);
-        x.extend([0.0; 256]);
-        x.extend(rng.vec(256));
-        let a = QuantAct::q8_k(&x, x.len());
-        let (mut qx, mut dx) = (vec![0i8; x.len()], vec![0f32; x.len() / 256]);
-        // SAFETY: AVX2 checked above.
-        unsafe { row_i8_256(&x, &mut qx, &mut dx) };
-        for (i, (q, r)) in qx.iter().zip(&a.qs).enumerate() {
-            assert_eq!(q, r, "value {i} ({})", x[i]);
         }
         for (b, (d, r)) in dx.iter().zip(&a.d).enumerate() {
             assert_eq!(d.to_bits(), r.to_bits(), "block {b}");
