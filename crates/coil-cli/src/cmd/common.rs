@@ -130,7 +130,23 @@ impl ModelArgs {
         if self.cache_type != CacheType::F32 {
             engine.set_cache_type(self.cache_type);
         }
+        if self.checkpoint_every_token {
+            reserve_state_buffers(&mut engine, n_seq_max);
+        }
         Ok(engine)
+    }
+}
+
+/// With a checkpoint per generated token, `running` sequences' states move
+/// through buffers taken from a reserve instead of fresh pages (see
+/// `RecurrentMemory::reserve_buffers`); says on stderr what it reserved.
+pub fn reserve_state_buffers(engine: &mut Engine, running: usize) {
+    if let Some(r) = engine.mem.recurrent.as_mut() {
+        let n = r.reserve_buffers((r.max_checkpoints() + 2) * running);
+        eprintln!(
+            "memory: {n} state buffers reserved for the per-token checkpoints ({:.0} MiB; --checkpoint-budget bounds them)",
+            (n * r.bytes_per_seq()) as f64 / (1 << 20) as f64
+        );
     }
 }
 

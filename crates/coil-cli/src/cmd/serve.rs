@@ -127,17 +127,9 @@ pub fn run(a: Args) -> Result<()> {
         None => None,
     };
     let mut engine = a.model.load(a.parallel + a.cache_slots, a.ubatch)?;
-    // Every generated token is checkpointed: the running requests' states
-    // move through buffers taken from this reserve instead of fresh pages
-    // (see `RecurrentMemory::reserve_buffers`); parked conversations need
-    // none.
-    if let Some(r) = engine.mem.recurrent.as_mut() {
-        let n = r.reserve_buffers((r.max_checkpoints() + 2) * a.parallel);
-        eprintln!(
-            "memory: {n} state buffers reserved for the per-token checkpoints ({:.0} MiB; --checkpoint-budget bounds them)",
-            (n * r.bytes_per_seq()) as f64 / (1 << 20) as f64
-        );
-    }
+    // Every generated token is checkpointed; parked conversations need no
+    // spare buffers.
+    super::common::reserve_state_buffers(&mut engine, a.parallel);
     let info = engine.model.info();
     eprintln!(
         "model: {} ({}), {} layers [{}], vocab {}, {} threads",

@@ -15,7 +15,7 @@ pub use value::{Metadata, Value, ValueType};
 pub use writer::{encode_header, GgufWriter, TensorSpec};
 
 use crate::dtype::GgmlType;
-use memmap2::Mmap;
+use memmap2::{Mmap, MmapOptions};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -122,9 +122,23 @@ pub struct GgufFile {
 }
 
 impl GgufFile {
-    /// Opens and validates a GGUF file, memory-mapping its data.
+    /// Opens and validates a GGUF file, memory-mapping its data; pages are
+    /// mapped as they are first read.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
-        let path = path.as_ref();
+        Self::open_mapped(path.as_ref(), false)
+    }
+
+    /// [`GgufFile::open`] with every page of the file mapped up front
+    /// (`MAP_POPULATE` on Linux, as llama.cpp maps its models): the file is
+    /// read into the page cache now, and the first forward pass takes no
+    /// page fault on the weights (~3,500 faults, 0.2 s of CPU on the first
+    /// request of a server with a 225 MB file). For model loading; tools
+    /// that read metadata or a few tensors use [`GgufFile::open`].
+    pub fn open_prefaulted(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
+        Self::open_mapped(path.as_ref(), true)
+    }
+
+    fn open_mapped(path: &Path, populate: bool) -> Result<GgufFile, GgufError> {
         let io = |error| GgufError::Io {
             path: path.to_path_buf(),
             error,
@@ -133,7 +147,11 @@ impl GgufFile {
         // SAFETY: the map is read-only; coil never writes the file while it is
         // open. Another process truncating it underneath is outside what any
         // mmap-based reader (llama.cpp included) can defend against.
-        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let mut opts = MmapOptions::new();
+        if populate {
+            opts.populate();
+        }
+        let map = unsafe { opts.map(&file) }.map_err(io)?;
         Self::from_storage(Storage::Mmap(map))
     }
 

@@ -111,7 +111,7 @@ pub struct Engine {
 
 impl Engine {
     pub fn load(path: impl AsRef<Path>, opts: EngineOptions) -> Result<Engine, EngineError> {
-        let file = Arc::new(GgufFile::open(path)?);
+        let file = Arc::new(GgufFile::open_prefaulted(path)?);
         Self::from_file(file, opts)
     }
 

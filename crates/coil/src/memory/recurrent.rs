@@ -779,7 +779,7 @@ impl RecurrentMemory {
                 slot.len = pos;
             }
             None => {
-                zero(slot);
+                zero(slot, &mut self.free);
                 slot.len = 0;
             }
         }
@@ -869,13 +869,26 @@ fn slot_state_moving<'a>(
     (LayerState { conv, ssm }, from)
 }
 
-/// Sets the state of `slot` to zeros (in place when it holds it alone).
-fn zero(slot: &mut Slot) {
+/// Sets the state of `slot` to zeros: in place when it holds it alone,
+/// else in a spare or free buffer, written now. A fresh `vec![0.0; n]`
+/// would be mapped lazily: the prompt's scan reads each page (the zero
+/// page is mapped) and then writes it, a write-protect fault per page with
+/// a TLB shootdown across the pool's threads (measured on a server's first
+/// request: most of its 0.4 s to the first token went there).
+fn zero(slot: &mut Slot, free: &mut Vec<Vec<f32>>) {
     slot.pending = None;
-    match Arc::get_mut(&mut slot.state) {
-        Some(own) => own.fill(0.0),
-        None => slot.state = Arc::new(vec![0.0; slot.state.len()]),
+    if let Some(own) = Arc::get_mut(&mut slot.state) {
+        own.fill(0.0);
+        return;
     }
+    let n = slot.state.len();
+    let mut buf = match slot.spare.pop().or_else(|| free.pop()) {
+        Some(b) if b.len() == n => b,
+        _ => Vec::with_capacity(n),
+    };
+    buf.clear();
+    buf.resize(n, 0.0);
+    slot.state = Arc::new(buf);
 }
 
 /// Thins `slot`'s checkpoints to at most `max`: raising the spacing level
@@ -936,7 +949,7 @@ impl SequenceMemory for RecurrentMemory {
         // be zeroed in place instead of reallocated.
         let dropped = std::mem::take(&mut slot.checkpoints);
         slot.recycle(dropped);
-        zero(slot);
+        zero(slot, &mut self.free);
         slot.level = 0;
         self.spill(s);
         Ok(())
@@ -1181,6 +1194,23 @@ mod tests {
             );
         }
         assert_eq!(m.state(0, 1).unwrap().unwrap().ssm[0], 3.0);
+    }
+
+    /// Clearing a sequence whose state is shared (here the zero state
+    /// every slot starts from; or a checkpoint, a fork) zeroes a reserved
+    /// buffer rather than mapping fresh pages.
+    #[test]
+    fn clearing_a_shared_state_zeroes_a_reserved_buffer() {
+        let mut m = mem();
+        m.reserve_buffers(usize::MAX);
+        let reserved: Vec<*const f32> = m.free.iter().map(|b| b.as_ptr()).collect();
+        m.seq_clear(2).unwrap();
+        assert!(reserved.contains(&m.slots[2].state.as_ptr()));
+        assert!(m.slots[2].state.iter().all(|&v| v == 0.0));
+        // A reserved buffer that held another state comes out zero.
+        m.free.iter_mut().for_each(|b| b.fill(7.0));
+        m.seq_clear(1).unwrap();
+        assert!(m.slots[1].state.iter().all(|&v| v == 0.0));
     }
 
     #[test]
