@@ -383,6 +383,21 @@ fn vec_kernel(ty: GgmlType, level: SimdLevel) -> Option<VecKernel> {
 /// Rows the decode path fetches ahead of the one it multiplies.
 pub(crate) const PF_ROWS: usize = 8;
 
+/// How far ahead (bytes) the AVX2 decode kernels fetch weight rows.
+const PF_BYTES: usize = 4096;
+
+/// Rows of `rb` bytes the AVX2 decode kernels fetch ahead: about
+/// [`PF_BYTES`], at most [`PF_ROWS`]. Eight rows of a wide matrix (an FFN
+/// down projection's 8192 columns: 37–54 KB at Q4_K–Q6_K) overran the
+/// 32 KB L1 and evicted the rows about to be used; measured by CPU time of
+/// `coil bench -p 0 -n 64` on lfm2-1.2b-like Q4_K_M (2 threads, AVX2,
+/// shared machine): 6.93–7.27 s with 8 rows, 6.60–6.77 s with 1–8 KB
+/// ahead.
+#[inline]
+pub(crate) fn pf_rows(rb: usize) -> usize {
+    (PF_BYTES / rb.max(1)).clamp(1, PF_ROWS)
+}
+
 /// Prefetches the encoded rows `r0..r1` of `w`.
 #[inline]
 fn prefetch_rows(w: &WeightRef, r0: usize, r1: usize) {

@@ -1,7 +1,7 @@
 //! AVX2 (+FMA, F16C) kernels: float-format dot products and decoding.
 
 use super::dequant::{iq4xs_scales, KVALUES_IQ4NL};
-use super::{ActKind, QuantRows, QuantTile, SimdLevel, VecKernel, PF_ROWS};
+use super::{ActKind, QuantRows, QuantTile, SimdLevel, VecKernel};
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 
@@ -62,7 +62,7 @@ pub(super) fn tile_kernel(ty: GgmlType) -> Option<(QuantTile, usize)> {
 }
 
 /// The one-token row-range kernel of `ty` (decode: one call per chunk of
-/// rows, rows fetched [`PF_ROWS`] ahead into L1; the dot is inlined).
+/// rows, rows fetched [`super::pf_rows`] ahead into L1; the dot is inlined).
 pub(super) fn rows_kernel(ty: GgmlType) -> Option<QuantRows> {
     // SAFETY (all): selected only when the CPU has AVX2+FMA+F16C.
     Some(match ty {
@@ -90,12 +90,13 @@ macro_rules! rows_entry {
                     off += 64;
                 }
             };
-            for r in 0..PF_ROWS.min(n) {
+            let pfr = super::pf_rows(rb);
+            for r in 0..pfr.min(n) {
                 pf(r);
             }
             for (r, o) in out.iter_mut().enumerate() {
-                if r + PF_ROWS < n {
-                    pf(r + PF_ROWS);
+                if r + pfr < n {
+                    pf(r + pfr);
                 }
                 *o = $dot(&w[r * rb..(r + 1) * rb], xq, xd, xs);
             }

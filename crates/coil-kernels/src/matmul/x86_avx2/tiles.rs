@@ -22,7 +22,7 @@
 
 use super::super::act::{ActPanel, PANEL_LANES};
 use super::super::dequant::scales_mins_k4_words;
-use super::super::PF_ROWS;
+use super::super::pf_rows;
 use super::{dot_us, f16c, hsum256, k4_scale, k4_scale_lanes, nibbles, rd16, KVALUES_IQ4NL};
 use std::arch::x86_64::*;
 
@@ -90,12 +90,13 @@ unsafe fn rows_b32<const BYTES: usize, const KIND: u8, const NT: usize>(
     let tbl =
         _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
     let wp = w.as_ptr();
-    for r in 0..PF_ROWS.min(n) {
+    let pfr = pf_rows(rb);
+    for r in 0..pfr.min(n) {
         prefetch_row(wp, rb, r);
     }
     for r in 0..n {
-        if r + PF_ROWS < n {
-            prefetch_row(wp, rb, r + PF_ROWS);
+        if r + pfr < n {
+            prefetch_row(wp, rb, r + pfr);
         }
         let row = wp.add(r * rb);
         let mut acc = [[_mm256_setzero_ps(); 2]; NT];
@@ -180,12 +181,13 @@ unsafe fn rows_k45<const HIGH: bool, const NT: usize>(
     let m4 = _mm256_set1_epi8(0xF);
     let bit4 = _mm256_set1_epi8(0x10);
     let wp = w.as_ptr();
-    for r in 0..PF_ROWS.min(n) {
+    let pfr = pf_rows(rb);
+    for r in 0..pfr.min(n) {
         prefetch_row(wp, rb, r);
     }
     for r in 0..n {
-        if r + PF_ROWS < n {
-            prefetch_row(wp, rb, r + PF_ROWS);
+        if r + pfr < n {
+            prefetch_row(wp, rb, r + pfr);
         }
         let row = wp.add(r * rb);
         let mut facc = [_mm256_setzero_ps(); NT];
@@ -271,12 +273,13 @@ unsafe fn rows_q6_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
     let nb = p.n_blocks;
     let (xq, xd, xs) = (p.qs.as_ptr(), p.d.as_ptr(), p.sums.as_ptr());
     let wp = w.as_ptr();
-    for r in 0..PF_ROWS.min(n) {
+    let pfr = pf_rows(rb);
+    for r in 0..pfr.min(n) {
         prefetch_row(wp, rb, r);
     }
     for r in 0..n {
-        if r + PF_ROWS < n {
-            prefetch_row(wp, rb, r + PF_ROWS);
+        if r + pfr < n {
+            prefetch_row(wp, rb, r + pfr);
         }
         let row = wp.add(r * rb);
         let mut facc = [_mm256_setzero_ps(); NT];
