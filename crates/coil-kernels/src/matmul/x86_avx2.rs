@@ -195,6 +195,13 @@ unsafe fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
     s
 }
 
+/// Bytes ahead that the F16 / BF16 dot products prefetch, one line per 32
+/// values. Against the hardware prefetchers alone (2-core AVX2 EPYC, 2
+/// threads, tg64, interleaved rounds on a busy machine): mamba2-370m-like
+/// F16 1.04-1.10x, hybrid-350m-like F16 1.06-1.14x, lfm2-1.2b-like F16
+/// 1.04-1.10x; 2 KB ahead was no better than none.
+const PF_BYTES_16: usize = 1024;
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
     let n = x.len();
@@ -204,6 +211,7 @@ unsafe fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
     let mut a = [_mm256_setzero_ps(); 4];
     let mut i = 0;
     while i + 32 <= n {
+        _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(2 * i + PF_BYTES_16) as *const i8);
         for (j, acc) in a.iter_mut().enumerate() {
             let o = i + 8 * j;
             *acc = _mm256_fmadd_ps(ld(o), _mm256_loadu_ps(xp.add(o)), *acc);
@@ -237,6 +245,7 @@ unsafe fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
     let mut a = [_mm256_setzero_ps(); 4];
     let mut i = 0;
     while i + 32 <= n {
+        _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(2 * i + PF_BYTES_16) as *const i8);
         for (j, acc) in a.iter_mut().enumerate() {
             let o = i + 8 * j;
             *acc = _mm256_fmadd_ps(ld(o), _mm256_loadu_ps(xp.add(o)), *acc);
