@@ -131,6 +131,13 @@ fn main() {
         pool.n_threads(),
         simd::level().name()
     );
+    if let Some(ty) = filter.strip_prefix("decode") {
+        let ty = match ty.trim_start_matches(['-', '_']) {
+            "" => GgmlType::Q8_0,
+            t => GgmlType::from_name(t).unwrap_or_else(|| panic!("unknown format {t}")),
+        };
+        return decode_shapes_bench(&pool, ty);
+    }
     let bw = read_bandwidth(&pool);
     let peak = fma_peak(&pool);
     println!("machine: memory read {bw:.1} GB/s, f32 FMA peak {peak:.0} GFLOP/s\n");
@@ -298,6 +305,85 @@ fn main() {
     invariant_bench(&pool, &mut rng, &filter);
     if filter.is_empty() || filter.eq_ignore_ascii_case("ops") {
         ops_bench(&pool, &mut rng, bw);
+    }
+}
+
+/// Decode (one token) on the matrix shapes of an LFM2-1.2B-like model
+/// (hidden 2048, FFN 8192, vocab 65,536): `decode` (Q8_0) or
+/// `decode-<format>` as the filter. Each shape is copied until the copies
+/// fill 256 MB and the copies are multiplied in turn, so every product
+/// streams its weights from memory as in a model's forward pass (whose
+/// weights are far larger than the caches).
+fn decode_shapes_bench(pool: &ThreadPool, ty: GgmlType) {
+    let bwbuf: Vec<f32> = (0..64usize << 20).map(|i| (i % 7) as f32).collect();
+    let mut rng = Rng::new(7);
+    let few = [2usize, 4];
+    println!(
+        "matvec (1 token), {} weights streamed from memory:",
+        ty.name()
+    );
+    print!(
+        "{:>22} {:>7} {:>8} {:>6} {:>9} {:>6}",
+        "shape (in -> out)", "MB", "us", "GB/s", "read GB/s", "%read"
+    );
+    for n in few {
+        print!(" {:>8}", format!("{n}tok GB/s"));
+    }
+    println!();
+    println!(
+        "    (best of 7 passes; %read = median of 7 ratios to the read bandwidth measured just \
+         before; n tok: weight bytes per second, n tokens at once)"
+    );
+    for (cols, rows, what) in [
+        (2048usize, 8192usize, "ffn up"),
+        (8192, 2048, "ffn down"),
+        (2048, 6144, "conv in"),
+        (2048, 2048, "square"),
+        (2048, 65536, "vocab"),
+    ] {
+        let one = random_weights(&mut rng, ty, rows, cols);
+        let copies = (256usize << 20).div_ceil(one.len()).max(2);
+        let data = one.repeat(copies);
+        let ws: Vec<WeightRef> = data
+            .chunks_exact(one.len())
+            .map(|d| WeightRef::new(ty, d, rows, cols).unwrap())
+            .collect();
+        let pass = |n: usize, x: &[f32], y: &mut [f32]| {
+            best_of(1, || {
+                for w in &ws {
+                    matmul(pool, w, x, y, n);
+                }
+            }) / copies as f64
+        };
+        let x = rng.vec(4 * cols);
+        let mut y = vec![0f32; 4 * rows];
+        let mut ratios = Vec::new();
+        let mut best = f64::INFINITY;
+        let mut bw_best = 0f64;
+        for _ in 0..7 {
+            let bw_now = read_bandwidth_of(pool, &bwbuf, 1);
+            let secs = pass(1, &x[..cols], &mut y[..rows]);
+            ratios.push(one.len() as f64 / secs / 1e9 / bw_now);
+            best = best.min(secs);
+            bw_best = bw_best.max(bw_now);
+        }
+        ratios.sort_by(|a, b| a.total_cmp(b));
+        print!(
+            "{:>22} {:>7.1} {:>8.1} {:>6.1} {:>9.1} {:>5.0}%",
+            format!("{cols} -> {rows} {what}"),
+            one.len() as f64 / 1e6,
+            best * 1e6,
+            one.len() as f64 / best / 1e9,
+            bw_best,
+            100.0 * ratios[3]
+        );
+        for n in few {
+            let secs = (0..3)
+                .map(|_| pass(n, &x[..n * cols], &mut y[..n * rows]))
+                .fold(f64::INFINITY, f64::min);
+            print!(" {:>8.1}", one.len() as f64 / secs / 1e9);
+        }
+        println!();
     }
 }
 

@@ -379,7 +379,6 @@ fn vec_kernel(ty: GgmlType, level: SimdLevel) -> Option<VecKernel> {
     })
 }
 
-/// Rows per parallel chunk: enough chunks for dynamic balance, not too small.
 /// Rows the decode path fetches ahead of the one it multiplies.
 pub(crate) const PF_ROWS: usize = 8;
 

@@ -23,7 +23,9 @@
 use super::super::act::{ActPanel, PANEL_LANES};
 use super::super::dequant::scales_mins_k4_words;
 use super::super::pf_rows;
-use super::{dot_us, f16c, hsum256, k4_scale, k4_scale_lanes, nibbles, rd16, KVALUES_IQ4NL};
+use super::{
+    dot_us, f16c, hsum256, k4_scale, k4_scale_lanes, nibbles, rd16, KVALUES_IQ4NL, PF_STREAM,
+};
 use std::arch::x86_64::*;
 
 /// Keeps each `v` in a register at this point of the program: an empty
@@ -90,45 +92,65 @@ unsafe fn rows_b32<const BYTES: usize, const KIND: u8, const NT: usize>(
     let tbl =
         _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
     let wp = w.as_ptr();
-    let pfr = pf_rows(rb);
-    for r in 0..pfr.min(n) {
-        prefetch_row(wp, rb, r);
-    }
     for r in 0..n {
-        if r + pfr < n {
-            prefetch_row(wp, rb, r + pfr);
-        }
         let row = wp.add(r * rb);
-        let mut acc = [[_mm256_setzero_ps(); 2]; NT];
+        let mut even = [_mm256_setzero_ps(); NT];
+        let mut odd = [_mm256_setzero_ps(); NT];
         let mut corr = [0f32; NT];
-        for i in 0..nb {
-            let b = row.add(BYTES * i);
-            let mut wv = match KIND {
-                0 => _mm256_loadu_si256(b.add(2) as *const __m256i),
-                1 => nibbles(b.add(2)),
-                _ => _mm256_shuffle_epi8(tbl, nibbles(b.add(2))),
-            };
-            let mut wabs = if KIND == 1 { wv } else { _mm256_abs_epi8(wv) };
-            pin!(wv, wabs);
-            let wd = f16c(rd16(b));
-            for t in 0..NT {
-                let xv = _mm256_loadu_si256(xq.add(32 * (i * NT + t)) as *const __m256i);
-                let dot = match KIND {
-                    1 => dot_us(wv, xv),
-                    _ => dot_us(wabs, _mm256_sign_epi8(xv, wv)),
-                };
-                let s = wd * *xd.add(i * PANEL_LANES + t);
-                if KIND == 1 {
-                    corr[t] += s * *xs.add(i * NT + t) as f32;
-                }
-                acc[t][i % 2] =
-                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(s), acc[t][i % 2]);
-            }
+        let mut i = 0;
+        while i + 2 <= nb {
+            b32_block::<BYTES, KIND, NT>(row, i, xq, xd, xs, tbl, &mut even, &mut corr);
+            b32_block::<BYTES, KIND, NT>(row, i + 1, xq, xd, xs, tbl, &mut odd, &mut corr);
+            i += 2;
+        }
+        if i < nb {
+            b32_block::<BYTES, KIND, NT>(row, i, xq, xd, xs, tbl, &mut even, &mut corr);
         }
         for t in 0..NT {
-            *out[t].get_unchecked_mut(r) =
-                hsum256(_mm256_add_ps(acc[t][0], acc[t][1])) - 8.0 * corr[t];
+            *out[t].get_unchecked_mut(r) = hsum256(_mm256_add_ps(even[t], odd[t])) - 8.0 * corr[t];
         }
+    }
+}
+
+/// Block `i` of [`rows_b32`]'s row `row`: unpacked once, then each token's
+/// product added to its accumulator in `acc` (the even or odd blocks'),
+/// with `dot_b32`'s operations; prefetches as `dot_b32` does.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn b32_block<const BYTES: usize, const KIND: u8, const NT: usize>(
+    row: *const u8,
+    i: usize,
+    xq: *const i8,
+    xd: *const f32,
+    xs: *const i16,
+    tbl: __m256i,
+    acc: &mut [__m256; NT],
+    corr: &mut [f32; NT],
+) {
+    let b = row.add(BYTES * i);
+    if BYTES > 32 || i.is_multiple_of(2) {
+        _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PF_STREAM) as *const i8);
+    }
+    let mut wv = match KIND {
+        0 => _mm256_loadu_si256(b.add(2) as *const __m256i),
+        1 => nibbles(b.add(2)),
+        _ => _mm256_shuffle_epi8(tbl, nibbles(b.add(2))),
+    };
+    let mut wabs = if KIND == 1 { wv } else { _mm256_abs_epi8(wv) };
+    pin!(wv, wabs);
+    let wd = f16c(rd16(b));
+    for t in 0..NT {
+        let xv = _mm256_loadu_si256(xq.add(32 * (i * NT + t)) as *const __m256i);
+        let dot = match KIND {
+            1 => dot_us(wv, xv),
+            _ => dot_us(wabs, _mm256_sign_epi8(xv, wv)),
+        };
+        let s = wd * *xd.add(i * PANEL_LANES + t);
+        if KIND == 1 {
+            corr[t] += s * *xs.add(i * NT + t) as f32;
+        }
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(s), acc[t]);
     }
 }
 
@@ -391,14 +413,16 @@ mod tests {
         if detected_level() < SimdLevel::Avx2 {
             return;
         }
-        let cols = 512;
-        for ty in [
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::IQ4_NL,
-            GgmlType::Q4_K,
-            GgmlType::Q5_K,
-            GgmlType::Q6_K,
+        for (ty, cols) in [
+            (GgmlType::Q8_0, 512),
+            // an odd block count: the last block alone in the even accumulator
+            (GgmlType::Q8_0, 480),
+            (GgmlType::Q4_0, 512),
+            (GgmlType::Q4_0, 480),
+            (GgmlType::IQ4_NL, 480),
+            (GgmlType::Q4_K, 512),
+            (GgmlType::Q5_K, 512),
+            (GgmlType::Q6_K, 512),
         ] {
             for rows in [1, 5, 13] {
                 let mut rng = Rng::new(7 + rows as u64);
