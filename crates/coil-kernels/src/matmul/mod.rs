@@ -286,6 +286,8 @@ fn gemm_min_tokens(ty: GgmlType, level: SimdLevel) -> usize {
     match (ty, level) {
         (_, SimdLevel::Scalar) => 4,
         (F32 | F16 | BF16, _) => 16,
+        // no few-token tiles: the float GEMM from 8 tokens
+        (Q4_1 | Q5_0 | Q5_1, _) => 8,
         _ => 24,
     }
 }
@@ -336,8 +338,10 @@ fn tile_kernel(ty: GgmlType, level: SimdLevel) -> Option<(QuantTile, usize)> {
 
 /// The one-token row-range kernel of `ty` at `level`, if there is one.
 fn rows_kernel(ty: GgmlType, level: SimdLevel) -> Option<QuantRows> {
+    // The rows kernel comes from the level whose dot `vec_kernel` picks
+    // (the same arithmetic): AVX-512 where it has a dot for `ty`, else AVX2.
     #[cfg(target_arch = "x86_64")]
-    if level >= SimdLevel::Avx512 {
+    if level >= SimdLevel::Avx512 && x86_avx512::vec_kernel(ty).is_some() {
         return x86_avx512::rows_kernel(ty);
     }
     #[cfg(target_arch = "x86_64")]
@@ -371,6 +375,9 @@ fn vec_kernel(ty: GgmlType, level: SimdLevel) -> Option<VecKernel> {
         Q8_0 => VecKernel::Quant(ActKind::Q8_0, vecdot::dot_q8_0, None),
         Q4_0 => VecKernel::Quant(ActKind::Q8_0, vecdot::dot_q4_0, None),
         IQ4_NL => VecKernel::Quant(ActKind::Q8_0, vecdot::dot_iq4_nl, None),
+        Q5_0 => VecKernel::Quant(ActKind::Q8_0, vecdot::dot_q5_0, None),
+        Q5_1 => VecKernel::Quant(ActKind::Q8_0, vecdot::dot_q5_1, None),
+        Q4_1 => VecKernel::Quant(ActKind::Q8_0, vecdot::dot_q4_1, None),
         Q4_K => VecKernel::Quant(ActKind::Q8K, vecdot::dot_q4_k, None),
         Q5_K => VecKernel::Quant(ActKind::Q8K, vecdot::dot_q5_k, None),
         Q6_K => VecKernel::Quant(ActKind::Q8K, vecdot::dot_q6_k, None),

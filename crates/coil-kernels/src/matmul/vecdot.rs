@@ -73,6 +73,50 @@ pub fn dot_q4_0(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
     s
 }
 
+/// Q5_0 (22 bytes: `d`, 32 fifth bits, 16 bytes of nibbles), weights
+/// `d · (q − 16)`: `Σ = d·xd · (Σ q·xq − 16·xs)`.
+pub fn dot_q5_0(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+    let mut s = 0f32;
+    for (i, b) in row.chunks_exact(22).enumerate() {
+        let isum = idot(q5_values(u32_at(b, 2), &b[6..22]), &xq[32 * i..32 * i + 32]);
+        s += rd_f16(b, 0) * xd[i] * (isum - 16 * xs[i] as i32) as f32;
+    }
+    s
+}
+
+/// Q5_1 (24 bytes: `d`, `m`, 32 fifth bits, nibbles), weights `d · q + m`.
+pub fn dot_q5_1(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+    let mut s = 0f32;
+    for (i, b) in row.chunks_exact(24).enumerate() {
+        let isum = idot(q5_values(u32_at(b, 4), &b[8..24]), &xq[32 * i..32 * i + 32]);
+        s += rd_f16(b, 0) * xd[i] * isum as f32 + rd_f16(b, 2) * xd[i] * xs[i] as f32;
+    }
+    s
+}
+
+/// Q4_1 (20 bytes: `d`, `m`, nibbles), weights `d · q + m`.
+pub fn dot_q4_1(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+    let mut s = 0f32;
+    for (i, b) in row.chunks_exact(20).enumerate() {
+        let isum = idot(q5_values(0, &b[4..20]), &xq[32 * i..32 * i + 32]);
+        s += rd_f16(b, 0) * xd[i] * isum as f32 + rd_f16(b, 2) * xd[i] * xs[i] as f32;
+    }
+    s
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// The 32 unsigned values of a block: low nibbles are values 0..16, high
+/// nibbles 16..32, bit `k` of `qh` the fifth bit of value `k`.
+fn q5_values(qh: u32, qs: &[u8]) -> impl Iterator<Item = i32> + '_ {
+    (0..32).map(move |k| {
+        let nib = if k < 16 { qs[k] & 0xF } else { qs[k - 16] >> 4 };
+        nib as i32 | ((qh >> k & 1) as i32) << 4
+    })
+}
+
 pub fn dot_iq4_nl(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
     let mut s = 0f32;
     for (i, b) in row.chunks_exact(18).enumerate() {

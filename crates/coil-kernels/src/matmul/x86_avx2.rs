@@ -5,6 +5,7 @@ use super::{ActKind, QuantRows, QuantTile, SimdLevel, VecKernel};
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 
+mod legacy;
 mod tiles;
 
 pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
@@ -23,6 +24,21 @@ pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
         GgmlType::IQ4_NL => {
             VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_iq4_nl(r, q, d, s) }, None)
         }
+        GgmlType::Q5_0 => VecKernel::Quant(
+            Q8_0,
+            |r, q, d, s| unsafe { legacy::dot_q5_0(r, q, d, s) },
+            None,
+        ),
+        GgmlType::Q5_1 => VecKernel::Quant(
+            Q8_0,
+            |r, q, d, s| unsafe { legacy::dot_q5_1(r, q, d, s) },
+            None,
+        ),
+        GgmlType::Q4_1 => VecKernel::Quant(
+            Q8_0,
+            |r, q, d, s| unsafe { legacy::dot_q4_1(r, q, d, s) },
+            None,
+        ),
         GgmlType::Q4_K => VecKernel::Quant(
             Q8K,
             |r, q, d, s| unsafe { dot_k45::<false>(r, q, d, s) },
@@ -71,6 +87,9 @@ pub(super) fn rows_kernel(ty: GgmlType) -> Option<QuantRows> {
         GgmlType::Q8_0 => |w, rb, q, d, s, o| unsafe { rows_b32::<34, 0>(w, rb, q, d, s, o) },
         GgmlType::Q4_0 => |w, rb, q, d, s, o| unsafe { rows_b32::<18, 1>(w, rb, q, d, s, o) },
         GgmlType::IQ4_NL => |w, rb, q, d, s, o| unsafe { rows_b32::<18, 2>(w, rb, q, d, s, o) },
+        GgmlType::Q5_0 => |w, rb, q, d, s, o| unsafe { legacy::rows_q5_0(w, rb, q, d, s, o) },
+        GgmlType::Q5_1 => |w, rb, q, d, s, o| unsafe { legacy::rows_q5_1(w, rb, q, d, s, o) },
+        GgmlType::Q4_1 => |w, rb, q, d, s, o| unsafe { legacy::rows_q4_1(w, rb, q, d, s, o) },
         GgmlType::Q4_K => |w, rb, q, d, s, o| unsafe { rows_q4_k(w, rb, q, d, s, o) },
         GgmlType::Q5_K => |w, rb, q, d, s, o| unsafe { rows_q5_k(w, rb, q, d, s, o) },
         GgmlType::Q6_K => |w, rb, q, d, s, o| unsafe { rows_q6_k(w, rb, q, d, s, o) },
