@@ -214,12 +214,11 @@ unsafe fn dot_b32<const BYTES: usize, const KIND: u8, const NT: usize>(
             _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1])) - offset * hsum256(corr[t]);
         if i < nb {
             let (q, d, xs) = xa[t];
-            let (r, q, d, xs) = (&row[BYTES * i..], &q[32 * i..], &d[i..], &xs[i..]);
-            out[t] += match KIND {
-                0 => vecdot::dot_q8_0(r, q, d, xs),
-                1 => vecdot::dot_q4_0(r, q, d, xs),
-                _ => vecdot::dot_iq4_nl(r, q, d, xs),
-            };
+            // the last nb % 8 blocks (all of a row shorter than 256
+            // values: a small MoE's expert projections) with AVX2's dot
+            let (q, d, xs) = (&q[32 * i..], &d[i..], &xs[i..]);
+            debug_assert!(row.len() >= BYTES * nb && q.len() >= 32 * d.len());
+            out[t] += super::x86_avx2::dot_b32::<BYTES, KIND, 0>(w.add(BYTES * i), q, d, xs);
         }
     }
     out

@@ -191,47 +191,64 @@ impl Moe {
     }
 
     /// `x`: `[n, d_model]` → `out`: `[n, d_model]`.
+    ///
+    /// The tokens are grouped by expert so each expert runs one batched
+    /// product. With few tokens per expert (decode, small batches) the
+    /// experts themselves are spread over the threads, each expert's
+    /// products on one thread: an expert's matrices are too small for two
+    /// threads to share (one decoded token on a Qwen3.5-MoE-like shape: the
+    /// second thread took part in ~10% of the expert work). Each expert's
+    /// result is the same either way, and the results are added in expert
+    /// order, so the output does not depend on the split.
     pub fn forward(&self, file: &GgufFile, pool: &ThreadPool, x: &[f32], out: &mut [f32]) {
         let d = self.router.cols;
         let n = x.len() / d;
-        let n_ff = self.up.rows;
         let routes = self.route(file, pool, x);
+        // (expert, its tokens with their weights), in expert order
+        let groups: Vec<(usize, Vec<(usize, f32)>)> = (0..self.up.n_expert)
+            .filter_map(|e| {
+                let users: Vec<(usize, f32)> = routes
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(t, r)| r.iter().find(|(ee, _)| *ee == e).map(|&(_, w)| (t, w)))
+                    .collect();
+                (!users.is_empty()).then_some((e, users))
+            })
+            .collect();
+        let total: usize = groups.iter().map(|(_, u)| u.len()).sum();
+        let mut ys = Scratch::dirty(total * d);
+        {
+            let mut slots: Vec<std::sync::Mutex<&mut [f32]>> = Vec::with_capacity(groups.len());
+            let mut rest: &mut [f32] = &mut ys;
+            for (_, users) in &groups {
+                let (ye, tail) = rest.split_at_mut(users.len() * d);
+                slots.push(std::sync::Mutex::new(ye));
+                rest = tail;
+            }
+            let run = |g: usize| {
+                let (e, users) = &groups[g];
+                let mut ye = slots[g].lock().unwrap_or_else(|p| p.into_inner());
+                self.expert(file, pool, *e, x, users, &mut ye);
+            };
+            let per_expert = groups.len() >= 2 * pool.n_threads()
+                && groups
+                    .iter()
+                    .all(|(_, u)| u.len() <= EXPERT_PARALLEL_MAX_TOKENS);
+            if per_expert {
+                // nested matmuls inside a pool job run on their thread alone
+                pool.parallel_for(groups.len(), 1, |gr, _| gr.for_each(run));
+            } else {
+                (0..groups.len()).for_each(run);
+            }
+        }
         out.fill(0.0);
-        // Group the tokens by expert so each expert runs one batched product.
-        for e in 0..self.up.n_expert {
-            let users: Vec<(usize, f32)> = routes
-                .iter()
-                .enumerate()
-                .filter_map(|(t, r)| r.iter().find(|(ee, _)| *ee == e).map(|&(_, w)| (t, w)))
-                .collect();
-            if users.is_empty() {
-                continue;
-            }
-            let m = users.len();
-            let mut xe = Scratch::dirty(m * d);
-            for (i, &(t, _)) in users.iter().enumerate() {
-                xe[i * d..(i + 1) * d].copy_from_slice(&x[t * d..(t + 1) * d]);
-            }
-            let mut up = Scratch::dirty(m * n_ff);
-            matmul(pool, &self.up.get(file, e), &xe, &mut up, m);
-            match &self.gate {
-                Some(g) => {
-                    let mut gate = Scratch::dirty(m * n_ff);
-                    matmul(pool, &g.get(file, e), &xe, &mut gate, m);
-                    swiglu_inplace(&mut gate, &up);
-                    up = gate;
-                }
-                None => relu2_inplace(&mut up),
-            }
-            let mut ye = Scratch::dirty(m * d);
-            matmul(pool, &self.down.get(file, e), &up, &mut ye, m);
-            for (i, &(t, w)) in users.iter().enumerate() {
-                for (o, y) in out[t * d..(t + 1) * d]
-                    .iter_mut()
-                    .zip(&ye[i * d..(i + 1) * d])
-                {
+        let mut at = 0;
+        for (_, users) in &groups {
+            for &(t, w) in users {
+                for (o, y) in out[t * d..(t + 1) * d].iter_mut().zip(&ys[at..at + d]) {
                     *o += w * y;
                 }
+                at += d;
             }
         }
         if let Some(sh) = &self.shared {
@@ -240,7 +257,41 @@ impl Moe {
             out.iter_mut().zip(&s).for_each(|(o, v)| *o += v);
         }
     }
+
+    /// Expert `e` on the tokens `users` of `x`: `ye` = `[users.len(), d_model]`.
+    fn expert(
+        &self,
+        file: &GgufFile,
+        pool: &ThreadPool,
+        e: usize,
+        x: &[f32],
+        users: &[(usize, f32)],
+        ye: &mut [f32],
+    ) {
+        let (d, n_ff, m) = (self.router.cols, self.up.rows, users.len());
+        let mut xe = Scratch::dirty(m * d);
+        for (i, &(t, _)) in users.iter().enumerate() {
+            xe[i * d..(i + 1) * d].copy_from_slice(&x[t * d..(t + 1) * d]);
+        }
+        let mut up = Scratch::dirty(m * n_ff);
+        matmul(pool, &self.up.get(file, e), &xe, &mut up, m);
+        match &self.gate {
+            Some(g) => {
+                let mut gate = Scratch::dirty(m * n_ff);
+                matmul(pool, &g.get(file, e), &xe, &mut gate, m);
+                swiglu_inplace(&mut gate, &up);
+                up = gate;
+            }
+            None => relu2_inplace(&mut up),
+        }
+        matmul(pool, &self.down.get(file, e), &up, ye, m);
+    }
 }
+
+/// Experts run one per thread while none of them has more tokens than this
+/// (decode and small batches); beyond, each expert's products are split
+/// over the threads (the few-token tiles and the GEMM use them well).
+const EXPERT_PARALLEL_MAX_TOKENS: usize = 8;
 
 /// A mixture of experts plus an always-on shared expert scaled per token by
 /// `sigmoid(shared_gate · x)` (Qwen2-MoE family: Qwen3-Next, Qwen3.5-MoE).
