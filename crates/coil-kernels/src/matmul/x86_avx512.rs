@@ -9,7 +9,7 @@
 
 use super::dequant::{iq4xs_scales, KVALUES_IQ4NL};
 use super::x86_avx2::f16c;
-use super::{vecdot, ActKind, QuantRows, VecKernel, PF_ROWS};
+use super::{vecdot, ActKind, QuantRows, VecKernel};
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 
@@ -55,6 +55,11 @@ pub(super) fn rows_kernel(ty: GgmlType) -> Option<QuantRows> {
     })
 }
 
+/// Bytes ahead that the F16 / BF16 dot products prefetch (see AVX2's
+/// `PF_BYTES_16`): lfm2-1.2b-like F16 decode was slower at this level than
+/// at AVX2 with it.
+const PF_BYTES_16: usize = 1024;
+
 macro_rules! float_dot {
     ($name:ident, $elt:expr, $load:expr, $scalar:path) => {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
@@ -66,6 +71,14 @@ macro_rules! float_dot {
             let mut a = [_mm512_setzero_ps(); 4];
             let mut i = 0;
             while i + 64 <= n {
+                if $elt == 2 {
+                    // F16 / BF16: the two lines of these 64 values, 1 KB
+                    // ahead (as AVX2's dot_f16)
+                    _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(2 * i + PF_BYTES_16) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(
+                        w.wrapping_add(2 * i + PF_BYTES_16 + 64) as *const i8
+                    );
+                }
                 for (j, acc) in a.iter_mut().enumerate() {
                     let o = i + 16 * j;
                     *acc = _mm512_fmadd_ps(ld(w, o), _mm512_loadu_ps(xp.add(o)), *acc);
@@ -469,12 +482,13 @@ macro_rules! rows_entry {
                     off += 64;
                 }
             };
-            for r in 0..PF_ROWS.min(n) {
+            let pfr = super::pf_rows(rb);
+            for r in 0..pfr.min(n) {
                 pf(r);
             }
             for (r, o) in out.iter_mut().enumerate() {
-                if r + PF_ROWS < n {
-                    pf(r + PF_ROWS);
+                if r + pfr < n {
+                    pf(r + pfr);
                 }
                 *o = $body::<$($c,)* 1>(&w[r * rb..(r + 1) * rb], [(xq, xd, xs)])[0];
             }
