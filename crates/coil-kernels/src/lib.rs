@@ -29,6 +29,7 @@
 
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
+pub mod denormals;
 pub mod error;
 pub mod matmul;
 pub mod numerics;

@@ -13,6 +13,7 @@
 //! with matrix products per chunk (prefill).
 
 use super::state_elem::{StateElem, StateMut};
+use crate::denormals::FlushDenormals;
 use crate::multiversion;
 use crate::pool::{SendPtr, ThreadPool};
 use half::bf16;
@@ -159,6 +160,7 @@ pub fn gated_delta_scan<S: DeltaState>(
     let hv = dims.n_v_head;
     let grain = (hv / (pool.n_threads() * 4)).max(1);
     pool.parallel_for(hv, grain, |hr, _| {
+        let _flush = FlushDenormals::new();
         let mut kv = vec![0f32; dims.d_v];
         for j in hr {
             // SAFETY: each value head's state and output lanes belong to
@@ -236,6 +238,7 @@ pub fn gated_delta_scan_batch<S: DeltaState>(
     let items = parts.len() * hv;
     let grain = (items / (pool.n_threads() * 4)).clamp(1, hv);
     pool.parallel_for(items, grain, |r, _| {
+        let _flush = FlushDenormals::new();
         let mut kv = vec![0f32; dims.d_v];
         for i in r {
             let (pt, j) = (&parts[i / hv], i % hv);

@@ -16,6 +16,7 @@
 //! Every exponent is ≤ 0 (g ≤ 0), so nothing overflows.
 
 use super::gated_delta::{DeltaInputs, GatedDeltaDims};
+use crate::denormals::FlushDenormals;
 use crate::multiversion;
 use crate::pool::{SendPtr, ThreadPool};
 
@@ -223,6 +224,7 @@ pub fn gated_delta_chunked(
     let l = chunk.min(n_tokens);
     let grain = (hv / (pool.n_threads() * 2)).max(1);
     pool.parallel_for(hv, grain, |hr, _| {
+        let _flush = FlushDenormals::new();
         let mut wk = Work::new(l, dk, dv);
         for j in hr {
             // SAFETY: each value head's state and output lanes belong to

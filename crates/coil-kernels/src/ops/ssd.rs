@@ -645,8 +645,12 @@ pub fn mamba2_chunked_scan_rows(
             cx.t1 = (t0 + window).min(n_tokens);
             cx.n_chunks = (cx.t1 - t0).div_ceil(chunk);
             let cx = &cx;
-            pool.parallel_for(g * cx.n_chunks, 1, |items, _| prep(cx, items));
+            pool.parallel_for(g * cx.n_chunks, 1, |items, _| {
+                let _flush = crate::denormals::FlushDenormals::new();
+                prep(cx, items)
+            });
             pool.parallel_for(hn, 1, |hr, _| {
+                let _flush = crate::denormals::FlushDenormals::new();
                 with_local(&SCRATCH, |sc: &mut Scratch| {
                     sc.fit(cx);
                     heads(cx, hr, sc)
