@@ -266,7 +266,10 @@ unsafe fn k4_scales_mins(sc: *const u8) -> __m128i {
 /// Shared body of Q4_K and Q5_K (`HIGH` adds the fifth bit from `qh`) for
 /// `NT` tokens of Q8_K-style activations.
 #[inline(always)]
-unsafe fn dot_k45<const HIGH: bool, const NT: usize>(row: &[u8], xa: [Act; NT]) -> [f32; NT] {
+unsafe fn dot_k45<const HIGH: bool, const PF: usize, const NT: usize>(
+    row: &[u8],
+    xa: [Act; NT],
+) -> [f32; NT] {
     let nb = xa[0].1.len();
     let bsz = if HIGH { 176 } else { 144 };
     let m4 = _mm256_set1_epi8(0xF);
@@ -285,6 +288,7 @@ unsafe fn dot_k45<const HIGH: bool, const NT: usize>(row: &[u8], xa: [Act; NT]) 
     let mut macc = [_mm256_setzero_ps(); NT];
     for i in 0..nb {
         let b = row.as_ptr().add(bsz * i);
+        prefetch_ahead::<PF>(b, bsz);
         let dd = _mm_cvtph_ps(_mm_cvtsi32_si128((b as *const i32).read_unaligned()));
         let sm = _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(k4_scales_mins(b.add(4))));
         let qs = b.add(if HIGH { 48 } else { 16 });
@@ -333,7 +337,7 @@ unsafe fn dot_k45<const HIGH: bool, const NT: usize>(row: &[u8], xa: [Act; NT]) 
 }
 
 #[inline(always)]
-unsafe fn dot_q6k<const NT: usize>(row: &[u8], xa: [Act; NT]) -> [f32; NT] {
+unsafe fn dot_q6k<const PF: usize, const NT: usize>(row: &[u8], xa: [Act; NT]) -> [f32; NT] {
     let nb = xa[0].1.len();
     let m4 = _mm512_set1_epi8(0xF);
     let m3 = _mm256_set1_epi8(3);
@@ -350,6 +354,7 @@ unsafe fn dot_q6k<const NT: usize>(row: &[u8], xa: [Act; NT]) -> [f32; NT] {
     let mut cacc = [_mm256_setzero_ps(); NT];
     for i in 0..nb {
         let b = row.as_ptr().add(210 * i);
+        prefetch_ahead::<PF>(b, 210);
         let d = f16c(rd16(b.add(208)));
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
         let sc = _mm512_castsi256_si512(sc16);
@@ -498,17 +503,49 @@ macro_rules! rows_entry {
 rows_entry!(rows_q8_0, dot_b32, 34, 0);
 rows_entry!(rows_q4_0, dot_b32, 18, 1);
 rows_entry!(rows_iq4_nl, dot_b32, 18, 2);
-rows_entry!(rows_q4_k, dot_k45, false);
-rows_entry!(rows_q5_k, dot_k45, true);
-rows_entry!(rows_q6_k, dot_q6k);
+/// One-token rows of a K-quant: consecutive rows walked in order, each
+/// block prefetching the block `PF_STREAM` bytes ahead (as at AVX2: a
+/// steady stream instead of whole rows in bursts at each row start).
+macro_rules! rows_stream {
+    ($name:ident, $body:ident $(, $c:expr)*) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
+        unsafe fn $name(w: &[u8], rb: usize, xq: &[i8], xd: &[f32], xs: &[i16], out: &mut [f32]) {
+            assert!(w.len() >= out.len() * rb);
+            for (r, o) in out.iter_mut().enumerate() {
+                *o = $body::<$($c,)* { super::x86_avx2::PF_STREAM }, 1>(
+                    &w[r * rb..(r + 1) * rb],
+                    [(xq, xd, xs)],
+                )[0];
+            }
+        }
+    };
+}
+rows_stream!(rows_q4_k, dot_k45, false);
+rows_stream!(rows_q5_k, dot_k45, true);
+rows_stream!(rows_q6_k, dot_q6k);
+
+/// Prefetches the lines of the `bytes`-byte block `PF` bytes past `b` (`PF`
+/// = 0: nothing).
+#[inline(always)]
+unsafe fn prefetch_ahead<const PF: usize>(b: *const u8, bytes: usize) {
+    if PF > 0 {
+        let p = b.wrapping_add(PF);
+        let mut off = 0;
+        while off < bytes {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off) as *const i8);
+            off += 64;
+        }
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(bytes - 1) as *const i8);
+    }
+}
 rows_entry!(rows_iq4_xs, dot_iq4xs);
 
 entries!(dot_q8_0, dot4_q8_0, dot_b32, 34, 0);
 entries!(dot_q4_0, dot4_q4_0, dot_b32, 18, 1);
 entries!(dot_iq4_nl, dot4_iq4_nl, dot_b32, 18, 2);
-entries!(dot_q4_k, dot4_q4_k, dot_k45, false);
-entries!(dot_q5_k, dot4_q5_k, dot_k45, true);
-entries!(dot_q6_k, dot4_q6_k, dot_q6k);
+entries!(dot_q4_k, dot4_q4_k, dot_k45, false, 0);
+entries!(dot_q5_k, dot4_q5_k, dot_k45, true, 0);
+entries!(dot_q6_k, dot4_q6_k, dot_q6k, 0);
 entries!(dot_iq4_xs, dot4_iq4_xs, dot_iq4xs);
 
 /// AVX-512 decoding to f32 for the GEMM path; false = not handled here.
