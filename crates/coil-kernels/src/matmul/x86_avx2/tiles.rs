@@ -22,7 +22,6 @@
 
 use super::super::act::{ActPanel, PANEL_LANES};
 use super::super::dequant::scales_mins_k4_words;
-use super::super::pf_rows;
 use super::{
     dot_us, f16c, hsum256, k4_scale, k4_scale_lanes, nibbles, rd16, KVALUES_IQ4NL, PF_STREAM,
 };
@@ -39,16 +38,6 @@ macro_rules! pin {
             core::arch::asm!("/* {0} */", inout(ymm_reg) $v, options(nostack, preserves_flags));
         )+
     };
-}
-
-/// Fetches encoded row `r` (`rb` bytes) of `w` into L1.
-#[inline(always)]
-unsafe fn prefetch_row(w: *const u8, rb: usize, r: usize) {
-    let mut off = 0;
-    while off < rb {
-        _mm_prefetch::<_MM_HINT_T0>(w.add(r * rb + off) as *const i8);
-        off += 64;
-    }
 }
 
 /// Checks the shapes every kernel relies on: a panel of `NT` tokens whose
@@ -203,14 +192,7 @@ unsafe fn rows_k45<const HIGH: bool, const NT: usize>(
     let m4 = _mm256_set1_epi8(0xF);
     let bit4 = _mm256_set1_epi8(0x10);
     let wp = w.as_ptr();
-    let pfr = pf_rows(rb);
-    for r in 0..pfr.min(n) {
-        prefetch_row(wp, rb, r);
-    }
     for r in 0..n {
-        if r + pfr < n {
-            prefetch_row(wp, rb, r + pfr);
-        }
         let row = wp.add(r * rb);
         let mut facc = [_mm256_setzero_ps(); NT];
         // lanes of tokens 0..8, 8..16 (the second only for more than 8)
@@ -218,6 +200,7 @@ unsafe fn rows_k45<const HIGH: bool, const NT: usize>(
         let msum = &mut msum_all[..NT.div_ceil(8)];
         for i in 0..nb {
             let b = row.add(bsz * i);
+            super::prefetch_block(b.wrapping_add(PF_STREAM), bsz);
             let (sc, mn) = scales_mins_k4_words(std::slice::from_raw_parts(b.add(4), 12));
             let sp = k4_scale_lanes(sc);
             let qs = b.add(if HIGH { 48 } else { 16 });
@@ -295,18 +278,12 @@ unsafe fn rows_q6_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
     let nb = p.n_blocks;
     let (xq, xd, xs) = (p.qs.as_ptr(), p.d.as_ptr(), p.sums.as_ptr());
     let wp = w.as_ptr();
-    let pfr = pf_rows(rb);
-    for r in 0..pfr.min(n) {
-        prefetch_row(wp, rb, r);
-    }
     for r in 0..n {
-        if r + pfr < n {
-            prefetch_row(wp, rb, r + pfr);
-        }
         let row = wp.add(r * rb);
         let mut facc = [_mm256_setzero_ps(); NT];
         for i in 0..nb {
             let b = row.add(210 * i);
+            super::prefetch_block(b.wrapping_add(PF_STREAM), 210);
             let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
             let lanes = super::q6k_scale_lanes(sc16);
             let mut iacc = [_mm256_setzero_si256(); NT];
