@@ -389,16 +389,18 @@ fn vec_kernel(ty: GgmlType, level: SimdLevel) -> Option<VecKernel> {
 /// Rows the decode path fetches ahead of the one it multiplies.
 pub(crate) const PF_ROWS: usize = 8;
 
-/// How far ahead (bytes) the AVX2 decode kernels fetch weight rows.
+/// How far ahead (bytes) the row-prefetching decode kernels fetch.
 const PF_BYTES: usize = 4096;
 
-/// Rows of `rb` bytes the AVX2 decode kernels fetch ahead: about
+/// Rows of `rb` bytes fetched ahead by the decode kernels that prefetch
+/// whole rows (AVX2 IQ4_XS; AVX-512 Q8_0/Q4_0/IQ4_NL/IQ4_XS): about
 /// [`PF_BYTES`], at most [`PF_ROWS`]. Eight rows of a wide matrix (an FFN
 /// down projection's 8192 columns: 37–54 KB at Q4_K–Q6_K) overran the
-/// 32 KB L1 and evicted the rows about to be used; measured by CPU time of
-/// `coil bench -p 0 -n 64` on lfm2-1.2b-like Q4_K_M (2 threads, AVX2,
-/// shared machine): 6.93–7.27 s with 8 rows, 6.60–6.77 s with 1–8 KB
-/// ahead.
+/// 32 KB L1 and evicted the rows about to be used (lfm2-1.2b-like Q4_K_M,
+/// CPU time of `coil bench -p 0 -n 64`, AVX2: 6.93–7.27 s with 8 rows,
+/// 6.60–6.77 s with 1–8 KB ahead). The AVX2 32-value and K-quant kernels
+/// and the AVX-512 K-quants went further: a prefetch per block, a fixed
+/// distance ahead (`x86_avx2::PF_STREAM`), faster again.
 #[inline]
 pub(crate) fn pf_rows(rb: usize) -> usize {
     (PF_BYTES / rb.max(1)).clamp(1, PF_ROWS)
