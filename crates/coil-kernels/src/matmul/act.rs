@@ -58,7 +58,8 @@ pub(crate) const PANEL_LANES: usize = 16;
 
 /// The quantized activations of a few tokens interleaved for the few-token
 /// kernels, so one pointer reaches every token at fixed offsets:
-/// * `qs`: `[cols / 32][nt][32]`: 32-value chunk `c` of token `t` at `(c·nt + t)·32`
+/// * `qs`: `[cols / chunk][nt][chunk]`: `chunk`-value chunk `c` of token `t` at
+///   `(c·nt + t)·chunk` (`chunk`: 32 or 64, a vector of the kernel reading it)
 /// * `d`: `[n_blocks][PANEL_LANES]`: token `t`'s scale of block `i` in lane `t` (the
 ///   lanes past `nt` are 0)
 /// * `sums`: `[n_blocks][nt][per_block]` (the group sums of block `i` of token `t`)
@@ -73,16 +74,25 @@ pub(crate) struct ActPanel {
 
 impl ActPanel {
     /// Tokens `t0..t0 + nt` of `a` (`nt` ≤ [`PANEL_LANES`]), whose blocks
-    /// have `block` values and `per_block` group sums each.
-    pub(crate) fn new(a: &QuantAct, t0: usize, nt: usize, block: usize, per_block: usize) -> Self {
+    /// have `block` values and `per_block` group sums each, interleaved in
+    /// chunks of `chunk` values (a divisor of `block`).
+    pub(crate) fn new(
+        a: &QuantAct,
+        t0: usize,
+        nt: usize,
+        block: usize,
+        per_block: usize,
+        chunk: usize,
+    ) -> Self {
         assert!((1..=PANEL_LANES).contains(&nt) && a.cols.is_multiple_of(block));
+        assert!(chunk > 0 && block.is_multiple_of(chunk));
         let (cols, nb) = (a.cols, a.cols / block);
-        let chunks = cols / 32;
+        let chunks = cols / chunk;
         let mut qs = vec![0i8; nt * cols];
-        for (c, dst) in qs.chunks_exact_mut(nt * 32).enumerate().take(chunks) {
-            for (t, d) in dst.chunks_exact_mut(32).enumerate() {
-                let src = (t0 + t) * cols + 32 * c;
-                d.copy_from_slice(&a.qs[src..src + 32]);
+        for (c, dst) in qs.chunks_exact_mut(nt * chunk).enumerate().take(chunks) {
+            for (t, d) in dst.chunks_exact_mut(chunk).enumerate() {
+                let src = (t0 + t) * cols + chunk * c;
+                d.copy_from_slice(&a.qs[src..src + chunk]);
             }
         }
         let mut d = vec![0f32; nb * PANEL_LANES];

@@ -315,6 +315,17 @@ pub(crate) type QuantRows = fn(&[u8], usize, &[i8], &[f32], &[i16], &mut [f32]);
 /// bit the one-token kernel's).
 pub(crate) type QuantTile = fn(&[u8], usize, &act::ActPanel, &mut [&mut [f32]]);
 
+/// A few-token kernel with what it asks of its calls.
+#[derive(Clone, Copy)]
+pub(crate) struct TileKernel {
+    pub f: QuantTile,
+    /// Most tokens per call.
+    pub max_tokens: usize,
+    /// Values per interleaved chunk of the [`act::ActPanel`] it reads (one
+    /// vector's worth: 32 at AVX2, 64 at AVX-512).
+    pub chunk: usize,
+}
+
 /// Rows the few-token path multiplies with every group of tokens before it
 /// moves on, so the later groups find them in L1/L2.
 const TILE_ROWS: usize = 32;
@@ -325,11 +336,16 @@ pub(crate) enum VecKernel {
     Quant(ActKind, QuantDot, Option<QuantDot4>),
 }
 
-/// The few-token row-range kernel of `ty` at `level` and the most tokens it
-/// takes per call, if there is one.
-fn tile_kernel(ty: GgmlType, level: SimdLevel) -> Option<(QuantTile, usize)> {
+/// The few-token row-range kernel of `ty` at `level`, if there is one: it
+/// comes from the level whose dot [`vec_kernel`] picks (the same
+/// arithmetic, so each token's result is the one-token kernel's).
+fn tile_kernel(ty: GgmlType, level: SimdLevel) -> Option<TileKernel> {
     #[cfg(target_arch = "x86_64")]
-    if level == SimdLevel::Avx2 {
+    if level >= SimdLevel::Avx512 && x86_avx512::vec_kernel(ty).is_some() {
+        return x86_avx512::tile_kernel(ty);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level >= SimdLevel::Avx2 {
         return x86_avx2::tile_kernel(ty);
     }
     let _ = (ty, level);
@@ -501,7 +517,7 @@ fn vec_path(
     n_tokens: usize,
     k: VecKernel,
     rows_k: Option<QuantRows>,
-    tile_k: Option<(QuantTile, usize)>,
+    tile_k: Option<TileKernel>,
 ) {
     let (rows, cols) = (w.rows, w.cols);
     let yp = SendPtr(y.as_mut_ptr());
@@ -536,12 +552,16 @@ fn vec_path(
                 });
                 return;
             }
-            if let (Some((tk, max)), true) = (tile_k, n_tokens > 1) {
+            if let (Some(tile), true) = (tile_k, n_tokens > 1) {
                 // groups of at most `max` tokens, each interleaved once
+                let (tk, max) = (tile.f, tile.max_tokens);
                 let per_block = block / group;
                 let panels: Vec<act::ActPanel> = (0..n_tokens)
                     .step_by(max)
-                    .map(|t0| act::ActPanel::new(&xa, t0, max.min(n_tokens - t0), block, per_block))
+                    .map(|t0| {
+                        let nt = max.min(n_tokens - t0);
+                        act::ActPanel::new(&xa, t0, nt, block, per_block, tile.chunk)
+                    })
                     .collect();
                 let rb = w.row_bytes();
                 rows_for(pool, rows, |rr| {

@@ -1,7 +1,7 @@
 //! AVX2 (+FMA, F16C) kernels: float-format dot products and decoding.
 
 use super::dequant::{iq4xs_scales, KVALUES_IQ4NL};
-use super::{ActKind, QuantRows, QuantTile, SimdLevel, VecKernel};
+use super::{ActKind, QuantRows, SimdLevel, TileKernel, VecKernel};
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 
@@ -62,10 +62,10 @@ pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
 /// The few-token row-range kernel of `ty` and the most tokens it takes per
 /// call (each
 /// token's result bit for bit the one-token kernel's; see `tiles.rs`).
-pub(super) fn tile_kernel(ty: GgmlType) -> Option<(QuantTile, usize)> {
+pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileKernel> {
     use tiles::{MAX_TOKENS_B32 as B32, MAX_TOKENS_K as K};
     // SAFETY (all): selected only when the CPU has AVX2+FMA+F16C.
-    Some(match ty {
+    let (f, max_tokens): (super::QuantTile, usize) = match ty {
         GgmlType::Q8_0 => (|w, rb, a, o| unsafe { tiles::tile_q8_0(w, rb, a, o) }, B32),
         GgmlType::Q4_0 => (|w, rb, a, o| unsafe { tiles::tile_q4_0(w, rb, a, o) }, B32),
         GgmlType::IQ4_NL => (
@@ -76,6 +76,11 @@ pub(super) fn tile_kernel(ty: GgmlType) -> Option<(QuantTile, usize)> {
         GgmlType::Q5_K => (|w, rb, a, o| unsafe { tiles::tile_q5_k(w, rb, a, o) }, K),
         GgmlType::Q6_K => (|w, rb, a, o| unsafe { tiles::tile_q6_k(w, rb, a, o) }, K),
         _ => return None,
+    };
+    Some(TileKernel {
+        f,
+        max_tokens,
+        chunk: 32,
     })
 }
 

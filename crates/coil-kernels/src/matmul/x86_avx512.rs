@@ -9,9 +9,11 @@
 
 use super::dequant::{iq4xs_scales, KVALUES_IQ4NL};
 use super::x86_avx2::f16c;
-use super::{vecdot, ActKind, QuantRows, VecKernel};
+use super::{vecdot, ActKind, QuantRows, TileKernel, VecKernel};
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
+
+mod tiles;
 
 macro_rules! quant {
     ($act:ident, $one:ident, $four:ident) => {
@@ -52,6 +54,24 @@ pub(super) fn rows_kernel(ty: GgmlType) -> Option<QuantRows> {
         GgmlType::Q6_K => |w, rb, q, d, s, o| unsafe { rows_q6_k(w, rb, q, d, s, o) },
         GgmlType::IQ4_XS => |w, rb, q, d, s, o| unsafe { rows_iq4_xs(w, rb, q, d, s, o) },
         _ => return None,
+    })
+}
+
+/// The few-token row-range kernel of `ty` and the most tokens it takes per
+/// call (each token's result bit for bit the one-token kernel's; see
+/// `tiles.rs`).
+pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileKernel> {
+    // SAFETY (all): selected only when the CPU has the AVX-512 level.
+    let f: super::QuantTile = match ty {
+        GgmlType::Q4_K => |w, rb, a, o| unsafe { tiles::tile_q4_k(w, rb, a, o) },
+        GgmlType::Q5_K => |w, rb, a, o| unsafe { tiles::tile_q5_k(w, rb, a, o) },
+        GgmlType::Q6_K => |w, rb, a, o| unsafe { tiles::tile_q6_k(w, rb, a, o) },
+        _ => return None,
+    };
+    Some(TileKernel {
+        f,
+        max_tokens: tiles::MAX_TOKENS,
+        chunk: 64,
     })
 }
 
@@ -351,7 +371,6 @@ unsafe fn dot_q6k<const PF: usize, const NT: usize>(row: &[u8], xa: [Act; NT]) -
         *v = _mm512_loadu_si512(lanes.as_ptr() as *const _);
     }
     let mut facc = [_mm512_setzero_ps(); NT];
-    let mut cacc = [_mm256_setzero_ps(); NT];
     for i in 0..nb {
         let b = row.as_ptr().add(210 * i);
         prefetch_ahead::<PF>(b, 210);
@@ -389,18 +408,26 @@ unsafe fn dot_q6k<const PF: usize, const NT: usize>(row: &[u8], xa: [Act; NT]) -
         }
         for t in 0..NT {
             let (_, xd, xs) = xa[t];
-            let dv = d * xd[i];
-            facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t]), _mm512_set1_ps(dv), facc[t]);
             let bs = _mm256_loadu_si256(xs.as_ptr().add(16 * i) as *const __m256i);
-            let corr = _mm256_madd_epi16(sc16, bs);
-            cacc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_set1_ps(dv), cacc[t]);
+            let ia = q6k_offset(iacc[t], sc16, bs);
+            let dv = d * xd[i];
+            facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(dv), facc[t]);
         }
     }
     let mut out = [0f32; NT];
     for t in 0..NT {
-        out[t] = _mm512_reduce_add_ps(facc[t]) - 32.0 * hsum256(cacc[t]);
+        out[t] = _mm512_reduce_add_ps(facc[t]);
     }
     out
+}
+
+/// Q6_K's values are stored plus 32: removes `32 * sum_g sc_g * bsum_g`
+/// (`sc16` the block's sixteen scales, `bs` the token's sixteen group sums)
+/// from a block's integer sums, in the low eight lanes; exact.
+#[inline(always)]
+unsafe fn q6k_offset(iacc: __m512i, sc16: __m256i, bs: __m256i) -> __m512i {
+    let corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5);
+    _mm512_sub_epi32(iacc, _mm512_zextsi256_si512(corr))
 }
 
 #[inline(always)]

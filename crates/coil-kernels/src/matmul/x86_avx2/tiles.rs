@@ -409,7 +409,8 @@ mod tests {
                 let Some(VecKernel::Quant(kind, one, _)) = super::super::vec_kernel(ty) else {
                     panic!("{ty}: no AVX2 dot kernel");
                 };
-                let (tile, max) = super::super::tile_kernel(ty).expect("tile kernel");
+                let tk = super::super::tile_kernel(ty).expect("tile kernel");
+                let (tile, max) = (tk.f, tk.max_tokens);
                 let (xa, nd, ns) = match kind {
                     ActKind::Q8_0 => (QuantAct::q8_0(&x, cols), cols / 32, cols / 32),
                     ActKind::Q8K => (QuantAct::q8_k(&x, cols), cols / 256, cols / 16),
@@ -428,7 +429,7 @@ mod tests {
                 for nt in 1..=max {
                     // tokens 12 - nt .. 12: a panel that does not start at token 0
                     let t0 = 12 - nt;
-                    let panel = ActPanel::new(&xa, t0, nt, block, per_block);
+                    let panel = ActPanel::new(&xa, t0, nt, block, per_block, 32);
                     let mut ys = vec![vec![f32::NAN; rows]; nt];
                     let mut outs: Vec<&mut [f32]> =
                         ys.iter_mut().map(|y| y.as_mut_slice()).collect();

@@ -1,0 +1,317 @@
+//! AVX-512 (VNNI) integer dot products of a range of K-quant weight rows
+//! with up to [`MAX_TOKENS`] tokens at once (batched decode of several
+//! sequences, speculative verification): each row's 256-value block is
+//! fetched and unpacked once (nibbles, high bits, scales) and multiplied
+//! with every token's quantized activations while it sits in registers.
+//!
+//! Batch invariance: each token's result is computed with exactly the
+//! floating-point operations, in the same order and lanes, of the
+//! one-token kernel in `x86_avx512.rs` (`dot_k45`, `dot_q6k`; the integer
+//! parts are exact), so a token's output does not depend on how many
+//! tokens share the call. The per-block scales of all the tokens
+//! (`d · xd`, `dmin · xd`) are formed in one vector multiply: lane by lane
+//! the products the one-token kernel forms one at a time.
+//!
+//! Activations come in an [`ActPanel`] of 64-value chunks: chunk `c` of
+//! token `t` at `(c · nt + t) · 64`, one `zmm` load per token and step.
+//! Register use (32 zmm): per token an i32 block accumulator, an f32 row
+//! accumulator and (Q4_K/Q5_K) the mins' accumulator; the unpacked weights
+//! of one 64-value step and its scale vector. An empty `asm!` ([`pin`])
+//! marks where each step's unpacked weights must be ready, so the compiler
+//! does not hoist a whole block's unpacking ahead of the token loop.
+
+use super::super::act::{ActPanel, PANEL_LANES};
+use super::super::x86_avx2::{f16c, PF_STREAM};
+use super::{hsum256, idx_pair, k4_scales_mins, prefetch_ahead, q6k_offset, rd16};
+use std::arch::x86_64::*;
+
+/// Most tokens per call: a verification of 8 drafts is 9 tokens. Q4_K/Q5_K
+/// keep three accumulators per token and spill a little past 8, yet the
+/// ninth token in the same call is cheaper than a call of its own (kernel
+/// bench, 4096 × 4096 Q4_K from memory, time ÷ one token: 8 tokens 4.50,
+/// 9 tokens 5.22).
+pub(in super::super) const MAX_TOKENS: usize = 9;
+
+/// Keeps each `v` in a register at this point of the program (see the
+/// AVX2 tiles).
+macro_rules! pin {
+    ($($v:expr),+) => {
+        $(
+            // SAFETY: an empty instruction template; the register is unchanged.
+            core::arch::asm!("/* {0} */", inout(zmm_reg) $v, options(nostack, preserves_flags));
+        )+
+    };
+}
+
+/// Checks the shapes every kernel relies on (as the AVX2 tiles' `check`)
+/// and returns the row count.
+#[inline(always)]
+fn check<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &[&mut [f32]]) -> usize {
+    assert!(p.nt == NT && out.len() == NT && NT <= PANEL_LANES);
+    let n = out[0].len();
+    assert!(out.iter().all(|o| o.len() == n) && w.len() >= n * rb);
+    let nb = p.n_blocks;
+    assert!(
+        p.qs.len() >= NT * nb * 256
+            && p.d.len() >= nb * PANEL_LANES
+            && p.sums.len() >= nb * NT * 16
+    );
+    n
+}
+
+/// Token `t`'s 64 values of chunk `c` in a panel of `NT` tokens.
+#[inline(always)]
+unsafe fn chunk<const NT: usize>(xq: *const i8, c: usize, t: usize) -> __m512i {
+    _mm512_loadu_si512(xq.add(64 * (c * NT + t)) as *const _)
+}
+
+/// Q4_K (`HIGH` false) / Q5_K (`HIGH` true), as `dot_k45`, for `NT` tokens.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
+#[inline]
+unsafe fn rows_k45<const HIGH: bool, const NT: usize>(
+    w: &[u8],
+    rb: usize,
+    p: &ActPanel,
+    out: &mut [&mut [f32]],
+) {
+    let n = check::<NT>(w, rb, p, out);
+    let nb = p.n_blocks;
+    let (xq, xd, xs) = (p.qs.as_ptr(), p.d.as_ptr(), p.sums.as_ptr());
+    let bsz = if HIGH { 176 } else { 144 };
+    let m4 = _mm256_set1_epi8(0xF);
+    let bit4 = _mm256_set1_epi8(0x10);
+    let idx = [
+        idx_pair(0, 1),
+        idx_pair(2, 3),
+        idx_pair(4, 5),
+        idx_pair(6, 7),
+    ];
+    let idx_m = _mm512_castsi256_si512(_mm256_setr_epi16(
+        8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15,
+    ));
+    for r in 0..n {
+        let row = w.as_ptr().add(r * rb);
+        let mut facc = [_mm512_setzero_ps(); NT];
+        let mut macc = [_mm256_setzero_ps(); NT];
+        for i in 0..nb {
+            let b = row.add(bsz * i);
+            prefetch_ahead::<PF_STREAM>(b, bsz);
+            let sm = _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(k4_scales_mins(b.add(4))));
+            let qs = b.add(if HIGH { 48 } else { 16 });
+            let mut hbits = if HIGH {
+                _mm256_loadu_si256(b.add(16) as *const __m256i)
+            } else {
+                _mm256_setzero_si256()
+            };
+            let mut iacc = [_mm512_setzero_si512(); NT];
+            for (j, ix) in idx.iter().enumerate() {
+                let q = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
+                let mut lo = _mm256_and_si256(q, m4);
+                let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                if HIGH {
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hbits, 4), bit4));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hbits, 3), bit4));
+                    hbits = _mm256_srli_epi16(hbits, 2);
+                }
+                let mut wv = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                let mut sc = _mm512_permutexvar_epi16(*ix, sm);
+                pin!(wv, sc);
+                for t in 0..NT {
+                    let xv = chunk::<NT>(xq, 4 * i + j, t);
+                    iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(wv, xv), sc);
+                }
+                for a in iacc.iter_mut() {
+                    pin!(*a);
+                }
+            }
+            let mins = _mm512_castsi512_si256(_mm512_permutexvar_epi16(idx_m, sm));
+            // every token's d·xd and dmin·xd, as dot_k45's `dxd` lanes 0 and 1
+            let (wd, wm) = (f16c(rd16(b)), f16c(rd16(b.add(2))));
+            let xdv = _mm512_loadu_ps(xd.add(i * PANEL_LANES));
+            let mut d = [0f32; PANEL_LANES];
+            let mut dm = [0f32; PANEL_LANES];
+            _mm512_storeu_ps(d.as_mut_ptr(), _mm512_mul_ps(_mm512_set1_ps(wd), xdv));
+            _mm512_storeu_ps(dm.as_mut_ptr(), _mm512_mul_ps(_mm512_set1_ps(wm), xdv));
+            for t in 0..NT {
+                facc[t] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t]), _mm512_set1_ps(d[t]), facc[t]);
+                let bs = _mm256_loadu_si256(xs.add(16 * (i * NT + t)) as *const __m256i);
+                let mprod = _mm256_madd_epi16(mins, bs);
+                macc[t] =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(mprod), _mm256_set1_ps(dm[t]), macc[t]);
+            }
+        }
+        for t in 0..NT {
+            *out[t].get_unchecked_mut(r) = _mm512_reduce_add_ps(facc[t]) - hsum256(macc[t]);
+        }
+    }
+}
+
+/// Q6_K, as `dot_q6k`, for `NT` tokens.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
+#[inline]
+unsafe fn rows_q6_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mut [&mut [f32]]) {
+    let n = check::<NT>(w, rb, p, out);
+    let nb = p.n_blocks;
+    let (xq, xd, xs) = (p.qs.as_ptr(), p.d.as_ptr(), p.sums.as_ptr());
+    let m4 = _mm512_set1_epi8(0xF);
+    let m3 = _mm256_set1_epi8(3);
+    // chunk c covers 16-groups 4c..4c+4: i16 lane l -> group 4c + l/8
+    let mut idx = [_mm512_setzero_si512(); 4];
+    for (c, v) in idx.iter_mut().enumerate() {
+        let mut lanes = [0i16; 32];
+        for (l, o) in lanes.iter_mut().enumerate() {
+            *o = (4 * c + l / 8) as i16;
+        }
+        *v = _mm512_loadu_si512(lanes.as_ptr() as *const _);
+    }
+    for r in 0..n {
+        let row = w.as_ptr().add(r * rb);
+        let mut facc = [_mm512_setzero_ps(); NT];
+        for i in 0..nb {
+            let b = row.add(210 * i);
+            prefetch_ahead::<PF_STREAM>(b, 210);
+            let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
+            let sc = _mm512_castsi256_si512(sc16);
+            let mut iacc = [_mm512_setzero_si512(); NT];
+            for nn in 0..2 {
+                let l = _mm512_loadu_si512(b.add(64 * nn) as *const _);
+                let h = _mm256_loadu_si256(b.add(128 + 32 * nn) as *const __m256i);
+                let h12 = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_and_si256(h, m3)),
+                    _mm256_and_si256(_mm256_srli_epi16(h, 2), m3),
+                    1,
+                );
+                let h34 = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3)),
+                    _mm256_and_si256(_mm256_srli_epi16(h, 6), m3),
+                    1,
+                );
+                let mut q12 = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_slli_epi16(h12, 4));
+                let mut q34 = _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                    _mm512_slli_epi16(h34, 4),
+                );
+                let mut s12 = _mm512_permutexvar_epi16(idx[2 * nn], sc);
+                let mut s34 = _mm512_permutexvar_epi16(idx[2 * nn + 1], sc);
+                pin!(q12, q34, s12, s34);
+                for t in 0..NT {
+                    let x12 = chunk::<NT>(xq, 4 * i + 2 * nn, t);
+                    let x34 = chunk::<NT>(xq, 4 * i + 2 * nn + 1, t);
+                    iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(q12, x12), s12);
+                    iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(q34, x34), s34);
+                }
+                for a in iacc.iter_mut() {
+                    pin!(*a);
+                }
+            }
+            // every token's d·xd, as dot_q6k's `dv`
+            let wd = f16c(rd16(b.add(208)));
+            let mut d = [0f32; PANEL_LANES];
+            let xdv = _mm512_loadu_ps(xd.add(i * PANEL_LANES));
+            _mm512_storeu_ps(d.as_mut_ptr(), _mm512_mul_ps(_mm512_set1_ps(wd), xdv));
+            for t in 0..NT {
+                let bs = _mm256_loadu_si256(xs.add(16 * (i * NT + t)) as *const __m256i);
+                let ia = q6k_offset(iacc[t], sc16, bs);
+                facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(d[t]), facc[t]);
+            }
+        }
+        for t in 0..NT {
+            *out[t].get_unchecked_mut(r) = _mm512_reduce_add_ps(facc[t]);
+        }
+    }
+}
+
+/// Defines a `#[target_feature]` entry point `$name` that serves 1 to
+/// [`MAX_TOKENS`] tokens by choosing the instantiation of `$kernel` for
+/// their count.
+macro_rules! tile_entry {
+    ($name:ident, $kernel:ident $(, $c:expr)*) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
+        pub(in super::super) unsafe fn $name(
+            w: &[u8],
+            rb: usize,
+            p: &ActPanel,
+            out: &mut [&mut [f32]],
+        ) {
+            match p.nt {
+                1 => $kernel::<$($c,)* 1>(w, rb, p, out),
+                2 => $kernel::<$($c,)* 2>(w, rb, p, out),
+                3 => $kernel::<$($c,)* 3>(w, rb, p, out),
+                4 => $kernel::<$($c,)* 4>(w, rb, p, out),
+                5 => $kernel::<$($c,)* 5>(w, rb, p, out),
+                6 => $kernel::<$($c,)* 6>(w, rb, p, out),
+                7 => $kernel::<$($c,)* 7>(w, rb, p, out),
+                8 => $kernel::<$($c,)* 8>(w, rb, p, out),
+                9 => $kernel::<$($c,)* 9>(w, rb, p, out),
+                n => panic!("{}: unsupported token count {n}", stringify!($name)),
+            }
+        }
+    };
+}
+tile_entry!(tile_q4_k, rows_k45, false);
+tile_entry!(tile_q5_k, rows_k45, true);
+tile_entry!(tile_q6_k, rows_q6_k);
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::act::{ActPanel, QuantAct};
+    use super::super::super::VecKernel;
+    use crate::simd::{detected_level, SimdLevel};
+    use crate::testutil::{random_weights, Rng};
+    use coil_gguf::GgmlType;
+
+    /// Each token's result from the tile kernels (1 to 9 tokens, row counts
+    /// below and above a prefetch distance) equals the one-token dot kernel's
+    /// bit for bit (batch invariance of decode).
+    #[test]
+    fn tiles_equal_one_token_each_bit_for_bit() {
+        if detected_level() < SimdLevel::Avx512 {
+            return;
+        }
+        for (ty, cols) in [
+            (GgmlType::Q4_K, 512),
+            (GgmlType::Q5_K, 768),
+            (GgmlType::Q6_K, 512),
+        ] {
+            for rows in [1, 5, 13] {
+                let mut rng = Rng::new(11 + rows as u64);
+                let data = random_weights(&mut rng, ty, rows, cols);
+                let rb = data.len() / rows;
+                let x = rng.vec(12 * cols);
+                let Some(VecKernel::Quant(_, one, _)) = super::super::vec_kernel(ty) else {
+                    panic!("{ty}: no AVX-512 dot kernel");
+                };
+                let tk = super::super::tile_kernel(ty).expect("tile kernel");
+                let xa = QuantAct::q8_k(&x, cols);
+                let (nd, ns) = (cols / 256, cols / 16);
+                for nt in 1..=tk.max_tokens {
+                    // tokens 12 - nt .. 12: a panel that does not start at token 0
+                    let t0 = 12 - nt;
+                    let panel = ActPanel::new(&xa, t0, nt, 256, 16, tk.chunk);
+                    let mut ys = vec![vec![f32::NAN; rows]; nt];
+                    let mut outs: Vec<&mut [f32]> =
+                        ys.iter_mut().map(|y| y.as_mut_slice()).collect();
+                    (tk.f)(&data, rb, &panel, &mut outs);
+                    for (t, y) in ys.iter().enumerate() {
+                        let tt = t0 + t;
+                        let (q, d, s) = (
+                            xa.qs_row(tt),
+                            &xa.d[tt * nd..(tt + 1) * nd],
+                            &xa.sums[tt * ns..(tt + 1) * ns],
+                        );
+                        for (r, g) in y.iter().enumerate() {
+                            let want = one(&data[r * rb..(r + 1) * rb], q, d, s);
+                            assert!(want.is_finite());
+                            assert_eq!(
+                                g.to_bits(),
+                                want.to_bits(),
+                                "{ty} {nt} tokens row {r} token {t}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
