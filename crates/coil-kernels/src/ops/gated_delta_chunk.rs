@@ -47,12 +47,14 @@ enum Tri {
 
 /// `c[i, :] += alpha · Σ_r a[i, r] · b[r, :]` for `i < m`, `r < k`, the
 /// columns `0..n`: `a` `[m, lda]`, `b` `[k, ldb]`, `c` `[m, ldc]` row-major.
-/// Tiles of 4 rows × 16 columns are accumulated in registers; `FMA`:
-/// fused multiply-adds (one rounding per product; off where they would be
-/// a library call, see [`chunk_mv`]).
+/// Tiles of 4 rows × 16 columns are accumulated in registers (`WIDE`, at
+/// AVX-512: 8 × 32 in 16 `zmm`, enough independent sums to keep both FMA
+/// ports busy through their latency; the same operations per element, in
+/// the same order); `FMA`: fused multiply-adds (one rounding per product;
+/// off where they would be a library call, see [`chunk_mv`]).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn gemm_acc<const FMA: bool>(
+fn gemm_acc<const FMA: bool, const WIDE: bool>(
     tri: Tri,
     m: usize,
     n: usize,
@@ -83,48 +85,141 @@ fn gemm_acc<const FMA: bool>(
         "gemm: c too short"
     );
     // the columns and inner length rows up to i1 need
-    let limits = |i1: usize| match tri {
+    let limits = |i1: usize, nr: usize| match tri {
         Tri::Full => (n, k),
-        Tri::LowerC => (n.min(i1.next_multiple_of(NR)), k),
+        Tri::LowerC => (n.min(i1.next_multiple_of(nr)), k),
         Tri::LowerA => (n, k.min(i1)),
     };
     let mut i = 0;
-    while i + MR <= m {
-        let (n, k) = limits(i + MR);
-        let mut j = 0;
-        while j + NR <= n {
-            let mut acc = [[0f32; NR]; MR];
-            for r in 0..k {
-                // SAFETY: r < k, j + NR <= n and i + MR <= m, within the
-                // lengths asserted above.
-                let (bv, av) = unsafe {
-                    let bv =
-                        std::ptr::read_unaligned(b.as_ptr().add(r * ldb + j) as *const [f32; NR]);
-                    let ap = a.as_ptr().add(i * lda + r);
-                    (bv, [*ap, *ap.add(lda), *ap.add(2 * lda), *ap.add(3 * lda)])
+    #[cfg(target_arch = "x86_64")]
+    if WIDE && FMA {
+        while i + 8 <= m {
+            let (n1, k1) = limits(i + 8, 32);
+            let mut j = 0;
+            while j + 32 <= n1 {
+                // SAFETY: WIDE is chosen at the AVX-512 level only; the tile
+                // (rows i..i+8, columns j..j+32, inner k1 ≤ k) lies within
+                // the lengths asserted above.
+                unsafe {
+                    tile_8x32(
+                        k1,
+                        a.as_ptr().add(i * lda),
+                        lda,
+                        b.as_ptr().add(j),
+                        ldb,
+                        c.as_mut_ptr().add(i * ldc + j),
+                        ldc,
+                        alpha,
+                    )
                 };
-                for (acc_row, &x) in acc.iter_mut().zip(&av) {
-                    for (y, &bb) in acc_row.iter_mut().zip(&bv) {
-                        *y = madd::<FMA>(x, bb, *y);
-                    }
-                }
+                j += 32;
             }
-            for (ii, acc_row) in acc.iter().enumerate() {
-                let cr = &mut c[(i + ii) * ldc + j..(i + ii) * ldc + j + NR];
-                for (x, &v) in cr.iter_mut().zip(acc_row) {
-                    *x = madd::<FMA>(alpha, v, *x);
-                }
+            for i0 in [i, i + 4] {
+                band::<FMA, MR, NR>(i0, j, n1, k1, alpha, a, lda, b, ldb, c, ldc);
             }
-            j += NR;
+            i += 8;
         }
-        if j < n {
-            gemm_edge::<FMA>(i, i + MR, j, n, k, alpha, a, lda, b, ldb, c, ldc);
-        }
+    }
+    while i + MR <= m {
+        let (n, k) = limits(i + MR, NR);
+        band::<FMA, MR, NR>(i, 0, n, k, alpha, a, lda, b, ldb, c, ldc);
         i += MR;
     }
     if i < m {
-        let (n, k) = limits(m);
+        let (n, k) = limits(m, NR);
         gemm_edge::<FMA>(i, m, 0, n, k, alpha, a, lda, b, ldb, c, ldc);
+    }
+}
+
+/// Rows `i..i + MR`, columns `j0..n` of [`gemm_acc`] (inner length `k`):
+/// tiles of `MR` × `NR` in registers, the columns past the last whole tile
+/// one row at a time.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn band<const FMA: bool, const MR: usize, const NR: usize>(
+    i: usize,
+    j0: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    let mut j = j0;
+    while j + NR <= n {
+        let mut acc = [[0f32; NR]; MR];
+        for r in 0..k {
+            // SAFETY: r < k, j + NR <= n and i + MR <= m, within the
+            // lengths gemm_acc asserted.
+            let (bv, av) = unsafe {
+                let bv = std::ptr::read_unaligned(b.as_ptr().add(r * ldb + j) as *const [f32; NR]);
+                let ap = a.as_ptr().add(i * lda + r);
+                (
+                    bv,
+                    std::array::from_fn::<f32, MR, _>(|ii| *ap.add(ii * lda)),
+                )
+            };
+            for (acc_row, &x) in acc.iter_mut().zip(&av) {
+                for (y, &bb) in acc_row.iter_mut().zip(&bv) {
+                    *y = madd::<FMA>(x, bb, *y);
+                }
+            }
+        }
+        for (ii, acc_row) in acc.iter().enumerate() {
+            let cr = &mut c[(i + ii) * ldc + j..(i + ii) * ldc + j + NR];
+            for (x, &v) in cr.iter_mut().zip(acc_row) {
+                *x = madd::<FMA>(alpha, v, *x);
+            }
+        }
+        j += NR;
+    }
+    if j < n {
+        gemm_edge::<FMA>(i, i + MR, j, n, k, alpha, a, lda, b, ldb, c, ldc);
+    }
+}
+
+/// One 8 × 32 tile of [`gemm_acc`] at AVX-512: `c[ii, 0..32] = alpha ·
+/// Σ_r a[ii, r] · b[r, 0..32] + c[ii, 0..32]` for `ii < 8`, the sums fused
+/// multiply-adds in `r` order (as [`band`]'s).
+///
+/// # Safety
+/// The CPU has AVX-512F; `a` holds rows `0..8` of `k` values `lda` apart,
+/// `b` rows `0..k` of 32 values `ldb` apart, `c` rows `0..8` of 32 values
+/// `ldc` apart.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_8x32(
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    alpha: f32,
+) {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm512_setzero_ps(); 2]; 8];
+    for r in 0..k {
+        let b0 = _mm512_loadu_ps(b.add(r * ldb));
+        let b1 = _mm512_loadu_ps(b.add(r * ldb + 16));
+        for (ii, acc) in acc.iter_mut().enumerate() {
+            let av = _mm512_set1_ps(*a.add(ii * lda + r));
+            acc[0] = _mm512_fmadd_ps(av, b0, acc[0]);
+            acc[1] = _mm512_fmadd_ps(av, b1, acc[1]);
+        }
+    }
+    let al = _mm512_set1_ps(alpha);
+    for (ii, acc) in acc.iter().enumerate() {
+        for (h, v) in acc.iter().enumerate() {
+            let p = c.add(ii * ldc + 16 * h);
+            _mm512_storeu_ps(p, _mm512_fmadd_ps(al, *v, _mm512_loadu_ps(p)));
+        }
     }
 }
 
@@ -240,10 +335,11 @@ pub fn gated_delta_chunked(
     });
 }
 
-/// One chunk (`len` tokens from `c0`) of value head `j`.
+/// One chunk (`len` tokens from `c0`) of value head `j` (`WIDE`: the
+/// AVX-512 tiles of [`gemm_acc`]).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn chunk_step<const FMA: bool>(
+fn chunk_step<const FMA: bool, const WIDE: bool>(
     d: &GatedDeltaDims,
     j: usize,
     s: &mut [f32],
@@ -277,7 +373,7 @@ fn chunk_step<const FMA: bool>(
     // KKᵀ and QKᵀ, then the decays.
     wk.kk[..l * l].fill(0.0);
     wk.qk[..l * l].fill(0.0);
-    gemm_acc::<FMA>(
+    gemm_acc::<FMA, WIDE>(
         Tri::LowerC,
         l,
         l,
@@ -290,7 +386,7 @@ fn chunk_step<const FMA: bool>(
         &mut wk.kk,
         l,
     );
-    gemm_acc::<FMA>(
+    gemm_acc::<FMA, WIDE>(
         Tri::LowerC,
         l,
         l,
@@ -362,7 +458,7 @@ fn chunk_step<const FMA: bool>(
     }
     wk.u[..l * dv].fill(0.0);
     wk.w[..l * dk].fill(0.0);
-    gemm_acc::<FMA>(
+    gemm_acc::<FMA, WIDE>(
         Tri::LowerA,
         l,
         dv,
@@ -375,7 +471,7 @@ fn chunk_step<const FMA: bool>(
         &mut wk.u,
         dv,
     );
-    gemm_acc::<FMA>(
+    gemm_acc::<FMA, WIDE>(
         Tri::LowerA,
         l,
         dk,
@@ -389,11 +485,11 @@ fn chunk_step<const FMA: bool>(
         dk,
     );
     // V' = U − W S.
-    gemm_acc::<FMA>(Tri::Full, l, dv, dk, -1.0, &wk.w, dk, s, dv, &mut wk.u, dv);
+    gemm_acc::<FMA, WIDE>(Tri::Full, l, dv, dk, -1.0, &wk.w, dk, s, dv, &mut wk.u, dv);
     // O = (Q ⊙ e^γ) S + P V'.
     wk.o[..l * dv].fill(0.0);
-    gemm_acc::<FMA>(Tri::Full, l, dv, dk, 1.0, &wk.q, dk, s, dv, &mut wk.o, dv);
-    gemm_acc::<FMA>(
+    gemm_acc::<FMA, WIDE>(Tri::Full, l, dv, dk, 1.0, &wk.q, dk, s, dv, &mut wk.o, dv);
+    gemm_acc::<FMA, WIDE>(
         Tri::LowerA,
         l,
         dv,
@@ -422,12 +518,16 @@ fn chunk_step<const FMA: bool>(
     }
     let el = gl.exp();
     s.iter_mut().for_each(|x| *x *= el);
-    gemm_acc::<FMA>(Tri::Full, dk, dv, l, 1.0, &wk.kt, l, &wk.u, dv, s, dv);
+    gemm_acc::<FMA, WIDE>(Tri::Full, dk, dv, l, 1.0, &wk.kt, l, &wk.u, dv, s, dv);
 }
 multiversion!(fn chunk_fma(
     d: &GatedDeltaDims, j: usize, s: &mut [f32], inp: &DeltaInputs, c0: usize, len: usize,
     wk: &mut Work, out: SendPtr<f32>
-) => chunk_step::<true>);
+) => chunk_step::<true, false>);
+multiversion!(fn chunk_fma_wide(
+    d: &GatedDeltaDims, j: usize, s: &mut [f32], inp: &DeltaInputs, c0: usize, len: usize,
+    wk: &mut Work, out: SendPtr<f32>
+) => chunk_step::<true, true>);
 
 /// [`chunk_step`] at the best SIMD level: with fused multiply-adds where
 /// the CPU has them (x86-64 at the AVX2 and AVX-512 levels, every AArch64),
@@ -444,12 +544,14 @@ fn chunk_mv(
     wk: &mut Work,
     out: SendPtr<f32>,
 ) {
-    let fused =
-        !cfg!(target_arch = "x86_64") || crate::simd::level() != crate::simd::SimdLevel::Scalar;
-    if fused {
+    use crate::simd::{level, SimdLevel};
+    let fused = !cfg!(target_arch = "x86_64") || level() != SimdLevel::Scalar;
+    if cfg!(target_arch = "x86_64") && level() == SimdLevel::Avx512 {
+        chunk_fma_wide(d, j, s, inp, c0, len, wk, out)
+    } else if fused {
         chunk_fma(d, j, s, inp, c0, len, wk, out)
     } else {
-        chunk_step::<false>(d, j, s, inp, c0, len, wk, out)
+        chunk_step::<false, false>(d, j, s, inp, c0, len, wk, out)
     }
 }
 
@@ -471,6 +573,8 @@ pub(crate) mod tests {
                 (2, 2, 16, 4, 1, 4),
                 (1, 2, 24, 20, 70, 16),
                 (2, 4, 32, 32, 130, 64),
+                // AVX-512: 8 × 32 tiles with 16 columns and rows left over
+                (1, 2, 40, 48, 90, 40),
             ] {
                 let dims = GatedDeltaDims {
                     n_k_head: hk,
