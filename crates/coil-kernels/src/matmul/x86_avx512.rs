@@ -98,6 +98,7 @@ macro_rules! float_dot {
                     _mm_prefetch::<_MM_HINT_T0>(
                         w.wrapping_add(2 * i + PF_BYTES_16 + 64) as *const i8
                     );
+                    super::x86_avx2::prefetch_far(w.wrapping_add(2 * i), 128);
                 }
                 for (j, acc) in a.iter_mut().enumerate() {
                     let o = i + 16 * j;
@@ -166,7 +167,7 @@ unsafe fn hsum256(v: __m256) -> f32 {
 /// fetched with one gather and converted together. Weights are unpacked
 /// once for all `NT` tokens.
 #[inline(always)]
-unsafe fn dot_b32<const BYTES: usize, const KIND: u8, const NT: usize>(
+unsafe fn dot_b32<const BYTES: usize, const KIND: u8, const PF: usize, const NT: usize>(
     row: &[u8],
     xa: [Act; NT],
 ) -> [f32; NT] {
@@ -197,6 +198,7 @@ unsafe fn dot_b32<const BYTES: usize, const KIND: u8, const NT: usize>(
     let mut i = 0;
     while i + 8 <= nb {
         let base = w.add(BYTES * i);
+        prefetch_ahead::<PF>(base, 8 * BYTES);
         let dbits = _mm256_i32gather_epi32::<1>(base as *const i32, gidx);
         let d8 = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(dbits));
         let mut s16 = [_mm512_setzero_ps(); NT];
@@ -527,10 +529,8 @@ macro_rules! rows_entry {
         }
     };
 }
-rows_entry!(rows_q8_0, dot_b32, 34, 0);
-rows_entry!(rows_q4_0, dot_b32, 18, 1);
-rows_entry!(rows_iq4_nl, dot_b32, 18, 2);
-/// One-token rows of a K-quant: consecutive rows walked in order, each
+
+/// One-token rows of a K-quant or a 32-value format: consecutive rows walked in order, each
 /// block prefetching the block `PF_STREAM` bytes ahead (as at AVX2: a
 /// steady stream instead of whole rows in bursts at each row start).
 macro_rules! rows_stream {
@@ -547,12 +547,15 @@ macro_rules! rows_stream {
         }
     };
 }
+rows_stream!(rows_q8_0, dot_b32, 34, 0);
+rows_stream!(rows_q4_0, dot_b32, 18, 1);
+rows_stream!(rows_iq4_nl, dot_b32, 18, 2);
 rows_stream!(rows_q4_k, dot_k45, false);
 rows_stream!(rows_q5_k, dot_k45, true);
 rows_stream!(rows_q6_k, dot_q6k);
 
-/// Prefetches the lines of the `bytes`-byte block `PF` bytes past `b` (`PF`
-/// = 0: nothing).
+/// Prefetches the lines of the `bytes`-byte block `PF` bytes past `b`, and
+/// again `PF_FAR` past it into L2 (`PF` = 0: nothing).
 #[inline(always)]
 unsafe fn prefetch_ahead<const PF: usize>(b: *const u8, bytes: usize) {
     if PF > 0 {
@@ -563,13 +566,14 @@ unsafe fn prefetch_ahead<const PF: usize>(b: *const u8, bytes: usize) {
             off += 64;
         }
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(bytes - 1) as *const i8);
+        super::x86_avx2::prefetch_far(b, bytes);
     }
 }
 rows_entry!(rows_iq4_xs, dot_iq4xs);
 
-entries!(dot_q8_0, dot4_q8_0, dot_b32, 34, 0);
-entries!(dot_q4_0, dot4_q4_0, dot_b32, 18, 1);
-entries!(dot_iq4_nl, dot4_iq4_nl, dot_b32, 18, 2);
+entries!(dot_q8_0, dot4_q8_0, dot_b32, 34, 0, 0);
+entries!(dot_q4_0, dot4_q4_0, dot_b32, 18, 1, 0);
+entries!(dot_iq4_nl, dot4_iq4_nl, dot_b32, 18, 2, 0);
 entries!(dot_q4_k, dot4_q4_k, dot_k45, false, 0);
 entries!(dot_q5_k, dot4_q5_k, dot_k45, true, 0);
 entries!(dot_q6_k, dot4_q6_k, dot_q6k, 0);

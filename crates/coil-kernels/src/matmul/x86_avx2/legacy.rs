@@ -54,6 +54,7 @@ unsafe fn block<const BYTES: usize, const OFFSET: bool, const FIFTH: bool, const
     // blocks of 20-24 bytes: a prefetch every other block covers each line
     if PF > 0 && i.is_multiple_of(2) {
         _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PF) as *const i8);
+        _mm_prefetch::<_MM_HINT_T1>(b.wrapping_add(super::PF_FAR) as *const i8);
     }
     let xv = _mm256_loadu_si256(xq.as_ptr().add(32 * i) as *const __m256i);
     let mut q = nibbles(b.add(qs));

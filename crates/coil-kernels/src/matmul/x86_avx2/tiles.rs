@@ -120,6 +120,7 @@ unsafe fn b32_block<const BYTES: usize, const KIND: u8, const NT: usize>(
     let b = row.add(BYTES * i);
     if BYTES > 32 || i.is_multiple_of(2) {
         _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PF_STREAM) as *const i8);
+        _mm_prefetch::<_MM_HINT_T1>(b.wrapping_add(super::PF_FAR) as *const i8);
     }
     let mut wv = match KIND {
         0 => _mm256_loadu_si256(b.add(2) as *const __m256i),
@@ -201,6 +202,7 @@ unsafe fn rows_k45<const HIGH: bool, const NT: usize>(
         for i in 0..nb {
             let b = row.add(bsz * i);
             super::prefetch_block(b.wrapping_add(PF_STREAM), bsz);
+            super::prefetch_far(b, bsz);
             let (sc, mn) = scales_mins_k4_words(std::slice::from_raw_parts(b.add(4), 12));
             let sp = k4_scale_lanes(sc);
             let qs = b.add(if HIGH { 48 } else { 16 });
@@ -284,6 +286,7 @@ unsafe fn rows_q6_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
         for i in 0..nb {
             let b = row.add(210 * i);
             super::prefetch_block(b.wrapping_add(PF_STREAM), 210);
+            super::prefetch_far(b, 210);
             let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
             let lanes = super::q6k_scale_lanes(sc16);
             let mut iacc = [_mm256_setzero_si256(); NT];
