@@ -21,7 +21,7 @@
 //! feeds both panels. Output rows of a token are contiguous in `y`, so
 //! results are stored as vectors.
 
-use super::dequant::{iq4xs_scales, rd_f16, scale_min_k4, KVALUES_IQ4NL};
+use super::dequant::{iq4xs_scales, scale_min_k4, KVALUES_IQ4NL};
 use super::{SendPtr, WeightRef};
 use crate::pool::ThreadPool;
 use coil_gguf::GgmlType;
@@ -46,10 +46,20 @@ fn has_min(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K)
 }
 
-/// Decodes one encoded row into 32-blocks: `q` (i8), `a`, `b` per block.
+/// Decodes one encoded row into 32-blocks: `q` (i8), and `a`, `b` per
+/// scale group `g` written at `a[g · st]`, `b[g · st]` (a panel's
+/// `[group][16 rows]` layout: `st` = 16, `a`, `b` at the row's lane).
+///
+/// # Safety
+/// AVX-512 (BW, VL) and F16C; `a` and `b` valid for the row's scale groups
+/// at stride `st`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
-unsafe fn decode_row(ty: GgmlType, src: &[u8], q: &mut [i8], a: &mut [f32], b: &mut [f32]) {
+unsafe fn decode_row(ty: GgmlType, src: &[u8], q: &mut [i8], a: *mut f32, b: *mut f32, st: usize) {
     use GgmlType::*;
+    // the f16 at byte `off` of a block, converted by F16C (inlined here)
+    let rd_f16 = |blk: &[u8], off: usize| {
+        super::x86_avx2::f16c(u16::from_le_bytes([blk[off], blk[off + 1]]))
+    };
     let (bs, ts) = ty.block_layout();
     let m4 = _mm_set1_epi8(0xF);
     let tbl = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
@@ -71,20 +81,19 @@ unsafe fn decode_row(ty: GgmlType, src: &[u8], q: &mut [i8], a: &mut [f32], b: &
     for (bi, blk) in src.chunks_exact(ts).enumerate() {
         let qo = q.as_mut_ptr().add(bi * bs);
         let nsub = bs / if ty == Q6_K { 16 } else { 32 };
-        let (a, b) = (
-            &mut a[bi * nsub..(bi + 1) * nsub],
-            &mut b[bi * nsub..(bi + 1) * nsub],
-        );
+        // this block's scale groups, `st` apart
+        let (a, b) = (a.add(bi * nsub * st), b.add(bi * nsub * st));
+        let set = |p: *mut f32, g: usize, v: f32| *p.add(g * st) = v;
         let bp = blk.as_ptr();
         match ty {
             Q8_0 => {
-                a[0] = rd_f16(blk, 0);
-                b[0] = 0.0;
+                set(a, 0, rd_f16(blk, 0));
+                set(b, 0, 0.0);
                 std::ptr::copy_nonoverlapping(bp.add(2) as *const i8, qo, 32);
             }
             Q4_0 | IQ4_NL => {
-                a[0] = rd_f16(blk, 0);
-                b[0] = 0.0;
+                set(a, 0, rd_f16(blk, 0));
+                set(b, 0, 0.0);
                 nib(bp.add(2), qo, ty == IQ4_NL);
             }
             Q4_K | Q5_K => {
@@ -95,10 +104,10 @@ unsafe fn decode_row(ty: GgmlType, src: &[u8], q: &mut [i8], a: &mut [f32], b: &
                 for j in 0..4 {
                     let (s1, m1) = scale_min_k4(2 * j, scales);
                     let (s2, m2) = scale_min_k4(2 * j + 1, scales);
-                    a[2 * j] = d * s1 as f32;
-                    b[2 * j] = dmin * m1 as f32;
-                    a[2 * j + 1] = d * s2 as f32;
-                    b[2 * j + 1] = dmin * m2 as f32;
+                    set(a, 2 * j, d * s1 as f32);
+                    set(b, 2 * j, dmin * m1 as f32);
+                    set(a, 2 * j + 1, d * s2 as f32);
+                    set(b, 2 * j + 1, dmin * m2 as f32);
                 }
                 for h in 0..2 {
                     let mut hb = if high {
@@ -124,17 +133,17 @@ unsafe fn decode_row(ty: GgmlType, src: &[u8], q: &mut [i8], a: &mut [f32], b: &
                 let d = rd_f16(blk, 0);
                 let ls = iq4xs_scales(blk);
                 for ib in 0..8 {
-                    a[ib] = d * ls[ib] as f32;
-                    b[ib] = 0.0;
+                    set(a, ib, d * ls[ib] as f32);
+                    set(b, ib, 0.0);
                     nib(bp.add(8 + 16 * ib), qo.add(32 * ib), true);
                 }
             }
             Q6_K => {
                 let d = rd_f16(blk, 208);
-                for (g, av) in a.iter_mut().enumerate() {
-                    *av = d * (blk[192 + g] as i8) as f32;
+                for g in 0..nsub {
+                    set(a, g, d * (blk[192 + g] as i8) as f32);
+                    set(b, g, 0.0);
                 }
-                b.fill(0.0);
                 let m3 = _mm_set1_epi8(3);
                 let off = _mm_set1_epi8(32);
                 for n in 0..2 {
@@ -275,8 +284,6 @@ struct Panel {
     b: Vec<f32>,  // [block][16]
     ws: Vec<i32>, // [block][16]: −128 · sum q (the accumulators' start)
     dq: Vec<i8>,  // [16][cols + 64] decoded rows
-    ra: Vec<f32>, // [16][blocks]
-    rb: Vec<f32>,
 }
 
 thread_local! {
@@ -298,30 +305,28 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
     // not all map to the same L1 set (a power-of-two stride would).
     let st = cols + 64;
     p.dq.resize(16 * st, 0);
-    p.ra.resize(16 * ns, 0.0);
-    p.rb.resize(16 * ns, 0.0);
     let nr = 16.min(w.rows.saturating_sub(r0)); // 0: an empty panel (zeros)
     for r in 0..16 {
         if r < nr {
+            // the scales go straight to their [group][16 rows] lanes
             decode_row(
                 w.ty,
                 w.row(r0 + r),
                 &mut p.dq[r * st..r * st + cols],
-                &mut p.ra[r * ns..(r + 1) * ns],
-                &mut p.rb[r * ns..(r + 1) * ns],
+                p.a.as_mut_ptr().add(r),
+                p.b.as_mut_ptr().add(r),
+                16,
             );
         } else {
             p.dq[r * st..r * st + cols].fill(0);
-            p.ra[r * ns..(r + 1) * ns].fill(0.0);
-            p.rb[r * ns..(r + 1) * ns].fill(0.0);
+            for g in 0..ns {
+                p.a[g * 16 + r] = 0.0;
+                p.b[g * 16 + r] = 0.0;
+            }
         }
     }
     // Transpose 4-byte groups: [r][kb][g] -> [kb][g][r]: per block a 16 x 8
     // dword transpose in registers (rows r and r+8 share a register).
-    let sidx = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(ns as i32),
-    );
     let ones = _mm512_set1_epi8(1);
     let lo_idx = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
     let hi_idx = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
@@ -365,10 +370,6 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
                 p.ws.as_mut_ptr().add(sg * 16) as *mut _,
                 _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(ws[h], 7)),
             );
-            let av = _mm512_i32gather_ps::<4>(sidx, p.ra.as_ptr().add(sg));
-            let bv = _mm512_i32gather_ps::<4>(sidx, p.rb.as_ptr().add(sg));
-            _mm512_storeu_ps(p.a.as_mut_ptr().add(sg * 16), av);
-            _mm512_storeu_ps(p.b.as_mut_ptr().add(sg * 16), bv);
         }
     }
 }
