@@ -23,7 +23,7 @@
 #
 # --isa LEVEL compares both engines at one x86 SIMD level: llama.cpp built
 # for LEVEL (scripts/build-llamacpp.sh --isa LEVEL, in LLAMACPP_DIR) and coil
-# run with COIL_SIMD=LEVEL (native: coil's best level). So `--isa avx2` on an
+# run with COIL_SIMD=LEVEL (avx2: and COIL_AVX_VNNI=0; native: coil's best level). So `--isa avx2` on an
 # AVX-512 machine measures what an AVX2-only CPU gets; give it its own
 # LLAMACPP_DIR there (the default directory holds the AVX-512 build). Without
 # --isa: whatever llama.cpp build LLAMACPP_DIR holds and coil's best level.
@@ -95,6 +95,9 @@ case "$ISA" in
     avx2|avx512) export COIL_SIMD="$ISA" ;;
     native) unset COIL_SIMD ;;
 esac
+# The avx2 build of llama.cpp has AVX-VNNI off (the level of AMD before Zen 4
+# and most laptops), so coil leaves it off there too.
+if [ "$ISA" = avx2 ]; then export COIL_AVX_VNNI=0; fi
 
 BENCH_DIR="$(realpath -m "${BENCH_DIR:-$REPO_ROOT/../bench-models}")"
 case "$BENCH_DIR/" in
@@ -280,7 +283,7 @@ mkdir -p "$RUN_DIR"
     echo "date: $STAMP"
     echo "commit: $(git -C "$REPO_ROOT" rev-parse --short HEAD)$(git -C "$REPO_ROOT" diff --quiet HEAD -- crates || echo ' (+ uncommitted changes)')"
     echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -n1), $(nproc) CPUs, x86 flags: $(grep -m1 -o -w -E 'avx2|fma|f16c|bmi2|avx_vnni|avx512f|avx512_vnni|avx512_bf16|amx_int8' /proc/cpuinfo | sort -u | tr '\n' ' ')"
-    echo "isa: llama.cpp built for ${LLAMACPP_ISA:-avx512} ($LLAMACPP_DIR); coil COIL_SIMD=${COIL_SIMD:-(unset: best level)}"
+    echo "isa: llama.cpp built for ${LLAMACPP_ISA:-avx512} ($LLAMACPP_DIR); coil COIL_SIMD=${COIL_SIMD:-(unset: best level)}${COIL_AVX_VNNI:+ COIL_AVX_VNNI=$COIL_AVX_VNNI}"
     echo "threads: $THREADS, reps: $REPS, pp$N_PROMPT, tg$N_GEN, depth $N_DEPTH, llama-bench --repack: $LLAMA_REPACK ${LLAMA_BENCH_ARGS:-}"
     echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } > "$RUN_DIR/info.txt"

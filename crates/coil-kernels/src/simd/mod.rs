@@ -182,12 +182,20 @@ pub fn cpu_features() -> Vec<(&'static str, bool)> {
 }
 
 /// One line saying what runs, like llama.cpp's system-info line:
-/// `simd: avx2 (cpu: avx2) | AVX2 = 1 | FMA = 1 | ... | AVX512F = 0 | ...`;
-/// the `COIL_SIMD` cap is named when one is set.
+/// `simd: avx2 (cpu: avx2, no AVX-VNNI) | AVX2 = 1 | FMA = 1 | ... | AVX512F = 0 | ...`;
+/// the `COIL_SIMD` cap is named when one is set, and at the AVX2 level
+/// whether its kernels use AVX-VNNI.
 pub fn system_info() -> String {
     let mut s = format!("simd: {} (cpu: {}", level().name(), cpu_level().name());
     if let Some(v) = std::env::var("COIL_SIMD").ok().filter(|v| !v.is_empty()) {
         s.push_str(&format!(", COIL_SIMD={v}"));
+    }
+    if level() == SimdLevel::Avx2 {
+        s.push_str(if avx_vnni() {
+            ", with AVX-VNNI"
+        } else {
+            ", no AVX-VNNI"
+        });
     }
     s.push(')');
     for (name, has) in cpu_features() {
@@ -233,6 +241,24 @@ pub fn level() -> SimdLevel {
         0 => d,
         f => d.min(SimdLevel::from_u8(f)),
     }
+}
+
+/// Whether the AVX2-level kernels may use AVX-VNNI (the 256-bit VEX
+/// `vpdpwssd` / `vpdpbusd` of Intel client CPUs since Alder Lake): the CPU
+/// has it and `COIL_AVX_VNNI=0` is not set (set it to compare against a
+/// plain-AVX2 build of another engine, as `scripts/bench-vs-llamacpp.sh
+/// --isa avx2` does). Results are the same either way (exact integer sums).
+pub fn avx_vnni() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            is_x86_feature_detected!("avxvnni")
+                && std::env::var("COIL_AVX_VNNI").map_or(true, |v| v.trim() != "0")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
 }
 
 /// Caps the level every kernel uses (process-wide); `None` removes the cap.
