@@ -276,7 +276,12 @@ fn head_scan(
         let beta = inp.beta[i * hv + j];
         // kv = (exp(g)·S)ᵀk = exp(g)·(Sᵀk): a read-only pass over S.
         kv.fill(0.0);
-        for (r, &kr) in s.chunks_exact(dv).zip(k) {
+        for (ri, (r, &kr)) in s.chunks_exact(dv).zip(k).enumerate() {
+            if i == 0 {
+                // the state comes from memory on the first token: rows
+                // prefetched ahead as the decode kernels stream weights
+                super::ssm::prefetch_rows_ahead(s.as_ptr().wrapping_add(ri * dv), dv);
+            }
             for (a, &x) in kv.iter_mut().zip(r) {
                 *a += kr * x;
             }

@@ -162,7 +162,7 @@ fn m2_head(
 /// share of the bandwidth needs requests started that early). Prefetching
 /// past the end of the state is harmless.
 #[inline(always)]
-fn prefetch_rows_ahead(row: *const f32, n: usize) {
+pub(crate) fn prefetch_rows_ahead(row: *const f32, n: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
