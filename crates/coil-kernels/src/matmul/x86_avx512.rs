@@ -285,6 +285,67 @@ unsafe fn k4_scales_mins(sc: *const u8) -> __m128i {
     _mm_set_epi32(m_hi as i32, m_lo as i32, s_hi as i32, s_lo as i32)
 }
 
+/// Step `j` (values `64j..64j + 64`) of a Q4_K/Q5_K block whose packed
+/// nibbles start at `qs`: `[low nibbles | high nibbles]` as one vector, with
+/// Q5_K's fifth bits taken from `hbits` (the block's `qh`, shifted on by two
+/// bits per step).
+#[inline(always)]
+unsafe fn k45_step<const HIGH: bool>(qs: *const u8, j: usize, hbits: &mut __m256i) -> __m512i {
+    let m4 = _mm256_set1_epi8(0xF);
+    let q = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
+    let mut lo = _mm256_and_si256(q, m4);
+    let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    if HIGH {
+        let bit4 = _mm256_set1_epi8(0x10);
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(*hbits, 4), bit4));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(*hbits, 3), bit4));
+        *hbits = _mm256_srli_epi16(*hbits, 2);
+    }
+    _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+}
+
+/// Half `n` (values `128n..128n + 128`) of the Q6_K block at `b`: its 6-bit
+/// values (stored plus 32) as `[values 0..64, values 64..128]`.
+#[inline(always)]
+unsafe fn q6k_half(b: *const u8, n: usize) -> [__m512i; 2] {
+    let m4 = _mm512_set1_epi8(0xF);
+    let m3 = _mm256_set1_epi8(3);
+    let l = _mm512_loadu_si512(b.add(64 * n) as *const _);
+    let h = _mm256_loadu_si256(b.add(128 + 32 * n) as *const __m256i);
+    let h12 = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_and_si256(h, m3)),
+        _mm256_and_si256(_mm256_srli_epi16(h, 2), m3),
+        1,
+    );
+    let h34 = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3)),
+        _mm256_and_si256(_mm256_srli_epi16(h, 6), m3),
+        1,
+    );
+    [
+        _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_slli_epi16(h12, 4)),
+        _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+            _mm512_slli_epi16(h34, 4),
+        ),
+    ]
+}
+
+/// Q6_K's scale lane indices: vector `c` (64 values, 16-groups
+/// `4c..4c + 4`) takes i16 lane `l` from group `4c + l / 8`.
+#[inline(always)]
+unsafe fn q6k_scale_idx() -> [__m512i; 4] {
+    let mut idx = [_mm512_setzero_si512(); 4];
+    for (c, v) in idx.iter_mut().enumerate() {
+        let mut lanes = [0i16; 32];
+        for (l, o) in lanes.iter_mut().enumerate() {
+            *o = (4 * c + l / 8) as i16;
+        }
+        *v = _mm512_loadu_si512(lanes.as_ptr() as *const _);
+    }
+    idx
+}
+
 /// Shared body of Q4_K and Q5_K (`HIGH` adds the fifth bit from `qh`) for
 /// `NT` tokens of Q8_K-style activations.
 #[inline(always)]
@@ -294,8 +355,6 @@ unsafe fn dot_k45<const HIGH: bool, const PF: usize, const NT: usize>(
 ) -> [f32; NT] {
     let nb = xa[0].1.len();
     let bsz = if HIGH { 176 } else { 144 };
-    let m4 = _mm256_set1_epi8(0xF);
-    let bit4 = _mm256_set1_epi8(0x10);
     let idx = [
         idx_pair(0, 1),
         idx_pair(2, 3),
@@ -321,15 +380,7 @@ unsafe fn dot_k45<const HIGH: bool, const PF: usize, const NT: usize>(
         };
         let mut iacc = [_mm512_setzero_si512(); NT];
         for j in 0..4 {
-            let q = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
-            let mut lo = _mm256_and_si256(q, m4);
-            let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            if HIGH {
-                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hbits, 4), bit4));
-                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hbits, 3), bit4));
-                hbits = _mm256_srli_epi16(hbits, 2);
-            }
-            let wv = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+            let wv = k45_step::<HIGH>(qs, j, &mut hbits);
             let sc = _mm512_permutexvar_epi16(idx[j], sm);
             for t in 0..NT {
                 let xv = _mm512_loadu_si512(xa[t].0.as_ptr().add(256 * i + 64 * j) as *const _);
@@ -361,17 +412,7 @@ unsafe fn dot_k45<const HIGH: bool, const PF: usize, const NT: usize>(
 #[inline(always)]
 unsafe fn dot_q6k<const PF: usize, const NT: usize>(row: &[u8], xa: [Act; NT]) -> [f32; NT] {
     let nb = xa[0].1.len();
-    let m4 = _mm512_set1_epi8(0xF);
-    let m3 = _mm256_set1_epi8(3);
-    // chunk c covers 16-groups 4c..4c+4: i16 lane l -> group 4c + l/8
-    let mut idx = [_mm512_setzero_si512(); 4];
-    for (c, v) in idx.iter_mut().enumerate() {
-        let mut lanes = [0i16; 32];
-        for (l, o) in lanes.iter_mut().enumerate() {
-            *o = (4 * c + l / 8) as i16;
-        }
-        *v = _mm512_loadu_si512(lanes.as_ptr() as *const _);
-    }
+    let idx = q6k_scale_idx();
     let mut facc = [_mm512_setzero_ps(); NT];
     for i in 0..nb {
         let b = row.as_ptr().add(210 * i);
@@ -381,23 +422,7 @@ unsafe fn dot_q6k<const PF: usize, const NT: usize>(row: &[u8], xa: [Act; NT]) -
         let sc = _mm512_castsi256_si512(sc16);
         let mut iacc = [_mm512_setzero_si512(); NT];
         for n in 0..2 {
-            let l = _mm512_loadu_si512(b.add(64 * n) as *const _);
-            let h = _mm256_loadu_si256(b.add(128 + 32 * n) as *const __m256i);
-            let h12 = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_and_si256(h, m3)),
-                _mm256_and_si256(_mm256_srli_epi16(h, 2), m3),
-                1,
-            );
-            let h34 = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3)),
-                _mm256_and_si256(_mm256_srli_epi16(h, 6), m3),
-                1,
-            );
-            let q12 = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_slli_epi16(h12, 4));
-            let q34 = _mm512_or_si512(
-                _mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                _mm512_slli_epi16(h34, 4),
-            );
+            let [q12, q34] = q6k_half(b, n);
             let s12 = _mm512_permutexvar_epi16(idx[2 * n], sc);
             let s34 = _mm512_permutexvar_epi16(idx[2 * n + 1], sc);
             for t in 0..NT {

@@ -323,6 +323,11 @@ unsafe fn panel_rows(
     let nb = cols / 32;
     let tiles = n.div_ceil(NT);
     let passes = nb.div_ceil(KB);
+    let k_fn = if crate::simd::avx_vnni() {
+        kernel_vnni
+    } else {
+        kernel
+    };
     if passes > 1 {
         p.acc.resize(tiles * 2 * NT * 8, 0.0);
     }
@@ -334,11 +339,6 @@ unsafe fn panel_rows(
                 [_mm256_setzero_ps(); 2 * NT]
             } else {
                 std::array::from_fn(|i| _mm256_loadu_ps(saved.add(8 * i)))
-            };
-            let k_fn = if crate::simd::avx_vnni() {
-                kernel_vnni
-            } else {
-                kernel
             };
             k_fn(
                 p.q.as_ptr().add(b0 * PANEL_BLOCK),

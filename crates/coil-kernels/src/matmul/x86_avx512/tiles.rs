@@ -22,7 +22,10 @@
 
 use super::super::act::{ActPanel, PANEL_LANES};
 use super::super::x86_avx2::{f16c, PF_STREAM};
-use super::{hsum256, idx_pair, k4_scales_mins, prefetch_ahead, q6k_offset, rd16};
+use super::{
+    hsum256, idx_pair, k45_step, k4_scales_mins, prefetch_ahead, q6k_half, q6k_offset,
+    q6k_scale_idx, rd16,
+};
 use std::arch::x86_64::*;
 
 /// Most tokens per call: a verification of 8 drafts is 9 tokens. Q4_K/Q5_K
@@ -78,8 +81,6 @@ unsafe fn rows_k45<const HIGH: bool, const NT: usize>(
     let nb = p.n_blocks;
     let (xq, xd, xs) = (p.qs.as_ptr(), p.d.as_ptr(), p.sums.as_ptr());
     let bsz = if HIGH { 176 } else { 144 };
-    let m4 = _mm256_set1_epi8(0xF);
-    let bit4 = _mm256_set1_epi8(0x10);
     let idx = [
         idx_pair(0, 1),
         idx_pair(2, 3),
@@ -105,15 +106,7 @@ unsafe fn rows_k45<const HIGH: bool, const NT: usize>(
             };
             let mut iacc = [_mm512_setzero_si512(); NT];
             for (j, ix) in idx.iter().enumerate() {
-                let q = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
-                let mut lo = _mm256_and_si256(q, m4);
-                let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-                if HIGH {
-                    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hbits, 4), bit4));
-                    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hbits, 3), bit4));
-                    hbits = _mm256_srli_epi16(hbits, 2);
-                }
-                let mut wv = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                let mut wv = k45_step::<HIGH>(qs, j, &mut hbits);
                 let mut sc = _mm512_permutexvar_epi16(*ix, sm);
                 pin!(wv, sc);
                 for t in 0..NT {
@@ -154,17 +147,7 @@ unsafe fn rows_q6_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
     let n = check::<NT>(w, rb, p, out);
     let nb = p.n_blocks;
     let (xq, xd, xs) = (p.qs.as_ptr(), p.d.as_ptr(), p.sums.as_ptr());
-    let m4 = _mm512_set1_epi8(0xF);
-    let m3 = _mm256_set1_epi8(3);
-    // chunk c covers 16-groups 4c..4c+4: i16 lane l -> group 4c + l/8
-    let mut idx = [_mm512_setzero_si512(); 4];
-    for (c, v) in idx.iter_mut().enumerate() {
-        let mut lanes = [0i16; 32];
-        for (l, o) in lanes.iter_mut().enumerate() {
-            *o = (4 * c + l / 8) as i16;
-        }
-        *v = _mm512_loadu_si512(lanes.as_ptr() as *const _);
-    }
+    let idx = q6k_scale_idx();
     for r in 0..n {
         let row = w.as_ptr().add(r * rb);
         let mut facc = [_mm512_setzero_ps(); NT];
@@ -175,23 +158,7 @@ unsafe fn rows_q6_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
             let sc = _mm512_castsi256_si512(sc16);
             let mut iacc = [_mm512_setzero_si512(); NT];
             for nn in 0..2 {
-                let l = _mm512_loadu_si512(b.add(64 * nn) as *const _);
-                let h = _mm256_loadu_si256(b.add(128 + 32 * nn) as *const __m256i);
-                let h12 = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_and_si256(h, m3)),
-                    _mm256_and_si256(_mm256_srli_epi16(h, 2), m3),
-                    1,
-                );
-                let h34 = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3)),
-                    _mm256_and_si256(_mm256_srli_epi16(h, 6), m3),
-                    1,
-                );
-                let mut q12 = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_slli_epi16(h12, 4));
-                let mut q34 = _mm512_or_si512(
-                    _mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                    _mm512_slli_epi16(h34, 4),
-                );
+                let [mut q12, mut q34] = q6k_half(b, nn);
                 let mut s12 = _mm512_permutexvar_epi16(idx[2 * nn], sc);
                 let mut s34 = _mm512_permutexvar_epi16(idx[2 * nn + 1], sc);
                 pin!(q12, q34, s12, s34);
