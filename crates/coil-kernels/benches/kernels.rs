@@ -138,6 +138,13 @@ fn main() {
         };
         return decode_shapes_bench(&pool, ty);
     }
+    if let Some(ty) = filter.strip_prefix("prefill") {
+        let ty = match ty.trim_start_matches(['-', '_']) {
+            "" => GgmlType::Q4_K,
+            t => GgmlType::from_name(t).unwrap_or_else(|| panic!("unknown format {t}")),
+        };
+        return prefill_shapes_bench(&pool, ty);
+    }
     let bw = read_bandwidth(&pool);
     let peak = fma_peak(&pool);
     println!("machine: memory read {bw:.1} GB/s, f32 FMA peak {peak:.0} GFLOP/s\n");
@@ -314,6 +321,33 @@ fn main() {
 /// fill 256 MB and the copies are multiplied in turn, so every product
 /// streams its weights from memory as in a model's forward pass (whose
 /// weights are far larger than the caches).
+/// Prefill (512 tokens) at the shapes of an LFM2-1.2B-like model: where a
+/// prompt's time goes, per weight format (`-- 2 prefill-Q4_K`).
+fn prefill_shapes_bench(pool: &ThreadPool, ty: GgmlType) {
+    let mut rng = Rng::new(11);
+    let n = 512;
+    println!("matmul (prefill), {n} tokens, {} weights:", ty.name());
+    println!("{:>22} {:>9} {:>9}", "shape (in -> out)", "ms", "GFLOP/s");
+    for (cols, rows, what) in [
+        (2048usize, 8192usize, "ffn up"),
+        (8192, 2048, "ffn down"),
+        (2048, 6144, "conv in"),
+        (2048, 2048, "square"),
+    ] {
+        let data = random_weights(&mut rng, ty, rows, cols);
+        let w = WeightRef::new(ty, &data, rows, cols).unwrap();
+        let x = rng.vec(n * cols);
+        let mut y = vec![0f32; n * rows];
+        let secs = best_of(5, || matmul(pool, &w, &x, &mut y, n));
+        println!(
+            "{:>22} {:>9.2} {:>9.1}",
+            format!("{what} {cols} -> {rows}"),
+            secs * 1e3,
+            2.0 * (n * rows * cols) as f64 / secs / 1e9
+        );
+    }
+}
+
 fn decode_shapes_bench(pool: &ThreadPool, ty: GgmlType) {
     let bwbuf: Vec<f32> = (0..64usize << 20).map(|i| (i % 7) as f32).collect();
     let mut rng = Rng::new(7);
