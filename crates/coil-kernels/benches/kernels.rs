@@ -696,6 +696,34 @@ fn ops_bench(pool: &ThreadPool, rng: &mut Rng, bw: f64) {
                 gated_delta_scan(pool, gd, s, inp, &mut o, 1);
             }
         });
+        // A prompt of 512 tokens through one layer, the chunked form.
+        {
+            use coil_kernels::ops::gated_delta_chunk::{gated_delta_chunked, DEFAULT_CHUNK};
+            let t = 512;
+            let (q, k) = (norm(rng.vec(t * h * dk)), norm(rng.vec(t * h * dk)));
+            let v = rng.vec(t * h * dk);
+            let g: Vec<f32> = rng.vec(t * h).iter().map(|x| -x.abs() * 0.1).collect();
+            let beta: Vec<f32> = rng.vec(t * h).iter().map(|x| 0.5 + 0.4 * x).collect();
+            let inp = DeltaInputs {
+                q: &q,
+                k: &k,
+                ld_qk: h * dk,
+                v: &v,
+                ld_v: h * dk,
+                g: &g,
+                beta: &beta,
+            };
+            let mut o = vec![0f32; t * h * dk];
+            let mut s = s32[0].clone();
+            let secs = best_of(5, || {
+                gated_delta_chunked(pool, gd, DEFAULT_CHUNK, &mut s, inp, &mut o, t)
+            });
+            println!(
+                "{:>34} {:>10.3}",
+                format!("delta chunked T={t}, {h} heads"),
+                secs * 1e3
+            );
+        }
         for (ty, secs, size) in [("f32", f32_secs, 4.0), ("bf16", bf16_secs, 2.0)] {
             println!(
                 "{:>34} {:>10.3} {:>9.1} {:>9.1}",

@@ -562,6 +562,70 @@ pub(crate) mod tests {
     use super::*;
     use crate::testutil::Rng;
 
+    /// Every tile path of the chunk's products (AVX-512 8 × 32, the 4 × 16
+    /// band) gives the band's result bit for bit: fused
+    /// multiply-adds in `r` order, then `c += alpha · sum`; the columns past
+    /// the whole tiles go one row at a time.
+    #[test]
+    fn tiles_are_the_band_bit_for_bit() {
+        let mut rng = Rng::new(9);
+        let (m, n, k) = (64, 45, 64);
+        for tri in [Tri::Full, Tri::LowerC, Tri::LowerA] {
+            let mut a = rng.vec(m * k);
+            if tri == Tri::LowerA {
+                for i in 0..m {
+                    a[i * k + i..(i + 1) * k].fill(0.0);
+                }
+            }
+            let b = rng.vec(k * n);
+            let c0 = rng.vec(m * n);
+            let mut want = c0.clone();
+            for i in 0..m {
+                for j in 0..n {
+                    let w = &mut want[i * n + j];
+                    if j < 32 {
+                        // in a whole tile of 16 (or 32) columns
+                        let mut acc = 0f32;
+                        for r in 0..k {
+                            acc = a[i * k + r].mul_add(b[r * n + j], acc);
+                        }
+                        *w = 0.5f32.mul_add(acc, *w);
+                    } else {
+                        // the columns past them, one row at a time
+                        for r in 0..k {
+                            *w = (0.5 * a[i * k + r]).mul_add(b[r * n + j], *w);
+                        }
+                    }
+                }
+            }
+            for wide in [false, true] {
+                if wide && crate::simd::level() != crate::simd::SimdLevel::Avx512 {
+                    continue;
+                }
+                let mut c = c0.clone();
+                if wide {
+                    gemm_acc::<true, true>(tri, m, n, k, 0.5, &a, k, &b, n, &mut c, n);
+                } else {
+                    gemm_acc::<true, false>(tri, m, n, k, 0.5, &a, k, &b, n, &mut c, n);
+                }
+                for i in 0..m {
+                    let cols = if tri == Tri::LowerC {
+                        (i + 1).min(n)
+                    } else {
+                        n
+                    };
+                    for j in 0..cols {
+                        assert_eq!(
+                            c[i * n + j].to_bits(),
+                            want[i * n + j].to_bits(),
+                            "wide {wide} row {i} col {j}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     pub fn chunked_matches_recurrence() {
         let mut rng = Rng::new(21);
