@@ -248,25 +248,7 @@ fn main() {
             100.0 * ratios[1]
         );
         // Formats with an integer GEMM: the f32 GEMM path too, side by side.
-        let int_fmt = match simd::level() {
-            simd::SimdLevel::Avx512 => matches!(
-                ty,
-                GgmlType::Q8_0
-                    | GgmlType::Q4_0
-                    | GgmlType::IQ4_NL
-                    | GgmlType::Q4_K
-                    | GgmlType::Q5_K
-                    | GgmlType::Q6_K
-                    | GgmlType::IQ4_XS
-            ),
-            simd::SimdLevel::Avx2 => {
-                matches!(
-                    ty,
-                    GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_0
-                )
-            }
-            simd::SimdLevel::Scalar => false,
-        };
+        let int_fmt = coil_kernels::matmul::has_int_gemm(ty, simd::level());
         if int_fmt {
             coil_kernels::matmul::set_int_gemm(false);
             let f = best_of(4, || matmul(&pool, &w, &x, &mut y, n));

@@ -1,6 +1,6 @@
 //! Integer GEMM for many tokens (prefill) with AVX-512 VNNI, for the
 //! formats made of blocks with one scale (and optionally a min) per 32
-//! values (Q8_0, Q4_0, IQ4_NL, Q4_K, Q5_K, IQ4_XS) or per 16 (Q6_K).
+//! values (Q8_0, Q4_0, Q5_0, IQ4_NL, Q4_K, Q5_K, IQ4_XS) or per 16 (Q6_K).
 //!
 //! A weight block decodes to `w = a·q − b` with `q` small integers (i8).
 //! Activations are quantized per 32 values (`x = dx·qx`, as for the dot
@@ -21,7 +21,7 @@
 //! feeds both panels. Output rows of a token are contiguous in `y`, so
 //! results are stored as vectors.
 
-use super::dequant::{iq4xs_scales, scale_min_k4, KVALUES_IQ4NL};
+use super::decode_i8::decode_row;
 use super::{SendPtr, WeightRef};
 use crate::pool::ThreadPool;
 use coil_gguf::GgmlType;
@@ -34,7 +34,10 @@ const NT: usize = 4;
 /// Whether `ty` has an integer GEMM.
 pub fn supported(ty: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(ty, Q8_0 | Q4_0 | IQ4_NL | Q4_K | Q5_K | IQ4_XS | Q6_K)
+    matches!(
+        ty,
+        Q8_0 | Q4_0 | Q5_0 | IQ4_NL | Q4_K | Q5_K | IQ4_XS | Q6_K
+    )
 }
 
 /// Values per scale: 16 for Q6_K, 32 for the others.
@@ -44,140 +47,6 @@ fn sub16(ty: GgmlType) -> bool {
 
 fn has_min(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K)
-}
-
-/// Decodes one encoded row into 32-blocks: `q` (i8), and `a`, `b` per
-/// scale group `g` written at `a[g · st]`, `b[g · st]` (a panel's
-/// `[group][16 rows]` layout: `st` = 16, `a`, `b` at the row's lane).
-///
-/// # Safety
-/// AVX-512 (BW, VL) and F16C; `a` and `b` valid for the row's scale groups
-/// at stride `st`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
-unsafe fn decode_row(ty: GgmlType, src: &[u8], q: &mut [i8], a: *mut f32, b: *mut f32, st: usize) {
-    use GgmlType::*;
-    // the f16 at byte `off` of a block, converted by F16C (inlined here)
-    let rd_f16 = |blk: &[u8], off: usize| {
-        super::x86_avx2::f16c(u16::from_le_bytes([blk[off], blk[off + 1]]))
-    };
-    let (bs, ts) = ty.block_layout();
-    let m4 = _mm_set1_epi8(0xF);
-    let tbl = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
-    let eight = _mm_set1_epi8(8);
-    let bit4 = _mm_set1_epi8(0x10);
-    // 16 packed nibbles at `p` -> 32 values [lo | hi] at `out` (table or minus 8)
-    let nib = |p: *const u8, out: *mut i8, nl: bool| {
-        let v = _mm_loadu_si128(p as *const __m128i);
-        let lo = _mm_and_si128(v, m4);
-        let hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
-        let (lo, hi) = if nl {
-            (_mm_shuffle_epi8(tbl, lo), _mm_shuffle_epi8(tbl, hi))
-        } else {
-            (_mm_sub_epi8(lo, eight), _mm_sub_epi8(hi, eight))
-        };
-        _mm_storeu_si128(out as *mut __m128i, lo);
-        _mm_storeu_si128(out.add(16) as *mut __m128i, hi);
-    };
-    for (bi, blk) in src.chunks_exact(ts).enumerate() {
-        let qo = q.as_mut_ptr().add(bi * bs);
-        let nsub = bs / if ty == Q6_K { 16 } else { 32 };
-        // this block's scale groups, `st` apart
-        let (a, b) = (a.add(bi * nsub * st), b.add(bi * nsub * st));
-        let set = |p: *mut f32, g: usize, v: f32| *p.add(g * st) = v;
-        let bp = blk.as_ptr();
-        match ty {
-            Q8_0 => {
-                set(a, 0, rd_f16(blk, 0));
-                set(b, 0, 0.0);
-                std::ptr::copy_nonoverlapping(bp.add(2) as *const i8, qo, 32);
-            }
-            Q4_0 | IQ4_NL => {
-                set(a, 0, rd_f16(blk, 0));
-                set(b, 0, 0.0);
-                nib(bp.add(2), qo, ty == IQ4_NL);
-            }
-            Q4_K | Q5_K => {
-                let (d, dmin) = (rd_f16(blk, 0), rd_f16(blk, 2));
-                let scales = &blk[4..16];
-                let high = ty == Q5_K;
-                let qs = bp.add(if high { 48 } else { 16 });
-                for j in 0..4 {
-                    let (s1, m1) = scale_min_k4(2 * j, scales);
-                    let (s2, m2) = scale_min_k4(2 * j + 1, scales);
-                    set(a, 2 * j, d * s1 as f32);
-                    set(b, 2 * j, dmin * m1 as f32);
-                    set(a, 2 * j + 1, d * s2 as f32);
-                    set(b, 2 * j + 1, dmin * m2 as f32);
-                }
-                for h in 0..2 {
-                    let mut hb = if high {
-                        _mm_loadu_si128(bp.add(16 + 16 * h) as *const __m128i)
-                    } else {
-                        _mm_setzero_si128()
-                    };
-                    for j in 0..4 {
-                        let v = _mm_loadu_si128(qs.add(32 * j + 16 * h) as *const __m128i);
-                        let mut lo = _mm_and_si128(v, m4);
-                        let mut hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
-                        if high {
-                            lo = _mm_or_si128(lo, _mm_and_si128(_mm_slli_epi16(hb, 4), bit4));
-                            hi = _mm_or_si128(hi, _mm_and_si128(_mm_slli_epi16(hb, 3), bit4));
-                            hb = _mm_srli_epi16(hb, 2);
-                        }
-                        _mm_storeu_si128(qo.add(64 * j + 16 * h) as *mut __m128i, lo);
-                        _mm_storeu_si128(qo.add(64 * j + 32 + 16 * h) as *mut __m128i, hi);
-                    }
-                }
-            }
-            IQ4_XS => {
-                let d = rd_f16(blk, 0);
-                let ls = iq4xs_scales(blk);
-                for ib in 0..8 {
-                    set(a, ib, d * ls[ib] as f32);
-                    set(b, ib, 0.0);
-                    nib(bp.add(8 + 16 * ib), qo.add(32 * ib), true);
-                }
-            }
-            Q6_K => {
-                let d = rd_f16(blk, 208);
-                for g in 0..nsub {
-                    set(a, g, d * (blk[192 + g] as i8) as f32);
-                    set(b, g, 0.0);
-                }
-                let m3 = _mm_set1_epi8(3);
-                let off = _mm_set1_epi8(32);
-                for n in 0..2 {
-                    let ql = bp.add(64 * n);
-                    let qh = bp.add(128 + 32 * n);
-                    for l in [0usize, 16] {
-                        let va = _mm_loadu_si128(ql.add(l) as *const __m128i);
-                        let vc = _mm_loadu_si128(ql.add(l + 32) as *const __m128i);
-                        let h = _mm_loadu_si128(qh.add(l) as *const __m128i);
-                        let h0 = _mm_slli_epi16(_mm_and_si128(h, m3), 4);
-                        let h2 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 2), m3), 4);
-                        let h4 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 4), m3), 4);
-                        let h6 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 6), m3), 4);
-                        let q1 = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(va, m4), h0), off);
-                        let q2 = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(vc, m4), h2), off);
-                        let q3 = _mm_sub_epi8(
-                            _mm_or_si128(_mm_and_si128(_mm_srli_epi16(va, 4), m4), h4),
-                            off,
-                        );
-                        let q4 = _mm_sub_epi8(
-                            _mm_or_si128(_mm_and_si128(_mm_srli_epi16(vc, 4), m4), h6),
-                            off,
-                        );
-                        let base = qo.add(128 * n + l);
-                        _mm_storeu_si128(base as *mut __m128i, q1);
-                        _mm_storeu_si128(base.add(32) as *mut __m128i, q2);
-                        _mm_storeu_si128(base.add(64) as *mut __m128i, q3);
-                        _mm_storeu_si128(base.add(96) as *mut __m128i, q4);
-                    }
-                }
-            }
-            _ => unreachable!("igemm: unsupported {ty}"),
-        }
-    }
 }
 
 /// Activations of all tokens: `qx + 128` as u8 `[n][cols]`, one scale `dx`

@@ -26,6 +26,8 @@
 //!   a dot kernel decode each row once and use f32 dots.)
 
 pub mod act;
+#[cfg(target_arch = "x86_64")]
+mod decode_i8;
 pub mod dequant;
 pub mod gemm;
 #[cfg(target_arch = "x86_64")]
@@ -227,7 +229,8 @@ pub fn matmul_at(
 static INT_GEMM: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 /// Integer GEMM for prefill (AVX-512 VNNI: the 32-block formats; AVX2: Q4_K,
-/// Q5_K, Q6_K, Q8_0): on unless
+/// Q5_K, Q6_K and the one-scale 32-blocks Q8_0, Q4_0, Q5_0, IQ4_NL,
+/// IQ4_XS): on unless
 /// `COIL_INT_GEMM=0` is set or [`set_int_gemm`]`(false)` was called.
 fn int_gemm_enabled() -> bool {
     use std::sync::atomic::Ordering;
@@ -239,6 +242,21 @@ fn int_gemm_enabled() -> bool {
             INT_GEMM.store(if on { 1 } else { 2 }, Ordering::Relaxed);
             on
         }
+    }
+}
+
+/// Whether prefill of `ty` at `level` has an integer GEMM (used unless it
+/// is switched off, see [`set_int_gemm`]).
+pub fn has_int_gemm(ty: GgmlType, level: SimdLevel) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        (level >= SimdLevel::Avx512 && igemm::supported(ty))
+            || (level == SimdLevel::Avx2 && igemm_avx2::supported(ty))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (ty, level);
+        false
     }
 }
 
@@ -273,15 +291,16 @@ fn gemm_min_tokens(ty: GgmlType, level: SimdLevel) -> usize {
     if level >= SimdLevel::Avx512 && igemm::supported(ty) && int_gemm_enabled() {
         // The two-panel integer GEMM overtakes the dot kernels early
         // (2 threads, 4096 x 4096: Q4_K 16 tokens 0.91 ms against 1.79,
-        // 8 tokens even; Q8_0 16 tokens 1.75-2.04 against 2.51).
-        return 12;
+        // 8 tokens even; Q8_0 16 tokens 1.75-2.04 against 2.51). Q5_0
+        // has no few-token tiles: the GEMM from 8, as for its f32 GEMM.
+        return if ty == Q5_0 { 8 } else { 12 };
     }
     #[cfg(target_arch = "x86_64")]
     if level == SimdLevel::Avx2 && igemm_avx2::supported(ty) && int_gemm_enabled() {
         // The AVX2 integer GEMM (Q4_K/Q5_K/Q6_K/Q8_0) crosses the dot
         // kernels at about 8 tokens (4096 x 4096, 1 thread; at 12 tokens
         // Q8_0 6.5 ms against 8.3, Q4_K 6.1 against 14.0): as at AVX-512.
-        return 12;
+        return if ty == Q5_0 { 8 } else { 12 };
     }
     match (ty, level) {
         (_, SimdLevel::Scalar) => 4,

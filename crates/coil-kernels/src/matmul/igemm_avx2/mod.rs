@@ -1,6 +1,7 @@
 //! Integer GEMM for many tokens (prefill) at the AVX2 level (no VNNI): the
 //! K-quants of the Q4_K_M / Q5_K_M mixtures (Q4_K, Q5_K, Q6_K, [`kquant`])
-//! and Q8_0 ([`q8_0`]).
+//! and the formats of signed integers with one scale per 32 values (Q8_0,
+//! Q4_0, Q5_0, IQ4_NL, IQ4_XS: [`scale32`]).
 //!
 //! Both multiply small integers exactly in i32 per scale group and apply
 //! the float scales once per group: weights packed per panel of [`NR`] rows
@@ -11,8 +12,8 @@
 //! stores.
 
 mod kquant;
-mod q8_0;
 mod quant;
+mod scale32;
 
 use super::WeightRef;
 use crate::pool::ThreadPool;
@@ -25,19 +26,20 @@ const NR: usize = 8;
 
 /// Whether `ty` has an AVX2 integer GEMM.
 pub fn supported(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_0
-    )
+    kquant_format(ty) || scale32::supported(ty)
+}
+
+fn kquant_format(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
 }
 
 /// `y = x · wᵀ` for `n_tokens` tokens. The caller checks [`supported`] and
 /// that the CPU has AVX2 + FMA + F16C.
 pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_tokens: usize) {
-    if w.ty == GgmlType::Q8_0 {
-        q8_0::igemm(pool, w, x, y, n_tokens)
-    } else {
+    if kquant_format(w.ty) {
         kquant::igemm(pool, w, x, y, n_tokens)
+    } else {
+        scale32::igemm(pool, w, x, y, n_tokens)
     }
 }
 

@@ -1,8 +1,10 @@
-//! Q8_0: blocks of 32 signed weights `q` (−128..127) with one f16 scale
-//! `d`; the activations quantized the same way as for the decode path
-//! (Q8_0 style: `x = dx·qx`, `qx` in −127..127, one `dx` per 32). Per row,
-//! token and block, `Σ q·qx` is exact in i32 and `y += (d·dx)·Σ` in f32,
-//! blocks in order.
+//! The formats of 32 signed weights `q` with one float scale `d` per block:
+//! Q8_0 (`q` −128..127), Q4_0 (−8..7), Q5_0 (−16..15), IQ4_NL (its table,
+//! −127..113) and IQ4_XS (the same table, `d` per 32 from its 6-bit
+//! sub-scales). The activations are quantized as for the Q8_0 decode path
+//! (`x = dx·qx`, `qx` in −127..127, one `dx` per 32). Per row, token and
+//! block, `Σ q·qx` is exact in i32 and `y += (d·dx)·Σ` in f32, blocks in
+//! order.
 //!
 //! Both operands are signed, so `vpmaddubsw` (unsigned × signed) would need
 //! the sign moved onto the activations product by product (`vpsignb`, as
@@ -24,10 +26,12 @@
 //! (16 KiB) stays in L1 while the tiles stream through (stored pass by
 //! pass: one contiguous stream per pass).
 
+use super::super::decode_i8::decode_row;
 use super::super::dequant::rd_f16;
 use super::super::{SendPtr, WeightRef};
 use super::{over_panels, quant, transpose8};
 use crate::pool::ThreadPool;
+use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
@@ -42,6 +46,12 @@ const PANEL_BLOCK: usize = 16 * PR * 2;
 /// i32 of a packed block of a tile: 16 pairs × [`NT`] tokens.
 const TILE_BLOCK: usize = 16 * NT;
 
+/// Whether `ty` is one of this GEMM's formats.
+pub(super) fn supported(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(ty, Q8_0 | Q4_0 | Q5_0 | IQ4_NL | IQ4_XS)
+}
+
 /// One packed panel of [`PR`] rows.
 #[derive(Default)]
 struct Panel {
@@ -51,6 +61,10 @@ struct Panel {
     d: Vec<f32>,
     /// The panel's rows widened, `[PR][cols]`, before the transpose.
     rows: Vec<i16>,
+    /// One row decoded (formats other than Q8_0), `[cols]`, and the
+    /// decoder's mins (all zero for these formats).
+    row8: Vec<i8>,
+    mins: Vec<f32>,
     /// Partial sums between passes, `[tile][2 · NT][8]` (rows 0–7 of the
     /// tile's tokens, then rows 8–15).
     acc: Vec<f32>,
@@ -89,15 +103,36 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, nr: usize, p: &mut Panel) {
             }
             continue;
         }
-        for (b, blk) in w.row(r0 + r).chunks_exact(34).enumerate() {
-            p.d[b * PR + r] = rd_f16(blk, 0);
-            let q = _mm256_loadu_si256(blk.as_ptr().add(2) as *const __m256i);
-            let o = dst.as_mut_ptr().add(32 * b) as *mut __m256i;
+        // 32 values of i8 at `q` widened into block `b` of the row
+        let out = dst.as_mut_ptr();
+        let widen = |q: *const u8, b: usize| {
+            let q = _mm256_loadu_si256(q as *const __m256i);
+            let o = out.add(32 * b) as *mut __m256i;
             _mm256_storeu_si256(o, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)));
             _mm256_storeu_si256(
                 o.add(1),
                 _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)),
             );
+        };
+        if w.ty == GgmlType::Q8_0 {
+            for (b, blk) in w.row(r0 + r).chunks_exact(34).enumerate() {
+                p.d[b * PR + r] = rd_f16(blk, 0);
+                widen(blk.as_ptr().add(2), b);
+            }
+        } else {
+            p.row8.resize(cols, 0);
+            p.mins.resize(nb * PR, 0.0);
+            decode_row(
+                w.ty,
+                w.row(r0 + r),
+                &mut p.row8,
+                p.d.as_mut_ptr().add(r),
+                p.mins.as_mut_ptr().add(r),
+                PR,
+            );
+            for b in 0..nb {
+                widen(p.row8.as_ptr().add(32 * b) as *const u8, b);
+            }
         }
     }
     // [r][pair] -> [pair][r]: 8 x 8 transposes of 32-bit pairs, rows 0-7
@@ -361,8 +396,8 @@ unsafe fn panel_rows(
     }
 }
 
-/// `y = x · wᵀ` for `n_tokens` tokens (Q8_0 weights; the CPU has AVX2 +
-/// FMA + F16C).
+/// `y = x · wᵀ` for `n_tokens` tokens (weights of a [`supported`] format;
+/// the CPU has AVX2 + FMA + F16C).
 pub(super) fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_tokens: usize) {
     let (rows, cols) = (w.rows, w.cols);
     let mut acts = ACTS.with(|a| std::mem::take(&mut *a.borrow_mut()));
@@ -386,12 +421,13 @@ mod tests {
     use crate::testutil::{random_weights, Rng};
     use coil_gguf::GgmlType;
 
-    /// The integer GEMM gives, per row and token, `Σ_b d·dx·Σ q·qx` of the
-    /// decode path's activation quantization (checked in f64, to f32
-    /// rounding), for every weight byte including −128, ragged panels and
-    /// token tiles, one and two threads.
+    /// The integer GEMM gives, per row and token, `Σ_b dx·Σ w·qx` with the
+    /// decode path's activation quantization and the scalar decoder's
+    /// weights `w = d·q` (checked in f64, to f32 rounding), for every
+    /// format, every Q8_0 byte including −128, ragged panels and token
+    /// tiles, one and two threads.
     #[test]
-    fn q8_0_igemm_is_the_exact_integer_product() {
+    fn igemm_is_the_exact_integer_product() {
         if !std::arch::is_x86_feature_detected!("avx2")
             || !std::arch::is_x86_feature_detected!("fma")
             || !std::arch::is_x86_feature_detected!("f16c")
@@ -399,39 +435,55 @@ mod tests {
             return;
         }
         let mut rng = Rng::new(11);
-        for (rows, cols, n, threads) in [
-            (8, 32, 6, 1),
-            (21, 96, 13, 2),
-            (64, 512, 40, 2),
-            (40, 1088, 9, 2),
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q5_0,
+            GgmlType::IQ4_NL,
+            GgmlType::IQ4_XS,
         ] {
-            let mut data = random_weights(&mut rng, GgmlType::Q8_0, rows, cols);
-            // one block of extremes: −128 and 127
-            data[2..18].fill(0x80);
-            data[18..34].fill(0x7f);
-            let w = WeightRef::new(GgmlType::Q8_0, &data, rows, cols).unwrap();
-            let mut x = rng.vec(n * cols);
-            x[..32].fill(0.0); // a zero block
-            let pool = ThreadPool::new(threads);
-            let mut y = vec![f32::NAN; n * rows];
-            igemm(&pool, &w, &x, &mut y, n);
-            let a = super::super::super::act::QuantAct::q8_0(&x, cols);
-            for t in 0..n {
+            for (rows, cols, n, threads) in [
+                (8, 256, 6, 1),
+                (21, 768, 13, 2),
+                (64, 512, 40, 2),
+                (40, 1280, 9, 2),
+            ] {
+                let mut data = random_weights(&mut rng, ty, rows, cols);
+                if ty == GgmlType::Q8_0 {
+                    // one block of extremes: −128 and 127
+                    data[2..18].fill(0x80);
+                    data[18..34].fill(0x7f);
+                }
+                let w = WeightRef::new(ty, &data, rows, cols).unwrap();
+                let mut x = rng.vec(n * cols);
+                x[..32].fill(0.0); // a zero block
+                let pool = ThreadPool::new(threads);
+                let mut y = vec![f32::NAN; n * rows];
+                igemm(&pool, &w, &x, &mut y, n);
+                let a = super::super::super::act::QuantAct::q8_0(&x, cols);
+                let mut wr = vec![0f32; cols];
                 for r in 0..rows {
-                    let (mut want, mut mag) = (0f64, 0f64);
-                    for (b, blk) in w.row(r).chunks_exact(34).enumerate() {
-                        let isum: i32 = (0..32)
-                            .map(|i| blk[2 + i] as i8 as i32 * a.qs[t * cols + 32 * b + i] as i32)
-                            .sum();
-                        let s = rd_f16(blk, 0) as f64 * a.d[t * cols / 32 + b] as f64;
-                        want += s * isum as f64;
-                        mag += (s * isum as f64).abs();
+                    assert!(super::super::super::dequant::dequant_row(
+                        ty,
+                        w.row(r),
+                        &mut wr
+                    ));
+                    for t in 0..n {
+                        let (mut want, mut mag) = (0f64, 0f64);
+                        for (b, wb) in wr.chunks_exact(32).enumerate() {
+                            let dot: f64 = (0..32)
+                                .map(|i| wb[i] as f64 * a.qs[t * cols + 32 * b + i] as f64)
+                                .sum();
+                            let s = a.d[t * cols / 32 + b] as f64 * dot;
+                            want += s;
+                            mag += s.abs();
+                        }
+                        let got = y[t * rows + r] as f64;
+                        assert!(
+                            (got - want).abs() <= 1e-6 * mag + 1e-12,
+                            "{ty} rows {rows} cols {cols} t {t} r {r}: {got} vs {want}"
+                        );
                     }
-                    let got = y[t * rows + r] as f64;
-                    assert!(
-                        (got - want).abs() <= 1e-6 * mag + 1e-12,
-                        "rows {rows} cols {cols} t {t} r {r}: {got} vs {want}"
-                    );
                 }
             }
         }

@@ -1,0 +1,177 @@
+//! Weight rows decoded to small signed integers and float scales, for the
+//! integer GEMMs: `w = a·q − b` per scale group (32 values; Q6_K 16), `q`
+//! as i8. The AVX-512 GEMM packs them as they come; the AVX2 GEMM of the
+//! one-scale formats widens them to i16. 128-bit integer instructions only,
+//! so both levels share it.
+
+use super::dequant::{iq4xs_scales, scale_min_k4, KVALUES_IQ4NL};
+use coil_gguf::GgmlType;
+use std::arch::x86_64::*;
+
+/// Decodes one encoded row into 32-blocks: `q` (i8), and `a`, `b` per
+/// scale group `g` written at `a[g · st]`, `b[g · st]` (a panel's
+/// `[group][16 rows]` layout: `st` = 16, `a`, `b` at the row's lane).
+///
+/// # Safety
+/// AVX2 and F16C; `a` and `b` valid for the row's scale groups
+/// at stride `st`.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn decode_row(
+    ty: GgmlType,
+    src: &[u8],
+    q: &mut [i8],
+    a: *mut f32,
+    b: *mut f32,
+    st: usize,
+) {
+    use GgmlType::*;
+    // the f16 at byte `off` of a block, converted by F16C (inlined here)
+    let rd_f16 = |blk: &[u8], off: usize| {
+        super::x86_avx2::f16c(u16::from_le_bytes([blk[off], blk[off + 1]]))
+    };
+    let (bs, ts) = ty.block_layout();
+    let m4 = _mm_set1_epi8(0xF);
+    let tbl = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
+    let eight = _mm_set1_epi8(8);
+    let bit4 = _mm_set1_epi8(0x10);
+    // 16 packed nibbles at `p` -> 32 values [lo | hi] at `out` (table or minus 8)
+    let nib = |p: *const u8, out: *mut i8, nl: bool| {
+        let v = _mm_loadu_si128(p as *const __m128i);
+        let lo = _mm_and_si128(v, m4);
+        let hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+        let (lo, hi) = if nl {
+            (_mm_shuffle_epi8(tbl, lo), _mm_shuffle_epi8(tbl, hi))
+        } else {
+            (_mm_sub_epi8(lo, eight), _mm_sub_epi8(hi, eight))
+        };
+        _mm_storeu_si128(out as *mut __m128i, lo);
+        _mm_storeu_si128(out.add(16) as *mut __m128i, hi);
+    };
+    for (bi, blk) in src.chunks_exact(ts).enumerate() {
+        let qo = q.as_mut_ptr().add(bi * bs);
+        let nsub = bs / if ty == Q6_K { 16 } else { 32 };
+        // this block's scale groups, `st` apart
+        let (a, b) = (a.add(bi * nsub * st), b.add(bi * nsub * st));
+        let set = |p: *mut f32, g: usize, v: f32| *p.add(g * st) = v;
+        let bp = blk.as_ptr();
+        match ty {
+            Q8_0 => {
+                set(a, 0, rd_f16(blk, 0));
+                set(b, 0, 0.0);
+                std::ptr::copy_nonoverlapping(bp.add(2) as *const i8, qo, 32);
+            }
+            Q4_0 | IQ4_NL => {
+                set(a, 0, rd_f16(blk, 0));
+                set(b, 0, 0.0);
+                nib(bp.add(2), qo, ty == IQ4_NL);
+            }
+            Q5_0 => {
+                // the fifth bit of value v is bit v of `qh`: bytes 0-1 of
+                // `qh` for the low nibbles (values 0-15), 2-3 for the high
+                set(a, 0, rd_f16(blk, 0));
+                set(b, 0, 0.0);
+                let qh = _mm_set1_epi32(i32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]));
+                let bits = _mm_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+                let fifth = |sel: __m128i| {
+                    let h = _mm_and_si128(_mm_shuffle_epi8(qh, sel), bits);
+                    _mm_and_si128(_mm_cmpeq_epi8(h, bits), bit4)
+                };
+                let h_lo = fifth(_mm_setr_epi8(
+                    0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                ));
+                let h_hi = fifth(_mm_setr_epi8(
+                    2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+                ));
+                let v = _mm_loadu_si128(bp.add(6) as *const __m128i);
+                let sixteen = _mm_set1_epi8(16);
+                let lo = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(v, m4), h_lo), sixteen);
+                let hi = _mm_sub_epi8(
+                    _mm_or_si128(_mm_and_si128(_mm_srli_epi16(v, 4), m4), h_hi),
+                    sixteen,
+                );
+                _mm_storeu_si128(qo as *mut __m128i, lo);
+                _mm_storeu_si128(qo.add(16) as *mut __m128i, hi);
+            }
+            Q4_K | Q5_K => {
+                let (d, dmin) = (rd_f16(blk, 0), rd_f16(blk, 2));
+                let scales = &blk[4..16];
+                let high = ty == Q5_K;
+                let qs = bp.add(if high { 48 } else { 16 });
+                for j in 0..4 {
+                    let (s1, m1) = scale_min_k4(2 * j, scales);
+                    let (s2, m2) = scale_min_k4(2 * j + 1, scales);
+                    set(a, 2 * j, d * s1 as f32);
+                    set(b, 2 * j, dmin * m1 as f32);
+                    set(a, 2 * j + 1, d * s2 as f32);
+                    set(b, 2 * j + 1, dmin * m2 as f32);
+                }
+                for h in 0..2 {
+                    let mut hb = if high {
+                        _mm_loadu_si128(bp.add(16 + 16 * h) as *const __m128i)
+                    } else {
+                        _mm_setzero_si128()
+                    };
+                    for j in 0..4 {
+                        let v = _mm_loadu_si128(qs.add(32 * j + 16 * h) as *const __m128i);
+                        let mut lo = _mm_and_si128(v, m4);
+                        let mut hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+                        if high {
+                            lo = _mm_or_si128(lo, _mm_and_si128(_mm_slli_epi16(hb, 4), bit4));
+                            hi = _mm_or_si128(hi, _mm_and_si128(_mm_slli_epi16(hb, 3), bit4));
+                            hb = _mm_srli_epi16(hb, 2);
+                        }
+                        _mm_storeu_si128(qo.add(64 * j + 16 * h) as *mut __m128i, lo);
+                        _mm_storeu_si128(qo.add(64 * j + 32 + 16 * h) as *mut __m128i, hi);
+                    }
+                }
+            }
+            IQ4_XS => {
+                let d = rd_f16(blk, 0);
+                let ls = iq4xs_scales(blk);
+                for ib in 0..8 {
+                    set(a, ib, d * ls[ib] as f32);
+                    set(b, ib, 0.0);
+                    nib(bp.add(8 + 16 * ib), qo.add(32 * ib), true);
+                }
+            }
+            Q6_K => {
+                let d = rd_f16(blk, 208);
+                for g in 0..nsub {
+                    set(a, g, d * (blk[192 + g] as i8) as f32);
+                    set(b, g, 0.0);
+                }
+                let m3 = _mm_set1_epi8(3);
+                let off = _mm_set1_epi8(32);
+                for n in 0..2 {
+                    let ql = bp.add(64 * n);
+                    let qh = bp.add(128 + 32 * n);
+                    for l in [0usize, 16] {
+                        let va = _mm_loadu_si128(ql.add(l) as *const __m128i);
+                        let vc = _mm_loadu_si128(ql.add(l + 32) as *const __m128i);
+                        let h = _mm_loadu_si128(qh.add(l) as *const __m128i);
+                        let h0 = _mm_slli_epi16(_mm_and_si128(h, m3), 4);
+                        let h2 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 2), m3), 4);
+                        let h4 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 4), m3), 4);
+                        let h6 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 6), m3), 4);
+                        let q1 = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(va, m4), h0), off);
+                        let q2 = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(vc, m4), h2), off);
+                        let q3 = _mm_sub_epi8(
+                            _mm_or_si128(_mm_and_si128(_mm_srli_epi16(va, 4), m4), h4),
+                            off,
+                        );
+                        let q4 = _mm_sub_epi8(
+                            _mm_or_si128(_mm_and_si128(_mm_srli_epi16(vc, 4), m4), h6),
+                            off,
+                        );
+                        let base = qo.add(128 * n + l);
+                        _mm_storeu_si128(base as *mut __m128i, q1);
+                        _mm_storeu_si128(base.add(32) as *mut __m128i, q2);
+                        _mm_storeu_si128(base.add(64) as *mut __m128i, q3);
+                        _mm_storeu_si128(base.add(96) as *mut __m128i, q4);
+                    }
+                }
+            }
+            _ => unreachable!("igemm: unsupported {ty}"),
+        }
+    }
+}
