@@ -3,12 +3,19 @@
 # interleaved.
 #
 # 1. builds llama.cpp once (scripts/build-llamacpp.sh; idempotent);
-# 2. makes a Python environment for llama.cpp's converter (transformers 4.x);
+# 2. makes a Python environment for llama.cpp's converter (transformers 4.x),
+#    and, when a Qwen3.5 shape is asked for, a second one with transformers 5
+#    (which has Qwen3.5; each only when a model needs it);
 # 3. creates the random-weight benchmark models (tools/make_bench_models.py:
-#    mamba2-370m-like, hybrid-350m-like; see docs/PERFORMANCE.md);
+#    mamba2-370m-like, hybrid-350m-like by default; see docs/PERFORMANCE.md);
 # 4. converts them with llama.cpp's convert_hf_to_gguf.py (--outtype f16, and
 #    --outtype bf16 for BF16) and quantizes to Q8_0 and Q4_K_M with
-#    llama-quantize;
+#    llama-quantize. qwen35-0.8b-like and qwen35moe-1b-like are made and
+#    converted under transformers 5, the converter run with --no-mtp and its
+#    BPE pre-tokenizer name fixed to "olmo" (the name it gives the GPT-NeoX
+#    tokenizer), as tools/make_fixtures_qwen35.py runs it;
+#    --prepare-only stops here (no coil build, no benchmark, no GNU time
+#    needed) and lists the files;
 # 5. builds coil in release;
 # 6. for each file, REPS rounds of: `coil bench`, then `llama-bench` (once per
 #    --repack value), each a fresh process with one timed repetition after
@@ -35,9 +42,11 @@
 #   scripts/bench-vs-llamacpp.sh [-r REPS] [-t THREADS] [-p N_PROMPT] [-n N_GEN] [-d DEPTH]
 #                                [--models "mamba2-370m-like hybrid-350m-like"]
 #                                (also: mamba-370m-like, a Mamba-1 shape;
-#                                lfm2-1.2b-like, LFM2's short-conv hybrid)
+#                                lfm2-1.2b-like, LFM2's short-conv hybrid;
+#                                qwen35-0.8b-like and qwen35moe-1b-like, the
+#                                Gated DeltaNet hybrids, dense and MoE)
 #                                [--types "F16 BF16 Q8_0 Q4_K_M"] [--skip-build]
-#                                [--isa avx2|avx512|native]
+#                                [--isa avx2|avx512|native] [--prepare-only]
 #   scripts/bench-vs-llamacpp.sh --report RUN_DIR [same -r/-p/-n/-d/--models/--types]
 #                                (re-print the report of a finished run)
 #
@@ -48,7 +57,13 @@
 #   CONVERT_PYTHON   a Python with transformers 4.x, torch, safetensors,
 #                    numpy, sentencepiece for the converter (default: a venv
 #                    made in $BENCH_DIR/venv-convert, sharing the system's
-#                    packages, with transformers 4.57 pinned)
+#                    packages, with transformers 4.57 pinned); not made when
+#                    only Qwen3.5 shapes are asked for
+#   QWEN35_PYTHON    a Python with transformers 5.x (Qwen3.5), torch,
+#                    safetensors, numpy, sentencepiece that creates and
+#                    converts qwen35-0.8b-like and qwen35moe-1b-like (default:
+#                    a venv made in $BENCH_DIR/venv-qwen35, sharing the
+#                    system's packages, with transformers 5.23 pinned)
 #   LLAMACPP_DIR     where scripts/build-llamacpp.sh builds llama.cpp
 #   LLAMA_REPACK     llama-bench --repack values to try (default "1 0")
 #   COIL_BENCH_ARGS  extra arguments for `coil bench`
@@ -67,6 +82,9 @@ TYPES="F16 BF16 Q8_0 Q4_K_M"
 SKIP_BUILD=0
 REPORT_ONLY=""
 ISA=""
+PREPARE_ONLY=0
+# What tools/make_bench_models.py can build.
+KNOWN_MODELS="mamba2-370m-like hybrid-350m-like mamba-370m-like lfm2-1.2b-like qwen35-0.8b-like qwen35moe-1b-like"
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -78,10 +96,18 @@ while [ $# -gt 0 ]; do
         --models) MODELS="$2"; shift 2 ;;
         --types) TYPES="$2"; shift 2 ;;
         --skip-build) SKIP_BUILD=1; shift ;;
+        --prepare-only) PREPARE_ONLY=1; shift ;;
         --isa) ISA="$2"; shift 2 ;;
         --report) REPORT_ONLY="$2"; shift 2 ;;
         -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d'; exit 0 ;;
         *) echo "error: unknown argument: $1" >&2; exit 2 ;;
+    esac
+done
+
+for m in $MODELS; do
+    case " $KNOWN_MODELS " in
+        *" $m "*) ;;
+        *) echo "error: unknown model '$m' (known: $KNOWN_MODELS)" >&2; exit 2 ;;
     esac
 done
 
@@ -197,7 +223,10 @@ if [ -n "$REPORT_ONLY" ]; then
     exit 0
 fi
 
-[ -x /usr/bin/time ] || { echo "error: /usr/bin/time (GNU time) is needed for peak RSS" >&2; exit 1; }
+if [ "$PREPARE_ONLY" = 0 ] && [ ! -x /usr/bin/time ]; then
+    echo "error: /usr/bin/time (GNU time) is needed for peak RSS" >&2
+    exit 1
+fi
 
 # ---- 1. llama.cpp --------------------------------------------------------------
 if [ -n "$ISA" ]; then
@@ -208,9 +237,20 @@ fi
 LLAMACPP_DIR="$(realpath -m "${LLAMACPP_DIR:-$REPO_ROOT/../llama.cpp-build}")"
 # shellcheck disable=SC1091
 source "$LLAMACPP_DIR/env.sh"
+# shellcheck disable=SC2153  # set by env.sh
+: "${LLAMACPP_BIN:?not set by $LLAMACPP_DIR/env.sh}" "${LLAMACPP_CONVERT:?}" "${LLAMACPP_GGUF_PY:?}"
 
-# ---- 2. converter environment ---------------------------------------------------
-if [ -z "${CONVERT_PYTHON:-}" ]; then
+# ---- 2. converter environments --------------------------------------------------
+# The Qwen3.5 shapes need transformers 5 (for the model classes; the pinned
+# converter runs under it too); every other shape is made and converted under
+# transformers 4.57, the version the pinned converter expects.
+is_qwen35() { case "$1" in qwen35*) return 0 ;; *) return 1 ;; esac; }
+
+need_convert_env=0
+for m in $MODELS; do
+    is_qwen35 "$m" || need_convert_env=1
+done
+if [ "$need_convert_env" = 1 ] && [ -z "${CONVERT_PYTHON:-}" ]; then
     venv="$BENCH_DIR/venv-convert"
     if [ ! -x "$venv/bin/python" ]; then
         log "making $venv (transformers 4.57 for llama.cpp's converter)"
@@ -225,34 +265,86 @@ if [ -z "${CONVERT_PYTHON:-}" ]; then
     CONVERT_PYTHON="$venv/bin/python"
 fi
 
+# Made on first use only (a model, F16 or BF16 file of a Qwen3.5 shape missing).
+qwen35_python() {
+    [ -n "${QWEN35_PYTHON:-}" ] && return 0
+    local venv="$BENCH_DIR/venv-qwen35"
+    if [ ! -x "$venv/bin/python" ]; then
+        log "making $venv (transformers 5 for the Qwen3.5 shapes)"
+        python3 -m venv --system-site-packages "$venv"
+    fi
+    if ! "$venv/bin/python" -c 'import transformers, sys; sys.exit(0 if transformers.__version__.startswith("5.23") else 1)' 2>/dev/null; then
+        "$venv/bin/pip" install -q 'transformers==5.23.*' sentencepiece safetensors numpy
+    fi
+    if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
+        "$venv/bin/pip" install -q torch
+    fi
+    QWEN35_PYTHON="$venv/bin/python"
+}
+
+# llama.cpp's converter with its BPE pre-tokenizer name fixed to "olmo", the
+# name its table gives the GPT-NeoX tokenizer, as tools/make_fixtures_qwen35.py
+# runs it. The table is keyed by the hash of a check string's tokens; under
+# transformers 5.23 the full NeoX tokenizer still hashes to olmo, so this only
+# keeps a transformers 5 release that tokenizes differently from stopping the
+# conversion. argv: the converter, then its arguments.
+FIXED_PRE_CONVERT='
+import os, sys
+convert = sys.argv.pop(1)
+sys.argv[0] = convert
+sys.path.insert(0, os.path.dirname(convert))
+import convert_hf_to_gguf
+from conversion import base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "olmo"
+convert_hf_to_gguf.main()
+'
+
+# convert_hf MODEL OUTTYPE OUTFILE LOGFILE
+convert_hf() {
+    local m="$1" outtype="$2" out="$3" logf="$4"
+    local hf="$BENCH_DIR/$m/hf"
+    log "converting $m (llama.cpp's convert_hf_to_gguf.py --outtype $outtype)"
+    if is_qwen35 "$m"; then
+        PYTHONPATH="$LLAMACPP_GGUF_PY" "$QWEN35_PYTHON" -c "$FIXED_PRE_CONVERT" "$LLAMACPP_CONVERT" \
+            "$hf" --outtype "$outtype" --no-mtp --outfile "$out.partial" > "$logf" 2>&1 \
+            || { echo "error: conversion failed, see $logf" >&2; exit 1; }
+    else
+        PYTHONPATH="$LLAMACPP_GGUF_PY" "$CONVERT_PYTHON" "$LLAMACPP_CONVERT" "$hf" \
+            --outtype "$outtype" --outfile "$out.partial" > "$logf" 2>&1 \
+            || { echo "error: conversion failed, see $logf" >&2; exit 1; }
+    fi
+    mv "$out.partial" "$out"
+}
+
 # ---- 3-4. models -----------------------------------------------------------------
 for m in $MODELS; do
     hf="$BENCH_DIR/$m/hf"
+    f16="$BENCH_DIR/$m/$m.F16.gguf"
+    bf16="$BENCH_DIR/$m/$m.BF16.gguf"
+    py="${CONVERT_PYTHON:-}"
+    if is_qwen35 "$m"; then
+        want_bf16=0
+        case " $TYPES " in *" BF16 "*) want_bf16=1 ;; esac
+        if [ ! -f "$hf/model.safetensors" ] || [ ! -f "$f16" ] || { [ "$want_bf16" = 1 ] && [ ! -f "$bf16" ]; }; then
+            qwen35_python
+        fi
+        py="${QWEN35_PYTHON:-}"
+    fi
     if [ ! -f "$hf/model.safetensors" ]; then
         [ -f "$TOKENIZER" ] || { echo "error: tokenizer $TOKENIZER not found (set TOKENIZER)" >&2; exit 1; }
         log "creating $m"
-        "$CONVERT_PYTHON" "$REPO_ROOT/tools/make_bench_models.py" --tokenizer "$TOKENIZER" \
+        "$py" "$REPO_ROOT/tools/make_bench_models.py" --tokenizer "$TOKENIZER" \
             --out "$BENCH_DIR" --only "$m" >&2
     fi
-    f16="$BENCH_DIR/$m/$m.F16.gguf"
     if [ ! -f "$f16" ]; then
-        log "converting $m (llama.cpp's convert_hf_to_gguf.py --outtype f16)"
-        PYTHONPATH="$LLAMACPP_GGUF_PY" "$CONVERT_PYTHON" "$LLAMACPP_CONVERT" "$hf" \
-            --outtype f16 --outfile "$f16.partial" > "$BENCH_DIR/$m/convert.log" 2>&1 \
-            || { echo "error: conversion failed, see $BENCH_DIR/$m/convert.log" >&2; exit 1; }
-        mv "$f16.partial" "$f16"
+        convert_hf "$m" f16 "$f16" "$BENCH_DIR/$m/convert.log"
     fi
     for t in $TYPES; do
         [ "$t" = F16 ] && continue
         if [ "$t" = BF16 ]; then
             # bf16 is a conversion (the checkpoint's own type), not a quantization
-            bf16="$BENCH_DIR/$m/$m.BF16.gguf"
             if [ ! -f "$bf16" ]; then
-                log "converting $m (llama.cpp's convert_hf_to_gguf.py --outtype bf16)"
-                PYTHONPATH="$LLAMACPP_GGUF_PY" "$CONVERT_PYTHON" "$LLAMACPP_CONVERT" "$hf" \
-                    --outtype bf16 --outfile "$bf16.partial" > "$BENCH_DIR/$m/convert.bf16.log" 2>&1 \
-                    || { echo "error: conversion failed, see $BENCH_DIR/$m/convert.bf16.log" >&2; exit 1; }
-                mv "$bf16.partial" "$bf16"
+                convert_hf "$m" bf16 "$bf16" "$BENCH_DIR/$m/convert.bf16.log"
             fi
             continue
         fi
@@ -266,6 +358,17 @@ for m in $MODELS; do
         fi
     done
 done
+
+if [ "$PREPARE_ONLY" = 1 ]; then
+    log "models ready (--prepare-only: no coil build, no benchmark)"
+    for m in $MODELS; do
+        for t in $TYPES; do
+            echo "$BENCH_DIR/$m/$m.$t.gguf"
+        done
+    done
+    log "llama.cpp binaries: $LLAMACPP_BIN"
+    exit 0
+fi
 
 # ---- 5. coil ---------------------------------------------------------------------
 if [ "$SKIP_BUILD" = 0 ]; then

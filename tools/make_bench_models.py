@@ -44,7 +44,10 @@ numbers on the development machine):
   two 248320-row embeddings; ~0.7 B active per token, output head included).
   Both need transformers 5 (Qwen3.5) and llama.cpp's converter with
   `--no-mtp`, run as tools/make_fixtures_qwen35.py runs it (pre-tokenizer
-  name fixed to olmo); scripts/bench-vs-llamacpp.sh does not build them yet.
+  name fixed to olmo); scripts/bench-vs-llamacpp.sh builds them so (`--models
+  "qwen35-0.8b-like qwen35moe-1b-like"`, in a second Python environment,
+  $BENCH_DIR/venv-qwen35 or QWEN35_PYTHON; `--prepare-only` stops once the
+  GGUF files exist).
 
 Random weights cost the same compute as trained ones. Init: every matrix
 N(0, 1/fan_in) (unit-variance activations), tied embeddings N(0, (4/sqrt(d))^2)
@@ -52,7 +55,8 @@ N(0, 1/fan_in) (unit-variance activations), tied embeddings N(0, (4/sqrt(d))^2)
 transformers' own init. Every value is f16-representable.
 
 Run it with the Python that runs llama.cpp's convert_hf_to_gguf.py: the
-converter of the pinned llama.cpp expects transformers 4.x. With
+converter of the pinned llama.cpp expects transformers 4.x (the Qwen3.5
+shapes, which transformers 4 does not have: transformers 5 for both). With
 transformers 5 the script still works: it writes GraniteMoeHybrid's
 `layer_types` in the 4.x spelling ("mamba" / "attention") that the converter
 reads.
