@@ -270,6 +270,44 @@ unsafe fn kernel<const ACC: usize, const GC: usize>(
     rows: usize,
     r0: usize,
 ) {
+    kernel_body::<ACC, GC, false>(p, acts, cols, ts, nr, y, rows, r0)
+}
+
+/// [`kernel`] with AVX-VNNI: a scale group's products go into i32 by
+/// `vpdpbusd` (one instruction per `vpmaddubsw` + `vpaddw` pair), and the
+/// group scale multiplies the i32 sums (`vpmulld`) instead of the i16 ones
+/// (`vpmaddwd`): the same exact integers, so the same result.
+///
+/// # Safety
+/// AVX2 and AVX-VNNI available; as [`kernel`].
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn kernel_vnni<const ACC: usize, const GC: usize>(
+    p: &Panel,
+    acts: &Acts,
+    cols: usize,
+    ts: &[usize],
+    nr: usize,
+    y: *mut f32,
+    rows: usize,
+    r0: usize,
+) {
+    kernel_body::<ACC, GC, true>(p, acts, cols, ts, nr, y, rows, r0)
+}
+
+/// The body of [`kernel`] (`VNNI`: of [`kernel_vnni`]).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn kernel_body<const ACC: usize, const GC: usize, const VNNI: bool>(
+    p: &Panel,
+    acts: &Acts,
+    cols: usize,
+    ts: &[usize],
+    nr: usize,
+    y: *mut f32,
+    rows: usize,
+    r0: usize,
+) {
     let nsb = cols / 256;
     let gps = 64 / GC; // scale groups per super-block
     let npairs = cols / (4 * GC) / 2;
@@ -279,20 +317,56 @@ unsafe fn kernel<const ACC: usize, const GC: usize>(
     for sb in 0..nsb {
         let mut iacc = [_mm256_setzero_si256(); NT];
         let qsb = p.q.as_ptr().add(sb * 256 * NR);
-        for g0 in (0..64).step_by(ACC) {
-            let mut p16 = [_mm256_setzero_si256(); NT];
-            for g in g0..g0 + ACC {
-                let wv = _mm256_loadu_si256(qsb.add(32 * g) as *const __m256i);
+        // one broadcast of 4 activation bytes of token t, column group g
+        let xb = |t: usize, g: usize| {
+            _mm256_set1_epi32((xp[t].add(256 * sb + 4 * g) as *const i32).read_unaligned())
+        };
+        if VNNI {
+            // Two scale groups at a time: 2·NT independent `vpdpbusd`
+            // chains (one group's NT chains wait on its latency).
+            let scale = |g0: usize| {
+                // each row's scale is in both i16 halves of its lane: the
+                // high half, sign-extended, is the scale as i32 (Q6_K's are
+                // signed)
+                _mm256_srai_epi32::<16>(_mm256_loadu_si256(
+                    p.s.as_ptr().add((sb * gps + g0 / GC) * NR) as *const _,
+                ))
+            };
+            for g0 in (0..64).step_by(2 * GC) {
+                let mut ga = [_mm256_setzero_si256(); NT];
+                let mut gb = [_mm256_setzero_si256(); NT];
+                for k in 0..GC {
+                    let (a, b) = (g0 + k, g0 + GC + k);
+                    let wa = _mm256_loadu_si256(qsb.add(32 * a) as *const __m256i);
+                    let wb = _mm256_loadu_si256(qsb.add(32 * b) as *const __m256i);
+                    for t in 0..NT {
+                        ga[t] = _mm256_dpbusd_avx_epi32(ga[t], wa, xb(t, a));
+                        gb[t] = _mm256_dpbusd_avx_epi32(gb[t], wb, xb(t, b));
+                    }
+                }
+                let (sa, sbv) = (scale(g0), scale(g0 + GC));
                 for t in 0..NT {
-                    let xb = _mm256_set1_epi32(
-                        (xp[t].add(256 * sb + 4 * g) as *const i32).read_unaligned(),
+                    let v = _mm256_add_epi32(
+                        _mm256_mullo_epi32(ga[t], sa),
+                        _mm256_mullo_epi32(gb[t], sbv),
                     );
-                    p16[t] = _mm256_add_epi16(p16[t], _mm256_maddubs_epi16(wv, xb));
+                    iacc[t] = _mm256_add_epi32(iacc[t], v);
                 }
             }
-            let sv = _mm256_loadu_si256(p.s.as_ptr().add((sb * gps + g0 / GC) * NR) as *const _);
-            for t in 0..NT {
-                iacc[t] = _mm256_add_epi32(iacc[t], _mm256_madd_epi16(p16[t], sv));
+        } else {
+            for g0 in (0..64).step_by(ACC) {
+                let mut p16 = [_mm256_setzero_si256(); NT];
+                for g in g0..g0 + ACC {
+                    let wv = _mm256_loadu_si256(qsb.add(32 * g) as *const __m256i);
+                    for (t, a) in p16.iter_mut().enumerate() {
+                        *a = _mm256_add_epi16(*a, _mm256_maddubs_epi16(wv, xb(t, g)));
+                    }
+                }
+                let sv =
+                    _mm256_loadu_si256(p.s.as_ptr().add((sb * gps + g0 / GC) * NR) as *const _);
+                for t in 0..NT {
+                    iacc[t] = _mm256_add_epi32(iacc[t], _mm256_madd_epi16(p16[t], sv));
+                }
             }
         }
         // Σ_g m_g · Σ_g qx, two groups per vpmaddwd.
@@ -324,6 +398,19 @@ unsafe fn kernel<const ACC: usize, const GC: usize>(
 /// `y = x · wᵀ` for `n_tokens` tokens (Q4_K, Q5_K or Q6_K weights; the
 /// CPU has AVX2 + FMA + F16C).
 pub(super) fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_tokens: usize) {
+    igemm_with(pool, w, x, y, n_tokens, crate::simd::avx_vnni())
+}
+
+/// [`igemm`], with the AVX-VNNI kernel or without (`vnni` only where the
+/// CPU has it).
+fn igemm_with(
+    pool: &ThreadPool,
+    w: &WeightRef,
+    x: &[f32],
+    y: &mut [f32],
+    n_tokens: usize,
+    vnni: bool,
+) {
     let (rows, cols) = (w.rows, w.cols);
     let group = if w.ty == GgmlType::Q6_K { 16 } else { 32 };
     let mut acts = ACTS.with(|a| std::mem::take(&mut *a.borrow_mut()));
@@ -347,14 +434,61 @@ pub(super) fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], 
                 // belong to this panel only.
                 unsafe {
                     let y = yp.get();
-                    match w.ty {
-                        GgmlType::Q4_K => kernel::<8, 8>(p, &acts, cols, ts, nr, y, rows, r0),
-                        GgmlType::Q5_K => kernel::<4, 8>(p, &acts, cols, ts, nr, y, rows, r0),
-                        _ => kernel::<2, 4>(p, &acts, cols, ts, nr, y, rows, r0),
+                    match (w.ty, vnni) {
+                        (GgmlType::Q4_K, false) => {
+                            kernel::<8, 8>(p, &acts, cols, ts, nr, y, rows, r0)
+                        }
+                        (GgmlType::Q5_K, false) => {
+                            kernel::<4, 8>(p, &acts, cols, ts, nr, y, rows, r0)
+                        }
+                        (_, false) => kernel::<2, 4>(p, &acts, cols, ts, nr, y, rows, r0),
+                        (GgmlType::Q6_K, true) => {
+                            kernel_vnni::<2, 4>(p, &acts, cols, ts, nr, y, rows, r0)
+                        }
+                        (_, true) => kernel_vnni::<8, 8>(p, &acts, cols, ts, nr, y, rows, r0),
                     }
                 }
             }
         }
     });
     ACTS.with(|a| *a.borrow_mut() = acts);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{random_weights, Rng};
+
+    /// The AVX-VNNI kernel computes the same integers as the plain AVX2 one:
+    /// the same floats, bit for bit (random weights: Q6_K's scales of both
+    /// signs), ragged panels and token tiles.
+    #[test]
+    fn vnni_kernel_is_the_avx2_kernel_bit_for_bit() {
+        if !std::arch::is_x86_feature_detected!("avx2")
+            || !std::arch::is_x86_feature_detected!("fma")
+            || !std::arch::is_x86_feature_detected!("f16c")
+            || !std::arch::is_x86_feature_detected!("avxvnni")
+        {
+            return;
+        }
+        let mut rng = Rng::new(23);
+        let pool = ThreadPool::new(2);
+        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+            for (rows, cols, n) in [(8, 256, 4), (37, 768, 13), (64, 512, 30)] {
+                let data = random_weights(&mut rng, ty, rows, cols);
+                let w = WeightRef::new(ty, &data, rows, cols).unwrap();
+                let x = rng.vec(n * cols);
+                let (mut a, mut b) = (vec![f32::NAN; n * rows], vec![f32::NAN; n * rows]);
+                igemm_with(&pool, &w, &x, &mut a, n, false);
+                igemm_with(&pool, &w, &x, &mut b, n, true);
+                for (i, (u, v)) in a.iter().zip(&b).enumerate() {
+                    assert_eq!(
+                        u.to_bits(),
+                        v.to_bits(),
+                        "{ty} {rows}x{cols} n {n}: y[{i}] {u} vs {v}"
+                    );
+                }
+            }
+        }
+    }
 }
