@@ -180,8 +180,10 @@ impl Scheduler {
     ) -> Result<(Scheduler, std::thread::JoinHandle<()>), SchedulerError> {
         // A conversation resumes right after its last generated token:
         // checkpoint every decode step, not only prompts.
+        // Pinned checkpoints (below) come back to the memory for reuse.
         if let Some(r) = &mut engine.mem.recurrent {
             r.policy.every_call = true;
+            r.hold_outside(MAX_PINNED);
         }
         if cfg.parallel == 0 {
             return Err(SchedulerError::NoParallel);

@@ -4,7 +4,7 @@
 
 use super::{seq_len_or_zero, GenRequest, Worker, MAX_PINNED};
 use crate::metrics;
-use coil::memory::SeqId;
+use coil::memory::{Checkpoint, SeqId};
 
 impl Worker {
     /// Where sequence `s`, sharing `len` tokens with a prompt, can resume
@@ -113,7 +113,7 @@ impl Worker {
         let Some(mut pick) = best else {
             let slot = self.take_slot(None).ok_or("no free sequence slot")?;
             self.engine.seq_clear(slot).map_err(|e| e.to_string())?;
-            self.pinned[slot].clear();
+            self.unpin_where(slot, |_| false);
             return Ok((slot, 0, shared));
         };
         if let Some(p) = pick.prompt.take() {
@@ -134,17 +134,19 @@ impl Worker {
         } else {
             let slot = self.take_slot(Some(src)).ok_or("no free sequence slot")?;
             self.engine.seq_fork(src, slot).map_err(|e| e.to_string())?;
+            self.unpin_where(slot, |_| false);
             self.pinned[slot] = self.pinned[src].clone();
             if pick.parked {
                 self.cache.touch(src);
             }
             slot
         };
-        self.pinned[slot].retain(|c| c.pos <= pick.at);
+        let at = pick.at;
+        self.unpin_where(slot, |c| c.pos <= at);
         if pick.at < seq_len_or_zero(&self.engine, slot) {
             if let Err(e) = self.unpin_into_engine(slot, pick.at) {
                 let _ = self.engine.seq_clear(slot);
-                self.pinned[slot].clear();
+                self.unpin_where(slot, |_| false);
                 return Err(e);
             }
         }
@@ -154,7 +156,7 @@ impl Worker {
             Ok(s) => s,
             Err(e) => {
                 let _ = self.engine.seq_clear(slot);
-                self.pinned[slot].clear();
+                self.unpin_where(slot, |_| false);
                 return Err(e.to_string());
             }
         };
@@ -184,7 +186,22 @@ impl Worker {
         pins.push(cp);
         pins.sort_by_key(|c| c.pos);
         if pins.len() > MAX_PINNED {
-            pins.remove(0);
+            let oldest = pins.remove(0);
+            if let Some(r) = &mut self.engine.mem.recurrent {
+                r.give_back([oldest]);
+            }
+        }
+    }
+
+    /// Drops the pinned checkpoints of slot `s` that `keep` rejects; their
+    /// buffers go back to the engine's recurrent memory for reuse.
+    pub(super) fn unpin_where(&mut self, s: SeqId, keep: impl Fn(&Checkpoint) -> bool) {
+        let (kept, gone): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pinned[s])
+            .into_iter()
+            .partition(|c| keep(c));
+        self.pinned[s] = kept;
+        if let Some(r) = &mut self.engine.mem.recurrent {
+            r.give_back(gone);
         }
     }
 

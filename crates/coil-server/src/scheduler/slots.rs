@@ -53,7 +53,7 @@ impl Worker {
             Ok(t) if keep && !t.is_empty() => t.to_vec(),
             _ => {
                 let _ = self.engine.seq_clear(s);
-                self.pinned[s].clear();
+                self.unpin_where(s, |_| false);
                 self.refresh_cache_bytes();
                 return;
             }
@@ -73,7 +73,7 @@ impl Worker {
     pub(super) fn evict(&mut self, s: SeqId) {
         self.cache.remove(s);
         let _ = self.engine.seq_clear(s);
-        self.pinned[s].clear();
+        self.unpin_where(s, |_| false);
         metrics::add(&self.metrics.cache_evictions, 1);
         self.refresh_cache_bytes();
     }
