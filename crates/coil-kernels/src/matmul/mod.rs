@@ -27,6 +27,8 @@
 
 pub mod act;
 #[cfg(target_arch = "x86_64")]
+mod bf16_gemm;
+#[cfg(target_arch = "x86_64")]
 mod decode_i8;
 pub mod dequant;
 pub mod gemm;
@@ -215,6 +217,16 @@ pub fn matmul_at(
             #[cfg(target_arch = "x86_64")]
             if level >= SimdLevel::Avx512 && igemm::supported(w.ty) && int_gemm_enabled() {
                 return igemm::igemm(pool, w, x, y, n_tokens);
+            }
+            // BF16 weights: bf16 products where the CPU has them (the
+            // activations rounded to bf16), else the exact f32 GEMM.
+            #[cfg(target_arch = "x86_64")]
+            if level >= SimdLevel::Avx512
+                && w.ty == GgmlType::BF16
+                && w.cols.is_multiple_of(32)
+                && bf16_gemm::available()
+            {
+                return bf16_gemm::gemm(pool, w, x, y, n_tokens);
             }
             #[cfg(target_arch = "x86_64")]
             if level == SimdLevel::Avx2 && igemm_avx2::supported(w.ty) && int_gemm_enabled() {

@@ -1,0 +1,225 @@
+//! BF16 weights times many tokens (prefill) with AVX512_BF16: the
+//! activations rounded to bf16 (round to nearest even, as
+//! `vcvtne2ps2bf16` does), products by `vdpbf16ps` (two bf16 products per
+//! f32 lane, summed into f32) — the precision llama.cpp and transformers
+//! use for bf16 weights, at twice the products per instruction of the exact
+//! f32 GEMM (which the F16 files and the CPUs without AVX512_BF16 keep).
+//!
+//! Layout: a work item is two panels of 16 weight rows (a last odd panel
+//! is paired with an empty one), packed `[column pair][16 rows][2]` (one
+//! 64-byte vector per `vdpbf16ps`); the activations `[token][cols]` as
+//! bf16, so one broadcast of a token's column pair feeds both panels. The
+//! microkernel keeps [`NT`] tokens × 32 rows of `y` in registers.
+
+use super::{SendPtr, WeightRef};
+use crate::pool::ThreadPool;
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+/// Tokens per microkernel call.
+const NT: usize = 8;
+
+/// Whether this CPU runs [`gemm`] (AVX-512 F/BW and AVX512_BF16), unless
+/// `COIL_BF16_DOT=0` keeps BF16 weights on the exact f32 GEMM.
+pub fn available() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512bf16")
+            && std::env::var("COIL_BF16_DOT").map_or(true, |v| v.trim() != "0")
+    })
+}
+
+thread_local! {
+    /// The activations as bf16, `[n][cols]` (kept between calls).
+    static XB: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
+    /// Two packed panels, `[cols / 2][16][2]` each.
+    static PANELS: RefCell<[Vec<u32>; 2]> = const { RefCell::new([Vec::new(), Vec::new()]) };
+}
+
+/// `x` (`cols` a multiple of 32) rounded to bf16 into `xb`.
+///
+/// # Safety
+/// AVX-512 F/BW and AVX512_BF16 available.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn to_bf16(x: &[f32], xb: &mut [u16]) {
+    for (s, d) in x.chunks_exact(32).zip(xb.chunks_exact_mut(32)) {
+        let lo = _mm512_loadu_ps(s.as_ptr());
+        let hi = _mm512_loadu_ps(s.as_ptr().add(16));
+        let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+        _mm512_storeu_si512(d.as_mut_ptr() as *mut _, v);
+    }
+}
+
+/// Rows `r0..r0 + 16` of `w` (those past the end: zeros) packed as
+/// `[column pair][16 rows]` (each u32 a pair of bf16).
+///
+/// # Safety
+/// AVX-512 F available; `w` is BF16 with an even column count.
+#[target_feature(enable = "avx512f")]
+unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Vec<u32>) {
+    let pairs = w.cols / 2;
+    p.resize(pairs * 16, 0);
+    let nr = 16.min(w.rows.saturating_sub(r0));
+    if nr == 0 {
+        p.fill(0);
+        return;
+    }
+    let stride = (w.row_bytes() / 4) as i32; // u32 per row
+    let idx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(stride),
+    );
+    let live: u16 = if nr == 16 { 0xFFFF } else { (1u16 << nr) - 1 };
+    let base = w.data.as_ptr().add(r0 * w.row_bytes()) as *const i32;
+    let out = p.as_mut_ptr();
+    for c in 0..pairs {
+        // the pair of column `c` of the 16 rows
+        let v = _mm512_mask_i32gather_epi32::<4>(_mm512_setzero_si512(), live, idx, base.add(c));
+        _mm512_storeu_si512(out.add(16 * c) as *mut _, v);
+    }
+}
+
+/// `y[t, r0..r0+32]` for tokens `ts` (up to [`NT`]; unused slots repeat
+/// the last token and are not stored).
+///
+/// # Safety
+/// AVX-512 F/BW and AVX512_BF16 available; panels packed from `cols`
+/// columns, `xb` holds every token of `ts`; `y` is `[tokens][rows]`.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn kernel(
+    p: [&[u32]; 2],
+    xb: &[u16],
+    cols: usize,
+    ts: &[usize],
+    nr: [usize; 2],
+    y: *mut f32,
+    rows: usize,
+    r0: usize,
+) {
+    let xp: [*const i32; NT] =
+        std::array::from_fn(|i| xb.as_ptr().add(ts[i.min(ts.len() - 1)] * cols) as *const i32);
+    let mut acc = [[_mm512_setzero_ps(); NT]; 2];
+    let (w0p, w1p) = (p[0].as_ptr(), p[1].as_ptr());
+    for c in 0..cols / 2 {
+        let w0: __m512bh = std::mem::transmute(_mm512_loadu_si512(w0p.add(16 * c) as *const _));
+        let w1: __m512bh = std::mem::transmute(_mm512_loadu_si512(w1p.add(16 * c) as *const _));
+        for t in 0..NT {
+            let x: __m512bh = std::mem::transmute(_mm512_set1_epi32(xp[t].add(c).read_unaligned()));
+            acc[0][t] = _mm512_dpbf16_ps(acc[0][t], w0, x);
+            acc[1][t] = _mm512_dpbf16_ps(acc[1][t], w1, x);
+        }
+    }
+    for k in 0..2 {
+        let mask: u16 = if nr[k] >= 16 {
+            0xFFFF
+        } else {
+            (1u16 << nr[k]) - 1
+        };
+        for (i, &t) in ts.iter().enumerate() {
+            _mm512_mask_storeu_ps(y.add(t * rows + r0 + 16 * k), mask, acc[k][i]);
+        }
+    }
+}
+
+/// `y = x · wᵀ` for `n_tokens` tokens of BF16 weights `w` (`cols` a
+/// multiple of 32). The caller checks [`available`].
+pub fn gemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_tokens: usize) {
+    let (rows, cols) = (w.rows, w.cols);
+    debug_assert!(cols.is_multiple_of(32));
+    let mut xb = XB.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    xb.resize(n_tokens * cols, 0);
+    let xp = SendPtr(xb.as_mut_ptr());
+    pool.parallel_for(n_tokens, 16, |tr, _| {
+        for t in tr {
+            // SAFETY: the CPU has AVX512_BF16 (checked by the caller);
+            // token t owns its row of `xb`.
+            unsafe {
+                let d = std::slice::from_raw_parts_mut(xp.get().add(t * cols), cols);
+                to_bf16(&x[t * cols..(t + 1) * cols], d);
+            }
+        }
+    });
+    let yp = SendPtr(y.as_mut_ptr());
+    let items = rows.div_ceil(32);
+    let all: Vec<usize> = (0..n_tokens).collect();
+    let xb_ref = &xb;
+    pool.parallel_for(items, 1, |ir, _| {
+        PANELS.with(|ps| {
+            let mut ps = ps.borrow_mut();
+            let [pa, pb] = &mut *ps;
+            for it in ir {
+                let r0 = 32 * it;
+                // SAFETY: AVX-512 available (checked by the caller).
+                unsafe {
+                    pack_panel(w, r0, pa);
+                    pack_panel(w, r0 + 16, pb);
+                }
+                let nr = [16.min(rows - r0), 16.min(rows.saturating_sub(r0 + 16))];
+                for ts in all.chunks(NT) {
+                    // SAFETY: as above; rows r0..r0+32 of y belong to this
+                    // item only.
+                    unsafe { kernel([pa, pb], xb_ref, cols, ts, nr, yp.get(), rows, r0) };
+                }
+            }
+        })
+    });
+    XB.with(|b| *b.borrow_mut() = xb);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{random_weights, Rng};
+    use coil_gguf::GgmlType;
+
+    /// f32 to bf16 bits, rounded to nearest even (finite values).
+    fn bf16_rne(v: f32) -> f32 {
+        let b = v.to_bits();
+        let r = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) & 0xFFFF_0000;
+        f32::from_bits(r)
+    }
+
+    /// The GEMM is `Σ w · bf16(x)` (the weights exact, the activations
+    /// rounded to nearest even), summed in f32: checked against f64 sums of
+    /// the same products, ragged panels and token tiles, one and two threads.
+    #[test]
+    fn products_of_bf16_activations() {
+        if !available() {
+            return;
+        }
+        let mut rng = Rng::new(31);
+        for (rows, cols, n, threads) in [(16, 32, 8, 1), (45, 96, 13, 2), (70, 640, 30, 2)] {
+            let data = random_weights(&mut rng, GgmlType::BF16, rows, cols);
+            let w = WeightRef::new(GgmlType::BF16, &data, rows, cols).unwrap();
+            let x = rng.vec(n * cols);
+            let pool = ThreadPool::new(threads);
+            let mut y = vec![f32::NAN; n * rows];
+            gemm(&pool, &w, &x, &mut y, n);
+            let mut wr = vec![0f32; cols];
+            for r in 0..rows {
+                assert!(super::super::dequant::dequant_row(
+                    GgmlType::BF16,
+                    w.row(r),
+                    &mut wr
+                ));
+                for t in 0..n {
+                    let xs = &x[t * cols..(t + 1) * cols];
+                    let (mut want, mut mag) = (0f64, 0f64);
+                    for (a, b) in wr.iter().zip(xs) {
+                        let p = *a as f64 * bf16_rne(*b) as f64;
+                        want += p;
+                        mag += p.abs();
+                    }
+                    let got = y[t * rows + r] as f64;
+                    assert!(
+                        (got - want).abs() <= 1e-5 * mag + 1e-9,
+                        "{rows}x{cols} n {n} t {t} r {r}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
