@@ -272,6 +272,20 @@ pub fn has_int_gemm(ty: GgmlType, level: SimdLevel) -> bool {
     }
 }
 
+/// Whether prompts through BF16 weights take bf16 products at the AVX-512
+/// level (the CPU has AVX512_BF16 and `COIL_BF16_DOT=0` is not set); else
+/// they stay exact in f32.
+pub fn bf16_products() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        bf16_gemm::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Chooses (process-wide) between the integer GEMM and the f32 GEMM for
 /// prefill of the formats that have both (benchmarks, A/B checks).
 pub fn set_int_gemm(enabled: bool) {

@@ -183,8 +183,9 @@ pub fn cpu_features() -> Vec<(&'static str, bool)> {
 
 /// One line saying what runs, like llama.cpp's system-info line:
 /// `simd: avx2 (cpu: avx2, no AVX-VNNI) | AVX2 = 1 | FMA = 1 | ... | AVX512F = 0 | ...`;
-/// the `COIL_SIMD` cap is named when one is set, and at the AVX2 level
-/// whether its kernels use AVX-VNNI.
+/// the `COIL_SIMD` cap is named when one is set, at the AVX2 level
+/// whether its kernels use AVX-VNNI, and at AVX-512 whether BF16 weights
+/// take bf16 products for prompts (AVX512_BF16, unless `COIL_BF16_DOT=0`).
 pub fn system_info() -> String {
     let mut s = format!("simd: {} (cpu: {}", level().name(), cpu_level().name());
     if let Some(v) = std::env::var("COIL_SIMD").ok().filter(|v| !v.is_empty()) {
@@ -196,6 +197,9 @@ pub fn system_info() -> String {
         } else {
             ", no AVX-VNNI"
         });
+    }
+    if level() >= SimdLevel::Avx512 && crate::matmul::bf16_products() {
+        s.push_str(", BF16 prompts in bf16 products");
     }
     s.push(')');
     for (name, has) in cpu_features() {
@@ -363,6 +367,12 @@ mod tests {
             );
             assert!(info.contains("AVX512F = "), "{info}");
         }
+        // BF16 prompts in bf16 products are said exactly when they run.
+        assert_eq!(
+            info.contains("bf16 products"),
+            level() >= SimdLevel::Avx512 && crate::matmul::bf16_products(),
+            "{info}"
+        );
         // The level a CPU reports needs every feature `required_features`
         // lists for it.
         let feats = cpu_features();
