@@ -65,12 +65,31 @@ pub(super) unsafe fn decode_row(
                 set(b, 0, 0.0);
                 nib(bp.add(2), qo, ty == IQ4_NL);
             }
-            Q5_0 => {
+            Q4_1 => {
+                // w = d·q + m (q 0..15): a = d, b = −m
+                set(a, 0, rd_f16(blk, 0));
+                set(b, 0, -rd_f16(blk, 2));
+                let v = _mm_loadu_si128(bp.add(4) as *const __m128i);
+                _mm_storeu_si128(qo as *mut __m128i, _mm_and_si128(v, m4));
+                _mm_storeu_si128(
+                    qo.add(16) as *mut __m128i,
+                    _mm_and_si128(_mm_srli_epi16(v, 4), m4),
+                );
+            }
+            Q5_0 | Q5_1 => {
+                // Q5_0: w = d·(q − 16); Q5_1: w = d·q + m (a = d, b = −m)
+                let one = ty == Q5_1;
+                set(a, 0, rd_f16(blk, 0));
+                set(b, 0, if one { -rd_f16(blk, 2) } else { 0.0 });
+                let hq = if one { 4 } else { 2 };
                 // the fifth bit of value v is bit v of `qh`: bytes 0-1 of
                 // `qh` for the low nibbles (values 0-15), 2-3 for the high
-                set(a, 0, rd_f16(blk, 0));
-                set(b, 0, 0.0);
-                let qh = _mm_set1_epi32(i32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]));
+                let qh = _mm_set1_epi32(i32::from_le_bytes([
+                    blk[hq],
+                    blk[hq + 1],
+                    blk[hq + 2],
+                    blk[hq + 3],
+                ]));
                 let bits = _mm_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
                 let fifth = |sel: __m128i| {
                     let h = _mm_and_si128(_mm_shuffle_epi8(qh, sel), bits);
@@ -82,12 +101,12 @@ pub(super) unsafe fn decode_row(
                 let h_hi = fifth(_mm_setr_epi8(
                     2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
                 ));
-                let v = _mm_loadu_si128(bp.add(6) as *const __m128i);
-                let sixteen = _mm_set1_epi8(16);
-                let lo = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(v, m4), h_lo), sixteen);
+                let v = _mm_loadu_si128(bp.add(hq + 4) as *const __m128i);
+                let off = _mm_set1_epi8(if one { 0 } else { 16 });
+                let lo = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(v, m4), h_lo), off);
                 let hi = _mm_sub_epi8(
                     _mm_or_si128(_mm_and_si128(_mm_srli_epi16(v, 4), m4), h_hi),
-                    sixteen,
+                    off,
                 );
                 _mm_storeu_si128(qo as *mut __m128i, lo);
                 _mm_storeu_si128(qo.add(16) as *mut __m128i, hi);

@@ -1,6 +1,7 @@
 //! Integer GEMM for many tokens (prefill) with AVX-512 VNNI, for the
 //! formats made of blocks with one scale (and optionally a min) per 32
-//! values (Q8_0, Q4_0, Q5_0, IQ4_NL, Q4_K, Q5_K, IQ4_XS) or per 16 (Q6_K).
+//! values (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, IQ4_XS) or per
+//! 16 (Q6_K).
 //!
 //! A weight block decodes to `w = a·q − b` with `q` small integers (i8).
 //! Activations are quantized per 32 values (`x = dx·qx`, as for the dot
@@ -36,7 +37,7 @@ pub fn supported(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        Q8_0 | Q4_0 | Q5_0 | IQ4_NL | Q4_K | Q5_K | IQ4_XS | Q6_K
+        Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | IQ4_NL | Q4_K | Q5_K | IQ4_XS | Q6_K
     )
 }
 
@@ -47,6 +48,11 @@ fn sub16(ty: GgmlType) -> bool {
 
 fn has_min(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K)
+}
+
+/// A min per block of 32 with one activation scale per 32 (Q4_1, Q5_1).
+fn has_min32(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1)
 }
 
 /// Activations of all tokens: `qx + 128` as u8 `[n][cols]`, one scale `dx`
@@ -248,10 +254,11 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
 /// broadcast feeds two `vpdpbusd` (loads per product 6/8 against 9/8 with
 /// one panel of 8 tokens). `MIN`: Q4_K/Q5_K with per-256 activation scales
 /// (`a·Σq·qx − b·Σqx` per block, `dx` once per super-block); else one
-/// activation scale per 32 (`HALF`: Q6_K's weight scale per 16 values).
+/// activation scale per 32 (`HALF`: Q6_K's weight scale per 16 values;
+/// `MIN32`: Q4_1/Q5_1, `− b·dx·Σqx` per block).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn kernel<const MIN: bool, const HALF: bool>(
+unsafe fn kernel<const MIN: bool, const HALF: bool, const MIN32: bool>(
     p: [&Panel; 2],
     acts: &Acts,
     cols: usize,
@@ -301,6 +308,11 @@ unsafe fn kernel<const MIN: bool, const HALF: bool>(
                         fsb[k][t] = _mm512_fnmadd_ps(bv, _mm512_set1_ps(s), f);
                     }
                 } else {
+                    let bv = if MIN32 {
+                        _mm512_loadu_ps(p[k].b.as_ptr().add(sg * 16))
+                    } else {
+                        _mm512_setzero_ps()
+                    };
                     for t in 0..NT {
                         let dx = *acts.dx.get_unchecked(tok[t] * nb + kb);
                         facc[k][t] = _mm512_fmadd_ps(
@@ -308,6 +320,10 @@ unsafe fn kernel<const MIN: bool, const HALF: bool>(
                             _mm512_mul_ps(av, _mm512_set1_ps(dx)),
                             facc[k][t],
                         );
+                        if MIN32 {
+                            let s = *acts.sums.get_unchecked(tok[t] * nb + kb);
+                            facc[k][t] = _mm512_fnmadd_ps(bv, _mm512_set1_ps(dx * s), facc[k][t]);
+                        }
                     }
                 }
             }
@@ -352,6 +368,7 @@ pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_token
     let panels = rows.div_ceil(16);
     let yp = SendPtr(y.as_mut_ptr());
     let half = sub16(w.ty);
+    let min32 = has_min32(w.ty);
     // Work items: pairs of panels; a last odd panel pairs with an empty one.
     let items = panels.div_ceil(2);
     pool.parallel_for(items, 1, |ir, _| {
@@ -382,11 +399,13 @@ pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_token
                             let pp = [&*pa, &*pb];
                             let y = yp.get();
                             if min {
-                                kernel::<true, false>(pp, &acts, cols, ts, nr, y, rows, r0);
+                                kernel::<true, false, false>(pp, &acts, cols, ts, nr, y, rows, r0);
                             } else if half {
-                                kernel::<false, true>(pp, &acts, cols, ts, nr, y, rows, r0);
+                                kernel::<false, true, false>(pp, &acts, cols, ts, nr, y, rows, r0);
+                            } else if min32 {
+                                kernel::<false, false, true>(pp, &acts, cols, ts, nr, y, rows, r0);
                             } else {
-                                kernel::<false, false>(pp, &acts, cols, ts, nr, y, rows, r0);
+                                kernel::<false, false, false>(pp, &acts, cols, ts, nr, y, rows, r0);
                             }
                         }
                     }

@@ -317,9 +317,14 @@ fn gemm_min_tokens(ty: GgmlType, level: SimdLevel) -> usize {
     if level >= SimdLevel::Avx512 && igemm::supported(ty) && int_gemm_enabled() {
         // The two-panel integer GEMM overtakes the dot kernels early
         // (2 threads, 4096 x 4096: Q4_K 16 tokens 0.91 ms against 1.79,
-        // 8 tokens even; Q8_0 16 tokens 1.75-2.04 against 2.51). Q5_0
-        // has no few-token tiles: the GEMM from 8, as for its f32 GEMM.
-        return if ty == Q5_0 { 8 } else { 12 };
+        // 8 tokens even; Q8_0 16 tokens 1.75-2.04 against 2.51). Q4_1,
+        // Q5_0, Q5_1 have no few-token tiles: the GEMM from 8, as for their
+        // f32 GEMM.
+        return if matches!(ty, Q4_1 | Q5_0 | Q5_1) {
+            8
+        } else {
+            12
+        };
     }
     #[cfg(target_arch = "x86_64")]
     if level == SimdLevel::Avx2 && igemm_avx2::supported(ty) && int_gemm_enabled() {
