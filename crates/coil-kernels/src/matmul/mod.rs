@@ -241,7 +241,7 @@ pub fn matmul_at(
 static INT_GEMM: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 /// Integer GEMM for prefill (AVX-512 VNNI: the 32-block formats; AVX2: Q4_K,
-/// Q5_K, Q6_K and the one-scale 32-blocks Q8_0, Q4_0, Q5_0, IQ4_NL,
+/// Q5_K, Q6_K and the 32-blocks Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
 /// IQ4_XS): on unless
 /// `COIL_INT_GEMM=0` is set or [`set_int_gemm`]`(false)` was called.
 fn int_gemm_enabled() -> bool {
@@ -330,8 +330,13 @@ fn gemm_min_tokens(ty: GgmlType, level: SimdLevel) -> usize {
     if level == SimdLevel::Avx2 && igemm_avx2::supported(ty) && int_gemm_enabled() {
         // The AVX2 integer GEMM (Q4_K/Q5_K/Q6_K/Q8_0) crosses the dot
         // kernels at about 8 tokens (4096 x 4096, 1 thread; at 12 tokens
-        // Q8_0 6.5 ms against 8.3, Q4_K 6.1 against 14.0): as at AVX-512.
-        return if ty == Q5_0 { 8 } else { 12 };
+        // Q8_0 6.5 ms against 8.3, Q4_K 6.1 against 14.0): as at AVX-512
+        // (Q4_1 / Q5_0 / Q5_1, without few-token tiles, from 8).
+        return if matches!(ty, Q4_1 | Q5_0 | Q5_1) {
+            8
+        } else {
+            12
+        };
     }
     match (ty, level) {
         (_, SimdLevel::Scalar) => 4,

@@ -1,7 +1,8 @@
 //! Integer GEMM for many tokens (prefill) at the AVX2 level (no VNNI): the
 //! K-quants of the Q4_K_M / Q5_K_M mixtures (Q4_K, Q5_K, Q6_K, [`kquant`])
-//! and the formats of signed integers with one scale per 32 values (Q8_0,
-//! Q4_0, Q5_0, IQ4_NL, IQ4_XS: [`scale32`]).
+//! and the formats of small integers with one scale (and for Q4_1 / Q5_1 a
+//! min) per 32 values (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS:
+//! [`scale32`]).
 //!
 //! Both multiply small integers exactly in i32 per scale group and apply
 //! the float scales once per group: weights packed per panel of [`NR`] rows

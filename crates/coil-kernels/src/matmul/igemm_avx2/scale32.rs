@@ -1,10 +1,11 @@
-//! The formats of 32 signed weights `q` with one float scale `d` per block:
-//! Q8_0 (`q` −128..127), Q4_0 (−8..7), Q5_0 (−16..15), IQ4_NL (its table,
-//! −127..113) and IQ4_XS (the same table, `d` per 32 from its 6-bit
-//! sub-scales). The activations are quantized as for the Q8_0 decode path
-//! (`x = dx·qx`, `qx` in −127..127, one `dx` per 32). Per row, token and
-//! block, `Σ q·qx` is exact in i32 and `y += (d·dx)·Σ` in f32, blocks in
-//! order.
+//! The formats of 32 small integers `q` with one float scale `d` per block
+//! (and for Q4_1 / Q5_1 a min `m`): Q8_0 (`q` −128..127), Q4_0 (−8..7),
+//! Q5_0 (−16..15), IQ4_NL (its table, −127..113), IQ4_XS (the same table,
+//! `d` per 32 from its 6-bit sub-scales), Q4_1 (0..15) and Q5_1 (0..31).
+//! The activations are quantized as for the Q8_0 decode path (`x = dx·qx`,
+//! `qx` in −127..127, one `dx` per 32). Per row, token and block, `Σ q·qx`
+//! is exact in i32 and `y += (d·dx)·Σ` in f32 (Q4_1 / Q5_1: also
+//! `+ m·(dx·Σ qx)`), blocks in order.
 //!
 //! Both operands are signed, so `vpmaddubsw` (unsigned × signed) would need
 //! the sign moved onto the activations product by product (`vpsignb`, as
@@ -49,7 +50,12 @@ const TILE_BLOCK: usize = 16 * NT;
 /// Whether `ty` is one of this GEMM's formats.
 pub(super) fn supported(ty: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(ty, Q8_0 | Q4_0 | Q5_0 | IQ4_NL | IQ4_XS)
+    matches!(ty, Q8_0 | Q4_0 | Q5_0 | IQ4_NL | IQ4_XS | Q4_1 | Q5_1)
+}
+
+/// Whether `ty` has a min per block (`w = d·q + m`).
+fn has_min(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1)
 }
 
 /// One packed panel of [`PR`] rows.
@@ -61,9 +67,9 @@ struct Panel {
     d: Vec<f32>,
     /// The panel's rows widened, `[PR][cols]`, before the transpose.
     rows: Vec<i16>,
-    /// One row decoded (formats other than Q8_0), `[cols]`, and the
-    /// decoder's mins (all zero for these formats).
+    /// One row decoded (formats other than Q8_0), `[cols]`.
     row8: Vec<i8>,
+    /// The decoder's `b = −m` per `[block][PR]` (zero but for Q4_1 / Q5_1).
     mins: Vec<f32>,
     /// Partial sums between passes, `[tile][2 · NT][8]` (rows 0–7 of the
     /// tile's tokens, then rows 8–15).
@@ -71,11 +77,13 @@ struct Panel {
 }
 
 /// Activations of all tokens, per tile of [`NT`] (the last padded with
-/// zeros): `qx` `[tile][block][16 pairs][NT]`, `dx` `[tile][block][NT]`.
+/// zeros): `qx` `[tile][block][16 pairs][NT]`, `dx` and `xs = dx·Σ qx`
+/// `[tile][block][NT]`.
 #[derive(Default)]
 struct Acts {
     qx: Vec<i32>,
     dx: Vec<f32>,
+    xs: Vec<f32>,
 }
 
 thread_local! {
@@ -176,6 +184,7 @@ unsafe fn quantize_tile(
     tile: usize,
     qx: *mut i32,
     dx: *mut f32,
+    xs: *mut f32,
     row: &mut [i16],
     rdx: &mut [f32],
 ) {
@@ -190,6 +199,10 @@ unsafe fn quantize_tile(
         for b in 0..nb {
             let ab = act_block(nb, tiles, tile, b);
             *dx.add(ab * NT + t) = if live { rdx[b] } else { 0.0 };
+            if !xs.is_null() {
+                let sum: i32 = row[32 * b..32 * b + 32].iter().map(|&q| q as i32).sum();
+                *xs.add(ab * NT + t) = if live { rdx[b] * sum as f32 } else { 0.0 };
+            }
             let q = qx.add(ab * TILE_BLOCK + t);
             for g in 0..16 {
                 *q.add(g * NT) = if live {
@@ -202,12 +215,19 @@ unsafe fn quantize_tile(
     }
 }
 
-fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, a: &mut Acts) {
+/// Quantizes all tokens into `a` (`min`: the block sums `xs` too).
+fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, min: bool, a: &mut Acts) {
     let nb = cols / 32;
     let tiles = n.div_ceil(NT);
     a.qx.resize(tiles * nb * TILE_BLOCK, 0);
     a.dx.resize(tiles * nb * NT, 0.0);
+    a.xs.resize(if min { tiles * nb * NT } else { 0 }, 0.0);
     let (pq, pd) = (SendPtr(a.qx.as_mut_ptr()), SendPtr(a.dx.as_mut_ptr()));
+    let px = SendPtr(if min {
+        a.xs.as_mut_ptr()
+    } else {
+        std::ptr::null_mut()
+    });
     pool.parallel_for(tiles, 4, |tr, _| {
         let (mut row, mut rdx) = (vec![0i16; cols], vec![0f32; nb]);
         for tile in tr {
@@ -222,12 +242,27 @@ fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, a: &mut Ac
                     tile,
                     pq.get(),
                     pd.get(),
+                    px.get(),
                     &mut row,
                     &mut rdx,
                 )
             };
         }
     });
+}
+
+/// One pass's operands, each at the pass's first block: the panel's `w`,
+/// `d` and `b` (`−m`, read with `MIN` only), the tile's `xq`, `xd` and `xs`
+/// (`dx·Σ qx`, `MIN` only), and the block count.
+#[derive(Clone, Copy)]
+struct Pass {
+    w: *const i16,
+    d: *const f32,
+    b: *const f32,
+    xq: *const i32,
+    xd: *const f32,
+    xs: *const f32,
+    nb: usize,
 }
 
 /// [`kernel`] with AVX-VNNI: each `vpmaddwd` + `vpaddd` pair is one
@@ -237,48 +272,27 @@ fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, a: &mut Ac
 /// # Safety
 /// AVX2 + FMA + AVX-VNNI available; as [`kernel`].
 #[target_feature(enable = "avx2,fma,avxvnni")]
-unsafe fn kernel_vnni(
-    w: *const i16,
-    d: *const f32,
-    xq: *const i32,
-    xd: *const f32,
-    nb: usize,
-    acc: &mut [__m256; 2 * NT],
-) {
-    kernel_body::<true>(w, d, xq, xd, nb, acc)
+unsafe fn kernel_vnni<const MIN: bool>(p: Pass, acc: &mut [__m256; 2 * NT]) {
+    kernel_body::<true, MIN>(p, acc)
 }
 
-/// Adds blocks `0..nb` of a panel (`w`, `d` at its first block) times a
-/// tile (`xq`, `xd` at the same block) to `acc` (`[2 · NT]`: rows 0–7 of
-/// each token, then rows 8–15), block by block: `acc += (d·dx)·Σ q·qx`.
+/// Adds blocks `0..nb` of a panel times a tile to `acc` (`[2 · NT]`: rows
+/// 0–7 of each token, then rows 8–15), block by block: `acc += (d·dx)·Σ q·qx`
+/// (`MIN`: then `acc −= b·(dx·Σ qx)`).
 ///
 /// # Safety
 /// AVX2 + FMA available; the pointers hold `nb` blocks.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn kernel(
-    w: *const i16,
-    d: *const f32,
-    xq: *const i32,
-    xd: *const f32,
-    nb: usize,
-    acc: &mut [__m256; 2 * NT],
-) {
-    kernel_body::<false>(w, d, xq, xd, nb, acc)
+unsafe fn kernel<const MIN: bool>(p: Pass, acc: &mut [__m256; 2 * NT]) {
+    kernel_body::<false, MIN>(p, acc)
 }
 
 /// The body of [`kernel`] (`VNNI`: of [`kernel_vnni`]).
 #[inline(always)]
-unsafe fn kernel_body<const VNNI: bool>(
-    w: *const i16,
-    d: *const f32,
-    xq: *const i32,
-    xd: *const f32,
-    nb: usize,
-    acc: &mut [__m256; 2 * NT],
-) {
-    for b in 0..nb {
-        let wb = w.add(b * PANEL_BLOCK);
-        let xb = xq.add(b * TILE_BLOCK);
+unsafe fn kernel_body<const VNNI: bool, const MIN: bool>(p: Pass, acc: &mut [__m256; 2 * NT]) {
+    for b in 0..p.nb {
+        let wb = p.w.add(b * PANEL_BLOCK);
+        let xb = p.xq.add(b * TILE_BLOCK);
         let mut ia = [_mm256_setzero_si256(); 2 * NT];
         for g in 0..16 {
             let w0 = _mm256_loadu_si256(wb.add(2 * PR * g) as *const __m256i);
@@ -294,16 +308,25 @@ unsafe fn kernel_body<const VNNI: bool>(
                 }
             }
         }
-        let d0 = _mm256_loadu_ps(d.add(b * PR));
-        let d1 = _mm256_loadu_ps(d.add(b * PR + 8));
+        let d0 = _mm256_loadu_ps(p.d.add(b * PR));
+        let d1 = _mm256_loadu_ps(p.d.add(b * PR + 8));
         for t in 0..NT {
-            let dx = _mm256_set1_ps(*xd.add(b * NT + t));
+            let dx = _mm256_set1_ps(*p.xd.add(b * NT + t));
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[t]), _mm256_mul_ps(d0, dx), acc[t]);
             acc[NT + t] = _mm256_fmadd_ps(
                 _mm256_cvtepi32_ps(ia[NT + t]),
                 _mm256_mul_ps(d1, dx),
                 acc[NT + t],
             );
+        }
+        if MIN {
+            let b0 = _mm256_loadu_ps(p.b.add(b * PR));
+            let b1 = _mm256_loadu_ps(p.b.add(b * PR + 8));
+            for t in 0..NT {
+                let xs = _mm256_set1_ps(*p.xs.add(b * NT + t));
+                acc[t] = _mm256_fnmadd_ps(b0, xs, acc[t]);
+                acc[NT + t] = _mm256_fnmadd_ps(b1, xs, acc[NT + t]);
+            }
         }
     }
 }
@@ -358,10 +381,12 @@ unsafe fn panel_rows(
     let nb = cols / 32;
     let tiles = n.div_ceil(NT);
     let passes = nb.div_ceil(KB);
-    let k_fn = if crate::simd::avx_vnni() {
-        kernel_vnni
-    } else {
-        kernel
+    let min = !acts.xs.is_empty();
+    let k_fn: unsafe fn(Pass, &mut [__m256; 2 * NT]) = match (crate::simd::avx_vnni(), min) {
+        (true, true) => kernel_vnni::<true>,
+        (true, false) => kernel_vnni::<false>,
+        (false, true) => kernel::<true>,
+        (false, false) => kernel::<false>,
     };
     if passes > 1 {
         p.acc.resize(tiles * 2 * NT * 8, 0.0);
@@ -375,16 +400,25 @@ unsafe fn panel_rows(
             } else {
                 std::array::from_fn(|i| _mm256_loadu_ps(saved.add(8 * i)))
             };
-            k_fn(
-                p.q.as_ptr().add(b0 * PANEL_BLOCK),
-                p.d.as_ptr().add(b0 * PR),
-                acts.qx
-                    .as_ptr()
-                    .add(act_block(nb, tiles, tile, b0) * TILE_BLOCK),
-                acts.dx.as_ptr().add(act_block(nb, tiles, tile, b0) * NT),
-                b1 - b0,
-                &mut acc,
-            );
+            let ab = act_block(nb, tiles, tile, b0);
+            let pass = Pass {
+                w: p.q.as_ptr().add(b0 * PANEL_BLOCK),
+                d: p.d.as_ptr().add(b0 * PR),
+                b: if min {
+                    p.mins.as_ptr().add(b0 * PR)
+                } else {
+                    std::ptr::null()
+                },
+                xq: acts.qx.as_ptr().add(ab * TILE_BLOCK),
+                xd: acts.dx.as_ptr().add(ab * NT),
+                xs: if min {
+                    acts.xs.as_ptr().add(ab * NT)
+                } else {
+                    std::ptr::null()
+                },
+                nb: b1 - b0,
+            };
+            k_fn(pass, &mut acc);
             if k + 1 == passes {
                 store(&acc, tile * NT, n, nr, y, rows, r0);
             } else {
@@ -401,7 +435,7 @@ unsafe fn panel_rows(
 pub(super) fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_tokens: usize) {
     let (rows, cols) = (w.rows, w.cols);
     let mut acts = ACTS.with(|a| std::mem::take(&mut *a.borrow_mut()));
-    quantize_acts(pool, x, n_tokens, cols, &mut acts);
+    quantize_acts(pool, x, n_tokens, cols, has_min(w.ty), &mut acts);
     let yp = SendPtr(y.as_mut_ptr());
     over_panels(pool, w, PR, &PANEL, |r0, nr, p, packed| {
         // SAFETY: AVX2 + FMA + F16C checked by the caller; rows r0..r0+nr
@@ -423,9 +457,9 @@ mod tests {
 
     /// The integer GEMM gives, per row and token, `Σ_b dx·Σ w·qx` with the
     /// decode path's activation quantization and the scalar decoder's
-    /// weights `w = d·q` (checked in f64, to f32 rounding), for every
-    /// format, every Q8_0 byte including −128, ragged panels and token
-    /// tiles, one and two threads.
+    /// weights (`w = d·q`, or `d·q + m`; checked in f64, to f32 rounding of
+    /// the products' magnitude), for every format, every Q8_0 byte
+    /// including −128, ragged panels and token tiles, one and two threads.
     #[test]
     fn igemm_is_the_exact_integer_product() {
         if !std::arch::is_x86_feature_detected!("avx2")
@@ -441,6 +475,8 @@ mod tests {
             GgmlType::Q5_0,
             GgmlType::IQ4_NL,
             GgmlType::IQ4_XS,
+            GgmlType::Q4_1,
+            GgmlType::Q5_1,
         ] {
             for (rows, cols, n, threads) in [
                 (8, 256, 6, 1),
@@ -471,12 +507,12 @@ mod tests {
                     for t in 0..n {
                         let (mut want, mut mag) = (0f64, 0f64);
                         for (b, wb) in wr.chunks_exact(32).enumerate() {
-                            let dot: f64 = (0..32)
-                                .map(|i| wb[i] as f64 * a.qs[t * cols + 32 * b + i] as f64)
-                                .sum();
-                            let s = a.d[t * cols / 32 + b] as f64 * dot;
-                            want += s;
-                            mag += s.abs();
+                            let dx = a.d[t * cols / 32 + b] as f64;
+                            for (i, &wv) in wb.iter().enumerate() {
+                                let p = dx * wv as f64 * a.qs[t * cols + 32 * b + i] as f64;
+                                want += p;
+                                mag += p.abs();
+                            }
                         }
                         let got = y[t * rows + r] as f64;
                         assert!(
