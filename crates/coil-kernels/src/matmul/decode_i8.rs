@@ -4,7 +4,7 @@
 //! one-scale formats widens them to i16. 128-bit integer instructions only,
 //! so both levels share it.
 
-use super::dequant::{iq4xs_scales, scale_min_k4, KVALUES_IQ4NL};
+use super::dequant::{iq4xs_scales, scales_mins_k4, KVALUES_IQ4NL};
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 
@@ -116,13 +116,11 @@ pub(super) unsafe fn decode_row(
                 let scales = &blk[4..16];
                 let high = ty == Q5_K;
                 let qs = bp.add(if high { 48 } else { 16 });
-                for j in 0..4 {
-                    let (s1, m1) = scale_min_k4(2 * j, scales);
-                    let (s2, m2) = scale_min_k4(2 * j + 1, scales);
-                    set(a, 2 * j, d * s1 as f32);
-                    set(b, 2 * j, dmin * m1 as f32);
-                    set(a, 2 * j + 1, d * s2 as f32);
-                    set(b, 2 * j + 1, dmin * m2 as f32);
+                // all eight scales and mins with word operations
+                let (sc, mn) = scales_mins_k4(scales);
+                for j in 0..8 {
+                    set(a, j, d * sc[j] as f32);
+                    set(b, j, dmin * mn[j] as f32);
                 }
                 for h in 0..2 {
                     let mut hb = if high {
