@@ -250,36 +250,31 @@ need_convert_env=0
 for m in $MODELS; do
     is_qwen35 "$m" || need_convert_env=1
 done
-if [ "$need_convert_env" = 1 ] && [ -z "${CONVERT_PYTHON:-}" ]; then
-    venv="$BENCH_DIR/venv-convert"
+# A venv in $1 (sharing the system's packages) with transformers $2.* pinned
+# and torch; says why ($3) when it is made. Prints its python.
+make_venv() {
+    local venv="$1" ver="$2"
     if [ ! -x "$venv/bin/python" ]; then
-        log "making $venv (transformers 4.57 for llama.cpp's converter)"
+        log "making $venv ($3)"
         python3 -m venv --system-site-packages "$venv"
     fi
-    if ! "$venv/bin/python" -c 'import transformers, sys; sys.exit(0 if transformers.__version__.startswith("4.57") else 1)' 2>/dev/null; then
-        "$venv/bin/pip" install -q 'transformers==4.57.*' sentencepiece safetensors numpy
+    if ! "$venv/bin/python" -c "import transformers, sys; sys.exit(0 if transformers.__version__.startswith('$ver') else 1)" 2>/dev/null; then
+        "$venv/bin/pip" install -q "transformers==$ver.*" sentencepiece safetensors numpy >&2
     fi
     if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
-        "$venv/bin/pip" install -q torch
+        "$venv/bin/pip" install -q torch >&2
     fi
-    CONVERT_PYTHON="$venv/bin/python"
+    echo "$venv/bin/python"
+}
+
+if [ "$need_convert_env" = 1 ] && [ -z "${CONVERT_PYTHON:-}" ]; then
+    CONVERT_PYTHON="$(make_venv "$BENCH_DIR/venv-convert" 4.57 "transformers 4.57 for llama.cpp's converter")"
 fi
 
 # Made on first use only (a model, F16 or BF16 file of a Qwen3.5 shape missing).
 qwen35_python() {
     [ -n "${QWEN35_PYTHON:-}" ] && return 0
-    local venv="$BENCH_DIR/venv-qwen35"
-    if [ ! -x "$venv/bin/python" ]; then
-        log "making $venv (transformers 5 for the Qwen3.5 shapes)"
-        python3 -m venv --system-site-packages "$venv"
-    fi
-    if ! "$venv/bin/python" -c 'import transformers, sys; sys.exit(0 if transformers.__version__.startswith("5.23") else 1)' 2>/dev/null; then
-        "$venv/bin/pip" install -q 'transformers==5.23.*' sentencepiece safetensors numpy
-    fi
-    if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
-        "$venv/bin/pip" install -q torch
-    fi
-    QWEN35_PYTHON="$venv/bin/python"
+    QWEN35_PYTHON="$(make_venv "$BENCH_DIR/venv-qwen35" 5.23 "transformers 5 for the Qwen3.5 shapes")"
 }
 
 # llama.cpp's converter with its BPE pre-tokenizer name fixed to "olmo", the

@@ -112,16 +112,7 @@ unsafe fn kernel(
             acc[1][t] = _mm512_dpbf16_ps(acc[1][t], w1, x);
         }
     }
-    for k in 0..2 {
-        let mask: u16 = if nr[k] >= 16 {
-            0xFFFF
-        } else {
-            (1u16 << nr[k]) - 1
-        };
-        for (i, &t) in ts.iter().enumerate() {
-            _mm512_mask_storeu_ps(y.add(t * rows + r0 + 16 * k), mask, acc[k][i]);
-        }
-    }
+    super::igemm::store_pair(&acc, ts, nr, y, rows, r0);
 }
 
 /// `y = x · wᵀ` for `n_tokens` tokens of BF16 weights `w` (`cols` a

@@ -339,6 +339,25 @@ unsafe fn kernel<const MIN: bool, const HALF: bool, const MIN32: bool>(
             }
         }
     }
+    store_pair(&facc, ts, nr, y, rows, r0);
+}
+
+/// Stores `acc[k][i]` (rows `r0 + 16k ..`, the first `nr[k]` of them, of
+/// token `ts[i]`) into `y` (`[tokens][rows]`): the two-panel microkernels'
+/// results.
+///
+/// # Safety
+/// AVX-512 F available; `y` holds rows `r0..r0 + nr[0] + nr[1]` of every
+/// token of `ts`.
+#[inline(always)]
+pub(super) unsafe fn store_pair<const N: usize>(
+    acc: &[[__m512; N]; 2],
+    ts: &[usize],
+    nr: [usize; 2],
+    y: *mut f32,
+    rows: usize,
+    r0: usize,
+) {
     for k in 0..2 {
         let mask: u16 = if nr[k] >= 16 {
             0xFFFF
@@ -346,7 +365,7 @@ unsafe fn kernel<const MIN: bool, const HALF: bool, const MIN32: bool>(
             (1u16 << nr[k]) - 1
         };
         for (i, &t) in ts.iter().enumerate() {
-            _mm512_mask_storeu_ps(y.add(t * rows + r0 + 16 * k), mask, facc[k][i]);
+            _mm512_mask_storeu_ps(y.add(t * rows + r0 + 16 * k), mask, acc[k][i]);
         }
     }
 }
