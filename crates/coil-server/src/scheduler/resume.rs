@@ -186,23 +186,16 @@ impl Worker {
         pins.push(cp);
         pins.sort_by_key(|c| c.pos);
         if pins.len() > MAX_PINNED {
-            let oldest = pins.remove(0);
-            if let Some(r) = &mut self.engine.mem.recurrent {
-                r.give_back([oldest]);
-            }
+            // Its buffer goes back to the memory's pool unless shared.
+            pins.remove(0);
         }
     }
 
     /// Drops the pinned checkpoints of slot `s` that `keep` rejects; their
-    /// buffers go back to the engine's recurrent memory for reuse.
+    /// buffers go back to the recurrent memory's pool for reuse (where
+    /// nothing else holds them).
     pub(super) fn unpin_where(&mut self, s: SeqId, keep: impl Fn(&Checkpoint) -> bool) {
-        let (kept, gone): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pinned[s])
-            .into_iter()
-            .partition(|c| keep(c));
-        self.pinned[s] = kept;
-        if let Some(r) = &mut self.engine.mem.recurrent {
-            r.give_back(gone);
-        }
+        self.pinned[s].retain(|c| keep(c));
     }
 
     /// Puts the pinned checkpoint of slot `s` at `pos` back into the

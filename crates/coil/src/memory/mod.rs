@@ -6,6 +6,7 @@ pub mod kv;
 pub mod pages;
 pub mod recurrent;
 pub mod session;
+pub mod state_pool;
 
 pub use coil_kernels::ops::state_elem::{StateMut, StateRef, StateType};
 pub use kv::{CacheType, KvLayerShape, KvMemory, UnknownCacheType};

@@ -23,6 +23,7 @@
 //! in cache when the layer's update reads it, so a checkpoint per token
 //! costs about what updating the state in place costs anyway.
 
+use super::state_pool::{StateBuf, StatePool};
 use super::{MemoryError, SeqId, SequenceMemory};
 use coil_kernels::ops::state_elem::{StateMut, StateRef, StateType};
 use half::bf16;
@@ -131,7 +132,7 @@ impl Default for CheckpointPolicy {
 #[derive(Clone, Debug)]
 pub struct Checkpoint {
     pub pos: usize,
-    pub state: Arc<Vec<f32>>,
+    pub state: Arc<StateBuf>,
 }
 
 #[derive(Clone)]
@@ -140,15 +141,12 @@ struct Slot {
     /// All layers' conv and SSM state, flat (see `offsets`); shared with
     /// forks (and, before the first write, with the other empty slots)
     /// until written.
-    state: Arc<Vec<f32>>,
+    state: Arc<StateBuf>,
     /// Sorted by position, all < or = `len`.
     checkpoints: Vec<Checkpoint>,
     /// Current spacing level: periodic checkpoints are `interval · 2^level`
     /// apart.
     level: u32,
-    /// Buffers of dropped checkpoints, reused for new states (no allocation
-    /// and page faults per checkpoint).
-    spare: Vec<Vec<f32>>,
     /// While the slot moves off a shared state: that state, and which
     /// layers were already copied from it into `state`.
     pending: Option<Pending>,
@@ -165,31 +163,24 @@ struct Slot {
 /// [`RecurrentMemory::tape`]).
 #[derive(Clone)]
 struct Spec {
-    base: Arc<Vec<f32>>,
+    base: Arc<StateBuf>,
     base_len: usize,
     tapes: Vec<Vec<f32>>,
 }
 
 #[derive(Clone)]
 struct Pending {
-    from: Arc<Vec<f32>>,
+    from: Arc<StateBuf>,
     copied: Vec<bool>,
 }
 
-/// How many dropped checkpoint buffers a sequence keeps for reuse.
-const MAX_SPARE: usize = 2;
-
 impl Slot {
-    /// Leaves the (shared) state for a buffer of its own — a spare one when
-    /// there is one, its own or one another slot gave back (`free`) — whose
-    /// layers are filled as they are first reached.
-    fn begin_move(&mut self, n_layer: usize, free: &mut Vec<Vec<f32>>) {
+    /// Leaves the (shared) state for a buffer of its own — the one given
+    /// back to the pool last, when there is one — whose layers are filled
+    /// as they are first reached.
+    fn begin_move(&mut self, n_layer: usize, pool: &StatePool) {
         let from = Arc::clone(&self.state);
-        let buf = match self.spare.pop().or_else(|| free.pop()) {
-            Some(b) if b.len() == from.len() => b,
-            _ => vec![0.0; from.len()],
-        };
-        self.state = Arc::new(buf);
+        self.state = Arc::new(pool.take());
         self.pending = Some(Pending {
             from,
             copied: vec![false; n_layer],
@@ -210,22 +201,11 @@ impl Slot {
 
     /// Sets the state to a copy of `src`: in place when this slot holds its
     /// state alone, else into a fresh buffer (the sharer keeps its own).
-    fn overwrite(&mut self, src: &[f32]) {
+    fn overwrite(&mut self, src: &[f32], pool: &StatePool) {
         self.pending = None;
         match Arc::get_mut(&mut self.state) {
             Some(own) => own.copy_from_slice(src),
-            None => self.state = Arc::new(src.to_vec()),
-        }
-    }
-
-    /// Returns the buffers of checkpoints nobody else shares to the spares
-    /// (those beyond [`MAX_SPARE`] go on to the memory's free list: see
-    /// [`RecurrentMemory::spill`]).
-    fn recycle(&mut self, dropped: Vec<Checkpoint>) {
-        for c in dropped {
-            if let Ok(v) = Arc::try_unwrap(c.state) {
-                self.spare.push(v);
-            }
+            None => self.state = Arc::new(pool.copy_of(src)),
         }
     }
 }
@@ -245,9 +225,11 @@ pub struct RecurrentMemory {
     /// sequence, ~250 MB on mamba2-370m, which cost ~5% of a 64-token
     /// request when first touched on a quiet machine; with 8 requests at
     /// once, over half the server's CPU time went to zeroing fresh pages
-    /// when only one sequence's worth was kept). Up to every slot's worth is
-    /// kept: the most the slots can hold at once anyway.
-    free: Vec<Vec<f32>>,
+    /// when only one sequence's worth was kept). Every buffer dropped by
+    /// its last holder, inside the memory or not, comes back here, up to
+    /// every slot's worth ([`Self::free_cap`]): the most the slots can hold
+    /// at once anyway.
+    pool: StatePool,
     /// Checkpoints per slot held outside the memory ([`Self::hold_outside`]).
     outside: usize,
 }
@@ -279,26 +261,30 @@ impl RecurrentMemory {
     ) -> Self {
         let offsets = layout(&shapes, state_type);
         let at = offsets.last().map_or(0, |l| l.ssm + l.ssm_words);
+        // The empty slots share one buffer of zeros, mapped lazily and
+        // never written (each slot moves off it on its first pass); it is
+        // no pool's, so its unmapped pages never end up on the free list.
         let slot = Slot {
             len: 0,
-            state: Arc::new(vec![0.0; at]),
+            state: Arc::new(StateBuf::detached(vec![0.0; at])),
             checkpoints: Vec::new(),
             level: 0,
-            spare: Vec::new(),
             pending: None,
             spec: None,
             spare_tapes: Vec::new(),
         };
-        RecurrentMemory {
+        let m = RecurrentMemory {
             shapes,
             offsets,
             state_len: at,
             state_type,
             slots: vec![slot; n_seq_max.max(1)],
             policy: CheckpointPolicy::default(),
-            free: Vec::new(),
+            pool: StatePool::new(at),
             outside: 0,
-        }
+        };
+        m.refresh_cap();
+        m
     }
 
     /// Puts up to `n` state buffers on the free list (at most what the
@@ -308,20 +294,26 @@ impl RecurrentMemory {
     /// (on the 2-core VM of 2026-12-01, zeroing fresh pages took over half
     /// the CPU time of 8 concurrent requests). Returns the buffers added.
     pub fn reserve_buffers(&mut self, n: usize) -> usize {
+        self.refresh_cap();
+        self.pool.reserve(n)
+    }
+
+    /// Free state buffers held for reuse.
+    pub fn free_buffers(&self) -> usize {
+        self.pool.len()
+    }
+
+    /// Sets the pool's cap to [`Self::free_cap`] (the policy's budget and
+    /// the slots it depends on may have changed).
+    fn refresh_cap(&self) {
         let cap = self.free_cap();
-        let want = n.min(cap).saturating_sub(self.free.len());
-        for _ in 0..want {
-            // `vec!` of zeros maps untouched pages: fill to fault them in.
-            let mut b = Vec::with_capacity(self.state_len);
-            b.resize(self.state_len, 0f32);
-            std::hint::black_box(&mut b);
-            self.free.push(b);
+        if self.pool.cap() != cap {
+            self.pool.set_cap(cap);
         }
-        want
     }
 
     /// The most buffers the free list keeps: what the slots can hold at
-    /// once (a state, a spare, their checkpoints, and the checkpoints held
+    /// once (a state, one being moved to, their checkpoints, and the checkpoints held
     /// outside: [`RecurrentMemory::hold_outside`]), so that a full load
     /// reuses resident buffers only.
     fn free_cap(&self) -> usize {
@@ -329,43 +321,12 @@ impl RecurrentMemory {
     }
 
     /// Says that up to `per_slot` checkpoints per sequence are kept outside
-    /// the memory (a server's pinned ones, given back with
-    /// [`RecurrentMemory::give_back`]): the free list keeps that many more
+    /// the memory (a server's pinned ones, whose buffers come back to the
+    /// pool when dropped there): the free list keeps that many more
     /// buffers per slot for reuse.
     pub fn hold_outside(&mut self, per_slot: usize) {
         self.outside = per_slot;
-    }
-
-    /// Takes back checkpoints that were held outside the memory (a
-    /// server's pinned ones) once they are dropped there: a buffer nobody
-    /// else shares goes on the free list (within its usual bound), so a
-    /// state moved next reuses resident pages instead of faulting fresh
-    /// ones in. (Dropped otherwise, a 50 MB state buffer goes back to the
-    /// system, and the next one is zeroed page by page: with 16 requests at
-    /// once, a fifth of a server's CPU time.)
-    pub fn give_back(&mut self, dropped: impl IntoIterator<Item = Checkpoint>) {
-        let cap = self.free_cap();
-        for c in dropped {
-            if let Ok(v) = Arc::try_unwrap(c.state) {
-                if v.len() == self.state_len && self.free.len() < cap {
-                    self.free.push(v);
-                }
-            }
-        }
-    }
-
-    /// Moves the spare buffers of `s` beyond [`MAX_SPARE`] to the free
-    /// list, which keeps at most `max_checkpoints() + 2` per slot (what the
-    /// slots hold at most together; the rest are released).
-    fn spill(&mut self, s: SeqId) {
-        let cap = self.free_cap();
-        let slot = &mut self.slots[s];
-        while slot.spare.len() > MAX_SPARE {
-            let Some(b) = slot.spare.pop() else { break };
-            if self.free.len() < cap {
-                self.free.push(b);
-            }
-        }
+        self.refresh_cap();
     }
 
     /// The span of layer `l` in a flat state (conv window, then SSM state).
@@ -424,7 +385,7 @@ impl RecurrentMemory {
     /// Bytes of the current states of the sequences `seqs` (those out of
     /// range are skipped), each buffer once however many of them share it.
     pub fn resident_bytes_of(&self, seqs: impl IntoIterator<Item = SeqId>) -> usize {
-        let mut seen: Vec<*const Vec<f32>> = seqs
+        let mut seen: Vec<*const StateBuf> = seqs
             .into_iter()
             .filter_map(|s| self.slots.get(s))
             .map(|s| Arc::as_ptr(&s.state))
@@ -492,7 +453,7 @@ impl RecurrentMemory {
         let n_layer = self.shapes.len();
         Ok(Some(slot_state_moving(
             &mut self.slots[s],
-            &mut self.free,
+            &self.pool,
             layer,
             n_layer,
             at,
@@ -525,7 +486,7 @@ impl RecurrentMemory {
             if let Some(i) = seqs.iter().position(|&x| x == s) {
                 out[i] = Some(slot_state_moving(
                     slot,
-                    &mut self.free,
+                    &self.pool,
                     layer,
                     n_layer,
                     at,
@@ -566,9 +527,18 @@ impl RecurrentMemory {
     ) -> Result<(), MemoryError> {
         self.check(s)?;
         let slot = &mut self.slots[s];
-        slot.overwrite(state);
+        slot.overwrite(state, &self.pool);
         slot.len = len;
         Ok(())
+    }
+
+    /// A checkpoint of `s`'s memory at `pos` holding `state` (a flat state
+    /// of this memory: loading a session); its buffer joins the pool.
+    pub fn checkpoint_of(&self, pos: usize, state: Vec<f32>) -> Checkpoint {
+        Checkpoint {
+            pos,
+            state: Arc::new(self.pool.wrap(state)),
+        }
     }
 
     /// f32 words of one sequence's flat state.
@@ -661,7 +631,7 @@ impl RecurrentMemory {
             state: Arc::clone(&slot.state),
         });
         thin(slot, policy, max);
-        self.spill(s);
+        self.refresh_cap();
         Ok(())
     }
 
@@ -747,8 +717,7 @@ impl RecurrentMemory {
         self.check(s)?;
         let slot = &mut self.slots[s];
         let keep = slot.checkpoints.partition_point(|c| c.pos <= p);
-        let dropped = slot.checkpoints.split_off(keep);
-        slot.recycle(dropped);
+        slot.checkpoints.truncate(keep);
         Ok(())
     }
 
@@ -759,15 +728,10 @@ impl RecurrentMemory {
         self.check(s)?;
         let slot = &mut self.slots[s];
         if let Some(spec) = slot.spec.take() {
-            slot.spare_tapes = spec.tapes;
             // The state before the verification, unless a checkpoint keeps
-            // it: a buffer for the next one to move to (no allocation and
-            // page faults per verification).
-            if let Ok(v) = Arc::try_unwrap(spec.base) {
-                if slot.spare.len() < MAX_SPARE {
-                    slot.spare.push(v);
-                }
-            }
+            // it, goes back to the pool: a buffer for the next one to move
+            // to (no allocation and page faults per verification).
+            slot.spare_tapes = spec.tapes;
         }
         slot.len = len;
         Ok(())
@@ -784,12 +748,8 @@ impl RecurrentMemory {
         self.drop_checkpoints_after(s, base_len)?;
         let slot = &mut self.slots[s];
         slot.pending = None;
-        let old = std::mem::replace(&mut slot.state, spec.base);
-        if let Ok(v) = Arc::try_unwrap(old) {
-            if slot.spare.len() < MAX_SPARE {
-                slot.spare.push(v);
-            }
-        }
+        // The state it leaves goes back to the pool.
+        slot.state = spec.base;
         slot.spare_tapes = spec.tapes;
         slot.len = base_len;
         Ok(base_len)
@@ -803,27 +763,21 @@ impl RecurrentMemory {
         let slot = &mut self.slots[s];
         slot.spec = None;
         let keep = slot.checkpoints.partition_point(|c| c.pos <= p);
-        let dropped = slot.checkpoints.split_off(keep);
-        slot.recycle(dropped);
+        slot.checkpoints.truncate(keep);
         match slot.checkpoints.last() {
             Some(c) => {
-                // Share the checkpoint's state (the next write moves off it).
-                let (pos, cp) = (c.pos, Arc::clone(&c.state));
+                // Share the checkpoint's state (the next write moves off
+                // it); the state left goes back to the pool.
                 slot.pending = None;
-                let old = std::mem::replace(&mut slot.state, cp);
-                if let Ok(v) = Arc::try_unwrap(old) {
-                    slot.spare.push(v);
-                }
-                slot.len = pos;
+                slot.state = Arc::clone(&c.state);
+                slot.len = c.pos;
             }
             None => {
-                zero(slot, &mut self.free);
+                zero(slot, &self.pool);
                 slot.len = 0;
             }
         }
-        let len = slot.len;
-        self.spill(s);
-        Ok(len)
+        Ok(slot.len)
     }
 }
 
@@ -831,7 +785,7 @@ impl RecurrentMemory {
 /// appears (checkpoints are shared between forks, and callers may keep
 /// clones of their own beside a sequence's list).
 pub fn distinct_checkpoint_bytes<'a>(cps: impl IntoIterator<Item = &'a Checkpoint>) -> usize {
-    let mut seen: Vec<(*const Vec<f32>, usize)> = cps
+    let mut seen: Vec<(*const StateBuf, usize)> = cps
         .into_iter()
         .map(|c| (Arc::as_ptr(&c.state), c.state.len() * 4))
         .collect();
@@ -880,7 +834,7 @@ fn layer_parts(
 /// layer lies in the flat state.
 fn slot_state_moving<'a>(
     slot: &'a mut Slot,
-    free: &mut Vec<Vec<f32>>,
+    pool: &StatePool,
     layer: usize,
     n_layer: usize,
     at: LayerAt,
@@ -891,7 +845,7 @@ fn slot_state_moving<'a>(
     // A state shared with a checkpoint or a fork: move to a buffer of
     // this slot's own and bring the layers over as they are reached.
     if slot.pending.is_none() && Arc::get_mut(&mut slot.state).is_none() {
-        slot.begin_move(n_layer, free);
+        slot.begin_move(n_layer, pool);
     }
     // Unique here (just made, or made earlier in this pass): no copy.
     let state = Arc::make_mut(&mut slot.state);
@@ -908,25 +862,18 @@ fn slot_state_moving<'a>(
 }
 
 /// Sets the state of `slot` to zeros: in place when it holds it alone,
-/// else in a spare or free buffer, written now. A fresh `vec![0.0; n]`
+/// else in a buffer of the pool, written now. A fresh `vec![0.0; n]`
 /// would be mapped lazily: the prompt's scan reads each page (the zero
 /// page is mapped) and then writes it, a write-protect fault per page with
 /// a TLB shootdown across the pool's threads (measured on a server's first
 /// request: most of its 0.4 s to the first token went there).
-fn zero(slot: &mut Slot, free: &mut Vec<Vec<f32>>) {
+fn zero(slot: &mut Slot, pool: &StatePool) {
     slot.pending = None;
     if let Some(own) = Arc::get_mut(&mut slot.state) {
         own.fill(0.0);
         return;
     }
-    let n = slot.state.len();
-    let mut buf = match slot.spare.pop().or_else(|| free.pop()) {
-        Some(b) if b.len() == n => b,
-        _ => Vec::with_capacity(n),
-    };
-    buf.clear();
-    buf.resize(n, 0.0);
-    slot.state = Arc::new(buf);
+    slot.state = Arc::new(pool.zeroed());
 }
 
 /// Thins `slot`'s checkpoints to at most `max`: raising the spacing level
@@ -935,9 +882,7 @@ fn zero(slot: &mut Slot, free: &mut Vec<Vec<f32>>) {
 fn thin(slot: &mut Slot, policy: CheckpointPolicy, max: usize) {
     let base = policy.interval.max(1);
     // One checkpoint at a time, so that a checkpoint per token drops one
-    // per token in the steady state and its buffer is reused by the next
-    // (dropping several at once overflows the spares: allocations and page
-    // faults every few tokens).
+    // per token in the steady state and its buffer is reused by the next.
     while slot.checkpoints.len() > max {
         let n = slot.checkpoints.len();
         let recent = policy.keep_recent.min(n);
@@ -963,8 +908,8 @@ fn thin(slot: &mut Slot, policy: CheckpointPolicy, max: usize) {
                 continue;
             }
         };
-        let dropped = slot.checkpoints.remove(victim);
-        slot.recycle(vec![dropped]);
+        // Its buffer goes back to the pool unless something else holds it.
+        slot.checkpoints.remove(victim);
     }
 }
 
@@ -985,11 +930,9 @@ impl SequenceMemory for RecurrentMemory {
         slot.spec = None;
         // Checkpoints first: the newest may share the state, which can then
         // be zeroed in place instead of reallocated.
-        let dropped = std::mem::take(&mut slot.checkpoints);
-        slot.recycle(dropped);
-        zero(slot, &mut self.free);
+        slot.checkpoints.clear();
+        zero(slot, &self.pool);
         slot.level = 0;
-        self.spill(s);
         Ok(())
     }
 
@@ -1017,22 +960,20 @@ impl SequenceMemory for RecurrentMemory {
         self.check(dst)?;
         if src != dst {
             // Nothing is copied: the state and the checkpoints are shared
-            // (the state until one of the two writes it). `dst` keeps its
-            // own spare buffers and recycles its old checkpoints.
+            // (the state until one of the two writes it). What `dst` held
+            // goes back to the pool where nothing else holds it.
             self.settle(src)?;
             let from = &self.slots[src];
             let (len, level) = (from.len, from.level);
             let state = Arc::clone(&from.state);
             let checkpoints = from.checkpoints.clone();
             let to = &mut self.slots[dst];
-            let old = std::mem::replace(&mut to.checkpoints, checkpoints);
+            to.checkpoints = checkpoints;
             to.pending = None;
             to.spec = None;
             to.state = state;
             to.len = len;
             to.level = level;
-            to.recycle(old);
-            self.spill(dst);
         }
         Ok(())
     }
@@ -1225,14 +1166,56 @@ mod tests {
         m.checkpoint(0).unwrap();
         let pin = m.checkpoints(0).unwrap()[0].clone();
         // Still in the engine's list: shared, nothing comes back.
-        m.give_back([pin.clone()]);
-        assert!(m.free.is_empty());
+        drop(pin.clone());
+        assert!(m.pool.is_empty());
         m.seq_clear(0).unwrap();
-        let spare = m.slots[0].spare.len() + m.free.len();
+        let free = m.free_buffers();
         let ptr = pin.state.as_ptr();
-        m.give_back([pin]);
-        assert_eq!(m.slots[0].spare.len() + m.free.len(), spare + 1);
-        assert!(m.free.iter().any(|b| b.as_ptr() == ptr));
+        // Dropped outside the memory, its buffer comes back all the same.
+        drop(pin);
+        assert_eq!(m.free_buffers(), free + 1);
+        assert!(m.pool.free_ptrs().contains(&ptr));
+    }
+
+    /// Whoever drops a state buffer last — a rollback, a fork over a slot,
+    /// a cleared slot, a verification — it goes back to the pool: a load
+    /// that rolls back, forks and clears over and over allocates nothing
+    /// once the pool holds what the slots use at most.
+    #[test]
+    fn every_dropped_buffer_comes_back() {
+        let mut m = mem();
+        m.policy.every_call = true;
+        m.reserve_buffers(usize::MAX);
+        let mut reserved = m.pool.free_ptrs();
+        // The zero state the empty slots share (no pool's).
+        reserved.push(m.slots[0].state.as_ptr());
+        let known = |m: &RecurrentMemory| {
+            m.slots.iter().all(|sl| {
+                reserved.contains(&sl.state.as_ptr())
+                    && sl
+                        .checkpoints
+                        .iter()
+                        .all(|c| reserved.contains(&c.state.as_ptr()))
+            })
+        };
+        for round in 0..20 {
+            for s in 0..3 {
+                for _ in 0..6 {
+                    m.state(0, s).unwrap().unwrap().ssm[0] = round as f32;
+                    m.advance(s, 1).unwrap();
+                    m.checkpoint(s).unwrap();
+                }
+            }
+            assert!(known(&m), "round {round}: a fresh buffer");
+            let pos = m.checkpoints(0).unwrap()[0].pos;
+            m.restore(0, pos).unwrap();
+            m.seq_fork(0, 1).unwrap();
+            m.spec_begin(2).unwrap();
+            m.state(0, 2).unwrap().unwrap().ssm[0] = -1.0;
+            m.spec_abort(2).unwrap();
+            m.seq_clear(2).unwrap();
+            assert!(known(&m), "round {round}: a fresh buffer");
+        }
     }
 
     /// Reserved buffers (capped at what the slots hold together) are what
@@ -1243,8 +1226,7 @@ mod tests {
         let cap = (m.max_checkpoints() + 2) * 3;
         assert_eq!(m.reserve_buffers(usize::MAX), cap);
         assert_eq!(m.reserve_buffers(5), 0, "already full");
-        let reserved: Vec<*const f32> = m.free.iter().map(|b| b.as_ptr()).collect();
-        assert!(m.free.iter().all(|b| b.len() == m.state_len));
+        let reserved = m.pool.free_ptrs();
         for t in 0..4 {
             m.state(0, 1).unwrap().unwrap().ssm[0] = t as f32;
             m.advance(1, 1).unwrap();
@@ -1264,12 +1246,12 @@ mod tests {
     fn clearing_a_shared_state_zeroes_a_reserved_buffer() {
         let mut m = mem();
         m.reserve_buffers(usize::MAX);
-        let reserved: Vec<*const f32> = m.free.iter().map(|b| b.as_ptr()).collect();
+        let reserved = m.pool.free_ptrs();
         m.seq_clear(2).unwrap();
         assert!(reserved.contains(&m.slots[2].state.as_ptr()));
         assert!(m.slots[2].state.iter().all(|&v| v == 0.0));
         // A reserved buffer that held another state comes out zero.
-        m.free.iter_mut().for_each(|b| b.fill(7.0));
+        m.pool.fill_free(7.0);
         m.seq_clear(1).unwrap();
         assert!(m.slots[1].state.iter().all(|&v| v == 0.0));
     }
@@ -1397,17 +1379,18 @@ mod tests {
             .map(|c| c.state.as_ptr())
             .collect();
         m.seq_clear(0).unwrap();
-        // All but the newest (the current state, zeroed in place): the
-        // slot keeps MAX_SPARE, the rest are free for any slot.
-        let free = m.free.len();
-        assert!(free + m.slots[0].spare.len() >= used.len() - 1);
-        assert!(free >= used.len() - 1 - MAX_SPARE, "{free} free");
+        // All but the newest (the current state, zeroed in place) are free
+        // for any slot.
+        let free = m.free_buffers();
+        assert!(free >= used.len() - 1, "{free} free");
+        let pooled = m.pool.free_ptrs();
+        assert!(used[..used.len() - 1].iter().all(|p| pooled.contains(p)));
         for t in 0..free {
             m.state(0, 1).unwrap().unwrap().ssm[0] = t as f32;
             m.advance(1, 1).unwrap();
             m.checkpoint(1).unwrap();
             let p = m.slots[1].state.as_ptr();
-            assert!(used.contains(&p), "token {t}: a fresh buffer");
+            assert!(pooled.contains(&p), "token {t}: a fresh buffer");
         }
     }
     #[test]
@@ -1432,17 +1415,18 @@ mod tests {
         assert_eq!(m.spec_abort(0), Ok(3));
         assert_eq!(m.state(0, 0).unwrap().unwrap().ssm[0], 1.0);
         assert!(m.spec_base_len(0).is_none());
-        // End: the state stays, the old buffer becomes a spare, tapes are
+        // End: the state stays, the old buffer goes back to the pool, tapes are
         // cleared for the next verification.
         m.spec_begin(0).unwrap();
         assert!(m.tape(2, 0).unwrap().is_empty());
         m.state(0, 0).unwrap().unwrap().ssm[0] = 3.0;
         m.advance(0, 2).unwrap();
         m.settle(0).unwrap();
+        let free = m.free_buffers();
         m.spec_end(0, 5).unwrap();
         assert_eq!(m.seq_len(0), Ok(5));
         assert_eq!(m.state(0, 0).unwrap().unwrap().ssm[0], 3.0);
-        assert_eq!(m.slots[0].spare.len(), 1);
+        assert_eq!(m.free_buffers(), free + 1);
         assert!(m.spec_base_len(0).is_none());
     }
 }

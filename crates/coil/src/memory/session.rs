@@ -26,7 +26,6 @@ use super::{
     CacheType, Checkpoint, Memory, MemoryError, RecurrentMemory, SeqId, SequenceMemory, StateType,
 };
 use std::io::{Read, Write};
-use std::sync::Arc;
 
 const MAGIC: &[u8; 8] = b"COILSESS";
 const VERSION: u32 = 1;
@@ -287,10 +286,7 @@ pub fn load(
             else {
                 return Err(SessionError::Mismatch("a checkpoint does not fit".into()));
             };
-            cps.push(Checkpoint {
-                pos,
-                state: Arc::new(st),
-            });
+            cps.push(r.checkpoint_of(pos, st));
         }
         rec = Some((state, cps));
     } else if mem.recurrent.is_some() {
