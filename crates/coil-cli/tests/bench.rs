@@ -243,6 +243,9 @@ fn bench_state_type() {
         err.contains("f8") && err.contains("allowed: f32, bf16"),
         "{err}"
     );
+    let (ok, _, err) = coil(&["bench", "-m", &m, "--checkpoint-spacing", "0"]);
+    assert!(!ok);
+    assert!(err.contains("--checkpoint-spacing"), "{err}");
     // `coil run` says what it stores.
     let (ok, _, err) = coil(&[
         "run",

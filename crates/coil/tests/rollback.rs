@@ -164,6 +164,7 @@ fn checkpoints_cut_replays_and_respect_the_budget() {
                 budget_bytes: 1,
                 keep_recent: 1,
                 every_call: false,
+                call_spacing: 1,
             },
             ..Default::default()
         },
@@ -398,5 +399,46 @@ fn per_token_checkpoints_restore_exactly() {
         fresh.eval(0, &tokens[..n + 3], LogitRows::None, 0).unwrap();
         let want = fresh.eval(0, &next, LogitRows::Last, 0).unwrap();
         assert_close(&format!("{arch} fork"), &got, &want, 1e-6);
+    }
+}
+
+/// `call_spacing` (what `coil serve` uses, 4 by default): generated tokens
+/// are checkpointed only where the length is a multiple of it (prompt ends
+/// and periodic positions as always), and stepping back between two
+/// replays the tokens past the earlier one, exactly.
+#[test]
+fn spaced_generation_checkpoints() {
+    for arch in all_archs() {
+        let (path, tokens) = fixture(arch);
+        let opts = |every_call| EngineOptions {
+            n_seq_max: 1,
+            n_ubatch: 16,
+            checkpoints: CheckpointPolicy {
+                interval: 64,
+                every_call,
+                call_spacing: 4,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut e = Engine::load(&path, opts(true)).unwrap();
+        let mut fresh = Engine::load(&path, opts(false)).unwrap();
+        let n = 13;
+        e.eval(0, &tokens[..n], LogitRows::None, 0).unwrap();
+        for &t in &tokens[n..n + 10] {
+            e.eval(0, &[t], LogitRows::Last, 0).unwrap();
+        }
+        let Some(r) = &e.mem.recurrent else { continue };
+        let at: Vec<usize> = r.checkpoints(0).unwrap().iter().map(|c| c.pos).collect();
+        assert_eq!(at, [13, 16, 20], "{arch}");
+        // Back to 22: restored at 20, 2 tokens replayed.
+        let p = n + 9;
+        let st = e.seq_truncate(0, p).unwrap();
+        assert_eq!(st.replayed, 2, "{arch}");
+        let next = [tokens[p + 5]];
+        let got = e.eval(0, &next, LogitRows::Last, 0).unwrap();
+        fresh.eval(0, &tokens[..p], LogitRows::None, 0).unwrap();
+        let want = fresh.eval(0, &next, LogitRows::Last, 0).unwrap();
+        assert_close(&format!("{arch} p={p}"), &got, &want, 1e-4);
     }
 }

@@ -66,6 +66,15 @@ pub struct ModelArgs {
     /// copy of the recurrent state per token. `coil serve` always does.
     #[arg(long = "checkpoint-every-token")]
     pub checkpoint_every_token: bool,
+    /// With checkpoints during generation (`coil serve`,
+    /// `--checkpoint-every-token`): one every N generated tokens (default:
+    /// 1; `coil serve`: 4). A conversation resuming between two processes
+    /// the < N tokens past the earlier one again; each checkpoint costs
+    /// decode speed (the state moves to another buffer instead of being
+    /// updated in place).
+    #[arg(long = "checkpoint-spacing", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub checkpoint_spacing: Option<u32>,
     /// How the recurrent (SSM / delta-rule) state is stored: f32 (exact) or
     /// bf16 (half the memory and state traffic per token, computed in f32;
     /// logits move slightly). The conv windows stay f32.
@@ -118,6 +127,7 @@ impl ModelArgs {
                 interval: self.checkpoint_interval,
                 budget_bytes: self.checkpoint_budget_mib.saturating_mul(1 << 20),
                 every_call: self.checkpoint_every_token,
+                call_spacing: self.checkpoint_spacing.unwrap_or(1) as usize,
                 ..Default::default()
             },
         };

@@ -178,8 +178,11 @@ impl Scheduler {
         tokenizer: Arc<Tokenizer>,
         cfg: SchedulerConfig,
     ) -> Result<(Scheduler, std::thread::JoinHandle<()>), SchedulerError> {
-        // A conversation resumes right after its last generated token:
-        // checkpoint every decode step, not only prompts.
+        // A conversation resumes right after its last generated token (the
+        // sequence's own state), or within its generation: checkpoint decode
+        // steps too, not only prompts, at the policy's `call_spacing`
+        // (`coil serve` sets 4: a resume between two processes ≤ 3 tokens
+        // again).
         // Pinned checkpoints (below) come back to the memory for reuse.
         if let Some(r) = &mut engine.mem.recurrent {
             r.policy.every_call = true;

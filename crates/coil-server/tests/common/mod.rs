@@ -54,6 +54,7 @@ pub fn start_tight(parallel: usize, cache: usize, ctx: usize) -> TestServer {
         budget_bytes: 1,
         keep_recent: 2,
         every_call: true,
+        call_spacing: 1,
     };
     let engine = Engine::load(fixture("granitemoehybrid"), opts).expect("load");
     start_engine(engine, parallel)

@@ -254,7 +254,7 @@ impl Memory {
     /// After a micro-batch: takes a recurrent checkpoint of `s` when it sits
     /// on a periodic position, or at the end of a decode call of
     /// `call_tokens` tokens (a prompt; single tokens only with
-    /// `CheckpointPolicy::every_call`).
+    /// `CheckpointPolicy::every_call`, at multiples of its `call_spacing`).
     pub fn after_ubatch(
         &mut self,
         s: SeqId,
@@ -265,7 +265,8 @@ impl Memory {
             r.settle(s)?;
             let len = r.seq_len(s)?;
             let k = r.policy.interval;
-            let at_end = call_end && (call_tokens > 1 || r.policy.every_call);
+            let single = r.policy.every_call && len % r.policy.call_spacing.max(1) == 0;
+            let at_end = call_end && (call_tokens > 1 || single);
             if at_end || (k > 0 && len % k == 0) {
                 r.checkpoint(s)?;
             }

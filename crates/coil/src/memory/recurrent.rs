@@ -111,6 +111,10 @@ pub struct CheckpointPolicy {
     /// costs decode speed; a server that resumes conversations at any
     /// generated token turns it on.
     pub every_call: bool,
+    /// With `every_call`: only where the length is a multiple of this
+    /// (1: after every generated token; 4: every fourth, a resume between
+    /// two processing the ≤ 3 tokens past the earlier one again).
+    pub call_spacing: usize,
 }
 
 impl Default for CheckpointPolicy {
@@ -124,6 +128,7 @@ impl Default for CheckpointPolicy {
             budget_bytes: 256 << 20,
             keep_recent: 2,
             every_call: false,
+            call_spacing: 1,
         }
     }
 }
@@ -1139,6 +1144,7 @@ mod tests {
             budget_bytes: m.bytes_per_seq() * 6,
             keep_recent: 2,
             every_call: false,
+            call_spacing: 1,
         };
         for _ in 0..100 {
             m.advance(0, 4).unwrap();
@@ -1353,6 +1359,7 @@ mod tests {
             budget_bytes: m.bytes_per_seq() * 5,
             keep_recent: 2,
             every_call: true,
+            call_spacing: 1,
         };
         let mut ptrs = std::collections::HashSet::new();
         for t in 0..200 {
