@@ -520,6 +520,35 @@ fn batched_and_cached_requests_match_on_every_memory_kind() {
     }
 }
 
+/// A conversation resuming within an earlier generation (here the first
+/// words of a completion sent back after its prompt): `coil serve`
+/// checkpoints every fourth generated token, so at most 3 shared tokens are
+/// processed again, and the answer is the one a fresh server gives.
+#[test]
+fn a_resume_within_a_generation_processes_at_most_three_tokens_again() {
+    let prompt = "Once upon a time there was";
+    for cut in 1..=6usize {
+        let s = start(1, 2, 256);
+        let first = complete(&s, prompt, 16);
+        let (n_prompt, _, _) = usage(&first);
+        let text = first["choices"][0]["text"].as_str().unwrap();
+        let words: Vec<&str> = text.split_inclusive(' ').collect();
+        let cut = cut.min(words.len());
+        let next = format!("{prompt}{}", words[..cut].concat());
+        let before = s.metrics()["coil_prefix_tokens_recomputed_total"];
+        let again = complete(&s, &next, 6);
+        let recomputed = s.metrics()["coil_prefix_tokens_recomputed_total"] - before;
+        let (_, cached, _) = usage(&again);
+        assert!(cached >= n_prompt - 1, "cut {cut}: {cached} cached");
+        assert!(recomputed <= 3.0, "cut {cut}: {recomputed} recomputed");
+        let fresh = complete(&start(1, 0, 256), &next, 6);
+        assert_eq!(
+            again["choices"][0]["text"], fresh["choices"][0]["text"],
+            "cut {cut}"
+        );
+    }
+}
+
 /// Bounded memory: with more conversations than slots, the least recently
 /// used are evicted and results stay right.
 #[test]

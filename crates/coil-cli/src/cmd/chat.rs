@@ -62,10 +62,13 @@ pub fn run(a: Args) -> Result<()> {
             "ChatML (the model has none)"
         }
     );
-    let cfg = SchedulerConfig {
+    let mut cfg = SchedulerConfig {
         parallel: 1,
         ..Default::default()
     };
+    if let Some(n) = a.model.checkpoint_spacing {
+        cfg.checkpoint_spacing = n as usize;
+    }
     let (sched, _engine_thread) = Scheduler::start(engine, tokenizer.clone(), cfg)?;
     let n_ctx = sched.n_ctx;
 

@@ -66,9 +66,9 @@ pub struct ModelArgs {
     /// copy of the recurrent state per token. `coil serve` always does.
     #[arg(long = "checkpoint-every-token")]
     pub checkpoint_every_token: bool,
-    /// With checkpoints during generation (`coil serve`,
+    /// With checkpoints during generation (`coil serve`, `coil chat`,
     /// `--checkpoint-every-token`): one every N generated tokens (default:
-    /// 1; `coil serve`: 4). A conversation resuming between two processes
+    /// 1; `coil serve` and `coil chat`: 4). A conversation resuming between two processes
     /// the < N tokens past the earlier one again; each checkpoint costs
     /// decode speed (the state moves to another buffer instead of being
     /// updated in place).

@@ -9,10 +9,6 @@ use coil_server::scheduler::SchedulerConfig;
 use coil_server::Server;
 use std::time::Duration;
 
-/// Generated tokens between two of `coil serve`'s checkpoints (see
-/// `--checkpoint-spacing`).
-const SERVE_SPACING: u32 = 4;
-
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
@@ -131,13 +127,6 @@ pub fn run(a: Args) -> Result<()> {
         None => None,
     };
     let mut engine = a.model.load(a.parallel + a.cache_slots, a.ubatch)?;
-    if let Some(r) = engine.mem.recurrent.as_mut() {
-        // The scheduler checkpoints during generation; every fourth token by
-        // default: on mamba2-370m-like Q4_K_M one request then decodes at
-        // 0.95× `coil bench`'s pace, against 0.91× with a checkpoint per
-        // token (docs/PERFORMANCE.md, "Eighth session").
-        r.policy.call_spacing = a.model.checkpoint_spacing.unwrap_or(SERVE_SPACING) as usize;
-    }
     // Every generated token is checkpointed: the running sequences' states
     // move through reserved buffers.
     super::common::reserve_state_buffers(&mut engine, a.parallel);
@@ -168,6 +157,12 @@ pub fn run(a: Args) -> Result<()> {
         log_requests: !a.quiet,
         spec: a.spec.params()?,
         batch_invariant: a.batch_invariant,
+        checkpoint_spacing: a
+            .model
+            .checkpoint_spacing
+            .map_or(SchedulerConfig::default().checkpoint_spacing, |n| {
+                n as usize
+            }),
     };
     let server = Server::start(engine, cfg, model_id, chat_template.as_deref(), http)
         .context("starting the server")?;

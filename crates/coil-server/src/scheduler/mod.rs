@@ -86,6 +86,14 @@ pub struct SchedulerConfig {
     /// the prefix cache (see `Worker::forward`). Generated tokens always
     /// are batch-invariant.
     pub batch_invariant: bool,
+    /// Generated tokens between two recurrent checkpoints (where the
+    /// sequence's length is a multiple of it): a conversation resuming
+    /// between two processes the tokens past the earlier one again; each
+    /// checkpoint moves the state to another buffer instead of updating it
+    /// in place. 4 by default: one request decodes at ~0.95× the engine's
+    /// pace, against ~0.91× with a checkpoint per token (mamba2-370m-like
+    /// Q4_K_M, docs/PERFORMANCE.md "Eighth session").
+    pub checkpoint_spacing: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -98,6 +106,7 @@ impl Default for SchedulerConfig {
             log_requests: false,
             spec: None,
             batch_invariant: false,
+            checkpoint_spacing: 4,
         }
     }
 }
@@ -180,12 +189,11 @@ impl Scheduler {
     ) -> Result<(Scheduler, std::thread::JoinHandle<()>), SchedulerError> {
         // A conversation resumes right after its last generated token (the
         // sequence's own state), or within its generation: checkpoint decode
-        // steps too, not only prompts, at the policy's `call_spacing`
-        // (`coil serve` sets 4: a resume between two processes ≤ 3 tokens
-        // again).
+        // steps too, not only prompts, every `checkpoint_spacing` tokens.
         // Pinned checkpoints (below) come back to the memory for reuse.
         if let Some(r) = &mut engine.mem.recurrent {
             r.policy.every_call = true;
+            r.policy.call_spacing = cfg.checkpoint_spacing.max(1);
             r.hold_outside(MAX_PINNED);
         }
         if cfg.parallel == 0 {
