@@ -146,11 +146,16 @@ impl Sampler {
         self.recent.push_back(token);
     }
 
+    /// Whether any penalty changes logits now.
+    fn penalizes(&self) -> bool {
+        let p = &self.params;
+        !self.recent.is_empty()
+            && (p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0)
+    }
+
     fn apply_penalties(&self, logits: &mut [f32]) {
         let p = &self.params;
-        if self.recent.is_empty()
-            || (p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0)
-        {
+        if !self.penalizes() {
             return;
         }
         let mut counts: HashMap<u32, u32> = HashMap::new();
@@ -172,6 +177,11 @@ impl Sampler {
 
     /// Picks the next token from one row of logits.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        // Greedy without penalties: no copy of the row (1 MB on a
+        // 248k-token vocabulary, per sequence and token).
+        if self.params.temperature <= 0.0 && !self.penalizes() {
+            return argmax(logits) as u32;
+        }
         let mut l = logits.to_vec();
         self.apply_penalties(&mut l);
         let p = &self.params;
@@ -235,14 +245,26 @@ fn softmax(c: &[(u32, f32)]) -> Vec<f64> {
 }
 
 /// Index of the largest value (first on ties; NaN never wins).
+/// The index of the largest value, the first one on ties; NaNs never win
+/// (0 when every value is NaN). The maximum is found in 16 independent
+/// lanes (vectorized: a greedy step on a 248k-token vocabulary took ~0.5 ms
+/// with a compare-and-branch per value), then its first position.
 pub fn argmax(v: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] || v[best].is_nan() {
-            best = i;
+    const L: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; L];
+    let chunks = v.chunks_exact(L);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            // `max` of a NaN and a number is the number.
+            *m = m.max(x);
         }
     }
-    best
+    let m = tail
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    v.iter().position(|&x| x == m).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -254,6 +276,19 @@ mod tests {
         let mut s = Sampler::new(SamplingParams::greedy());
         assert_eq!(s.sample(&[0.1, 3.0, -1.0, 2.9]), 1);
         assert_eq!(argmax(&[f32::NAN, 1.0, 0.5]), 1);
+        assert_eq!(argmax(&[f32::NAN, f32::NAN]), 0);
+        assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NEG_INFINITY]), 0);
+        assert_eq!(argmax(&[]), 0);
+        // Long rows (the lanes and the tail), ties to the first.
+        let mut v: Vec<f32> = (0..1000).map(|i| ((i * 37) % 101) as f32).collect();
+        v[998] = 500.0;
+        assert_eq!(argmax(&v), 998);
+        v[3] = 500.0;
+        assert_eq!(argmax(&v), 3);
+        v[500] = f32::NAN;
+        assert_eq!(argmax(&v), 3);
+        v[999] = f32::INFINITY;
+        assert_eq!(argmax(&v), 999);
     }
 
     #[test]
