@@ -89,7 +89,14 @@ fn lanes_sum(x: &[f32]) -> f32 {
 /// # Safety
 /// As [`Scratch::finish`].
 #[inline(always)]
-unsafe fn item_body<V: V16, const MR: usize>(call: &Call, it: Item, sc: &mut Scratch) {
+/// `NV`: vectors of 16 output columns per `P·V` tile (4 with 32 zmm
+/// registers; 2 at AVX2, whose 16 ymm registers hold a 2-row tile of 2
+/// vectors — 8 ymm — and its operands, where 4 spilled).
+unsafe fn item_body<V: V16, const MR: usize, const NV: usize>(
+    call: &Call,
+    it: Item,
+    sc: &mut Scratch,
+) {
     let kv = call.kv;
     let hd = kv.head_dim;
     debug_assert!(supports(hd));
@@ -161,10 +168,10 @@ unsafe fn item_body<V: V16, const MR: usize>(call: &Call, it: Item, sc: &mut Scr
             for i in tile_rows..MR {
                 std::slice::from_raw_parts_mut(p.add(i * PB), PB).fill(0.0);
             }
-            // o += P·V for the tile, up to 4 vectors of columns at a time.
+            // o += P·V for the tile, up to NV vectors of columns at a time.
             let mut j0 = 0;
             while j0 < nvec {
-                let nv = 4.min(nvec - j0);
+                let nv = NV.min(nvec - j0);
                 fma_cols::<V, MR>(
                     nv,
                     sc.o.as_mut_ptr().add(r0 * hd + 16 * j0),
@@ -184,6 +191,8 @@ unsafe fn item_body<V: V16, const MR: usize>(call: &Call, it: Item, sc: &mut Scr
     sc.finish(call, it);
 }
 
+const NV_AVX2: usize = 2;
+
 #[cfg(target_arch = "x86_64")]
 mod levels {
     use super::{item_body, Call, Item, Scratch};
@@ -192,12 +201,12 @@ mod levels {
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
     pub unsafe fn item_avx512<const MR: usize>(call: &Call, it: Item, sc: &mut Scratch) {
-        item_body::<__m512, MR>(call, it, sc)
+        item_body::<__m512, MR, 4>(call, it, sc)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn item_avx2<const MR: usize>(call: &Call, it: Item, sc: &mut Scratch) {
-        item_body::<Pair, MR>(call, it, sc)
+        item_body::<Pair, MR, { super::NV_AVX2 }>(call, it, sc)
     }
 }
 
