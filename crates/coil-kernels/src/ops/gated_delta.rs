@@ -124,10 +124,27 @@ impl DeltaInputs<'_> {
 
 /// `x ← scale · x / sqrt(Σx² + eps)` over each `dim`-wide row of `x`
 /// (transformers' / fla's `l2norm` with eps 1e-6, then the query scale).
+/// The sum of squares is taken in 16 independent lanes, then the lanes in
+/// order: vectorized, and the same at every SIMD level.
 pub fn l2_normalize(x: &mut [f32], dim: usize, eps: f32, scale: f32) {
     assert!(dim > 0 && x.len().is_multiple_of(dim));
+    l2_rows_mv(x, dim, eps, scale);
+}
+
+multiversion!(fn l2_rows_mv(x: &mut [f32], dim: usize, eps: f32, scale: f32) => l2_rows);
+
+#[inline(always)]
+fn l2_rows(x: &mut [f32], dim: usize, eps: f32, scale: f32) {
     for r in x.chunks_exact_mut(dim) {
-        let ss: f32 = r.iter().map(|v| v * v).sum();
+        let mut lanes = [0f32; 16];
+        let c = r.chunks_exact(16);
+        let tail: f32 = c.remainder().iter().map(|v| v * v).sum();
+        for blk in c {
+            for (a, v) in lanes.iter_mut().zip(blk) {
+                *a += v * v;
+            }
+        }
+        let ss = lanes.iter().sum::<f32>() + tail;
         let s = scale / (ss + eps).sqrt();
         r.iter_mut().for_each(|v| *v *= s);
     }
