@@ -147,14 +147,22 @@ impl ModelArgs {
     }
 }
 
+/// Most state buffers reserved per running sequence: what a sequence
+/// cycles through once its checkpoints fill the budget is `max_checkpoints
+/// + 2`, 7 for a 49 MB state under the default 256 MiB; a small state's
+/// budget allows thousands (the bundled demo model: 3,666, 1 GB reserved
+/// for a 1 MB model), which come from the pool as they are first needed.
+const RESERVE_PER_SEQ: usize = 8;
+
 /// With a checkpoint per generated token, `running` sequences' states move
 /// through buffers taken from a reserve instead of fresh pages (see
 /// `RecurrentMemory::reserve_buffers`); says on stderr what it reserved.
 pub fn reserve_state_buffers(engine: &mut Engine, running: usize) {
     if let Some(r) = engine.mem.recurrent.as_mut() {
-        let n = r.reserve_buffers((r.max_checkpoints() + 2) * running);
+        let per_seq = (r.max_checkpoints() + 2).min(RESERVE_PER_SEQ);
+        let n = r.reserve_buffers(per_seq * running);
         eprintln!(
-            "memory: {n} state buffers reserved for the per-token checkpoints ({:.0} MiB; --checkpoint-budget bounds them)",
+            "memory: {n} state buffers reserved for the checkpoints taken during generation ({:.0} MiB; --checkpoint-budget bounds them)",
             (n * r.bytes_per_seq()) as f64 / (1 << 20) as f64
         );
     }
