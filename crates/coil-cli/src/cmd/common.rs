@@ -147,9 +147,9 @@ impl ModelArgs {
     }
 }
 
-/// Most state buffers reserved per running sequence: what a sequence
-/// cycles through once its checkpoints fill the budget is `max_checkpoints
-/// + 2`, 7 for a 49 MB state under the default 256 MiB; a small state's
+/// Most state buffers reserved per running sequence: a sequence whose
+/// checkpoints fill the budget cycles through `max_checkpoints() + 2`,
+/// 7 for a 49 MB state under the default 256 MiB; a small state's
 /// budget allows thousands (the bundled demo model: 3,666, 1 GB reserved
 /// for a 1 MB model), which come from the pool as they are first needed.
 const RESERVE_PER_SEQ: usize = 8;
