@@ -115,32 +115,13 @@ pub(super) unsafe fn decode_row(
                 let (d, dmin) = (rd_f16(blk, 0), rd_f16(blk, 2));
                 let scales = &blk[4..16];
                 let high = ty == Q5_K;
-                let qs = bp.add(if high { 48 } else { 16 });
                 // all eight scales and mins with word operations
                 let (sc, mn) = scales_mins_k4(scales);
                 for j in 0..8 {
                     set(a, j, d * sc[j] as f32);
                     set(b, j, dmin * mn[j] as f32);
                 }
-                for h in 0..2 {
-                    let mut hb = if high {
-                        _mm_loadu_si128(bp.add(16 + 16 * h) as *const __m128i)
-                    } else {
-                        _mm_setzero_si128()
-                    };
-                    for j in 0..4 {
-                        let v = _mm_loadu_si128(qs.add(32 * j + 16 * h) as *const __m128i);
-                        let mut lo = _mm_and_si128(v, m4);
-                        let mut hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
-                        if high {
-                            lo = _mm_or_si128(lo, _mm_and_si128(_mm_slli_epi16(hb, 4), bit4));
-                            hi = _mm_or_si128(hi, _mm_and_si128(_mm_slli_epi16(hb, 3), bit4));
-                            hb = _mm_srli_epi16(hb, 2);
-                        }
-                        _mm_storeu_si128(qo.add(64 * j + 16 * h) as *mut __m128i, lo);
-                        _mm_storeu_si128(qo.add(64 * j + 32 + 16 * h) as *mut __m128i, hi);
-                    }
-                }
+                unpack_k45(bp, high, qo as *mut u8);
             }
             IQ4_XS => {
                 let d = rd_f16(blk, 0);
@@ -157,38 +138,77 @@ pub(super) unsafe fn decode_row(
                     set(a, g, d * (blk[192 + g] as i8) as f32);
                     set(b, g, 0.0);
                 }
-                let m3 = _mm_set1_epi8(3);
-                let off = _mm_set1_epi8(32);
-                for n in 0..2 {
-                    let ql = bp.add(64 * n);
-                    let qh = bp.add(128 + 32 * n);
-                    for l in [0usize, 16] {
-                        let va = _mm_loadu_si128(ql.add(l) as *const __m128i);
-                        let vc = _mm_loadu_si128(ql.add(l + 32) as *const __m128i);
-                        let h = _mm_loadu_si128(qh.add(l) as *const __m128i);
-                        let h0 = _mm_slli_epi16(_mm_and_si128(h, m3), 4);
-                        let h2 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 2), m3), 4);
-                        let h4 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 4), m3), 4);
-                        let h6 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 6), m3), 4);
-                        let q1 = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(va, m4), h0), off);
-                        let q2 = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(vc, m4), h2), off);
-                        let q3 = _mm_sub_epi8(
-                            _mm_or_si128(_mm_and_si128(_mm_srli_epi16(va, 4), m4), h4),
-                            off,
-                        );
-                        let q4 = _mm_sub_epi8(
-                            _mm_or_si128(_mm_and_si128(_mm_srli_epi16(vc, 4), m4), h6),
-                            off,
-                        );
-                        let base = qo.add(128 * n + l);
-                        _mm_storeu_si128(base as *mut __m128i, q1);
-                        _mm_storeu_si128(base.add(32) as *mut __m128i, q2);
-                        _mm_storeu_si128(base.add(64) as *mut __m128i, q3);
-                        _mm_storeu_si128(base.add(96) as *mut __m128i, q4);
-                    }
-                }
+                unpack_q6k::<32>(bp, qo as *mut u8);
             }
             _ => unreachable!("igemm: unsupported {ty}"),
+        }
+    }
+}
+
+/// The 256 values of a Q4_K (`high`: Q5_K) super-block at `bp`, unsigned
+/// (0..15 / 0..31), to `qo` in order: per pair of 32-value groups, the
+/// low nibbles of 32 bytes then their high nibbles, the fifth bits from
+/// `qh` (bits 2j and 2j + 1 of each byte for pair j).
+///
+/// # Safety
+/// `bp` holds a whole super-block, `qo` 256 bytes.
+#[inline(always)]
+pub(super) unsafe fn unpack_k45(bp: *const u8, high: bool, qo: *mut u8) {
+    let m4 = _mm_set1_epi8(0xF);
+    let bit4 = _mm_set1_epi8(0x10);
+    let qs = bp.add(if high { 48 } else { 16 });
+    for h in 0..2 {
+        let mut hb = if high {
+            _mm_loadu_si128(bp.add(16 + 16 * h) as *const __m128i)
+        } else {
+            _mm_setzero_si128()
+        };
+        for j in 0..4 {
+            let v = _mm_loadu_si128(qs.add(32 * j + 16 * h) as *const __m128i);
+            let mut lo = _mm_and_si128(v, m4);
+            let mut hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+            if high {
+                lo = _mm_or_si128(lo, _mm_and_si128(_mm_slli_epi16(hb, 4), bit4));
+                hi = _mm_or_si128(hi, _mm_and_si128(_mm_slli_epi16(hb, 3), bit4));
+                hb = _mm_srli_epi16(hb, 2);
+            }
+            _mm_storeu_si128(qo.add(64 * j + 16 * h) as *mut __m128i, lo);
+            _mm_storeu_si128(qo.add(64 * j + 32 + 16 * h) as *mut __m128i, hi);
+        }
+    }
+}
+
+/// The 256 six-bit values of a Q6_K super-block at `bp` (0..63), minus
+/// `OFF` (32: the signed weights; 0: unsigned), to `qo` in order.
+///
+/// # Safety
+/// `bp` holds a whole super-block, `qo` 256 bytes.
+#[inline(always)]
+pub(super) unsafe fn unpack_q6k<const OFF: i8>(bp: *const u8, qo: *mut u8) {
+    let m4 = _mm_set1_epi8(0xF);
+    let m3 = _mm_set1_epi8(3);
+    let off = _mm_set1_epi8(OFF);
+    let fin = |v: __m128i| if OFF == 0 { v } else { _mm_sub_epi8(v, off) };
+    for n in 0..2 {
+        let ql = bp.add(64 * n);
+        let qh = bp.add(128 + 32 * n);
+        for l in [0usize, 16] {
+            let va = _mm_loadu_si128(ql.add(l) as *const __m128i);
+            let vc = _mm_loadu_si128(ql.add(l + 32) as *const __m128i);
+            let h = _mm_loadu_si128(qh.add(l) as *const __m128i);
+            let h0 = _mm_slli_epi16(_mm_and_si128(h, m3), 4);
+            let h2 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 2), m3), 4);
+            let h4 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 4), m3), 4);
+            let h6 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 6), m3), 4);
+            let q1 = fin(_mm_or_si128(_mm_and_si128(va, m4), h0));
+            let q2 = fin(_mm_or_si128(_mm_and_si128(vc, m4), h2));
+            let q3 = fin(_mm_or_si128(_mm_and_si128(_mm_srli_epi16(va, 4), m4), h4));
+            let q4 = fin(_mm_or_si128(_mm_and_si128(_mm_srli_epi16(vc, 4), m4), h6));
+            let base = qo.add(128 * n + l);
+            _mm_storeu_si128(base as *mut __m128i, q1);
+            _mm_storeu_si128(base.add(32) as *mut __m128i, q2);
+            _mm_storeu_si128(base.add(64) as *mut __m128i, q3);
+            _mm_storeu_si128(base.add(96) as *mut __m128i, q4);
         }
     }
 }

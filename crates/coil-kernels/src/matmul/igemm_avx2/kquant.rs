@@ -21,6 +21,7 @@
 //! [`PG`] panels, each token tile multiplied by all of them in turn (the
 //! tile's activations read from L2 / L3 once, then from L1).
 
+use super::super::decode_i8::{unpack_k45, unpack_q6k};
 use super::super::dequant::{rd_f16, scale_min_k4};
 use super::super::{SendPtr, WeightRef};
 use super::{over_panels, store_tokens, tile_tokens, NR};
@@ -76,9 +77,6 @@ unsafe fn decode_row(ty: GgmlType, src: &[u8], r: usize, p: &mut Panel) {
     use GgmlType::*;
     let ts = ty.block_layout().1;
     let gps = groups_per_sb(ty);
-    let m4 = _mm_set1_epi8(0xF);
-    let m3 = _mm_set1_epi8(3);
-    let bit4 = _mm_set1_epi8(0x10);
     for (sb, blk) in src.chunks_exact(ts).enumerate() {
         let qo = p.row.as_mut_ptr().add(256 * sb);
         let bp = blk.as_ptr();
@@ -91,27 +89,7 @@ unsafe fn decode_row(ty: GgmlType, src: &[u8], r: usize, p: &mut Panel) {
                     let (s, m) = scale_min_k4(j, &blk[4..16]);
                     *v = (s as i32, m as i32);
                 }
-                let high = ty == Q5_K;
-                let qs = bp.add(if high { 48 } else { 16 });
-                for h in 0..2 {
-                    let mut hb = if high {
-                        _mm_loadu_si128(bp.add(16 + 16 * h) as *const __m128i)
-                    } else {
-                        _mm_setzero_si128()
-                    };
-                    for j in 0..4 {
-                        let v = _mm_loadu_si128(qs.add(32 * j + 16 * h) as *const __m128i);
-                        let mut lo = _mm_and_si128(v, m4);
-                        let mut hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
-                        if high {
-                            lo = _mm_or_si128(lo, _mm_and_si128(_mm_slli_epi16(hb, 4), bit4));
-                            hi = _mm_or_si128(hi, _mm_and_si128(_mm_slli_epi16(hb, 3), bit4));
-                            hb = _mm_srli_epi16(hb, 2);
-                        }
-                        _mm_storeu_si128(qo.add(64 * j + 16 * h) as *mut __m128i, lo);
-                        _mm_storeu_si128(qo.add(64 * j + 32 + 16 * h) as *mut __m128i, hi);
-                    }
-                }
+                unpack_k45(bp, ty == Q5_K, qo);
             }
             Q6_K => {
                 let d = rd_f16(blk, 208);
@@ -121,28 +99,7 @@ unsafe fn decode_row(ty: GgmlType, src: &[u8], r: usize, p: &mut Panel) {
                     let s = (blk[192 + g] as i8) as i32;
                     *v = (s, 32 * s);
                 }
-                for n in 0..2 {
-                    let ql = bp.add(64 * n);
-                    let qh = bp.add(128 + 32 * n);
-                    for l in [0usize, 16] {
-                        let va = _mm_loadu_si128(ql.add(l) as *const __m128i);
-                        let vc = _mm_loadu_si128(ql.add(l + 32) as *const __m128i);
-                        let h = _mm_loadu_si128(qh.add(l) as *const __m128i);
-                        let h0 = _mm_slli_epi16(_mm_and_si128(h, m3), 4);
-                        let h2 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 2), m3), 4);
-                        let h4 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 4), m3), 4);
-                        let h6 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 6), m3), 4);
-                        let q1 = _mm_or_si128(_mm_and_si128(va, m4), h0);
-                        let q2 = _mm_or_si128(_mm_and_si128(vc, m4), h2);
-                        let q3 = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(va, 4), m4), h4);
-                        let q4 = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(vc, 4), m4), h6);
-                        let base = qo.add(128 * n + l);
-                        _mm_storeu_si128(base as *mut __m128i, q1);
-                        _mm_storeu_si128(base.add(32) as *mut __m128i, q2);
-                        _mm_storeu_si128(base.add(64) as *mut __m128i, q3);
-                        _mm_storeu_si128(base.add(96) as *mut __m128i, q4);
-                    }
-                }
+                unpack_q6k::<0>(bp, qo);
             }
             _ => unreachable!("igemm_avx2: unsupported {ty}"),
         }
