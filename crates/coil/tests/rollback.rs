@@ -350,7 +350,7 @@ fn forks_share_kv_pages_and_continue_independently() {
     }
 }
 
-/// With a checkpoint per generated token (what `coil serve` uses), stepping
+/// With a checkpoint per generated token (`--checkpoint-every-token`), stepping
 /// back any number of generated tokens restores exactly (no replay), and a
 /// fork taken mid-generation keeps its own history: checkpoints are
 /// references to states that later passes move away from, never write.

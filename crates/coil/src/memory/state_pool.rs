@@ -138,8 +138,9 @@ impl StatePool {
         self.free().iter_mut().for_each(|b| b.fill(v));
     }
 
-    /// Whether `b` returns to this pool.
-    pub fn owns(&self, b: &StateBuf) -> bool {
+    /// Whether `b` returns to this pool (tests).
+    #[cfg(test)]
+    pub(crate) fn owns(&self, b: &StateBuf) -> bool {
         b.pool
             .as_ref()
             .is_some_and(|p| Arc::ptr_eq(&p.shared, &self.shared))
