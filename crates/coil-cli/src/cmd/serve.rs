@@ -127,8 +127,8 @@ pub fn run(a: Args) -> Result<()> {
         None => None,
     };
     let mut engine = a.model.load(a.parallel + a.cache_slots, a.ubatch)?;
-    // Every generated token is checkpointed: the running sequences' states
-    // move through reserved buffers.
+    // Generation is checkpointed (every `--checkpoint-spacing` tokens): the
+    // running sequences' states move through reserved buffers.
     super::common::reserve_state_buffers(&mut engine, a.parallel);
     let info = engine.model.info();
     eprintln!(
