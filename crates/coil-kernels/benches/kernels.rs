@@ -145,6 +145,10 @@ fn main() {
         };
         return prefill_shapes_bench(&pool, ty);
     }
+    if let Some(ty) = filter.strip_prefix("invariant") {
+        let mut rng = Rng::new(1);
+        return invariant_bench(&pool, &mut rng, ty.trim_start_matches(['-', '_']));
+    }
     let bw = read_bandwidth(&pool);
     let peak = fma_peak(&pool);
     println!("machine: memory read {bw:.1} GB/s, f32 FMA peak {peak:.0} GFLOP/s\n");

@@ -63,6 +63,8 @@ pub(crate) const PANEL_LANES: usize = 16;
 /// * `d`: `[n_blocks][PANEL_LANES]`: token `t`'s scale of block `i` in lane `t` (the
 ///   lanes past `nt` are 0)
 /// * `sums`: `[n_blocks][nt][per_block]` (the group sums of block `i` of token `t`)
+/// * `dt`: `[nt][n_blocks]`, the scales token by token (as [`QuantAct::d`])
+/// * `sums_f`: `[nt][n_blocks · per_block]`, the group sums token by token, as f32
 #[derive(Debug)]
 pub(crate) struct ActPanel {
     pub nt: usize,
@@ -70,12 +72,14 @@ pub(crate) struct ActPanel {
     pub qs: Vec<i8>,
     pub d: Vec<f32>,
     pub sums: Vec<i16>,
+    pub dt: Vec<f32>,
+    pub sums_f: Vec<f32>,
 }
 
 impl ActPanel {
     /// Tokens `t0..t0 + nt` of `a` (`nt` ≤ [`PANEL_LANES`]), whose blocks
     /// have `block` values and `per_block` group sums each, interleaved in
-    /// chunks of `chunk` values (a divisor of `block`).
+    /// chunks of `chunk` values (a divisor of the row length).
     pub(crate) fn new(
         a: &QuantAct,
         t0: usize,
@@ -85,7 +89,7 @@ impl ActPanel {
         chunk: usize,
     ) -> Self {
         assert!((1..=PANEL_LANES).contains(&nt) && a.cols.is_multiple_of(block));
-        assert!(chunk > 0 && block.is_multiple_of(chunk));
+        assert!(chunk > 0 && a.cols.is_multiple_of(chunk));
         let (cols, nb) = (a.cols, a.cols / block);
         let chunks = cols / chunk;
         let mut qs = vec![0i8; nt * cols];
@@ -105,12 +109,20 @@ impl ActPanel {
                 sums[dst..dst + per_block].copy_from_slice(&a.sums[src..src + per_block]);
             }
         }
+        let dt = a.d[t0 * nb..(t0 + nt) * nb].to_vec();
+        let ng = nb * per_block;
+        let sums_f = a.sums[t0 * ng..(t0 + nt) * ng]
+            .iter()
+            .map(|&s| s as f32)
+            .collect();
         ActPanel {
             nt,
             n_blocks: nb,
             qs,
             d,
             sums,
+            dt,
+            sums_f,
         }
     }
 }

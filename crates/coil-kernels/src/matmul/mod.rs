@@ -379,6 +379,9 @@ pub(crate) struct TileKernel {
     /// Values per interleaved chunk of the [`act::ActPanel`] it reads (one
     /// vector's worth: 32 at AVX2, 64 at AVX-512).
     pub chunk: usize,
+    /// Columns it handles: a multiple of this (the others go through the
+    /// dot kernels, token by token).
+    pub cols_multiple: usize,
 }
 
 /// Rows the few-token path multiplies with every group of tokens before it
@@ -607,6 +610,7 @@ fn vec_path(
                 });
                 return;
             }
+            let tile_k = tile_k.filter(|t| cols.is_multiple_of(t.cols_multiple));
             if let (Some(tile), true) = (tile_k, n_tokens > 1) {
                 // groups of at most `max` tokens, each interleaved once
                 let (tk, max) = (tile.f, tile.max_tokens);

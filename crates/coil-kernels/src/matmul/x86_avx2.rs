@@ -81,6 +81,7 @@ pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileKernel> {
         f,
         max_tokens,
         chunk: 32,
+        cols_multiple: 1,
     })
 }
 

@@ -66,12 +66,19 @@ pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileKernel> {
         GgmlType::Q4_K => |w, rb, a, o| unsafe { tiles::tile_q4_k(w, rb, a, o) },
         GgmlType::Q5_K => |w, rb, a, o| unsafe { tiles::tile_q5_k(w, rb, a, o) },
         GgmlType::Q6_K => |w, rb, a, o| unsafe { tiles::tile_q6_k(w, rb, a, o) },
+        GgmlType::Q8_0 => |w, rb, a, o| unsafe { tiles::tile_q8_0(w, rb, a, o) },
+        GgmlType::Q4_0 => |w, rb, a, o| unsafe { tiles::tile_q4_0(w, rb, a, o) },
+        GgmlType::IQ4_NL => |w, rb, a, o| unsafe { tiles::tile_iq4_nl(w, rb, a, o) },
         _ => return None,
     };
+    // the 32-value formats' tiles take whole groups of 8 blocks (the dot
+    // kernels finish a row's last nb % 8 blocks at AVX2)
+    let b32 = matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL);
     Some(TileKernel {
         f,
         max_tokens: tiles::MAX_TOKENS,
         chunk: 64,
+        cols_multiple: if b32 { 256 } else { 1 },
     })
 }
 
@@ -158,6 +165,90 @@ unsafe fn hsum256(v: __m256) -> f32 {
     _mm_cvtss_f32(m)
 }
 
+/// Constants of the 32-value block formats' steps (see [`dot_b32`]).
+pub(super) struct B32 {
+    x80: __m512i,
+    m4: __m256i,
+    /// IQ4_NL's table plus 128, in each 128-bit lane.
+    tbl: __m512i,
+    /// Byte offsets of 8 consecutive blocks (their scales, one gather).
+    gidx: __m256i,
+    /// Step `k`'s scale lanes: `[2k x8 | 2k+1 x8]`.
+    pub pidx: [__m512i; 4],
+}
+
+impl B32 {
+    #[inline(always)]
+    pub(super) unsafe fn new<const BYTES: usize>() -> B32 {
+        let mut tblu = [0u8; 16];
+        for (t, k) in tblu.iter_mut().zip(KVALUES_IQ4NL) {
+            *t = (k as i16 + 128) as u8;
+        }
+        B32 {
+            x80: _mm512_set1_epi8(-128),
+            m4: _mm256_set1_epi8(0xF),
+            tbl: _mm512_broadcast_i32x4(_mm_loadu_si128(tblu.as_ptr() as *const __m128i)),
+            gidx: _mm256_mullo_epi32(
+                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                _mm256_set1_epi32(BYTES as i32),
+            ),
+            pidx: [
+                _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3),
+                _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5),
+                _mm512_setr_epi32(6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7),
+            ],
+        }
+    }
+
+    /// The scales of the 8 blocks at `base`.
+    #[inline(always)]
+    pub(super) unsafe fn d8(&self, base: *const u8) -> __m256 {
+        let dbits = _mm256_i32gather_epi32::<1>(base as *const i32, self.gidx);
+        _mm256_cvtph_ps(_mm256_cvtepi32_epi16(dbits))
+    }
+
+    /// Step `k` of the 8 blocks at `base`: blocks `2k`, `2k + 1` as 64
+    /// unsigned values (`w + OFFSET`).
+    #[inline(always)]
+    pub(super) unsafe fn step<const BYTES: usize, const KIND: u8>(
+        &self,
+        base: *const u8,
+        k: usize,
+    ) -> __m512i {
+        let b0 = base.add(BYTES * 2 * k);
+        let b1 = b0.add(BYTES);
+        if KIND == 0 {
+            let wv = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256(b0.add(2) as *const __m256i)),
+                _mm256_loadu_si256(b1.add(2) as *const __m256i),
+                1,
+            );
+            _mm512_xor_si512(wv, self.x80)
+        } else {
+            let q = _mm256_loadu2_m128i(b1.add(2) as *const __m128i, b0.add(2) as *const __m128i);
+            let lo = _mm256_and_si256(q, self.m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), self.m4);
+            let tt = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+            let nib = _mm512_shuffle_i64x2(tt, tt, 0b11_01_10_00);
+            if KIND == 2 {
+                _mm512_shuffle_epi8(self.tbl, nib)
+            } else {
+                nib
+            }
+        }
+    }
+}
+
+/// The weight offset of a 32-value block format (`KIND` as in [`dot_b32`]).
+pub(super) const fn b32_offset(kind: u8) -> f32 {
+    if kind == 1 {
+        8.0
+    } else {
+        128.0
+    }
+}
+
 /// Shared body of the 32-value block formats (Q8_0, Q4_0, IQ4_NL) against
 /// Q8_0-style activations of `NT` tokens, 8 blocks per step.
 ///
@@ -166,6 +257,13 @@ unsafe fn hsum256(v: __m256) -> f32 {
 /// `sum (u - OFFSET)·x = dot(u, x) - OFFSET·sum(x)`. The 8 block scales are
 /// fetched with one gather and converted together. Weights are unpacked
 /// once for all `NT` tokens.
+///
+/// Per token two accumulators of 16 lanes: per 8 blocks the first takes
+/// the offset term (`s·(−OFFSET)·Σx` of the 8 blocks in lanes 0..8,
+/// `s = d·xd`; the scaling by a power of two is exact) and steps 0 and 2,
+/// the second steps 1 and 3 (`s·dot` per block; two chains, as one token's
+/// latency bounds it when the weights are in cache). The few-token tiles
+/// (`tiles::rows_b32`) repeat these operations exactly, token by token.
 #[inline(always)]
 unsafe fn dot_b32<const BYTES: usize, const KIND: u8, const PF: usize, const NT: usize>(
     row: &[u8],
@@ -174,33 +272,15 @@ unsafe fn dot_b32<const BYTES: usize, const KIND: u8, const PF: usize, const NT:
     // KIND: 0 = Q8_0 (offset 128 via xor), 1 = Q4_0 (nibbles, offset 8), 2 = IQ4_NL (table + 128)
     let nb = xa[0].1.len();
     let w = row.as_ptr();
-    let offset = if KIND == 1 { 8.0 } else { 128.0 };
+    let c = B32::new::<BYTES>();
     let zero = _mm512_setzero_si512();
-    let x80 = _mm512_set1_epi8(-128);
-    let m4 = _mm256_set1_epi8(0xF);
-    let mut tblu = [0u8; 16];
-    for (t, k) in tblu.iter_mut().zip(KVALUES_IQ4NL) {
-        *t = (k as i16 + 128) as u8;
-    }
-    let tbl = _mm512_broadcast_i32x4(_mm_loadu_si128(tblu.as_ptr() as *const __m128i));
-    let gidx = _mm256_mullo_epi32(
-        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-        _mm256_set1_epi32(BYTES as i32),
-    );
-    let pidx = [
-        _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-        _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3),
-        _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5),
-        _mm512_setr_epi32(6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7),
-    ];
+    let noff = _mm256_set1_ps(-b32_offset(KIND));
     let mut acc = [[_mm512_setzero_ps(); 2]; NT];
-    let mut corr = [_mm256_setzero_ps(); NT];
     let mut i = 0;
     while i + 8 <= nb {
         let base = w.add(BYTES * i);
         prefetch_ahead::<PF>(base, 8 * BYTES);
-        let dbits = _mm256_i32gather_epi32::<1>(base as *const i32, gidx);
-        let d8 = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(dbits));
+        let d8 = c.d8(base);
         let mut s16 = [_mm512_setzero_ps(); NT];
         for t in 0..NT {
             let (_, xd, xs) = xa[t];
@@ -208,36 +288,19 @@ unsafe fn dot_b32<const BYTES: usize, const KIND: u8, const PF: usize, const NT:
             let xs8 = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm_loadu_si128(
                 xs.as_ptr().add(i) as *const __m128i,
             )));
-            corr[t] = _mm256_fmadd_ps(s8, xs8, corr[t]);
-            s16[t] = _mm512_castps256_ps512(s8);
+            acc[t][0] = _mm512_fmadd_ps(
+                _mm512_zextps256_ps512(_mm256_mul_ps(s8, noff)),
+                _mm512_zextps256_ps512(xs8),
+                acc[t][0],
+            );
+            s16[t] = _mm512_zextps256_ps512(s8);
         }
         for k in 0..4 {
-            let b0 = base.add(BYTES * 2 * k);
-            let b1 = b0.add(BYTES);
-            let wu = if KIND == 0 {
-                let wv = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256(b0.add(2) as *const __m256i)),
-                    _mm256_loadu_si256(b1.add(2) as *const __m256i),
-                    1,
-                );
-                _mm512_xor_si512(wv, x80)
-            } else {
-                let q =
-                    _mm256_loadu2_m128i(b1.add(2) as *const __m128i, b0.add(2) as *const __m128i);
-                let lo = _mm256_and_si256(q, m4);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-                let tt = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-                let nib = _mm512_shuffle_i64x2(tt, tt, 0b11_01_10_00);
-                if KIND == 2 {
-                    _mm512_shuffle_epi8(tbl, nib)
-                } else {
-                    nib
-                }
-            };
+            let wu = c.step::<BYTES, KIND>(base, k);
             for t in 0..NT {
                 let xv = _mm512_loadu_si512(xa[t].0.as_ptr().add(32 * (i + 2 * k)) as *const _);
                 let dot = _mm512_dpbusd_epi32(zero, wu, xv);
-                let sc = _mm512_permutexvar_ps(pidx[k], s16[t]);
+                let sc = _mm512_permutexvar_ps(c.pidx[k], s16[t]);
                 acc[t][k % 2] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc[t][k % 2]);
             }
         }
@@ -245,8 +308,7 @@ unsafe fn dot_b32<const BYTES: usize, const KIND: u8, const PF: usize, const NT:
     }
     let mut out = [0f32; NT];
     for t in 0..NT {
-        out[t] =
-            _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1])) - offset * hsum256(corr[t]);
+        out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
         if i < nb {
             let (q, d, xs) = xa[t];
             // the last nb % 8 blocks (all of a row shorter than 256

@@ -1,12 +1,13 @@
-//! AVX-512 (VNNI) integer dot products of a range of K-quant weight rows
-//! with up to [`MAX_TOKENS`] tokens at once (batched decode of several
-//! sequences, speculative verification): each row's 256-value block is
-//! fetched and unpacked once (nibbles, high bits, scales) and multiplied
-//! with every token's quantized activations while it sits in registers.
+//! AVX-512 (VNNI) integer dot products of a range of K-quant or 32-value
+//! block (Q8_0, Q4_0, IQ4_NL) weight rows with up to [`MAX_TOKENS`] tokens
+//! at once (batched decode of several sequences, speculative
+//! verification): each row's 256 values are fetched and unpacked once
+//! (nibbles, high bits, scales) and multiplied with every token's
+//! quantized activations while they sit in registers.
 //!
 //! Batch invariance: each token's result is computed with exactly the
 //! floating-point operations, in the same order and lanes, of the
-//! one-token kernel in `x86_avx512.rs` (`dot_k45`, `dot_q6k`; the integer
+//! one-token kernel in `x86_avx512.rs` (`dot_k45`, `dot_q6k`, `dot_b32`; the integer
 //! parts are exact), so a token's output does not depend on how many
 //! tokens share the call. The per-block scales of all the tokens
 //! (`d · xd`, `dmin · xd`) are formed in one vector multiply: lane by lane
@@ -23,8 +24,8 @@
 use super::super::act::{ActPanel, PANEL_LANES};
 use super::super::x86_avx2::{f16c, PF_STREAM};
 use super::{
-    hsum256, idx_pair, k45_step, k4_scales_mins, prefetch_ahead, q6k_half, q6k_offset,
-    q6k_scale_idx, rd16,
+    b32_offset, hsum256, idx_pair, k45_step, k4_scales_mins, prefetch_ahead, q6k_half, q6k_offset,
+    q6k_scale_idx, rd16, B32,
 };
 use std::arch::x86_64::*;
 
@@ -189,6 +190,66 @@ unsafe fn rows_q6_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
     }
 }
 
+/// Q8_0 / Q4_0 / IQ4_NL (`KIND` 0 / 1 / 2, blocks of `BYTES`), as
+/// `dot_b32`, for `NT` tokens; rows of a multiple of 256 values. Each
+/// step's 64 unsigned weights are unpacked once for all the tokens; per
+/// token the same operations as `dot_b32`'s (the scales `d·xd` of 8 blocks
+/// from the panel's token-major `dt`, the sums as f32 from `sums_f`: the
+/// values `dot_b32` converts).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
+#[inline]
+unsafe fn rows_b32<const BYTES: usize, const KIND: u8, const NT: usize>(
+    w: &[u8],
+    rb: usize,
+    p: &ActPanel,
+    out: &mut [&mut [f32]],
+) {
+    assert!(p.nt == NT && out.len() == NT && NT <= PANEL_LANES);
+    let n = out[0].len();
+    assert!(out.iter().all(|o| o.len() == n) && w.len() >= n * rb);
+    let nb = p.n_blocks;
+    assert!(nb.is_multiple_of(8) && rb >= nb * BYTES);
+    assert!(p.qs.len() >= NT * nb * 32 && p.dt.len() >= NT * nb && p.sums_f.len() >= NT * nb);
+    let (xq, dt, sf) = (p.qs.as_ptr(), p.dt.as_ptr(), p.sums_f.as_ptr());
+    let c = B32::new::<BYTES>();
+    let zero = _mm512_setzero_si512();
+    let noff = _mm256_set1_ps(-b32_offset(KIND));
+    for r in 0..n {
+        let row = w.as_ptr().add(r * rb);
+        let mut acc = [[_mm512_setzero_ps(); 2]; NT];
+        for i in (0..nb).step_by(8) {
+            let base = row.add(BYTES * i);
+            prefetch_ahead::<PF_STREAM>(base, 8 * BYTES);
+            let d8 = c.d8(base);
+            let mut s16 = [_mm512_setzero_ps(); NT];
+            for t in 0..NT {
+                let s8 = _mm256_mul_ps(d8, _mm256_loadu_ps(dt.add(t * nb + i)));
+                let xs8 = _mm256_loadu_ps(sf.add(t * nb + i));
+                acc[t][0] = _mm512_fmadd_ps(
+                    _mm512_zextps256_ps512(_mm256_mul_ps(s8, noff)),
+                    _mm512_zextps256_ps512(xs8),
+                    acc[t][0],
+                );
+                s16[t] = _mm512_zextps256_ps512(s8);
+            }
+            for k in 0..4 {
+                let mut wu = c.step::<BYTES, KIND>(base, k);
+                pin!(wu);
+                for t in 0..NT {
+                    let xv = chunk::<NT>(xq, i / 2 + k, t);
+                    let dot = _mm512_dpbusd_epi32(zero, wu, xv);
+                    let sc = _mm512_permutexvar_ps(c.pidx[k], s16[t]);
+                    acc[t][k % 2] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc[t][k % 2]);
+                }
+            }
+        }
+        for t in 0..NT {
+            *out[t].get_unchecked_mut(r) =
+                _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
+        }
+    }
+}
+
 /// Defines a `#[target_feature]` entry point `$name` that serves 1 to
 /// [`MAX_TOKENS`] tokens by choosing the instantiation of `$kernel` for
 /// their count.
@@ -219,6 +280,9 @@ macro_rules! tile_entry {
 tile_entry!(tile_q4_k, rows_k45, false);
 tile_entry!(tile_q5_k, rows_k45, true);
 tile_entry!(tile_q6_k, rows_q6_k);
+tile_entry!(tile_q8_0, rows_b32, 34, 0);
+tile_entry!(tile_q4_0, rows_b32, 18, 1);
+tile_entry!(tile_iq4_nl, rows_b32, 18, 2);
 
 #[cfg(test)]
 mod tests {
@@ -240,7 +304,14 @@ mod tests {
             (GgmlType::Q4_K, 512),
             (GgmlType::Q5_K, 768),
             (GgmlType::Q6_K, 512),
+            (GgmlType::Q8_0, 512),
+            (GgmlType::Q4_0, 768),
+            (GgmlType::IQ4_NL, 256),
         ] {
+            let (block, group) = match ty {
+                GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL => (32, 32),
+                _ => (256, 16),
+            };
             for rows in [1, 5, 13] {
                 let mut rng = Rng::new(11 + rows as u64);
                 let data = random_weights(&mut rng, ty, rows, cols);
@@ -250,12 +321,15 @@ mod tests {
                     panic!("{ty}: no AVX-512 dot kernel");
                 };
                 let tk = super::super::tile_kernel(ty).expect("tile kernel");
-                let xa = QuantAct::q8_k(&x, cols);
-                let (nd, ns) = (cols / 256, cols / 16);
+                let xa = match block {
+                    32 => QuantAct::q8_0(&x, cols),
+                    _ => QuantAct::q8_k(&x, cols),
+                };
+                let (nd, ns) = (cols / block, cols / group);
                 for nt in 1..=tk.max_tokens {
                     // tokens 12 - nt .. 12: a panel that does not start at token 0
                     let t0 = 12 - nt;
-                    let panel = ActPanel::new(&xa, t0, nt, 256, 16, tk.chunk);
+                    let panel = ActPanel::new(&xa, t0, nt, block, block / group, tk.chunk);
                     let mut ys = vec![vec![f32::NAN; rows]; nt];
                     let mut outs: Vec<&mut [f32]> =
                         ys.iter_mut().map(|y| y.as_mut_slice()).collect();
