@@ -549,6 +549,28 @@ fn a_resume_within_a_generation_processes_at_most_three_tokens_again() {
     }
 }
 
+/// A prompt resumed one token before its last (its remaining prefix is
+/// then a call of a single token) still leaves a checkpoint right before
+/// that last token, whatever the generation checkpoint spacing: sent again,
+/// all but its last token come from the cache.
+#[test]
+fn a_prompt_resumed_next_to_its_end_is_reused_whole_when_sent_again() {
+    let words = [
+        "Once", " upon", " a", " time", " there", " was", " a", " cat",
+    ];
+    for k in 1..=words.len() {
+        let s = start(1, 2, 256);
+        let p = words[..k].concat();
+        let q = format!("{p} dog");
+        complete(&s, &p, 4);
+        let first = complete(&s, &q, 4);
+        let again = complete(&s, &q, 4);
+        let (n, cached, _) = usage(&again);
+        assert_eq!(cached, n - 1, "{k} words: {cached} of {n} cached");
+        assert_eq!(again["choices"][0]["text"], first["choices"][0]["text"]);
+    }
+}
+
 /// Bounded memory: with more conversations than slots, the least recently
 /// used are evicted and results stay right.
 #[test]

@@ -166,14 +166,21 @@ impl Worker {
         Ok((slot, pick.at - stats.replayed.min(pick.at), branch))
     }
 
-    /// Keeps the engine's checkpoint of slot `s` at `pos` (if it has one)
-    /// beside it, whatever the engine's thinning does later.
+    /// Keeps the engine's checkpoint of slot `s` at `pos` beside it,
+    /// whatever the engine's thinning does later. Where `s` stands at `pos`
+    /// and the engine took none there (a prompt call of one token: the
+    /// generation spacing, `CheckpointPolicy::call_spacing`, skips those),
+    /// one is taken now: a reference to the current state, no copy.
     pub(super) fn pin(&mut self, s: SeqId, pos: usize) {
-        let Some(r) = &self.engine.mem.recurrent else {
+        let here = seq_len_or_zero(&self.engine, s) == pos;
+        let Some(r) = &mut self.engine.mem.recurrent else {
             return;
         };
         if pos == 0 || self.pinned[s].iter().any(|c| c.pos == pos) {
             return;
+        }
+        if here {
+            let _ = r.checkpoint(s);
         }
         let Some(cp) = r
             .checkpoints(s)
