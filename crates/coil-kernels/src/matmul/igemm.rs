@@ -9,10 +9,11 @@
 //! `(qx + 128)·q` four at a time into 16 row lanes; the offset is removed with
 //! the block sums of `q` (computed when packing):
 //! `sum q·qx = dot(qx + 128, q) − 128·sum q`. Per block and token:
-//! `y += a·dx·(sum q·qx) − b·dx·(sum qx)`. For the K-quants with mins
-//! (Q4_K, Q5_K) the activations get one scale per 256 values instead (as
+//! `y += a·dx·(sum q·qx) − b·dx·(sum qx)`. For the K-quants (Q4_K, Q5_K,
+//! Q6_K) the activations get one scale per 256 values instead (as
 //! llama.cpp's Q8_K and coil's decode path), so `dx` is applied once per
-//! super-block: fewer float operations per block and token (+3–10% here).
+//! super-block: fewer float operations per block and token (Q4_K/Q5_K
+//! +3–10% here; Q6_K +7–11% in the kernel bench's prefill shapes).
 //!
 //! Layout: a work item is two panels of 16 weight rows (a last odd panel
 //! is paired with an empty one); a panel's blocks are packed
@@ -70,8 +71,8 @@ thread_local! {
 }
 
 /// Quantizes the activations of `n` tokens with one scale per `block`
-/// values: 256 for the K-quants with mins (their kernel applies the scale
-/// once per super-block, as llama.cpp's Q8_K), else 32.
+/// values: 256 for the K-quants (their kernel applies the scale once per
+/// super-block, as llama.cpp's Q8_K), else 32.
 fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, block: usize, a: &mut Acts) {
     let nb = cols / 32;
     if a.xu.len() < n * cols {
@@ -252,13 +253,14 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
 /// `y[t, r0..r0+32]` for tokens `ts` (up to `NT`; unused slots repeat the
 /// last token and are not stored), two panels at once: each activation
 /// broadcast feeds two `vpdpbusd` (loads per product 6/8 against 9/8 with
-/// one panel of 8 tokens). `MIN`: Q4_K/Q5_K with per-256 activation scales
-/// (`a·Σq·qx − b·Σqx` per block, `dx` once per super-block); else one
-/// activation scale per 32 (`HALF`: Q6_K's weight scale per 16 values;
-/// `MIN32`: Q4_1/Q5_1, `− b·dx·Σqx` per block).
+/// one panel of 8 tokens). `SB`: one activation scale per 256 values,
+/// applied once per super-block; `MIN`: Q4_K/Q5_K (`a·Σq·qx − b·Σqx` per
+/// block, with `SB`); `HALF`: Q6_K's weight scale per 16 values (with
+/// `SB`); else one activation scale per 32 (`MIN32`: Q4_1/Q5_1,
+/// `− b·dx·Σqx` per block).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn kernel<const MIN: bool, const HALF: bool, const MIN32: bool>(
+unsafe fn kernel<const MIN: bool, const HALF: bool, const MIN32: bool, const SB: bool>(
     p: [&Panel; 2],
     acts: &Acts,
     cols: usize,
@@ -307,6 +309,11 @@ unsafe fn kernel<const MIN: bool, const HALF: bool, const MIN32: bool>(
                         let s = *acts.sums.get_unchecked(tok[t] * nb + kb);
                         fsb[k][t] = _mm512_fnmadd_ps(bv, _mm512_set1_ps(s), f);
                     }
+                } else if SB {
+                    // one activation scale per super-block: applied below
+                    for t in 0..NT {
+                        fsb[k][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[k][t]), av, fsb[k][t]);
+                    }
                 } else {
                     let bv = if MIN32 {
                         _mm512_loadu_ps(p[k].b.as_ptr().add(sg * 16))
@@ -328,7 +335,7 @@ unsafe fn kernel<const MIN: bool, const HALF: bool, const MIN32: bool>(
                 }
             }
         }
-        if MIN && kb % 8 == 7 {
+        if (MIN || SB) && kb % 8 == 7 {
             let sb = kb / 8;
             for t in 0..NT {
                 let dx = _mm512_set1_ps(*acts.dx.get_unchecked(tok[t] * nsb + sb));
@@ -376,17 +383,19 @@ pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_token
     let (rows, cols) = (w.rows, w.cols);
     let mut acts = ACTS.with(|a| std::mem::take(&mut *a.borrow_mut()));
     let min = has_min(w.ty);
+    let half = sub16(w.ty);
+    // Q4_K, Q5_K and Q6_K: one activation scale per super-block
+    let sb = min || half;
     quantize_acts(
         pool,
         x,
         n_tokens,
         cols,
-        if min { 256 } else { 32 },
+        if sb { 256 } else { 32 },
         &mut acts,
     );
     let panels = rows.div_ceil(16);
     let yp = SendPtr(y.as_mut_ptr());
-    let half = sub16(w.ty);
     let min32 = has_min32(w.ty);
     // Work items: pairs of panels; a last odd panel pairs with an empty one.
     let items = panels.div_ceil(2);
@@ -418,13 +427,21 @@ pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_token
                             let pp = [&*pa, &*pb];
                             let y = yp.get();
                             if min {
-                                kernel::<true, false, false>(pp, &acts, cols, ts, nr, y, rows, r0);
+                                kernel::<true, false, false, true>(
+                                    pp, &acts, cols, ts, nr, y, rows, r0,
+                                );
                             } else if half {
-                                kernel::<false, true, false>(pp, &acts, cols, ts, nr, y, rows, r0);
+                                kernel::<false, true, false, true>(
+                                    pp, &acts, cols, ts, nr, y, rows, r0,
+                                );
                             } else if min32 {
-                                kernel::<false, false, true>(pp, &acts, cols, ts, nr, y, rows, r0);
+                                kernel::<false, false, true, false>(
+                                    pp, &acts, cols, ts, nr, y, rows, r0,
+                                );
                             } else {
-                                kernel::<false, false, false>(pp, &acts, cols, ts, nr, y, rows, r0);
+                                kernel::<false, false, false, false>(
+                                    pp, &acts, cols, ts, nr, y, rows, r0,
+                                );
                             }
                         }
                     }
