@@ -597,6 +597,35 @@ impl RecurrentMemory {
         Ok(&self.slots[s].checkpoints)
     }
 
+    /// Thins the checkpoints of `s` for a stay in a cache: keeps those within
+    /// `tail` tokens of its end (the newest always) and, before them, one
+    /// per `spacing` positions (the first of each stretch, as the budget's
+    /// thinning does); returns how many were dropped. Their buffers go back
+    /// to the pool unless something else holds them (a fork, a pin): a
+    /// parked conversation then holds a few states instead of one per few
+    /// generated tokens, and a rollback into it replays at most
+    /// `spacing - 1` tokens.
+    pub fn thin_parked(&mut self, s: SeqId, spacing: usize, tail: usize) -> Result<usize, MemoryError> {
+        self.check(s)?;
+        let slot = &mut self.slots[s];
+        let (len, before) = (slot.len, slot.checkpoints.len());
+        let spacing = spacing.max(1);
+        let mut last: Option<usize> = None;
+        let n = before;
+        let mut i = 0;
+        slot.checkpoints.retain(|c| {
+            i += 1;
+            let keep = i == n
+                || c.pos + tail >= len
+                || last.is_none_or(|l| c.pos >= l + spacing);
+            if keep {
+                last = Some(c.pos);
+            }
+            keep
+        });
+        Ok(before - slot.checkpoints.len())
+    }
+
     /// Replaces the checkpoints of `s` (loading a session).
     pub fn set_checkpoints(&mut self, s: SeqId, cps: Vec<Checkpoint>) -> Result<(), MemoryError> {
         self.check(s)?;
@@ -1134,6 +1163,28 @@ mod tests {
         m.advance(0, 10).unwrap();
         m.seq_truncate(0, 3).unwrap();
         assert_eq!(m.seq_len(0), Ok(3));
+    }
+
+    #[test]
+    fn parked_thinning_keeps_the_tail_and_a_coarse_grid() {
+        let mut m = mem();
+        m.policy.budget_bytes = usize::MAX / 2;
+        for t in 0..40 {
+            // a pass writes the state: it moves off a checkpointed buffer
+            m.state(0, 0).unwrap().unwrap().ssm[0] = t as f32;
+            m.advance(0, 1).unwrap();
+            if m.seq_len(0).unwrap() % 4 == 0 || m.seq_len(0).unwrap() == 39 {
+                m.checkpoint(0).unwrap();
+            }
+        }
+        let free = m.free_buffers();
+        let dropped = m.thin_parked(0, 16, 8).unwrap();
+        let pos: Vec<usize> = m.checkpoints(0).unwrap().iter().map(|c| c.pos).collect();
+        // a grid of 16 before the last 8 tokens, all of those, the newest
+        assert_eq!(pos, vec![4, 20, 32, 36, 39, 40]);
+        assert_eq!(dropped, 5);
+        assert_eq!(m.free_buffers(), free + 5, "the dropped buffers are reused");
+        assert_eq!(m.thin_parked(0, 16, 8).unwrap(), 0);
     }
 
     #[test]
