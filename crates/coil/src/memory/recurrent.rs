@@ -605,7 +605,12 @@ impl RecurrentMemory {
     /// parked conversation then holds a few states instead of one per few
     /// generated tokens, and a rollback into it replays at most
     /// `spacing - 1` tokens.
-    pub fn thin_parked(&mut self, s: SeqId, spacing: usize, tail: usize) -> Result<usize, MemoryError> {
+    pub fn thin_parked(
+        &mut self,
+        s: SeqId,
+        spacing: usize,
+        tail: usize,
+    ) -> Result<usize, MemoryError> {
         self.check(s)?;
         let slot = &mut self.slots[s];
         let (len, before) = (slot.len, slot.checkpoints.len());
@@ -615,9 +620,7 @@ impl RecurrentMemory {
         let mut i = 0;
         slot.checkpoints.retain(|c| {
             i += 1;
-            let keep = i == n
-                || c.pos + tail >= len
-                || last.is_none_or(|l| c.pos >= l + spacing);
+            let keep = i == n || c.pos + tail >= len || last.is_none_or(|l| c.pos >= l + spacing);
             if keep {
                 last = Some(c.pos);
             }
