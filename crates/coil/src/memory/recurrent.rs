@@ -1176,7 +1176,8 @@ mod tests {
             // a pass writes the state: it moves off a checkpointed buffer
             m.state(0, 0).unwrap().unwrap().ssm[0] = t as f32;
             m.advance(0, 1).unwrap();
-            if m.seq_len(0).unwrap() % 4 == 0 || m.seq_len(0).unwrap() == 39 {
+            let len = m.seq_len(0).unwrap();
+            if len.is_multiple_of(4) || len == 39 {
                 m.checkpoint(0).unwrap();
             }
         }
