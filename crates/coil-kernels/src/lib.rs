@@ -20,8 +20,9 @@
 //!   kernel takes the path of a single row, so a row's result does not
 //!   depend on how many rows share the call (bit for bit).
 //! * [`simd`]: runtime dispatch (AVX-512+VNNI, AVX2+FMA, portable);
-//!   [`matmul_at`] and [`simd::force_level`] pick a level explicitly (tests,
-//!   benchmarks, `COIL_SIMD=scalar|avx2|avx512`).
+//!   [`matmul_at`], [`simd::level_scope`] (a thread and its pool jobs:
+//!   tests) and [`simd::force_level`] (process-wide: benchmarks) pick a level
+//!   explicitly; `COIL_SIMD=scalar|avx2|avx512` caps it.
 //!
 //! Shapes are row-major and written `[outer, ..., inner]` in the docs.
 //! Length mismatches in the hot functions are programmer errors and panic;

@@ -153,12 +153,17 @@ impl ThreadPool {
             Err(TryLockError::WouldBlock) => return serial(&f),
         };
         let next = AtomicUsize::new(0);
-        let body = |tid: usize| loop {
-            let s = next.fetch_add(grain, Ordering::Relaxed);
-            if s >= n {
-                break;
+        // the caller's SIMD cap (tests), on whichever thread runs a chunk
+        let cap = crate::simd::scoped_cap();
+        let body = |tid: usize| {
+            let _cap = cap.map(|c| crate::simd::level_scope(Some(c)));
+            loop {
+                let s = next.fetch_add(grain, Ordering::Relaxed);
+                if s >= n {
+                    break;
+                }
+                f(s..(s + grain).min(n), tid);
             }
-            f(s..(s + grain).min(n), tid);
         };
         self.run_job(&body);
     }
@@ -425,6 +430,31 @@ impl<T> SendPtr<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A thread's SIMD cap (`simd::level_scope`) holds in the pool jobs it
+    /// starts, on every worker, and nowhere else.
+    #[test]
+    fn a_scoped_simd_cap_reaches_the_workers_only_for_its_jobs() {
+        use crate::simd::{detected_level, level, level_scope, SimdLevel};
+        let pool = ThreadPool::new(2);
+        let seen = |pool: &ThreadPool| {
+            let levels = std::sync::Mutex::new(Vec::new());
+            pool.parallel_for(64, 1, |_, _| {
+                std::thread::sleep(std::time::Duration::from_micros(200));
+                levels.lock().unwrap().push(level());
+            });
+            levels.into_inner().unwrap()
+        };
+        {
+            let _cap = level_scope(Some(SimdLevel::Scalar));
+            assert_eq!(level(), SimdLevel::Scalar);
+            let other = std::thread::spawn(level).join().unwrap();
+            assert_eq!(other, detected_level(), "another thread keeps its level");
+            assert!(seen(&pool).iter().all(|&l| l == SimdLevel::Scalar));
+        }
+        assert_eq!(level(), detected_level());
+        assert!(seen(&pool).iter().all(|&l| l == detected_level()));
+    }
 
     #[test]
     fn covers_every_item_once() {

@@ -20,7 +20,7 @@ mod common;
 
 use coil::engine::{BatchEntry, Engine, EngineOptions, Numerics};
 use coil::models::LogitRows;
-use coil_kernels::simd::{available_levels, force_level};
+use coil_kernels::simd::{available_levels, level_scope};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -84,7 +84,7 @@ fn check_model(name: &str, model: &Path, tokens: &[u32]) {
     let n = tokens.len();
     assert!(n >= K_MAX + 3, "{name}: fixture prompt too short");
     for level in available_levels() {
-        force_level(Some(level));
+        let _cap = level_scope(Some(level));
         let what = |s: String| format!("{name} ({}): {s}", level.name());
         let mut e = engine(model);
         let v = e.n_vocab();
@@ -171,7 +171,6 @@ fn check_model(name: &str, model: &Path, tokens: &[u32]) {
             assert_bitwise(&what(w), &got, at(p, 1), v, p);
         }
     }
-    force_level(None);
 }
 
 fn llama_cpp(arch: &str) {

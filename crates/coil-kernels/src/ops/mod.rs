@@ -32,7 +32,7 @@ pub use topk::{top_k, top_k_into};
 
 #[cfg(test)]
 mod level_tests {
-    use crate::simd::{available_levels, force_level};
+    use crate::simd::{available_levels, level_scope};
 
     /// The vectorized ops (compiled per SIMD level) at every level the CPU
     /// has, including the portable one. (Matmul tests pick levels
@@ -40,7 +40,7 @@ mod level_tests {
     #[test]
     fn ops_at_every_level() {
         for level in available_levels() {
-            force_level(Some(level));
+            let _cap = level_scope(Some(level));
             super::ssm::tests::mamba2_matches_naive_and_steps();
             super::ssd::tests::chunked_matches_sequential();
             super::ssm::tests::mamba1_matches_naive();
@@ -49,6 +49,5 @@ mod level_tests {
             super::attention::tests::matches_naive_softmax();
             super::attention::tests::invariant_mode_queries_equal_single_query_calls();
         }
-        force_level(None);
     }
 }

@@ -304,7 +304,7 @@ impl StateElem for bf16 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simd::{available_levels, force_level};
+    use crate::simd::{available_levels, level_scope};
     use crate::testutil::Rng;
 
     fn b(bits: u16) -> bf16 {
@@ -398,7 +398,7 @@ mod tests {
         xs[5] = f32::from_bits(0x7f80_0001);
         xs[9] = f32::INFINITY;
         for level in available_levels() {
-            force_level(Some(level));
+            let _cap = level_scope(Some(level));
             for len in [0, 1, 15, 16, 17, 100, 1000] {
                 let mut r = vec![bf16::ZERO; len];
                 round_mv(&xs[..len], &mut r);
@@ -418,7 +418,6 @@ mod tests {
                 );
             }
         }
-        force_level(None);
     }
 
     #[test]

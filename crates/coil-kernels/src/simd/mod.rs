@@ -237,13 +237,58 @@ fn detect() -> SimdLevel {
     SimdLevel::Scalar
 }
 
-/// The level kernels use now: the detected level, capped by [`force_level`].
+thread_local! {
+    /// Cap set by [`level_scope`] on this thread (0 = none); the pool's
+    /// workers take their caller's for the length of a job.
+    static SCOPED: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
+}
+
+/// The level kernels use now: the detected level, capped by a
+/// [`level_scope`] of the calling thread (or of the thread whose pool job it
+/// runs), else by [`force_level`].
 #[inline]
 pub fn level() -> SimdLevel {
     let d = detected_level();
-    match FORCED.load(Ordering::Relaxed) {
+    let f = match SCOPED.with(std::cell::Cell::get) {
+        0 => FORCED.load(Ordering::Relaxed),
+        s => s,
+    };
+    match f {
         0 => d,
         f => d.min(SimdLevel::from_u8(f)),
+    }
+}
+
+/// Restores the calling thread's previous cap when dropped.
+#[must_use = "the cap lasts only while the guard lives"]
+pub struct LevelScope {
+    prev: u8,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for LevelScope {
+    fn drop(&mut self) {
+        SCOPED.with(|c| c.set(self.prev));
+    }
+}
+
+/// Caps the level for the calling thread, and the pool jobs it starts,
+/// until the guard is dropped (`None`: no cap of its own; [`force_level`]'s
+/// applies). Tests use it to run each path without changing what other
+/// threads of the process run.
+pub fn level_scope(cap: Option<SimdLevel>) -> LevelScope {
+    let prev = SCOPED.with(|c| c.replace(cap.map_or(0, |l| l as u8)));
+    LevelScope {
+        prev,
+        _not_send: std::marker::PhantomData,
+    }
+}
+
+/// The calling thread's [`level_scope`] cap, for the pool to hand on.
+pub(crate) fn scoped_cap() -> Option<SimdLevel> {
+    match SCOPED.with(std::cell::Cell::get) {
+        0 => None,
+        s => Some(SimdLevel::from_u8(s)),
     }
 }
 
