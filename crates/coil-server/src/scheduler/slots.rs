@@ -8,8 +8,9 @@ use coil::memory::recurrent::distinct_checkpoint_bytes;
 use coil::memory::SeqId;
 
 /// A parked sequence keeps its checkpoints within `PARKED_GRID` ×
-/// `checkpoint_spacing` tokens of its end, and one per as many positions
-/// before: resuming it anywhere replays fewer tokens than that.
+/// `checkpoint_spacing` tokens of its end, and about one per as many
+/// positions before: resuming it anywhere replays about that many tokens
+/// at most.
 const PARKED_GRID: usize = 4;
 
 impl Worker {

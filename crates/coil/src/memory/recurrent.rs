@@ -603,8 +603,8 @@ impl RecurrentMemory {
     /// thinning does); returns how many were dropped. Their buffers go back
     /// to the pool unless something else holds them (a fork, a pin): a
     /// parked conversation then holds a few states instead of one per few
-    /// generated tokens, and a rollback into it replays at most
-    /// `spacing - 1` tokens.
+    /// generated tokens, and a rollback into it replays fewer than
+    /// `spacing` tokens plus the distance between the checkpoints it had.
     pub fn thin_parked(
         &mut self,
         s: SeqId,
@@ -616,11 +616,11 @@ impl RecurrentMemory {
         let (len, before) = (slot.len, slot.checkpoints.len());
         let spacing = spacing.max(1);
         let mut last: Option<usize> = None;
-        let n = before;
         let mut i = 0;
         slot.checkpoints.retain(|c| {
             i += 1;
-            let keep = i == n || c.pos + tail >= len || last.is_none_or(|l| c.pos >= l + spacing);
+            let keep =
+                i == before || c.pos + tail >= len || last.is_none_or(|l| c.pos >= l + spacing);
             if keep {
                 last = Some(c.pos);
             }
