@@ -30,6 +30,10 @@ pub struct Metrics {
     pub active_sequences: AtomicU64,
     pub cached_sequences: AtomicU64,
     pub cached_bytes: AtomicU64,
+    /// Recurrent-state buffers: free for reuse now, and allocated so far
+    /// because none was free (fresh memory mapped while serving).
+    pub state_buffers_free: AtomicU64,
+    pub state_buffers_allocated: AtomicU64,
     /// f64 bits: tokens per second of the recent steps.
     pub prompt_tps: AtomicU64,
     pub generation_tps: AtomicU64,
@@ -137,6 +141,12 @@ impl Metrics {
             metric(name, "counter", help, get(c).to_string());
         }
         metric(
+            "state_buffers_allocated_total",
+            "counter",
+            "Recurrent-state buffers allocated because none was free (beyond the startup reserve).",
+            get(&self.state_buffers_allocated).to_string(),
+        );
+        metric(
             "busy_seconds_total",
             "counter",
             "Seconds spent in forward passes.",
@@ -162,6 +172,11 @@ impl Metrics {
                 "cached_bytes",
                 &self.cached_bytes,
                 "Bytes held by cached sequences beyond the running ones (shared memory counted once).",
+            ),
+            (
+                "state_buffers_free",
+                &self.state_buffers_free,
+                "Recurrent-state buffers free for reuse.",
             ),
         ];
         for (name, g, help) in gauges {

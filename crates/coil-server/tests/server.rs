@@ -417,9 +417,13 @@ fn metrics_parse_and_count() {
         "coil_cached_sequences",
         "coil_generation_tokens_per_second",
         "coil_prompt_tokens_per_second",
+        "coil_state_buffers_free",
+        "coil_state_buffers_allocated_total",
     ] {
         assert!(m.contains_key(name), "{name} missing");
     }
+    // this server reserved no state buffers at startup
+    assert!(m["coil_state_buffers_allocated_total"] > 0.0);
     assert_eq!(m["coil_requests_total"], 2.0);
     assert_eq!(m["coil_completion_tokens_total"], 10.0);
     assert!(m["coil_prompt_tokens_cached_total"] > 0.0);

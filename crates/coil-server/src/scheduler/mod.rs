@@ -359,6 +359,10 @@ impl Worker {
         metrics::set(&m.active_sequences, self.active.len());
         metrics::set(&m.cached_sequences, self.cache.len());
         metrics::set(&m.cached_bytes, self.cached_bytes);
+        if let Some(r) = &self.engine.mem.recurrent {
+            metrics::set(&m.state_buffers_free, r.free_buffers());
+            metrics::set(&m.state_buffers_allocated, r.fresh_buffers());
+        }
     }
 
     fn publish_rates(&mut self) {

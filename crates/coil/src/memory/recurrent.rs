@@ -308,6 +308,12 @@ impl RecurrentMemory {
         self.pool.len()
     }
 
+    /// State buffers allocated so far because none was free (the startup
+    /// reserve not counted).
+    pub fn fresh_buffers(&self) -> usize {
+        self.pool.fresh()
+    }
+
     /// Sets the pool's cap to [`Self::free_cap`] (the policy's budget and
     /// the slots it depends on may have changed).
     fn refresh_cap(&self) {

@@ -22,6 +22,9 @@ struct Shared {
     /// Most buffers kept on the free list (the rest go back to the system).
     cap: AtomicUsize,
     free: Mutex<Vec<Vec<f32>>>,
+    /// Buffers allocated because the free list was empty (not counting
+    /// [`StatePool::reserve`]).
+    fresh: AtomicUsize,
 }
 
 /// The free list of one memory's state buffers (cheap to clone: shared).
@@ -38,6 +41,7 @@ impl StatePool {
                 words,
                 cap: AtomicUsize::new(0),
                 free: Mutex::new(Vec::new()),
+                fresh: AtomicUsize::new(0),
             }),
         }
     }
@@ -56,6 +60,12 @@ impl StatePool {
 
     pub fn cap(&self) -> usize {
         self.shared.cap.load(Ordering::Relaxed)
+    }
+
+    /// Buffers allocated so far because none was free (the startup
+    /// reserve not counted): fresh memory mapped while serving.
+    pub fn fresh(&self) -> usize {
+        self.shared.fresh.load(Ordering::Relaxed)
     }
 
     /// Free buffers held now.
@@ -94,17 +104,20 @@ impl StatePool {
     /// A buffer of the pool, its contents unspecified: a free one (the one
     /// given back last) or, when none is, a fresh one.
     pub fn take(&self) -> StateBuf {
-        let data = self
-            .free()
-            .pop()
-            .unwrap_or_else(|| vec![0.0; self.shared.words]);
+        let data = self.free().pop().unwrap_or_else(|| {
+            self.shared.fresh.fetch_add(1, Ordering::Relaxed);
+            vec![0.0; self.shared.words]
+        });
         self.wrap(data)
     }
 
     /// A buffer of zeros, written now (a fresh `vec!` of zeros would map
     /// the zero page, and the first pass would take a write fault per page).
     pub fn zeroed(&self) -> StateBuf {
-        let mut data = self.free().pop().unwrap_or_default();
+        let mut data = self.free().pop().unwrap_or_else(|| {
+            self.shared.fresh.fetch_add(1, Ordering::Relaxed);
+            Vec::new()
+        });
         data.clear();
         data.resize(self.shared.words, 0.0);
         self.wrap(data)
@@ -206,6 +219,7 @@ mod tests {
         let pool = StatePool::new(8);
         pool.set_cap(2);
         let (a, b, c) = (pool.take(), pool.take(), pool.take());
+        assert_eq!(pool.fresh(), 3);
         let pa = a.as_ptr();
         drop(a);
         assert_eq!(pool.len(), 1);
@@ -215,6 +229,7 @@ mod tests {
         // The last one given back is the first one taken again.
         let d = pool.take();
         assert_ne!(d.as_ptr(), pa);
+        assert_eq!(pool.fresh(), 3, "a free buffer is no fresh one");
         drop(d);
         // Shared buffers come back when the last holder drops them.
         let s = Arc::new(pool.zeroed());
