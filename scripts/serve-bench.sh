@@ -3,7 +3,7 @@
 # files, every measurement of issue 21, results in one directory.
 #
 #   scripts/serve-bench.sh [-o DIR] [-c "1 2 4 8 16"] [-n 128] [-t THREADS]
-#                          [-R REPEATS] [-s "bench sweep join long"] MODEL.gguf...
+#                          [-R REPEATS] [-s "bench sweep join long"] [-W] MODEL.gguf...
 #
 # Per file, REPEATS times (coil and llama-server alternating, so that both
 # see the same machine):
@@ -19,6 +19,9 @@
 #          of the others (how much a long prompt stalls running generations)
 #   long   8 clients, ~240-token prompts, 64 tokens each, two rounds: total
 #          (prompt + generated) and generated tokens/s, TTFT, TPOT
+# -W: before each timed load, the same load once with other prompts, not
+# recorded (a warm server: state buffers and caches in place, and no prefix
+# cache hit for the timed prompts), for both servers.
 # Results: DIR/results.md (the tables, with the load average of each run),
 # DIR/results.jsonl (one JSON object per serve measurement), DIR/logs/.
 #
@@ -42,10 +45,11 @@ THREADS=2
 REPEATS=1
 SECTIONS="bench sweep join long"
 OUT=""
+WARM=0
 
-usage() { sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
-while getopts "o:c:n:t:R:s:h" opt; do
+while getopts "o:c:n:t:R:s:Wh" opt; do
     case "$opt" in
         o) OUT="$OPTARG" ;;
         c) CLIENTS="$OPTARG" ;;
@@ -53,6 +57,7 @@ while getopts "o:c:n:t:R:s:h" opt; do
         t) THREADS="$OPTARG" ;;
         R) REPEATS="$OPTARG" ;;
         s) SECTIONS="$OPTARG" ;;
+        W) WARM=1 ;;
         h) usage 0 ;;
         *) usage 1 ;;
     esac
@@ -135,10 +140,15 @@ start_server() {
     wait_ready "http://127.0.0.1:$PORT" || { tail -20 "$log" >&2; exit 1; }
 }
 
-# load LABEL TAG ARGS...: the load generator's table rows (header dropped)
+# load LABEL TAG ARGS...: the load generator's table rows (header dropped);
+# with -W, after the same load once with other prompts, unrecorded
 load() {
     local label="$1" tag="$2"
     shift 2
+    if [ "$WARM" = 1 ]; then
+        "$PYTHON" "$REPO_ROOT/scripts/serve_load.py" --url "http://127.0.0.1:$PORT" \
+            --label warm-up --prompt-offset 100000 "$@" > /dev/null
+    fi
     "$PYTHON" "$REPO_ROOT/scripts/serve_load.py" --url "http://127.0.0.1:$PORT" \
         --label "$label" --tag "$tag" --out "$JSONL" "$@" | tail -n +3 | tee -a "$RESULTS"
 }
@@ -177,7 +187,7 @@ if [ "$HAVE_LLAMA" = 1 ]; then
 else
     say "llama-server: not found at $LLAMA_SERVER (skipped)"
 fi
-say "threads $THREADS, clients \"$CLIENTS\", $N_GEN tokens per sweep request, repeats $REPEATS"
+say "threads $THREADS, clients \"$CLIENTS\", $N_GEN tokens per sweep request, repeats $REPEATS, warm-up load first: $([ "$WARM" = 1 ] && echo yes || echo no)"
 say "CPU: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ //'), load average at start: $(loadavg)"
 
 for model in "$@"; do

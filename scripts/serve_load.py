@@ -112,7 +112,13 @@ def load_average() -> str:
 
 
 def run_level(
-    url: str, n: int, max_tokens: int, words: int, rounds: int, join_words: int = 0
+    url: str,
+    n: int,
+    max_tokens: int,
+    words: int,
+    rounds: int,
+    join_words: int = 0,
+    offset: int = 0,
 ) -> dict:
     results = []
     joins = []
@@ -122,7 +128,7 @@ def run_level(
         threads = [
             threading.Thread(
                 target=one_request,
-                args=(url, prompt_for(i + 100 * rnd, words), max_tokens, outs[i]),
+                args=(url, prompt_for(offset + i + 100 * rnd, words), max_tokens, outs[i]),
             )
             for i in range(n)
         ]
@@ -181,6 +187,13 @@ def main() -> int:
         "(8 tokens): its TTFT and the longest gap between two texts of the others show "
         "how a long prompt admitted under load shares the steps",
     )
+    ap.add_argument(
+        "--prompt-offset",
+        type=int,
+        default=0,
+        help="number the prompts from this (a warm-up load with other prompts than the "
+        "timed one, so that no prefix cache serves the timed load)",
+    )
     ap.add_argument("--label", default="server")
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
     ap.add_argument("--out", help="also append one JSON object per line to this file")
@@ -194,7 +207,9 @@ def main() -> int:
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     failed = False
     for n in a.clients:
-        r = run_level(a.url, n, a.max_tokens, a.prompt_words, a.rounds, a.join_words)
+        r = run_level(
+            a.url, n, a.max_tokens, a.prompt_words, a.rounds, a.join_words, a.prompt_offset
+        )
         r["label"] = a.label
         r["tag"] = a.tag
         r["max_tokens"] = a.max_tokens
