@@ -174,12 +174,14 @@ pub(super) struct B32 {
     /// Byte offsets of 8 consecutive blocks (their scales, one gather).
     gidx: __m256i,
     /// Step `k`'s scale lanes: `[2k x8 | 2k+1 x8]`.
-    pub pidx: [__m512i; 4],
+    pidx: [__m512i; 4],
+    /// `−OFFSET` of the format.
+    noff: __m256,
 }
 
 impl B32 {
     #[inline(always)]
-    pub(super) unsafe fn new<const BYTES: usize>() -> B32 {
+    pub(super) unsafe fn new<const BYTES: usize, const KIND: u8>() -> B32 {
         let mut tblu = [0u8; 16];
         for (t, k) in tblu.iter_mut().zip(KVALUES_IQ4NL) {
             *t = (k as i16 + 128) as u8;
@@ -198,7 +200,46 @@ impl B32 {
                 _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5),
                 _mm512_setr_epi32(6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7),
             ],
+            noff: _mm256_set1_ps(-b32_offset(KIND)),
         }
+    }
+
+    /// One token's start of 8 blocks: its scales `s = d·xd` (`d8` the
+    /// weights', `xd8` the token's) and the offset term `s·(−OFFSET)·Σx`
+    /// (`xs8` the token's block sums, as f32) added to `acc` in lanes 0..8;
+    /// returns `s` in lanes 0..8 for [`B32::step_fma`]. The one-token
+    /// kernel and the few-token tiles both go through here and
+    /// [`B32::step_fma`]: the same operations for every token.
+    #[inline(always)]
+    pub(super) unsafe fn begin(
+        &self,
+        d8: __m256,
+        xd8: __m256,
+        xs8: __m256,
+        acc: &mut __m512,
+    ) -> __m512 {
+        let s8 = _mm256_mul_ps(d8, xd8);
+        *acc = _mm512_fmadd_ps(
+            _mm512_zextps256_ps512(_mm256_mul_ps(s8, self.noff)),
+            _mm512_zextps256_ps512(xs8),
+            *acc,
+        );
+        _mm512_zextps256_ps512(s8)
+    }
+
+    /// Step `k` for one token: `acc += s · dot(wu, xv)` per block.
+    #[inline(always)]
+    pub(super) unsafe fn step_fma(
+        &self,
+        k: usize,
+        wu: __m512i,
+        xv: __m512i,
+        s16: __m512,
+        acc: &mut __m512,
+    ) {
+        let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wu, xv);
+        let sc = _mm512_permutexvar_ps(self.pidx[k], s16);
+        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, *acc);
     }
 
     /// The scales of the 8 blocks at `base`.
@@ -272,9 +313,7 @@ unsafe fn dot_b32<const BYTES: usize, const KIND: u8, const PF: usize, const NT:
     // KIND: 0 = Q8_0 (offset 128 via xor), 1 = Q4_0 (nibbles, offset 8), 2 = IQ4_NL (table + 128)
     let nb = xa[0].1.len();
     let w = row.as_ptr();
-    let c = B32::new::<BYTES>();
-    let zero = _mm512_setzero_si512();
-    let noff = _mm256_set1_ps(-b32_offset(KIND));
+    let c = B32::new::<BYTES, KIND>();
     let mut acc = [[_mm512_setzero_ps(); 2]; NT];
     let mut i = 0;
     while i + 8 <= nb {
@@ -284,24 +323,16 @@ unsafe fn dot_b32<const BYTES: usize, const KIND: u8, const PF: usize, const NT:
         let mut s16 = [_mm512_setzero_ps(); NT];
         for t in 0..NT {
             let (_, xd, xs) = xa[t];
-            let s8 = _mm256_mul_ps(d8, _mm256_loadu_ps(xd.as_ptr().add(i)));
             let xs8 = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm_loadu_si128(
                 xs.as_ptr().add(i) as *const __m128i,
             )));
-            acc[t][0] = _mm512_fmadd_ps(
-                _mm512_zextps256_ps512(_mm256_mul_ps(s8, noff)),
-                _mm512_zextps256_ps512(xs8),
-                acc[t][0],
-            );
-            s16[t] = _mm512_zextps256_ps512(s8);
+            s16[t] = c.begin(d8, _mm256_loadu_ps(xd.as_ptr().add(i)), xs8, &mut acc[t][0]);
         }
         for k in 0..4 {
             let wu = c.step::<BYTES, KIND>(base, k);
             for t in 0..NT {
                 let xv = _mm512_loadu_si512(xa[t].0.as_ptr().add(32 * (i + 2 * k)) as *const _);
-                let dot = _mm512_dpbusd_epi32(zero, wu, xv);
-                let sc = _mm512_permutexvar_ps(c.pidx[k], s16[t]);
-                acc[t][k % 2] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc[t][k % 2]);
+                c.step_fma(k, wu, xv, s16[t], &mut acc[t][k % 2]);
             }
         }
         i += 8;

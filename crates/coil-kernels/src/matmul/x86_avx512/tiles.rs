@@ -24,7 +24,7 @@
 use super::super::act::{ActPanel, PANEL_LANES};
 use super::super::x86_avx2::{f16c, PF_STREAM};
 use super::{
-    b32_offset, hsum256, idx_pair, k45_step, k4_scales_mins, prefetch_ahead, q6k_half, q6k_offset,
+    hsum256, idx_pair, k45_step, k4_scales_mins, prefetch_ahead, q6k_half, q6k_offset,
     q6k_scale_idx, rd16, B32,
 };
 use std::arch::x86_64::*;
@@ -211,9 +211,7 @@ unsafe fn rows_b32<const BYTES: usize, const KIND: u8, const NT: usize>(
     assert!(nb.is_multiple_of(8) && rb >= nb * BYTES);
     assert!(p.qs.len() >= NT * nb * 32 && p.dt.len() >= NT * nb && p.sums_f.len() >= NT * nb);
     let (xq, dt, sf) = (p.qs.as_ptr(), p.dt.as_ptr(), p.sums_f.as_ptr());
-    let c = B32::new::<BYTES>();
-    let zero = _mm512_setzero_si512();
-    let noff = _mm256_set1_ps(-b32_offset(KIND));
+    let c = B32::new::<BYTES, KIND>();
     for r in 0..n {
         let row = w.as_ptr().add(r * rb);
         let mut acc = [[_mm512_setzero_ps(); 2]; NT];
@@ -223,23 +221,23 @@ unsafe fn rows_b32<const BYTES: usize, const KIND: u8, const NT: usize>(
             let d8 = c.d8(base);
             let mut s16 = [_mm512_setzero_ps(); NT];
             for t in 0..NT {
-                let s8 = _mm256_mul_ps(d8, _mm256_loadu_ps(dt.add(t * nb + i)));
-                let xs8 = _mm256_loadu_ps(sf.add(t * nb + i));
-                acc[t][0] = _mm512_fmadd_ps(
-                    _mm512_zextps256_ps512(_mm256_mul_ps(s8, noff)),
-                    _mm512_zextps256_ps512(xs8),
-                    acc[t][0],
+                let (xd8, xs8) = (
+                    _mm256_loadu_ps(dt.add(t * nb + i)),
+                    _mm256_loadu_ps(sf.add(t * nb + i)),
                 );
-                s16[t] = _mm512_zextps256_ps512(s8);
+                s16[t] = c.begin(d8, xd8, xs8, &mut acc[t][0]);
             }
             for k in 0..4 {
                 let mut wu = c.step::<BYTES, KIND>(base, k);
                 pin!(wu);
                 for t in 0..NT {
-                    let xv = chunk::<NT>(xq, i / 2 + k, t);
-                    let dot = _mm512_dpbusd_epi32(zero, wu, xv);
-                    let sc = _mm512_permutexvar_ps(c.pidx[k], s16[t]);
-                    acc[t][k % 2] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc[t][k % 2]);
+                    c.step_fma(
+                        k,
+                        wu,
+                        chunk::<NT>(xq, i / 2 + k, t),
+                        s16[t],
+                        &mut acc[t][k % 2],
+                    );
                 }
             }
         }
