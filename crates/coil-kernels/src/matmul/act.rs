@@ -63,8 +63,9 @@ pub(crate) const PANEL_LANES: usize = 16;
 /// * `d`: `[n_blocks][PANEL_LANES]`: token `t`'s scale of block `i` in lane `t` (the
 ///   lanes past `nt` are 0)
 /// * `sums`: `[n_blocks][nt][per_block]` (the group sums of block `i` of token `t`)
-/// * `dt`: `[nt][n_blocks]`, the scales token by token (as [`QuantAct::d`])
-/// * `sums_f`: `[nt][n_blocks · per_block]`, the group sums token by token, as f32
+/// * `hq`, `hoff`, `hxd`: empty unless a tile's `prep` fills them (the
+///   AVX-512 32-value formats' tiles: per group of 8 blocks, the values in
+///   half-block lanes, the offset terms and the spread scales)
 #[derive(Debug)]
 pub(crate) struct ActPanel {
     pub nt: usize,
@@ -72,8 +73,9 @@ pub(crate) struct ActPanel {
     pub qs: Vec<i8>,
     pub d: Vec<f32>,
     pub sums: Vec<i16>,
-    pub dt: Vec<f32>,
-    pub sums_f: Vec<f32>,
+    pub hq: Vec<i8>,
+    pub hoff: Vec<i32>,
+    pub hxd: Vec<f32>,
 }
 
 impl ActPanel {
@@ -109,20 +111,15 @@ impl ActPanel {
                 sums[dst..dst + per_block].copy_from_slice(&a.sums[src..src + per_block]);
             }
         }
-        let dt = a.d[t0 * nb..(t0 + nt) * nb].to_vec();
-        let ng = nb * per_block;
-        let sums_f = a.sums[t0 * ng..(t0 + nt) * ng]
-            .iter()
-            .map(|&s| s as f32)
-            .collect();
         ActPanel {
             nt,
             n_blocks: nb,
             qs,
             d,
             sums,
-            dt,
-            sums_f,
+            hq: Vec::new(),
+            hoff: Vec::new(),
+            hxd: Vec::new(),
         }
     }
 }

@@ -382,7 +382,14 @@ pub(crate) struct TileKernel {
     /// Columns it handles: a multiple of this (the others go through the
     /// dot kernels, token by token).
     pub cols_multiple: usize,
+    /// What it needs in the panel beyond [`act::ActPanel::new`]'s, added
+    /// once per call of the product (tokens from the panel's first).
+    pub prep: Option<PanelPrep>,
 }
+
+/// Fills a tile kernel's own fields of a panel of tokens `t0..` of the
+/// activations.
+pub(crate) type PanelPrep = fn(&QuantAct, usize, &mut act::ActPanel);
 
 /// Rows the few-token path multiplies with every group of tokens before it
 /// moves on, so the later groups find them in L1/L2.
@@ -619,7 +626,11 @@ fn vec_path(
                     .step_by(max)
                     .map(|t0| {
                         let nt = max.min(n_tokens - t0);
-                        act::ActPanel::new(&xa, t0, nt, block, per_block, tile.chunk)
+                        let mut p = act::ActPanel::new(&xa, t0, nt, block, per_block, tile.chunk);
+                        if let Some(prep) = tile.prep {
+                            prep(&xa, t0, &mut p);
+                        }
+                        p
                     })
                     .collect();
                 let rb = w.row_bytes();

@@ -79,6 +79,12 @@ pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileKernel> {
         max_tokens: tiles::MAX_TOKENS,
         chunk: 64,
         cols_multiple: if b32 { 256 } else { 1 },
+        // SAFETY: as `f`.
+        prep: if b32 {
+            Some(|a, t0, p| unsafe { tiles::prep_b32(a, t0, p) })
+        } else {
+            None
+        },
     })
 }
 
@@ -173,11 +179,15 @@ pub(super) struct B32 {
     tbl: __m512i,
     /// Byte offsets of 8 consecutive blocks (their scales, one gather).
     gidx: __m256i,
-    /// Step `k`'s scale lanes: `[2k x8 | 2k+1 x8]`.
-    pidx: [__m512i; 4],
+    /// The block of each half-block lane (see [`B32::spread`]).
+    lane_blk: __m512i,
     /// `−OFFSET` of the format.
-    noff: __m256,
+    noff: i32,
 }
+
+/// The lanes of the half-block sums that hold a block's first half (and
+/// its offset term): lanes 0–3 and 8–11.
+const FIRST_HALVES: __mmask16 = 0x0F0F;
 
 impl B32 {
     #[inline(always)]
@@ -194,52 +204,55 @@ impl B32 {
                 _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                 _mm256_set1_epi32(BYTES as i32),
             ),
-            pidx: [
-                _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3),
-                _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5),
-                _mm512_setr_epi32(6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7),
-            ],
-            noff: _mm256_set1_ps(-b32_offset(KIND)),
+            lane_blk: _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 1, 3, 5, 7, 1, 3, 5, 7),
+            noff: -(b32_offset(KIND) as i32),
         }
     }
 
-    /// One token's start of 8 blocks: its scales `s = d·xd` (`d8` the
-    /// weights', `xd8` the token's) and the offset term `s·(−OFFSET)·Σx`
-    /// (`xs8` the token's block sums, as f32) added to `acc` in lanes 0..8;
-    /// returns `s` in lanes 0..8 for [`B32::step_fma`]. The one-token
-    /// kernel and the few-token tiles both go through here and
-    /// [`B32::step_fma`]: the same operations for every token.
+    /// 8 per-block values (lanes 0..8) spread over the 16 half-block lanes:
+    /// lane `4j + k` holds block `2k + j/2`'s (the layout of
+    /// [`B32::halves`] and [`transpose4`]).
     #[inline(always)]
-    pub(super) unsafe fn begin(
-        &self,
-        d8: __m256,
-        xd8: __m256,
-        xs8: __m256,
-        acc: &mut __m512,
-    ) -> __m512 {
-        let s8 = _mm256_mul_ps(d8, xd8);
-        *acc = _mm512_fmadd_ps(
-            _mm512_zextps256_ps512(_mm256_mul_ps(s8, self.noff)),
-            _mm512_zextps256_ps512(xs8),
-            *acc,
-        );
-        _mm512_zextps256_ps512(s8)
+    pub(super) unsafe fn spread(&self, v8: __m256) -> __m512 {
+        _mm512_permutexvar_ps(self.lane_blk, _mm512_zextps256_ps512(v8))
     }
 
-    /// Step `k` for one token: `acc += s · dot(wu, xv)` per block.
+    /// The offset term `−OFFSET · Σx` of 8 blocks (`xs8` their activation
+    /// sums) in the lanes of their first halves, 0 in the others.
     #[inline(always)]
-    pub(super) unsafe fn step_fma(
-        &self,
-        k: usize,
-        wu: __m512i,
-        xv: __m512i,
-        s16: __m512,
-        acc: &mut __m512,
-    ) {
-        let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wu, xv);
-        let sc = _mm512_permutexvar_ps(self.pidx[k], s16);
-        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, *acc);
+    pub(super) unsafe fn offset16(&self, xs8: __m256i) -> __m512i {
+        let o8 = _mm256_mullo_epi32(xs8, _mm256_set1_epi32(self.noff));
+        _mm512_maskz_permutexvar_epi32(FIRST_HALVES, self.lane_blk, _mm512_zextsi256_si512(o8))
+    }
+
+    /// The exact integer dot of each of 8 blocks' 16 half-blocks, lane
+    /// `4j + k` the half-block of values `64k + 16j ..` (block `2k + j/2`):
+    /// from the products of the 4 steps in natural order (`d[k]` step k's
+    /// `vpdpbusd` lanes), summed 4 lanes at a time. The few-token tiles get
+    /// the same sums from steps transposed beforehand ([`transpose4`]).
+    #[inline(always)]
+    pub(super) unsafe fn halves(d: [__m512i; 4]) -> __m512i {
+        let a0 = _mm512_add_epi32(
+            _mm512_unpacklo_epi32(d[0], d[1]),
+            _mm512_unpackhi_epi32(d[0], d[1]),
+        );
+        let a1 = _mm512_add_epi32(
+            _mm512_unpacklo_epi32(d[2], d[3]),
+            _mm512_unpackhi_epi32(d[2], d[3]),
+        );
+        _mm512_add_epi32(_mm512_unpacklo_epi64(a0, a1), _mm512_unpackhi_epi64(a0, a1))
+    }
+
+    /// `acc += f32(sums) · s16` for one token and 8 blocks: `sums` its exact
+    /// half-block integer dots with the offset term added, `s16` the blocks'
+    /// scales `d·xd` spread ([`B32::spread`]). The one float step per 8
+    /// blocks and token, the same in the one-token kernel and the tiles
+    /// (the integer sums are exact in any order, so both give each token's
+    /// result bit for bit). The sums stay below 2^24 (16 · 255 · 127 plus
+    /// 128 · 32 · 127), so the conversion is exact.
+    #[inline(always)]
+    pub(super) unsafe fn finish(sums: __m512i, s16: __m512, acc: &mut __m512) {
+        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), s16, *acc);
     }
 
     /// The scales of the 8 blocks at `base`.
@@ -281,6 +294,24 @@ impl B32 {
     }
 }
 
+/// 4 × 4 transposes of dwords inside each 128-bit lane: `out[c]` lane
+/// `4j + k` = `v[k]` lane `4j + c`. Applied to a group's 4 steps of
+/// weights and of activations, `Σ_c vpdpbusd(out_w[c], out_x[c])` is
+/// [`B32::halves`] of their products.
+#[inline(always)]
+pub(super) unsafe fn transpose4(v: [__m512i; 4]) -> [__m512i; 4] {
+    let t0 = _mm512_unpacklo_epi32(v[0], v[1]);
+    let t1 = _mm512_unpackhi_epi32(v[0], v[1]);
+    let t2 = _mm512_unpacklo_epi32(v[2], v[3]);
+    let t3 = _mm512_unpackhi_epi32(v[2], v[3]);
+    [
+        _mm512_unpacklo_epi64(t0, t2),
+        _mm512_unpackhi_epi64(t0, t2),
+        _mm512_unpacklo_epi64(t1, t3),
+        _mm512_unpackhi_epi64(t1, t3),
+    ]
+}
+
 /// The weight offset of a 32-value block format (`KIND` as in [`dot_b32`]).
 pub(super) const fn b32_offset(kind: u8) -> f32 {
     if kind == 1 {
@@ -314,32 +345,29 @@ unsafe fn dot_b32<const BYTES: usize, const KIND: u8, const PF: usize, const NT:
     let nb = xa[0].1.len();
     let w = row.as_ptr();
     let c = B32::new::<BYTES, KIND>();
-    let mut acc = [[_mm512_setzero_ps(); 2]; NT];
+    let mut acc = [_mm512_setzero_ps(); NT];
     let mut i = 0;
     while i + 8 <= nb {
         let base = w.add(BYTES * i);
         prefetch_ahead::<PF>(base, 8 * BYTES);
         let d8 = c.d8(base);
-        let mut s16 = [_mm512_setzero_ps(); NT];
+        let wu: [__m512i; 4] = std::array::from_fn(|k| c.step::<BYTES, KIND>(base, k));
         for t in 0..NT {
-            let (_, xd, xs) = xa[t];
-            let xs8 = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm_loadu_si128(
-                xs.as_ptr().add(i) as *const __m128i,
-            )));
-            s16[t] = c.begin(d8, _mm256_loadu_ps(xd.as_ptr().add(i)), xs8, &mut acc[t][0]);
-        }
-        for k in 0..4 {
-            let wu = c.step::<BYTES, KIND>(base, k);
-            for t in 0..NT {
-                let xv = _mm512_loadu_si512(xa[t].0.as_ptr().add(32 * (i + 2 * k)) as *const _);
-                c.step_fma(k, wu, xv, s16[t], &mut acc[t][k % 2]);
-            }
+            let (q, xd, xs) = xa[t];
+            let d: [__m512i; 4] = std::array::from_fn(|k| {
+                let xv = _mm512_loadu_si512(q.as_ptr().add(32 * (i + 2 * k)) as *const _);
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), wu[k], xv)
+            });
+            let xs8 = _mm256_cvtepi16_epi32(_mm_loadu_si128(xs.as_ptr().add(i) as *const __m128i));
+            let sums = _mm512_add_epi32(B32::halves(d), c.offset16(xs8));
+            let s16 = c.spread(_mm256_mul_ps(d8, _mm256_loadu_ps(xd.as_ptr().add(i))));
+            B32::finish(sums, s16, &mut acc[t]);
         }
         i += 8;
     }
     let mut out = [0f32; NT];
     for t in 0..NT {
-        out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
+        out[t] = _mm512_reduce_add_ps(acc[t]);
         if i < nb {
             let (q, d, xs) = xa[t];
             // the last nb % 8 blocks (all of a row shorter than 256

@@ -21,11 +21,11 @@
 //! marks where each step's unpacked weights must be ready, so the compiler
 //! does not hoist a whole block's unpacking ahead of the token loop.
 
-use super::super::act::{ActPanel, PANEL_LANES};
+use super::super::act::{ActPanel, QuantAct, PANEL_LANES};
 use super::super::x86_avx2::{f16c, PF_STREAM};
 use super::{
     hsum256, idx_pair, k45_step, k4_scales_mins, prefetch_ahead, q6k_half, q6k_offset,
-    q6k_scale_idx, rd16, B32,
+    q6k_scale_idx, rd16, transpose4, B32,
 };
 use std::arch::x86_64::*;
 
@@ -190,12 +190,21 @@ unsafe fn rows_q6_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
     }
 }
 
+/// How far ahead the 32-value formats' tiles prefetch their rows (and
+/// `PF_FAR` beyond): with the work per token cut to 4 `vpdpbusd` and 3
+/// float operations per 8 blocks, the 8-token tile outran `PF_STREAM`
+/// (hybrid-350m-like Q8_0, 8-sequence step on a Zen 5: 26.6–27.2 ms at 2 KB,
+/// 23.0–23.9 at 4 KB, 22.2–24.7 at 8 KB).
+const PF_B32: usize = 4096;
+
 /// Q8_0 / Q4_0 / IQ4_NL (`KIND` 0 / 1 / 2, blocks of `BYTES`), as
-/// `dot_b32`, for `NT` tokens; rows of a multiple of 256 values. Each
-/// step's 64 unsigned weights are unpacked once for all the tokens; per
-/// token the same operations as `dot_b32`'s (the scales `d·xd` of 8 blocks
-/// from the panel's token-major `dt`, the sums as f32 from `sums_f`: the
-/// values `dot_b32` converts).
+/// `dot_b32`, for `NT` tokens; rows of a multiple of 256 values. Per group
+/// of 8 blocks the weights' 4 steps are unpacked and transposed once
+/// ([`transpose4`]) for all the tokens, so each token's exact half-block
+/// dots come out of 4 `vpdpbusd` on its activations transposed the same way
+/// in the panel ([`prep_b32`]), starting from its offset terms; then one
+/// conversion and FMA per token ([`B32::finish`]), as `dot_b32` does with
+/// the sums it adds up from its natural-order products.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
 #[inline]
 unsafe fn rows_b32<const BYTES: usize, const KIND: u8, const NT: usize>(
@@ -209,41 +218,82 @@ unsafe fn rows_b32<const BYTES: usize, const KIND: u8, const NT: usize>(
     assert!(out.iter().all(|o| o.len() == n) && w.len() >= n * rb);
     let nb = p.n_blocks;
     assert!(nb.is_multiple_of(8) && rb >= nb * BYTES);
-    assert!(p.qs.len() >= NT * nb * 32 && p.dt.len() >= NT * nb && p.sums_f.len() >= NT * nb);
-    let (xq, dt, sf) = (p.qs.as_ptr(), p.dt.as_ptr(), p.sums_f.as_ptr());
+    let ng = nb / 8;
+    assert!(
+        p.hq.len() >= NT * nb * 32 && p.hoff.len() >= NT * ng * 16 && p.hxd.len() >= NT * ng * 16
+    );
+    let (hq, ho, hx) = (p.hq.as_ptr(), p.hoff.as_ptr(), p.hxd.as_ptr());
     let c = B32::new::<BYTES, KIND>();
     for r in 0..n {
         let row = w.as_ptr().add(r * rb);
-        let mut acc = [[_mm512_setzero_ps(); 2]; NT];
-        for i in (0..nb).step_by(8) {
-            let base = row.add(BYTES * i);
-            prefetch_ahead::<PF_STREAM>(base, 8 * BYTES);
-            let d8 = c.d8(base);
-            let mut s16 = [_mm512_setzero_ps(); NT];
-            for t in 0..NT {
-                let (xd8, xs8) = (
-                    _mm256_loadu_ps(dt.add(t * nb + i)),
-                    _mm256_loadu_ps(sf.add(t * nb + i)),
-                );
-                s16[t] = c.begin(d8, xd8, xs8, &mut acc[t][0]);
-            }
-            for k in 0..4 {
-                let mut wu = c.step::<BYTES, KIND>(base, k);
-                pin!(wu);
-                for t in 0..NT {
-                    c.step_fma(
-                        k,
-                        wu,
-                        chunk::<NT>(xq, i / 2 + k, t),
-                        s16[t],
-                        &mut acc[t][k % 2],
-                    );
+        let mut acc = [_mm512_setzero_ps(); NT];
+        for g in 0..ng {
+            let base = row.add(BYTES * 8 * g);
+            prefetch_ahead::<PF_B32>(base, 8 * BYTES);
+            let d16 = c.spread(c.d8(base));
+            let mut wt = transpose4(std::array::from_fn(|k| c.step::<BYTES, KIND>(base, k)));
+            pin!(wt[0], wt[1], wt[2], wt[3]);
+            for (t, acc) in acc.iter_mut().enumerate() {
+                // −128·Σx in the panel; Q4_0's offset is 8 (exact: Σx·128 / 16)
+                let mut sums = _mm512_loadu_si512(ho.add((t * ng + g) * 16) as *const _);
+                if KIND == 1 {
+                    sums = _mm512_srai_epi32::<4>(sums);
                 }
+                for (cc, wc) in wt.iter().enumerate() {
+                    let xv = _mm512_loadu_si512(hq.add(((g * 4 + cc) * NT + t) * 64) as *const _);
+                    sums = _mm512_dpbusd_epi32(sums, *wc, xv);
+                }
+                let s16 = _mm512_mul_ps(d16, _mm512_loadu_ps(hx.add((t * ng + g) * 16)));
+                B32::finish(sums, s16, acc);
             }
         }
-        for t in 0..NT {
-            *out[t].get_unchecked_mut(r) =
-                _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
+        for (t, acc) in acc.iter().enumerate() {
+            *out[t].get_unchecked_mut(r) = _mm512_reduce_add_ps(*acc);
+        }
+    }
+}
+
+/// The panel fields [`rows_b32`] reads, for tokens `t0..t0 + p.nt` of `a`
+/// (Q8_0 activations, rows a multiple of 256 values): per group of 8
+/// blocks `g`, `hq[g][c][t]` the 64 values of [`transpose4`] `c` of the
+/// token's 4 steps, `hoff[t][g]` the offset terms `−128 · Σx` in the
+/// half-block lanes ([`B32::offset16`]), `hxd[t][g]` the scales spread
+/// ([`B32::spread`]).
+///
+/// # Safety
+/// The CPU has the AVX-512 level.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
+pub(in super::super) unsafe fn prep_b32(a: &QuantAct, t0: usize, p: &mut ActPanel) {
+    let (nt, nb) = (p.nt, p.n_blocks);
+    assert!(nb.is_multiple_of(8) && a.cols == nb * 32);
+    assert!(a.qs.len() >= (t0 + nt) * nb * 32 && a.d.len() >= (t0 + nt) * nb);
+    assert!(a.sums.len() >= (t0 + nt) * nb);
+    let ng = nb / 8;
+    p.hq.resize(nt * nb * 32, 0);
+    p.hoff.resize(nt * ng * 16, 0);
+    p.hxd.resize(nt * ng * 16, 0.0);
+    let c = B32::new::<34, 0>();
+    for t in 0..nt {
+        let q = a.qs.as_ptr().add((t0 + t) * nb * 32);
+        for g in 0..ng {
+            let x: [__m512i; 4] =
+                std::array::from_fn(|k| _mm512_loadu_si512(q.add(256 * g + 64 * k) as *const _));
+            for (cc, v) in transpose4(x).iter().enumerate() {
+                _mm512_storeu_si512(
+                    p.hq.as_mut_ptr().add(((g * 4 + cc) * nt + t) * 64) as *mut _,
+                    *v,
+                );
+            }
+            let at = (t0 + t) * nb + 8 * g;
+            let xs8 = _mm256_cvtepi16_epi32(_mm_loadu_si128(a.sums.as_ptr().add(at) as *const _));
+            _mm512_storeu_si512(
+                p.hoff.as_mut_ptr().add((t * ng + g) * 16) as *mut _,
+                c.offset16(xs8),
+            );
+            _mm512_storeu_ps(
+                p.hxd.as_mut_ptr().add((t * ng + g) * 16),
+                c.spread(_mm256_loadu_ps(a.d.as_ptr().add(at))),
+            );
         }
     }
 }
@@ -327,7 +377,10 @@ mod tests {
                 for nt in 1..=tk.max_tokens {
                     // tokens 12 - nt .. 12: a panel that does not start at token 0
                     let t0 = 12 - nt;
-                    let panel = ActPanel::new(&xa, t0, nt, block, block / group, tk.chunk);
+                    let mut panel = ActPanel::new(&xa, t0, nt, block, block / group, tk.chunk);
+                    if let Some(prep) = tk.prep {
+                        prep(&xa, t0, &mut panel);
+                    }
                     let mut ys = vec![vec![f32::NAN; rows]; nt];
                     let mut outs: Vec<&mut [f32]> =
                         ys.iter_mut().map(|y| y.as_mut_slice()).collect();
