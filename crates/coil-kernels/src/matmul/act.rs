@@ -63,9 +63,9 @@ pub(crate) const PANEL_LANES: usize = 16;
 /// * `d`: `[n_blocks][PANEL_LANES]`: token `t`'s scale of block `i` in lane `t` (the
 ///   lanes past `nt` are 0)
 /// * `sums`: `[n_blocks][nt][per_block]` (the group sums of block `i` of token `t`)
-/// * `hq`, `hoff`, `hxd`: empty unless a tile's `prep` fills them (the
-///   AVX-512 32-value formats' tiles: per group of 8 blocks, the values in
-///   half-block lanes, the offset terms and the spread scales)
+/// * `hq`, `hoff`, `hxd`: empty here; the AVX-512 32-value formats' tiles
+///   build their own panels with only these (per group of 8 blocks, the
+///   values in half-block lanes, the offset terms and the spread scales)
 #[derive(Debug)]
 pub(crate) struct ActPanel {
     pub nt: usize,

@@ -382,14 +382,31 @@ pub(crate) struct TileKernel {
     /// Columns it handles: a multiple of this (the others go through the
     /// dot kernels, token by token).
     pub cols_multiple: usize,
-    /// What it needs in the panel beyond [`act::ActPanel::new`]'s, added
-    /// once per call of the product (tokens from the panel's first).
-    pub prep: Option<PanelPrep>,
+    /// Builds its panels when it reads other fields than
+    /// [`act::ActPanel::new`]'s (once per product).
+    pub own_panel: Option<PanelBuild>,
 }
 
-/// Fills a tile kernel's own fields of a panel of tokens `t0..` of the
-/// activations.
-pub(crate) type PanelPrep = fn(&QuantAct, usize, &mut act::ActPanel);
+/// A tile kernel's own panel of tokens `t0..t0 + nt` of the activations.
+pub(crate) type PanelBuild = fn(&QuantAct, usize, usize) -> act::ActPanel;
+
+impl TileKernel {
+    /// The panel this kernel reads for tokens `t0..t0 + nt` of `xa`
+    /// (blocks of `block` values with `per_block` group sums).
+    pub(crate) fn panel(
+        &self,
+        xa: &QuantAct,
+        t0: usize,
+        nt: usize,
+        block: usize,
+        per_block: usize,
+    ) -> act::ActPanel {
+        match self.own_panel {
+            Some(build) => build(xa, t0, nt),
+            None => act::ActPanel::new(xa, t0, nt, block, per_block, self.chunk),
+        }
+    }
+}
 
 /// Rows the few-token path multiplies with every group of tokens before it
 /// moves on, so the later groups find them in L1/L2.
@@ -626,11 +643,7 @@ fn vec_path(
                     .step_by(max)
                     .map(|t0| {
                         let nt = max.min(n_tokens - t0);
-                        let mut p = act::ActPanel::new(&xa, t0, nt, block, per_block, tile.chunk);
-                        if let Some(prep) = tile.prep {
-                            prep(&xa, t0, &mut p);
-                        }
-                        p
+                        tile.panel(&xa, t0, nt, block, per_block)
                     })
                     .collect();
                 let rb = w.row_bytes();

@@ -82,7 +82,7 @@ pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileKernel> {
         max_tokens,
         chunk: 32,
         cols_multiple: 1,
-        prep: None,
+        own_panel: None,
     })
 }
 

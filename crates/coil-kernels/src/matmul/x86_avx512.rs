@@ -80,8 +80,8 @@ pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileKernel> {
         chunk: 64,
         cols_multiple: if b32 { 256 } else { 1 },
         // SAFETY: as `f`.
-        prep: if b32 {
-            Some(|a, t0, p| unsafe { tiles::prep_b32(a, t0, p) })
+        own_panel: if b32 {
+            Some(|a, t0, nt| unsafe { tiles::panel_b32(a, t0, nt) })
         } else {
             None
         },

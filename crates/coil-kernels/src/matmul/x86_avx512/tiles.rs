@@ -202,7 +202,7 @@ const PF_B32: usize = 4096;
 /// of 8 blocks the weights' 4 steps are unpacked and transposed once
 /// ([`transpose4`]) for all the tokens, so each token's exact half-block
 /// dots come out of 4 `vpdpbusd` on its activations transposed the same way
-/// in the panel ([`prep_b32`]), starting from its offset terms; then one
+/// in the panel ([`panel_b32`]), starting from its offset terms; then one
 /// conversion and FMA per token ([`B32::finish`]), as `dot_b32` does with
 /// the sums it adds up from its natural-order products.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
@@ -253,8 +253,9 @@ unsafe fn rows_b32<const BYTES: usize, const KIND: u8, const NT: usize>(
     }
 }
 
-/// The panel fields [`rows_b32`] reads, for tokens `t0..t0 + p.nt` of `a`
-/// (Q8_0 activations, rows a multiple of 256 values): per group of 8
+/// The panel [`rows_b32`] reads, for tokens `t0..t0 + nt` of `a` (Q8_0
+/// activations, rows a multiple of 256 values; only these fields, the
+/// others empty): per group of 8
 /// blocks `g`, `hq[g][c][t]` the 64 values of [`transpose4`] `c` of the
 /// token's 4 steps, `hoff[t][g]` the offset terms `−128 · Σx` in the
 /// half-block lanes ([`B32::offset16`]), `hxd[t][g]` the scales spread
@@ -263,15 +264,22 @@ unsafe fn rows_b32<const BYTES: usize, const KIND: u8, const NT: usize>(
 /// # Safety
 /// The CPU has the AVX-512 level.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
-pub(in super::super) unsafe fn prep_b32(a: &QuantAct, t0: usize, p: &mut ActPanel) {
-    let (nt, nb) = (p.nt, p.n_blocks);
-    assert!(nb.is_multiple_of(8) && a.cols == nb * 32);
+pub(in super::super) unsafe fn panel_b32(a: &QuantAct, t0: usize, nt: usize) -> ActPanel {
+    let nb = a.cols / 32;
+    assert!((1..=PANEL_LANES).contains(&nt) && nb.is_multiple_of(8) && a.cols == nb * 32);
     assert!(a.qs.len() >= (t0 + nt) * nb * 32 && a.d.len() >= (t0 + nt) * nb);
     assert!(a.sums.len() >= (t0 + nt) * nb);
     let ng = nb / 8;
-    p.hq.resize(nt * nb * 32, 0);
-    p.hoff.resize(nt * ng * 16, 0);
-    p.hxd.resize(nt * ng * 16, 0.0);
+    let mut p = ActPanel {
+        nt,
+        n_blocks: nb,
+        qs: Vec::new(),
+        d: Vec::new(),
+        sums: Vec::new(),
+        hq: vec![0; nt * nb * 32],
+        hoff: vec![0; nt * ng * 16],
+        hxd: vec![0.0; nt * ng * 16],
+    };
     let c = B32::new::<34, 0>();
     for t in 0..nt {
         let q = a.qs.as_ptr().add((t0 + t) * nb * 32);
@@ -296,6 +304,7 @@ pub(in super::super) unsafe fn prep_b32(a: &QuantAct, t0: usize, p: &mut ActPane
             );
         }
     }
+    p
 }
 
 /// Defines a `#[target_feature]` entry point `$name` that serves 1 to
@@ -334,7 +343,7 @@ tile_entry!(tile_iq4_nl, rows_b32, 18, 2);
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::act::{ActPanel, QuantAct};
+    use super::super::super::act::QuantAct;
     use super::super::super::VecKernel;
     use crate::simd::{detected_level, SimdLevel};
     use crate::testutil::{random_weights, Rng};
@@ -377,10 +386,7 @@ mod tests {
                 for nt in 1..=tk.max_tokens {
                     // tokens 12 - nt .. 12: a panel that does not start at token 0
                     let t0 = 12 - nt;
-                    let mut panel = ActPanel::new(&xa, t0, nt, block, block / group, tk.chunk);
-                    if let Some(prep) = tk.prep {
-                        prep(&xa, t0, &mut panel);
-                    }
+                    let panel = tk.panel(&xa, t0, nt, block, block / group);
                     let mut ys = vec![vec![f32::NAN; rows]; nt];
                     let mut outs: Vec<&mut [f32]> =
                         ys.iter_mut().map(|y| y.as_mut_slice()).collect();
