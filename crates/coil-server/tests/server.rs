@@ -7,7 +7,8 @@ mod common;
 
 use coil_server::scheduler::SchedulerConfig;
 use common::{
-    start, start_any, start_arch, start_tight, start_with_budget, start_with_template, TestServer,
+    start, start_any, start_arch, start_reserved, start_tight, start_with_budget,
+    start_with_template, TestServer,
 };
 use serde_json::{json, Value};
 use std::io::Read;
@@ -429,6 +430,40 @@ fn metrics_parse_and_count() {
     assert!(m["coil_prompt_tokens_cached_total"] > 0.0);
     assert!(m["coil_generation_tokens_per_second"] > 0.0);
     assert_eq!(m["coil_queue_length"], 0.0);
+}
+
+/// A server with state buffers reserved at startup keeps to them while
+/// parked conversations hold some. The reserve is what a 64-token request
+/// holds at most (measured on a server without one); after that request is
+/// parked, a 32-token one maps no new buffer and the first conversation
+/// stays cached (its checkpoints thinned to the first and the last); a
+/// 48-token one maps none either, the least recently used conversation
+/// evicted to make room (a cleared slot keeps its state's buffer), the
+/// newer one still cached.
+#[test]
+fn running_sequences_take_buffers_from_parked_ones() {
+    let first = "one two three four five";
+    let peak = {
+        let s = start(1, 2, 512);
+        complete(&s, first, 64);
+        s.metrics()["coil_state_buffers_allocated_total"] as usize
+    };
+    assert!(peak > 2);
+    let s = start_reserved(1, 2, 512, peak);
+    complete(&s, first, 64);
+    assert_eq!(s.metrics()["coil_state_buffers_allocated_total"], 0.0);
+    complete(&s, "six seven eight nine ten", 32);
+    let m = s.metrics();
+    assert_eq!(m["coil_state_buffers_allocated_total"], 0.0);
+    assert_eq!(m["coil_cached_sequences"], 2.0);
+    assert_eq!(m["coil_cache_evictions_total"], 0.0);
+    complete(&s, "eleven twelve thirteen fourteen fifteen", 48);
+    let m = s.metrics();
+    assert_eq!(m["coil_state_buffers_allocated_total"], 0.0);
+    assert!(m["coil_cache_evictions_total"] >= 1.0);
+    // the newer parked conversation still resumes
+    let v = complete(&s, "six seven eight nine ten", 1);
+    assert!(usage(&v).1 > 0, "{v}");
 }
 
 /// The model's own template (GGUF `tokenizer.chat_template`) renders the

@@ -29,7 +29,11 @@ pub struct Args {
     #[arg(long = "cache-slots", default_value_t = 4)]
     cache_slots: usize,
     /// Memory the prefix cache may hold, in MiB (what cached conversations
-    /// share, such as a common prefix, counted once).
+    /// share, such as a common prefix, counted once). Running requests come
+    /// first: when the recurrent-state buffers reserved at startup run out,
+    /// cached conversations give theirs back (older checkpoints, then whole
+    /// conversations, least recently used first) before new memory is
+    /// mapped.
     #[arg(long = "cache-mib", default_value_t = 4096)]
     cache_mib: usize,
     /// Tokens per step over all running requests: one for each generating

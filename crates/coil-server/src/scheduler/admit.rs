@@ -18,6 +18,8 @@ impl Worker {
 
     /// Gives `req` a slot holding the longest cached prefix of its prompt.
     pub(super) fn admit(&mut self, mut req: GenRequest) {
+        // a new sequence's state may need a buffer
+        self.make_room(1, false);
         match self.prepare(&mut req) {
             Ok((seq, cached, branch)) => {
                 let mut marks = std::mem::take(&mut req.marks);

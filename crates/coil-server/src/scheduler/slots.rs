@@ -85,6 +85,62 @@ impl Worker {
         }
     }
 
+    /// Before a step whose sequences may each move their state into a
+    /// fresh buffer (a checkpoint), in a memory that reserved state buffers
+    /// at startup (`coil serve` does; without a reserve, memory is mapped
+    /// as needed and the cache's byte budget alone bounds the parked
+    /// sequences): when the pool holds fewer than `need` free, parked
+    /// sequences give theirs back, least recently used first —
+    /// first the buffers of their checkpoints but the first and the last
+    /// (their pinned prompt ends stay, and a conversation still resumes at
+    /// its end), then, if that is not enough, whole parked sequences, as a
+    /// paged KV cache evicts cached prefixes for running requests. New
+    /// memory is mapped only when no parked sequence is left to give way:
+    /// mapping and zeroing fresh pages is slow in a VM (hybrid-350m-like
+    /// Q8_0, 8 clients after 8 earlier conversations parked: 58 buffers of
+    /// 22 MB mapped during one load, its time per token +40%; thinning
+    /// alone still mapped 31). Without `evict` (at admission, when the
+    /// parked sequence a request resumes from is not chosen yet) only the
+    /// checkpoints are thinned.
+    pub(super) fn make_room(&mut self, need: usize, evict: bool) {
+        let free = |w: &Self| {
+            w.engine
+                .mem
+                .recurrent
+                .as_ref()
+                .filter(|r| r.reserved_buffers() > 0)
+                .map_or(usize::MAX, |r| r.free_buffers())
+        };
+        if free(self) >= need {
+            return;
+        }
+        let mut parked: Vec<(u64, SeqId)> = self
+            .cache
+            .seqs()
+            .map(|s| (self.cache.last_used(s).unwrap_or(0), s))
+            .collect();
+        parked.sort_unstable();
+        let mut thinned = false;
+        for &(_, s) in &parked {
+            if let Some(r) = &mut self.engine.mem.recurrent {
+                // a spacing past any position: only the first and the last stay
+                thinned |= r.thin_parked(s, usize::MAX / 4, 0).unwrap_or(0) > 0;
+            }
+            if free(self) >= need {
+                break;
+            }
+        }
+        while evict && free(self) < need {
+            let Some(victim) = self.cache.lru(None) else {
+                break;
+            };
+            self.evict(victim);
+        }
+        if thinned {
+            self.refresh_cache_bytes();
+        }
+    }
+
     pub(super) fn evict(&mut self, s: SeqId) {
         self.cache.remove(s);
         let _ = self.engine.seq_clear(s);

@@ -30,6 +30,7 @@ impl Worker {
         if plan.is_empty() {
             return;
         }
+        self.make_room(plan.len(), true);
         let t0 = Instant::now();
         let result = self.forward(&plan);
         let secs = t0.elapsed().as_secs_f64();

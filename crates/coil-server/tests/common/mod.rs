@@ -113,6 +113,16 @@ pub fn start_with_template(template: &str, parallel: usize, ctx: usize) -> TestS
     start_engine(engine, parallel)
 }
 
+/// The Granite fixture with `reserve` recurrent-state buffers put aside
+/// at startup, as `coil serve` does.
+pub fn start_reserved(parallel: usize, cache: usize, ctx: usize, reserve: usize) -> TestServer {
+    let mut engine =
+        Engine::load(fixture("granitemoehybrid"), options(parallel, cache, ctx)).expect("load");
+    let r = engine.mem.recurrent.as_mut().expect("a recurrent memory");
+    assert_eq!(r.reserve_buffers(reserve), reserve);
+    start_engine(engine, parallel)
+}
+
 /// The Granite fixture with a prefix-cache budget of `cache_bytes`.
 pub fn start_with_budget(
     parallel: usize,

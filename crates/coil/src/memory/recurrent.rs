@@ -314,6 +314,11 @@ impl RecurrentMemory {
         self.pool.fresh()
     }
 
+    /// State buffers put aside by [`RecurrentMemory::reserve_buffers`].
+    pub fn reserved_buffers(&self) -> usize {
+        self.pool.reserved()
+    }
+
     /// Sets the pool's cap to [`Self::free_cap`] (the policy's budget and
     /// the slots it depends on may have changed).
     fn refresh_cap(&self) {

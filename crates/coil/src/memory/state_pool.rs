@@ -25,6 +25,8 @@ struct Shared {
     /// Buffers allocated because the free list was empty (not counting
     /// [`StatePool::reserve`]).
     fresh: AtomicUsize,
+    /// Buffers added by [`StatePool::reserve`].
+    reserved: AtomicUsize,
 }
 
 /// The free list of one memory's state buffers (cheap to clone: shared).
@@ -42,6 +44,7 @@ impl StatePool {
                 cap: AtomicUsize::new(0),
                 free: Mutex::new(Vec::new()),
                 fresh: AtomicUsize::new(0),
+                reserved: AtomicUsize::new(0),
             }),
         }
     }
@@ -68,6 +71,11 @@ impl StatePool {
         self.shared.fresh.load(Ordering::Relaxed)
     }
 
+    /// Buffers added by [`StatePool::reserve`] so far.
+    pub fn reserved(&self) -> usize {
+        self.shared.reserved.load(Ordering::Relaxed)
+    }
+
     /// Free buffers held now.
     pub fn len(&self) -> usize {
         self.free().len()
@@ -88,6 +96,7 @@ impl StatePool {
             std::hint::black_box(&mut b);
             self.put(b);
         }
+        self.shared.reserved.fetch_add(want, Ordering::Relaxed);
         want
     }
 
