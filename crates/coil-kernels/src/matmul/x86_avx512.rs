@@ -425,6 +425,43 @@ unsafe fn k45_step<const HIGH: bool>(qs: *const u8, j: usize, hbits: &mut __m256
     _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
 }
 
+/// The scales of steps `2p` and `2p + 1` of a Q4_K/Q5_K block in the word
+/// lanes of [`k45_pair_dot`]'s packed sums: 128-bit lane `L`, word `k`
+/// holds a sum of step `2p + (k ≥ 4)`, whose i32 lanes 0–7 are its first
+/// 32 values (group `2·step`) and 8–15 the next (`2·step + 1`); `sm` has
+/// the eight scales in words 0–7.
+#[inline(always)]
+unsafe fn k45_pair_idx(p: usize) -> __m512i {
+    let mut lanes = [0i16; 32];
+    for (w, o) in lanes.iter_mut().enumerate() {
+        let (l, k) = (w / 8, w % 8);
+        *o = (4 * p + 2 * usize::from(k >= 4) + usize::from(l >= 2)) as i16;
+    }
+    _mm512_loadu_si512(lanes.as_ptr() as *const _)
+}
+
+/// Two 64-value steps of a Q4_K/Q5_K block against one token: `vpdpbusd`
+/// sums four products per i32 lane (at most 4·31·127, an i16), the two
+/// steps' sums packed to i16 side by side (`vpackssdw`, exact) and one
+/// `vpdpwssd` by their scales `sc` (see [`k45_pair_idx`]) adds them to
+/// `acc`: three instructions on the integer-multiply port per 128 values
+/// where `vpmaddubsw` + `vpdpwssd` per step took four (the pack runs on
+/// the shuffle port). The integers are exact; how they spread over the
+/// lanes is this function's, shared by the one-token kernel and the tiles.
+#[inline(always)]
+unsafe fn k45_pair_dot(
+    acc: __m512i,
+    wa: __m512i,
+    wb: __m512i,
+    xa: __m512i,
+    xb: __m512i,
+    sc: __m512i,
+) -> __m512i {
+    let va = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wa, xa);
+    let vb = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wb, xb);
+    _mm512_dpwssd_epi32(acc, _mm512_packs_epi32(va, vb), sc)
+}
+
 /// Half `n` (values `128n..128n + 128`) of the Q6_K block at `b`: its 6-bit
 /// values (stored plus 32) as `[values 0..64, values 64..128]`.
 #[inline(always)]
@@ -476,12 +513,7 @@ unsafe fn dot_k45<const HIGH: bool, const PF: usize, const NT: usize>(
 ) -> [f32; NT] {
     let nb = xa[0].1.len();
     let bsz = if HIGH { 176 } else { 144 };
-    let idx = [
-        idx_pair(0, 1),
-        idx_pair(2, 3),
-        idx_pair(4, 5),
-        idx_pair(6, 7),
-    ];
+    let idx = [k45_pair_idx(0), k45_pair_idx(1)];
     // mins duplicated per pair of 16-sums: lanes 8,8,9,9,..,15,15
     let idx_m = _mm512_castsi256_si512(_mm256_setr_epi16(
         8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15,
@@ -500,12 +532,15 @@ unsafe fn dot_k45<const HIGH: bool, const PF: usize, const NT: usize>(
             _mm256_setzero_si256()
         };
         let mut iacc = [_mm512_setzero_si512(); NT];
-        for j in 0..4 {
-            let wv = k45_step::<HIGH>(qs, j, &mut hbits);
-            let sc = _mm512_permutexvar_epi16(idx[j], sm);
+        for (p, ix) in idx.iter().enumerate() {
+            let wa = k45_step::<HIGH>(qs, 2 * p, &mut hbits);
+            let wb = k45_step::<HIGH>(qs, 2 * p + 1, &mut hbits);
+            let sc = _mm512_permutexvar_epi16(*ix, sm);
             for t in 0..NT {
-                let xv = _mm512_loadu_si512(xa[t].0.as_ptr().add(256 * i + 64 * j) as *const _);
-                iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(wv, xv), sc);
+                let x = xa[t].0.as_ptr().add(256 * i + 128 * p);
+                let xv = _mm512_loadu_si512(x as *const _);
+                let xw = _mm512_loadu_si512(x.add(64) as *const _);
+                iacc[t] = k45_pair_dot(iacc[t], wa, wb, xv, xw, sc);
             }
         }
         let mins = _mm512_castsi512_si256(_mm512_permutexvar_epi16(idx_m, sm));

@@ -24,8 +24,8 @@
 use super::super::act::{ActPanel, QuantAct, PANEL_LANES};
 use super::super::x86_avx2::{f16c, PF_STREAM};
 use super::{
-    hsum256, idx_pair, k45_step, k4_scales_mins, prefetch_ahead, q6k_half, q6k_offset,
-    q6k_scale_idx, rd16, transpose4, B32,
+    hsum256, k45_pair_dot, k45_pair_idx, k45_step, k4_scales_mins, prefetch_ahead, q6k_half,
+    q6k_offset, q6k_scale_idx, rd16, transpose4, B32,
 };
 use std::arch::x86_64::*;
 
@@ -82,12 +82,7 @@ unsafe fn rows_k45<const HIGH: bool, const NT: usize>(
     let nb = p.n_blocks;
     let (xq, xd, xs) = (p.qs.as_ptr(), p.d.as_ptr(), p.sums.as_ptr());
     let bsz = if HIGH { 176 } else { 144 };
-    let idx = [
-        idx_pair(0, 1),
-        idx_pair(2, 3),
-        idx_pair(4, 5),
-        idx_pair(6, 7),
-    ];
+    let idx = [k45_pair_idx(0), k45_pair_idx(1)];
     let idx_m = _mm512_castsi256_si512(_mm256_setr_epi16(
         8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15,
     ));
@@ -106,13 +101,15 @@ unsafe fn rows_k45<const HIGH: bool, const NT: usize>(
                 _mm256_setzero_si256()
             };
             let mut iacc = [_mm512_setzero_si512(); NT];
-            for (j, ix) in idx.iter().enumerate() {
-                let mut wv = k45_step::<HIGH>(qs, j, &mut hbits);
+            for (p, ix) in idx.iter().enumerate() {
+                let mut wa = k45_step::<HIGH>(qs, 2 * p, &mut hbits);
+                let mut wb = k45_step::<HIGH>(qs, 2 * p + 1, &mut hbits);
                 let mut sc = _mm512_permutexvar_epi16(*ix, sm);
-                pin!(wv, sc);
+                pin!(wa, wb, sc);
                 for t in 0..NT {
-                    let xv = chunk::<NT>(xq, 4 * i + j, t);
-                    iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(wv, xv), sc);
+                    let xv = chunk::<NT>(xq, 4 * i + 2 * p, t);
+                    let xw = chunk::<NT>(xq, 4 * i + 2 * p + 1, t);
+                    iacc[t] = k45_pair_dot(iacc[t], wa, wb, xv, xw, sc);
                 }
                 for a in iacc.iter_mut() {
                     pin!(*a);
