@@ -426,7 +426,7 @@ unsafe fn k45_step<const HIGH: bool>(qs: *const u8, j: usize, hbits: &mut __m256
 }
 
 /// The scales of steps `2p` and `2p + 1` of a Q4_K/Q5_K block in the word
-/// lanes of [`k45_pair_dot`]'s packed sums: 128-bit lane `L`, word `k`
+/// lanes of [`pair_dot`]'s packed sums: 128-bit lane `L`, word `k`
 /// holds a sum of step `2p + (k ≥ 4)`, whose i32 lanes 0–7 are its first
 /// 32 values (group `2·step`) and 8–15 the next (`2·step + 1`); `sm` has
 /// the eight scales in words 0–7.
@@ -440,16 +440,17 @@ unsafe fn k45_pair_idx(p: usize) -> __m512i {
     _mm512_loadu_si512(lanes.as_ptr() as *const _)
 }
 
-/// Two 64-value steps of a Q4_K/Q5_K block against one token: `vpdpbusd`
-/// sums four products per i32 lane (at most 4·31·127, an i16), the two
-/// steps' sums packed to i16 side by side (`vpackssdw`, exact) and one
-/// `vpdpwssd` by their scales `sc` (see [`k45_pair_idx`]) adds them to
-/// `acc`: three instructions on the integer-multiply port per 128 values
-/// where `vpmaddubsw` + `vpdpwssd` per step took four (the pack runs on
-/// the shuffle port). The integers are exact; how they spread over the
-/// lanes is this function's, shared by the one-token kernel and the tiles.
+/// Two 64-value vectors of small unsigned weights (a K-quant block's
+/// steps) against one token: `vpdpbusd` sums four products per i32 lane (at
+/// most 4·63·127, an i16), the two vectors' sums packed to i16 side by side
+/// (`vpackssdw`, exact) and one `vpdpwssd` by their scales `sc` (see
+/// [`k45_pair_idx`], [`q6k_pair_idx`]) adds them to `acc`: three
+/// instructions on the integer-multiply port per 128 values where
+/// `vpmaddubsw` + `vpdpwssd` per vector took four (the pack runs on the
+/// shuffle port). The integers are exact; how they spread over the lanes
+/// is this function's, shared by the one-token kernels and the tiles.
 #[inline(always)]
-unsafe fn k45_pair_dot(
+unsafe fn pair_dot(
     acc: __m512i,
     wa: __m512i,
     wb: __m512i,
@@ -489,19 +490,19 @@ unsafe fn q6k_half(b: *const u8, n: usize) -> [__m512i; 2] {
     ]
 }
 
-/// Q6_K's scale lane indices: vector `c` (64 values, 16-groups
-/// `4c..4c + 4`) takes i16 lane `l` from group `4c + l / 8`.
+/// Q6_K's scales (words 0–15 of `sc`) in the word lanes of
+/// [`pair_dot`]'s packed sums of vectors `2n` and `2n + 1` (values
+/// `128n..128n + 128`): 128-bit lane `L`, word `k` holds a sum of vector
+/// `2n + (k ≥ 4)`, i32 lane `4L + k % 4`, whose four values lie in 16-group
+/// `8n + 4·(k ≥ 4) + L`.
 #[inline(always)]
-unsafe fn q6k_scale_idx() -> [__m512i; 4] {
-    let mut idx = [_mm512_setzero_si512(); 4];
-    for (c, v) in idx.iter_mut().enumerate() {
-        let mut lanes = [0i16; 32];
-        for (l, o) in lanes.iter_mut().enumerate() {
-            *o = (4 * c + l / 8) as i16;
-        }
-        *v = _mm512_loadu_si512(lanes.as_ptr() as *const _);
+unsafe fn q6k_pair_idx(n: usize) -> __m512i {
+    let mut lanes = [0i16; 32];
+    for (w, o) in lanes.iter_mut().enumerate() {
+        let (l, k) = (w / 8, w % 8);
+        *o = (8 * n + 4 * usize::from(k >= 4) + l) as i16;
     }
-    idx
+    _mm512_loadu_si512(lanes.as_ptr() as *const _)
 }
 
 /// Shared body of Q4_K and Q5_K (`HIGH` adds the fifth bit from `qh`) for
@@ -540,7 +541,7 @@ unsafe fn dot_k45<const HIGH: bool, const PF: usize, const NT: usize>(
                 let x = xa[t].0.as_ptr().add(256 * i + 128 * p);
                 let xv = _mm512_loadu_si512(x as *const _);
                 let xw = _mm512_loadu_si512(x.add(64) as *const _);
-                iacc[t] = k45_pair_dot(iacc[t], wa, wb, xv, xw, sc);
+                iacc[t] = pair_dot(iacc[t], wa, wb, xv, xw, sc);
             }
         }
         let mins = _mm512_castsi512_si256(_mm512_permutexvar_epi16(idx_m, sm));
@@ -568,7 +569,7 @@ unsafe fn dot_k45<const HIGH: bool, const PF: usize, const NT: usize>(
 #[inline(always)]
 unsafe fn dot_q6k<const PF: usize, const NT: usize>(row: &[u8], xa: [Act; NT]) -> [f32; NT] {
     let nb = xa[0].1.len();
-    let idx = q6k_scale_idx();
+    let idx = [q6k_pair_idx(0), q6k_pair_idx(1)];
     let mut facc = [_mm512_setzero_ps(); NT];
     for i in 0..nb {
         let b = row.as_ptr().add(210 * i);
@@ -577,16 +578,14 @@ unsafe fn dot_q6k<const PF: usize, const NT: usize>(row: &[u8], xa: [Act; NT]) -
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
         let sc = _mm512_castsi256_si512(sc16);
         let mut iacc = [_mm512_setzero_si512(); NT];
-        for n in 0..2 {
+        for (n, ix) in idx.iter().enumerate() {
             let [q12, q34] = q6k_half(b, n);
-            let s12 = _mm512_permutexvar_epi16(idx[2 * n], sc);
-            let s34 = _mm512_permutexvar_epi16(idx[2 * n + 1], sc);
+            let s = _mm512_permutexvar_epi16(*ix, sc);
             for t in 0..NT {
                 let x = xa[t].0.as_ptr().add(256 * i + 128 * n);
                 let x12 = _mm512_loadu_si512(x as *const _);
                 let x34 = _mm512_loadu_si512(x.add(64) as *const _);
-                iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(q12, x12), s12);
-                iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(q34, x34), s34);
+                iacc[t] = pair_dot(iacc[t], q12, q34, x12, x34, s);
             }
         }
         for t in 0..NT {

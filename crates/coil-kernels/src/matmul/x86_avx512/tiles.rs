@@ -24,8 +24,8 @@
 use super::super::act::{ActPanel, QuantAct, PANEL_LANES};
 use super::super::x86_avx2::{f16c, PF_STREAM};
 use super::{
-    hsum256, k45_pair_dot, k45_pair_idx, k45_step, k4_scales_mins, prefetch_ahead, q6k_half,
-    q6k_offset, q6k_scale_idx, rd16, transpose4, B32,
+    hsum256, k45_pair_idx, k45_step, k4_scales_mins, pair_dot, prefetch_ahead, q6k_half,
+    q6k_offset, q6k_pair_idx, rd16, transpose4, B32,
 };
 use std::arch::x86_64::*;
 
@@ -109,7 +109,7 @@ unsafe fn rows_k45<const HIGH: bool, const NT: usize>(
                 for t in 0..NT {
                     let xv = chunk::<NT>(xq, 4 * i + 2 * p, t);
                     let xw = chunk::<NT>(xq, 4 * i + 2 * p + 1, t);
-                    iacc[t] = k45_pair_dot(iacc[t], wa, wb, xv, xw, sc);
+                    iacc[t] = pair_dot(iacc[t], wa, wb, xv, xw, sc);
                 }
                 for a in iacc.iter_mut() {
                     pin!(*a);
@@ -145,7 +145,7 @@ unsafe fn rows_q6_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
     let n = check::<NT>(w, rb, p, out);
     let nb = p.n_blocks;
     let (xq, xd, xs) = (p.qs.as_ptr(), p.d.as_ptr(), p.sums.as_ptr());
-    let idx = q6k_scale_idx();
+    let idx = [q6k_pair_idx(0), q6k_pair_idx(1)];
     for r in 0..n {
         let row = w.as_ptr().add(r * rb);
         let mut facc = [_mm512_setzero_ps(); NT];
@@ -155,16 +155,14 @@ unsafe fn rows_q6_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
             let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
             let sc = _mm512_castsi256_si512(sc16);
             let mut iacc = [_mm512_setzero_si512(); NT];
-            for nn in 0..2 {
+            for (nn, ix) in idx.iter().enumerate() {
                 let [mut q12, mut q34] = q6k_half(b, nn);
-                let mut s12 = _mm512_permutexvar_epi16(idx[2 * nn], sc);
-                let mut s34 = _mm512_permutexvar_epi16(idx[2 * nn + 1], sc);
-                pin!(q12, q34, s12, s34);
+                let mut s = _mm512_permutexvar_epi16(*ix, sc);
+                pin!(q12, q34, s);
                 for t in 0..NT {
                     let x12 = chunk::<NT>(xq, 4 * i + 2 * nn, t);
                     let x34 = chunk::<NT>(xq, 4 * i + 2 * nn + 1, t);
-                    iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(q12, x12), s12);
-                    iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(q34, x34), s34);
+                    iacc[t] = pair_dot(iacc[t], q12, q34, x12, x34, s);
                 }
                 for a in iacc.iter_mut() {
                     pin!(*a);
