@@ -425,19 +425,22 @@ unsafe fn k45_step<const HIGH: bool>(qs: *const u8, j: usize, hbits: &mut __m256
     _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
 }
 
-/// The scales of steps `2p` and `2p + 1` of a Q4_K/Q5_K block in the word
-/// lanes of [`pair_dot`]'s packed sums: 128-bit lane `L`, word `k`
-/// holds a sum of step `2p + (k ≥ 4)`, whose i32 lanes 0–7 are its first
-/// 32 values (group `2·step`) and 8–15 the next (`2·step + 1`); `sm` has
-/// the eight scales in words 0–7.
+/// Word-lane indices of the scales for [`pair_dot`]'s packed sums: in
+/// 128-bit lane `L`, words 0–3 hold sums of the first vector's i32 lanes
+/// `4L..4L + 4`, words 4–7 the second's; word `(L, k)` takes scale
+/// `group(L, k ≥ 4)`.
+#[inline(always)]
+unsafe fn pair_idx(group: impl Fn(usize, bool) -> usize) -> __m512i {
+    let lanes: [i16; 32] = std::array::from_fn(|w| group(w / 8, w % 8 >= 4) as i16);
+    _mm512_loadu_si512(lanes.as_ptr() as *const _)
+}
+
+/// [`pair_idx`] for steps `2p` and `2p + 1` of a Q4_K/Q5_K block: a
+/// step's i32 lanes 0–7 (128-bit lanes 0–1) are its first 32 values, group
+/// `2·step`, lanes 8–15 the next; `sm` has the eight scales in words 0–7.
 #[inline(always)]
 unsafe fn k45_pair_idx(p: usize) -> __m512i {
-    let mut lanes = [0i16; 32];
-    for (w, o) in lanes.iter_mut().enumerate() {
-        let (l, k) = (w / 8, w % 8);
-        *o = (4 * p + 2 * usize::from(k >= 4) + usize::from(l >= 2)) as i16;
-    }
-    _mm512_loadu_si512(lanes.as_ptr() as *const _)
+    pair_idx(|l, second| 2 * (2 * p + usize::from(second)) + usize::from(l >= 2))
 }
 
 /// Two 64-value vectors of small unsigned weights (a K-quant block's
@@ -490,19 +493,12 @@ unsafe fn q6k_half(b: *const u8, n: usize) -> [__m512i; 2] {
     ]
 }
 
-/// Q6_K's scales (words 0–15 of `sc`) in the word lanes of
-/// [`pair_dot`]'s packed sums of vectors `2n` and `2n + 1` (values
-/// `128n..128n + 128`): 128-bit lane `L`, word `k` holds a sum of vector
-/// `2n + (k ≥ 4)`, i32 lane `4L + k % 4`, whose four values lie in 16-group
-/// `8n + 4·(k ≥ 4) + L`.
+/// [`pair_idx`] for Q6_K's vectors `2n` and `2n + 1` (values
+/// `128n..128n + 128`, scales in words 0–15 of `sc`): a vector's i32 lanes
+/// `4L..4L + 4` lie in its 16-value group `L`.
 #[inline(always)]
 unsafe fn q6k_pair_idx(n: usize) -> __m512i {
-    let mut lanes = [0i16; 32];
-    for (w, o) in lanes.iter_mut().enumerate() {
-        let (l, k) = (w / 8, w % 8);
-        *o = (8 * n + 4 * usize::from(k >= 4) + l) as i16;
-    }
-    _mm512_loadu_si512(lanes.as_ptr() as *const _)
+    pair_idx(|l, second| 4 * (2 * n + usize::from(second)) + l)
 }
 
 /// Shared body of Q4_K and Q5_K (`HIGH` adds the fifth bit from `qh`) for
