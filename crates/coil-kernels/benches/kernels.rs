@@ -337,7 +337,7 @@ fn prefill_shapes_bench(pool: &ThreadPool, ty: GgmlType) {
 fn decode_shapes_bench(pool: &ThreadPool, ty: GgmlType) {
     let bwbuf: Vec<f32> = (0..64usize << 20).map(|i| (i % 7) as f32).collect();
     let mut rng = Rng::new(7);
-    let few = [2usize, 4];
+    let few = [2usize, 4, 8];
     println!(
         "matvec (1 token), {} weights streamed from memory:",
         ty.name()
@@ -375,8 +375,8 @@ fn decode_shapes_bench(pool: &ThreadPool, ty: GgmlType) {
                 }
             }) / copies as f64
         };
-        let x = rng.vec(4 * cols);
-        let mut y = vec![0f32; 4 * rows];
+        let x = rng.vec(8 * cols);
+        let mut y = vec![0f32; 8 * rows];
         let mut ratios = Vec::new();
         let mut best = f64::INFINITY;
         let mut bw_best = 0f64;
