@@ -361,12 +361,20 @@ fn decode_shapes_bench(pool: &ThreadPool, ty: GgmlType) {
         (2048, 2048, "square"),
         (2048, 65536, "vocab"),
     ] {
-        let one = random_weights(&mut rng, ty, rows, cols);
+        let mut one = random_weights(&mut rng, ty, rows, cols);
+        // Q4_K in the layout coil's loader gives it (where it does)
+        let layout = match ty == GgmlType::Q4_K && coil_kernels::repack_q4_k(&mut one, rows, cols) {
+            true => coil_kernels::Layout::Lanes16,
+            false => coil_kernels::Layout::Rows,
+        };
         let copies = (256usize << 20).div_ceil(one.len()).max(2);
         let data = one.repeat(copies);
         let ws: Vec<WeightRef> = data
             .chunks_exact(one.len())
-            .map(|d| WeightRef::new(ty, d, rows, cols).unwrap())
+            .map(|d| WeightRef {
+                layout,
+                ..WeightRef::new(ty, d, rows, cols).unwrap()
+            })
             .collect();
         let pass = |n: usize, x: &[f32], y: &mut [f32]| {
             best_of(1, || {

@@ -15,7 +15,7 @@ pub use value::{Metadata, Value, ValueType};
 pub use writer::{encode_header, GgufWriter, TensorSpec};
 
 use crate::dtype::GgmlType;
-use memmap2::{Mmap, MmapOptions};
+use memmap2::{Mmap, MmapMut, MmapOptions};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -99,6 +99,9 @@ impl TensorInfo {
 
 enum Storage {
     Mmap(Mmap),
+    /// A copy-on-write map: pages written to become private memory, the
+    /// file is never written.
+    Private(MmapMut),
     Owned(Vec<u8>),
 }
 
@@ -106,7 +109,16 @@ impl Storage {
     fn bytes(&self) -> &[u8] {
         match self {
             Storage::Mmap(m) => m,
+            Storage::Private(m) => m,
             Storage::Owned(v) => v,
+        }
+    }
+
+    fn bytes_mut(&mut self) -> Option<&mut [u8]> {
+        match self {
+            Storage::Mmap(_) => None,
+            Storage::Private(m) => Some(m),
+            Storage::Owned(v) => Some(v),
         }
     }
 }
@@ -119,6 +131,9 @@ pub struct GgufFile {
     tensors: Vec<TensorInfo>,
     alignment: u64,
     data_offset: u64,
+    /// Per tensor: its bytes were rewritten in memory by the loader (a
+    /// kernel's layout, see [`GgufFile::tensor_data_mut`]).
+    rewritten: Vec<bool>,
 }
 
 impl GgufFile {
@@ -136,6 +151,21 @@ impl GgufFile {
     /// that read metadata or a few tensors use [`GgufFile::open`].
     pub fn open_prefaulted(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         Self::open_mapped(path.as_ref(), true)
+    }
+
+    /// [`GgufFile::open_prefaulted`] with a copy-on-write map, so that
+    /// the loader may rewrite tensors in memory ([`GgufFile::tensor_data_mut`];
+    /// the file itself is never written).
+    pub fn open_prefaulted_private(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
+        let path = path.as_ref();
+        let io = |error| GgufError::Io {
+            path: path.to_path_buf(),
+            error,
+        };
+        let file = File::open(path).map_err(io)?;
+        // SAFETY: as in `open_mapped`; writes go to private pages.
+        let map = unsafe { MmapOptions::new().populate().map_copy(&file) }.map_err(io)?;
+        Self::from_storage(Storage::Private(map))
     }
 
     fn open_mapped(path: &Path, populate: bool) -> Result<GgufFile, GgufError> {
@@ -166,6 +196,7 @@ impl GgufFile {
             storage,
             version: h.version,
             metadata: h.metadata,
+            rewritten: vec![false; h.tensors.len()],
             tensors: h.tensors,
             alignment: h.alignment,
             data_offset: h.data_offset,
@@ -223,6 +254,28 @@ impl GgufFile {
             .tensor_info(name)
             .ok_or_else(|| GgufError::MissingTensor(name.to_string()))?;
         Ok(self.view(info))
+    }
+
+    /// The bytes of tensor `index` (of [`GgufFile::tensors`]) to rewrite
+    /// in memory (then [`GgufFile::mark_rewritten`]); `None` for a read-only
+    /// map ([`GgufFile::open`]).
+    pub fn tensor_data_mut(&mut self, index: usize) -> Option<&mut [u8]> {
+        let range = self.data_range(self.tensors.get(index)?);
+        Some(&mut self.storage.bytes_mut()?[range])
+    }
+
+    /// Records that tensor `index`'s bytes no longer are the file's
+    /// encoding (readers check [`GgufFile::is_rewritten`]).
+    pub fn mark_rewritten(&mut self, index: usize) {
+        self.rewritten[index] = true;
+    }
+
+    /// Whether the loader rewrote this tensor's bytes in memory.
+    pub fn is_rewritten(&self, info: &TensorInfo) -> bool {
+        self.tensors
+            .iter()
+            .position(|t| std::ptr::eq(t, info) || t.name == info.name)
+            .is_some_and(|i| self.rewritten[i])
     }
 
     /// A zero-copy view of a tensor of this file.

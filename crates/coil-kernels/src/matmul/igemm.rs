@@ -182,6 +182,9 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
     let st = cols + 64;
     p.dq.resize(16 * st, 0);
     let nr = 16.min(w.rows.saturating_sub(r0)); // 0: an empty panel (zeros)
+    if w.layout == super::Layout::Lanes16 && nr > 0 {
+        return pack_lanes(w, r0, p);
+    }
     for r in 0..16 {
         if r < nr {
             // the scales go straight to their [group][16 rows] lanes
@@ -245,6 +248,32 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
             _mm512_storeu_si512(
                 p.ws.as_mut_ptr().add(sg * 16) as *mut _,
                 _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(ws[h], 7)),
+            );
+        }
+    }
+}
+
+/// [`pack_panel`] from a repacked Q4_K matrix (16 rows from `r0`, a
+/// multiple of 16): its blocks come out of the layout with the rows in the
+/// lanes already.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+unsafe fn pack_lanes(w: &WeightRef, r0: usize, p: &mut Panel) {
+    let group = w.data.as_ptr().add(r0 * w.row_bytes());
+    let ones = _mm512_set1_epi8(1);
+    for i in 0..w.cols / 256 {
+        let (q, a, b) = super::x86_avx512::lanes::packed_block(group, i);
+        for j in 0..8 {
+            let kb = 8 * i + j;
+            let mut ws = _mm512_setzero_si512();
+            for (g, v) in q[j].iter().enumerate() {
+                _mm512_storeu_si512(p.q.as_mut_ptr().add(kb * 512 + 64 * g) as *mut _, *v);
+                ws = _mm512_dpbusd_epi32(ws, ones, *v);
+            }
+            _mm512_storeu_ps(p.a.as_mut_ptr().add(kb * 16), a[j]);
+            _mm512_storeu_ps(p.b.as_mut_ptr().add(kb * 16), b[j]);
+            _mm512_storeu_si512(
+                p.ws.as_mut_ptr().add(kb * 16) as *mut _,
+                _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(ws, 7)),
             );
         }
     }

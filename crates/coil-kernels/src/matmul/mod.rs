@@ -55,6 +55,40 @@ pub struct WeightRef<'a> {
     pub data: &'a [u8],
     pub rows: usize,
     pub cols: usize,
+    /// How the rows' blocks are laid out in `data`.
+    pub layout: Layout,
+}
+
+/// The order of a matrix's encoded blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Layout {
+    /// As in GGUF files: row after row.
+    #[default]
+    Rows,
+    /// Q4_K rewritten by [`repack_q4_k`] for the AVX-512 kernels that keep
+    /// 16 rows in the vector lanes (same size; groups of 16 rows).
+    Lanes16,
+}
+
+/// Rewrites a Q4_K matrix in place into [`Layout::Lanes16`] when the
+/// kernels of this process would use it (the selected SIMD level is
+/// AVX-512, `rows` is a multiple of 16, `COIL_REPACK` is not `0`), and says
+/// whether it did. Single tokens, a few tokens (batched decode, speculative
+/// verification) and prompts then read 16 rows' blocks as one stretch of
+/// memory with no transposition left to do.
+pub fn repack_q4_k(data: &mut [u8], rows: usize, cols: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if simd::level() >= SimdLevel::Avx512
+        && x86_avx512::lanes::can_repack(rows)
+        && std::env::var("COIL_REPACK").map_or(true, |v| v != "0")
+        && data.len() == rows * (cols / 256) * 144
+        && cols.is_multiple_of(256)
+    {
+        x86_avx512::lanes::repack(data, rows, cols);
+        return true;
+    }
+    let _ = (data, rows, cols);
+    false
 }
 
 impl<'a> WeightRef<'a> {
@@ -95,6 +129,7 @@ impl<'a> WeightRef<'a> {
             data,
             rows,
             cols,
+            layout: Layout::Rows,
         })
     }
 
@@ -123,7 +158,15 @@ impl<'a> WeightRef<'a> {
     /// Decodes row `r` to f32 (`out.len() == cols`).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         assert_eq!(out.len(), self.cols);
-        decode_segment(self.ty, self.row(r), out, simd::level());
+        match self.layout {
+            Layout::Rows => decode_segment(self.ty, self.row(r), out, simd::level()),
+            Layout::Lanes16 => {
+                let mut plain = vec![0u8; self.row_bytes()];
+                #[cfg(target_arch = "x86_64")]
+                x86_avx512::lanes::unpack_row(self.data, self.cols, r, &mut plain);
+                decode_segment(self.ty, &plain, out, simd::level());
+            }
+        }
     }
 }
 
@@ -180,6 +223,9 @@ pub fn matmul_at(
     level: SimdLevel,
 ) {
     let level = level.min(simd::detected_level());
+    if w.layout == Layout::Lanes16 {
+        return matmul_lanes(pool, w, x, y, n_tokens, level);
+    }
     assert_eq!(
         x.len(),
         n_tokens * w.cols,
@@ -235,6 +281,41 @@ pub fn matmul_at(
             gemm::gemm(pool, w, x, y, n_tokens, level)
         }
     }
+}
+
+/// [`matmul_at`] for a [`Layout::Lanes16`] matrix (made only where the
+/// AVX-512 level was selected).
+fn matmul_lanes(
+    pool: &ThreadPool,
+    w: &WeightRef,
+    x: &[f32],
+    y: &mut [f32],
+    n_tokens: usize,
+    level: SimdLevel,
+) {
+    assert!(
+        level >= SimdLevel::Avx512 && w.ty == GgmlType::Q4_K,
+        "matmul: a {} matrix repacked for AVX-512 at the {level:?} level",
+        w.ty
+    );
+    assert_eq!(
+        x.len(),
+        n_tokens * w.cols,
+        "matmul: x is not [n_tokens, cols]"
+    );
+    assert_eq!(
+        y.len(),
+        n_tokens * w.rows,
+        "matmul: y is not [n_tokens, rows]"
+    );
+    if n_tokens == 0 || w.rows == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the AVX-512 level was checked above.
+    unsafe {
+        x86_avx512::lanes::matmul_packed(pool, w, x, y, n_tokens, gemm_min_tokens(w.ty, level))
+    };
 }
 
 /// 0 = from the environment, 1 = on, 2 = off.

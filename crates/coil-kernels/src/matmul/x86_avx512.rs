@@ -13,7 +13,7 @@ use super::{vecdot, ActKind, QuantRows, TileKernel, VecKernel};
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 
-mod lanes;
+pub(super) mod lanes;
 mod tiles;
 
 macro_rules! quant {
@@ -50,10 +50,6 @@ pub(super) fn rows_kernel(ty: GgmlType) -> Option<QuantRows> {
         GgmlType::Q8_0 => |w, rb, q, d, s, o| unsafe { rows_q8_0(w, rb, q, d, s, o) },
         GgmlType::Q4_0 => |w, rb, q, d, s, o| unsafe { rows_q4_0(w, rb, q, d, s, o) },
         GgmlType::IQ4_NL => |w, rb, q, d, s, o| unsafe { rows_iq4_nl(w, rb, q, d, s, o) },
-        // rows in lanes when chosen, as its tile (the arithmetic differs)
-        GgmlType::Q4_K if lanes::enabled() => {
-            |w, rb, q, d, s, o| unsafe { lanes::rows_one_q4_k(w, rb, q, d, s, o) }
-        }
         GgmlType::Q4_K => |w, rb, q, d, s, o| unsafe { rows_q4_k(w, rb, q, d, s, o) },
         GgmlType::Q5_K => |w, rb, q, d, s, o| unsafe { rows_q5_k(w, rb, q, d, s, o) },
         GgmlType::Q6_K => |w, rb, q, d, s, o| unsafe { rows_q6_k(w, rb, q, d, s, o) },
@@ -68,9 +64,6 @@ pub(super) fn rows_kernel(ty: GgmlType) -> Option<QuantRows> {
 pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileKernel> {
     // SAFETY (all): selected only when the CPU has the AVX-512 level.
     let f: super::QuantTile = match ty {
-        GgmlType::Q4_K if lanes::enabled() => {
-            |w, rb, a, o| unsafe { lanes::tile_q4_k(w, rb, a, o) }
-        }
         GgmlType::Q4_K => |w, rb, a, o| unsafe { tiles::tile_q4_k(w, rb, a, o) },
         GgmlType::Q5_K => |w, rb, a, o| unsafe { tiles::tile_q5_k(w, rb, a, o) },
         GgmlType::Q6_K => |w, rb, a, o| unsafe { tiles::tile_q6_k(w, rb, a, o) },
@@ -84,18 +77,12 @@ pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileKernel> {
     let b32 = matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL);
     Some(TileKernel {
         f,
-        max_tokens: if ty == GgmlType::Q4_K && lanes::enabled() {
-            lanes::MAX_TOKENS
-        } else {
-            tiles::MAX_TOKENS
-        },
+        max_tokens: tiles::MAX_TOKENS,
         chunk: 64,
         cols_multiple: if b32 { 256 } else { 1 },
         // SAFETY: as `f`.
         own_panel: if b32 {
             Some(|a, t0, nt| unsafe { tiles::panel_b32(a, t0, nt) })
-        } else if ty == GgmlType::Q4_K && lanes::enabled() {
-            Some(lanes::panel)
         } else {
             None
         },

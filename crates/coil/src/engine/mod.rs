@@ -111,8 +111,9 @@ pub struct Engine {
 
 impl Engine {
     pub fn load(path: impl AsRef<Path>, opts: EngineOptions) -> Result<Engine, EngineError> {
-        let file = Arc::new(GgufFile::open_prefaulted(path)?);
-        Self::from_file(file, opts)
+        let mut file = GgufFile::open_prefaulted_private(path)?;
+        crate::models::weights::repack_for_kernels(&mut file);
+        Self::from_file(Arc::new(file), opts)
     }
 
     pub fn from_file(file: Arc<GgufFile>, opts: EngineOptions) -> Result<Engine, EngineError> {

@@ -4,7 +4,7 @@
 
 use super::ModelError;
 use coil_gguf::{GgmlType, GgufFile, TensorInfo};
-use coil_kernels::WeightRef;
+use coil_kernels::{Layout, WeightRef};
 use std::ops::Range;
 
 /// A weight matrix `[rows, cols]` (ggml ne = [cols, rows]) kept as stored.
@@ -14,6 +14,8 @@ pub struct Matrix {
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
+    /// [`Layout::Lanes16`] when the loader repacked it ([`repack`]).
+    pub layout: Layout,
     range: Range<usize>,
 }
 
@@ -25,6 +27,7 @@ impl Matrix {
             data: &file.bytes()[self.range.clone()],
             rows: self.rows,
             cols: self.cols,
+            layout: self.layout,
         }
     }
 
@@ -35,6 +38,16 @@ impl Matrix {
 
     /// Row `r` widened to f32 (embedding lookup).
     pub fn row_f32(&self, file: &GgufFile, r: usize, out: &mut [f32]) -> Result<(), ModelError> {
+        if self.layout != Layout::Rows {
+            if r >= self.rows || out.len() != self.cols {
+                return Err(ModelError::Tensor {
+                    name: self.name.clone(),
+                    reason: format!("row {r} of {} into {} values", self.rows, out.len()),
+                });
+            }
+            self.get(file).dequantize_row(r, out);
+            return Ok(());
+        }
         let rb = self.row_bytes();
         let start = self.range.start + r * rb;
         let bytes = &file.bytes()[start..start + rb];
@@ -158,6 +171,7 @@ impl<'a> Loader<'a> {
             ty: info.ty,
             rows,
             cols,
+            layout: self.layout(info),
             range: self.file.data_range(info),
         })
     }
@@ -185,8 +199,17 @@ impl<'a> Loader<'a> {
             ty: info.ty,
             rows: total,
             cols,
+            layout: self.layout(info),
             range: self.file.data_range(info),
         })
+    }
+
+    fn layout(&self, info: &TensorInfo) -> Layout {
+        if self.file.is_rewritten(info) {
+            Layout::Lanes16
+        } else {
+            Layout::Rows
+        }
     }
 
     /// Any tensor widened to f32, checking its ggml dims.
@@ -194,6 +217,22 @@ impl<'a> Loader<'a> {
         let info = self.info(name)?;
         let want: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
         Self::check_dims(info, &want)?;
+        if self.file.is_rewritten(info) {
+            let cols = dims.first().copied().unwrap_or(0);
+            let rows = dims.iter().skip(1).product::<usize>();
+            let m = self
+                .matrix3(name, 1, rows, cols)
+                .map_err(|_| ModelError::Tensor {
+                    name: name.to_string(),
+                    reason: "repacked for the kernels; not readable as a vector".into(),
+                })?;
+            let w = m.get(self.file);
+            let mut out = vec![0f32; rows * cols];
+            for (r, o) in out.chunks_exact_mut(cols.max(1)).enumerate() {
+                w.dequantize_row(r, o);
+            }
+            return Ok(out);
+        }
         self.file
             .view(info)
             .to_f32()
@@ -201,5 +240,106 @@ impl<'a> Loader<'a> {
                 name: name.to_string(),
                 reason: e.to_string(),
             })
+    }
+}
+
+/// Rewrites the file's Q4_K weight matrices in memory into the layout of
+/// the AVX-512 rows-in-lanes kernels ([`coil_kernels::repack_q4_k`]: same
+/// bytes, reordered by groups of 16 rows), where this process's kernels
+/// use it. Not `token_embd.weight`, whose rows are looked up one by one;
+/// 3-D (expert) tensors only when each expert's rows are whole groups.
+/// Returns how many tensors were rewritten; a read-only map rewrites none.
+pub fn repack_for_kernels(file: &mut GgufFile) -> usize {
+    let mut done = 0;
+    for i in 0..file.tensors().len() {
+        let info = &file.tensors()[i];
+        let dims = &info.dims;
+        if info.ty != GgmlType::Q4_K || dims.len() < 2 || info.name == "token_embd.weight" {
+            continue;
+        }
+        let (cols, per) = (dims[0] as usize, dims[1] as usize);
+        let rows = dims[1..].iter().product::<u64>() as usize;
+        if !per.is_multiple_of(16) {
+            continue;
+        }
+        if let Some(data) = file.tensor_data_mut(i) {
+            if coil_kernels::repack_q4_k(data, rows, cols) {
+                file.mark_rewritten(i);
+                done += 1;
+            }
+        }
+    }
+    done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use coil_gguf::{GgufWriter, Metadata, TensorSpec, Value};
+    use coil_kernels::simd::SimdLevel;
+    use coil_kernels::testutil::{random_weights, Rng};
+
+    /// A file with two Q4_K matrices (a weight and `token_embd`) and an f32
+    /// vector: repacking rewrites the weight only (where the AVX-512 kernels
+    /// run), in memory; the loader's matrix decodes to the file's values,
+    /// reading it as a vector too, and the file on disk is untouched.
+    #[test]
+    fn repacked_matrices_read_back_as_in_the_file() {
+        let dir = std::env::temp_dir().join(format!("coil-repack-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("m.gguf");
+        let (rows, cols) = (32usize, 512usize);
+        let mut rng = Rng::new(9);
+        let w = random_weights(&mut rng, GgmlType::Q4_K, rows, cols);
+        let e = random_weights(&mut rng, GgmlType::Q4_K, rows, cols);
+        let mut md = Metadata::new();
+        md.insert("general.architecture", Value::String("test".into()));
+        let specs = [
+            TensorSpec::new(
+                "blk.0.ffn_up.weight",
+                &[cols as u64, rows as u64],
+                GgmlType::Q4_K,
+            ),
+            TensorSpec::new(
+                "token_embd.weight",
+                &[cols as u64, rows as u64],
+                GgmlType::Q4_K,
+            ),
+        ];
+        let mut wr = GgufWriter::create(&path, &md, &specs).unwrap();
+        wr.write_tensor_data(&w).unwrap();
+        wr.write_tensor_data(&e).unwrap();
+        wr.finish().unwrap();
+        let before = std::fs::read(&path).unwrap();
+
+        let plain = GgufFile::open(&path).unwrap();
+        let mut file = GgufFile::open_prefaulted_private(&path).unwrap();
+        let n = repack_for_kernels(&mut file);
+        let avx512 = coil_kernels::simd::level() >= SimdLevel::Avx512
+            && std::env::var("COIL_REPACK").map_or(true, |v| v != "0");
+        assert_eq!(n, usize::from(avx512));
+        let (lp, lr) = (Loader::new(&plain, "test"), Loader::new(&file, "test"));
+        for name in ["blk.0.ffn_up.weight", "token_embd.weight"] {
+            let (mp, mr) = (
+                lp.matrix(name, rows, cols).unwrap(),
+                lr.matrix(name, rows, cols).unwrap(),
+            );
+            let repacked = avx512 && name != "token_embd.weight";
+            assert_eq!(mr.layout == Layout::Lanes16, repacked, "{name}");
+            let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+            for r in [0, 5, 16, 31] {
+                mp.row_f32(&plain, r, &mut a).unwrap();
+                mr.row_f32(&file, r, &mut b).unwrap();
+                assert_eq!(a, b, "{name} row {r}");
+            }
+            let (vp, vr) = (
+                lp.vector(name, &[cols, rows]).unwrap(),
+                lr.vector(name, &[cols, rows]).unwrap(),
+            );
+            assert_eq!(vp, vr, "{name} as a vector");
+        }
+        drop(file);
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

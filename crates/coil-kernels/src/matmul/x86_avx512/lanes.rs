@@ -1,25 +1,27 @@
-//! Q4_K with the rows in the vector lanes, for 1 to [`MAX_TOKENS`] tokens
-//! (batched decode of several sequences, speculative verification, and
-//! single tokens in batch-invariant mode).
+//! Q4_K with the rows in the vector lanes: coil's loader rewrites Q4_K
+//! weight matrices in memory ([`repack`]: per group of 16 rows and per
+//! 256-value block, the rows' heads and packed nibbles transposed so that
+//! row `r` sits in lane `r`; same bytes), and every product with them runs
+//! here or in the integer GEMM, whose panels come straight out of it.
 //!
 //! The dot kernels (`dot_k45`, the tiles in `tiles.rs`) put a row's values
-//! in the lanes: per 256-value block and token they convert and scale a
-//! vector of partial sums, and per row and token they add 16 lanes up, so
-//! with 8 tokens the float work outweighs the integer products and the
-//! 8-token call costs ~4 single ones. Here 16 rows are transposed on the
-//! fly into 16 lanes (`vpdpbusd` then takes 4 columns of 16 rows against
-//! one broadcast of 4 activation bytes, as in the prefill GEMM): per
-//! 32-value sub-block and token one conversion and two FMAs cover 16 rows,
-//! and a token's 16 results come out as one vector. The transposition
-//! and the scales' unpacking are shared by the tokens.
+//! in the lanes: per block and token they convert and scale a vector of
+//! partial sums, and per row and token they add 16 lanes up, none of it
+//! shared by the tokens, so 8 tokens cost ~4 single ones. Here `vpdpbusd`
+//! takes 4 columns of 16 rows against one broadcast of 4 activation bytes
+//! (as in the prefill GEMM): per 32-value sub-block and token one
+//! conversion and two FMAs cover 16 rows, a token's 16 results come out as
+//! one vector, and the nibbles and scales are unpacked once for all the
+//! tokens. The group's blocks are one stretch of memory (the plain rows
+//! are 16 streams, too many for the prefetchers, and would need the
+//! transposition per product).
 //!
 //! Batch invariance: a token's result is a chain of operations on its own
 //! registers, the same whatever the number of tokens in the call, and a
-//! row's lane is computed alone (rows past the end repeat the last row and
-//! are not stored), so results do not depend on the token count nor on
-//! how the rows are split. They differ from `dot_k45`'s (another order of
-//! the float operations), so where the caller needs invariance it sends
-//! single tokens here too.
+//! row's lane is computed alone, so results depend neither on the token
+//! count nor on how the groups are split between threads: one token, a few
+//! (batched decode, speculative verification) and the batch-invariant mode
+//! all give the same bits.
 //!
 //! Per block and token: `y += dx · Σ_j (d·sc_j · Σ q·qx − dmin·m_j · Σ qx)`
 //! over the 8 sub-blocks `j` (`q` the nibbles, `qx` the token's Q8_K
@@ -28,27 +30,14 @@
 use super::super::act::{ActPanel, QuantAct, PANEL_LANES};
 use std::arch::x86_64::*;
 
-/// Whether Q4_K's one-token and few-token kernels are these (both or
-/// neither, so batch invariance holds): `COIL_Q4K_LANES=1` in the
-/// environment, read once. Off by default: with 8 tokens a call costs about
-/// half the dot tile's, but a single token streams rows of 2048 values at
-/// ~70% of the read bandwidth against the dot kernel's ~85% (see
-/// docs/PERFORMANCE.md, twelfth session), so decode alone would be slower.
-pub(in super::super) fn enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("COIL_Q4K_LANES").is_ok_and(|v| v == "1"))
-}
-
-/// Blocks ahead that each of the 16 rows is prefetched.
-const PF_BLOCKS: usize = 1;
-
-/// Most tokens per call (as the other tiles: a verification of 8 drafts).
-pub(in super::super) const MAX_TOKENS: usize = 9;
+/// Most tokens per kernel call (as the other tiles: a verification of 8
+/// drafts).
+const MAX_TOKENS: usize = 9;
 
 /// The panel [`rows_q4_k`] reads: [`ActPanel::new`]'s chunks of 64 values
 /// and scales, plus in `hxd[(i · nt + t) · 8 + j]` the sum of token `t`'s
 /// quantized values over sub-block `j` of block `i` (as f32).
-pub(in super::super) fn panel(a: &QuantAct, t0: usize, nt: usize) -> ActPanel {
+fn panel(a: &QuantAct, t0: usize, nt: usize) -> ActPanel {
     let mut p = ActPanel::new(a, t0, nt, 256, 16, 64);
     p.hxd = p
         .sums
@@ -126,9 +115,10 @@ struct Block {
     w: [[__m512i; 8]; 8],
 }
 
+/// The scales `d·sc_j` and mins `dmin·m_j` of 16 rows' blocks from their
+/// heads (dwords 0–3 of each row's block, row `r` in lane `r`).
 #[inline(always)]
-unsafe fn unpack_block(rows: &[*const u8; 16], off: usize, blk: &mut Block) {
-    let [h0, u0, u1, u2] = heads(rows, off);
+unsafe fn decode_heads([h0, u0, u1, u2]: [__m512i; 4], blk: &mut Block) {
     let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h0));
     let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(h0)));
     // the 6-bit scales and mins of each lane, four per dword (as
@@ -157,67 +147,77 @@ unsafe fn unpack_block(rows: &[*const u8; 16], off: usize, blk: &mut Block) {
         blk.b[4 + k] = _mm512_mul_ps(dmin, f(mh));
         sh = _mm512_add_epi32(sh, _mm512_set1_epi32(8));
     }
+}
+
+/// Step `s`'s 8 transposed vectors of packed bytes (byte `k` of a step's
+/// 32: value `k` in the low nibble, value `32 + k` in the high one) split
+/// into the nibbles of sub-blocks `2s` and `2s + 1`.
+#[inline(always)]
+unsafe fn split_step(v: &[__m512i; 8], s: usize, blk: &mut Block) {
     let low = _mm512_set1_epi8(0x0f);
-    for s in 0..4 {
-        let q = off + 16 + 32 * s;
-        let mut z = [_mm512_setzero_si512(); 8];
-        for (r, z) in z.iter_mut().enumerate() {
-            let a = _mm256_loadu_si256(rows[r].add(q) as *const __m256i);
-            let b = _mm256_loadu_si256(rows[r + 8].add(q) as *const __m256i);
-            *z = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b);
-        }
-        // byte k of a step's 32: value k (low nibble), value 32 + k (high)
-        let v = transpose_16x8(z);
-        for (g, v) in v.iter().enumerate() {
-            blk.w[2 * s][g] = _mm512_and_si512(*v, low);
-            blk.w[2 * s + 1][g] = _mm512_and_si512(_mm512_srli_epi16::<4>(*v), low);
-        }
+    for (g, v) in v.iter().enumerate() {
+        blk.w[2 * s][g] = _mm512_and_si512(*v, low);
+        blk.w[2 * s + 1][g] = _mm512_and_si512(_mm512_srli_epi16::<4>(*v), low);
     }
 }
 
-/// Q4_K rows (`out[t].len()` of them, `rb` bytes apart) times `NT`
-/// tokens: token `t`'s 64-value chunk `c` at `xq + 64 · (c · NT + t)`, its
-/// scale of block `i` at `xd[i · xd_stride + t]` and its sum over sub-block
-/// `j` at `xs[(i · NT + t) · 8 + j]` (the layout of [`panel`]; one token:
-/// its natural order).
+/// Step `s` (values `64s..64s + 64`) of the block at `off` of 16 plain
+/// rows, transposed: [`transpose_16x8`] of their packed bytes.
+#[inline(always)]
+unsafe fn step_plain(rows: &[*const u8; 16], off: usize, s: usize) -> [__m512i; 8] {
+    let q = off + 16 + 32 * s;
+    let mut z = [_mm512_setzero_si512(); 8];
+    for (r, z) in z.iter_mut().enumerate() {
+        let a = _mm256_loadu_si256(rows[r].add(q) as *const __m256i);
+        let b = _mm256_loadu_si256(rows[r + 8].add(q) as *const __m256i);
+        *z = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b);
+    }
+    transpose_16x8(z)
+}
+
+/// Bytes of one block of 16 rows in the repacked layout ([`repack`]).
+pub(in crate::matmul) const PACKED_BLOCK: usize = 16 * 144;
+
+#[inline(always)]
+unsafe fn load16<const N: usize>(p: *const u8) -> [__m512i; N] {
+    let mut v = [_mm512_setzero_si512(); N];
+    for (k, v) in v.iter_mut().enumerate() {
+        *v = _mm512_loadu_si512(p.add(64 * k) as *const _);
+    }
+    v
+}
+
+/// One block of 16 repacked rows at `b`: the heads' 4 vectors, then 4
+/// steps of 8 transposed vectors, as stored by [`repack`].
+#[inline(always)]
+unsafe fn unpack_packed(b: *const u8, blk: &mut Block) {
+    decode_heads(load16::<4>(b), blk);
+    for s in 0..4 {
+        split_step(&load16::<8>(b.add(256 + 512 * s)), s, blk);
+    }
+}
+
+/// Repacked Q4_K rows (`out[t].len()` of them, a multiple of 16; `rb`
+/// bytes per row) times `NT` tokens of a [`panel`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
 #[inline]
-unsafe fn rows_q4_k<const NT: usize>(
-    w: &[u8],
-    rb: usize,
-    nb: usize,
-    (xq, xd, xd_stride, xs): (*const i8, *const f32, usize, *const f32),
-    out: &mut [&mut [f32]],
-) {
-    assert!(out.len() == NT && NT <= PANEL_LANES);
+unsafe fn rows_q4_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mut [&mut [f32]]) {
+    let nb = p.n_blocks;
+    assert!(p.nt == NT && out.len() == NT && NT <= PANEL_LANES);
+    assert!(p.qs.len() >= NT * nb * 256 && p.d.len() >= nb * PANEL_LANES);
+    assert!(p.hxd.len() >= nb * NT * 8);
     let n = out[0].len();
-    assert!(out.iter().all(|o| o.len() == n) && w.len() >= n * rb && rb >= nb * 144);
+    assert!(out.iter().all(|o| o.len() == n) && n.is_multiple_of(16));
+    assert!(rb == nb * 144 && w.len() >= n * rb);
+    let (xq, xd, xs) = (p.qs.as_ptr(), p.d.as_ptr(), p.hxd.as_ptr());
     let mut blk: Block = std::mem::zeroed();
     for r0 in (0..n).step_by(16) {
-        let mut rows = [w.as_ptr(); 16];
-        for (k, row) in rows.iter_mut().enumerate() {
-            *row = w.as_ptr().add((r0 + k).min(n - 1) * rb);
-        }
         let mut facc = [_mm512_setzero_ps(); NT];
         for i in 0..nb {
-            // The next block of the 16 rows (2.25 lines each), and from
-            // the last one the first of the next 16 rows: each group of rows
-            // starts with 16 misses at once otherwise (rows of 2048 values:
-            // 60% of the read bandwidth against 80% with 8192).
-            let ahead = i + PF_BLOCKS;
-            for k in 0..16 {
-                let nx = if ahead < nb {
-                    rows[k].add(144 * ahead)
-                } else if r0 + 16 + k < n {
-                    rows[k].add(16 * rb + 144 * (ahead - nb))
-                } else {
-                    continue;
-                };
-                _mm_prefetch::<_MM_HINT_T0>(nx as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(nx.add(64) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(nx.add(143) as *const i8);
-            }
-            unpack_block(&rows, 144 * i, &mut blk);
+            // one stream: the group's blocks follow each other
+            let b = w.as_ptr().add(r0 * rb + PACKED_BLOCK * i);
+            super::prefetch_ahead::<{ super::super::x86_avx2::PF_STREAM }>(b, PACKED_BLOCK);
+            unpack_packed(b, &mut blk);
             let mut fsb = [_mm512_setzero_ps(); NT];
             for j in 0..8 {
                 let wv = blk.w[j];
@@ -236,91 +236,184 @@ unsafe fn rows_q4_k<const NT: usize>(
                 }
             }
             for t in 0..NT {
-                let dx = _mm512_set1_ps(*xd.add(i * xd_stride + t));
+                let dx = _mm512_set1_ps(*xd.add(i * PANEL_LANES + t));
                 facc[t] = _mm512_fmadd_ps(fsb[t], dx, facc[t]);
             }
         }
-        let left = n - r0;
-        let mask: u16 = if left >= 16 {
-            0xFFFF
-        } else {
-            (1u16 << left) - 1
-        };
         for (t, o) in out.iter_mut().enumerate() {
-            _mm512_mask_storeu_ps(o.as_mut_ptr().add(r0), mask, facc[t]);
+            _mm512_storeu_ps(o.as_mut_ptr().add(r0), facc[t]);
         }
     }
 }
 
-/// [`rows_q4_k`] for a panel ([`panel`]) of 1 to [`MAX_TOKENS`] tokens.
+/// Whether [`repack`] takes a Q4_K matrix of `rows` rows (its groups of
+/// 16 rows must not straddle the row ranges it is used in: whole matrices,
+/// experts of a multiple of 16 rows).
+pub fn can_repack(rows: usize) -> bool {
+    rows > 0 && rows.is_multiple_of(16)
+}
+
+/// Rewrites a Q4_K matrix (`rows` rows of `cols` values, plain GGUF blocks)
+/// in place into the layout of the rows-in-lanes kernels: per group of 16
+/// rows and per block, the 16 rows' 16-byte heads as 4 vectors (dword `k`
+/// of row `r` in lane `r`), then per 64-value step their packed nibbles as
+/// 8 vectors (bytes `4g..4g + 4` of row `r` in lane `r`). Same size; no
+/// transposition left to do per product. The caller checks the CPU has
+/// the AVX-512 level (the kernels that read this layout need it).
 ///
-/// # Safety
-/// The CPU has the AVX-512 level (F, BW, VL, DQ, VNNI).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
-pub(in super::super) unsafe fn tile_q4_k(
-    w: &[u8],
-    rb: usize,
-    p: &ActPanel,
-    out: &mut [&mut [f32]],
-) {
-    let (nt, nb) = (p.nt, p.n_blocks);
-    assert!(out.len() == nt && p.qs.len() >= nt * nb * 256);
-    assert!(p.d.len() >= nb * PANEL_LANES && p.hxd.len() >= nb * nt * 8);
-    let x = (p.qs.as_ptr(), p.d.as_ptr(), PANEL_LANES, p.hxd.as_ptr());
-    match nt {
-        1 => rows_q4_k::<1>(w, rb, nb, x, out),
-        2 => rows_q4_k::<2>(w, rb, nb, x, out),
-        3 => rows_q4_k::<3>(w, rb, nb, x, out),
-        4 => rows_q4_k::<4>(w, rb, nb, x, out),
-        5 => rows_q4_k::<5>(w, rb, nb, x, out),
-        6 => rows_q4_k::<6>(w, rb, nb, x, out),
-        7 => rows_q4_k::<7>(w, rb, nb, x, out),
-        8 => rows_q4_k::<8>(w, rb, nb, x, out),
-        9 => rows_q4_k::<9>(w, rb, nb, x, out),
-        n => panic!("tile_q4_k: unsupported token count {n}"),
+/// # Panics
+/// If `rows` does not pass [`can_repack`] or `data` is not `rows` Q4_K rows.
+pub fn repack(data: &mut [u8], rows: usize, cols: usize) {
+    assert!(can_repack(rows) && cols.is_multiple_of(256));
+    let nb = cols / 256;
+    let rb = nb * 144;
+    assert_eq!(
+        data.len(),
+        rows * rb,
+        "repack: not {rows} Q4_K rows of {cols}"
+    );
+    let mut tmp = vec![0u8; 16 * rb];
+    for group in data.chunks_exact_mut(16 * rb) {
+        // SAFETY: AVX-512 checked by the caller; the pointers stay in the
+        // group (16 rows of rb bytes) and in tmp (the same size).
+        unsafe { repack_group(group, rb, nb, &mut tmp) };
+        group.copy_from_slice(&tmp);
     }
 }
 
-/// One token of Q8_K activations (`q`, scales `d` per 256, sums `s` per
-/// 16) against the rows: Q4_K's one-token kernel, each token of
-/// [`tile_q4_k`] computed the same way.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
+unsafe fn repack_group(group: &[u8], rb: usize, nb: usize, out: &mut [u8]) {
+    let mut rows = [group.as_ptr(); 16];
+    for (k, row) in rows.iter_mut().enumerate() {
+        *row = group.as_ptr().add(k * rb);
+    }
+    for i in 0..nb {
+        let o = out.as_mut_ptr().add(PACKED_BLOCK * i);
+        for (k, v) in heads(&rows, 144 * i).iter().enumerate() {
+            _mm512_storeu_si512(o.add(64 * k) as *mut _, *v);
+        }
+        for s in 0..4 {
+            for (g, v) in step_plain(&rows, 144 * i, s).iter().enumerate() {
+                _mm512_storeu_si512(o.add(256 + 512 * s + 64 * g) as *mut _, *v);
+            }
+        }
+    }
+}
+
+/// Row `r` of a repacked matrix ([`repack`]) back in its GGUF encoding
+/// (`out`: 144 bytes per block).
+pub fn unpack_row(data: &[u8], cols: usize, r: usize, out: &mut [u8]) {
+    let nb = cols / 256;
+    let rb = nb * 144;
+    assert_eq!(out.len(), rb);
+    let (g, lane) = (r / 16, r % 16);
+    let group = &data[g * 16 * rb..(g + 1) * 16 * rb];
+    for i in 0..nb {
+        let b = &group[PACKED_BLOCK * i..PACKED_BLOCK * (i + 1)];
+        let o = &mut out[144 * i..144 * (i + 1)];
+        for k in 0..4 {
+            o[4 * k..4 * k + 4].copy_from_slice(&b[64 * k + 4 * lane..64 * k + 4 * lane + 4]);
+        }
+        for s in 0..4 {
+            for gq in 0..8 {
+                let v = 256 + 512 * s + 64 * gq + 4 * lane;
+                o[16 + 32 * s + 4 * gq..16 + 32 * s + 4 * gq + 4].copy_from_slice(&b[v..v + 4]);
+            }
+        }
+    }
+}
+
+/// `y = x · wᵀ` for a repacked Q4_K matrix ([`repack`]), `n_tokens`
+/// tokens: the rows-in-lanes kernels for up to `gemm_from − 1` tokens (or
+/// any number in batch-invariant mode), the integer GEMM (its panels read
+/// straight from this layout) from `gemm_from`.
 ///
 /// # Safety
 /// The CPU has the AVX-512 level (F, BW, VL, DQ, VNNI).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
-pub(in super::super) unsafe fn rows_one_q4_k(
-    w: &[u8],
-    rb: usize,
-    q: &[i8],
-    d: &[f32],
-    s: &[i16],
-    out: &mut [f32],
+pub(in crate::matmul) unsafe fn matmul_packed(
+    pool: &crate::ThreadPool,
+    w: &super::super::WeightRef,
+    x: &[f32],
+    y: &mut [f32],
+    n_tokens: usize,
+    gemm_from: usize,
 ) {
-    let nb = d.len();
-    assert!(q.len() >= nb * 256 && s.len() >= nb * 16);
-    let xs: Vec<f32> = s[..nb * 16]
-        .chunks_exact(2)
-        .map(|s| f32::from(s[0]) + f32::from(s[1]))
+    let (rows, cols) = (w.rows, w.cols);
+    if n_tokens >= gemm_from && !crate::numerics::batch_invariant() {
+        return super::super::igemm::igemm(pool, w, x, y, n_tokens);
+    }
+    let xa = QuantAct::q8_k(x, cols);
+    let panels: Vec<ActPanel> = (0..n_tokens)
+        .step_by(MAX_TOKENS)
+        .map(|t0| panel(&xa, t0, MAX_TOKENS.min(n_tokens - t0)))
         .collect();
-    rows_q4_k::<1>(
-        w,
-        rb,
-        nb,
-        (q.as_ptr(), d.as_ptr(), 1, xs.as_ptr()),
-        &mut [out],
-    );
+    let rb = w.row_bytes();
+    let yp = super::super::SendPtr(y.as_mut_ptr());
+    // groups of 16 rows, a few per work item
+    let groups = rows / 16;
+    let grain = (groups / (4 * pool.n_threads())).clamp(1, 8);
+    pool.parallel_for(groups, grain, |gr, _| {
+        let (r0, r1) = (16 * gr.start, 16 * gr.end);
+        for (pi, p) in panels.iter().enumerate() {
+            let t0 = pi * MAX_TOKENS;
+            // SAFETY: y[t0.., r0..r1] is written by this work item only.
+            let mut outs: [&mut [f32]; MAX_TOKENS] = std::array::from_fn(|k| match k < p.nt {
+                true => std::slice::from_raw_parts_mut(yp.get().add((t0 + k) * rows + r0), r1 - r0),
+                false => &mut [],
+            });
+            tile_packed(&w.data[r0 * rb..r1 * rb], rb, p, &mut outs[..p.nt]);
+        }
+    });
+}
+
+/// [`rows_q4_k`] over repacked rows for a panel of 1 to [`MAX_TOKENS`]
+/// tokens.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
+unsafe fn tile_packed(w: &[u8], rb: usize, p: &ActPanel, out: &mut [&mut [f32]]) {
+    match p.nt {
+        1 => rows_q4_k::<1>(w, rb, p, out),
+        2 => rows_q4_k::<2>(w, rb, p, out),
+        3 => rows_q4_k::<3>(w, rb, p, out),
+        4 => rows_q4_k::<4>(w, rb, p, out),
+        5 => rows_q4_k::<5>(w, rb, p, out),
+        6 => rows_q4_k::<6>(w, rb, p, out),
+        7 => rows_q4_k::<7>(w, rb, p, out),
+        8 => rows_q4_k::<8>(w, rb, p, out),
+        9 => rows_q4_k::<9>(w, rb, p, out),
+        n => panic!("tile_packed: unsupported token count {n}"),
+    }
+}
+
+/// For the integer GEMM's panels: block `i`'s 32-value sub-blocks of 16
+/// repacked rows starting at `g`: per sub-block `j`, `q[j]` the 8 vectors
+/// of nibbles (columns `4k..4k + 4` of the 16 rows), `a[j]` = `d·sc_j` and
+/// `b[j]` = `dmin·m_j` per row lane.
+///
+/// # Safety
+/// AVX-512 available; `g` points at a group of a repacked matrix with more
+/// than `i` blocks.
+#[inline(always)]
+pub(in crate::matmul) unsafe fn packed_block(
+    g: *const u8,
+    i: usize,
+) -> ([[__m512i; 8]; 8], [__m512; 8], [__m512; 8]) {
+    let mut blk: Block = std::mem::zeroed();
+    unpack_packed(g.add(PACKED_BLOCK * i), &mut blk);
+    (blk.w, blk.a, blk.b)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::matmul::dequant::dequant_row;
+    use crate::matmul::{matmul, Layout, WeightRef};
     use crate::simd::{detected_level, SimdLevel};
     use crate::testutil::{random_weights, Rng};
     use coil_gguf::GgmlType;
 
+    /// Tokens `t0..t0 + nt` of `xa` against the repacked rows `packed`.
     fn run(
-        data: &[u8],
+        packed: &[u8],
         rb: usize,
         rows: usize,
         xa: &QuantAct,
@@ -331,35 +424,43 @@ mod tests {
         let mut ys = vec![vec![f32::NAN; rows]; nt];
         let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
         // SAFETY: AVX-512 checked by the caller.
-        unsafe { tile_q4_k(data, rb, &p, &mut outs) };
+        unsafe { tile_packed(packed, rb, &p, &mut outs) };
         ys
     }
 
     /// Each row and token equals the product of the dequantized weights
-    /// with the quantized activations (f64), within f32 rounding; and is the
-    /// same bit for bit whatever the token count and wherever the rows start
-    /// (batch invariance).
+    /// with the quantized activations (f64), within f32 rounding; the same
+    /// bits whatever the token count (1–9) and wherever the rows start
+    /// (batch invariance); the rows unpack to what they were.
     #[test]
     fn q4_k_rows_in_lanes_match_the_reference_and_are_invariant() {
         if detected_level() < SimdLevel::Avx512 {
             return;
         }
         let cols = 768;
-        for rows in [1, 13, 16, 37] {
+        for rows in [16, 48] {
             let mut rng = Rng::new(5 + rows as u64);
-            let data = random_weights(&mut rng, GgmlType::Q4_K, rows, cols);
-            let rb = data.len() / rows;
+            let plain = random_weights(&mut rng, GgmlType::Q4_K, rows, cols);
+            let rb = plain.len() / rows;
+            let mut packed = plain.clone();
+            repack(&mut packed, rows, cols);
+            assert_ne!(packed, plain);
+            let mut row = vec![0u8; rb];
+            for r in 0..rows {
+                unpack_row(&packed, cols, r, &mut row);
+                assert_eq!(row, plain[r * rb..(r + 1) * rb], "row {r}");
+            }
             let x = rng.vec(12 * cols);
             let xa = QuantAct::q8_k(&x, cols);
             let nb = cols / 256;
             let mut wf = vec![0f32; cols];
             let alone: Vec<Vec<f32>> = (0..12)
-                .map(|t| run(&data, rb, rows, &xa, t, 1).remove(0))
+                .map(|t| run(&packed, rb, rows, &xa, t, 1).remove(0))
                 .collect();
             for r in 0..rows {
                 assert!(dequant_row(
                     GgmlType::Q4_K,
-                    &data[r * rb..(r + 1) * rb],
+                    &plain[r * rb..(r + 1) * rb],
                     &mut wf
                 ));
                 for (t, y) in alone.iter().enumerate() {
@@ -381,7 +482,7 @@ mod tests {
             }
             for nt in 2..=MAX_TOKENS {
                 let t0 = 12 - nt;
-                for (k, y) in run(&data, rb, rows, &xa, t0, nt).iter().enumerate() {
+                for (k, y) in run(&packed, rb, rows, &xa, t0, nt).iter().enumerate() {
                     for r in 0..rows {
                         assert_eq!(
                             y[r].to_bits(),
@@ -391,15 +492,66 @@ mod tests {
                     }
                 }
             }
-            // rows from 3 on: the lanes shift, the results do not
-            if rows > 3 {
-                let y = run(&data[3 * rb..], rb, rows - 3, &xa, 4, 5);
+            // from the second group of rows on: the same results
+            if rows > 16 {
+                let y = run(&packed[16 * rb..], rb, rows - 16, &xa, 4, 5);
                 for (k, y) in y.iter().enumerate() {
-                    for r in 3..rows {
-                        assert_eq!(y[r - 3].to_bits(), alone[4 + k][r].to_bits());
+                    for r in 16..rows {
+                        assert_eq!(y[r - 16].to_bits(), alone[4 + k][r].to_bits());
                     }
                 }
             }
         }
+    }
+
+    /// Through `matmul`: a repacked matrix gives each token's bits of the
+    /// kernel alone for 1 to 13 tokens (below the integer GEMM's threshold,
+    /// and in batch-invariant mode above it), the integer GEMM's on the
+    /// plain rows from 12 tokens (its panels unpacked from the layout), and
+    /// its rows decode as the plain ones.
+    #[test]
+    fn repacked_q4_k_through_matmul() {
+        if detected_level() < SimdLevel::Avx512 {
+            return;
+        }
+        let pool = crate::ThreadPool::new(2);
+        let (rows, cols) = (80, 512);
+        let mut rng = Rng::new(3);
+        let plain = random_weights(&mut rng, GgmlType::Q4_K, rows, cols);
+        let rb = plain.len() / rows;
+        let mut packed = plain.clone();
+        assert!(crate::matmul::repack_q4_k(&mut packed, rows, cols));
+        let wp = WeightRef::new(GgmlType::Q4_K, &plain, rows, cols).unwrap();
+        let wl = WeightRef {
+            layout: Layout::Lanes16,
+            ..WeightRef::new(GgmlType::Q4_K, &packed, rows, cols).unwrap()
+        };
+        let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+        wp.dequantize_row(17, &mut a);
+        wl.dequantize_row(17, &mut b);
+        assert_eq!(a, b);
+        let x = rng.vec(40 * cols);
+        let xa = QuantAct::q8_k(&x, cols);
+        let alone: Vec<Vec<f32>> = (0..40)
+            .map(|t| run(&packed, rb, rows, &xa, t, 1).remove(0))
+            .collect();
+        for (n, invariant) in [(1, false), (3, false), (9, false), (11, false), (13, true)] {
+            let _scope = crate::invariant_scope(invariant);
+            let mut y = vec![0f32; n * rows];
+            matmul(&pool, &wl, &x[..n * cols], &mut y, n);
+            for t in 0..n {
+                for r in 0..rows {
+                    assert_eq!(
+                        y[t * rows + r].to_bits(),
+                        alone[t][r].to_bits(),
+                        "{n} tokens"
+                    );
+                }
+            }
+        }
+        let (mut yp, mut yl) = (vec![0f32; 40 * rows], vec![0f32; 40 * rows]);
+        matmul(&pool, &wp, &x, &mut yp, 40);
+        matmul(&pool, &wl, &x, &mut yl, 40);
+        assert_eq!(yp, yl);
     }
 }

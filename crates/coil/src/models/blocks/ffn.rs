@@ -123,6 +123,7 @@ impl Experts {
             data: &w.data[e * per..(e + 1) * per],
             rows: self.rows,
             cols: self.cols,
+            layout: w.layout,
         }
     }
 }
