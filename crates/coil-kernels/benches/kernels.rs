@@ -362,8 +362,8 @@ fn decode_shapes_bench(pool: &ThreadPool, ty: GgmlType) {
         (2048, 65536, "vocab"),
     ] {
         let mut one = random_weights(&mut rng, ty, rows, cols);
-        // Q4_K in the layout coil's loader gives it (where it does)
-        let layout = match ty == GgmlType::Q4_K && coil_kernels::repack_q4_k(&mut one, rows, cols) {
+        // Q4_K and Q6_K in the layout coil's loader gives them (where it does)
+        let layout = match coil_kernels::repack(ty, &mut one, rows, cols) {
             true => coil_kernels::Layout::Lanes16,
             false => coil_kernels::Layout::Rows,
         };

@@ -65,29 +65,38 @@ pub enum Layout {
     /// As in GGUF files: row after row.
     #[default]
     Rows,
-    /// Q4_K rewritten by [`repack_q4_k`] for the AVX-512 kernels that keep
-    /// 16 rows in the vector lanes (same size; groups of 16 rows).
+    /// Q4_K or Q6_K rewritten by [`repack`] for the AVX-512 kernels that
+    /// keep 16 rows in the vector lanes (same size; groups of 16 rows).
     Lanes16,
 }
 
-/// Rewrites a Q4_K matrix in place into [`Layout::Lanes16`] when the
-/// kernels of this process would use it (the selected SIMD level is
+/// Rewrites a Q4_K or Q6_K matrix in place into [`Layout::Lanes16`] when
+/// the kernels of this process would use it (the selected SIMD level is
 /// AVX-512, `rows` is a multiple of 16, `COIL_REPACK` is not `0`), and says
 /// whether it did. Single tokens, a few tokens (batched decode, speculative
 /// verification) and prompts then read 16 rows' blocks as one stretch of
 /// memory with no transposition left to do.
-pub fn repack_q4_k(data: &mut [u8], rows: usize, cols: usize) -> bool {
+pub fn repack(ty: GgmlType, data: &mut [u8], rows: usize, cols: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     if simd::level() >= SimdLevel::Avx512
         && x86_avx512::lanes::can_repack(rows)
         && std::env::var("COIL_REPACK").map_or(true, |v| v != "0")
-        && data.len() == rows * (cols / 256) * 144
         && cols.is_multiple_of(256)
     {
-        x86_avx512::lanes::repack(data, rows, cols);
-        return true;
+        let nb = cols / 256;
+        match ty {
+            GgmlType::Q4_K if data.len() == rows * nb * 144 => {
+                x86_avx512::lanes::repack(data, rows, cols);
+                return true;
+            }
+            GgmlType::Q6_K if data.len() == rows * nb * 210 => {
+                x86_avx512::lanes_q6k::repack(data, rows, cols);
+                return true;
+            }
+            _ => {}
+        }
     }
-    let _ = (data, rows, cols);
+    let _ = (ty, data, rows, cols);
     false
 }
 
@@ -163,7 +172,12 @@ impl<'a> WeightRef<'a> {
             Layout::Lanes16 => {
                 let mut plain = vec![0u8; self.row_bytes()];
                 #[cfg(target_arch = "x86_64")]
-                x86_avx512::lanes::unpack_row(self.data, self.cols, r, &mut plain);
+                match self.ty {
+                    GgmlType::Q6_K => {
+                        x86_avx512::lanes_q6k::unpack_row(self.data, self.cols, r, &mut plain)
+                    }
+                    _ => x86_avx512::lanes::unpack_row(self.data, self.cols, r, &mut plain),
+                }
                 decode_segment(self.ty, &plain, out, simd::level());
             }
         }
@@ -294,7 +308,7 @@ fn matmul_lanes(
     level: SimdLevel,
 ) {
     assert!(
-        level >= SimdLevel::Avx512 && w.ty == GgmlType::Q4_K,
+        level >= SimdLevel::Avx512 && matches!(w.ty, GgmlType::Q4_K | GgmlType::Q6_K),
         "matmul: a {} matrix repacked for AVX-512 at the {level:?} level",
         w.ty
     );

@@ -14,6 +14,7 @@ use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 
 pub(super) mod lanes;
+pub(super) mod lanes_q6k;
 mod tiles;
 
 macro_rules! quant {

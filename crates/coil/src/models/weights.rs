@@ -243,8 +243,8 @@ impl<'a> Loader<'a> {
     }
 }
 
-/// Rewrites the file's Q4_K weight matrices in memory into the layout of
-/// the AVX-512 rows-in-lanes kernels ([`coil_kernels::repack_q4_k`]: same
+/// Rewrites the file's Q4_K and Q6_K weight matrices in memory into the
+/// layout of the AVX-512 rows-in-lanes kernels ([`coil_kernels::repack`]: same
 /// bytes, reordered by groups of 16 rows), where this process's kernels
 /// use it. Not `token_embd.weight`, whose rows are looked up one by one;
 /// 3-D (expert) tensors only when each expert's rows are whole groups.
@@ -254,7 +254,11 @@ pub fn repack_for_kernels(file: &mut GgufFile) -> usize {
     for i in 0..file.tensors().len() {
         let info = &file.tensors()[i];
         let dims = &info.dims;
-        if info.ty != GgmlType::Q4_K || dims.len() < 2 || info.name == "token_embd.weight" {
+        let ty = info.ty;
+        if !matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K)
+            || dims.len() < 2
+            || info.name == "token_embd.weight"
+        {
             continue;
         }
         let (cols, per) = (dims[0] as usize, dims[1] as usize);
@@ -263,7 +267,7 @@ pub fn repack_for_kernels(file: &mut GgufFile) -> usize {
             continue;
         }
         if let Some(data) = file.tensor_data_mut(i) {
-            if coil_kernels::repack_q4_k(data, rows, cols) {
+            if coil_kernels::repack(ty, data, rows, cols) {
                 file.mark_rewritten(i);
                 done += 1;
             }
@@ -279,8 +283,8 @@ mod tests {
     use coil_kernels::simd::SimdLevel;
     use coil_kernels::testutil::{random_weights, Rng};
 
-    /// A file with two Q4_K matrices (a weight and `token_embd`) and an f32
-    /// vector: repacking rewrites the weight only (where the AVX-512 kernels
+    /// A file with two Q4_K matrices (a weight and `token_embd`) and a Q6_K
+    /// one: repacking rewrites the weights but `token_embd` (where the AVX-512 kernels
     /// run), in memory; the loader's matrix decodes to the file's values,
     /// reading it as a vector too, and the file on disk is untouched.
     #[test]
@@ -292,6 +296,7 @@ mod tests {
         let mut rng = Rng::new(9);
         let w = random_weights(&mut rng, GgmlType::Q4_K, rows, cols);
         let e = random_weights(&mut rng, GgmlType::Q4_K, rows, cols);
+        let o = random_weights(&mut rng, GgmlType::Q6_K, rows, cols);
         let mut md = Metadata::new();
         md.insert("general.architecture", Value::String("test".into()));
         let specs = [
@@ -305,10 +310,12 @@ mod tests {
                 &[cols as u64, rows as u64],
                 GgmlType::Q4_K,
             ),
+            TensorSpec::new("output.weight", &[cols as u64, rows as u64], GgmlType::Q6_K),
         ];
         let mut wr = GgufWriter::create(&path, &md, &specs).unwrap();
         wr.write_tensor_data(&w).unwrap();
         wr.write_tensor_data(&e).unwrap();
+        wr.write_tensor_data(&o).unwrap();
         wr.finish().unwrap();
         let before = std::fs::read(&path).unwrap();
 
@@ -317,9 +324,9 @@ mod tests {
         let n = repack_for_kernels(&mut file);
         let avx512 = coil_kernels::simd::level() >= SimdLevel::Avx512
             && std::env::var("COIL_REPACK").map_or(true, |v| v != "0");
-        assert_eq!(n, usize::from(avx512));
+        assert_eq!(n, 2 * usize::from(avx512));
         let (lp, lr) = (Loader::new(&plain, "test"), Loader::new(&file, "test"));
-        for name in ["blk.0.ffn_up.weight", "token_embd.weight"] {
+        for name in ["blk.0.ffn_up.weight", "token_embd.weight", "output.weight"] {
             let (mp, mr) = (
                 lp.matrix(name, rows, cols).unwrap(),
                 lr.matrix(name, rows, cols).unwrap(),

@@ -32,12 +32,12 @@ use std::arch::x86_64::*;
 
 /// Most tokens per kernel call (as the other tiles: a verification of 8
 /// drafts).
-const MAX_TOKENS: usize = 9;
+pub(super) const MAX_TOKENS: usize = 9;
 
 /// The panel [`rows_q4_k`] reads: [`ActPanel::new`]'s chunks of 64 values
 /// and scales, plus in `hxd[(i · nt + t) · 8 + j]` the sum of token `t`'s
 /// quantized values over sub-block `j` of block `i` (as f32).
-fn panel(a: &QuantAct, t0: usize, nt: usize) -> ActPanel {
+pub(super) fn panel(a: &QuantAct, t0: usize, nt: usize) -> ActPanel {
     let mut p = ActPanel::new(a, t0, nt, 256, 16, 64);
     p.hxd = p
         .sums
@@ -51,7 +51,7 @@ fn panel(a: &QuantAct, t0: usize, nt: usize) -> ActPanel {
 /// `r + 8` in the high half) into 8 vectors: vector `g` holds bytes
 /// `4g..4g + 4` of row `r` in dword lane `r`.
 #[inline(always)]
-unsafe fn transpose_16x8(z: [__m512i; 8]) -> [__m512i; 8] {
+pub(super) unsafe fn transpose_16x8(z: [__m512i; 8]) -> [__m512i; 8] {
     // (loops, not closures: a closure does not inherit the target features
     // and its intrinsics would become calls)
     let mut t = [_mm512_setzero_si512(); 8];
@@ -82,7 +82,7 @@ unsafe fn transpose_16x8(z: [__m512i; 8]) -> [__m512i; 8] {
 /// Dword `k` (bytes `4k..4k + 4`) of the 16-byte heads of 16 rows, as four
 /// vectors with row `r` in lane `r`.
 #[inline(always)]
-unsafe fn heads(rows: &[*const u8; 16], off: usize) -> [__m512i; 4] {
+pub(super) unsafe fn heads(rows: &[*const u8; 16], off: usize) -> [__m512i; 4] {
     let mut z = [_mm512_setzero_si512(); 4];
     for (q, z) in z.iter_mut().enumerate() {
         // rows q, q + 4, q + 8, q + 12 in its four 128-bit lanes
@@ -165,7 +165,12 @@ unsafe fn split_step(v: &[__m512i; 8], s: usize, blk: &mut Block) {
 /// rows, transposed: [`transpose_16x8`] of their packed bytes.
 #[inline(always)]
 unsafe fn step_plain(rows: &[*const u8; 16], off: usize, s: usize) -> [__m512i; 8] {
-    let q = off + 16 + 32 * s;
+    rows32(rows, off + 16 + 32 * s)
+}
+
+/// Bytes `q..q + 32` of 16 rows, transposed ([`transpose_16x8`]).
+#[inline(always)]
+pub(super) unsafe fn rows32(rows: &[*const u8; 16], q: usize) -> [__m512i; 8] {
     let mut z = [_mm512_setzero_si512(); 8];
     for (r, z) in z.iter_mut().enumerate() {
         let a = _mm256_loadu_si256(rows[r].add(q) as *const __m256i);
@@ -179,7 +184,7 @@ unsafe fn step_plain(rows: &[*const u8; 16], off: usize, s: usize) -> [__m512i; 
 pub(in crate::matmul) const PACKED_BLOCK: usize = 16 * 144;
 
 #[inline(always)]
-unsafe fn load16<const N: usize>(p: *const u8) -> [__m512i; N] {
+pub(super) unsafe fn load16<const N: usize>(p: *const u8) -> [__m512i; N] {
     let mut v = [_mm512_setzero_si512(); N];
     for (k, v) in v.iter_mut().enumerate() {
         *v = _mm512_loadu_si512(p.add(64 * k) as *const _);
@@ -323,7 +328,8 @@ pub fn unpack_row(data: &[u8], cols: usize, r: usize, out: &mut [u8]) {
     }
 }
 
-/// `y = x · wᵀ` for a repacked Q4_K matrix ([`repack`]), `n_tokens`
+/// `y = x · wᵀ` for a repacked Q4_K or Q6_K matrix ([`repack`],
+/// [`super::lanes_q6k::repack`]), `n_tokens`
 /// tokens: the rows-in-lanes kernels for up to `gemm_from − 1` tokens (or
 /// any number in batch-invariant mode), the integer GEMM (its panels read
 /// straight from this layout) from `gemm_from`.
@@ -342,10 +348,18 @@ pub(in crate::matmul) unsafe fn matmul_packed(
     if n_tokens >= gemm_from && !crate::numerics::batch_invariant() {
         return super::super::igemm::igemm(pool, w, x, y, n_tokens);
     }
+    let q6 = w.ty == coil_gguf::GgmlType::Q6_K;
     let xa = QuantAct::q8_k(x, cols);
     let panels: Vec<ActPanel> = (0..n_tokens)
         .step_by(MAX_TOKENS)
-        .map(|t0| panel(&xa, t0, MAX_TOKENS.min(n_tokens - t0)))
+        .map(|t0| {
+            let nt = MAX_TOKENS.min(n_tokens - t0);
+            if q6 {
+                super::lanes_q6k::panel(&xa, t0, nt)
+            } else {
+                panel(&xa, t0, nt)
+            }
+        })
         .collect();
     let rb = w.row_bytes();
     let yp = super::super::SendPtr(y.as_mut_ptr());
@@ -361,7 +375,12 @@ pub(in crate::matmul) unsafe fn matmul_packed(
                 true => std::slice::from_raw_parts_mut(yp.get().add((t0 + k) * rows + r0), r1 - r0),
                 false => &mut [],
             });
-            tile_packed(&w.data[r0 * rb..r1 * rb], rb, p, &mut outs[..p.nt]);
+            let wr = &w.data[r0 * rb..r1 * rb];
+            if q6 {
+                super::lanes_q6k::tile_packed(wr, rb, p, &mut outs[..p.nt]);
+            } else {
+                tile_packed(wr, rb, p, &mut outs[..p.nt]);
+            }
         }
     });
 }
@@ -520,7 +539,12 @@ mod tests {
         let plain = random_weights(&mut rng, GgmlType::Q4_K, rows, cols);
         let rb = plain.len() / rows;
         let mut packed = plain.clone();
-        assert!(crate::matmul::repack_q4_k(&mut packed, rows, cols));
+        assert!(crate::matmul::repack(
+            GgmlType::Q4_K,
+            &mut packed,
+            rows,
+            cols
+        ));
         let wp = WeightRef::new(GgmlType::Q4_K, &plain, rows, cols).unwrap();
         let wl = WeightRef {
             layout: Layout::Lanes16,
