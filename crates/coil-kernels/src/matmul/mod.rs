@@ -237,9 +237,6 @@ pub fn matmul_at(
     level: SimdLevel,
 ) {
     let level = level.min(simd::detected_level());
-    if w.layout == Layout::Lanes16 {
-        return matmul_lanes(pool, w, x, y, n_tokens, level);
-    }
     assert_eq!(
         x.len(),
         n_tokens * w.cols,
@@ -252,6 +249,9 @@ pub fn matmul_at(
     );
     if n_tokens == 0 || w.rows == 0 {
         return;
+    }
+    if w.layout == Layout::Lanes16 {
+        return matmul_lanes(pool, w, x, y, n_tokens, level);
     }
     if w.cols == 0 {
         y.fill(0.0);
@@ -298,7 +298,7 @@ pub fn matmul_at(
 }
 
 /// [`matmul_at`] for a [`Layout::Lanes16`] matrix (made only where the
-/// AVX-512 level was selected).
+/// AVX-512 level was selected), after its shape checks.
 fn matmul_lanes(
     pool: &ThreadPool,
     w: &WeightRef,
@@ -312,19 +312,6 @@ fn matmul_lanes(
         "matmul: a {} matrix repacked for AVX-512 at the {level:?} level",
         w.ty
     );
-    assert_eq!(
-        x.len(),
-        n_tokens * w.cols,
-        "matmul: x is not [n_tokens, cols]"
-    );
-    assert_eq!(
-        y.len(),
-        n_tokens * w.rows,
-        "matmul: y is not [n_tokens, rows]"
-    );
-    if n_tokens == 0 || w.rows == 0 {
-        return;
-    }
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the AVX-512 level was checked above.
     unsafe {

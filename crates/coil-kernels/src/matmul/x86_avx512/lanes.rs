@@ -277,11 +277,16 @@ pub fn repack(data: &mut [u8], rows: usize, cols: usize) {
         rows * rb,
         "repack: not {rows} Q4_K rows of {cols}"
     );
+    // SAFETY: AVX-512 checked by the caller.
+    for_each_group(data, rb, |g, out| unsafe { repack_group(g, rb, nb, out) });
+}
+
+/// Runs `f(group, out)` on each group of 16 rows of `rb` bytes (`out`: a
+/// buffer of the group's size) and puts `out` in the group's place.
+pub(super) fn for_each_group(data: &mut [u8], rb: usize, f: impl Fn(&[u8], &mut [u8])) {
     let mut tmp = vec![0u8; 16 * rb];
     for group in data.chunks_exact_mut(16 * rb) {
-        // SAFETY: AVX-512 checked by the caller; the pointers stay in the
-        // group (16 rows of rb bytes) and in tmp (the same size).
-        unsafe { repack_group(group, rb, nb, &mut tmp) };
+        f(group, &mut tmp);
         group.copy_from_slice(&tmp);
     }
 }

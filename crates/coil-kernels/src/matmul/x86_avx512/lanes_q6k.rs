@@ -173,13 +173,8 @@ pub fn repack(data: &mut [u8], rows: usize, cols: usize) {
         rows * rb,
         "repack: not {rows} Q6_K rows of {cols}"
     );
-    let mut tmp = vec![0u8; 16 * rb];
-    for group in data.chunks_exact_mut(16 * rb) {
-        // SAFETY: AVX-512 checked by the caller; the pointers stay in the
-        // group (16 rows of rb bytes) and in tmp (the same size).
-        unsafe { repack_group(group, rb, nb, &mut tmp) };
-        group.copy_from_slice(&tmp);
-    }
+    // SAFETY: AVX-512 checked by the caller.
+    super::lanes::for_each_group(data, rb, |g, out| unsafe { repack_group(g, rb, nb, out) });
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
