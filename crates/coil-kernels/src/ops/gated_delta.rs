@@ -210,8 +210,12 @@ pub fn gated_delta_scan_state(
 
 /// One sequence's part of [`gated_delta_scan_batch`]: its state `[Hv,
 /// d_k, d_v]` (f32 or bf16), inputs and output `[n_tokens, Hv, d_v]`.
+/// With `from` (a state moving off a checkpoint, same length), `state`'s
+/// old contents are ignored: each head is copied from `from` just before
+/// its update (cache-hot, instead of a pass over the whole state first).
 pub struct DeltaSeq<'a, S: DeltaState = f32> {
     pub state: &'a mut [S],
+    pub from: Option<&'a [S]>,
     pub inputs: DeltaInputs<'a>,
     pub out: &'a mut [f32],
     pub n_tokens: usize,
@@ -229,6 +233,7 @@ pub fn gated_delta_scan_batch<S: DeltaState>(
     dims.check();
     struct Part<'a, S> {
         state: SendPtr<S>,
+        from: Option<&'a [S]>,
         inputs: DeltaInputs<'a>,
         out: SendPtr<f32>,
         n_tokens: usize,
@@ -242,9 +247,11 @@ pub fn gated_delta_scan_batch<S: DeltaState>(
                 dims.state_len(),
                 "gated delta: state is not [Hv, dk, dv]"
             );
+            assert!(s.from.is_none_or(|f| f.len() == s.state.len()));
             assert_eq!(s.out.len(), s.n_tokens * dims.n_v_head * dims.d_v);
             Part {
                 state: SendPtr(s.state.as_mut_ptr()),
+                from: s.from,
                 inputs: s.inputs,
                 out: SendPtr(s.out.as_mut_ptr()),
                 n_tokens: s.n_tokens,
@@ -259,17 +266,16 @@ pub fn gated_delta_scan_batch<S: DeltaState>(
         let mut kv = vec![0f32; dims.d_v];
         for i in r {
             let (pt, j) = (&parts[i / hv], i % hv);
+            let hs = dims.d_k * dims.d_v;
+            // SAFETY: each (sequence, value head) pair's state and output
+            // lanes belong to exactly one call.
+            let s = unsafe { std::slice::from_raw_parts_mut(pt.state.get().add(j * hs), hs) };
+            if let Some(f) = pt.from {
+                s.copy_from_slice(&f[j * hs..(j + 1) * hs]);
+            }
             if pt.n_tokens == 0 {
                 continue;
             }
-            // SAFETY: each (sequence, value head) pair's state and output
-            // lanes belong to exactly one call.
-            let s = unsafe {
-                std::slice::from_raw_parts_mut(
-                    pt.state.get().add(j * dims.d_k * dims.d_v),
-                    dims.d_k * dims.d_v,
-                )
-            };
             S::head_scan(&dims, j, s, &pt.inputs, pt.out.get(), &mut kv, pt.n_tokens);
         }
     });
@@ -560,14 +566,25 @@ pub(crate) mod tests {
                 toks[i],
             );
         }
-        let mut got_s: Vec<Vec<f32>> = cases.iter().map(|c| c.s0.clone()).collect();
+        // Odd sequences move off a checkpoint: their buffers hold garbage
+        // and `from` the state to continue.
+        let mut got_s: Vec<Vec<f32>> = cases
+            .iter()
+            .enumerate()
+            .map(|(i, c)| match i % 2 {
+                0 => c.s0.clone(),
+                _ => vec![f32::NAN; c.s0.len()],
+            })
+            .collect();
         let mut got_o: Vec<Vec<f32>> = toks.iter().map(|&n| vec![0f32; n * hv * dv]).collect();
         let mut seqs: Vec<DeltaSeq> = got_s
             .iter_mut()
             .zip(got_o.iter_mut())
             .zip(cases.iter().zip(&toks))
-            .map(|((state, out), (c, &n))| DeltaSeq {
+            .enumerate()
+            .map(|(i, ((state, out), (c, &n)))| DeltaSeq {
                 state,
+                from: (i % 2 == 1).then_some(&c.s0[..]),
                 inputs: inp(c),
                 out,
                 n_tokens: n,

@@ -132,6 +132,7 @@ mod tests {
             let mut o2 = vec![0f32; n * hv * dv];
             let mut seqs = [DeltaSeq {
                 state: &mut s2[..],
+                from: None,
                 inputs: inp,
                 out: &mut o2,
                 n_tokens: n,

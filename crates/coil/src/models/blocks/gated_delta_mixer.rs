@@ -16,7 +16,7 @@
 use super::common::{
     layer_state, layer_states_moving, recurrent_memory, refold_conv_window, split_rows, typed_state,
 };
-use crate::memory::{Memory, RecurrentLayerShape, StateMut, StateType};
+use crate::memory::{Memory, RecurrentLayerShape, StateMut, StateRef, StateType};
 use crate::models::weights::{Loader, Matrix};
 use crate::models::{ModelError, Rows};
 use coil_gguf::GgufFile;
@@ -365,12 +365,9 @@ impl GatedDeltaMixer {
         if !steps.is_empty() {
             let seqs: Vec<usize> = steps.iter().map(|c| c.seq).collect();
             let ty = mem.state_type();
+            // A state moving off a checkpoint is copied head by head in
+            // the scan (`DeltaSeq::from`), not here.
             let mut states = layer_states_moving(mem, layer, &seqs)?;
-            for (st, from) in states.iter_mut() {
-                if let Some(f) = from.take() {
-                    st.ssm.copy_from(f);
-                }
-            }
             let mut xs_parts = split_rows(&mut x, ch, &steps);
             let mut conv: Vec<ConvSeq> = states
                 .iter_mut()
@@ -404,7 +401,8 @@ impl GatedDeltaMixer {
                     beta: &beta[c.rows.start * hv..c.rows.end * hv],
                 })
                 .collect();
-            let ssm: Vec<StateMut> = states.into_iter().map(|(st, _)| st.ssm).collect();
+            let ssm: Vec<(StateMut, Option<StateRef>)> =
+                states.into_iter().map(|(st, f)| (st.ssm, f)).collect();
             match ty {
                 StateType::F32 => scan_steps::<f32>(pool, dims, ssm, inputs, os)?,
                 StateType::Bf16 => scan_steps::<bf16>(pool, dims, ssm, inputs, os)?,
@@ -481,16 +479,17 @@ impl GatedDeltaMixer {
 fn scan_steps<S: DeltaState>(
     pool: &ThreadPool,
     dims: GatedDeltaDims,
-    ssm: Vec<StateMut>,
+    ssm: Vec<(StateMut, Option<StateRef>)>,
     inputs: Vec<DeltaInputs>,
     os: Vec<&mut [f32]>,
 ) -> Result<(), ModelError> {
     let mut scan: Vec<DeltaSeq<S>> = Vec::with_capacity(ssm.len());
-    for ((st, inputs), out) in ssm.into_iter().zip(inputs).zip(os) {
-        let (state, _) = typed_state::<S>(st, None)?;
+    for (((st, from), inputs), out) in ssm.into_iter().zip(inputs).zip(os) {
+        let (state, from) = typed_state::<S>(st, from)?;
         let n_tokens = inputs.g.len() / dims.n_v_head;
         scan.push(DeltaSeq {
             state,
+            from,
             inputs,
             out,
             n_tokens,
