@@ -135,3 +135,25 @@ fn a_prompt_progresses_however_many_requests_generate() {
     assert!(ended.len() == 1, "{ended:?}");
     assert!(texts >= 40, "{texts} texts while the prompt went in");
 }
+
+/// A prompt that fits one step gets its first token in that step: the
+/// chunk up to its last token goes in the step's first call (a checkpoint
+/// after it), the last token in the second, beside the generated tokens.
+/// Three tokens from a 20-token prompt: 3 steps, not 4 (the prompt's
+/// chunk, then its last token, a step each).
+#[test]
+fn a_short_prompt_is_answered_in_the_step_it_goes_in() {
+    use std::sync::atomic::Ordering;
+    let s = scheduler(2, 64);
+    let (tx, mut rx) = unbounded_channel();
+    assert!(s.submit(request(prompt(20, 3, s.n_vocab), 3, &tx)));
+    let (_, ended) = until_done(&mut rx, 20);
+    assert_eq!(ended[0].completion_tokens, 3);
+    assert_eq!(s.metrics.decode_steps.load(Ordering::Relaxed), 3);
+    // The same prompt again resumes from the checkpoint before its last
+    // token (the prefix cache): one step for that token, two more.
+    assert!(s.submit(request(prompt(20, 3, s.n_vocab), 3, &tx)));
+    let (_, ended) = until_done(&mut rx, 20);
+    assert_eq!(ended[0].cached_tokens, 19);
+    assert_eq!(s.metrics.decode_steps.load(Ordering::Relaxed), 6);
+}

@@ -7,6 +7,7 @@ use super::plan::{split, Need};
 use super::{Event, Worker};
 use crate::metrics;
 use coil::engine::{BatchEntry, EngineError, Numerics};
+use coil::memory::SeqId;
 use coil::models::LogitRows;
 use std::time::Instant;
 
@@ -18,6 +19,10 @@ pub(super) struct Planned {
     pub(super) rows: LogitRows,
     /// A prompt chunk (else one generated token).
     pub(super) is_prompt: bool,
+    /// Goes through the fast kernels, in the step's first call (prompt
+    /// chunks before their last token); else through the batch-invariant
+    /// call with the generated tokens (see [`Worker::forward`]).
+    pub(super) fast: bool,
     /// Draft tokens after the generated one (see [`super::speculate`]).
     pub(super) draft: Vec<u32>,
 }
@@ -50,36 +55,56 @@ impl Worker {
     /// ([`Numerics::BatchInvariant`]): a sequence's logits are then bit for
     /// bit those of decoding it alone, however many others share the step.
     /// Prompt chunks take the fast kernels (GEMM, chunked scans) in a call
-    /// of their own, unless `batch_invariant` is set: then they join the
-    /// same invariant call, and a request's whole output no longer depends
-    /// on the load, on how its prompt was cut into chunks or on where it
-    /// resumed from the prefix cache (every state is the token-by-token
-    /// one), at the cost of slower prompt processing.
-    fn forward<'p>(&mut self, plan: &'p [Planned]) -> Result<Vec<Vec<f32>>, EngineError> {
-        let active = &self.active;
-        let entry = |p: &'p Planned| BatchEntry {
-            seq: active[p.active].seq,
-            tokens: &p.tokens,
-            logits: p.rows,
+    /// of their own before it; a prompt's last token (alone in its call,
+    /// so that a checkpoint lands before it) joins the generated tokens'
+    /// call, which runs anyway: one more read of the weights saved, and a
+    /// prompt whose chunk ends this step gets its first token in the same
+    /// step. With `batch_invariant` set, everything goes in one invariant
+    /// call, and a request's whole output no longer depends on the load,
+    /// on how its prompt was cut into chunks or on where it resumed from
+    /// the prefix cache (every state is the token-by-token one), at the
+    /// cost of slower prompt processing.
+    fn forward(&mut self, plan: &[Planned]) -> Result<Vec<Vec<f32>>, EngineError> {
+        let seqs: Vec<SeqId> = plan.iter().map(|p| self.active[p.active].seq).collect();
+        let entry = |i: usize| BatchEntry {
+            seq: seqs[i],
+            tokens: &plan[i].tokens,
+            logits: plan[i].rows,
         };
         if self.cfg.batch_invariant {
-            let entries: Vec<BatchEntry> = plan.iter().map(entry).collect();
+            let entries: Vec<BatchEntry> = (0..plan.len()).map(entry).collect();
             return self
                 .engine
                 .decode_batch_with(&entries, Numerics::BatchInvariant);
         }
+        // Where a fast chunk stops before its prompt's last token or at a
+        // mark, its checkpoint is pinned before the second call moves the
+        // sequence on (a one-token call takes none of its own: see `pin`).
+        let pins: Vec<(SeqId, usize)> = plan
+            .iter()
+            .zip(&seqs)
+            .filter(|(p, _)| p.fast)
+            .filter_map(|(p, &seq)| {
+                let a = &self.active[p.active];
+                let at = a.done + p.tokens.len();
+                (at + 1 >= a.prompt.len() || a.marks.contains(&at)).then_some((seq, at))
+            })
+            .collect();
         let mut out = vec![Vec::new(); plan.len()];
-        for (prompt, numerics) in [(true, Numerics::Fast), (false, Numerics::BatchInvariant)] {
-            let idx: Vec<usize> = (0..plan.len())
-                .filter(|&i| plan[i].is_prompt == prompt)
-                .collect();
+        for (fast, numerics) in [(true, Numerics::Fast), (false, Numerics::BatchInvariant)] {
+            let idx: Vec<usize> = (0..plan.len()).filter(|&i| plan[i].fast == fast).collect();
             if idx.is_empty() {
                 continue;
             }
-            let entries: Vec<BatchEntry> = idx.iter().map(|&i| entry(&plan[i])).collect();
+            let entries: Vec<BatchEntry> = idx.iter().map(|&i| entry(i)).collect();
             let logits = self.engine.decode_batch_with(&entries, numerics)?;
             for (i, l) in idx.into_iter().zip(logits) {
                 out[i] = l;
+            }
+            if fast {
+                for &(seq, at) in &pins {
+                    self.pin(seq, at);
+                }
             }
         }
         Ok(out)
@@ -120,6 +145,7 @@ impl Worker {
                     tokens: vec![t],
                     rows: LogitRows::Last,
                     is_prompt: false,
+                    fast: false,
                     draft: Vec::new(),
                 });
             }
@@ -128,19 +154,37 @@ impl Worker {
             if needs[i] == Need::Token || take == 0 {
                 continue;
             }
-            let end = a.done + take == a.prompt.len();
-            let rows = if end && a.max_tokens > 0 {
-                LogitRows::Last
-            } else {
-                LogitRows::None
+            let n = a.prompt.len();
+            let end = a.done + take == n;
+            let rows = |end: bool| {
+                if end && a.max_tokens > 0 {
+                    LogitRows::Last
+                } else {
+                    LogitRows::None
+                }
             };
             plan.push(Planned {
                 active: i,
                 tokens: a.prompt[a.done..a.done + take].to_vec(),
-                rows,
+                rows: rows(end),
                 is_prompt: true,
+                fast: !end,
                 draft: Vec::new(),
             });
+            // The chunk stops right before the last token: that token
+            // follows in the step's second call (after the first call's
+            // checkpoint), beside the generated tokens. In one invariant
+            // call (`batch_invariant`) a sequence can appear only once.
+            if a.done + take + 1 == n && !self.cfg.batch_invariant {
+                plan.push(Planned {
+                    active: i,
+                    tokens: vec![a.prompt[n - 1]],
+                    rows: rows(true),
+                    is_prompt: true,
+                    fast: false,
+                    draft: Vec::new(),
+                });
+            }
         }
         plan
     }
@@ -151,6 +195,7 @@ impl Worker {
         let msg = format!("the model failed: {err}");
         let mut idx: Vec<usize> = plan.iter().map(|p| p.active).collect();
         idx.sort_unstable();
+        idx.dedup(); // a prompt's chunk and its last token
         for &i in idx.iter().rev() {
             let a = self.active.remove(i);
             metrics::add(&self.metrics.requests_failed, 1);
