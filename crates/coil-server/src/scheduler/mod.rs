@@ -21,9 +21,11 @@
 //!    buffer once, and less what running sequences share with them.
 //!
 //! The prompt's last token is always processed (never taken from the
-//! cache) so that its logits exist; it goes through the model in a step
+//! cache) so that its logits exist; it goes through the model in a call
 //! after the rest of the prompt, which puts a recurrent checkpoint right
-//! before it (checkpoints are taken at the end of every decode call).
+//! before it (checkpoints are taken at the end of every decode call): the
+//! step's second call, beside the generated tokens, when the rest of the
+//! prompt goes in the same step.
 //!
 //! The worker's parts, one job each: [`admit`] (queue, admission,
 //! cancellation), [`plan`] (the step's token budget), [`resume`] (the
