@@ -12,16 +12,24 @@
 //! Per block and token: `y += dx · Σ_s d·sc_s · (Σ q·qx − 32 · Σ qx)` over
 //! the 16 sub-blocks `s` of 16 values (the offset enters the integer sum:
 //! it starts from `−32 · Σ qx`).
-
+//!
+//! The layout regroups the bits so that the kernels get the 6-bit values
+//! back with few operations: per 128-value half `n` and 4-column group
+//! `lg`, three vectors `A`, `B`, `C` (16 rows in the lanes, 4 columns per
+//! lane) hold in their low 6 bits the values of columns `32k + 4lg ..`
+//! (`k` = 0, 1, 2), and in their top 2 bits the bits `2k .. 2k + 2` of
+//! columns `96 + 4lg ..`: three masks and one merge of three shifted
+//! vectors instead of nibble splits and a shift per top pair.
 use super::super::act::{ActPanel, QuantAct, PANEL_LANES};
-use super::lanes::{heads, load16, rows32};
+use super::lanes::rows32;
 use std::arch::x86_64::*;
 
-/// Bytes of one block of 16 rows in the repacked layout: `ql` as 2 halves
-/// of 16 vectors (dword `k` of the half's 64 bytes, row `r` in lane `r`),
-/// `qh` as 2 halves of 8, the scales as 4, then the 16 rows' `d` (f16).
+/// Bytes of one block of 16 rows in the repacked layout: per half, per
+/// 4-column group, `A`, `B`, `C` (24 vectors, 1536 bytes), then the 16
+/// sub-blocks' scales (16 bytes each, row `r` at byte `r`), then the 16
+/// rows' `d` (f16).
 pub(in crate::matmul) const PACKED_BLOCK: usize = 16 * 210;
-const QH: usize = 2048;
+const HALF: usize = 1536;
 const SC: usize = 3072;
 const D: usize = 3328;
 
@@ -46,33 +54,33 @@ struct Block {
 #[inline(always)]
 unsafe fn unpack_packed(b: *const u8, blk: &mut Block) {
     let d = _mm512_cvtph_ps(_mm256_loadu_si256(b.add(D) as *const __m256i));
-    let sc = load16::<4>(b.add(SC));
     for (s, a) in blk.a.iter_mut().enumerate() {
-        // byte s % 4 of dword s / 4, sign-extended
-        let v = _mm512_sllv_epi32(sc[s / 4], _mm512_set1_epi32(24 - 8 * (s % 4) as i32));
-        *a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_srai_epi32::<24>(v)));
+        let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(SC + 16 * s) as *const __m128i));
+        *a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
     }
-    let m4 = _mm512_set1_epi8(0x0f);
-    let m2 = _mm512_set1_epi8(0x03);
+    let m3f = _mm512_set1_epi8(0x3f);
+    let m03 = _mm512_set1_epi8(0x03);
+    let m0f = _mm512_set1_epi8(0x0f);
     for n in 0..2 {
-        let ql = load16::<16>(b.add(1024 * n));
-        let qh = load16::<8>(b.add(QH + 512 * n));
         for lg in 0..8 {
-            let (lo, hi, h) = (ql[lg], ql[8 + lg], qh[lg]);
-            let top = |k: u32| {
-                let hk = match k {
-                    0 => h,
-                    1 => _mm512_srli_epi16::<2>(h),
-                    2 => _mm512_srli_epi16::<4>(h),
-                    _ => _mm512_srli_epi16::<6>(h),
-                };
-                _mm512_slli_epi16::<4>(_mm512_and_si512(hk, m2))
-            };
+            let v = b.add(HALF * n + 192 * lg);
+            let ld = |k: usize| _mm512_loadu_si512(v.add(64 * k) as *const _);
+            let (a, bb, c) = (ld(0), ld(1), ld(2));
+            // top pairs to bits 0..2, 2..4, 4..6 (16-bit shifts: what
+            // crosses from the next byte is masked off), merged by masks
+            // (0xD8: the third operand's set bits from the second, the
+            // rest from the first)
+            let t = _mm512_ternarylogic_epi32::<0xD8>(
+                _mm512_srli_epi16::<4>(bb),
+                _mm512_srli_epi16::<6>(a),
+                m03,
+            );
+            let t = _mm512_ternarylogic_epi32::<0xD8>(_mm512_srli_epi16::<2>(c), t, m0f);
             let q = [
-                _mm512_or_si512(_mm512_and_si512(lo, m4), top(0)),
-                _mm512_or_si512(_mm512_and_si512(hi, m4), top(1)),
-                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(lo), m4), top(2)),
-                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(hi), m4), top(3)),
+                _mm512_and_si512(a, m3f),
+                _mm512_and_si512(bb, m3f),
+                _mm512_and_si512(c, m3f),
+                _mm512_and_si512(t, m3f),
             ];
             // q[k]: columns 128n + 32k + 4lg: sub-block 8n + 2k + lg / 4
             for (k, q) in q.iter().enumerate() {
@@ -177,27 +185,67 @@ pub fn repack(data: &mut [u8], rows: usize, cols: usize) {
     super::lanes::for_each_group(data, rb, |g, out| unsafe { repack_group(g, rb, nb, out) });
 }
 
+/// Where value `c` (0..256) of row `r` lies in a repacked block: the
+/// byte of `A`/`B`/`C` holding its 6 bits (`k` < 3), or, for the last
+/// quarter of a half (`k` = 3), the byte of `C` whose top pair holds its
+/// bits 4..6 (its `B` and `A` bytes 64 and 128 before).
+fn place(c: usize, r: usize) -> (usize, usize) {
+    let (n, c) = (c / 128, c % 128);
+    let (k, lg, j) = (c / 32, (c % 32) / 4, c % 4);
+    (HALF * n + 192 * lg + 64 * k.min(2) + 4 * r + j, k)
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
 unsafe fn repack_group(group: &[u8], rb: usize, nb: usize, out: &mut [u8]) {
     let mut rows = [group.as_ptr(); 16];
     for (k, row) in rows.iter_mut().enumerate() {
         *row = group.as_ptr().add(k * rb);
     }
-    let store = |o: *mut u8, v: &[__m512i]| {
-        for (k, v) in v.iter().enumerate() {
-            _mm512_storeu_si512(o.add(64 * k) as *mut _, *v);
-        }
-    };
+    let byte = |v: i8| _mm512_set1_epi8(v);
+    let (m4, m3, mc0) = (byte(0x0f), byte(0x03), byte(-64));
     for i in 0..nb {
         let (src, o) = (210 * i, out.as_mut_ptr().add(PACKED_BLOCK * i));
         for n in 0..2 {
-            store(o.add(1024 * n), &rows32(&rows, src + 64 * n));
-            store(o.add(1024 * n + 512), &rows32(&rows, src + 64 * n + 32));
-            store(o.add(QH + 512 * n), &rows32(&rows, src + 128 + 32 * n));
+            // dword g of each row in lane r: ql bytes 4g.. and 32 + 4g..,
+            // qh bytes 4g..
+            let lo = rows32(&rows, src + 64 * n);
+            let hi = rows32(&rows, src + 64 * n + 32);
+            let qh = rows32(&rows, src + 128 + 32 * n);
+            for lg in 0..8 {
+                let h = qh[lg];
+                let top = |k: u32| {
+                    let hk = match k {
+                        0 => h,
+                        1 => _mm512_srli_epi16::<2>(h),
+                        2 => _mm512_srli_epi16::<4>(h),
+                        _ => _mm512_srli_epi16::<6>(h),
+                    };
+                    _mm512_slli_epi16::<4>(_mm512_and_si512(hk, m3))
+                };
+                let nib = |v: __m512i| _mm512_and_si512(v, m4);
+                let q = [
+                    _mm512_or_si512(nib(lo[lg]), top(0)),
+                    _mm512_or_si512(nib(hi[lg]), top(1)),
+                    _mm512_or_si512(nib(_mm512_srli_epi16::<4>(lo[lg])), top(2)),
+                    _mm512_or_si512(nib(_mm512_srli_epi16::<4>(hi[lg])), top(3)),
+                ];
+                // q[3]'s pairs 0, 1, 2 to the top of A, B, C
+                let pair = [
+                    _mm512_slli_epi16::<6>(q[3]),
+                    _mm512_slli_epi16::<4>(q[3]),
+                    _mm512_slli_epi16::<2>(q[3]),
+                ];
+                for k in 0..3 {
+                    let v = _mm512_or_si512(q[k], _mm512_and_si512(pair[k], mc0));
+                    _mm512_storeu_si512(o.add(HALF * n + 192 * lg + 64 * k) as *mut _, v);
+                }
+            }
         }
-        store(o.add(SC), &heads(&rows, src + 192));
-        for (k, row) in rows.iter().enumerate() {
-            std::ptr::copy_nonoverlapping(row.add(src + 208), o.add(D + 2 * k), 2);
+        for (r, row) in rows.iter().enumerate() {
+            for s in 0..16 {
+                *o.add(SC + 16 * s + r) = *row.add(src + 192 + s);
+            }
+            std::ptr::copy_nonoverlapping(row.add(src + 208), o.add(D + 2 * r), 2);
         }
     }
 }
@@ -210,22 +258,31 @@ pub fn unpack_row(data: &[u8], cols: usize, r: usize, out: &mut [u8]) {
     assert_eq!(out.len(), rb);
     let (g, lane) = (r / 16, r % 16);
     let group = &data[g * 16 * rb..(g + 1) * 16 * rb];
-    // dword `k` of lane `lane` in the vectors from `at`
-    let dw = |b: &[u8], at: usize, k: usize| {
-        let v = at + 64 * k + 4 * lane;
-        [b[v], b[v + 1], b[v + 2], b[v + 3]]
-    };
     for i in 0..nb {
         let b = &group[PACKED_BLOCK * i..PACKED_BLOCK * (i + 1)];
+        let mut q = [0u8; 256];
+        for (c, v) in q.iter_mut().enumerate() {
+            let (at, k) = place(c, lane);
+            *v = if k < 3 {
+                b[at] & 0x3f
+            } else {
+                (0..3).map(|m| (b[at - 64 * (2 - m)] >> 6) << (2 * m)).sum()
+            };
+        }
         let o = &mut out[210 * i..210 * (i + 1)];
-        for k in 0..32 {
-            o[4 * k..4 * k + 4].copy_from_slice(&dw(b, 0, k));
+        for n in 0..2 {
+            for l in 0..32 {
+                let v = |c: usize| q[128 * n + c];
+                o[64 * n + l] = (v(l) & 15) | ((v(l + 64) & 15) << 4);
+                o[64 * n + l + 32] = (v(l + 32) & 15) | ((v(l + 96) & 15) << 4);
+                o[128 + 32 * n + l] = (v(l) >> 4)
+                    | ((v(l + 32) >> 4) << 2)
+                    | ((v(l + 64) >> 4) << 4)
+                    | ((v(l + 96) >> 4) << 6);
+            }
         }
-        for k in 0..16 {
-            o[128 + 4 * k..132 + 4 * k].copy_from_slice(&dw(b, QH, k));
-        }
-        for k in 0..4 {
-            o[192 + 4 * k..196 + 4 * k].copy_from_slice(&dw(b, SC, k));
+        for s in 0..16 {
+            o[192 + s] = b[SC + 16 * s + lane];
         }
         o[208..210].copy_from_slice(&b[D + 2 * lane..D + 2 * lane + 2]);
     }
