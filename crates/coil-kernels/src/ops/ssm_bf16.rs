@@ -23,7 +23,8 @@ use half::bf16;
 
 /// One head over `n_tokens` tokens (see `ssm::m2_head`); `row` is a work
 /// row of `d_state` f32. With `fused` (AVX2, `d_state` a multiple of 16),
-/// each row is widened, updated and rounded in registers ([`avx2::row`]);
+/// each row is widened, updated and rounded in registers ([`avx2::row`],
+/// or with `wide` [`avx512::row`], the same bits 16 values an instruction);
 /// otherwise it goes through `row` (the same arithmetic).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -44,6 +45,7 @@ fn m2_head_bf16(
     n_tokens: usize,
     row: &mut [f32],
     fused: bool,
+    wide: bool,
 ) {
     let (hn, p_dim, n) = (dims.n_head, dims.head_dim, dims.d_state);
     let g = h / (hn / dims.n_group);
@@ -58,7 +60,11 @@ fn m2_head_bf16(
         // there (see `ssm_move`; rows of 16-byte multiples).
         let stream =
             src.is_some() && n_tokens == 1 && (state.as_ptr() as usize).is_multiple_of(16) && fused;
+        // the rows this pass reads, prefetched ahead as `ssm::m2_head`
+        // does (a row of n bf16 is the bytes of n / 2 f32)
+        let rows = src.unwrap_or(state).as_ptr();
         for p in 0..p_dim {
+            super::ssm::prefetch_rows_ahead(rows.wrapping_add(p * n) as *const f32, n.div_ceil(2));
             let xv = x[t * ldx + h * p_dim + p];
             let xdt = xv * dth;
             let s = &mut state[p * n..(p + 1) * n];
@@ -70,7 +76,13 @@ fn m2_head_bf16(
                 // SAFETY: `fused` means AVX2 and n a multiple of 16; the
                 // source row holds n values (it may be `s` itself: each
                 // 16 values are read before they are written).
-                let sum = unsafe { avx2::row(s.as_mut_ptr(), from_row, bt, ct, da, xdt, stream) };
+                let sum = unsafe {
+                    if wide {
+                        avx512::row(s.as_mut_ptr(), from_row, bt, ct, da, xdt, stream)
+                    } else {
+                        avx2::row(s.as_mut_ptr(), from_row, bt, ct, da, xdt, stream)
+                    }
+                };
                 let yv = sum + 0f32 + dh * xv;
                 // SAFETY: (t, h, p) belongs to this head only.
                 unsafe { *y.add((t * hn + h) * p_dim + p) = yv };
@@ -131,13 +143,14 @@ fn m2_heads_bf16(
 ) {
     let hs = dims.head_dim * dims.d_state;
     let fused = avx2::usable(dims.d_state);
+    let wide = fused && avx512::usable();
     let mut row = vec![0f32; if fused { 0 } else { dims.d_state }];
     for h in h0..h1 {
         // SAFETY: head h owns state[h*hs..(h+1)*hs].
         let st = unsafe { std::slice::from_raw_parts_mut(state.add(h * hs), hs) };
         let f = from.map(|f| &f[h * hs..(h + 1) * hs]);
         m2_head_bf16(
-            dims, h, f, st, x, ldx, b, c, ldbc, dt, a, d, y, n_tokens, &mut row, fused,
+            dims, h, f, st, x, ldx, b, c, ldbc, dt, a, d, y, n_tokens, &mut row, fused, wide,
         );
     }
     if from.is_some() {
@@ -234,6 +247,91 @@ mod avx2 {
         // A tree of four adds (not the f32 kernel's sixteen in a row).
         let s8 = _mm256_add_ps(acc[0], acc[1]);
         let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        let s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
+        _mm_cvtss_f32(s1)
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    pub(super) unsafe fn row(
+        _dst: *mut bf16,
+        _src: *const bf16,
+        _b: &[f32],
+        _c: &[f32],
+        _da: f32,
+        _xdt: f32,
+        _stream: bool,
+    ) -> f32 {
+        unreachable!("usable() is false off x86-64")
+    }
+}
+
+/// [`avx2::row`] on 512-bit vectors: the same operations on the same
+/// values in the same lanes (its two 8-lane sums are one 16-lane sum's
+/// halves), so the same bits, with half the instructions.
+mod avx512 {
+    use crate::simd::{level, SimdLevel};
+    use half::bf16;
+
+    /// Whether [`row`] can run (besides [`super::avx2::usable`]).
+    #[inline]
+    pub(super) fn usable() -> bool {
+        cfg!(target_arch = "x86_64") && level() >= SimdLevel::Avx512
+    }
+
+    /// See [`super::avx2::row`].
+    ///
+    /// # Safety
+    /// AVX-512 ([`usable`]) and what `avx2::row` requires.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+    pub(super) unsafe fn row(
+        dst: *mut bf16,
+        src: *const bf16,
+        b: &[f32],
+        c: &[f32],
+        da: f32,
+        xdt: f32,
+        stream: bool,
+    ) -> f32 {
+        use std::arch::x86_64::*;
+        let n = b.len();
+        let (vda, vx) = (_mm512_set1_ps(da), _mm512_set1_ps(xdt));
+        let (bias, one, quiet) = (
+            _mm512_set1_epi32(0x7fff),
+            _mm512_set1_epi32(1),
+            _mm512_set1_epi32(0x0040),
+        );
+        let mut acc = _mm512_setzero_ps();
+        for i in (0..n).step_by(16) {
+            let raw = _mm256_loadu_si256(src.add(i) as *const __m256i);
+            let s = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(raw)));
+            let bv = _mm512_loadu_ps(b.as_ptr().add(i));
+            let cv = _mm512_loadu_ps(c.as_ptr().add(i));
+            let v = _mm512_add_ps(_mm512_mul_ps(s, vda), _mm512_mul_ps(vx, bv));
+            acc = _mm512_add_ps(acc, _mm512_mul_ps(v, cv));
+            // nearest even, NaN kept quiet (`round_bf16`)
+            let bits = _mm512_castps_si512(v);
+            let hi = _mm512_srli_epi32::<16>(bits);
+            let lsb = _mm512_and_si512(hi, one);
+            let r = _mm512_srli_epi32::<16>(_mm512_add_epi32(bits, _mm512_add_epi32(bias, lsb)));
+            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+            let r = _mm512_mask_blend_epi32(nan, r, _mm512_or_si512(hi, quiet));
+            let packed = _mm512_cvtepi32_epi16(r);
+            if stream {
+                let d = dst.add(i) as *mut __m128i;
+                _mm_stream_si128(d, _mm256_castsi256_si128(packed));
+                _mm_stream_si128(d.add(1), _mm256_extracti128_si256::<1>(packed));
+            } else {
+                _mm256_storeu_si256(dst.add(i) as *mut __m256i, packed);
+            }
+        }
+        // avx2::row's tree: its two halves, then four adds
+        let s8 = _mm256_add_ps(
+            _mm512_castps512_ps256(acc),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc))),
+        );
+        let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
         let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
         let s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
         _mm_cvtss_f32(s1)
@@ -382,12 +480,22 @@ pub(crate) mod tests {
         b[6] = f32::from_bits(0xffff_ffff);
         let c = vec![0f32; 64];
         let zeros = [bf16::ZERO; 64];
-        for stream in [false, true] {
+        for (stream, wide) in [(false, false), (true, false), (false, true), (true, true)] {
+            if wide && !super::avx512::usable() {
+                continue;
+            }
             // 16-byte aligned destination.
             let mut buf = vec![0u128; 64 * 2 / 16];
             let dst = buf.as_mut_ptr() as *mut bf16;
-            // SAFETY: AVX2 checked; 64 values everywhere; no overlap.
-            unsafe { super::avx2::row(dst, zeros.as_ptr(), &b, &c, 1.0, 1.0, stream) };
+            // SAFETY: AVX2 (AVX-512 with `wide`) checked; 64 values
+            // everywhere; no overlap.
+            unsafe {
+                if wide {
+                    super::avx512::row(dst, zeros.as_ptr(), &b, &c, 1.0, 1.0, stream);
+                } else {
+                    super::avx2::row(dst, zeros.as_ptr(), &b, &c, 1.0, 1.0, stream);
+                }
+            }
             crate::ops::ssm_move::fence();
             // SAFETY: the u128 buffer holds 64 bf16.
             let got = unsafe { std::slice::from_raw_parts(dst, 64) };
@@ -396,10 +504,35 @@ pub(crate) mod tests {
                 assert_eq!(
                     g.to_bits(),
                     want.to_bits(),
-                    "{:08x} stream {stream}",
+                    "{:08x} stream {stream} wide {wide}",
                     x.to_bits()
                 );
             }
+        }
+    }
+
+    /// The 512-bit row gives the 256-bit row's bits: the rounded state and
+    /// the returned sum, on random rows.
+    #[test]
+    fn wide_row_is_the_avx2_row() {
+        if !super::avx2::usable(128) || !super::avx512::usable() {
+            return;
+        }
+        let mut rng = Rng::new(17);
+        for _ in 0..20 {
+            let src: Vec<bf16> = rng.vec(128).iter().map(|&v| round_bf16(v)).collect();
+            let (b, c) = (rng.vec(128), rng.vec(128));
+            let (da, xdt) = (0.9 + 0.1 * rng.vec(1)[0], rng.vec(1)[0]);
+            let (mut d2, mut d5) = (vec![bf16::ZERO; 128], vec![bf16::ZERO; 128]);
+            // SAFETY: both levels checked; 128 values everywhere.
+            let (s2, s5) = unsafe {
+                (
+                    super::avx2::row(d2.as_mut_ptr(), src.as_ptr(), &b, &c, da, xdt, false),
+                    super::avx512::row(d5.as_mut_ptr(), src.as_ptr(), &b, &c, da, xdt, false),
+                )
+            };
+            assert_eq!(s2.to_bits(), s5.to_bits());
+            assert_eq!(d2, d5);
         }
     }
 
