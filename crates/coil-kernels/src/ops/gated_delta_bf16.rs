@@ -31,7 +31,13 @@ fn head_scan_bf16(
         let beta = inp.beta[i * hv + j];
         // kv = Sᵀk: a read-only pass over S.
         kv.fill(0.0);
-        for (r, &kr) in s.chunks_exact(dv).zip(k) {
+        for (ri, (r, &kr)) in s.chunks_exact(dv).zip(k).enumerate() {
+            if i == 0 {
+                // from memory on the first token: rows prefetched ahead as
+                // the f32 scan does (dv bf16 are the bytes of dv / 2 f32)
+                let at = s.as_ptr().wrapping_add(ri * dv) as *const f32;
+                super::ssm::prefetch_rows_ahead(at, dv.div_ceil(2));
+            }
             widen_row(r, &mut row);
             for (a, &x) in kv.iter_mut().zip(&row) {
                 *a += kr * x;
