@@ -33,9 +33,8 @@ impl Worker {
             let a = &mut self.active[p.active];
             if p.is_prompt {
                 a.done += p.tokens.len();
-                // Keep the prompt's last checkpoints, and the one at the
-                // branch point, whatever thinning does to the engine's list.
-                if a.done + 1 >= a.prompt.len() || a.marks.contains(&a.done) {
+                // (a fast chunk's is pinned already: `forward`)
+                if a.pins_at(a.done) {
                     pins.push((a.seq, a.done));
                 }
             } else {

@@ -289,6 +289,15 @@ struct Active {
     marks: Vec<usize>,
 }
 
+impl Active {
+    /// Whether the checkpoint at prompt position `at` is pinned (kept
+    /// whatever thinning does to the engine's list): the prompt's last
+    /// ones, and the branch points.
+    fn pins_at(&self, at: usize) -> bool {
+        at + 1 >= self.prompt.len() || self.marks.contains(&at)
+    }
+}
+
 /// Tokens and busy time since the speeds were last published.
 /// Steps that processed prompt tokens count for the prompt speed; steps
 /// that only generated count for the generation speed.

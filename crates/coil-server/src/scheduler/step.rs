@@ -87,7 +87,7 @@ impl Worker {
             .filter_map(|(p, &seq)| {
                 let a = &self.active[p.active];
                 let at = a.done + p.tokens.len();
-                (at + 1 >= a.prompt.len() || a.marks.contains(&at)).then_some((seq, at))
+                a.pins_at(at).then_some((seq, at))
             })
             .collect();
         let mut out = vec![Vec::new(); plan.len()];
