@@ -125,7 +125,7 @@ fn batched_sequences_equal_each_alone() {
         let c = (&tokens[..0], &tokens[30..35]); // a new sequence
         let want = [alone(a.0, a.1), alone(b.0, b.1), alone(c.0, c.1)];
 
-        let mut e = Engine::load(path, opts).unwrap();
+        let mut e = Engine::load(path, opts.clone()).unwrap();
         e.eval(0, a.0, LogitRows::None, 0).unwrap();
         e.eval(1, b.0, LogitRows::None, 0).unwrap();
         let got = e
@@ -174,10 +174,30 @@ fn batched_sequences_equal_each_alone() {
                     tokens: &tokens[..3],
                     logits: LogitRows::None,
                 },
+                BatchEntry {
+                    seq: 1,
+                    tokens: &tokens[5..12],
+                    logits: LogitRows::All,
+                },
             ])
             .unwrap();
         assert_eq!(got[0].len(), n_vocab);
         assert!(got[1].is_empty());
+        // The last layer's feed-forward runs for the rows asked for alone:
+        // their logits are still those of every row computed.
+        let all20 = alone(&[], &tokens[..20]);
+        assert_close(
+            &format!("{arch} last row among others"),
+            &got[0],
+            &all20[19 * n_vocab..],
+            1e-5,
+        );
+        assert_close(
+            &format!("{arch} all rows beside others"),
+            &got[2],
+            &alone(&[], &tokens[5..12]),
+            1e-5,
+        );
         // Errors leave every sequence untouched.
         assert!(e2
             .decode_batch(&[
@@ -216,6 +236,6 @@ fn batched_sequences_equal_each_alone() {
             .is_err());
         use coil::memory::SequenceMemory;
         assert_eq!(e2.mem.seq_len(0).unwrap(), 20);
-        assert_eq!(e2.mem.seq_len(1).unwrap(), 0);
+        assert_eq!(e2.mem.seq_len(1).unwrap(), 7);
     }
 }

@@ -126,6 +126,20 @@ impl UBatch<'_> {
             })
             .collect()
     }
+
+    /// The rows whose logits the micro-batch asks for, in order: the rows
+    /// of the logits the model returns.
+    pub fn logit_rows(&self) -> Vec<usize> {
+        let mut rows = Vec::new();
+        for (c, r) in self.chunks.iter().zip(self.row_ranges()) {
+            match c.logits {
+                LogitRows::None => {}
+                LogitRows::Last => rows.extend(r.end.checked_sub(1)),
+                LogitRows::All => rows.extend(r),
+            }
+        }
+        rows
+    }
 }
 
 /// The rows of one sequence in a micro-batch: its tokens at positions

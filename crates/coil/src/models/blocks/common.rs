@@ -74,17 +74,16 @@ impl OutputHead {
         })
     }
 
-    /// Logits for the rows the micro-batch asks for. `x`: `[n_tokens, n_embd]`.
-    pub fn forward(&self, file: &GgufFile, pool: &ThreadPool, ub: &UBatch, x: &[f32]) -> Vec<f32> {
+    /// Logits of the rows `rows` of `x` (`[n_tokens, n_embd]`), in that
+    /// order.
+    pub fn forward(
+        &self,
+        file: &GgufFile,
+        pool: &ThreadPool,
+        rows: &[usize],
+        x: &[f32],
+    ) -> Vec<f32> {
         let d = self.output.cols;
-        let mut rows: Vec<usize> = Vec::new();
-        for (c, r) in ub.chunks.iter().zip(ub.row_ranges()) {
-            match c.logits {
-                crate::models::LogitRows::None => {}
-                crate::models::LogitRows::Last => rows.extend(r.end.checked_sub(1)),
-                crate::models::LogitRows::All => rows.extend(r),
-            }
-        }
         let mut h = vec![0f32; rows.len() * d];
         for (i, &r) in rows.iter().enumerate() {
             rms_norm(

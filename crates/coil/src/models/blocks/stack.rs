@@ -226,28 +226,41 @@ impl Model for DecoderStack {
         let rs = self.scales.residual;
         let mut h = Scratch::dirty(n * d);
         let mut o = Scratch::dirty(n * d);
+        // After the last layer's mixer (which writes every row's memory),
+        // only the rows whose logits are asked for go on, as llama.cpp's
+        // graphs do: a prompt's feed-forward of its last layer runs for its
+        // last token alone.
+        let out_rows = ub.logit_rows();
+        let last = self.layers.len().saturating_sub(1);
+        let mut m = n; // rows of x
         for (l, layer) in self.layers.iter().enumerate() {
             if !matches!(layer.mixer, MixerBlock::None) {
                 norm_rows(pool, &x, &layer.norm, self.eps, &mut h, d);
                 self.mixer(pool, l, &rows, mem, &h, &mut o)?;
                 add_scaled_rows(pool, &mut x, rs, &o, d);
             }
-            if !matches!(layer.ffn, FfnBlock::None) {
+            if l == last && out_rows.len() < m {
+                x = gather_rows(&x, &out_rows, d);
+                m = out_rows.len();
+            }
+            if !matches!(layer.ffn, FfnBlock::None) && m > 0 {
                 let w = layer.ffn_norm.as_ref().unwrap_or(&layer.norm);
-                norm_rows(pool, &x, w, self.eps, &mut h, d);
+                let (h, o) = (&mut h[..m * d], &mut o[..m * d]);
+                norm_rows(pool, &x, w, self.eps, h, d);
                 match &layer.ffn {
-                    FfnBlock::Dense(f) => f.forward(&self.file, pool, &h, &mut o),
-                    FfnBlock::Moe(f) => f.forward(&self.file, pool, &h, &mut o),
-                    FfnBlock::MoeGatedShared(f) => f.forward(&self.file, pool, &h, &mut o),
+                    FfnBlock::Dense(f) => f.forward(&self.file, pool, h, o),
+                    FfnBlock::Moe(f) => f.forward(&self.file, pool, h, o),
+                    FfnBlock::MoeGatedShared(f) => f.forward(&self.file, pool, h, o),
                     FfnBlock::None => {}
                 }
-                add_scaled_rows(pool, &mut x, rs, &o, d);
+                add_scaled_rows(pool, &mut x, rs, o, d);
             }
         }
         for c in &ub.chunks {
             mem.advance(c.seq, c.tokens)?;
         }
-        let mut logits = self.head.forward(&self.file, pool, ub, &x);
+        let kept: Vec<usize> = if m == n { out_rows } else { (0..m).collect() };
+        let mut logits = self.head.forward(&self.file, pool, &kept, &x);
         if self.scales.logit_div != 1.0 {
             let s = 1.0 / self.scales.logit_div;
             logits.iter_mut().for_each(|v| *v *= s);
@@ -290,6 +303,15 @@ fn norm_rows(pool: &ThreadPool, x: &[f32], w: &[f32], eps: f32, h: &mut [f32], d
     pool.rows_mut(h, d, 16, |r0, part| {
         rms_norm(&x[r0 * d..r0 * d + part.len()], Some(w), eps, part, d)
     });
+}
+
+/// Rows `rows` of `x` (`[n, d]`), in that order.
+fn gather_rows(x: &[f32], rows: &[usize], d: usize) -> Scratch {
+    let mut g = Scratch::dirty(rows.len() * d);
+    for (dst, &r) in g.chunks_exact_mut(d).zip(rows) {
+        dst.copy_from_slice(&x[r * d..(r + 1) * d]);
+    }
+    g
 }
 
 /// `x += s·o` (`[n, d]`), rows spread over the pool.
