@@ -38,16 +38,16 @@ const L2_EPS: f32 = 1e-6;
 
 /// From how many tokens of one sequence the chunked gated delta rule
 /// replaces the token-by-token recurrence: `COIL_GDN_MIN_TOKENS` in the
-/// environment, else 16. Both give the same result (tests run both). On a
-/// Qwen3.5-0.8B DeltaNet layer (16 heads of 128), one thread with AVX2,
-/// chunked ÷ recurrence CPU time measured 1.6–1.8 at 1 token, ≈1.0 at 8,
-/// 0.74–0.88 at 16, 0.8–1.0 at 512 (`coil-kernels` example
-/// `gated_delta_bench`, on a shared, loaded machine: ±20% noise).
+/// environment, else 8. Both give the same result (tests run both). On a
+/// Qwen3.5-0.8B DeltaNet layer (16 heads of 128), 2 threads, chunks of 16,
+/// chunked ÷ recurrence time measured 1.26–1.38 at 1 token, 0.94–1.00 at
+/// 4, 0.61–0.70 at 8, 0.46–0.59 at 16 (AVX-512 and AVX2; `coil-kernels`
+/// example `gated_delta_bench`).
 pub fn chunk_min_tokens() -> usize {
     std::env::var("COIL_GDN_MIN_TOKENS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(16)
+        .unwrap_or(8)
 }
 
 /// Tokens per chunk of the chunked form: `COIL_GDN_CHUNK`, else
