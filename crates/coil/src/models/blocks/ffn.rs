@@ -78,10 +78,13 @@ impl DenseFfn {
                 if let Some(b) = &self.gate_b {
                     add_bias_rows(&mut gate, b);
                 }
-                swiglu_inplace(&mut gate, &up);
+                // element-wise, token rows spread over the pool
+                pool.rows_mut(&mut gate, n_ff, 4, |r0, part| {
+                    swiglu_inplace(part, &up[r0 * n_ff..r0 * n_ff + part.len()])
+                });
                 up = gate;
             }
-            None => relu2_inplace(&mut up),
+            None => pool.rows_mut(&mut up, n_ff, 4, |_, part| relu2_inplace(part)),
         }
         matmul(pool, &self.down.get(file), &up, out, n);
         if let Some(b) = &self.down_b {

@@ -341,10 +341,12 @@ impl GatedDeltaMixer {
                 ch,
                 p.d_conv,
             );
-            for row in xs.chunks_exact_mut(ch) {
-                l2_normalize(&mut row[..kd], dims.d_k, L2_EPS, q_scale);
-                l2_normalize(&mut row[kd..2 * kd], dims.d_k, L2_EPS, 1.0);
-            }
+            pool.rows_mut(xs, ch, 16, |_, part| {
+                for row in part.chunks_exact_mut(ch) {
+                    l2_normalize(&mut row[..kd], dims.d_k, L2_EPS, q_scale);
+                    l2_normalize(&mut row[kd..2 * kd], dims.d_k, L2_EPS, 1.0);
+                }
+            });
             let inputs = DeltaInputs {
                 q: xs,
                 k: &xs[kd..],
