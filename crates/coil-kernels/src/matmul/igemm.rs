@@ -268,15 +268,18 @@ unsafe fn pack_lanes(w: &WeightRef, r0: usize, p: &mut Panel) {
             for (s, (qs, a)) in q.iter().zip(a).enumerate() {
                 // sub-block s: columns 16s.., the half s % 2 of block 32 s / 2
                 let (kb, h) = (8 * i + s / 2, s % 2);
-                let mut ws = _mm512_setzero_si512();
+                // Σ q per row lane: the 4 vectors' bytes added first (4 ·
+                // [−32, 31] fits i8), one `vpdpbusd` for the 4
+                let mut bytes = _mm512_setzero_si512();
                 for (v, q) in qs.iter().enumerate() {
                     let q = _mm512_sub_epi8(*q, off);
                     _mm512_storeu_si512(
                         p.q.as_mut_ptr().add(kb * 512 + 64 * (4 * h + v)) as *mut _,
                         q,
                     );
-                    ws = _mm512_dpbusd_epi32(ws, ones, q);
+                    bytes = _mm512_add_epi8(bytes, q);
                 }
+                let ws = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, bytes);
                 let sg = 2 * kb + h;
                 _mm512_storeu_ps(p.a.as_mut_ptr().add(sg * 16), a);
                 _mm512_storeu_ps(p.b.as_mut_ptr().add(sg * 16), _mm512_setzero_ps());
@@ -292,11 +295,14 @@ unsafe fn pack_lanes(w: &WeightRef, r0: usize, p: &mut Panel) {
         let (q, a, b) = super::x86_avx512::lanes::packed_block(group, i);
         for j in 0..8 {
             let kb = 8 * i + j;
-            let mut ws = _mm512_setzero_si512();
+            // Σ q per row lane: the 8 vectors' nibbles added first (8 · 15
+            // fits i8), one `vpdpbusd` for the 8
+            let mut bytes = _mm512_setzero_si512();
             for (g, v) in q[j].iter().enumerate() {
                 _mm512_storeu_si512(p.q.as_mut_ptr().add(kb * 512 + 64 * g) as *mut _, *v);
-                ws = _mm512_dpbusd_epi32(ws, ones, *v);
+                bytes = _mm512_add_epi8(bytes, *v);
             }
+            let ws = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, bytes);
             _mm512_storeu_ps(p.a.as_mut_ptr().add(kb * 16), a[j]);
             _mm512_storeu_ps(p.b.as_mut_ptr().add(kb * 16), b[j]);
             _mm512_storeu_si512(
