@@ -239,3 +239,59 @@ fn batched_sequences_equal_each_alone() {
         assert_eq!(e2.mem.seq_len(1).unwrap(), 7);
     }
 }
+
+/// `decode_batch_logits` hands each entry its rows in place (an entry that
+/// asks for none gets none), a recycled buffer is overwritten rather than
+/// added to, and the rows equal `decode_batch`'s, step after step and when
+/// a prompt spans several micro-batches.
+#[test]
+fn batch_logits_in_place_and_recycled() {
+    use coil::engine::{BatchEntry, Numerics};
+    let f = llama_cpp_fixture("mamba2");
+    let (tokens, n_vocab) = (&f.tokens, f.n_vocab);
+    let opts = EngineOptions {
+        n_seq_max: 3,
+        n_ubatch: 8,
+        ..Default::default()
+    };
+    let mut flat = Engine::load(&f.model, opts.clone()).unwrap();
+    let mut vecs = Engine::load(&f.model, opts).unwrap();
+    for step in 0..4 {
+        // step 0: a 12-token prompt (two micro-batches) beside two single
+        // tokens; then one token each, the middle one asking for no rows.
+        let t = |s: usize| -> &[u32] {
+            if step == 0 && s == 1 {
+                &tokens[..12]
+            } else {
+                &tokens[10 * s + step..10 * s + step + 1]
+            }
+        };
+        let rows = |s: usize| match (step, s) {
+            (0, 1) => LogitRows::All,
+            (_, 1) => LogitRows::None,
+            _ => LogitRows::Last,
+        };
+        let entries: Vec<BatchEntry> = (0..3)
+            .map(|s| BatchEntry {
+                seq: s,
+                tokens: t(s),
+                logits: rows(s),
+            })
+            .collect();
+        let got = flat.decode_batch_logits(&entries, Numerics::Fast).unwrap();
+        let want = vecs.decode_batch_with(&entries, Numerics::Fast).unwrap();
+        assert_eq!(got.len(), 3);
+        for (s, w) in want.iter().enumerate() {
+            let g = got.rows(s);
+            assert_eq!(g.len(), w.len(), "step {step} seq {s}");
+            let n_rows = match rows(s) {
+                LogitRows::All => t(s).len(),
+                LogitRows::Last => 1,
+                LogitRows::None => 0,
+            };
+            assert_eq!(g.len(), n_rows * n_vocab, "step {step} seq {s}");
+            assert!(g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+        flat.recycle(got);
+    }
+}

@@ -14,7 +14,7 @@
 //! Best of `r` repetitions, after a warm-up.
 
 use anyhow::{bail, Result};
-use coil::engine::{BatchEntry, Engine};
+use coil::engine::{BatchEntry, Engine, Numerics};
 use coil::models::LogitRows;
 use serde_json::json;
 use std::time::Instant;
@@ -97,7 +97,10 @@ fn run_once(
                     logits: LogitRows::Last,
                 })
                 .collect();
-            engine.decode_batch(&entries)?;
+            // As a server does: the logits read in place, their buffer
+            // handed back for the next step.
+            let logits = engine.decode_batch_logits(&entries, Numerics::Fast)?;
+            engine.recycle(logits);
         }
         Ok(())
     })?;

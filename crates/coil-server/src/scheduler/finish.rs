@@ -2,7 +2,7 @@
 //! sampling and streaming its next token, and ending the requests that
 //! stop (their sequences parked for the prefix cache).
 
-use super::step::Planned;
+use super::step::{Planned, StepLogits};
 use super::{Active, Event, Worker};
 use crate::api::FinishReason;
 use crate::metrics;
@@ -18,12 +18,13 @@ pub(super) enum Outcome {
 
 impl Worker {
     /// Applies a pass's logits (one entry per planned request).
-    pub(super) fn after_step(&mut self, plan: Vec<Planned>, logits: Vec<Vec<f32>>) {
+    pub(super) fn after_step(&mut self, plan: Vec<Planned>, logits: StepLogits) {
         let mut ended: Vec<(usize, Option<(FinishReason, bool)>)> = Vec::new();
         let mut pins = Vec::new();
-        for (p, row) in plan.into_iter().zip(logits) {
+        for (i, p) in plan.into_iter().enumerate() {
+            let row = logits.rows(i);
             if !p.draft.is_empty() {
-                match self.verified(&p, &row) {
+                match self.verified(&p, row) {
                     Outcome::Continue => {}
                     Outcome::Finished(r, flush) => ended.push((p.active, Some((r, flush)))),
                     Outcome::Gone => ended.push((p.active, None)),
@@ -47,11 +48,14 @@ impl Worker {
             if p.rows == LogitRows::None {
                 continue;
             }
-            match sample(a, &self.tok, &row) {
+            match sample(a, &self.tok, row) {
                 Outcome::Continue => {}
                 Outcome::Finished(reason, flush) => ended.push((p.active, Some((reason, flush)))),
                 Outcome::Gone => ended.push((p.active, None)),
             }
+        }
+        for c in logits.calls {
+            self.engine.recycle(c);
         }
         for (seq, pos) in pins {
             self.pin(seq, pos);

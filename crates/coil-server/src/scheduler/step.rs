@@ -6,10 +6,25 @@
 use super::plan::{split, Need};
 use super::{Event, Worker};
 use crate::metrics;
-use coil::engine::{BatchEntry, EngineError, Numerics};
+use coil::engine::{BatchEntry, BatchLogits, EngineError, Numerics};
 use coil::memory::SeqId;
 use coil::models::LogitRows;
 use std::time::Instant;
+
+/// A step's logits: planned request `i`'s rows are entry `at[i].1` of
+/// call `at[i].0` (the fast call and the batch-invariant one), read in
+/// place.
+pub(super) struct StepLogits {
+    pub(super) calls: Vec<BatchLogits>,
+    pub(super) at: Vec<(usize, usize)>,
+}
+
+impl StepLogits {
+    pub(super) fn rows(&self, i: usize) -> &[f32] {
+        let (c, k) = self.at[i];
+        self.calls[c].rows(k)
+    }
+}
 
 /// One request's part of a step.
 pub(super) struct Planned {
@@ -64,7 +79,7 @@ impl Worker {
     /// on how its prompt was cut into chunks or on where it resumed from
     /// the prefix cache (every state is the token-by-token one), at the
     /// cost of slower prompt processing.
-    fn forward(&mut self, plan: &[Planned]) -> Result<Vec<Vec<f32>>, EngineError> {
+    fn forward(&mut self, plan: &[Planned]) -> Result<StepLogits, EngineError> {
         let seqs: Vec<SeqId> = plan.iter().map(|p| self.active[p.active].seq).collect();
         let entry = |i: usize| BatchEntry {
             seq: seqs[i],
@@ -73,9 +88,13 @@ impl Worker {
         };
         if self.cfg.batch_invariant {
             let entries: Vec<BatchEntry> = (0..plan.len()).map(entry).collect();
-            return self
+            let l = self
                 .engine
-                .decode_batch_with(&entries, Numerics::BatchInvariant);
+                .decode_batch_logits(&entries, Numerics::BatchInvariant)?;
+            return Ok(StepLogits {
+                calls: vec![l],
+                at: (0..plan.len()).map(|i| (0, i)).collect(),
+            });
         }
         // Where a fast chunk stops before its prompt's last token or at a
         // mark, its checkpoint is pinned before the second call moves the
@@ -90,17 +109,21 @@ impl Worker {
                 a.pins_at(at).then_some((seq, at))
             })
             .collect();
-        let mut out = vec![Vec::new(); plan.len()];
+        let mut out = StepLogits {
+            calls: Vec::new(),
+            at: vec![(0, 0); plan.len()],
+        };
         for (fast, numerics) in [(true, Numerics::Fast), (false, Numerics::BatchInvariant)] {
             let idx: Vec<usize> = (0..plan.len()).filter(|&i| plan[i].fast == fast).collect();
             if idx.is_empty() {
                 continue;
             }
             let entries: Vec<BatchEntry> = idx.iter().map(|&i| entry(i)).collect();
-            let logits = self.engine.decode_batch_with(&entries, numerics)?;
-            for (i, l) in idx.into_iter().zip(logits) {
-                out[i] = l;
+            let logits = self.engine.decode_batch_logits(&entries, numerics)?;
+            for (k, i) in idx.into_iter().enumerate() {
+                out.at[i] = (out.calls.len(), k);
             }
+            out.calls.push(logits);
             if fast {
                 for &(seq, at) in &pins {
                     self.pin(seq, at);

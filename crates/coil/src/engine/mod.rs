@@ -107,6 +107,49 @@ pub struct Engine {
     pub mem: Memory,
     pub pool: ThreadPool,
     pub opts: EngineOptions,
+    /// A logits buffer handed back by [`Engine::recycle`], written by the
+    /// next pass instead of a fresh one.
+    spare: Vec<f32>,
+}
+
+/// Logits buffers up to this many values are kept for reuse (64 MB: an
+/// 8-sequence step on a 248k-token vocabulary is 8 MB); a whole prompt's
+/// rows are freed.
+const SPARE_MAX: usize = 16 << 20;
+
+/// The logits of one [`Engine::decode_batch_logits`] call, stacked: entry
+/// `i`'s rows are `rows(i)` (`[rows, n_vocab]`).
+#[derive(Debug, Default)]
+pub struct BatchLogits {
+    data: Vec<f32>,
+    n_vocab: usize,
+    /// Entry `i`'s rows: `starts[i]..starts[i + 1]`.
+    starts: Vec<usize>,
+}
+
+impl BatchLogits {
+    /// Entry `i`'s logits rows (empty for an entry that asked for none).
+    pub fn rows(&self, i: usize) -> &[f32] {
+        &self.data[self.starts[i] * self.n_vocab..self.starts[i + 1] * self.n_vocab]
+    }
+
+    /// Entries.
+    pub fn len(&self) -> usize {
+        self.starts.len().saturating_sub(1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// One vector per entry (one entry: the buffer itself, no copy).
+    pub fn into_vecs(mut self) -> Vec<Vec<f32>> {
+        if self.len() == 1 {
+            self.data.truncate(self.starts[1] * self.n_vocab);
+            return vec![self.data];
+        }
+        (0..self.len()).map(|i| self.rows(i).to_vec()).collect()
+    }
 }
 
 impl Engine {
@@ -133,6 +176,7 @@ impl Engine {
             mem,
             pool: ThreadPool::new(opts.n_threads),
             opts,
+            spare: Vec::new(),
         })
     }
 
@@ -189,6 +233,18 @@ impl Engine {
         entries: &[BatchEntry],
         numerics: Numerics,
     ) -> Result<Vec<Vec<f32>>, EngineError> {
+        Ok(self.decode_batch_logits(entries, numerics)?.into_vecs())
+    }
+
+    /// [`Engine::decode_batch_with`] with the logits in one buffer: where
+    /// the call runs as one micro-batch (a decode step), the model's output
+    /// as it is, with no copy per entry. Give it back with
+    /// [`Engine::recycle`] once read, and the next call writes into it.
+    pub fn decode_batch_logits(
+        &mut self,
+        entries: &[BatchEntry],
+        numerics: Numerics,
+    ) -> Result<BatchLogits, EngineError> {
         let n_vocab = self.n_vocab();
         for (i, e) in entries.iter().enumerate() {
             if entries[..i].iter().any(|o| o.seq == e.seq) {
@@ -206,7 +262,11 @@ impl Engine {
             }
         }
         let mut done = vec![0usize; entries.len()];
-        let mut out = vec![Vec::new(); entries.len()];
+        // Per entry, its rows from the micro-batches so far; the first
+        // micro-batch's buffer is kept whole when it turns out to be the
+        // only one.
+        let mut out: Vec<Vec<f32>> = vec![Vec::new(); entries.len()];
+        let mut first: Option<(Vec<f32>, Vec<usize>, Vec<usize>)> = None;
         loop {
             let mut budget = self.opts.n_ubatch;
             let mut chunks = Vec::new();
@@ -248,7 +308,9 @@ impl Engine {
                 chunks,
                 invariant: numerics == Numerics::BatchInvariant || verifying,
             };
-            let logits = self.model.forward(&self.pool, &ub, &mut self.mem)?;
+            let mut logits = std::mem::take(&mut self.spare);
+            self.model
+                .forward(&self.pool, &ub, &mut self.mem, &mut logits)?;
             for &i in &owners {
                 let e = &entries[i];
                 if self.mem.spec_base(e.seq).is_some() {
@@ -260,13 +322,67 @@ impl Engine {
                         .after_ubatch(e.seq, done[i] == e.tokens.len(), e.tokens.len())?;
                 }
             }
-            let mut at = 0;
-            for (&i, &r) in owners.iter().zip(&rows) {
-                out[i].extend_from_slice(&logits[at * n_vocab..(at + r) * n_vocab]);
-                at += r;
+            match first.take() {
+                None if out.iter().all(Vec::is_empty) => first = Some((logits, owners, rows)),
+                prev => {
+                    // More than one micro-batch: gathered per entry.
+                    if let Some((l, o, r)) = prev {
+                        self.spread(&l, &o, &r, &mut out);
+                        self.recycle_buf(l);
+                    }
+                    self.spread(&logits, &owners, &rows, &mut out);
+                    self.recycle_buf(logits);
+                }
             }
         }
-        Ok(out)
+        let mut starts = vec![0];
+        if let Some((data, owners, rows)) = first {
+            // One micro-batch: every entry at most once, in entry order.
+            let mut per = vec![0usize; entries.len()];
+            for (&i, &r) in owners.iter().zip(&rows) {
+                per[i] = r;
+            }
+            for r in per {
+                starts.push(starts[starts.len() - 1] + r);
+            }
+            return Ok(BatchLogits {
+                data,
+                n_vocab,
+                starts,
+            });
+        }
+        let mut data = Vec::with_capacity(out.iter().map(Vec::len).sum());
+        for o in &out {
+            data.extend_from_slice(o);
+            starts.push(data.len() / n_vocab.max(1));
+        }
+        Ok(BatchLogits {
+            data,
+            n_vocab,
+            starts,
+        })
+    }
+
+    /// Appends each owner's rows of one micro-batch's `logits` to its entry.
+    fn spread(&self, logits: &[f32], owners: &[usize], rows: &[usize], out: &mut [Vec<f32>]) {
+        let n_vocab = self.n_vocab();
+        let mut at = 0;
+        for (&i, &r) in owners.iter().zip(rows) {
+            out[i].extend_from_slice(&logits[at * n_vocab..(at + r) * n_vocab]);
+            at += r;
+        }
+    }
+
+    /// Hands a [`BatchLogits`] back: the next call writes its logits into
+    /// this buffer (kept up to 64 MB) instead of a fresh one.
+    pub fn recycle(&mut self, logits: BatchLogits) {
+        self.recycle_buf(logits.data);
+    }
+
+    fn recycle_buf(&mut self, buf: Vec<f32>) {
+        if buf.capacity() <= SPARE_MAX && buf.capacity() > self.spare.capacity() {
+            self.spare = buf;
+        }
     }
 
     /// Appends `tokens` to sequence `seq`, `ubatch` tokens per micro-batch

@@ -168,14 +168,17 @@ pub trait Model: Send + Sync {
     /// Memory for `n_seq_max` sequences of up to `n_ctx` tokens each.
     fn new_memory(&self, n_seq_max: usize, n_ctx: usize) -> Memory;
 
-    /// Runs the micro-batch and returns the wanted logits rows, stacked in
-    /// chunk order: `[Σ n_logit_rows, n_vocab]`.
+    /// Runs the micro-batch and writes the wanted logits rows into
+    /// `logits`, stacked in chunk order: `[Σ n_logit_rows, n_vocab]` (its
+    /// length set to that; a buffer reused from an earlier pass is
+    /// overwritten, not zeroed first).
     fn forward(
         &self,
         pool: &ThreadPool,
         ub: &UBatch,
         mem: &mut Memory,
-    ) -> Result<Vec<f32>, ModelError>;
+        logits: &mut Vec<f32>,
+    ) -> Result<(), ModelError>;
 
     /// After a speculative verification of `seq` (`Memory::spec_begin`)
     /// kept only its first `n` tokens: brings every recurrent layer's state

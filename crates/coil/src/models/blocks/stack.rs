@@ -206,7 +206,8 @@ impl Model for DecoderStack {
         pool: &ThreadPool,
         ub: &UBatch,
         mem: &mut Memory,
-    ) -> Result<Vec<f32>, ModelError> {
+        logits: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
         check_ubatch(ub, mem)?;
         // Every kernel called below on this thread reads it.
         let _numerics = coil_kernels::invariant_scope(ub.invariant);
@@ -260,12 +261,12 @@ impl Model for DecoderStack {
             mem.advance(c.seq, c.tokens)?;
         }
         let kept: Vec<usize> = if m == n { out_rows } else { (0..m).collect() };
-        let mut logits = self.head.forward(&self.file, pool, &kept, &x);
+        self.head.forward(&self.file, pool, &kept, &x, logits);
         if self.scales.logit_div != 1.0 {
             let s = 1.0 / self.scales.logit_div;
             logits.iter_mut().for_each(|v| *v *= s);
         }
-        Ok(logits)
+        Ok(())
     }
 
     /// Refolds where every recurrent layer is a Mamba-2 mixer (alone or
