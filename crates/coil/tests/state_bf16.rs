@@ -239,10 +239,30 @@ fn bf16_forks_decode_as_alone() {
     }
 }
 
-fn tmpfile(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("coil-bf16-test-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
+/// A file in the temporary directory, removed when the test ends.
+struct TmpFile(PathBuf);
+
+impl std::ops::Deref for TmpFile {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for TmpFile {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TmpFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn tmpfile(name: &str) -> TmpFile {
+    TmpFile(std::env::temp_dir().join(format!("coil-bf16-test-{}-{name}", std::process::id())))
 }
 
 /// A session records its state type: loaded into a bf16 memory it
