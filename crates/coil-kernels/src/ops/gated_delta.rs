@@ -264,6 +264,7 @@ pub fn gated_delta_scan_batch<S: DeltaState>(
     pool.parallel_for(items, grain, |r, _| {
         let _flush = FlushDenormals::new();
         let mut kv = vec![0f32; dims.d_v];
+        let mut streamed = false;
         for i in r {
             let (pt, j) = (&parts[i / hv], i % hv);
             let hs = dims.d_k * dims.d_v;
@@ -271,12 +272,26 @@ pub fn gated_delta_scan_batch<S: DeltaState>(
             // lanes belong to exactly one call.
             let s = unsafe { std::slice::from_raw_parts_mut(pt.state.get().add(j * hs), hs) };
             if let Some(f) = pt.from {
-                s.copy_from_slice(&f[j * hs..(j + 1) * hs]);
+                let src = &f[j * hs..(j + 1) * hs];
+                // One token (a decode step): read the old head, stream the
+                // new one (`gated_delta_move`).
+                // SAFETY: head j's output row belongs to this call alone.
+                let moved = pt.n_tokens == 1
+                    && unsafe { S::move_step(&dims, j, src, s, &pt.inputs, pt.out.get(), &mut kv) };
+                if moved {
+                    streamed = true;
+                    continue;
+                }
+                s.copy_from_slice(src);
             }
             if pt.n_tokens == 0 {
                 continue;
             }
             S::head_scan(&dims, j, s, &pt.inputs, pt.out.get(), &mut kv, pt.n_tokens);
+        }
+        if streamed {
+            // The streamed stores are ordered before the hand-back.
+            super::ssm_move::fence();
         }
     });
 }
@@ -344,6 +359,26 @@ pub trait DeltaState: StateElem {
         kv: &mut [f32],
         n: usize,
     );
+
+    /// One token of head `j` with its state moving from `src` to `dst`,
+    /// the new state streamed (`gated_delta_move`); `false` (nothing
+    /// done) where that path does not run: the caller copies and scans.
+    ///
+    /// # Safety
+    /// `out` holds `Hv · d_v` values of which this call alone writes row
+    /// `j`.
+    #[doc(hidden)]
+    unsafe fn move_step(
+        _d: &GatedDeltaDims,
+        _j: usize,
+        _src: &[Self],
+        _dst: &mut [Self],
+        _inp: &DeltaInputs,
+        _out: *mut f32,
+        _kv: &mut [f32],
+    ) -> bool {
+        false
+    }
 }
 
 impl DeltaState for f32 {
@@ -358,6 +393,24 @@ impl DeltaState for f32 {
         n: usize,
     ) {
         head_scan_mv(d, j, s, inp, SendPtr(out), kv, n)
+    }
+
+    unsafe fn move_step(
+        d: &GatedDeltaDims,
+        j: usize,
+        src: &[f32],
+        dst: &mut [f32],
+        inp: &DeltaInputs,
+        out: *mut f32,
+        kv: &mut [f32],
+    ) -> bool {
+        if !super::gated_delta_move::usable(dst, d.d_v) {
+            return false;
+        }
+        // SAFETY: `usable` checked AVX2, the row width and the alignment;
+        // the caller owns head j's state and output row.
+        super::gated_delta_move::move_step(d, j, src, dst, inp, out, kv);
+        true
     }
 }
 
@@ -525,25 +578,33 @@ pub(crate) mod tests {
         }
     }
 
+    /// Odd sequences move off a checkpoint; with value rows of 32 their
+    /// one-token steps take the streamed path (`gated_delta_move`), with
+    /// rows of 4 the copy-then-update one: the same bits as each sequence
+    /// scanned alone in place.
     #[test]
     fn batch_equals_each_sequence_alone() {
+        for (dk, dv) in [(8, 4), (16, 32)] {
+            batch_case(GatedDeltaDims {
+                n_k_head: 2,
+                n_v_head: 4,
+                d_k: dk,
+                d_v: dv,
+                order: HeadOrder::Tiled,
+            });
+        }
+    }
+
+    fn batch_case(dims: GatedDeltaDims) {
         let mut rng = Rng::new(13);
         let pool = ThreadPool::new(2);
-        let dims = GatedDeltaDims {
-            n_k_head: 2,
-            n_v_head: 4,
-            d_k: 8,
-            d_v: 4,
-            order: HeadOrder::Tiled,
-        };
-        let (hv, dv) = (4, 4);
-        let toks = [1usize, 2, 1, 1, 3];
+        let (hk, hv, dk, dv) = (dims.n_k_head, dims.n_v_head, dims.d_k, dims.d_v);
+        let toks = [1usize, 2, 1, 1, 3, 1];
         let cases: Vec<Case> = toks
             .iter()
             .map(|&n| random_inputs(&mut rng, &dims, n))
             .collect();
-        fn inp(c: &Case) -> DeltaInputs<'_> {
-            let (hk, hv, dk, dv) = (2, 4, 8, 4);
+        fn inputs(c: &Case, hk: usize, hv: usize, dk: usize, dv: usize) -> DeltaInputs<'_> {
             DeltaInputs {
                 q: &c.q,
                 k: &c.k,
@@ -554,6 +615,7 @@ pub(crate) mod tests {
                 beta: &c.beta,
             }
         }
+        let inp = |c| inputs(c, hk, hv, dk, dv);
         let mut want_s: Vec<Vec<f32>> = cases.iter().map(|c| c.s0.clone()).collect();
         let mut want_o: Vec<Vec<f32>> = toks.iter().map(|&n| vec![0f32; n * hv * dv]).collect();
         for i in 0..toks.len() {
@@ -592,7 +654,12 @@ pub(crate) mod tests {
             .collect();
         gated_delta_scan_batch(&pool, dims, &mut seqs);
         drop(seqs);
-        assert_eq!(got_s, want_s);
-        assert_eq!(got_o, want_o);
+        let bits = |v: &[Vec<f32>]| -> Vec<Vec<u32>> {
+            v.iter()
+                .map(|r| r.iter().map(|x| x.to_bits()).collect())
+                .collect()
+        };
+        assert_eq!(bits(&got_s), bits(&want_s), "states, d_v {dv}");
+        assert_eq!(bits(&got_o), bits(&want_o), "outputs, d_v {dv}");
     }
 }
