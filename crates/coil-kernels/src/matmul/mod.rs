@@ -72,7 +72,8 @@ pub enum Layout {
 
 /// Rewrites a Q4_K or Q6_K matrix in place into [`Layout::Lanes16`] when
 /// the kernels of this process would use it (the selected SIMD level is
-/// AVX-512, `rows` is a multiple of 16, `COIL_REPACK` is not `0`), and says
+/// AVX-512, `rows` is a multiple of 16, the type is wanted: see
+/// `repack_wanted`), and says
 /// whether it did. Single tokens, a few tokens (batched decode, speculative
 /// verification) and prompts then read 16 rows' blocks as one stretch of
 /// memory with no transposition left to do.
@@ -80,7 +81,7 @@ pub fn repack(ty: GgmlType, data: &mut [u8], rows: usize, cols: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     if simd::level() >= SimdLevel::Avx512
         && x86_avx512::lanes::can_repack(rows)
-        && std::env::var("COIL_REPACK").map_or(true, |v| v != "0")
+        && repack_wanted(ty)
         && cols.is_multiple_of(256)
     {
         let nb = cols / 256;
@@ -98,6 +99,36 @@ pub fn repack(ty: GgmlType, data: &mut [u8], rows: usize, cols: usize) -> bool {
     }
     let _ = (ty, data, rows, cols);
     false
+}
+
+/// Whether [`repack`] rewrites matrices of `ty` (of a shape it takes) in
+/// this process.
+pub fn repacks(ty: GgmlType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        simd::level() >= SimdLevel::Avx512
+            && matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K)
+            && repack_wanted(ty)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ty;
+        false
+    }
+}
+
+/// Whether matrices of `ty` go into the rows-in-lanes layout: `COIL_REPACK`
+/// unset (or `auto`): Q4_K always, Q6_K except where 512-bit operations
+/// run as two halves ([`simd::split_512`]: on an AMD Zen 4 the Q6_K lanes
+/// kernel's unpacking — 3 shifts, 2 merges and 4 masks per 64 values —
+/// read one token's weights at 18–21 GB/s against 37–41 for the plain
+/// rows' kernel, and 8 tokens' no faster); `0`: neither; `all`: both.
+fn repack_wanted(ty: GgmlType) -> bool {
+    match std::env::var("COIL_REPACK").as_deref().map(str::trim) {
+        Ok("0") => false,
+        Ok("all") => true,
+        _ => ty != GgmlType::Q6_K || !simd::split_512(),
+    }
 }
 
 impl<'a> WeightRef<'a> {

@@ -310,6 +310,44 @@ pub fn avx_vnni() -> bool {
     })
 }
 
+/// Whether the CPU runs 512-bit vector operations as two 256-bit halves
+/// (AMD Zen 4: CPUID vendor "AuthenticAMD", family 0x19 — the one such
+/// family with AVX-512; Zen 5, family 0x1A, has full-width units). Kernels
+/// whose AVX-512 form is heavy in shifts, merges and stores per byte of
+/// weights lose there to their plainer forms (see `matmul::repack`).
+pub fn split_512() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let (vendor, family) = cpu_vendor_family();
+            &vendor == b"AuthenticAMD" && family == 0x19
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
+}
+
+/// The CPUID vendor string and display family (base family, plus the
+/// extended family where the base is 0xF).
+#[cfg(target_arch = "x86_64")]
+pub fn cpu_vendor_family() -> ([u8; 12], u32) {
+    use std::arch::x86_64::__cpuid;
+    // (CPUID exists on every x86-64 CPU, leaves 0 and 1 always.)
+    let (l0, l1) = (__cpuid(0), __cpuid(1));
+    let mut vendor = [0u8; 12];
+    vendor[..4].copy_from_slice(&l0.ebx.to_le_bytes());
+    vendor[4..8].copy_from_slice(&l0.edx.to_le_bytes());
+    vendor[8..].copy_from_slice(&l0.ecx.to_le_bytes());
+    let base = (l1.eax >> 8) & 0xf;
+    let family = if base == 0xf {
+        base + ((l1.eax >> 20) & 0xff)
+    } else {
+        base
+    };
+    (vendor, family)
+}
+
 /// Caps the level every kernel uses (process-wide); `None` removes the cap.
 /// A cap above what the CPU supports has no effect.
 pub fn force_level(cap: Option<SimdLevel>) {

@@ -327,12 +327,9 @@ mod tests {
         let plain = random_weights(&mut rng, GgmlType::Q6_K, rows, cols);
         let rb = plain.len() / rows;
         let mut packed = plain.clone();
-        assert!(crate::matmul::repack(
-            GgmlType::Q6_K,
-            &mut packed,
-            rows,
-            cols
-        ));
+        // (directly: `matmul::repack` leaves Q6_K alone on a Zen 4, where
+        // the layout is still tested)
+        repack(&mut packed, rows, cols);
         assert_ne!(packed, plain);
         let mut row = vec![0u8; rb];
         for r in 0..rows {
