@@ -26,10 +26,40 @@ fn model(arch: &str) -> String {
         .into_owned()
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("coil-cli-test-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
+/// A file (or folder) in the temporary directory, removed when the test
+/// ends.
+struct TmpFile(PathBuf);
+
+impl std::ops::Deref for TmpFile {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for TmpFile {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for TmpFile {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl Drop for TmpFile {
+    fn drop(&mut self) {
+        let _ = match self.0.is_dir() {
+            true => std::fs::remove_dir_all(&self.0),
+            false => std::fs::remove_file(&self.0),
+        };
+    }
+}
+
+fn tmp(name: &str) -> TmpFile {
+    TmpFile(std::env::temp_dir().join(format!("coil-cli-test-{}-{name}", std::process::id())))
 }
 
 #[test]
@@ -219,9 +249,13 @@ fn run_rejects_bad_flags_clearly() {
 
 #[test]
 fn sessions_continue_a_generation_without_reprocessing() {
-    for arch in ["mamba2", "jamba", "nemotron_h"] {
+    // (kept to the end: the last check loads mamba2's session into jamba)
+    let files: Vec<TmpFile> = ["mamba2", "jamba", "nemotron_h"]
+        .iter()
+        .map(|a| tmp(&format!("{a}.session")))
+        .collect();
+    for (arch, file) in ["mamba2", "jamba", "nemotron_h"].into_iter().zip(&files) {
         let m = model(arch);
-        let file = tmp(&format!("{arch}.session"));
         let f = file.to_str().unwrap();
         let (ok, whole, err) = coil(&["run", "-m", &m, "-p", "ROMEO:", "-n", "30", "--temp", "0"]);
         assert!(ok, "{err}");
@@ -266,7 +300,7 @@ fn sessions_continue_a_generation_without_reprocessing() {
         );
     }
     // Another model's session is refused with a clear message.
-    let file = tmp("mamba2.session");
+    let file = &files[0];
     let (ok, _, err) = coil(&[
         "run",
         "-m",

@@ -170,4 +170,5 @@ fn lfm2_fixtures_quantize_and_run() {
             let _ = std::fs::remove_file(&out);
         }
     }
+    let _ = std::fs::remove_dir_all(&d);
 }
