@@ -380,7 +380,7 @@ mkdir -p "$RUN_DIR"
 {
     echo "date: $STAMP"
     echo "commit: $(git -C "$REPO_ROOT" rev-parse --short HEAD)$(git -C "$REPO_ROOT" diff --quiet HEAD -- crates || echo ' (+ uncommitted changes)')"
-    echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -n1), $(nproc) CPUs, x86 flags: $(grep -m1 -o -w -E 'avx2|fma|f16c|bmi2|avx_vnni|avx512f|avx512_vnni|avx512_bf16|amx_int8' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+    echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -n1) (family $(lscpu | sed -n 's/^CPU family: *//p' | head -n1), model $(lscpu | sed -n 's/^Model: *//p' | head -n1)), $(nproc) CPUs, x86 flags: $(grep -m1 -o -w -E 'avx2|fma|f16c|bmi2|avx_vnni|avx512f|avx512_vnni|avx512_bf16|amx_int8' /proc/cpuinfo | sort -u | tr '\n' ' ')"
     echo "isa: llama.cpp built for ${LLAMACPP_ISA:-avx512} ($LLAMACPP_DIR); coil COIL_SIMD=${COIL_SIMD:-(unset: best level)}${COIL_AVX_VNNI:+ COIL_AVX_VNNI=$COIL_AVX_VNNI}"
     echo "threads: $THREADS, reps: $REPS, pp$N_PROMPT, tg$N_GEN, depth $N_DEPTH, llama-bench --repack: $LLAMA_REPACK ${LLAMA_BENCH_ARGS:-}"
     echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"

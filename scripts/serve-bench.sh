@@ -188,7 +188,7 @@ else
     say "llama-server: not found at $LLAMA_SERVER (skipped)"
 fi
 say "threads $THREADS, clients \"$CLIENTS\", $N_GEN tokens per sweep request, repeats $REPEATS, warm-up load first: $([ "$WARM" = 1 ] && echo yes || echo no)"
-say "CPU: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ //'), load average at start: $(loadavg)"
+say "CPU: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ //') (family $(grep -m1 'cpu family' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | tr -d ' '), model $(grep -m1 '^model[[:space:]]*:' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | tr -d ' ')), load average at start: $(loadavg)"
 
 for model in "$@"; do
     name="$(basename "$model" .gguf)"
