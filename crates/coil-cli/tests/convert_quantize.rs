@@ -5,6 +5,9 @@
 use coil_gguf::{GgmlType, GgufFile};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+#[path = "../../../tests/support/temp_path.rs"]
+mod temp_path;
+use temp_path::TempPath;
 
 fn coil() -> Command {
     Command::new(env!("CARGO_BIN_EXE_coil"))
@@ -14,27 +17,8 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
 }
 
-/// A test's own directory, removed when the test ends (pass or fail).
-struct Scratch(PathBuf);
-
-impl std::ops::Deref for Scratch {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn scratch(test: &str) -> Scratch {
-    let d = std::env::temp_dir().join(format!("coil-cli-cq-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    Scratch(d)
+fn scratch(test: &str) -> TempPath {
+    TempPath::dir("coil-cli-cq", test)
 }
 
 fn run(cmd: &mut Command) -> (bool, String) {

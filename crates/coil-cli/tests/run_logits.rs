@@ -2,6 +2,9 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+#[path = "../../../tests/support/temp_path.rs"]
+mod temp_path;
+use temp_path::TempPath;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -26,40 +29,8 @@ fn model(arch: &str) -> String {
         .into_owned()
 }
 
-/// A file (or folder) in the temporary directory, removed when the test
-/// ends.
-struct TmpFile(PathBuf);
-
-impl std::ops::Deref for TmpFile {
-    type Target = std::path::Path;
-    fn deref(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl AsRef<std::path::Path> for TmpFile {
-    fn as_ref(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl AsRef<std::ffi::OsStr> for TmpFile {
-    fn as_ref(&self) -> &std::ffi::OsStr {
-        self.0.as_os_str()
-    }
-}
-
-impl Drop for TmpFile {
-    fn drop(&mut self) {
-        let _ = match self.0.is_dir() {
-            true => std::fs::remove_dir_all(&self.0),
-            false => std::fs::remove_file(&self.0),
-        };
-    }
-}
-
-fn tmp(name: &str) -> TmpFile {
-    TmpFile(std::env::temp_dir().join(format!("coil-cli-test-{}-{name}", std::process::id())))
+fn tmp(name: &str) -> TempPath {
+    TempPath::new("coil-cli-test", name)
 }
 
 #[test]
@@ -250,7 +221,7 @@ fn run_rejects_bad_flags_clearly() {
 #[test]
 fn sessions_continue_a_generation_without_reprocessing() {
     // (kept to the end: the last check loads mamba2's session into jamba)
-    let files: Vec<TmpFile> = ["mamba2", "jamba", "nemotron_h"]
+    let files: Vec<TempPath> = ["mamba2", "jamba", "nemotron_h"]
         .iter()
         .map(|a| tmp(&format!("{a}.session")))
         .collect();

@@ -3,6 +3,9 @@
 use coil_convert::{convert, quantize, ConvertError, ConvertOptions, QuantMix, QuantizeOptions};
 use std::fs;
 use std::path::{Path, PathBuf};
+#[path = "../../../tests/support/temp_path.rs"]
+mod temp_path;
+use temp_path::TempPath;
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -10,34 +13,9 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// A test's own directory, removed when the test ends (pass or fail).
-struct Scratch(PathBuf);
-
-impl std::ops::Deref for Scratch {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl AsRef<Path> for Scratch {
-    fn as_ref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A fresh scratch folder per test.
-fn scratch(test: &str) -> Scratch {
-    let d = std::env::temp_dir().join(format!("coil-convert-err-{}-{test}", std::process::id()));
-    let _ = fs::remove_dir_all(&d);
-    fs::create_dir_all(&d).unwrap();
-    Scratch(d)
+fn scratch(test: &str) -> TempPath {
+    TempPath::dir("coil-convert-err", test)
 }
 
 /// Copies a fixture checkpoint into `dir/hf`.

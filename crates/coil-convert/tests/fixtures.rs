@@ -7,45 +7,16 @@
 use coil_convert::{convert, ConvertOptions, OutType};
 use coil_gguf::GgufFile;
 use std::path::PathBuf;
+#[path = "../../../tests/support/temp_path.rs"]
+mod temp_path;
+use temp_path::TempPath;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
 }
 
-/// A file (or folder) in the temporary directory, removed when the test
-/// ends.
-struct TmpFile(PathBuf);
-
-impl std::ops::Deref for TmpFile {
-    type Target = std::path::Path;
-    fn deref(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl AsRef<std::path::Path> for TmpFile {
-    fn as_ref(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl AsRef<std::ffi::OsStr> for TmpFile {
-    fn as_ref(&self) -> &std::ffi::OsStr {
-        self.0.as_os_str()
-    }
-}
-
-impl Drop for TmpFile {
-    fn drop(&mut self) {
-        let _ = match self.0.is_dir() {
-            true => std::fs::remove_dir_all(&self.0),
-            false => std::fs::remove_file(&self.0),
-        };
-    }
-}
-
-fn tmp(name: &str) -> TmpFile {
-    TmpFile(std::env::temp_dir().join(format!("coil-convert-test-{}-{name}", std::process::id())))
+fn tmp(name: &str) -> TempPath {
+    TempPath::new("coil-convert-test", name)
 }
 
 /// Differences between two GGUF files (empty when identical up to the

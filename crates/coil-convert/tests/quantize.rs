@@ -2,11 +2,13 @@
 
 use coil_convert::{quantize, QuantMix, QuantizeOptions};
 use coil_gguf::{GgmlType, GgufFile, GgufWriter, Metadata, TensorSpec, Value};
+#[path = "../../../tests/support/temp_path.rs"]
+mod temp_path;
+use temp_path::TempPath;
 
 #[test]
 fn k_mixtures_quantize_wide_tensors() {
-    let d = std::env::temp_dir().join(format!("coil-convert-q-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
+    let d = TempPath::dir("coil-convert-q", "wide");
     let src = d.join("wide.f32.gguf");
     let mut md = Metadata::new();
     md.insert("general.architecture", Value::String("mamba2".into()));
@@ -85,7 +87,6 @@ fn k_mixtures_quantize_wide_tensors() {
             Some(mix.file_type() as u64)
         );
     }
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 /// `coil quantize` on the LFM2 / LFM2-MoE fixtures (llama.cpp's F32
@@ -99,8 +100,7 @@ fn lfm2_fixtures_quantize_and_run() {
     use coil::models::LogitRows;
     let root =
         std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/parity");
-    let d = std::env::temp_dir().join(format!("coil-convert-q-lfm2-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
+    let d = TempPath::dir("coil-convert-q", "lfm2");
     for name in ["lfm2_small", "lfm2moe_small"] {
         let dir = root.join(name);
         let text = std::fs::read_to_string(dir.join("tokens.json")).unwrap();
@@ -170,5 +170,4 @@ fn lfm2_fixtures_quantize_and_run() {
             let _ = std::fs::remove_file(&out);
         }
     }
-    let _ = std::fs::remove_dir_all(&d);
 }

@@ -4,6 +4,9 @@ use coil_gguf::gguf::encode_header;
 use coil_gguf::{
     GgmlType, GgufError, GgufFile, GgufWriter, Metadata, TensorSpec, Value, ValueType,
 };
+#[path = "../../../tests/support/temp_path.rs"]
+mod temp_path;
+use temp_path::TempPath;
 
 fn sample_metadata() -> Metadata {
     let mut m = Metadata::new();
@@ -249,38 +252,11 @@ fn tensor_past_end_of_file_is_an_error() {
     assert!(GgufFile::from_bytes(h).is_ok());
 }
 
-/// A fresh empty directory under the target dir (no extra dependency).
-/// A test's own directory, removed when the test ends (pass or fail).
-struct TempDir(std::path::PathBuf);
-
-impl std::ops::Deref for TempDir {
-    type Target = std::path::Path;
-    fn deref(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl AsRef<std::path::Path> for TempDir {
-    fn as_ref(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn tempdir() -> TempDir {
+fn tempdir() -> TempPath {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static N: AtomicUsize = AtomicUsize::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "coil-gguf-test-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::SeqCst)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    TempDir(d)
+    TempPath::dir(
+        "coil-gguf-test",
+        &N.fetch_add(1, Ordering::SeqCst).to_string(),
+    )
 }

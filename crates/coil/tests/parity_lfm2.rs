@@ -12,7 +12,10 @@ use coil::engine::{BatchEntry, Engine, EngineOptions};
 use coil::models::LogitRows;
 use coil_gguf::{GgufFile, GgufWriter, Metadata, TensorSpec, Value, ValueType};
 use common::{assert_parity, tool_fixture};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+#[path = "../../../tests/support/temp_path.rs"]
+mod temp_path;
+use temp_path::TempPath;
 
 const FIXTURES: [&str; 2] = ["lfm2_small", "lfm2moe_small"];
 
@@ -120,40 +123,8 @@ fn several_sequences_in_one_batch_match_transformers() {
 // ---------------------------------------------------------------------------
 // Bad files
 
-/// A file (or folder) in the temporary directory, removed when the test
-/// ends.
-struct TmpFile(PathBuf);
-
-impl std::ops::Deref for TmpFile {
-    type Target = std::path::Path;
-    fn deref(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl AsRef<std::path::Path> for TmpFile {
-    fn as_ref(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl AsRef<std::ffi::OsStr> for TmpFile {
-    fn as_ref(&self) -> &std::ffi::OsStr {
-        self.0.as_os_str()
-    }
-}
-
-impl Drop for TmpFile {
-    fn drop(&mut self) {
-        let _ = match self.0.is_dir() {
-            true => std::fs::remove_dir_all(&self.0),
-            false => std::fs::remove_file(&self.0),
-        };
-    }
-}
-
-fn tmp(name: &str) -> TmpFile {
-    TmpFile(std::env::temp_dir().join(format!("coil-lfm2-test-{}-{name}", std::process::id())))
+fn tmp(name: &str) -> TempPath {
+    TempPath::new("coil-lfm2-test", name)
 }
 
 /// A copy of `src` with its metadata edited and tensors renamed / reshaped

@@ -12,6 +12,9 @@ use std::path::PathBuf;
 mod common;
 
 use common::{assert_close, llama_cpp_fixture, tool_fixture, ARCHS};
+#[path = "../../../tests/support/temp_path.rs"]
+mod temp_path;
+use temp_path::TempPath;
 
 /// Gated DeltaNet hybrids (tools/make_fixtures_qwen35.py), beside the
 /// llama.cpp fixtures of `ARCHS`.
@@ -184,40 +187,8 @@ fn checkpoints_cut_replays_and_respect_the_budget() {
     assert_eq!(st.to, 10);
 }
 
-/// A file (or folder) in the temporary directory, removed when the test
-/// ends.
-struct TmpFile(PathBuf);
-
-impl std::ops::Deref for TmpFile {
-    type Target = std::path::Path;
-    fn deref(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl AsRef<std::path::Path> for TmpFile {
-    fn as_ref(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl AsRef<std::ffi::OsStr> for TmpFile {
-    fn as_ref(&self) -> &std::ffi::OsStr {
-        self.0.as_os_str()
-    }
-}
-
-impl Drop for TmpFile {
-    fn drop(&mut self) {
-        let _ = match self.0.is_dir() {
-            true => std::fs::remove_dir_all(&self.0),
-            false => std::fs::remove_file(&self.0),
-        };
-    }
-}
-
-fn tmpfile(name: &str) -> TmpFile {
-    TmpFile(std::env::temp_dir().join(format!("coil-session-test-{}-{name}", std::process::id())))
+fn tmpfile(name: &str) -> TempPath {
+    TempPath::new("coil-session-test", name)
 }
 
 #[test]

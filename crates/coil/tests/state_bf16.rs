@@ -12,6 +12,9 @@ use std::path::{Path, PathBuf};
 mod common;
 
 use common::{llama_cpp_fixture, max_rel_diff, tool_fixture, ARCHS};
+#[path = "../../../tests/support/temp_path.rs"]
+mod temp_path;
+use temp_path::TempPath;
 
 /// Gated DeltaNet hybrids (tools/make_fixtures_qwen35.py).
 const GATED_DELTA: [&str; 3] = ["qwen35_tiny", "qwen35moe_tiny", "qwen3next_tiny"];
@@ -239,30 +242,8 @@ fn bf16_forks_decode_as_alone() {
     }
 }
 
-/// A file in the temporary directory, removed when the test ends.
-struct TmpFile(PathBuf);
-
-impl std::ops::Deref for TmpFile {
-    type Target = std::path::Path;
-    fn deref(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl AsRef<std::path::Path> for TmpFile {
-    fn as_ref(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl Drop for TmpFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-fn tmpfile(name: &str) -> TmpFile {
-    TmpFile(std::env::temp_dir().join(format!("coil-bf16-test-{}-{name}", std::process::id())))
+fn tmpfile(name: &str) -> TempPath {
+    TempPath::new("coil-bf16-test", name)
 }
 
 /// A session records its state type: loaded into a bf16 memory it

@@ -79,11 +79,7 @@ pub enum Layout {
 /// memory with no transposition left to do.
 pub fn repack(ty: GgmlType, data: &mut [u8], rows: usize, cols: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if simd::level() >= SimdLevel::Avx512
-        && x86_avx512::lanes::can_repack(rows)
-        && repack_wanted(ty)
-        && cols.is_multiple_of(256)
-    {
+    if repacks(ty) && x86_avx512::lanes::can_repack(rows) && cols.is_multiple_of(256) {
         let nb = cols / 256;
         match ty {
             GgmlType::Q4_K if data.len() == rows * nb * 144 => {
