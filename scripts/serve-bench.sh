@@ -3,12 +3,13 @@
 # files, every measurement of issue 21, results in one directory.
 #
 #   scripts/serve-bench.sh [-o DIR] [-c "1 2 4 8 16"] [-n 128] [-t THREADS]
-#                          [-R REPEATS] [-s "bench sweep join long"] [-W] MODEL.gguf...
+#                          [-R REPEATS] [-s "bench sweep join long pair"] [-W] MODEL.gguf...
 #
 # Per file, REPEATS times (coil and llama-server alternating, so that both
 # see the same machine):
-#   bench  `coil bench` tg alone, tg with a checkpoint per token (as coil
-#          serve runs), and `coil bench --parallel 1,2,4,8,16` (generation
+#   bench  `coil bench` tg alone, tg as coil serve decodes (a checkpoint
+#          every 4th token, batch-invariant kernels), and `coil bench
+#          --parallel 1,2,4,8,16` (generation
 #          tokens/s and the GB/s a step's least traffic makes: divided by
 #          the machine's read bandwidth, the batch-decode roofline fraction)
 #   sweep  1, 2, 4, 8, 16 clients at once, each a short prompt and N greedy
@@ -19,6 +20,12 @@
 #          of the others (how much a long prompt stalls running generations)
 #   long   8 clients, ~240-token prompts, 64 tokens each, two rounds: total
 #          (prompt + generated) and generated tokens/s, TTFT, TPOT
+#   pair   (coil only, not in the default set) one request through coil serve
+#          against `coil bench`'s tg on the same file, interleaved: PAIRS rounds
+#          (default 6) of `coil bench -n N -r 1` and one streamed request of N
+#          tokens to a warm server (in turn first); per round bench ms/token ÷
+#          the request's TPOT, and their median (issue 21's "one request at
+#          >= 0.95x bench")
 # -W: before each timed load, the same load once with other prompts, not
 # recorded (a warm server: state buffers and caches in place, and no prefix
 # cache hit for the timed prompts), for both servers.
@@ -33,6 +40,7 @@
 #   PORT             port to use (default: 18080)
 #   COIL_SERVE_ARGS  extra flags for coil serve (e.g. "--prefill-chunk 256")
 #   LLAMA_ARGS       extra flags for llama-server
+#   PAIRS            rounds of the pair section (default 6)
 #
 # Timings on a shared machine are noisy: compare the interleaved ratios.
 
@@ -47,7 +55,7 @@ SECTIONS="bench sweep join long"
 OUT=""
 WARM=0
 
-usage() { sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,45p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
 while getopts "o:c:n:t:R:s:Wh" opt; do
     case "$opt" in
@@ -176,6 +184,52 @@ serve_section() {
     done
 }
 
+# pair_section MODEL: interleaved `coil bench` tg and one request through a
+# warm coil serve (see the header)
+pair_section() {
+    local model="$1" name r tg tpot
+    name="$(basename "$model" .gguf)"
+    start_server coil "$model" "$OUT/logs/$name.pair.coil.log"
+    "$PYTHON" "$REPO_ROOT/scripts/serve_load.py" --url "http://127.0.0.1:$PORT" \
+        --clients 1 --max-tokens "$N_GEN" --prompt-offset 100000 > /dev/null
+    say "| round | coil bench tg (tok/s) | ms/token | coil serve TPOT (ms) | ratio | load avg |"
+    say "| ---: | ---: | ---: | ---: | ---: | ---: |"
+    local ratios=""
+    run_bench() {
+        "$COIL" bench -m "$model" -p 0 -n "$N_GEN" -r 1 -t "$THREADS" \
+            2>>"$OUT/logs/$name.bench.log" | awk -F'|' -v t="tg$N_GEN" '$6 ~ t { print $7 + 0 }'
+    }
+    run_request() {
+        "$PYTHON" "$REPO_ROOT/scripts/serve_load.py" --url "http://127.0.0.1:$PORT" \
+            --clients 1 --max-tokens "$N_GEN" --prompt-offset $((200000 + r)) --json \
+            --label "coil serve" --tag "$name pair $r" --out "$JSONL" |
+            "$PYTHON" -c 'import json, sys; print(json.loads(sys.stdin.readline())["tpot_mean_s"] or 0)'
+    }
+    for r in $(seq 1 "${PAIRS:-6}"); do
+        # odd rounds bench first, even rounds the request first
+        if [ $((r % 2)) = 1 ]; then
+            tg="$(run_bench)"
+            tpot="$(run_request)"
+        else
+            tpot="$(run_request)"
+            tg="$(run_bench)"
+        fi
+        if [ -z "$tg" ] || [ "$tg" = 0 ] || [ "$tpot" = 0 ]; then
+            say "| $r | ${tg:-?} | - | $tpot | - | $(loadavg) |"
+            continue
+        fi
+        local row
+        row="$("$PYTHON" -c "tg, tp = $tg, $tpot; print(f'{1e3 / tg:.2f} | {tp * 1e3:.2f} | {1 / tg / tp:.3f}')")"
+        ratios="$ratios $(echo "$row" | awk -F'|' '{ print $3 + 0 }')"
+        say "| $r | $tg | $row | $(loadavg) |"
+    done
+    cleanup
+    if [ -n "$ratios" ]; then
+        say ""
+        say "median ratio (bench ms/token ÷ serve TPOT; 1 = the server adds nothing): $("$PYTHON" -c "import statistics, sys; print(f'{statistics.median(map(float, sys.argv[1:])):.3f}')" $ratios) over$ratios"
+    fi
+}
+
 TABLE_HEAD="| server | clients | prompt tok | gen tok/s | total tok/s | TTFT mean (s) | TTFT max (s) | TPOT (ms) | max gap (ms) | joined TTFT (s) | load avg |
 | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 
@@ -203,8 +257,9 @@ for model in "$@"; do
             "$COIL" bench -m "$model" -p 0 -n 128 -r 3 -t "$THREADS" \
                 2>>"$OUT/logs/$name.bench.log" | tee -a "$RESULTS"
             say ""
-            say "tg with a checkpoint per token (as coil serve runs):"
+            say "tg as coil serve decodes (a checkpoint every 4th token, batch-invariant kernels):"
             "$COIL" bench -m "$model" -p 0 -n 128 -r 3 -t "$THREADS" --checkpoint-every-token \
+                --checkpoint-spacing 4 --batch-invariant \
                 2>>"$OUT/logs/$name.bench.log" | tee -a "$RESULTS"
             say ""
             "$COIL" bench -m "$model" -p 16 -n 32 -r 2 -t "$THREADS" --checkpoint-every-token \
@@ -223,6 +278,12 @@ for model in "$@"; do
             say ""
             say "$TABLE_HEAD"
             serve_section join "$model" "$rep"
+        fi
+        if [[ " $SECTIONS " == *" pair "* ]]; then
+            say ""
+            say "### one request through coil serve against coil bench, $N_GEN tokens, interleaved, repeat $rep"
+            say ""
+            pair_section "$model"
         fi
         if [[ " $SECTIONS " == *" long "* ]]; then
             say ""

@@ -263,3 +263,31 @@ fn bench_state_type() {
     assert!(ok, "{err}");
     assert!(err.contains("SSM state in bf16"), "{err}");
 }
+
+/// `--batch-invariant` runs generated tokens as `coil serve` decodes them
+/// (one entry of a batch-invariant call) as well as the prompt.
+#[test]
+fn bench_batch_invariant_generates() {
+    for arch in ["mamba2", "jamba"] {
+        let m = model(arch);
+        let (ok, out, err) = coil(&[
+            "bench",
+            "-m",
+            &m,
+            "-p",
+            "8",
+            "-n",
+            "3",
+            "-r",
+            "1",
+            "--batch-invariant",
+            "--json",
+        ]);
+        assert!(ok, "{arch}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("bench prints JSON");
+        assert_eq!(v["batch_invariant"], true, "{arch}");
+        assert_eq!(v["n_gen"], 3);
+        assert!(v["tg_tps"].as_f64().unwrap() > 0.0, "{arch}: {out}");
+        assert!(v["pp_tps"].as_f64().unwrap() > 0.0, "{arch}: {out}");
+    }
+}

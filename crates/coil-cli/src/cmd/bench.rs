@@ -76,10 +76,11 @@ pub struct Args {
     /// Keep the draft length at --draft-max (no adaptation).
     #[arg(long = "draft-fixed")]
     draft_fixed: bool,
-    /// Process the prompt with the batch-invariant kernels (per-row
-    /// products, recurrences token by token): what a speculative
+    /// Run through the batch-invariant kernels (per-row products,
+    /// recurrences token by token): the prompt costs what a speculative
     /// verification of `-p` tokens, or a prompt under `coil serve
-    /// --batch-invariant`, costs.
+    /// --batch-invariant`, costs; each generated token goes as `coil serve`
+    /// decodes it (one entry of a batch call, batch-invariant).
     #[arg(long = "batch-invariant")]
     batch_invariant: bool,
 }
@@ -223,13 +224,32 @@ fn run_prompt(
 
 /// One generation test: `n` single-token calls after `depth` tokens of
 /// context.
-fn run_gen(engine: &mut Engine, rng: &mut Rng, n: usize, depth: usize) -> Result<f64> {
+fn run_gen(
+    engine: &mut Engine,
+    rng: &mut Rng,
+    n: usize,
+    depth: usize,
+    numerics: Numerics,
+) -> Result<f64> {
     let n_vocab = engine.n_vocab();
     let seq = start_seq(engine, depth)?;
     let t0 = Instant::now();
     for _ in 0..n {
         let t = rng.token(n_vocab);
-        engine.eval(seq, &[t], LogitRows::Last, 1)?;
+        match numerics {
+            Numerics::Fast => {
+                engine.eval(seq, &[t], LogitRows::Last, 1)?;
+            }
+            // as `coil serve` decodes: one entry through the batch call
+            Numerics::BatchInvariant => {
+                let entry = BatchEntry {
+                    seq,
+                    tokens: &[t],
+                    logits: LogitRows::Last,
+                };
+                engine.decode_batch_with(&[entry], numerics)?;
+            }
+        }
     }
     Ok(t0.elapsed().as_secs_f64())
 }
@@ -308,7 +328,7 @@ pub fn run(a: Args) -> Result<()> {
             )?;
         }
         if a.n_gen > 0 {
-            run_gen(&mut engine, &mut rng, 1, a.depth)?;
+            run_gen(&mut engine, &mut rng, 1, a.depth, numerics)?;
         }
     }
     let mut pp = None;
@@ -330,7 +350,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.n_gen > 0 {
         let mut secs = Vec::with_capacity(a.reps);
         for _ in 0..a.reps {
-            secs.push(run_gen(&mut engine, &mut rng, a.n_gen, a.depth)?);
+            secs.push(run_gen(&mut engine, &mut rng, a.n_gen, a.depth, numerics)?);
         }
         tg = Some(Stats::new(a.n_gen, secs));
     }

@@ -95,6 +95,9 @@ fn all_formats_all_paths() {
                 (5, 8),
                 (40, 30),
                 (33, 27),
+                // an odd number of work items for two threads
+                (160, 37),
+                (70, 20),
             ] {
                 check(ty, rows, cols, n, &pool, seed);
                 seed += 1;
@@ -143,6 +146,43 @@ fn single_thread_pool_matches() {
     let p1 = ThreadPool::new(1);
     check(GgmlType::Q4_K, 33, 512, 2, &p1, 99);
     check(GgmlType::F16, 33, 100, 20, &p1, 98);
+}
+
+/// How the work is split between threads does not change a result: every
+/// element is the same bits with one thread as with two (a Qwen3.5-MoE
+/// expert's 160 rows, and 70: an odd number of work items).
+#[test]
+fn thread_split_does_not_change_results() {
+    let (p1, p2) = (ThreadPool::new(1), ThreadPool::new(2));
+    let mut rng = Rng::new(123);
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+    ] {
+        for (rows, n) in [(160, 64), (70, 21)] {
+            let cols = 512;
+            let data = random_weights(&mut rng, ty, rows, cols);
+            let w = WeightRef::new(ty, &data, rows, cols).unwrap();
+            let x = rng.vec(n * cols);
+            for level in crate::simd::available_levels() {
+                let mut y1 = vec![f32::NAN; n * rows];
+                let mut y2 = vec![f32::NAN; n * rows];
+                matmul_at(&p1, &w, &x, &mut y1, n, level);
+                matmul_at(&p2, &w, &x, &mut y2, n, level);
+                for i in 0..y1.len() {
+                    assert_eq!(
+                        y1[i].to_bits(),
+                        y2[i].to_bits(),
+                        "{ty} {level:?} rows {rows} n {n}: y[{i}] {} vs {}",
+                        y1[i],
+                        y2[i]
+                    );
+                }
+            }
+        }
+    }
 }
 
 #[test]
