@@ -298,6 +298,7 @@ pub fn matmul_at(
             k,
             rows_kernel(w.ty, level),
             tile_kernel(w.ty, level),
+            float_rows_kernel(w.ty, level),
         ),
         None if per_row || n_tokens < 4 => decode_vec_path(pool, w, x, y, n_tokens, level),
         _ => {
@@ -319,8 +320,22 @@ pub fn matmul_at(
             if level == SimdLevel::Avx2 && igemm_avx2::supported(w.ty) && int_gemm_enabled() {
                 return igemm_avx2::igemm(pool, w, x, y, n_tokens);
             }
-            gemm::gemm(pool, w, x, y, n_tokens, level)
+            gemm::gemm(pool, w, x, y, n_tokens, f32_gemm_level(level))
         }
+    }
+}
+
+/// The level of the exact f32 GEMM (F16, F32, BF16 without bf16 products):
+/// the AVX2 microkernel where the CPU runs 512-bit operations as halves
+/// ([`simd::split_512`]). On an AMD Zen 4 (kernel bench, 512 tokens × 4096
+/// × 1024 F16, 2 threads, two rounds) it gave 185.7–187.2 GFLOP/s against
+/// 163.6–164.3 for the AVX-512 one (whose 512-bit FMAs bring no more
+/// products per cycle there).
+fn f32_gemm_level(level: SimdLevel) -> SimdLevel {
+    if level == SimdLevel::Avx512 && simd::split_512() {
+        SimdLevel::Avx2
+    } else {
+        level
     }
 }
 
@@ -559,6 +574,22 @@ fn rows_kernel(ty: GgmlType, level: SimdLevel) -> Option<QuantRows> {
     None
 }
 
+/// The one-token rows kernel of a 16-bit float format at `level`, if there
+/// is one (AVX-512: F16 and BF16 rows in pairs, see `float_pairs`), each
+/// row's result bit for bit its [`VecKernel::Float`] dot product's.
+fn float_rows_kernel(ty: GgmlType, level: SimdLevel) -> Option<FloatRows> {
+    #[cfg(target_arch = "x86_64")]
+    if level >= SimdLevel::Avx512 {
+        return x86_avx512::float_pairs::rows_kernel(ty);
+    }
+    let _ = (ty, level);
+    None
+}
+
+/// One token's rows of a float format: `(w, x, out)`, `w` from the first
+/// of `out.len()` rows.
+type FloatRows = fn(&[u8], &[f32], &mut [f32]);
+
 fn vec_kernel(ty: GgmlType, level: SimdLevel) -> Option<VecKernel> {
     use GgmlType::*;
     #[cfg(target_arch = "x86_64")]
@@ -709,10 +740,23 @@ fn vec_path(
     k: VecKernel,
     rows_k: Option<QuantRows>,
     tile_k: Option<TileKernel>,
+    float_rows: Option<FloatRows>,
 ) {
     let (rows, cols) = (w.rows, w.cols);
     let yp = SendPtr(y.as_mut_ptr());
     match k {
+        // one token: the paired rows kernel where the level has one (the
+        // same bits as `f` per row)
+        VecKernel::Float(_) if n_tokens == 1 && float_rows.is_some() => {
+            let k = float_rows.expect("checked");
+            let rb = w.row_bytes();
+            rows_for(pool, rows, |rr| {
+                // SAFETY: y[rr] is written by this chunk only (one token).
+                let out =
+                    unsafe { std::slice::from_raw_parts_mut(yp.get().add(rr.start), rr.len()) };
+                k(&w.data[rr.start * rb..], x, out)
+            })
+        }
         VecKernel::Float(f) => rows_for(pool, rows, |rr| {
             for r in rr {
                 let row = w.row(r);

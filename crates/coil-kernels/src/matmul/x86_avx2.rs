@@ -424,7 +424,7 @@ pub(super) const PF_STREAM: usize = 2048;
 /// Intel Xeon (AVX-512), 2 threads, lfm2-1.2b-like Q4_K_M decode, A/B ×2:
 /// 20.2–21.1 → 24.3–26.4 tokens/s (T1 or T2, 4–10 KB ahead, all within
 /// noise of each other; without any software prefetch 15.4–15.8).
-pub(super) const PF_FAR: usize = 4096;
+pub(in crate::matmul) const PF_FAR: usize = 4096;
 
 /// The far prefetch of the `bytes`-byte block at `b`: its lines
 /// [`PF_FAR`] ahead, into L2.

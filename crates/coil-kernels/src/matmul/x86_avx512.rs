@@ -13,6 +13,7 @@ use super::{vecdot, ActKind, QuantRows, TileKernel, VecKernel};
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 
+pub(super) mod float_pairs;
 pub(super) mod lanes;
 pub(super) mod lanes_q6k;
 mod tiles;
