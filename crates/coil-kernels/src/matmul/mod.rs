@@ -575,12 +575,18 @@ fn rows_kernel(ty: GgmlType, level: SimdLevel) -> Option<QuantRows> {
 }
 
 /// The one-token rows kernel of a 16-bit float format at `level`, if there
-/// is one (AVX-512: F16 and BF16 rows in pairs, see `float_pairs`), each
-/// row's result bit for bit its [`VecKernel::Float`] dot product's.
+/// is one (rows in pairs: F16 and BF16 at AVX-512, F16 at AVX2), each
+/// row's result bit for bit its [`VecKernel::Float`] dot product's (the
+/// same level's).
 fn float_rows_kernel(ty: GgmlType, level: SimdLevel) -> Option<FloatRows> {
     #[cfg(target_arch = "x86_64")]
-    if level >= SimdLevel::Avx512 {
-        return x86_avx512::float_pairs::rows_kernel(ty);
+    {
+        if level >= SimdLevel::Avx512 && x86_avx512::vec_kernel(ty).is_some() {
+            return x86_avx512::float_pairs::rows_kernel(ty);
+        }
+        if level >= SimdLevel::Avx2 {
+            return x86_avx2::f16_pairs::rows_kernel(ty);
+        }
     }
     let _ = (ty, level);
     None

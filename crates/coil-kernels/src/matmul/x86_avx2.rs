@@ -5,6 +5,7 @@ use super::{ActKind, QuantRows, SimdLevel, TileKernel, VecKernel};
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 
+pub(super) mod f16_pairs;
 mod legacy;
 mod tiles;
 
@@ -249,7 +250,7 @@ unsafe fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
 /// threads, tg64, interleaved rounds on a busy machine): mamba2-370m-like
 /// F16 1.04-1.10x, hybrid-350m-like F16 1.06-1.14x, lfm2-1.2b-like F16
 /// 1.04-1.10x; 2 KB ahead was no better than none.
-const PF_BYTES_16: usize = 1024;
+pub(super) const PF_BYTES_16: usize = 1024;
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
