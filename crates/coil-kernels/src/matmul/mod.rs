@@ -575,7 +575,7 @@ fn rows_kernel(ty: GgmlType, level: SimdLevel) -> Option<QuantRows> {
 }
 
 /// The one-token rows kernel of a 16-bit float format at `level`, if there
-/// is one (rows in pairs: F16 and BF16 at AVX-512, F16 at AVX2), each
+/// is one (rows in pairs: F16 and BF16 at AVX-512 and AVX2), each
 /// row's result bit for bit its [`VecKernel::Float`] dot product's (the
 /// same level's).
 fn float_rows_kernel(ty: GgmlType, level: SimdLevel) -> Option<FloatRows> {
@@ -585,7 +585,7 @@ fn float_rows_kernel(ty: GgmlType, level: SimdLevel) -> Option<FloatRows> {
             return x86_avx512::float_pairs::rows_kernel(ty);
         }
         if level >= SimdLevel::Avx2 {
-            return x86_avx2::f16_pairs::rows_kernel(ty);
+            return x86_avx2::float_pairs::rows_kernel(ty);
         }
     }
     let _ = (ty, level);

@@ -5,7 +5,7 @@ use super::{ActKind, QuantRows, SimdLevel, TileKernel, VecKernel};
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 
-pub(super) mod f16_pairs;
+pub(super) mod float_pairs;
 mod legacy;
 mod tiles;
 
