@@ -3,7 +3,8 @@
 //! `vcvtne2ps2bf16` does), products by `vdpbf16ps` (two bf16 products per
 //! f32 lane, summed into f32) — the precision llama.cpp and transformers
 //! use for bf16 weights, at twice the products per instruction of the exact
-//! f32 GEMM (which the F16 files and the CPUs without AVX512_BF16 keep).
+//! f32 GEMM (which the F16 files, the CPUs without AVX512_BF16 and those
+//! whose `vdpbf16ps` issues too slowly to pay keep: see [`available`]).
 //!
 //! Layout: a work item is two panels of 16 weight rows (a last odd panel
 //! is paired with an empty one), packed `[column pair][16 rows][2]` (one
@@ -19,16 +20,122 @@ use std::cell::RefCell;
 /// Tokens per microkernel call.
 const NT: usize = 8;
 
-/// Whether this CPU runs [`gemm`] (AVX-512 F/BW and AVX512_BF16), unless
-/// `COIL_BF16_DOT=0` keeps BF16 weights on the exact f32 GEMM.
+/// Whether this CPU can run [`gemm`]: AVX-512 F/BW and AVX512_BF16.
+pub fn supported() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512bf16")
+}
+
+/// Whether BF16 prompts take [`gemm`] here: the CPU runs it and its bf16
+/// products pay ([`products_pay`]); `COIL_BF16_DOT=0` keeps BF16 weights
+/// on the exact f32 GEMM, `COIL_BF16_DOT=1` takes bf16 products wherever
+/// the CPU has them. Decided once per process (and said in the system-info
+/// line that `coil bench`, `run` and `serve` print at start).
 pub fn available() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
-        is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512bf16")
-            && std::env::var("COIL_BF16_DOT").map_or(true, |v| v.trim() != "0")
+        supported()
+            && match std::env::var("COIL_BF16_DOT").as_deref().map(str::trim) {
+                Ok("0") => false,
+                Ok("1") => true,
+                _ => products_pay(),
+            }
     })
+}
+
+/// Whether `vdpbf16ps` multiplies faster than the f32 FMAs the exact GEMM
+/// runs on: CPUs differ by 4× here. On an Intel Xeon model 207 one zmm
+/// `vdpbf16ps` (32 products) issues every other cycle against two
+/// `vfmadd231ps` (16 each) per cycle, so bf16 products run at half the
+/// f32 rate (BF16 prompts 35% slower than exact, measured); where
+/// 512-bit FMAs issue once per cycle and `vdpbf16ps` as often, they run
+/// at twice it. The ratio of the two rates is measured (register-only
+/// loops, best of 7, ~0.1 ms in all) and rounded to a power of two, as
+/// issue rates are, before deciding: the products are taken only where
+/// they are at least twice as fast (a ratio ≥ √2), so noise of up to
+/// ±40% cannot flip the choice on either kind of CPU, and equal rates
+/// keep the exact arithmetic.
+fn products_pay() -> bool {
+    product_ratio().is_some_and(pays)
+}
+
+/// The decision of [`products_pay`] on a measured ratio: twice the f32 rate
+/// or more, once rounded to a power of two.
+fn pays(ratio: f64) -> bool {
+    ratio.log2().round() >= 1.0
+}
+
+/// `vdpbf16ps`'s products per second over `vfmadd231ps`'s on this CPU
+/// (zmm), measured once per process; `None` without AVX512_BF16.
+pub fn product_ratio() -> Option<f64> {
+    static R: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
+    // SAFETY: measured only where `supported()` holds.
+    *R.get_or_init(|| supported().then(|| unsafe { mac_ratio() }))
+}
+
+/// Products per second of `vdpbf16ps` over those of `vfmadd231ps` (zmm),
+/// each the best of 7 timings of 12 independent chains.
+///
+/// # Safety
+/// AVX-512 F and AVX512_BF16 available.
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn mac_ratio() -> f64 {
+    const ITERS: u64 = 2000;
+    let (mut bf, mut fma) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..7 {
+        let t = std::time::Instant::now();
+        // SAFETY (both): register-only loops on zeroed registers.
+        std::arch::asm!(
+            "vpxord zmm0, zmm0, zmm0", "vmovaps zmm1, zmm0", "vmovaps zmm2, zmm0",
+            "vmovaps zmm3, zmm0", "vmovaps zmm4, zmm0", "vmovaps zmm5, zmm0",
+            "vmovaps zmm6, zmm0", "vmovaps zmm7, zmm0", "vmovaps zmm8, zmm0",
+            "vmovaps zmm9, zmm0", "vmovaps zmm10, zmm0", "vmovaps zmm11, zmm0",
+            "vmovaps zmm12, zmm0", "vmovaps zmm13, zmm0",
+            "2:",
+            "vdpbf16ps zmm0, zmm12, zmm13", "vdpbf16ps zmm1, zmm12, zmm13",
+            "vdpbf16ps zmm2, zmm12, zmm13", "vdpbf16ps zmm3, zmm12, zmm13",
+            "vdpbf16ps zmm4, zmm12, zmm13", "vdpbf16ps zmm5, zmm12, zmm13",
+            "vdpbf16ps zmm6, zmm12, zmm13", "vdpbf16ps zmm7, zmm12, zmm13",
+            "vdpbf16ps zmm8, zmm12, zmm13", "vdpbf16ps zmm9, zmm12, zmm13",
+            "vdpbf16ps zmm10, zmm12, zmm13", "vdpbf16ps zmm11, zmm12, zmm13",
+            "dec {n}",
+            "jnz 2b",
+            n = inout(reg) ITERS => _,
+            out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
+            out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
+            out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
+            out("zmm12") _, out("zmm13") _,
+            options(nostack, nomem),
+        );
+        bf = bf.min(t.elapsed().as_secs_f64());
+        let t = std::time::Instant::now();
+        std::arch::asm!(
+            "vpxord zmm0, zmm0, zmm0", "vmovaps zmm1, zmm0", "vmovaps zmm2, zmm0",
+            "vmovaps zmm3, zmm0", "vmovaps zmm4, zmm0", "vmovaps zmm5, zmm0",
+            "vmovaps zmm6, zmm0", "vmovaps zmm7, zmm0", "vmovaps zmm8, zmm0",
+            "vmovaps zmm9, zmm0", "vmovaps zmm10, zmm0", "vmovaps zmm11, zmm0",
+            "vmovaps zmm12, zmm0", "vmovaps zmm13, zmm0",
+            "2:",
+            "vfmadd231ps zmm0, zmm12, zmm13", "vfmadd231ps zmm1, zmm12, zmm13",
+            "vfmadd231ps zmm2, zmm12, zmm13", "vfmadd231ps zmm3, zmm12, zmm13",
+            "vfmadd231ps zmm4, zmm12, zmm13", "vfmadd231ps zmm5, zmm12, zmm13",
+            "vfmadd231ps zmm6, zmm12, zmm13", "vfmadd231ps zmm7, zmm12, zmm13",
+            "vfmadd231ps zmm8, zmm12, zmm13", "vfmadd231ps zmm9, zmm12, zmm13",
+            "vfmadd231ps zmm10, zmm12, zmm13", "vfmadd231ps zmm11, zmm12, zmm13",
+            "dec {n}",
+            "jnz 2b",
+            n = inout(reg) ITERS => _,
+            out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
+            out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
+            out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
+            out("zmm12") _, out("zmm13") _,
+            options(nostack, nomem),
+        );
+        fma = fma.min(t.elapsed().as_secs_f64());
+    }
+    // 32 products per vdpbf16ps, 16 per vfmadd231ps, the same count of each
+    (32.0 / bf.max(1e-12)) / (16.0 / fma.max(1e-12))
 }
 
 thread_local! {
@@ -166,6 +273,28 @@ mod tests {
     use crate::testutil::{random_weights, Rng};
     use coil_gguf::GgmlType;
 
+    /// bf16 products are taken from twice the f32 rate (rounded to a power
+    /// of two), never at equal or lower rates; and the rate measured here
+    /// is a real ratio.
+    #[test]
+    fn products_taken_where_twice_as_fast() {
+        for (ratio, want) in [
+            (0.5, false),
+            (1.0, false),
+            (1.3, false),
+            (0.05, false),
+            (1.5, true),
+            (2.0, true),
+            (2.6, true),
+            (4.0, true),
+        ] {
+            assert_eq!(pays(ratio), want, "ratio {ratio}");
+        }
+        if let Some(r) = product_ratio() {
+            assert!(r.is_finite() && r > 0.05 && r < 20.0, "ratio {r}");
+        }
+    }
+
     /// f32 to bf16 bits, rounded to nearest even (finite values).
     fn bf16_rne(v: f32) -> f32 {
         let b = v.to_bits();
@@ -178,7 +307,7 @@ mod tests {
     /// the same products, ragged panels and token tiles, one and two threads.
     #[test]
     fn products_of_bf16_activations() {
-        if !available() {
+        if !supported() {
             return;
         }
         let mut rng = Rng::new(31);

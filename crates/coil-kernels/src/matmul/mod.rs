@@ -397,8 +397,10 @@ pub fn has_int_gemm(ty: GgmlType, level: SimdLevel) -> bool {
 }
 
 /// Whether prompts through BF16 weights take bf16 products at the AVX-512
-/// level (the CPU has AVX512_BF16 and `COIL_BF16_DOT=0` is not set); else
-/// they stay exact in f32.
+/// level (the CPU has AVX512_BF16, its `vdpbf16ps` multiplies at least
+/// twice as fast as its f32 FMAs, measured once per process, or
+/// `COIL_BF16_DOT=1`; `COIL_BF16_DOT=0` never); else they stay exact in
+/// f32.
 pub fn bf16_products() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -407,6 +409,19 @@ pub fn bf16_products() -> bool {
     #[cfg(not(target_arch = "x86_64"))]
     {
         false
+    }
+}
+
+/// `vdpbf16ps`'s products per second over the f32 FMAs' on this CPU, where
+/// it has AVX512_BF16 (measured once per process).
+pub fn bf16_product_ratio() -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        bf16_gemm::product_ratio()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
     }
 }
 

@@ -185,7 +185,8 @@ pub fn cpu_features() -> Vec<(&'static str, bool)> {
 /// `simd: avx2 (cpu: avx2, no AVX-VNNI) | AVX2 = 1 | FMA = 1 | ... | AVX512F = 0 | ...`;
 /// the `COIL_SIMD` cap is named when one is set, at the AVX2 level
 /// whether its kernels use AVX-VNNI, and at AVX-512 whether BF16 weights
-/// take bf16 products for prompts (AVX512_BF16, unless `COIL_BF16_DOT=0`).
+/// take bf16 products for prompts (AVX512_BF16 where they pay, see
+/// `matmul::bf16_products`) or stay exact with the measured rate ratio.
 pub fn system_info() -> String {
     let mut s = format!("simd: {} (cpu: {}", level().name(), cpu_level().name());
     if let Some(v) = std::env::var("COIL_SIMD").ok().filter(|v| !v.is_empty()) {
@@ -200,6 +201,12 @@ pub fn system_info() -> String {
     }
     if level() >= SimdLevel::Avx512 && crate::matmul::bf16_products() {
         s.push_str(", BF16 prompts in bf16 products");
+    } else if let Some(r) = crate::matmul::bf16_product_ratio() {
+        if level() >= SimdLevel::Avx512 {
+            s.push_str(&format!(
+                ", BF16 prompts exact (vdpbf16ps at {r:.1}x the f32 rate here)"
+            ));
+        }
     }
     s.push(')');
     for (name, has) in cpu_features() {
@@ -454,6 +461,15 @@ mod tests {
         assert_eq!(
             info.contains("bf16 products"),
             level() >= SimdLevel::Avx512 && crate::matmul::bf16_products(),
+            "{info}"
+        );
+        // ... and exact BF16 prompts where the CPU's bf16 products were
+        // measured and not taken
+        assert_eq!(
+            info.contains("BF16 prompts exact"),
+            level() >= SimdLevel::Avx512
+                && !crate::matmul::bf16_products()
+                && crate::matmul::bf16_product_ratio().is_some(),
             "{info}"
         );
         // The level a CPU reports needs every feature `required_features`
