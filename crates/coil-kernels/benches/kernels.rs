@@ -312,7 +312,10 @@ fn main() {
 fn prefill_shapes_bench(pool: &ThreadPool, ty: GgmlType) {
     let mut rng = Rng::new(11);
     let n = 512;
-    println!("matmul (prefill), {n} tokens, {} weights:", ty.name());
+    println!(
+        "matmul (prefill), {n} tokens, {} weights (in the loader's layout):",
+        ty.name()
+    );
     println!("{:>22} {:>9} {:>9}", "shape (in -> out)", "ms", "GFLOP/s");
     for (cols, rows, what) in [
         (2048usize, 8192usize, "ffn up"),
@@ -320,8 +323,16 @@ fn prefill_shapes_bench(pool: &ThreadPool, ty: GgmlType) {
         (2048, 6144, "conv in"),
         (2048, 2048, "square"),
     ] {
-        let data = random_weights(&mut rng, ty, rows, cols);
-        let w = WeightRef::new(ty, &data, rows, cols).unwrap();
+        let mut data = random_weights(&mut rng, ty, rows, cols);
+        // Q4_K and Q6_K in the layout coil's loader gives them (where it does)
+        let layout = match coil_kernels::repack(ty, &mut data, rows, cols) {
+            true => coil_kernels::Layout::Lanes16,
+            false => coil_kernels::Layout::Rows,
+        };
+        let w = WeightRef {
+            layout,
+            ..WeightRef::new(ty, &data, rows, cols).unwrap()
+        };
         let x = rng.vec(n * cols);
         let mut y = vec![0f32; n * rows];
         let secs = best_of(5, || matmul(pool, &w, &x, &mut y, n));

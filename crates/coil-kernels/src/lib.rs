@@ -30,6 +30,7 @@
 
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
+pub mod aligned;
 pub mod denormals;
 pub mod error;
 pub mod matmul;

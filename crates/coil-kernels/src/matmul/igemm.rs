@@ -25,6 +25,7 @@
 
 use super::decode_i8::decode_row;
 use super::{SendPtr, WeightRef};
+use crate::aligned::AlignedVec;
 use crate::pool::ThreadPool;
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
@@ -155,11 +156,12 @@ unsafe fn quantize_row(x: &[f32], block: usize, xu: *mut u8, dx: *mut f32, sums:
 /// One packed panel of 16 rows.
 #[derive(Default)]
 struct Panel {
-    q: Vec<u8>,   // [block][8][16][4]
-    a: Vec<f32>,  // [block][16]
-    b: Vec<f32>,  // [block][16]
-    ws: Vec<i32>, // [block][16]: −128 · sum q (the accumulators' start)
-    dq: Vec<i8>,  // [16][cols + 64] decoded rows
+    // all on cache lines: the kernel reads them with whole-line loads
+    q: AlignedVec<u8>,   // [block][8][16][4]
+    a: AlignedVec<f32>,  // [block][16]
+    b: AlignedVec<f32>,  // [block][16]
+    ws: AlignedVec<i32>, // [block][16]: −128 · sum q (the accumulators' start)
+    dq: Vec<i8>,         // [16][cols + 64] decoded rows
 }
 
 thread_local! {
@@ -173,10 +175,10 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
     let nb = cols / 32;
     let half = sub16(w.ty);
     let ns = if half { 2 * nb } else { nb }; // scale groups per row
-    p.q.resize(nb * 512, 0);
-    p.a.resize(ns * 16, 0.0);
-    p.b.resize(ns * 16, 0.0);
-    p.ws.resize(ns * 16, 0);
+    p.q.resize(nb * 512);
+    p.a.resize(ns * 16);
+    p.b.resize(ns * 16);
+    p.ws.resize(ns * 16);
     // Row stride of the decoded rows, padded so the 16 rows of a gather do
     // not all map to the same L1 set (a power-of-two stride would).
     let st = cols + 64;
