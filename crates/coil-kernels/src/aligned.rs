@@ -19,13 +19,17 @@ struct Line([u8; 64]);
 pub trait Zeroed: Copy + sealed::Sealed {}
 impl Zeroed for u8 {}
 impl Zeroed for i8 {}
+impl Zeroed for i16 {}
 impl Zeroed for i32 {}
+impl Zeroed for u32 {}
 impl Zeroed for f32 {}
 mod sealed {
     pub trait Sealed {}
     impl Sealed for u8 {}
     impl Sealed for i8 {}
+    impl Sealed for i16 {}
     impl Sealed for i32 {}
+    impl Sealed for u32 {}
     impl Sealed for f32 {}
 }
 
@@ -47,12 +51,23 @@ impl<T: Zeroed> Default for AlignedVec<T> {
 }
 
 impl<T: Zeroed> AlignedVec<T> {
-    /// Sets the length to `len` values; values added are zero, kept ones
-    /// stay.
+    /// Sets the length to `len` values, as `Vec::resize(len, 0)`: values
+    /// added are zero, kept ones stay.
     pub fn resize(&mut self, len: usize) {
         let n = (len * size_of::<T>()).div_ceil(64);
         if self.lines.len() < n {
             self.lines.resize(n, Line([0; 64]));
+        }
+        if len > self.len {
+            let sz = size_of::<T>();
+            // SAFETY: bytes `self.len * sz .. len * sz` lie in `lines`.
+            unsafe {
+                std::ptr::write_bytes(
+                    (self.as_mut_ptr() as *mut u8).add(self.len * sz),
+                    0,
+                    (len - self.len) * sz,
+                )
+            };
         }
         self.len = len;
     }
@@ -111,6 +126,9 @@ mod tests {
         assert_eq!((b.len(), b[99], b[999]), (1000, 7.0, 0.0));
         b.resize(10);
         assert_eq!(b.len(), 10);
+        // grown again: zeros, as `Vec::resize`
+        b.resize(100);
+        assert_eq!(b[99], 0.0);
         let mut q = AlignedVec::<u8>::default();
         q.resize(65);
         assert_eq!((q.as_ptr() as usize % 64, q.len()), (0, 65));

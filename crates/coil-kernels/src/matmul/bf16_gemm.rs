@@ -13,6 +13,7 @@
 //! microkernel keeps [`NT`] tokens × 32 rows of `y` in registers.
 
 use super::{SendPtr, WeightRef};
+use crate::aligned::AlignedVec;
 use crate::pool::ThreadPool;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -141,8 +142,8 @@ unsafe fn mac_ratio() -> f64 {
 thread_local! {
     /// The activations as bf16, `[n][cols]` (kept between calls).
     static XB: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
-    /// Two packed panels, `[cols / 2][16][2]` each.
-    static PANELS: RefCell<[Vec<u32>; 2]> = const { RefCell::new([Vec::new(), Vec::new()]) };
+    /// Two packed panels, `[cols / 2][16][2]` each, on cache lines.
+    static PANELS: RefCell<[AlignedVec<u32>; 2]> = RefCell::new(Default::default());
 }
 
 /// `x` (`cols` a multiple of 32) rounded to bf16 into `xb`.
@@ -165,9 +166,9 @@ unsafe fn to_bf16(x: &[f32], xb: &mut [u16]) {
 /// # Safety
 /// AVX-512 F available; `w` is BF16 with an even column count.
 #[target_feature(enable = "avx512f")]
-unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Vec<u32>) {
+unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut AlignedVec<u32>) {
     let pairs = w.cols / 2;
-    p.resize(pairs * 16, 0);
+    p.resize(pairs * 16);
     let nr = 16.min(w.rows.saturating_sub(r0));
     if nr == 0 {
         p.fill(0);

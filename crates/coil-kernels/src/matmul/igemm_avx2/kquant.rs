@@ -25,6 +25,7 @@ use super::super::decode_i8::{unpack_k45, unpack_q6k};
 use super::super::dequant::{rd_f16, scale_min_k4};
 use super::super::{SendPtr, WeightRef};
 use super::{over_panels, store_tokens, tile_tokens, NR};
+use crate::aligned::AlignedVec;
 use crate::pool::ThreadPool;
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
@@ -37,16 +38,16 @@ const NT: usize = 4;
 #[derive(Default)]
 struct Panel {
     /// `[block of 32][8 groups of 4 cols][NR rows][4]`
-    q: Vec<u8>,
+    q: AlignedVec<u8>,
     /// Group scales, `[scale group][NR]`, each i16 repeated in both halves
     /// of its i32 lane (the `vpmaddwd` operand).
-    s: Vec<i32>,
+    s: AlignedVec<i32>,
     /// Mins of two consecutive groups, `[super-block][pair][NR]`, as
     /// `m_2p | m_2p+1 << 16`.
-    m: Vec<i32>,
+    m: AlignedVec<i32>,
     /// `d` and `dmin` per `[super-block][NR]`.
-    d: Vec<f32>,
-    dmin: Vec<f32>,
+    d: AlignedVec<f32>,
+    dmin: AlignedVec<f32>,
     /// One row decoded, `q` as u8 (`[cols]`), before the transpose.
     row: Vec<u8>,
 }
@@ -122,11 +123,11 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
     let cols = w.cols;
     let (nsb, nb) = (cols / 256, cols / 32);
     let gps = groups_per_sb(w.ty);
-    p.q.resize(nb * 32 * NR, 0);
-    p.s.resize(nsb * gps * NR, 0);
-    p.m.resize(nsb * gps / 2 * NR, 0);
-    p.d.resize(nsb * NR, 0.0);
-    p.dmin.resize(nsb * NR, 0.0);
+    p.q.resize(nb * 32 * NR);
+    p.s.resize(nsb * gps * NR);
+    p.m.resize(nsb * gps / 2 * NR);
+    p.d.resize(nsb * NR);
+    p.dmin.resize(nsb * NR);
     p.row.resize(cols, 0);
     let nr = NR.min(w.rows - r0);
     for r in 0..NR {
@@ -159,9 +160,9 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
 /// `lo | hi << 16` (`[n][pairs]`, groups of 16 or 32).
 #[derive(Default)]
 struct Acts {
-    qx: Vec<i8>,
-    dx: Vec<f32>,
-    pairs: Vec<i32>,
+    qx: AlignedVec<i8>,
+    dx: AlignedVec<f32>,
+    pairs: AlignedVec<i32>,
 }
 
 thread_local! {
@@ -170,9 +171,9 @@ thread_local! {
 
 fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, group: usize, a: &mut Acts) {
     let (nsb, npairs) = (cols / 256, cols / group / 2);
-    a.qx.resize(n * cols, 0);
-    a.dx.resize(n * nsb, 0.0);
-    a.pairs.resize(n * npairs, 0);
+    a.qx.resize(n * cols);
+    a.dx.resize(n * nsb);
+    a.pairs.resize(n * npairs);
     let (pq, pd, pp) = (
         SendPtr(a.qx.as_mut_ptr()),
         SendPtr(a.dx.as_mut_ptr()),

@@ -31,6 +31,7 @@ use super::super::decode_i8::decode_row;
 use super::super::dequant::rd_f16;
 use super::super::{SendPtr, WeightRef};
 use super::{over_panels, quant, transpose8};
+use crate::aligned::AlignedVec;
 use crate::pool::ThreadPool;
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
@@ -62,18 +63,18 @@ fn has_min(ty: GgmlType) -> bool {
 #[derive(Default)]
 struct Panel {
     /// `[block][16 column pairs][PR rows][2]`
-    q: Vec<i16>,
+    q: AlignedVec<i16>,
     /// `[block][PR]`
-    d: Vec<f32>,
+    d: AlignedVec<f32>,
     /// The panel's rows widened, `[PR][cols]`, before the transpose.
     rows: Vec<i16>,
     /// One row decoded (formats other than Q8_0), `[cols]`.
     row8: Vec<i8>,
     /// The decoder's `b = −m` per `[block][PR]` (zero but for Q4_1 / Q5_1).
-    mins: Vec<f32>,
+    mins: AlignedVec<f32>,
     /// Partial sums between passes, `[tile][2 · NT][8]` (rows 0–7 of the
     /// tile's tokens, then rows 8–15).
-    acc: Vec<f32>,
+    acc: AlignedVec<f32>,
 }
 
 /// Activations of all tokens, per tile of [`NT`] (the last padded with
@@ -81,9 +82,9 @@ struct Panel {
 /// `[tile][block][NT]`.
 #[derive(Default)]
 struct Acts {
-    qx: Vec<i32>,
-    dx: Vec<f32>,
-    xs: Vec<f32>,
+    qx: AlignedVec<i32>,
+    dx: AlignedVec<f32>,
+    xs: AlignedVec<f32>,
 }
 
 thread_local! {
@@ -99,8 +100,8 @@ thread_local! {
 unsafe fn pack_panel(w: &WeightRef, r0: usize, nr: usize, p: &mut Panel) {
     let cols = w.cols;
     let nb = cols / 32;
-    p.q.resize(nb * PANEL_BLOCK, 0);
-    p.d.resize(nb * PR, 0.0);
+    p.q.resize(nb * PANEL_BLOCK);
+    p.d.resize(nb * PR);
     p.rows.resize(PR * cols, 0);
     for r in 0..PR {
         let dst = &mut p.rows[r * cols..(r + 1) * cols];
@@ -129,7 +130,7 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, nr: usize, p: &mut Panel) {
             }
         } else {
             p.row8.resize(cols, 0);
-            p.mins.resize(nb * PR, 0.0);
+            p.mins.resize(nb * PR);
             decode_row(
                 w.ty,
                 w.row(r0 + r),
@@ -219,9 +220,9 @@ unsafe fn quantize_tile(
 fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, min: bool, a: &mut Acts) {
     let nb = cols / 32;
     let tiles = n.div_ceil(NT);
-    a.qx.resize(tiles * nb * TILE_BLOCK, 0);
-    a.dx.resize(tiles * nb * NT, 0.0);
-    a.xs.resize(if min { tiles * nb * NT } else { 0 }, 0.0);
+    a.qx.resize(tiles * nb * TILE_BLOCK);
+    a.dx.resize(tiles * nb * NT);
+    a.xs.resize(if min { tiles * nb * NT } else { 0 });
     let (pq, pd) = (SendPtr(a.qx.as_mut_ptr()), SendPtr(a.dx.as_mut_ptr()));
     let px = SendPtr(if min {
         a.xs.as_mut_ptr()
@@ -389,7 +390,7 @@ unsafe fn panel_rows(
         (false, false) => kernel::<false>,
     };
     if passes > 1 {
-        p.acc.resize(tiles * 2 * NT * 8, 0.0);
+        p.acc.resize(tiles * 2 * NT * 8);
     }
     for k in 0..passes {
         let (b0, b1) = (k * KB, (k * KB + KB).min(nb));
