@@ -1,6 +1,10 @@
 //! `coil`: run, inspect and serve state-space and hybrid language models.
 
+mod alloc;
 mod cmd;
+
+#[global_allocator]
+static ALLOC: alloc::LineAligned = alloc::LineAligned;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
