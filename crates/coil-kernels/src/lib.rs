@@ -43,7 +43,7 @@ pub mod simd;
 pub mod testutil;
 
 pub use error::KernelError;
-pub use matmul::{matmul, matmul_at, repack, repacks, Layout, WeightRef};
+pub use matmul::{matmul, matmul_at, matmul_shared, repack, repacks, Layout, WeightRef};
 pub use numerics::{batch_invariant, invariant_scope};
 pub use pool::ThreadPool;
 pub use scratch::Scratch;

@@ -467,22 +467,50 @@ pub(super) unsafe fn store_pair<const N: usize>(
 /// `y = x · wᵀ` for `n_tokens` tokens. The caller checks [`supported`] and
 /// that the CPU has the AVX-512 level.
 pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_tokens: usize) {
-    let (rows, cols) = (w.rows, w.cols);
+    igemm_many(pool, &[w], x, &mut [y], n_tokens);
+}
+
+/// How a format's activations are quantized: (values per scale, offset by
+/// 128). Matrices with the same mode can share one quantization.
+pub fn act_mode(ty: GgmlType) -> (usize, bool) {
+    let min = has_min(ty);
+    // Q4_K, Q5_K and Q6_K: one activation scale per super-block; Q4_K /
+    // Q5_K: the weights are the unsigned operand, the activations unbiased
+    let sb = min || sub16(ty);
+    (if sb { 256 } else { 32 }, !min)
+}
+
+/// `ys[i] = x · ws[i]ᵀ` for every matrix of `ws` (each [`supported`], all
+/// with `x`'s column count and the same [`act_mode`]): the activations
+/// quantized once for all of them, then each product as [`igemm`] runs it,
+/// so each result is bit for bit that of its own [`igemm`] call.
+pub fn igemm_many(
+    pool: &ThreadPool,
+    ws: &[&WeightRef],
+    x: &[f32],
+    ys: &mut [&mut [f32]],
+    n_tokens: usize,
+) {
+    assert!(!ws.is_empty() && ws.len() == ys.len());
+    let cols = ws[0].cols;
+    let mode = act_mode(ws[0].ty);
+    assert!(
+        ws.iter().all(|w| w.cols == cols && act_mode(w.ty) == mode),
+        "igemm_many: matrices of different widths or activation modes"
+    );
     let mut acts = ACTS.with(|a| std::mem::take(&mut *a.borrow_mut()));
+    quantize_acts(pool, x, n_tokens, cols, mode.0, mode.1, &mut acts);
+    for (w, y) in ws.iter().zip(ys.iter_mut()) {
+        run(pool, w, &acts, y, n_tokens);
+    }
+    ACTS.with(|a| *a.borrow_mut() = acts);
+}
+
+/// `y = x · wᵀ` from `x` quantized in `acts` (in `w`'s [`act_mode`]).
+fn run(pool: &ThreadPool, w: &WeightRef, acts: &Acts, y: &mut [f32], n_tokens: usize) {
+    let (rows, cols) = (w.rows, w.cols);
     let min = has_min(w.ty);
     let half = sub16(w.ty);
-    // Q4_K, Q5_K and Q6_K: one activation scale per super-block
-    let sb = min || half;
-    quantize_acts(
-        pool,
-        x,
-        n_tokens,
-        cols,
-        if sb { 256 } else { 32 },
-        // Q4_K / Q5_K: the weights are the unsigned operand
-        !min,
-        &mut acts,
-    );
     let panels = rows.div_ceil(16);
     let yp = SendPtr(y.as_mut_ptr());
     let min32 = has_min32(w.ty);
@@ -517,19 +545,19 @@ pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_token
                             let y = yp.get();
                             if min {
                                 kernel::<true, false, false, true>(
-                                    pp, &acts, cols, ts, nr, y, rows, r0,
+                                    pp, acts, cols, ts, nr, y, rows, r0,
                                 );
                             } else if half {
                                 kernel::<false, true, false, true>(
-                                    pp, &acts, cols, ts, nr, y, rows, r0,
+                                    pp, acts, cols, ts, nr, y, rows, r0,
                                 );
                             } else if min32 {
                                 kernel::<false, false, true, false>(
-                                    pp, &acts, cols, ts, nr, y, rows, r0,
+                                    pp, acts, cols, ts, nr, y, rows, r0,
                                 );
                             } else {
                                 kernel::<false, false, false, false>(
-                                    pp, &acts, cols, ts, nr, y, rows, r0,
+                                    pp, acts, cols, ts, nr, y, rows, r0,
                                 );
                             }
                         }
@@ -538,5 +566,4 @@ pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_token
             })
         })
     });
-    ACTS.with(|a| *a.borrow_mut() = acts);
 }

@@ -254,16 +254,93 @@ pub fn matmul(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_toke
     matmul_at(pool, w, x, y, n_tokens, simd::level())
 }
 
-/// [`matmul`] at a given SIMD level (capped at what the CPU supports).
-pub fn matmul_at(
+/// `ys[i] = x · ws[i]ᵀ` for several matrices of one input (a feed-forward
+/// block's gate and up projections): each result is bit for bit what
+/// [`matmul`] gives it alone, and where the kernel would quantize the
+/// activations for each matrix (the AVX-512 integer GEMM), it does so once
+/// for all of them.
+pub fn matmul_shared(
     pool: &ThreadPool,
-    w: &WeightRef,
+    ws: &[&WeightRef],
     x: &[f32],
-    y: &mut [f32],
+    ys: &mut [&mut [f32]],
     n_tokens: usize,
-    level: SimdLevel,
 ) {
-    let level = level.min(simd::detected_level());
+    assert_eq!(ws.len(), ys.len(), "matmul_shared: one output per matrix");
+    let level = simd::level().min(simd::detected_level());
+    #[cfg(target_arch = "x86_64")]
+    if ws.len() >= 2
+        && ws.iter().all(|w| igemm_route(w, n_tokens, level))
+        && ws
+            .iter()
+            .all(|w| w.cols == ws[0].cols && igemm::act_mode(w.ty) == igemm::act_mode(ws[0].ty))
+    {
+        for (w, y) in ws.iter().zip(ys.iter()) {
+            check_shapes(w, x, y, n_tokens);
+        }
+        return igemm::igemm_many(pool, ws, x, ys, n_tokens);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if ws.len() >= 2
+        && ws.iter().all(|w| igemm_avx2_route(w, n_tokens, level))
+        && ws.iter().all(|w| {
+            w.cols == ws[0].cols
+                && igemm_avx2::shared_acts(w.ty).is_some()
+                && igemm_avx2::shared_acts(w.ty) == igemm_avx2::shared_acts(ws[0].ty)
+        })
+    {
+        for (w, y) in ws.iter().zip(ys.iter()) {
+            check_shapes(w, x, y, n_tokens);
+        }
+        return igemm_avx2::igemm_many(pool, ws, x, ys, n_tokens);
+    }
+    for (w, y) in ws.iter().zip(ys.iter_mut()) {
+        matmul_at(pool, w, x, y, n_tokens, level);
+    }
+}
+
+/// Whether [`matmul_at`] runs `w`'s product with `n_tokens` tokens on the
+/// AVX-512 integer GEMM (the one place that decides it).
+#[cfg(target_arch = "x86_64")]
+fn igemm_route(w: &WeightRef, n_tokens: usize, level: SimdLevel) -> bool {
+    if n_tokens <= 1
+        || w.rows == 0
+        || w.cols == 0
+        || level < SimdLevel::Avx512
+        || !igemm::supported(w.ty)
+        || !int_gemm_enabled()
+        || crate::numerics::batch_invariant()
+    {
+        return false;
+    }
+    match (w.layout, vec_kernel(w.ty, level)) {
+        (Layout::Lanes16, _) | (_, Some(_)) => n_tokens >= gemm_min_tokens(w.ty, level),
+        (_, None) => n_tokens >= 4,
+    }
+}
+
+/// Whether [`matmul_at`] runs `w`'s product with `n_tokens` tokens on the
+/// AVX2 integer GEMM (the one place that decides it).
+#[cfg(target_arch = "x86_64")]
+fn igemm_avx2_route(w: &WeightRef, n_tokens: usize, level: SimdLevel) -> bool {
+    if n_tokens <= 1
+        || w.rows == 0
+        || w.cols == 0
+        || level != SimdLevel::Avx2
+        || w.layout != Layout::Rows
+        || !igemm_avx2::supported(w.ty)
+        || !int_gemm_enabled()
+        || crate::numerics::batch_invariant()
+    {
+        return false;
+    }
+    match vec_kernel(w.ty, level) {
+        Some(_) => n_tokens >= gemm_min_tokens(w.ty, level),
+        None => n_tokens >= 4,
+    }
+}
+
+fn check_shapes(w: &WeightRef, x: &[f32], y: &[f32], n_tokens: usize) {
     assert_eq!(
         x.len(),
         n_tokens * w.cols,
@@ -274,8 +351,29 @@ pub fn matmul_at(
         n_tokens * w.rows,
         "matmul: y is not [n_tokens, rows]"
     );
+}
+
+/// [`matmul`] at a given SIMD level (capped at what the CPU supports).
+pub fn matmul_at(
+    pool: &ThreadPool,
+    w: &WeightRef,
+    x: &[f32],
+    y: &mut [f32],
+    n_tokens: usize,
+    level: SimdLevel,
+) {
+    let level = level.min(simd::detected_level());
+    check_shapes(w, x, y, n_tokens);
     if n_tokens == 0 || w.rows == 0 {
         return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if igemm_route(w, n_tokens, level) {
+        return igemm::igemm(pool, w, x, y, n_tokens);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if igemm_avx2_route(w, n_tokens, level) {
+        return igemm_avx2::igemm(pool, w, x, y, n_tokens);
     }
     if w.layout == Layout::Lanes16 {
         return matmul_lanes(pool, w, x, y, n_tokens, level);
@@ -301,11 +399,8 @@ pub fn matmul_at(
             float_rows_kernel(w.ty, level),
         ),
         None if per_row || n_tokens < 4 => decode_vec_path(pool, w, x, y, n_tokens, level),
+        // (the integer GEMMs were chosen above, `igemm_route`)
         _ => {
-            #[cfg(target_arch = "x86_64")]
-            if level >= SimdLevel::Avx512 && igemm::supported(w.ty) && int_gemm_enabled() {
-                return igemm::igemm(pool, w, x, y, n_tokens);
-            }
             // BF16 weights: bf16 products where the CPU has them (the
             // activations rounded to bf16), else the exact f32 GEMM.
             #[cfg(target_arch = "x86_64")]
@@ -315,10 +410,6 @@ pub fn matmul_at(
                 && bf16_gemm::available()
             {
                 return bf16_gemm::gemm(pool, w, x, y, n_tokens);
-            }
-            #[cfg(target_arch = "x86_64")]
-            if level == SimdLevel::Avx2 && igemm_avx2::supported(w.ty) && int_gemm_enabled() {
-                return igemm_avx2::igemm(pool, w, x, y, n_tokens);
             }
             gemm::gemm(pool, w, x, y, n_tokens, f32_gemm_level(level))
         }

@@ -437,3 +437,86 @@ fn scales_mins_k4_equal_the_bytewise_lookup() {
         }
     }
 }
+
+/// Several matrices of one input through `matmul_shared` (one activation
+/// quantization where the integer GEMM runs them all): each result bit for
+/// bit its own `matmul`, whatever the formats, layouts, token counts.
+#[test]
+fn shared_input_products_equal_separate_ones() {
+    let pool = ThreadPool::new(2);
+    let (rows, cols) = (48, 512);
+    let mut rng = Rng::new(21);
+    let mut mats: Vec<(GgmlType, Vec<u8>, crate::Layout)> = Vec::new();
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+        GgmlType::F16,
+    ] {
+        let mut data = random_weights(&mut rng, ty, rows, cols);
+        let plain = data.clone();
+        mats.push((ty, plain, crate::Layout::Rows));
+        if crate::repack(ty, &mut data, rows, cols) {
+            mats.push((ty, data, crate::Layout::Lanes16));
+        }
+    }
+    fn wref(m: &(GgmlType, Vec<u8>, crate::Layout), rows: usize, cols: usize) -> WeightRef<'_> {
+        WeightRef {
+            layout: m.2,
+            ..WeightRef::new(m.0, &m.1, rows, cols).unwrap()
+        }
+    }
+    // pairs of the same mode (shared) and of different ones (separate)
+    let q4: Vec<usize> = (0..mats.len())
+        .filter(|&i| mats[i].0 == GgmlType::Q4_K)
+        .collect();
+    let pick = |t: GgmlType| (0..mats.len()).find(|&i| mats[i].0 == t).unwrap();
+    let sets: Vec<Vec<usize>> = vec![
+        vec![q4[0], q4[1]],
+        vec![q4[0], *q4.last().unwrap(), q4[1]],
+        vec![pick(GgmlType::Q8_0), pick(GgmlType::Q8_0)],
+        vec![q4[0], pick(GgmlType::Q6_K)],
+        vec![pick(GgmlType::F16), q4[0]],
+        vec![pick(GgmlType::Q6_K), pick(GgmlType::Q6_K)],
+        // two in the file's layout (the AVX2 level shares these)
+        q4.iter()
+            .copied()
+            .filter(|&i| mats[i].2 == crate::Layout::Rows)
+            .collect(),
+    ];
+    let levels: Vec<_> = [crate::SimdLevel::Avx512, crate::SimdLevel::Avx2]
+        .into_iter()
+        .filter(|&l| l <= crate::simd::detected_level())
+        .collect();
+    for (n, &level) in [1, 3, 9, 40]
+        .into_iter()
+        .flat_map(|n| levels.iter().map(move |l| (n, l)))
+    {
+        let x = rng.vec(n * cols);
+        // the AVX2 level: only the matrices in the file's layout
+        let _cap = crate::simd::level_scope(Some(level));
+        for invariant in [false, true] {
+            let _scope = crate::invariant_scope(invariant);
+            for set in sets.iter().filter(|set| {
+                level == crate::SimdLevel::Avx512
+                    || set.iter().all(|&i| mats[i].2 == crate::Layout::Rows)
+            }) {
+                let ws: Vec<WeightRef> = set.iter().map(|&i| wref(&mats[i], rows, cols)).collect();
+                let wr: Vec<&WeightRef> = ws.iter().collect();
+                let mut outs = vec![vec![0f32; n * rows]; ws.len()];
+                let mut ys: Vec<&mut [f32]> = outs.iter_mut().map(|v| v.as_mut_slice()).collect();
+                crate::matmul_shared(&pool, &wr, &x, &mut ys, n);
+                for (w, got) in ws.iter().zip(&outs) {
+                    let mut want = vec![0f32; n * rows];
+                    matmul(&pool, w, &x, &mut want, n);
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{:?} {:?}, {n} tokens, {level:?}", w.ty, w.layout);
+                }
+            }
+        }
+    }
+}

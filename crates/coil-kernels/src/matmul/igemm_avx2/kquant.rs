@@ -369,10 +369,48 @@ fn igemm_with(
     n_tokens: usize,
     vnni: bool,
 ) {
-    let (rows, cols) = (w.rows, w.cols);
-    let group = if w.ty == GgmlType::Q6_K { 16 } else { 32 };
+    igemm_many(pool, &[w], x, &mut [y], n_tokens, vnni)
+}
+
+/// Values per activation sum of `ty` (a K-quant's scale group): matrices
+/// with the same group can share one quantization.
+pub(super) fn act_group(ty: GgmlType) -> usize {
+    if ty == GgmlType::Q6_K {
+        16
+    } else {
+        32
+    }
+}
+
+/// `ys[i] = x · ws[i]ᵀ` (K-quants of one [`act_group`], `x`'s width): the
+/// activations quantized once, each product as [`igemm`] runs it.
+pub(super) fn igemm_many(
+    pool: &ThreadPool,
+    ws: &[&WeightRef],
+    x: &[f32],
+    ys: &mut [&mut [f32]],
+    n_tokens: usize,
+    vnni: bool,
+) {
+    let (cols, group) = (ws[0].cols, act_group(ws[0].ty));
+    assert!(
+        ws.len() == ys.len()
+            && ws
+                .iter()
+                .all(|w| w.cols == cols && act_group(w.ty) == group),
+        "igemm_many: matrices of different widths or groups"
+    );
     let mut acts = ACTS.with(|a| std::mem::take(&mut *a.borrow_mut()));
     quantize_acts(pool, x, n_tokens, cols, group, &mut acts);
+    for (w, y) in ws.iter().zip(ys.iter_mut()) {
+        run(pool, w, &acts, y, n_tokens, vnni);
+    }
+    ACTS.with(|a| *a.borrow_mut() = acts);
+}
+
+/// `y = x · wᵀ` from `x` quantized in `acts`.
+fn run(pool: &ThreadPool, w: &WeightRef, acts: &Acts, y: &mut [f32], n_tokens: usize, vnni: bool) {
+    let (rows, cols) = (w.rows, w.cols);
     let yp = SendPtr(y.as_mut_ptr());
     let all: Vec<usize> = (0..n_tokens).collect();
     // A work item is PG panels: each tile's activations, read from L2 or
@@ -394,22 +432,21 @@ fn igemm_with(
                     let y = yp.get();
                     match (w.ty, vnni) {
                         (GgmlType::Q4_K, false) => {
-                            kernel::<8, 8>(p, &acts, cols, ts, nr, y, rows, r0)
+                            kernel::<8, 8>(p, acts, cols, ts, nr, y, rows, r0)
                         }
                         (GgmlType::Q5_K, false) => {
-                            kernel::<4, 8>(p, &acts, cols, ts, nr, y, rows, r0)
+                            kernel::<4, 8>(p, acts, cols, ts, nr, y, rows, r0)
                         }
-                        (_, false) => kernel::<2, 4>(p, &acts, cols, ts, nr, y, rows, r0),
+                        (_, false) => kernel::<2, 4>(p, acts, cols, ts, nr, y, rows, r0),
                         (GgmlType::Q6_K, true) => {
-                            kernel_vnni::<2, 4>(p, &acts, cols, ts, nr, y, rows, r0)
+                            kernel_vnni::<2, 4>(p, acts, cols, ts, nr, y, rows, r0)
                         }
-                        (_, true) => kernel_vnni::<8, 8>(p, &acts, cols, ts, nr, y, rows, r0),
+                        (_, true) => kernel_vnni::<8, 8>(p, acts, cols, ts, nr, y, rows, r0),
                     }
                 }
             }
         }
     });
-    ACTS.with(|a| *a.borrow_mut() = acts);
 }
 
 #[cfg(test)]

@@ -44,6 +44,25 @@ pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_token
     }
 }
 
+/// The activation quantization a matrix of `ty` shares with others of the
+/// same key ([`igemm_many`]); `None`: not shared (the 32-value formats'
+/// tiles are packed per call).
+pub fn shared_acts(ty: GgmlType) -> Option<usize> {
+    kquant_format(ty).then(|| kquant::act_group(ty))
+}
+
+/// `ys[i] = x · ws[i]ᵀ` for K-quant matrices of one [`shared_acts`] key:
+/// the activations quantized once, each result bit for bit its [`igemm`].
+pub fn igemm_many(
+    pool: &ThreadPool,
+    ws: &[&WeightRef],
+    x: &[f32],
+    ys: &mut [&mut [f32]],
+    n_tokens: usize,
+) {
+    kquant::igemm_many(pool, ws, x, ys, n_tokens, crate::simd::avx_vnni())
+}
+
 /// Runs `item(r0, nr, panel)` for every panel of `height` weight rows
 /// (`r0..r0 + nr`, `nr < height` only for the last) over the pool, each
 /// thread with its own reusable `P` from `key`; the next panel's encoded

@@ -8,7 +8,7 @@ use crate::models::ModelError;
 use coil_gguf::GgufFile;
 use coil_kernels::ops::act::{add_bias_rows, relu2_inplace, swiglu_inplace};
 use coil_kernels::ops::topk::top_k;
-use coil_kernels::{matmul, Scratch, ThreadPool, WeightRef};
+use coil_kernels::{matmul, matmul_shared, Scratch, ThreadPool, WeightRef};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
@@ -67,14 +67,20 @@ impl DenseFfn {
         let n = x.len() / self.up.cols;
         let n_ff = self.up.rows;
         let mut up = Scratch::dirty(n * n_ff);
-        matmul(pool, &self.up.get(file), x, &mut up, n);
-        if let Some(b) = &self.up_b {
-            add_bias_rows(&mut up, b);
-        }
         match &self.gate {
             Some(g) => {
                 let mut gate = Scratch::dirty(n * n_ff);
-                matmul(pool, &g.get(file), x, &mut gate, n);
+                // one quantization of x for both products
+                matmul_shared(
+                    pool,
+                    &[&self.up.get(file), &g.get(file)],
+                    x,
+                    &mut [&mut up, &mut gate],
+                    n,
+                );
+                if let Some(b) = &self.up_b {
+                    add_bias_rows(&mut up, b);
+                }
                 if let Some(b) = &self.gate_b {
                     add_bias_rows(&mut gate, b);
                 }
@@ -84,7 +90,13 @@ impl DenseFfn {
                 });
                 up = gate;
             }
-            None => pool.rows_mut(&mut up, n_ff, 4, |_, part| relu2_inplace(part)),
+            None => {
+                matmul(pool, &self.up.get(file), x, &mut up, n);
+                if let Some(b) = &self.up_b {
+                    add_bias_rows(&mut up, b);
+                }
+                pool.rows_mut(&mut up, n_ff, 4, |_, part| relu2_inplace(part))
+            }
         }
         matmul(pool, &self.down.get(file), &up, out, n);
         if let Some(b) = &self.down_b {
@@ -278,15 +290,24 @@ impl Moe {
             xe[i * d..(i + 1) * d].copy_from_slice(&x[t * d..(t + 1) * d]);
         }
         let mut up = Scratch::dirty(m * n_ff);
-        matmul(pool, &self.up.get(file, e), &xe, &mut up, m);
         match &self.gate {
             Some(g) => {
                 let mut gate = Scratch::dirty(m * n_ff);
-                matmul(pool, &g.get(file, e), &xe, &mut gate, m);
+                // one quantization of the expert's tokens for both products
+                matmul_shared(
+                    pool,
+                    &[&self.up.get(file, e), &g.get(file, e)],
+                    &xe,
+                    &mut [&mut up, &mut gate],
+                    m,
+                );
                 swiglu_inplace(&mut gate, &up);
                 up = gate;
             }
-            None => relu2_inplace(&mut up),
+            None => {
+                matmul(pool, &self.up.get(file, e), &xe, &mut up, m);
+                relu2_inplace(&mut up)
+            }
         }
         matmul(pool, &self.down.get(file, e), &up, ye, m);
     }
