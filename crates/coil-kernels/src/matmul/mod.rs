@@ -257,8 +257,8 @@ pub fn matmul(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_toke
 /// `ys[i] = x · ws[i]ᵀ` for several matrices of one input (a feed-forward
 /// block's gate and up projections): each result is bit for bit what
 /// [`matmul`] gives it alone, and where the kernel would quantize the
-/// activations for each matrix (the AVX-512 integer GEMM), it does so once
-/// for all of them.
+/// activations for each matrix (the AVX-512 integer GEMM; the AVX2 one for
+/// K-quants of one scale group), it does so once for all of them.
 pub fn matmul_shared(
     pool: &ThreadPool,
     ws: &[&WeightRef],
