@@ -204,7 +204,7 @@ pub fn system_info() -> String {
     } else if let Some(r) = crate::matmul::bf16_product_ratio() {
         if level() >= SimdLevel::Avx512 {
             s.push_str(&format!(
-                ", BF16 prompts exact (vdpbf16ps at {r:.1}x the f32 rate here)"
+                ", BF16 prompts exact: vdpbf16ps at {r:.1}x the f32 rate here"
             ));
         }
     }
