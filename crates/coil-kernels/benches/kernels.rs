@@ -309,6 +309,15 @@ fn main() {
 /// weights are far larger than the caches).
 /// Prefill (512 tokens) at the shapes of an LFM2-1.2B-like model: where a
 /// prompt's time goes, per weight format (`-- 2 prefill-Q4_K`).
+/// `data` rewritten into the layout coil's loader gives `ty` here (Q4_K
+/// and Q6_K where it repacks them), and that layout.
+fn loader_layout(ty: GgmlType, data: &mut [u8], rows: usize, cols: usize) -> coil_kernels::Layout {
+    match coil_kernels::repack(ty, data, rows, cols) {
+        true => coil_kernels::Layout::Lanes16,
+        false => coil_kernels::Layout::Rows,
+    }
+}
+
 fn prefill_shapes_bench(pool: &ThreadPool, ty: GgmlType) {
     let mut rng = Rng::new(11);
     let n = 512;
@@ -324,11 +333,7 @@ fn prefill_shapes_bench(pool: &ThreadPool, ty: GgmlType) {
         (2048, 2048, "square"),
     ] {
         let mut data = random_weights(&mut rng, ty, rows, cols);
-        // Q4_K and Q6_K in the layout coil's loader gives them (where it does)
-        let layout = match coil_kernels::repack(ty, &mut data, rows, cols) {
-            true => coil_kernels::Layout::Lanes16,
-            false => coil_kernels::Layout::Rows,
-        };
+        let layout = loader_layout(ty, &mut data, rows, cols);
         let w = WeightRef {
             layout,
             ..WeightRef::new(ty, &data, rows, cols).unwrap()
@@ -373,11 +378,7 @@ fn decode_shapes_bench(pool: &ThreadPool, ty: GgmlType) {
         (2048, 65536, "vocab"),
     ] {
         let mut one = random_weights(&mut rng, ty, rows, cols);
-        // Q4_K and Q6_K in the layout coil's loader gives them (where it does)
-        let layout = match coil_kernels::repack(ty, &mut one, rows, cols) {
-            true => coil_kernels::Layout::Lanes16,
-            false => coil_kernels::Layout::Rows,
-        };
+        let layout = loader_layout(ty, &mut one, rows, cols);
         let copies = (256usize << 20).div_ceil(one.len()).max(2);
         let data = one.repeat(copies);
         let ws: Vec<WeightRef> = data

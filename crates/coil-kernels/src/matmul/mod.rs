@@ -267,6 +267,9 @@ pub fn matmul_shared(
     n_tokens: usize,
 ) {
     assert_eq!(ws.len(), ys.len(), "matmul_shared: one output per matrix");
+    for (w, y) in ws.iter().zip(ys.iter()) {
+        check_shapes(w, x, y, n_tokens);
+    }
     let level = simd::level().min(simd::detected_level());
     #[cfg(target_arch = "x86_64")]
     if ws.len() >= 2
@@ -275,9 +278,6 @@ pub fn matmul_shared(
             .iter()
             .all(|w| w.cols == ws[0].cols && igemm::act_mode(w.ty) == igemm::act_mode(ws[0].ty))
     {
-        for (w, y) in ws.iter().zip(ys.iter()) {
-            check_shapes(w, x, y, n_tokens);
-        }
         return igemm::igemm_many(pool, ws, x, ys, n_tokens);
     }
     #[cfg(target_arch = "x86_64")]
@@ -289,9 +289,6 @@ pub fn matmul_shared(
                 && igemm_avx2::shared_acts(w.ty) == igemm_avx2::shared_acts(ws[0].ty)
         })
     {
-        for (w, y) in ws.iter().zip(ys.iter()) {
-            check_shapes(w, x, y, n_tokens);
-        }
         return igemm_avx2::igemm_many(pool, ws, x, ys, n_tokens);
     }
     for (w, y) in ws.iter().zip(ys.iter_mut()) {
@@ -303,11 +300,26 @@ pub fn matmul_shared(
 /// AVX-512 integer GEMM (the one place that decides it).
 #[cfg(target_arch = "x86_64")]
 fn igemm_route(w: &WeightRef, n_tokens: usize, level: SimdLevel) -> bool {
+    level >= SimdLevel::Avx512 && igemm::supported(w.ty) && int_gemm_sized(w, n_tokens, level)
+}
+
+/// Whether [`matmul_at`] runs `w`'s product with `n_tokens` tokens on the
+/// AVX2 integer GEMM (the one place that decides it).
+#[cfg(target_arch = "x86_64")]
+fn igemm_avx2_route(w: &WeightRef, n_tokens: usize, level: SimdLevel) -> bool {
+    level == SimdLevel::Avx2
+        && w.layout == Layout::Rows
+        && igemm_avx2::supported(w.ty)
+        && int_gemm_sized(w, n_tokens, level)
+}
+
+/// What both integer GEMMs' choices ask beyond the format and level: not
+/// batch-invariant, enough tokens for a GEMM to beat the dot kernels.
+#[cfg(target_arch = "x86_64")]
+fn int_gemm_sized(w: &WeightRef, n_tokens: usize, level: SimdLevel) -> bool {
     if n_tokens <= 1
         || w.rows == 0
         || w.cols == 0
-        || level < SimdLevel::Avx512
-        || !igemm::supported(w.ty)
         || !int_gemm_enabled()
         || crate::numerics::batch_invariant()
     {
@@ -316,27 +328,6 @@ fn igemm_route(w: &WeightRef, n_tokens: usize, level: SimdLevel) -> bool {
     match (w.layout, vec_kernel(w.ty, level)) {
         (Layout::Lanes16, _) | (_, Some(_)) => n_tokens >= gemm_min_tokens(w.ty, level),
         (_, None) => n_tokens >= 4,
-    }
-}
-
-/// Whether [`matmul_at`] runs `w`'s product with `n_tokens` tokens on the
-/// AVX2 integer GEMM (the one place that decides it).
-#[cfg(target_arch = "x86_64")]
-fn igemm_avx2_route(w: &WeightRef, n_tokens: usize, level: SimdLevel) -> bool {
-    if n_tokens <= 1
-        || w.rows == 0
-        || w.cols == 0
-        || level != SimdLevel::Avx2
-        || w.layout != Layout::Rows
-        || !igemm_avx2::supported(w.ty)
-        || !int_gemm_enabled()
-        || crate::numerics::batch_invariant()
-    {
-        return false;
-    }
-    match vec_kernel(w.ty, level) {
-        Some(_) => n_tokens >= gemm_min_tokens(w.ty, level),
-        None => n_tokens >= 4,
     }
 }
 
