@@ -2,11 +2,13 @@
 """Concurrent-client load against an OpenAI-compatible completions server.
 
     python3 scripts/serve_load.py --url http://127.0.0.1:8080 --clients 1 2 4 8 16 \
-        [--max-tokens 128] [--prompt-words 12] [--rounds 1] [--json] [--out FILE]
+        [--max-tokens 128] [--prompt-words 12] [--rounds 1] [--temperature T] \
+        [--json] [--out FILE]
 
 For each client count N, N clients each send one streamed /v1/completions
-request at the same moment (greedy, `ignore_eos`, `max_tokens` tokens, a short
-prompt of its own so that no two share a cached prefix), `--rounds` times.
+request at the same moment (greedy unless `--temperature`, `ignore_eos`,
+`max_tokens` tokens, a short prompt of its own so that no two share a cached
+prefix), `--rounds` times.
 Printed per N:
 
 - prompt tokens per request (mean, as the server counted them);
@@ -41,12 +43,15 @@ def prompt_for(i: int, words: int) -> str:
     return f"Story {i}: {body}"
 
 
-def one_request(url: str, prompt: str, max_tokens: int, out: dict) -> None:
+def one_request(
+    url: str, prompt: str, max_tokens: int, out: dict, temperature: float = 0.0
+) -> None:
     body = json.dumps(
         {
             "prompt": prompt,
             "max_tokens": max_tokens,
-            "temperature": 0,
+            "temperature": temperature,
+            "seed": 1,
             "ignore_eos": True,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -119,6 +124,7 @@ def run_level(
     rounds: int,
     join_words: int = 0,
     offset: int = 0,
+    temperature: float = 0.0,
 ) -> dict:
     results = []
     joins = []
@@ -128,7 +134,13 @@ def run_level(
         threads = [
             threading.Thread(
                 target=one_request,
-                args=(url, prompt_for(offset + i + 100 * rnd, words), max_tokens, outs[i]),
+                args=(
+                    url,
+                    prompt_for(offset + i + 100 * rnd, words),
+                    max_tokens,
+                    outs[i],
+                    temperature,
+                ),
             )
             for i in range(n)
         ]
@@ -194,6 +206,13 @@ def main() -> int:
         help="number the prompts from this (a warm-up load with other prompts than the "
         "timed one, so that no prefix cache serves the timed load)",
     )
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sample at this temperature (the servers' other defaults: top-k 40, top-p, "
+        "min-p) instead of greedily; seed 1",
+    )
     ap.add_argument("--label", default="server")
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
     ap.add_argument("--out", help="also append one JSON object per line to this file")
@@ -208,12 +227,20 @@ def main() -> int:
     failed = False
     for n in a.clients:
         r = run_level(
-            a.url, n, a.max_tokens, a.prompt_words, a.rounds, a.join_words, a.prompt_offset
+            a.url,
+            n,
+            a.max_tokens,
+            a.prompt_words,
+            a.rounds,
+            a.join_words,
+            a.prompt_offset,
+            a.temperature,
         )
         r["label"] = a.label
         r["tag"] = a.tag
         r["max_tokens"] = a.max_tokens
         r["rounds"] = a.rounds
+        r["temperature"] = a.temperature
         r["loadavg"] = load_average()
         if a.out:
             with open(a.out, "a") as f:

@@ -5,6 +5,7 @@ pub mod draft;
 pub mod generate;
 pub mod sampling;
 pub mod speculative;
+pub mod top_k;
 
 use crate::memory::session::{self, SessionError};
 use crate::memory::{CacheType, CheckpointPolicy, Memory, SeqId, SequenceMemory, StateType};

@@ -2,6 +2,7 @@
 //! top-p, min-p, temperature, then a seeded draw — in llama.cpp's order.
 //! Temperature 0 is greedy.
 
+use super::top_k::top_k;
 use std::collections::{HashMap, VecDeque};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -153,56 +154,65 @@ impl Sampler {
             && (p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0)
     }
 
-    fn apply_penalties(&self, logits: &mut [f32]) {
+    /// The logits of the recent tokens after the penalties (each token
+    /// once; none when no penalty applies).
+    fn penalized(&self, logits: &[f32]) -> Vec<(u32, f32)> {
         let p = &self.params;
         if !self.penalizes() {
-            return;
+            return Vec::new();
         }
         let mut counts: HashMap<u32, u32> = HashMap::new();
         for &t in &self.recent {
             *counts.entry(t).or_default() += 1;
         }
+        let mut out = Vec::with_capacity(counts.len());
         for (&t, &n) in &counts {
-            let Some(l) = logits.get_mut(t as usize) else {
+            let Some(&l) = logits.get(t as usize) else {
                 continue;
             };
-            if *l > 0.0 {
-                *l /= p.repeat_penalty;
+            let l = if l > 0.0 {
+                l / p.repeat_penalty
             } else {
-                *l *= p.repeat_penalty;
-            }
-            *l -= n as f32 * p.frequency_penalty + p.presence_penalty;
+                l * p.repeat_penalty
+            };
+            out.push((t, l - (n as f32 * p.frequency_penalty + p.presence_penalty)));
         }
+        out
     }
 
     /// Picks the next token from one row of logits.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        // Greedy without penalties: no copy of the row (1 MB on a
-        // 248k-token vocabulary, per sequence and token).
-        if self.params.temperature <= 0.0 && !self.penalizes() {
-            return argmax(logits) as u32;
-        }
-        let mut l = logits.to_vec();
-        self.apply_penalties(&mut l);
+        // No copy of the row (1 MB on a 248k-token vocabulary, per
+        // sequence and token): the penalized logits beside it, and top-k
+        // (and greedy) by one pass over it (see `top_k`).
+        let penalized = self.penalized(logits);
         let p = &self.params;
         if p.temperature <= 0.0 {
-            return argmax(&l) as u32;
+            if penalized.is_empty() {
+                return argmax(logits) as u32;
+            }
+            return top_k(logits, 1, &penalized).first().map_or(0, |c| c.0);
         }
-        // Candidates sorted by logit, best first; NaNs never win.
-        let mut cand: Vec<(u32, f32)> = l
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| !v.is_nan())
-            .map(|(i, &v)| (i as u32, v))
-            .collect();
+        let mut cand = if p.top_k > 0 && p.top_k < logits.len() {
+            top_k(logits, p.top_k, &penalized)
+        } else {
+            // Every candidate: the row with the penalties, NaNs left out.
+            let mut l = logits.to_vec();
+            for &(t, v) in &penalized {
+                l[t as usize] = v;
+            }
+            let mut cand: Vec<(u32, f32)> = l
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| !v.is_nan())
+                .map(|(i, &v)| (i as u32, v))
+                .collect();
+            cand.sort_by(|a, b| b.1.total_cmp(&a.1));
+            cand
+        };
         if cand.is_empty() {
             return 0;
         }
-        if p.top_k > 0 && p.top_k < cand.len() {
-            cand.select_nth_unstable_by(p.top_k - 1, |a, b| b.1.total_cmp(&a.1));
-            cand.truncate(p.top_k);
-        }
-        cand.sort_by(|a, b| b.1.total_cmp(&a.1));
         let probs = softmax(&cand);
         let mut keep = cand.len();
         if p.top_p < 1.0 {
