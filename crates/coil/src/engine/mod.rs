@@ -3,6 +3,7 @@
 
 pub mod draft;
 pub mod generate;
+pub mod nucleus;
 pub mod sampling;
 pub mod speculative;
 pub mod top_k;

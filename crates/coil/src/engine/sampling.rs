@@ -2,6 +2,7 @@
 //! top-p, min-p, temperature, then a seeded draw — in llama.cpp's order.
 //! Temperature 0 is greedy.
 
+use super::nucleus::nucleus;
 use super::top_k::top_k;
 use std::collections::{HashMap, VecDeque};
 
@@ -183,8 +184,9 @@ impl Sampler {
     /// Picks the next token from one row of logits.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         // No copy of the row (1 MB on a 248k-token vocabulary, per
-        // sequence and token): the penalized logits beside it, and top-k
-        // (and greedy) by one pass over it (see `top_k`).
+        // sequence and token): the penalized logits beside it, top-k (and
+        // greedy) by one pass over it (see `top_k`), top-p / min-p with
+        // top-k off by sorting only their head (see `nucleus`).
         let penalized = self.penalized(logits);
         let p = &self.params;
         if p.temperature <= 0.0 {
@@ -193,8 +195,15 @@ impl Sampler {
             }
             return top_k(logits, 1, &penalized).first().map_or(0, |c| c.0);
         }
-        let mut cand = if p.top_k > 0 && p.top_k < logits.len() {
-            top_k(logits, p.top_k, &penalized)
+        // Candidates best first, and their probabilities (softmax at
+        // temperature 1) for the top-p and min-p cuts.
+        let (mut cand, probs) = if p.top_k > 0 && p.top_k < logits.len() {
+            let cand = top_k(logits, p.top_k, &penalized);
+            let probs = softmax(&cand);
+            (cand, probs)
+        } else if let Some(n) = nucleus(logits, &penalized, p.top_p, p.min_p) {
+            let probs = n.probs();
+            (n.cand, probs)
         } else {
             // Every candidate: the row with the penalties, NaNs left out.
             let mut l = logits.to_vec();
@@ -208,12 +217,12 @@ impl Sampler {
                 .map(|(i, &v)| (i as u32, v))
                 .collect();
             cand.sort_by(|a, b| b.1.total_cmp(&a.1));
-            cand
+            let probs = softmax(&cand);
+            (cand, probs)
         };
         if cand.is_empty() {
             return 0;
         }
-        let probs = softmax(&cand);
         let mut keep = cand.len();
         if p.top_p < 1.0 {
             let mut cum = 0.0;
@@ -254,7 +263,6 @@ fn softmax(c: &[(u32, f32)]) -> Vec<f64> {
     e.iter().map(|v| v / s).collect()
 }
 
-/// Index of the largest value (first on ties; NaN never wins).
 /// The index of the largest value, the first one on ties; NaNs never win
 /// (0 when every value is NaN). The maximum is found in 16 independent
 /// lanes (vectorized: a greedy step on a 248k-token vocabulary took ~0.5 ms
