@@ -41,6 +41,8 @@
 #   COIL_SERVE_ARGS  extra flags for coil serve (e.g. "--prefill-chunk 256")
 #   LLAMA_ARGS       extra flags for llama-server
 #   PAIRS            rounds of the pair section (default 6)
+#   TEMPERATURE      sample the bench/sweep/join/long loads at this temperature (the servers'
+#                    default top-k 40, top-p, min-p) instead of greedily (default 0: greedy)
 #
 # Timings on a shared machine are noisy: compare the interleaved ratios.
 
@@ -155,10 +157,11 @@ load() {
     shift 2
     if [ "$WARM" = 1 ]; then
         "$PYTHON" "$REPO_ROOT/scripts/serve_load.py" --url "http://127.0.0.1:$PORT" \
-            --label warm-up --prompt-offset 100000 "$@" > /dev/null
+            --label warm-up --prompt-offset 100000 --temperature "${TEMPERATURE:-0}" "$@" > /dev/null
     fi
     "$PYTHON" "$REPO_ROOT/scripts/serve_load.py" --url "http://127.0.0.1:$PORT" \
-        --label "$label" --tag "$tag" --out "$JSONL" "$@" | tail -n +3 | tee -a "$RESULTS"
+        --label "$label" --tag "$tag" --out "$JSONL" --temperature "${TEMPERATURE:-0}" "$@" |
+        tail -n +3 | tee -a "$RESULTS"
 }
 
 # serve_section SECTION MODEL REPEAT
@@ -241,7 +244,7 @@ if [ "$HAVE_LLAMA" = 1 ]; then
 else
     say "llama-server: not found at $LLAMA_SERVER (skipped)"
 fi
-say "threads $THREADS, clients \"$CLIENTS\", $N_GEN tokens per sweep request, repeats $REPEATS, warm-up load first: $([ "$WARM" = 1 ] && echo yes || echo no)"
+say "threads $THREADS, clients \"$CLIENTS\", $N_GEN tokens per sweep request, repeats $REPEATS, warm-up load first: $([ "$WARM" = 1 ] && echo yes || echo no), temperature ${TEMPERATURE:-0}"
 say "CPU: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ //') (family $(grep -m1 'cpu family' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | tr -d ' '), model $(grep -m1 '^model[[:space:]]*:' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | tr -d ' ')), load average at start: $(loadavg)"
 
 for model in "$@"; do
