@@ -276,13 +276,31 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
     }
 }
 
-/// [`pack_panel`] from a repacked Q4_K or Q6_K matrix (16 rows from `r0`,
-/// a multiple of 16): its blocks come out of the layout with the rows in
-/// the lanes already.
+/// [`pack_panel`] from a repacked Q4_K, Q6_K or Q8_0 matrix (16 rows from
+/// `r0`, a multiple of 16): its blocks come out of the layout with the
+/// rows in the lanes already.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
 unsafe fn pack_lanes(w: &WeightRef, r0: usize, p: &mut Panel) {
     let group = w.data.as_ptr().add(r0 * w.row_bytes());
     let ones = _mm512_set1_epi8(1);
+    if w.ty == GgmlType::Q8_0 {
+        // the quants as i8 again, `d` per block, no min
+        for kb in 0..w.cols / 32 {
+            let (q, a) = super::x86_avx512::lanes_q8_0::packed_block(group, kb);
+            let mut ws = _mm512_setzero_si512();
+            for (g, v) in q.iter().enumerate() {
+                _mm512_storeu_si512(p.q.as_mut_ptr().add(kb * 512 + 64 * g) as *mut _, *v);
+                ws = _mm512_dpbusd_epi32(ws, ones, *v);
+            }
+            _mm512_storeu_ps(p.a.as_mut_ptr().add(kb * 16), a);
+            _mm512_storeu_ps(p.b.as_mut_ptr().add(kb * 16), _mm512_setzero_ps());
+            _mm512_storeu_si512(
+                p.ws.as_mut_ptr().add(kb * 16) as *mut _,
+                _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(ws, 7)),
+            );
+        }
+        return;
+    }
     if w.ty == GgmlType::Q6_K {
         // Q6_K's q − 32 as i8, a scale per 16 values and no min
         let off = _mm512_set1_epi8(32);

@@ -65,12 +65,12 @@ pub enum Layout {
     /// As in GGUF files: row after row.
     #[default]
     Rows,
-    /// Q4_K or Q6_K rewritten by [`repack`] for the AVX-512 kernels that
-    /// keep 16 rows in the vector lanes (same size; groups of 16 rows).
+    /// Q4_K, Q6_K or Q8_0 rewritten by [`repack`] for the AVX-512 kernels
+    /// that keep 16 rows in the vector lanes (same size; groups of 16 rows).
     Lanes16,
 }
 
-/// Rewrites a Q4_K or Q6_K matrix in place into [`Layout::Lanes16`] when
+/// Rewrites a Q4_K, Q6_K or Q8_0 matrix in place into [`Layout::Lanes16`] when
 /// the kernels of this process would use it (the selected SIMD level is
 /// AVX-512, `rows` is a multiple of 16, the type is wanted: see
 /// `repack_wanted`), and says
@@ -90,6 +90,10 @@ pub fn repack(ty: GgmlType, data: &mut [u8], rows: usize, cols: usize) -> bool {
                 x86_avx512::lanes_q6k::repack(data, rows, cols);
                 return true;
             }
+            GgmlType::Q8_0 if data.len() == rows * nb * 8 * 34 => {
+                x86_avx512::lanes_q8_0::repack(data, rows, cols);
+                return true;
+            }
             _ => {}
         }
     }
@@ -103,7 +107,7 @@ pub fn repacks(ty: GgmlType) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         simd::level() >= SimdLevel::Avx512
-            && matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K)
+            && matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_0)
             && repack_wanted(ty)
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -114,7 +118,7 @@ pub fn repacks(ty: GgmlType) -> bool {
 }
 
 /// Whether matrices of `ty` go into the rows-in-lanes layout: `COIL_REPACK`
-/// unset (or `auto`): Q4_K always, Q6_K except where 512-bit operations
+/// unset (or `auto`): Q4_K and Q8_0 always, Q6_K except where 512-bit operations
 /// run as two halves ([`simd::split_512`]: on an AMD Zen 4 the Q6_K lanes
 /// kernel's unpacking — 3 shifts, 2 merges and 4 masks per 64 values —
 /// read one token's weights at 18–21 GB/s against 37–41 for the plain
@@ -202,6 +206,9 @@ impl<'a> WeightRef<'a> {
                 match self.ty {
                     GgmlType::Q6_K => {
                         x86_avx512::lanes_q6k::unpack_row(self.data, self.cols, r, &mut plain)
+                    }
+                    GgmlType::Q8_0 => {
+                        x86_avx512::lanes_q8_0::unpack_row(self.data, self.cols, r, &mut plain)
                     }
                     _ => x86_avx512::lanes::unpack_row(self.data, self.cols, r, &mut plain),
                 }
@@ -432,7 +439,8 @@ fn matmul_lanes(
     level: SimdLevel,
 ) {
     assert!(
-        level >= SimdLevel::Avx512 && matches!(w.ty, GgmlType::Q4_K | GgmlType::Q6_K),
+        level >= SimdLevel::Avx512
+            && matches!(w.ty, GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_0),
         "matmul: a {} matrix repacked for AVX-512 at the {level:?} level",
         w.ty
     );

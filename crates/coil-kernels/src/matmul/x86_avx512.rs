@@ -16,6 +16,7 @@ use std::arch::x86_64::*;
 pub(super) mod float_pairs;
 pub(super) mod lanes;
 pub(super) mod lanes_q6k;
+pub(super) mod lanes_q8_0;
 mod tiles;
 
 macro_rules! quant {

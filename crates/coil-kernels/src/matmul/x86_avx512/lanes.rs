@@ -365,16 +365,20 @@ pub(in crate::matmul) unsafe fn matmul_packed(
     if n_tokens >= gemm_from && !crate::numerics::batch_invariant() {
         return super::super::igemm::igemm(pool, w, x, y, n_tokens);
     }
-    let q6 = w.ty == coil_gguf::GgmlType::Q6_K;
-    let xa = QuantAct::q8_k(x, cols);
+    use coil_gguf::GgmlType;
+    let ty = w.ty;
+    let xa = match ty {
+        GgmlType::Q8_0 => QuantAct::q8_0(x, cols),
+        _ => QuantAct::q8_k(x, cols),
+    };
     let panels: Vec<ActPanel> = (0..n_tokens)
         .step_by(MAX_TOKENS)
         .map(|t0| {
             let nt = MAX_TOKENS.min(n_tokens - t0);
-            if q6 {
-                super::lanes_q6k::panel(&xa, t0, nt)
-            } else {
-                panel(&xa, t0, nt)
+            match ty {
+                GgmlType::Q6_K => super::lanes_q6k::panel(&xa, t0, nt),
+                GgmlType::Q8_0 => super::lanes_q8_0::panel(&xa, t0, nt),
+                _ => panel(&xa, t0, nt),
             }
         })
         .collect();
@@ -393,10 +397,10 @@ pub(in crate::matmul) unsafe fn matmul_packed(
                 false => &mut [],
             });
             let wr = &w.data[r0 * rb..r1 * rb];
-            if q6 {
-                super::lanes_q6k::tile_packed(wr, rb, p, &mut outs[..p.nt]);
-            } else {
-                tile_packed(wr, rb, p, &mut outs[..p.nt]);
+            match ty {
+                GgmlType::Q6_K => super::lanes_q6k::tile_packed(wr, rb, p, &mut outs[..p.nt]),
+                GgmlType::Q8_0 => super::lanes_q8_0::tile_packed(wr, rb, p, &mut outs[..p.nt]),
+                _ => tile_packed(wr, rb, p, &mut outs[..p.nt]),
             }
         }
     });
