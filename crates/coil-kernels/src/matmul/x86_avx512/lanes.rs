@@ -345,8 +345,8 @@ pub fn unpack_row(data: &[u8], cols: usize, r: usize, out: &mut [u8]) {
     }
 }
 
-/// `y = x · wᵀ` for a repacked Q4_K or Q6_K matrix ([`repack`],
-/// [`super::lanes_q6k::repack`]), `n_tokens`
+/// `y = x · wᵀ` for a repacked Q4_K, Q6_K or Q8_0 matrix ([`repack`],
+/// [`super::lanes_q6k::repack`], [`super::lanes_q8_0::repack`]), `n_tokens`
 /// tokens: the rows-in-lanes kernels for up to `gemm_from − 1` tokens (or
 /// any number in batch-invariant mode), the integer GEMM (its panels read
 /// straight from this layout) from `gemm_from`.
