@@ -15,6 +15,8 @@ use std::arch::x86_64::*;
 
 pub(super) mod float_pairs;
 pub(super) mod lanes;
+#[cfg(test)]
+mod lanes_check;
 pub(super) mod lanes_q6k;
 pub(super) mod lanes_q8_0;
 mod tiles;

@@ -8,17 +8,12 @@
 //! only those, and hands back the whole row's softmax normalizer, which the
 //! cuts need: each kept probability is then the one a full sort gives.
 
-use std::cmp::Ordering;
+use super::top_k::better;
 
 /// Logits this far under the largest carry less than e⁻³⁰ each of its
 /// probability: with min-p off, top-p's head is looked for among the
 /// others (on 248k tokens they hold all but ~2.4e-8 of the mass).
 const FAR: f64 = 30.0;
-
-/// Candidates best first: larger logit, then lower token id.
-fn better(a: &(u32, f32), b: &(u32, f32)) -> Ordering {
-    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
-}
 
 /// What the cuts need: the candidates (best first), the largest logit and
 /// `Σ exp(l − max)` over every logit of the row (NaNs left out), in f64.
@@ -137,19 +132,7 @@ mod tests {
 
     /// The whole row (adjusted), NaNs out, sorted; its softmax.
     fn full(row: &[f32], adjusted: &[(u32, f32)]) -> (Vec<(u32, f32)>, Vec<f64>) {
-        let mut c: Vec<(u32, f32)> = row
-            .iter()
-            .enumerate()
-            .map(|(i, &x)| {
-                let x = adjusted
-                    .iter()
-                    .find(|a| a.0 as usize == i)
-                    .map_or(x, |a| a.1);
-                (i as u32, x)
-            })
-            .filter(|c| !c.1.is_nan())
-            .collect();
-        c.sort_by(better);
+        let c = crate::engine::top_k::adjusted_sorted(row, adjusted);
         let max = f64::from(c[0].1);
         let e: Vec<f64> = c.iter().map(|x| (f64::from(x.1) - max).exp()).collect();
         let s: f64 = e.iter().sum();

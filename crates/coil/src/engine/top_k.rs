@@ -13,7 +13,7 @@
 use std::cmp::Ordering;
 
 /// Candidates best first: larger logit, then lower token id.
-fn better(a: &(u32, f32), b: &(u32, f32)) -> Ordering {
+pub(crate) fn better(a: &(u32, f32), b: &(u32, f32)) -> Ordering {
     b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
 }
 
@@ -102,25 +102,33 @@ impl Best {
     }
 }
 
+/// Every logit of `row` with `adjusted` replacing its tokens', NaNs left
+/// out, fully sorted best first: what the fast paths are checked against.
+#[cfg(test)]
+pub(crate) fn adjusted_sorted(row: &[f32], adjusted: &[(u32, f32)]) -> Vec<(u32, f32)> {
+    let mut all: Vec<(u32, f32)> = row
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            let x = adjusted
+                .iter()
+                .find(|a| a.0 as usize == i)
+                .map_or(x, |a| a.1);
+            (i as u32, x)
+        })
+        .filter(|c| !c.1.is_nan())
+        .collect();
+    all.sort_by(better);
+    all
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Every logit with its adjusted value, NaNs out, fully sorted.
+    /// The `k` best by a full sort (see [`adjusted_sorted`]).
     fn reference(row: &[f32], k: usize, adjusted: &[(u32, f32)]) -> Vec<(u32, f32)> {
-        let mut all: Vec<(u32, f32)> = row
-            .iter()
-            .enumerate()
-            .map(|(i, &x)| {
-                let x = adjusted
-                    .iter()
-                    .find(|a| a.0 as usize == i)
-                    .map_or(x, |a| a.1);
-                (i as u32, x)
-            })
-            .filter(|c| !c.1.is_nan())
-            .collect();
-        all.sort_by(better);
+        let mut all = adjusted_sorted(row, adjusted);
         all.truncate(k);
         all
     }

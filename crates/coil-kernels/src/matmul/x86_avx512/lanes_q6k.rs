@@ -303,125 +303,26 @@ pub fn unpack_row(data: &[u8], cols: usize, r: usize, out: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::matmul::dequant::dequant_row;
-    use crate::matmul::{matmul, Layout, WeightRef};
     use crate::simd::{detected_level, SimdLevel};
-    use crate::testutil::{random_weights, Rng};
     use coil_gguf::GgmlType;
 
-    fn run(
-        packed: &[u8],
-        rb: usize,
-        rows: usize,
-        xa: &QuantAct,
-        t0: usize,
-        nt: usize,
-    ) -> Vec<Vec<f32>> {
-        let p = panel(xa, t0, nt);
-        let mut ys = vec![vec![f32::NAN; rows]; nt];
-        let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
-        // SAFETY: AVX-512 checked by the caller.
-        unsafe { tile_packed(packed, rb, &p, &mut outs) };
-        ys
-    }
-
-    /// As Q4_K's: the f64 reference of the quantized product, the same
-    /// bits for 1–9 tokens and shifted groups, rows unpacked as they were,
-    /// and through `matmul` the kernel's bits up to 13 tokens and the
-    /// integer GEMM's on the plain rows from 12.
+    /// The checks of every rows-in-lanes format (`lanes_check::check`),
+    /// repacking directly: `matmul::repack` leaves Q6_K alone on a Zen 4,
+    /// where the layout is still tested.
     #[test]
     fn q6_k_rows_in_lanes() {
         if detected_level() < SimdLevel::Avx512 {
             return;
         }
-        let (rows, cols) = (48, 768);
-        let mut rng = Rng::new(21);
-        let plain = random_weights(&mut rng, GgmlType::Q6_K, rows, cols);
-        let rb = plain.len() / rows;
-        let mut packed = plain.clone();
-        // (directly: `matmul::repack` leaves Q6_K alone on a Zen 4, where
-        // the layout is still tested)
-        repack(&mut packed, rows, cols);
-        assert_ne!(packed, plain);
-        let mut row = vec![0u8; rb];
-        for r in 0..rows {
-            unpack_row(&packed, cols, r, &mut row);
-            assert_eq!(row, plain[r * rb..(r + 1) * rb], "row {r}");
-        }
-        let x = rng.vec(40 * cols);
-        let xa = QuantAct::q8_k(&x, cols);
-        let nb = cols / 256;
-        let alone: Vec<Vec<f32>> = (0..40)
-            .map(|t| run(&packed, rb, rows, &xa, t, 1).remove(0))
-            .collect();
-        let mut wf = vec![0f32; cols];
-        for r in 0..rows {
-            assert!(dequant_row(
-                GgmlType::Q6_K,
-                &plain[r * rb..(r + 1) * rb],
-                &mut wf
-            ));
-            for (t, y) in alone.iter().enumerate().take(6) {
-                let want: f64 = (0..cols)
-                    .map(|c| {
-                        let dx = f64::from(xa.d[t * nb + c / 256]);
-                        f64::from(wf[c]) * f64::from(xa.qs_row(t)[c]) * dx
-                    })
-                    .sum();
-                let scale: f64 = (0..cols)
-                    .map(|c| (f64::from(wf[c]) * f64::from(x[t * cols + c])).abs())
-                    .sum();
-                let got = f64::from(y[r]);
-                assert!(
-                    (got - want).abs() <= 1e-5 * scale + 1e-6,
-                    "row {r} token {t}: {got} against {want}"
-                );
-            }
-        }
-        for nt in 2..=9 {
-            for (k, y) in run(&packed, rb, rows, &xa, 12 - nt, nt).iter().enumerate() {
-                for r in 0..rows {
-                    assert_eq!(
-                        y[r].to_bits(),
-                        alone[12 - nt + k][r].to_bits(),
-                        "{nt} tokens, row {r}"
-                    );
-                }
-            }
-        }
-        let y = run(&packed[16 * rb..], rb, rows - 16, &xa, 4, 5);
-        for (k, y) in y.iter().enumerate() {
-            for r in 16..rows {
-                assert_eq!(y[r - 16].to_bits(), alone[4 + k][r].to_bits());
-            }
-        }
-        let pool = crate::ThreadPool::new(2);
-        let wp = WeightRef::new(GgmlType::Q6_K, &plain, rows, cols).unwrap();
-        let wl = WeightRef {
-            layout: Layout::Lanes16,
-            ..WeightRef::new(GgmlType::Q6_K, &packed, rows, cols).unwrap()
+        let f = super::super::lanes_check::Format {
+            ty: GgmlType::Q6_K,
+            repack,
+            unpack_row,
+            quantize: QuantAct::q8_k,
+            act_block: 256,
+            panel,
+            tile: tile_packed,
         };
-        let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
-        wp.dequantize_row(33, &mut a);
-        wl.dequantize_row(33, &mut b);
-        assert_eq!(a, b);
-        for (n, invariant) in [(1, false), (4, false), (11, false), (13, true)] {
-            let _scope = crate::invariant_scope(invariant);
-            let mut y = vec![0f32; n * rows];
-            matmul(&pool, &wl, &x[..n * cols], &mut y, n);
-            for t in 0..n {
-                for r in 0..rows {
-                    assert_eq!(
-                        y[t * rows + r].to_bits(),
-                        alone[t][r].to_bits(),
-                        "{n} tokens"
-                    );
-                }
-            }
-        }
-        let (mut yp, mut yl) = (vec![0f32; 40 * rows], vec![0f32; 40 * rows]);
-        matmul(&pool, &wp, &x, &mut yp, 40);
-        matmul(&pool, &wl, &x, &mut yl, 40);
-        assert_eq!(yp, yl);
+        super::super::lanes_check::check(&f, 768, 21);
     }
 }
