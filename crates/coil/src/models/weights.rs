@@ -243,7 +243,7 @@ impl<'a> Loader<'a> {
     }
 }
 
-/// Rewrites the file's Q4_K, Q6_K and Q8_0 weight matrices in memory into the
+/// Rewrites the file's weight matrices of the types [`coil_kernels::repacks`] takes (Q4_K, Q6_K, Q8_0) in memory into the
 /// layout of the AVX-512 rows-in-lanes kernels ([`coil_kernels::repack`]: same
 /// bytes, reordered by groups of 16 rows), where this process's kernels
 /// use it. Not `token_embd.weight`, whose rows are looked up one by one,
@@ -258,7 +258,7 @@ pub fn repack_for_kernels(file: &mut GgufFile) -> usize {
         let info = &file.tensors()[i];
         let dims = &info.dims;
         let ty = info.ty;
-        if !matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_0)
+        if !coil_kernels::repacks(ty)
             || dims.len() < 2
             || (info.name == "token_embd.weight" && !tied)
         {
