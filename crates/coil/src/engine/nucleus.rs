@@ -37,7 +37,7 @@ impl Nucleus {
 /// The logits of `row`, `adjusted` replacing its tokens' (distinct ids),
 /// that min-p (`min_p` > 0: within `ln(min_p)` of the largest) or else
 /// top-p can keep — for top-p alone, the logits within 4, 8, 16, then
-/// [`FAR`] of the largest, the first of these heads whose mass reaches
+/// `FAR` (30) of the largest, the first of these heads whose mass reaches
 /// `top_p` — with the row's normalizer. `None` when the cuts may reach
 /// further (both off, or no such head) or the row has no finite largest
 /// logit: the caller then sorts the whole row.

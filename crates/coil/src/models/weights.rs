@@ -14,7 +14,7 @@ pub struct Matrix {
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
-    /// [`Layout::Lanes16`] when the loader repacked it ([`repack`]).
+    /// [`Layout::Lanes16`] when the loader repacked it ([`coil_kernels::repack`]).
     pub layout: Layout,
     range: Range<usize>,
 }
