@@ -452,7 +452,10 @@ fn invariant_bench(pool: &ThreadPool, rng: &mut Rng, filter: &str) {
             if !filter.is_empty() && !ty.name().eq_ignore_ascii_case(filter) {
                 continue;
             }
-            let cols = 4096;
+            let cols: usize = std::env::var("BCOLS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(4096);
             let row_bytes = cols / ty.block_size() * ty.type_size();
             let bytes = if in_l2 { 512usize << 10 } else { 64usize << 20 };
             let rows = bytes.div_ceil(row_bytes).next_multiple_of(16);

@@ -6,6 +6,7 @@ use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 
 pub(super) mod float_pairs;
+mod lanes;
 mod legacy;
 mod tiles;
 
@@ -40,6 +41,9 @@ pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
             |r, q, d, s| unsafe { legacy::dot_q4_1(r, q, d, s) },
             None,
         ),
+        GgmlType::Q4_K if lanes_on() => {
+            VecKernel::Quant(Q8K, |r, q, d, s| unsafe { lanes::dot(r, q, d, s) }, None)
+        }
         GgmlType::Q4_K => VecKernel::Quant(
             Q8K,
             |r, q, d, s| unsafe { dot_k45::<false, 0>(r, q, d, s) },
@@ -60,6 +64,18 @@ pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
     })
 }
 
+/// Whether Q4_K goes through the rows-in-lanes kernels of `lanes.rs` (one
+/// token, few tokens, a row's dot: the same arithmetic, so all or none):
+/// unless `COIL_AVX2_LANES=0` (the row-at-a-time kernels below and in
+/// `tiles.rs`, kept for Q5_K and for comparison on other CPUs). Kernel
+/// bench, Intel Xeon model 167 at `COIL_SIMD=avx2`, 2 threads, Q4_K
+/// streamed from memory: 8 tokens 7.0–7.5 → 9.6–11.3 GB/s, 4 tokens 13–14
+/// → 14–17, one token level (23–26), 2 tokens 3–5% slower.
+fn lanes_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("COIL_AVX2_LANES").map_or(true, |v| v != "0"))
+}
+
 /// The few-token row-range kernel of `ty` and the most tokens it takes per
 /// call (each
 /// token's result bit for bit the one-token kernel's; see `tiles.rs`).
@@ -72,6 +88,10 @@ pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileKernel> {
         GgmlType::IQ4_NL => (
             |w, rb, a, o| unsafe { tiles::tile_iq4_nl(w, rb, a, o) },
             B32,
+        ),
+        GgmlType::Q4_K if lanes_on() => (
+            |w, rb, a, o| unsafe { lanes::tile(w, rb, a, o) },
+            lanes::MAX_TOKENS,
         ),
         GgmlType::Q4_K => (|w, rb, a, o| unsafe { tiles::tile_q4_k(w, rb, a, o) }, K),
         GgmlType::Q5_K => (|w, rb, a, o| unsafe { tiles::tile_q5_k(w, rb, a, o) }, K),
@@ -100,6 +120,9 @@ pub(super) fn rows_kernel(ty: GgmlType) -> Option<QuantRows> {
         GgmlType::Q5_0 => |w, rb, q, d, s, o| unsafe { legacy::rows_q5_0(w, rb, q, d, s, o) },
         GgmlType::Q5_1 => |w, rb, q, d, s, o| unsafe { legacy::rows_q5_1(w, rb, q, d, s, o) },
         GgmlType::Q4_1 => |w, rb, q, d, s, o| unsafe { legacy::rows_q4_1(w, rb, q, d, s, o) },
+        GgmlType::Q4_K if lanes_on() => {
+            |w, rb, q, d, s, o| unsafe { lanes::rows_one(w, rb, q, d, s, o) }
+        }
         GgmlType::Q4_K => |w, rb, q, d, s, o| unsafe { rows_q4_k(w, rb, q, d, s, o) },
         GgmlType::Q5_K => |w, rb, q, d, s, o| unsafe { rows_q5_k(w, rb, q, d, s, o) },
         GgmlType::Q6_K => |w, rb, q, d, s, o| unsafe { rows_q6_k(w, rb, q, d, s, o) },

@@ -401,6 +401,8 @@ mod tests {
             (GgmlType::Q4_0, 480),
             (GgmlType::IQ4_NL, 480),
             (GgmlType::Q4_K, 512),
+            // more blocks × tokens than the rows-in-lanes kernel's stack buffer
+            (GgmlType::Q4_K, 256 * 33),
             (GgmlType::Q5_K, 512),
             (GgmlType::Q6_K, 512),
         ] {
