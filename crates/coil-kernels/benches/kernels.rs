@@ -431,7 +431,8 @@ fn decode_shapes_bench(pool: &ThreadPool, ty: GgmlType) {
 /// `--batch-invariant`): n tokens through per-row dot products, each
 /// token's result as if alone. Reported as the time of n tokens relative to
 /// one token, on a weight that stays in L2 (one thread: the kernels' compute
-/// cost) and on one streamed from memory (64 MB, all threads).
+/// cost) and on one streamed from memory (64 MB, all threads). Rows of 4096
+/// values, or `BCOLS` (e.g. `BCOLS=1024`: the Qwen3.5-0.8B shape's).
 fn invariant_bench(pool: &ThreadPool, rng: &mut Rng, filter: &str) {
     let ns = [1usize, 2, 3, 4, 5, 8, 9, 16];
     let one_thread = ThreadPool::new(1);
