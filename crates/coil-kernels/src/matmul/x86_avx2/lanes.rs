@@ -109,6 +109,12 @@ struct Block {
     sc: [__m256i; 8],
     mins: [__m256i; 4],
     w: [[__m256i; 8]; 8],
+    /// Each token's sub-block sums `sc_j Σ q·qx` (8 rows per vector),
+    /// added up once all are done: in memory, so that the 8 weight vectors
+    /// of a sub-block stay in registers across the tokens (with an
+    /// accumulator register per token they were loaded again per token: 16
+    /// loads per sub-block and token, the load ports the limit).
+    res: [[__m256i; 8]; MAX_TOKENS],
 }
 
 /// Unpacks block `i` of the rows at `rows` (`BLOCK` bytes per block).
@@ -204,10 +210,11 @@ unsafe fn finish(
     _mm256_fmadd_ps(v, _mm256_set1_ps(dx), acc)
 }
 
-/// The 8 rows' results of `NT` tokens over `nb` blocks starting at `rows`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn group<const NT: usize>(
+/// The 8 rows' results of `NT` tokens over `nb` blocks starting at `rows`
+/// (`VNNI`: each sub-block's sums by `vpdpbusd`, the caller having
+/// AVX-VNNI; the same exact integers).
+#[inline(always)]
+unsafe fn group<const NT: usize, const VNNI: bool>(
     rows: &[*const u8; ROWS],
     next: *const u8,
     nb: usize,
@@ -219,19 +226,39 @@ unsafe fn group<const NT: usize>(
     let share = ROWS * BLOCK;
     for i in 0..nb {
         unpack(rows, i, next.wrapping_add(share * i), blk);
-        let mut isum = [_mm256_setzero_si256(); NT];
         for j in 0..8 {
-            let w = &blk.w[j];
+            let w = blk.w[j];
             let sc = blk.sc[j];
-            for (t, s) in isum.iter_mut().enumerate() {
+            // the scale as an i32 (it sits in both i16 halves)
+            let sc32 = _mm256_and_si256(sc, _mm256_set1_epi32(0xFFFF));
+            for t in 0..NT {
                 let xp = x.qs.add(((8 * i + j) * NT + t) * 32) as *const i32;
-                let mut a = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(xp.read_unaligned()));
-                for g in 1..8 {
-                    let xg = _mm256_set1_epi32(xp.add(g).read_unaligned());
-                    a = _mm256_add_epi16(a, _mm256_maddubs_epi16(w[g], xg));
-                }
-                *s = _mm256_add_epi32(*s, _mm256_madd_epi16(a, sc));
+                let p = if VNNI {
+                    let (mut a, mut b) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                    for g in (0..8).step_by(2) {
+                        let xa = _mm256_set1_epi32(xp.add(g).read_unaligned());
+                        let xb = _mm256_set1_epi32(xp.add(g + 1).read_unaligned());
+                        a = _mm256_dpbusd_avx_epi32(a, w[g], xa);
+                        b = _mm256_dpbusd_avx_epi32(b, w[g + 1], xb);
+                    }
+                    _mm256_mullo_epi32(_mm256_add_epi32(a, b), sc32)
+                } else {
+                    let mut a = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(xp.read_unaligned()));
+                    for g in 1..8 {
+                        let xg = _mm256_set1_epi32(xp.add(g).read_unaligned());
+                        a = _mm256_add_epi16(a, _mm256_maddubs_epi16(w[g], xg));
+                    }
+                    _mm256_madd_epi16(a, sc)
+                };
+                blk.res[t][j] = p;
             }
+        }
+        let mut isum = [_mm256_setzero_si256(); NT];
+        for (t, s) in isum.iter_mut().enumerate() {
+            let r = &blk.res[t];
+            let a = _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
+            let b = _mm256_add_epi32(_mm256_add_epi32(r[4], r[5]), _mm256_add_epi32(r[6], r[7]));
+            *s = _mm256_add_epi32(a, b);
         }
         for (t, f) in facc.iter_mut().enumerate() {
             // the sums of the token's 8 sub-blocks as i16, pairs (2k, 2k + 1)
@@ -252,9 +279,8 @@ unsafe fn group<const NT: usize>(
 
 /// Rows `0..n` of `w` (`rb` bytes each, `nb` blocks) times `NT` tokens into
 /// `out[t][0..n]`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn rows_q4_k<const NT: usize>(
+#[inline(always)]
+unsafe fn rows_q4_k<const NT: usize, const VNNI: bool>(
     w: *const u8,
     rb: usize,
     n: usize,
@@ -270,10 +296,24 @@ unsafe fn rows_q4_k<const NT: usize>(
             *p = w.add((r0 + r).min(n - 1) * rb);
         }
         let next = w.wrapping_add((r0 + 4 * ROWS) * rb);
-        let f = group::<NT>(&rows, next, nb, x, &mut blk);
+        let f = group::<NT, VNNI>(&rows, next, nb, x, &mut blk);
         store_rows(&f, out, r0, n);
         r0 += ROWS;
     }
+}
+
+/// [`rows_q4_k`] with `vpdpbusd` (one instruction for a `vpmaddubsw` and a
+/// `vpaddw`, then a `vpmulld` by the scale instead of a `vpmaddwd`).
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn rows_q4_k_vnni<const NT: usize>(
+    w: *const u8,
+    rb: usize,
+    n: usize,
+    nb: usize,
+    x: Act,
+    out: [*mut f32; NT],
+) {
+    rows_q4_k::<NT, true>(w, rb, n, nb, x, out)
 }
 
 /// Row `r`'s slot in a [`Part`]: rows `q` and `q + 4` side by side.
@@ -494,7 +534,11 @@ unsafe fn tile_n<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mut [
     if NT <= SEQ_TOKENS {
         rows_seq::<NT>(w.as_ptr(), rb, n, nb, x, o);
     } else {
-        rows_q4_k::<NT>(w.as_ptr(), rb, n, nb, x, o);
+        if crate::simd::avx_vnni() {
+            rows_q4_k_vnni::<NT>(w.as_ptr(), rb, n, nb, x, o);
+        } else {
+            rows_q4_k::<NT, false>(w.as_ptr(), rb, n, nb, x, o);
+        }
     }
 }
 
@@ -572,6 +616,76 @@ mod tests {
                     "row {} token {t}: {got} vs {want}",
                     3 + r
                 );
+            }
+        }
+        // both integer paths of the side-by-side kernel (whichever the tile
+        // picks below), 3 and 5 tokens
+        let side = |k: usize, vnni: bool| {
+            let panel = ActPanel::new(&xa, 0, k, 256, 16, 32);
+            let mut ys = vec![vec![f32::NAN; rows - 3]; k];
+            let x = super::Act {
+                qs: panel.qs.as_ptr(),
+                d: panel.d.as_ptr(),
+                d_stride: super::PANEL_LANES,
+                sums: panel.sums.as_ptr(),
+            };
+            let (w, n) = (data[3 * rb..].as_ptr(), rows - 3);
+            // SAFETY: AVX2 checked above, AVX-VNNI by the caller.
+            unsafe {
+                match (k, vnni) {
+                    (3, false) => super::rows_q4_k::<3, false>(
+                        w,
+                        rb,
+                        n,
+                        nb,
+                        x,
+                        [0, 1, 2].map(|t| ys[t].as_mut_ptr()),
+                    ),
+                    (3, true) => super::rows_q4_k_vnni::<3>(
+                        w,
+                        rb,
+                        n,
+                        nb,
+                        x,
+                        [0, 1, 2].map(|t| ys[t].as_mut_ptr()),
+                    ),
+                    (5, false) => super::rows_q4_k::<5, false>(
+                        w,
+                        rb,
+                        n,
+                        nb,
+                        x,
+                        [0, 1, 2, 3, 4].map(|t| ys[t].as_mut_ptr()),
+                    ),
+                    (5, true) => super::rows_q4_k_vnni::<5>(
+                        w,
+                        rb,
+                        n,
+                        nb,
+                        x,
+                        [0, 1, 2, 3, 4].map(|t| ys[t].as_mut_ptr()),
+                    ),
+                    _ => unreachable!(),
+                }
+            }
+            ys
+        };
+        let mut paths = vec![false];
+        if std::arch::is_x86_feature_detected!("avxvnni") {
+            paths.push(true);
+        }
+        for k in [3, 5] {
+            for &v in &paths {
+                let ys = side(k, v);
+                for t in 0..k {
+                    for r in 0..rows - 3 {
+                        assert_eq!(
+                            ys[t][r].to_bits(),
+                            one[t][r].to_bits(),
+                            "{k} tokens (VNNI {v}), row {r}, token {t}"
+                        );
+                    }
+                }
             }
         }
         for k in 1..=nt {
