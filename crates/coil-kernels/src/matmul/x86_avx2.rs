@@ -7,6 +7,7 @@ use std::arch::x86_64::*;
 
 pub(super) mod float_pairs;
 mod lanes;
+mod lanes_q8_0;
 mod legacy;
 mod tiles;
 
@@ -17,6 +18,11 @@ pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
         GgmlType::F32 => VecKernel::Float(|r, x| unsafe { dot_f32(r, x) }),
         GgmlType::F16 => VecKernel::Float(|r, x| unsafe { dot_f16(r, x) }),
         GgmlType::BF16 => VecKernel::Float(|r, x| unsafe { dot_bf16(r, x) }),
+        GgmlType::Q8_0 if lanes_on() => VecKernel::Quant(
+            Q8_0,
+            |r, q, d, s| unsafe { lanes_q8_0::dot(r, q, d, s) },
+            None,
+        ),
         GgmlType::Q8_0 => {
             VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_q8_0(r, q, d, s) }, None)
         }
@@ -83,6 +89,10 @@ pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileKernel> {
     use tiles::{MAX_TOKENS_B32 as B32, MAX_TOKENS_K as K};
     // SAFETY (all): selected only when the CPU has AVX2+FMA+F16C.
     let (f, max_tokens): (super::QuantTile, usize) = match ty {
+        GgmlType::Q8_0 if lanes_on() => (
+            |w, rb, a, o| unsafe { lanes_q8_0::tile(w, rb, a, o) },
+            lanes_q8_0::MAX_TOKENS,
+        ),
         GgmlType::Q8_0 => (|w, rb, a, o| unsafe { tiles::tile_q8_0(w, rb, a, o) }, B32),
         GgmlType::Q4_0 => (|w, rb, a, o| unsafe { tiles::tile_q4_0(w, rb, a, o) }, B32),
         GgmlType::IQ4_NL => (
@@ -114,6 +124,9 @@ pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileKernel> {
 pub(super) fn rows_kernel(ty: GgmlType) -> Option<QuantRows> {
     // SAFETY (all): selected only when the CPU has AVX2+FMA+F16C.
     Some(match ty {
+        GgmlType::Q8_0 if lanes_on() => {
+            |w, rb, q, d, s, o| unsafe { lanes_q8_0::rows_one(w, rb, q, d, s, o) }
+        }
         GgmlType::Q8_0 => |w, rb, q, d, s, o| unsafe { rows_b32::<34, 0>(w, rb, q, d, s, o) },
         GgmlType::Q4_0 => |w, rb, q, d, s, o| unsafe { rows_b32::<18, 1>(w, rb, q, d, s, o) },
         GgmlType::IQ4_NL => |w, rb, q, d, s, o| unsafe { rows_b32::<18, 2>(w, rb, q, d, s, o) },

@@ -37,7 +37,7 @@ use super::super::act::{ActPanel, PANEL_LANES};
 use std::arch::x86_64::*;
 
 /// Rows per group: one per dword lane.
-const ROWS: usize = 8;
+pub(super) const ROWS: usize = 8;
 /// Bytes per Q4_K block.
 const BLOCK: usize = 144;
 
@@ -55,7 +55,7 @@ struct Act {
 
 /// `out[g]` holds dword `g` of each `v[r]` in lane `r`.
 #[inline(always)]
-unsafe fn transpose8(v: &[__m256i; 8]) -> [__m256i; 8] {
+pub(super) unsafe fn transpose8(v: &[__m256i; 8]) -> [__m256i; 8] {
     // pairs of rows: [r g, r' g, r g+1, r' g+1 | the same for g + 4]
     let t0 = _mm256_unpacklo_epi32(v[0], v[1]);
     let t1 = _mm256_unpackhi_epi32(v[0], v[1]);
@@ -365,7 +365,7 @@ unsafe fn block_sums<const NT: usize>(b: *const u8, x: Act, i: usize, r: usize, 
 /// partials beside row `q + 4`'s, as `[__m128i; 2]` at `p[q]`.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn row_sums(p: &[[__m128i; 2]; 4]) -> __m256i {
+pub(super) unsafe fn row_sums(p: &[[__m128i; 2]; 4]) -> __m256i {
     let y0 = _mm256_loadu_si256(p[0].as_ptr() as *const __m256i);
     let y1 = _mm256_loadu_si256(p[1].as_ptr() as *const __m256i);
     let y2 = _mm256_loadu_si256(p[2].as_ptr() as *const __m256i);
@@ -446,7 +446,12 @@ unsafe fn rows_seq<const NT: usize>(
 /// r`) into `out[t]`.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn store_rows<const NT: usize>(f: &[__m256; NT], out: [*mut f32; NT], r0: usize, n: usize) {
+pub(super) unsafe fn store_rows<const NT: usize>(
+    f: &[__m256; NT],
+    out: [*mut f32; NT],
+    r0: usize,
+    n: usize,
+) {
     let m = ROWS.min(n - r0);
     for t in 0..NT {
         let mut v = [0f32; ROWS];
@@ -489,7 +494,7 @@ pub(super) unsafe fn rows_one(
 /// high 128 bits (each in lane order).
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn f16_halves(v: __m256i) -> __m256i {
+pub(super) unsafe fn f16_halves(v: __m256i) -> __m256i {
     let idx = _mm256_setr_epi8(
         0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7,
         10, 11, 14, 15,

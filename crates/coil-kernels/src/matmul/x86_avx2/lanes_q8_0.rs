@@ -1,0 +1,351 @@
+//! AVX2 Q8_0 products with eight rows in the vector lanes, as `lanes.rs`
+//! does for Q4_K: 3 to 9 tokens read 8 rows side by side, transposed as
+//! they are read (a vector holds 4 columns of 8 rows, multiplied with a
+//! broadcast of 4 activation bytes), one or two tokens read the rows in
+//! order; either way each block's product is an exact i32 per row and
+//! token, and the float work — `acc += cvt(Σ q·qx) · (d · dx)` per block —
+//! runs 8 rows at a time in the lanes: the same bits per row whatever the
+//! number of tokens or rows in the call.
+//!
+//! The row-at-a-time kernels convert and scale 8 partial sums per row,
+//! block and token, and keep two f32 accumulators per token, so at most 4
+//! tokens per pass; here a block of 8 rows and a token take 8 `vpmaddubsw`
+//! (`vpdpbusd` with AVX-VNNI, the quants offset to unsigned and the
+//! offset's product subtracted after) and one conversion and FMA.
+
+use super::super::act::{ActPanel, PANEL_LANES};
+use super::lanes::{store_rows, transpose8, ROWS};
+use std::arch::x86_64::*;
+
+/// Bytes per Q8_0 block.
+const BLOCK: usize = 34;
+
+/// Most tokens per call (a verification of 8 drafts).
+pub(super) const MAX_TOKENS: usize = 9;
+
+/// Most tokens that go through [`rows_seq`] (more through [`rows_side`]).
+const SEQ_TOKENS: usize = 2;
+
+/// Quantized activations: block `i` (32 values) of token `t` at `qs + (i·nt
+/// + t)·32`, its scale at `d + i·d_stride + t`, its sum at `sums + i·nt +
+/// t` (one token's plain rows, or an [`ActPanel`] of 32-value chunks).
+#[derive(Clone, Copy)]
+struct Act {
+    qs: *const i8,
+    d: *const f32,
+    d_stride: usize,
+    sums: *const i16,
+}
+
+/// A block's contribution to a token's 8 row results: `acc + cvt(isum) ·
+/// (d · dx)` (the one order of roundings both paths share).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn finish(acc: __m256, d: __m256, isum: __m256i, dx: f32) -> __m256 {
+    let s = _mm256_mul_ps(d, _mm256_set1_ps(dx));
+    _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), s, acc)
+}
+
+/// The `d` of 8 rows' block at byte `off` of each row.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn scales(rows: &[*const u8; ROWS], off: usize) -> __m256 {
+    let mut h = [0u16; ROWS];
+    for r in 0..ROWS {
+        h[r] = (rows[r].add(off) as *const u16).read_unaligned();
+    }
+    _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i))
+}
+
+/// 8 rows side by side: the rows' results of `NT` tokens over `nb` blocks
+/// (`VNNI`: the caller has AVX-VNNI).
+#[inline(always)]
+unsafe fn rows_side<const NT: usize, const VNNI: bool>(
+    w: *const u8,
+    rb: usize,
+    n: usize,
+    nb: usize,
+    x: Act,
+    out: [*mut f32; NT],
+) {
+    let ones = _mm256_set1_epi16(1);
+    let bias = _mm256_set1_epi8(-128);
+    let mut r0 = 0;
+    while r0 < n {
+        let mut rows = [w; ROWS];
+        for (r, p) in rows.iter_mut().enumerate() {
+            *p = w.add((r0 + r).min(n - 1) * rb);
+        }
+        // the next group's stretch of memory, into L2 a block's share at a time
+        let next = w.wrapping_add((r0 + ROWS) * rb);
+        let mut facc = [_mm256_setzero_ps(); NT];
+        for i in 0..nb {
+            let pf = next.wrapping_add(ROWS * BLOCK * i);
+            _mm_prefetch::<_MM_HINT_T1>(pf as *const i8);
+            _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(64) as *const i8);
+            _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(128) as *const i8);
+            _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(ROWS * BLOCK - 1) as *const i8);
+            let mut v = [_mm256_setzero_si256(); 8];
+            for r in 0..ROWS {
+                v[r] = _mm256_loadu_si256(rows[r].add(BLOCK * i + 2) as *const __m256i);
+            }
+            let q = transpose8(&v);
+            let d = scales(&rows, BLOCK * i);
+            if VNNI {
+                // Σ (q + 128)·qx − 128 Σ qx
+                let mut u = q;
+                for u in u.iter_mut() {
+                    *u = _mm256_xor_si256(*u, bias);
+                }
+                for (t, f) in facc.iter_mut().enumerate() {
+                    let xp = x.qs.add((i * NT + t) * 32) as *const i32;
+                    let (mut a, mut b) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                    for g in (0..8).step_by(2) {
+                        let xa = _mm256_set1_epi32(xp.add(g).read_unaligned());
+                        let xb = _mm256_set1_epi32(xp.add(g + 1).read_unaligned());
+                        a = _mm256_dpbusd_avx_epi32(a, u[g], xa);
+                        b = _mm256_dpbusd_avx_epi32(b, u[g + 1], xb);
+                    }
+                    let sx = _mm256_set1_epi32(i32::from(*x.sums.add(i * NT + t)) << 7);
+                    let isum = _mm256_sub_epi32(_mm256_add_epi32(a, b), sx);
+                    *f = finish(*f, d, isum, *x.d.add(i * x.d_stride + t));
+                }
+            } else {
+                let mut qa = q;
+                for a in qa.iter_mut() {
+                    *a = _mm256_abs_epi8(*a);
+                }
+                for (t, f) in facc.iter_mut().enumerate() {
+                    let xp = x.qs.add((i * NT + t) * 32) as *const i32;
+                    let mut isum = _mm256_setzero_si256();
+                    for g in 0..8 {
+                        let xg =
+                            _mm256_sign_epi8(_mm256_set1_epi32(xp.add(g).read_unaligned()), q[g]);
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(qa[g], xg), ones);
+                        isum = _mm256_add_epi32(isum, p);
+                    }
+                    *f = finish(*f, d, isum, *x.d.add(i * x.d_stride + t));
+                }
+            }
+        }
+        store_rows(&facc, out, r0, n);
+        r0 += ROWS;
+    }
+}
+
+/// [`rows_side`] with AVX-VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn rows_side_vnni<const NT: usize>(
+    w: *const u8,
+    rb: usize,
+    n: usize,
+    nb: usize,
+    x: Act,
+    out: [*mut f32; NT],
+) {
+    rows_side::<NT, true>(w, rb, n, nb, x, out)
+}
+
+/// [`rows_side`] without.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_side_plain<const NT: usize>(
+    w: *const u8,
+    rb: usize,
+    n: usize,
+    nb: usize,
+    x: Act,
+    out: [*mut f32; NT],
+) {
+    rows_side::<NT, false>(w, rb, n, nb, x, out)
+}
+
+/// Sums (8 rows × blocks × tokens) that [`rows_seq`] keeps on the stack
+/// (rows of up to 16384 values for one token; more go to the heap).
+const STACK_SUMS: usize = 4096;
+
+/// The rows read in order: each block's exact sum per row and token and the
+/// rows' `d` go to a buffer,
+/// then the float work runs 8 rows at a time in the lanes, as
+/// [`rows_side`]'s.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn rows_seq<const NT: usize>(
+    w: *const u8,
+    rb: usize,
+    n: usize,
+    nb: usize,
+    x: Act,
+    out: [*mut f32; NT],
+) {
+    // sums at [(t · 8 + r) · nbp + i] (each row's blocks in a row, 4 written
+    // at once), the heads at [i][r]; on the stack and uninitialized where
+    // they fit (every entry read is written first for each group)
+    let nbp = nb.next_multiple_of(8);
+    let mut part_buf = std::mem::MaybeUninit::<[i32; STACK_SUMS]>::uninit();
+    let mut heads_buf = std::mem::MaybeUninit::<[[u16; ROWS]; STACK_SUMS / ROWS]>::uninit();
+    let (mut part_vec, mut heads_vec) = (Vec::new(), Vec::new());
+    let len = NT * ROWS * nbp;
+    let (part, heads): (&mut [i32], &mut [[u16; ROWS]]) = if len <= STACK_SUMS {
+        (
+            std::slice::from_raw_parts_mut(part_buf.as_mut_ptr() as *mut i32, len),
+            std::slice::from_raw_parts_mut(heads_buf.as_mut_ptr() as *mut [u16; ROWS], nb),
+        )
+    } else {
+        part_vec.resize(len, 0i32);
+        heads_vec.resize(nb, [0u16; ROWS]);
+        (&mut part_vec[..], &mut heads_vec[..])
+    };
+    let ones = _mm256_set1_epi16(1);
+    let pp = part.as_mut_ptr();
+    let mut r0 = 0;
+    while r0 < n {
+        for r in 0..ROWS {
+            let row = w.add((r0 + r).min(n - 1) * rb);
+            let mut i = 0;
+            while i < nb {
+                // 4 blocks (fewer at the end): their 8-lane products, then
+                // each token's 4 sums by one horizontal-add tree
+                let k_end = 4.min(nb - i);
+                let mut p = [[_mm256_setzero_si256(); 4]; NT];
+                for k in 0..k_end {
+                    let b = row.add(BLOCK * (i + k));
+                    if (i + k) % 2 == 0 {
+                        _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(super::PF_STREAM) as *const i8);
+                        _mm_prefetch::<_MM_HINT_T1>(b.wrapping_add(super::PF_FAR) as *const i8);
+                    }
+                    let wq = _mm256_loadu_si256(b.add(2) as *const __m256i);
+                    let wa = _mm256_abs_epi8(wq);
+                    for t in 0..NT {
+                        let xv =
+                            _mm256_loadu_si256(x.qs.add(((i + k) * NT + t) * 32) as *const __m256i);
+                        let sx = _mm256_sign_epi8(xv, wq);
+                        p[t][k] = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, sx), ones);
+                    }
+                    heads[i + k][r] = (b as *const u16).read_unaligned();
+                }
+                for (t, p) in p.iter().enumerate() {
+                    let h = _mm256_hadd_epi32(
+                        _mm256_hadd_epi32(p[0], p[1]),
+                        _mm256_hadd_epi32(p[2], p[3]),
+                    );
+                    let s =
+                        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+                    // (past nb: zeros, read below but not used)
+                    _mm_storeu_si128(pp.add((t * ROWS + r) * nbp + i) as *mut __m128i, s);
+                }
+                i += 4;
+            }
+            if i < nbp {
+                for t in 0..NT {
+                    _mm_storeu_si128(
+                        pp.add((t * ROWS + r) * nbp + i) as *mut __m128i,
+                        _mm_setzero_si128(),
+                    );
+                }
+            }
+        }
+        let mut f = [_mm256_setzero_ps(); NT];
+        for i0 in (0..nb).step_by(8) {
+            for (t, f) in f.iter_mut().enumerate() {
+                // the 8 rows' sums of blocks i0..i0 + 8, block k in lane r of v[k]
+                let mut v = [_mm256_setzero_si256(); 8];
+                for r in 0..ROWS {
+                    v[r] = _mm256_loadu_si256(pp.add((t * ROWS + r) * nbp + i0) as *const __m256i);
+                }
+                let v = transpose8(&v);
+                for k in 0..8.min(nb - i0) {
+                    let i = i0 + k;
+                    let d = _mm256_cvtph_ps(_mm_loadu_si128(heads[i].as_ptr() as *const __m128i));
+                    *f = finish(*f, d, v[k], *x.d.add(i * x.d_stride + t));
+                }
+            }
+        }
+        store_rows(&f, out, r0, n);
+        r0 += ROWS;
+    }
+}
+
+/// One token: rows `0..out.len()` of `w` (decode), the same bits per row as
+/// the tiles'.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn rows_one(
+    w: &[u8],
+    rb: usize,
+    xq: &[i8],
+    xd: &[f32],
+    xs: &[i16],
+    out: &mut [f32],
+) {
+    let n = out.len();
+    let nb = rb / BLOCK;
+    assert!(
+        rb.is_multiple_of(BLOCK) && w.len() >= n * rb && xq.len() >= nb * 32 && xd.len() >= nb,
+        "Q8_0 rows: bad shapes"
+    );
+    if n == 0 {
+        return;
+    }
+    let x = Act {
+        qs: xq.as_ptr(),
+        d: xd.as_ptr(),
+        d_stride: 1,
+        sums: xs.as_ptr(),
+    };
+    rows_seq::<1>(w.as_ptr(), rb, n, nb, x, [out.as_mut_ptr()]);
+}
+
+/// One row's dot product with one token: [`rows_one`] for a single row.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+    let mut y = [0f32];
+    rows_one(row, row.len(), xq, xd, xs, &mut y);
+    y[0]
+}
+
+/// `NT` tokens of a panel (32-value chunks): rows `0..out[0].len()` of `w`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn tile_n<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mut [&mut [f32]]) {
+    assert!(p.nt == NT && out.len() == NT && NT <= PANEL_LANES);
+    let n = out[0].len();
+    let nb = p.n_blocks;
+    assert!(out.iter().all(|o| o.len() == n) && rb == nb * BLOCK && w.len() >= n * rb);
+    assert!(p.qs.len() >= NT * nb * 32 && p.d.len() >= nb * PANEL_LANES && p.sums.len() >= nb * NT);
+    if n == 0 {
+        return;
+    }
+    let x = Act {
+        qs: p.qs.as_ptr(),
+        d: p.d.as_ptr(),
+        d_stride: PANEL_LANES,
+        sums: p.sums.as_ptr(),
+    };
+    let mut o = [std::ptr::null_mut::<f32>(); NT];
+    for (o, y) in o.iter_mut().zip(out.iter_mut()) {
+        *o = y.as_mut_ptr();
+    }
+    if NT <= SEQ_TOKENS {
+        rows_seq::<NT>(w.as_ptr(), rb, n, nb, x, o);
+    } else if crate::simd::avx_vnni() {
+        rows_side_vnni::<NT>(w.as_ptr(), rb, n, nb, x, o);
+    } else {
+        rows_side_plain::<NT>(w.as_ptr(), rb, n, nb, x, o);
+    }
+}
+
+/// The few-token entry: 1 to [`MAX_TOKENS`] tokens of a panel.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn tile(w: &[u8], rb: usize, p: &ActPanel, out: &mut [&mut [f32]]) {
+    match p.nt {
+        1 => tile_n::<1>(w, rb, p, out),
+        2 => tile_n::<2>(w, rb, p, out),
+        3 => tile_n::<3>(w, rb, p, out),
+        4 => tile_n::<4>(w, rb, p, out),
+        5 => tile_n::<5>(w, rb, p, out),
+        6 => tile_n::<6>(w, rb, p, out),
+        7 => tile_n::<7>(w, rb, p, out),
+        8 => tile_n::<8>(w, rb, p, out),
+        9 => tile_n::<9>(w, rb, p, out),
+        n => panic!("Q8_0 lanes tile: unsupported token count {n}"),
+    }
+}
