@@ -26,9 +26,10 @@ pub(super) const MAX_TOKENS: usize = 9;
 /// Most tokens that go through [`rows_seq`] (more through [`rows_side`]).
 const SEQ_TOKENS: usize = 2;
 
-/// Quantized activations: block `i` (32 values) of token `t` at `qs + (i·nt
-/// + t)·32`, its scale at `d + i·d_stride + t`, its sum at `sums + i·nt +
-/// t` (one token's plain rows, or an [`ActPanel`] of 32-value chunks).
+/// Quantized activations: block `i` (32 values) of token `t` at
+/// `qs + (i·nt + t)·32`, its scale at `d + i·d_stride + t`, its sum at
+/// `sums + i·nt + t` (one token's plain rows, or an [`ActPanel`] of 32-value
+/// chunks).
 #[derive(Clone, Copy)]
 struct Act {
     qs: *const i8,
