@@ -6,6 +6,26 @@ use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 
 pub(super) mod float_pairs;
+
+/// Calls `$f::<n>($args)` for the token count `n` = `$nt` (1 to 9): the
+/// rows-in-lanes kernels' few-token entries.
+macro_rules! by_token_count {
+    ($nt:expr, $f:ident, $what:literal, ($($a:expr),*)) => {
+        match $nt {
+            1 => $f::<1>($($a),*),
+            2 => $f::<2>($($a),*),
+            3 => $f::<3>($($a),*),
+            4 => $f::<4>($($a),*),
+            5 => $f::<5>($($a),*),
+            6 => $f::<6>($($a),*),
+            7 => $f::<7>($($a),*),
+            8 => $f::<8>($($a),*),
+            9 => $f::<9>($($a),*),
+            n => panic!("{} lanes tile: unsupported token count {n}", $what),
+        }
+    };
+}
+
 mod lanes;
 mod lanes_q8_0;
 mod legacy;

@@ -41,16 +41,48 @@ pub(super) const ROWS: usize = 8;
 /// Bytes per Q4_K block.
 const BLOCK: usize = 144;
 
-/// A token's quantized activations as the kernel reads them: 32-value chunk
-/// `c` of token `t` at `qs + (c·nt + t)·32`, block `i`'s scale at `d + i ·
-/// d_stride + t`, its 16 group sums at `sums + (i·nt + t)·16` (one token's
-/// plain rows, or an [`ActPanel`] of 32-value chunks).
+/// `nt` tokens' quantized activations as the rows-in-lanes kernels read
+/// them: 32-value chunk `c` of token `t` at `qs + (c·nt + t)·32`, block
+/// `i`'s scale at `d + i·d_stride + t`, its `g` group sums at `sums + (i·nt
+/// + t)·g` (Q8_K: 16 per block of 256; Q8_0-style: 1 per 32): one token's
+/// plain rows, or an [`ActPanel`] of 32-value chunks.
 #[derive(Clone, Copy)]
-struct Act {
-    qs: *const i8,
-    d: *const f32,
-    d_stride: usize,
-    sums: *const i16,
+pub(super) struct Act {
+    pub qs: *const i8,
+    pub d: *const f32,
+    pub d_stride: usize,
+    pub sums: *const i16,
+}
+
+impl Act {
+    /// One token's activations as [`super::super::act::QuantAct`] holds them.
+    pub(super) fn one(xq: &[i8], xd: &[f32], xs: &[i16]) -> Act {
+        Act {
+            qs: xq.as_ptr(),
+            d: xd.as_ptr(),
+            d_stride: 1,
+            sums: xs.as_ptr(),
+        }
+    }
+
+    /// A panel's tokens.
+    pub(super) fn panel(p: &ActPanel) -> Act {
+        Act {
+            qs: p.qs.as_ptr(),
+            d: p.d.as_ptr(),
+            d_stride: PANEL_LANES,
+            sums: p.sums.as_ptr(),
+        }
+    }
+}
+
+/// The first elements of `NT` output slices.
+pub(super) fn out_ptrs<const NT: usize>(out: &mut [&mut [f32]]) -> [*mut f32; NT] {
+    let mut o = [std::ptr::null_mut::<f32>(); NT];
+    for (o, y) in o.iter_mut().zip(out.iter_mut()) {
+        *o = y.as_mut_ptr();
+    }
+    o
 }
 
 /// `out[g]` holds dword `g` of each `v[r]` in lane `r`.
@@ -481,12 +513,7 @@ pub(super) unsafe fn rows_one(
     if n == 0 {
         return;
     }
-    let x = Act {
-        qs: xq.as_ptr(),
-        d: xd.as_ptr(),
-        d_stride: 1,
-        sums: xs.as_ptr(),
-    };
+    let x = Act::one(xq, xd, xs);
     rows_seq::<1>(w.as_ptr(), rb, n, nb, x, [out.as_mut_ptr()]);
 }
 
@@ -526,16 +553,7 @@ unsafe fn tile_n<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mut [
     if n == 0 {
         return;
     }
-    let x = Act {
-        qs: p.qs.as_ptr(),
-        d: p.d.as_ptr(),
-        d_stride: PANEL_LANES,
-        sums: p.sums.as_ptr(),
-    };
-    let mut o = [std::ptr::null_mut::<f32>(); NT];
-    for (o, y) in o.iter_mut().zip(out.iter_mut()) {
-        *o = y.as_mut_ptr();
-    }
+    let (x, o) = (Act::panel(p), out_ptrs::<NT>(out));
     if NT <= SEQ_TOKENS {
         rows_seq::<NT>(w.as_ptr(), rb, n, nb, x, o);
     } else {
@@ -556,18 +574,7 @@ pub(super) const MAX_TOKENS: usize = 9;
 /// The few-token entry: 1 to [`MAX_TOKENS`] tokens of a panel.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn tile(w: &[u8], rb: usize, p: &ActPanel, out: &mut [&mut [f32]]) {
-    match p.nt {
-        1 => tile_n::<1>(w, rb, p, out),
-        2 => tile_n::<2>(w, rb, p, out),
-        3 => tile_n::<3>(w, rb, p, out),
-        4 => tile_n::<4>(w, rb, p, out),
-        5 => tile_n::<5>(w, rb, p, out),
-        6 => tile_n::<6>(w, rb, p, out),
-        7 => tile_n::<7>(w, rb, p, out),
-        8 => tile_n::<8>(w, rb, p, out),
-        9 => tile_n::<9>(w, rb, p, out),
-        n => panic!("Q4_K lanes tile: unsupported token count {n}"),
-    }
+    by_token_count!(p.nt, tile_n, "Q4_K", (w, rb, p, out))
 }
 
 #[cfg(test)]
@@ -628,12 +635,7 @@ mod tests {
         let side = |k: usize, vnni: bool| {
             let panel = ActPanel::new(&xa, 0, k, 256, 16, 32);
             let mut ys = vec![vec![f32::NAN; rows - 3]; k];
-            let x = super::Act {
-                qs: panel.qs.as_ptr(),
-                d: panel.d.as_ptr(),
-                d_stride: super::PANEL_LANES,
-                sums: panel.sums.as_ptr(),
-            };
+            let x = super::Act::panel(&panel);
             let (w, n) = (data[3 * rb..].as_ptr(), rows - 3);
             // SAFETY: AVX2 checked above, AVX-VNNI by the caller.
             unsafe {

@@ -14,7 +14,8 @@
 //! offset's product subtracted after) and one conversion and FMA.
 
 use super::super::act::{ActPanel, PANEL_LANES};
-use super::lanes::{store_rows, transpose8, ROWS};
+
+use super::lanes::{out_ptrs, store_rows, transpose8, Act, ROWS};
 use std::arch::x86_64::*;
 
 /// Bytes per Q8_0 block.
@@ -25,18 +26,6 @@ pub(super) const MAX_TOKENS: usize = 9;
 
 /// Most tokens that go through [`rows_seq`] (more through [`rows_side`]).
 const SEQ_TOKENS: usize = 2;
-
-/// Quantized activations: block `i` (32 values) of token `t` at
-/// `qs + (i·nt + t)·32`, its scale at `d + i·d_stride + t`, its sum at
-/// `sums + i·nt + t` (one token's plain rows, or an [`ActPanel`] of 32-value
-/// chunks).
-#[derive(Clone, Copy)]
-struct Act {
-    qs: *const i8,
-    d: *const f32,
-    d_stride: usize,
-    sums: *const i16,
-}
 
 /// A block's contribution to a token's 8 row results: `acc + cvt(isum) ·
 /// (d · dx)` (the one order of roundings both paths share).
@@ -165,9 +154,8 @@ unsafe fn rows_side_plain<const NT: usize>(
 const STACK_SUMS: usize = 4096;
 
 /// The rows read in order: each block's exact sum per row and token and the
-/// rows' `d` go to a buffer,
-/// then the float work runs 8 rows at a time in the lanes, as
-/// [`rows_side`]'s.
+/// rows' `d` go to a buffer, then the float work runs 8 rows at a time in
+/// the lanes, as [`rows_side`]'s.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn rows_seq<const NT: usize>(
@@ -286,12 +274,7 @@ pub(super) unsafe fn rows_one(
     if n == 0 {
         return;
     }
-    let x = Act {
-        qs: xq.as_ptr(),
-        d: xd.as_ptr(),
-        d_stride: 1,
-        sums: xs.as_ptr(),
-    };
+    let x = Act::one(xq, xd, xs);
     rows_seq::<1>(w.as_ptr(), rb, n, nb, x, [out.as_mut_ptr()]);
 }
 
@@ -315,16 +298,7 @@ unsafe fn tile_n<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mut [
     if n == 0 {
         return;
     }
-    let x = Act {
-        qs: p.qs.as_ptr(),
-        d: p.d.as_ptr(),
-        d_stride: PANEL_LANES,
-        sums: p.sums.as_ptr(),
-    };
-    let mut o = [std::ptr::null_mut::<f32>(); NT];
-    for (o, y) in o.iter_mut().zip(out.iter_mut()) {
-        *o = y.as_mut_ptr();
-    }
+    let (x, o) = (Act::panel(p), out_ptrs::<NT>(out));
     if NT <= SEQ_TOKENS {
         rows_seq::<NT>(w.as_ptr(), rb, n, nb, x, o);
     } else if crate::simd::avx_vnni() {
@@ -337,16 +311,5 @@ unsafe fn tile_n<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mut [
 /// The few-token entry: 1 to [`MAX_TOKENS`] tokens of a panel.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn tile(w: &[u8], rb: usize, p: &ActPanel, out: &mut [&mut [f32]]) {
-    match p.nt {
-        1 => tile_n::<1>(w, rb, p, out),
-        2 => tile_n::<2>(w, rb, p, out),
-        3 => tile_n::<3>(w, rb, p, out),
-        4 => tile_n::<4>(w, rb, p, out),
-        5 => tile_n::<5>(w, rb, p, out),
-        6 => tile_n::<6>(w, rb, p, out),
-        7 => tile_n::<7>(w, rb, p, out),
-        8 => tile_n::<8>(w, rb, p, out),
-        9 => tile_n::<9>(w, rb, p, out),
-        n => panic!("Q8_0 lanes tile: unsupported token count {n}"),
-    }
+    by_token_count!(p.nt, tile_n, "Q8_0", (w, rb, p, out))
 }
