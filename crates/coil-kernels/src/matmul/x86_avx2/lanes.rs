@@ -224,6 +224,24 @@ unsafe fn unpack(rows: &[*const u8; ROWS], i: usize, pf: *const u8, blk: &mut Bl
     }
 }
 
+/// `Σ_j m_j Σ qx` of 8 rows' block and a token (`mins[k]`: the rows' mins
+/// of sub-blocks `2k`, `2k + 1` as an i16 pair per lane; `sums`: the
+/// token's 16 group sums of the block), exact.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn mins_term(mins: &[__m256i; 4], sums: *const i16) -> __m256i {
+    // the sums of the token's 8 sub-blocks as i16, pairs (2k, 2k + 1) in
+    // dwords 0, 1 (k = 0, 1) and 4, 5 (k = 2, 3)
+    let s = _mm256_loadu_si256(sums as *const __m256i);
+    let h = _mm256_hadd_epi16(s, s);
+    let mut imin = _mm256_setzero_si256();
+    for (k, lane) in [0, 1, 4, 5].into_iter().enumerate() {
+        let xk = _mm256_permutevar8x32_epi32(h, _mm256_set1_epi32(lane));
+        imin = _mm256_add_epi32(imin, _mm256_madd_epi16(mins[k], xk));
+    }
+    imin
+}
+
 /// A block's contribution to a token's 8 row results: `acc + dx · (d ·
 /// isum − dmin · imin)`, in this order of roundings (the one every kernel
 /// here shares).
@@ -293,15 +311,7 @@ unsafe fn group<const NT: usize, const VNNI: bool>(
             *s = _mm256_add_epi32(a, b);
         }
         for (t, f) in facc.iter_mut().enumerate() {
-            // the sums of the token's 8 sub-blocks as i16, pairs (2k, 2k + 1)
-            // in dwords 0, 1 (k = 0, 1) and 4, 5 (k = 2, 3)
-            let s = _mm256_loadu_si256(x.sums.add((i * NT + t) * 16) as *const __m256i);
-            let h = _mm256_hadd_epi16(s, s);
-            let mut imin = _mm256_setzero_si256();
-            for (k, lane) in [0, 1, 4, 5].into_iter().enumerate() {
-                let xk = _mm256_permutevar8x32_epi32(h, _mm256_set1_epi32(lane));
-                imin = _mm256_add_epi32(imin, _mm256_madd_epi16(blk.mins[k], xk));
-            }
+            let imin = mins_term(&blk.mins, x.sums.add((i * NT + t) * 16));
             let dx = *x.d.add(i * x.d_stride + t);
             *f = finish(*f, blk.d, blk.dmin, isum[t], imin, dx);
         }
@@ -348,22 +358,62 @@ unsafe fn rows_q4_k_vnni<const NT: usize>(
     rows_q4_k::<NT, true>(w, rb, n, nb, x, out)
 }
 
-/// Row `r`'s slot in a [`Part`]: rows `q` and `q + 4` side by side.
-type Part = [[[__m128i; 2]; 4]; 2];
+/// A block's partial sums `Σ_j sc_j Σ q·qx` (4 lanes per row) for one
+/// token: rows `q` and `q + 4` side by side at `[q]`.
+type Part = [[__m128i; 2]; 4];
+
+/// The heads of 8 rows' block: `d | dmin << 16`, and the 8 mins bytes of
+/// each row in the slots [`MIN_SLOT`] gives.
+#[derive(Clone, Copy)]
+struct Heads {
+    dd: [u32; ROWS],
+    mins: [u64; ROWS],
+}
+
+/// Row `r`'s slot in [`Heads::mins`]: rows 0, 1, 4, 5 in the first 32
+/// bytes, 2, 3, 6, 7 in the next, so that one shuffle of each and an
+/// unpack put the 8 rows in order ([`rows_mins`]).
+const MIN_SLOT: [usize; ROWS] = [0, 1, 4, 5, 2, 3, 6, 7];
+
+/// The rows' mins of sub-blocks `2k, 2k + 1` as i16 pairs, row `r` in lane
+/// `r` (as [`Block::mins`]), from [`Heads::mins`].
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn rows_mins(m: &[u64; ROWS]) -> [__m256i; 4] {
+    let a = _mm256_loadu_si256(m.as_ptr() as *const __m256i);
+    let b = _mm256_loadu_si256(m.as_ptr().add(4) as *const __m256i);
+    let mut out = [_mm256_setzero_si256(); 4];
+    for (k, o) in out.iter_mut().enumerate() {
+        // bytes 2k, 2k + 1 of both qwords of a lane, zero-extended to i16
+        let z = -128i8;
+        let (c, e) = (2 * k as i8, 2 * k as i8 + 1);
+        let l = [c, z, e, z, 8 + c, z, 8 + e, z, z, z, z, z, z, z, z, z];
+        let mut pat = [0i8; 32];
+        pat[..16].copy_from_slice(&l);
+        pat[16..].copy_from_slice(&l);
+        let pat = _mm256_loadu_si256(pat.as_ptr() as *const __m256i);
+        // [r0 r1 . . | r4 r5 . .] and [r2 r3 . . | r6 r7 . .]
+        *o = _mm256_unpacklo_epi64(_mm256_shuffle_epi8(a, pat), _mm256_shuffle_epi8(b, pat));
+    }
+    out
+}
 
 /// Row block `b` (of row `r` of the group) against block `i` of `NT`
-/// tokens: partial sums of `Σ_j sc_j Σ q·qx` (`part[t][0]`) and `Σ_j m_j Σ
-/// qx` (`part[t][1]`) in 4 lanes each, exact.
+/// tokens: partial sums of `Σ_j sc_j Σ q·qx` in 4 lanes (`part[t]`), exact;
+/// returns the row's 8 mins (bytes).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn block_sums<const NT: usize>(b: *const u8, x: Act, i: usize, r: usize, part: &mut [Part]) {
+unsafe fn block_sums<const NT: usize>(
+    b: *const u8,
+    x: Act,
+    i: usize,
+    r: usize,
+    part: &mut [Part],
+) -> u64 {
     let m4 = _mm256_set1_epi8(0xF);
     let (sc, mn) =
         super::super::dequant::scales_mins_k4_words(std::slice::from_raw_parts(b.add(4), 12));
     let sp = super::k4_scale_lanes(sc);
-    let m = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
-    // [m0 m0 m1 m1 m2 m2 m3 m3 | m4 m4 m5 m5 m6 m6 m7 m7] against the 16 sums
-    let mdup = _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m));
     let qs = b.add(16);
     let mut iacc = [_mm256_setzero_si256(); NT];
     for j in 0..4 {
@@ -383,14 +433,10 @@ unsafe fn block_sums<const NT: usize>(b: *const u8, x: Act, i: usize, r: usize, 
     }
     let (q, h) = (r % 4, r / 4);
     for t in 0..NT {
-        let xs = x.sums.add((i * NT + t) * 16);
-        let p = _mm256_madd_epi16(_mm256_loadu_si256(xs as *const __m256i), mdup);
         let a = iacc[t];
-        part[t][0][q][h] =
-            _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256::<1>(a));
-        part[t][1][q][h] =
-            _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256::<1>(p));
+        part[t][q][h] = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256::<1>(a));
     }
+    mn
 }
 
 /// The 8 rows' sums from their 4-lane partial sums: `p` holds row `q`'s
@@ -427,23 +473,26 @@ unsafe fn rows_seq<const NT: usize>(
     x: Act,
     out: [*mut f32; NT],
 ) {
-    // per block and token: [isum, imin][row q: rows q, q + 4]; per block the
-    // rows' heads (d | dmin). On the stack and uninitialized: every entry
-    // read is written first for each group (a buffer allocated or zeroed
-    // per call cost 5-25% of the kernel's speed).
+    // per block and token the rows' partial sums, per block their heads. On
+    // the stack and uninitialized: every entry read is written first for
+    // each group (a buffer allocated or zeroed per call cost 5-25% of the
+    // kernel's speed).
     let mut part_buf = std::mem::MaybeUninit::<[Part; STACK_PARTS]>::uninit();
-    let mut heads_buf = std::mem::MaybeUninit::<[[u32; ROWS]; STACK_PARTS]>::uninit();
+    let mut heads_buf = std::mem::MaybeUninit::<[Heads; STACK_PARTS]>::uninit();
     let mut part_vec = Vec::new();
     let mut heads_vec = Vec::new();
-    let (part, heads): (&mut [Part], &mut [[u32; ROWS]]) = if nb * NT <= STACK_PARTS {
+    let (part, heads): (&mut [Part], &mut [Heads]) = if nb * NT <= STACK_PARTS {
         (
             std::slice::from_raw_parts_mut(part_buf.as_mut_ptr() as *mut Part, nb * NT),
-            std::slice::from_raw_parts_mut(heads_buf.as_mut_ptr() as *mut [u32; ROWS], nb),
+            std::slice::from_raw_parts_mut(heads_buf.as_mut_ptr() as *mut Heads, nb),
         )
     } else {
-        let zero = [[_mm_setzero_si128(); 2]; 4];
-        part_vec.resize(nb * NT, [zero; 2]);
-        heads_vec.resize(nb, [0u32; ROWS]);
+        part_vec.resize(nb * NT, [[_mm_setzero_si128(); 2]; 4]);
+        let zero = Heads {
+            dd: [0; ROWS],
+            mins: [0; ROWS],
+        };
+        heads_vec.resize(nb, zero);
         (&mut part_vec[..], &mut heads_vec[..])
     };
     let mut r0 = 0;
@@ -454,19 +503,21 @@ unsafe fn rows_seq<const NT: usize>(
                 let b = row.add(BLOCK * i);
                 super::prefetch_block(b.wrapping_add(super::PF_STREAM), BLOCK);
                 super::prefetch_far(b, BLOCK);
-                block_sums::<NT>(b, x, i, r, &mut part[i * NT..(i + 1) * NT]);
-                heads[i][r] = (b as *const u32).read_unaligned();
+                let mn = block_sums::<NT>(b, x, i, r, &mut part[i * NT..(i + 1) * NT]);
+                heads[i].mins[MIN_SLOT[r]] = mn;
+                heads[i].dd[r] = (b as *const u32).read_unaligned();
             }
         }
         let mut f = [_mm256_setzero_ps(); NT];
         for i in 0..nb {
-            let hd = f16_halves(_mm256_loadu_si256(heads[i].as_ptr() as *const __m256i));
+            let hd = f16_halves(_mm256_loadu_si256(heads[i].dd.as_ptr() as *const __m256i));
             let d = _mm256_cvtph_ps(_mm256_castsi256_si128(hd));
             let dmin = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(hd));
+            let mins = rows_mins(&heads[i].mins);
             for (t, f) in f.iter_mut().enumerate() {
-                let p = &part[i * NT + t];
+                let imin = mins_term(&mins, x.sums.add((i * NT + t) * 16));
                 let dx = *x.d.add(i * x.d_stride + t);
-                *f = finish(*f, d, dmin, row_sums(&p[0]), row_sums(&p[1]), dx);
+                *f = finish(*f, d, dmin, row_sums(&part[i * NT + t]), imin, dx);
             }
         }
         store_rows(&f, out, r0, n);
