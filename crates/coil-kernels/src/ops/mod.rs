@@ -11,6 +11,7 @@ pub mod gated_delta_chunk;
 mod gated_delta_move;
 pub mod norm;
 pub mod rope;
+pub mod softmax;
 pub mod ssd;
 pub mod ssm;
 pub mod ssm_batch;
@@ -49,6 +50,7 @@ mod level_tests {
             super::ssm_bf16::tests::mamba1_bf16_is_the_f32_update_rounded_per_token();
             super::attention::tests::matches_naive_softmax();
             super::attention::tests::invariant_mode_queries_equal_single_query_calls();
+            super::softmax::tests::sums_match_libm();
         }
     }
 }

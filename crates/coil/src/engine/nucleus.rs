@@ -6,7 +6,8 @@
 //! logits near the largest — min-p those within `ln(min_p)` of it, top-p
 //! (without min-p) a head whose mass reaches `top_p` — so [`nucleus`] sorts
 //! only those, and hands back the whole row's softmax normalizer, which the
-//! cuts need: each kept probability is then the one a full sort gives.
+//! cuts need (`coil_kernels::ops::softmax::exp_sum`, vectorized in f64):
+//! each kept probability is then the one a full sort gives.
 
 use super::top_k::better;
 
@@ -78,7 +79,15 @@ pub fn nucleus(row: &[f32], adjusted: &[(u32, f32)], top_p: f32, min_p: f32) -> 
             .chain(adj.iter().copied())
             .filter(|v| !v.1.is_nan())
     };
-    let norm: f64 = values().map(|v| (f64::from(v.1) - max).exp()).sum();
+    // the row's spans vectorized, then the adjusted tokens
+    let norm: f64 = spans()
+        .map(|s| coil_kernels::ops::softmax::exp_sum(&row[s.start..s.end.max(s.start)], max))
+        .sum::<f64>()
+        + adj
+            .iter()
+            .filter(|a| !a.1.is_nan())
+            .map(|a| (f64::from(a.1) - max).exp())
+            .sum::<f64>();
     // min-p: exp(l − max) ≥ min_p, with a margin (the cut itself is the
     // caller's); top-p alone: heads ever wider until one holds its mass
     let floors: Vec<f64> = if min_p > 0.0 {
