@@ -90,13 +90,15 @@ pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
     })
 }
 
-/// Whether Q4_K goes through the rows-in-lanes kernels of `lanes.rs` (one
-/// token, few tokens, a row's dot: the same arithmetic, so all or none):
-/// unless `COIL_AVX2_LANES=0` (the row-at-a-time kernels below and in
-/// `tiles.rs`, kept for Q5_K and for comparison on other CPUs). Kernel
-/// bench, Intel Xeon model 167 at `COIL_SIMD=avx2`, 2 threads, Q4_K
-/// streamed from memory: 8 tokens 7.0–7.5 → 9.6–11.3 GB/s, 4 tokens 13–14
-/// → 14–17, one token level (23–26), 2 tokens 3–5% slower.
+/// Whether Q4_K and Q8_0 go through the rows-in-lanes kernels of
+/// `lanes.rs` and `lanes_q8_0.rs` (one token, few tokens, a row's dot: the
+/// same arithmetic, so all or none): unless `COIL_AVX2_LANES=0` (the
+/// row-at-a-time kernels below and in `tiles.rs`, which the other formats
+/// keep: Q5_K and Q6_K gained nothing from the lanes here, see
+/// docs/PERFORMANCE.md, "Twentieth session"). Kernel bench, Intel Xeon
+/// model 167 at `COIL_SIMD=avx2`, 2 threads, streamed from memory: 8
+/// tokens Q4_K 7.0–7.5 → 9.6–11.3 GB/s, Q8_0 8.0 → 11.3 (15.6 with
+/// AVX-VNNI); one token level; 2 tokens of Q4_K 3–5% slower.
 fn lanes_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("COIL_AVX2_LANES").map_or(true, |v| v != "0"))
