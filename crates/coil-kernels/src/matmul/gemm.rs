@@ -11,13 +11,13 @@
 //! item while the products cost O(rows·cols·tokens), so every weight format
 //! runs at f32 GEMM speed once there are enough tokens.
 //!
-//! Two loop orders, per SIMD level ([`Shape`]):
+//! Two loop orders, per SIMD level (`Shape`):
 //! * AVX-512 and portable: 32-row strips, activations read in place from `x`
 //!   (`[n_tokens, cols]`); per token tile, every strip of the panel.
 //! * AVX2 (16 ymm registers, a 6 × 16 tile): 16-row strips, and the
 //!   activations packed once per call as `[tile of 6 tokens][cols][6]`, so a
 //!   tile's broadcasts come from one contiguous stream; per strip (16 KiB,
-//!   kept in L1), every token tile of a block of [`MC_TILES`] (in L2). Read
+//!   kept in L1), every token tile of a block of `MC_TILES` (in L2). Read
 //!   in place, the 6 token rows of a tile sit `cols` floats apart — a
 //!   multiple of 4 KiB for the usual widths, so they all fall in the same
 //!   L1 sets — and every strip was re-read from L2 for each tile.
