@@ -3,7 +3,7 @@
 //!
 //! Layout (little-endian): magic "GGUF", u32 version (2 or 3), u64 tensor
 //! count, u64 metadata count, the metadata key/values, the tensor infos
-//! (name, n_dims, ne[n_dims], ggml type, offset relative to the data
+//! (name, n_dims, `ne[n_dims]`, ggml type, offset relative to the data
 //! section), padding to `general.alignment` (default 32), tensor data.
 
 mod reader;

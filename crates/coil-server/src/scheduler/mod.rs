@@ -11,7 +11,7 @@
 //!    checkpoint, replay the few tokens past it);
 //! 4. run one `decode_batch` holding one token of every generating
 //!    sequence and prompt chunks within what the step's token budget
-//!    leaves ([`plan`]);
+//!    leaves (`plan`);
 //! 5. sample, send text to each request's channel, finish the ones that
 //!    stop; a finished sequence is *parked* (kept, indexed by its tokens)
 //!    instead of cleared, and evicted least-recently-used first when slots
@@ -27,11 +27,11 @@
 //! step's second call, beside the generated tokens, when the rest of the
 //! prompt goes in the same step.
 //!
-//! The worker's parts, one job each: [`admit`] (queue, admission,
-//! cancellation), [`plan`] (the step's token budget), [`resume`] (the
-//! longest cached prefix, rollback to it, pinned checkpoints), [`slots`]
-//! (parking, eviction, the cache's byte budget), [`step`] (planning and
-//! running one batched forward pass) and [`finish`] (sampling, streaming,
+//! The worker's parts, one job each: `admit` (queue, admission,
+//! cancellation), `plan` (the step's token budget), `resume` (the
+//! longest cached prefix, rollback to it, pinned checkpoints), `slots`
+//! (parking, eviction, the cache's byte budget), `step` (planning and
+//! running one batched forward pass) and `finish` (sampling, streaming,
 //! ending requests).
 
 mod admit;
@@ -81,7 +81,7 @@ pub struct SchedulerConfig {
     /// A line on stderr per finished request.
     pub log_requests: bool,
     /// Speculative decoding with n-gram drafts, per request (see
-    /// [`speculate`]); `None`: off.
+    /// `speculate`); `None`: off.
     pub spec: Option<coil::engine::draft::SpecParams>,
     /// Prompts too through the batch-invariant kernels: every output is
     /// then bit for bit that of the request alone, whatever the load and
