@@ -98,7 +98,7 @@ pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
 /// docs/PERFORMANCE.md, "Twentieth session"). Kernel bench, Intel Xeon
 /// model 167 at `COIL_SIMD=avx2`, 2 threads, streamed from memory: 8
 /// tokens Q4_K 7.0–7.5 → 9.6–11.3 GB/s, Q8_0 8.0 → 11.3 (15.6 with
-/// AVX-VNNI); one token level; 2 tokens of Q4_K 3–5% slower.
+/// AVX-VNNI); one and two tokens level.
 fn lanes_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("COIL_AVX2_LANES").map_or(true, |v| v != "0"))

@@ -503,9 +503,12 @@ unsafe fn rows_seq<const NT: usize>(
                 let b = row.add(BLOCK * i);
                 super::prefetch_block(b.wrapping_add(super::PF_STREAM), BLOCK);
                 super::prefetch_far(b, BLOCK);
-                let mn = block_sums::<NT>(b, x, i, r, &mut part[i * NT..(i + 1) * NT]);
-                heads[i].mins[MIN_SLOT[r]] = mn;
-                heads[i].dd[r] = (b as *const u32).read_unaligned();
+                // (unchecked: i < nb, r < 8, and the buffers hold nb blocks)
+                let p = part.get_unchecked_mut(i * NT..(i + 1) * NT);
+                let mn = block_sums::<NT>(b, x, i, r, p);
+                let hd = heads.get_unchecked_mut(i);
+                *hd.mins.get_unchecked_mut(MIN_SLOT[r]) = mn;
+                *hd.dd.get_unchecked_mut(r) = (b as *const u32).read_unaligned();
             }
         }
         let mut f = [_mm256_setzero_ps(); NT];

@@ -210,7 +210,9 @@ unsafe fn rows_seq<const NT: usize>(
                         let sx = _mm256_sign_epi8(xv, wq);
                         p[t][k] = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, sx), ones);
                     }
-                    heads[i + k][r] = (b as *const u16).read_unaligned();
+                    // (unchecked: i + k < nb, r < 8)
+                    *heads.get_unchecked_mut(i + k).get_unchecked_mut(r) =
+                        (b as *const u16).read_unaligned();
                 }
                 for (t, p) in p.iter().enumerate() {
                     let h = _mm256_hadd_epi32(
