@@ -7,7 +7,7 @@ mod common;
 
 use coil_server::scheduler::SchedulerConfig;
 use common::{
-    start, start_any, start_arch, start_reserved, start_tight, start_with_budget,
+    start, start_any, start_arch, start_reserved, start_reserving, start_tight, start_with_budget,
     start_with_template, TestServer,
 };
 use serde_json::{json, Value};
@@ -464,6 +464,32 @@ fn running_sequences_take_buffers_from_parked_ones() {
     // the newer parked conversation still resumes
     let v = complete(&s, "six seven eight nine ten", 1);
     assert!(usage(&v).1 > 0, "{v}");
+}
+
+/// A server told to reserve state buffers answers before they are all
+/// written (it fills them while idle, one at a time), ends with them on the
+/// free list, and a request then maps no new one.
+#[test]
+fn idle_servers_reserve_their_state_buffers() {
+    let first = "one two three four five";
+    let peak = {
+        let s = start(1, 2, 512);
+        complete(&s, first, 64);
+        s.metrics()["coil_state_buffers_allocated_total"] as usize
+    };
+    let s = start_reserving(1, 2, 512, peak);
+    // (a wait for progress, not a timing: the worker is idle)
+    let mut free = 0;
+    for _ in 0..1000 {
+        free = s.metrics()["coil_state_buffers_free"] as usize;
+        if free >= peak {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(free >= peak, "{free} of {peak} reserved");
+    complete(&s, first, 64);
+    assert_eq!(s.metrics()["coil_state_buffers_allocated_total"], 0.0);
 }
 
 /// The model's own template (GGUF `tokenizer.chat_template`) renders the

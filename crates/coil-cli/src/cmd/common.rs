@@ -158,13 +158,22 @@ const RESERVE_PER_SEQ: usize = 8;
 /// through buffers taken from a reserve instead of fresh pages (see
 /// `RecurrentMemory::reserve_buffers`); says on stderr what it reserved.
 pub fn reserve_state_buffers(engine: &mut Engine, running: usize) {
+    let n = state_buffers_wanted(engine, running);
     if let Some(r) = engine.mem.recurrent.as_mut() {
-        let per_seq = (r.max_checkpoints() + 2).min(RESERVE_PER_SEQ);
-        let n = r.reserve_buffers(per_seq * running);
+        let n = r.reserve_buffers(n);
         eprintln!(
             "memory: {n} state buffers reserved for the checkpoints taken during generation ({:.0} MiB; --checkpoint-budget bounds them)",
             (n * r.bytes_per_seq()) as f64 / (1 << 20) as f64
         );
+    }
+}
+
+/// The state buffers [`reserve_state_buffers`] would reserve for `running`
+/// sequences (0 without recurrent layers).
+pub fn state_buffers_wanted(engine: &mut Engine, running: usize) -> usize {
+    match engine.mem.recurrent.as_mut() {
+        Some(r) => (r.max_checkpoints() + 2).min(RESERVE_PER_SEQ) * running,
+        None => 0,
     }
 }
 

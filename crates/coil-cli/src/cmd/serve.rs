@@ -132,8 +132,15 @@ pub fn run(a: Args) -> Result<()> {
     };
     let mut engine = a.model.load(a.parallel + a.cache_slots, a.ubatch)?;
     // Generation is checkpointed (every `--checkpoint-spacing` tokens): the
-    // running sequences' states move through reserved buffers.
-    super::common::reserve_state_buffers(&mut engine, a.parallel);
+    // running sequences' states move through reserved buffers, which the
+    // scheduler fills while idle (the server answers at once).
+    let reserve = super::common::state_buffers_wanted(&mut engine, a.parallel);
+    if let Some(r) = engine.mem.recurrent.as_ref() {
+        eprintln!(
+            "memory: {reserve} state buffers ({:.0} MiB) to reserve for the checkpoints taken during generation, written while idle (--checkpoint-budget bounds them)",
+            (reserve * r.bytes_per_seq()) as f64 / (1 << 20) as f64
+        );
+    }
     let info = engine.model.info();
     eprintln!(
         "model: {} ({}), {} layers [{}], vocab {}, {} threads",
@@ -167,6 +174,7 @@ pub fn run(a: Args) -> Result<()> {
             .map_or(SchedulerConfig::default().checkpoint_spacing, |n| {
                 n as usize
             }),
+        reserve_state_buffers: reserve,
     };
     let server = Server::start(engine, cfg, model_id, chat_template.as_deref(), http)
         .context("starting the server")?;

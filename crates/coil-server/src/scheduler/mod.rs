@@ -96,6 +96,13 @@ pub struct SchedulerConfig {
     /// pace, against ~0.91× with a checkpoint per token (mamba2-370m-like
     /// Q4_K_M, docs/PERFORMANCE.md "Eighth session").
     pub checkpoint_spacing: usize,
+    /// State buffers to have on the recurrent memory's free list (see
+    /// `coil::memory::RecurrentMemory::reserve_buffers`), filled while the
+    /// worker is idle, one buffer at a time between requests: the server
+    /// answers at once instead of after writing them all (mamba2-370m-like,
+    /// `--parallel 16`: 112 buffers, 5.5 GB, ~8 s), and generation later
+    /// moves its states into resident pages. 0: none.
+    pub reserve_state_buffers: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -109,6 +116,7 @@ impl Default for SchedulerConfig {
             spec: None,
             batch_invariant: false,
             checkpoint_spacing: 4,
+            reserve_state_buffers: 0,
         }
     }
 }
@@ -237,6 +245,7 @@ impl Scheduler {
             n_admitted: 0,
             pinned: vec![Vec::new(); have],
             cached_bytes: 0,
+            reserving: true,
         };
         let join = std::thread::Builder::new()
             .name("coil-engine".into())
@@ -331,6 +340,9 @@ struct Worker {
     /// What the parked sequences hold (see [`Worker::cache_footprint`]),
     /// as of the last change to the cache.
     cached_bytes: usize,
+    /// Whether [`SchedulerConfig::reserve_state_buffers`] is still being
+    /// filled (cleared once it is, or the pool is full).
+    reserving: bool,
 }
 
 /// Pinned checkpoints per slot.
@@ -342,7 +354,19 @@ impl Worker {
             if self.active.is_empty() && self.queue.is_empty() {
                 self.publish_rates();
                 self.gauges();
-                match self.rx.recv() {
+                let next = if self.reserving {
+                    match self.rx.try_recv() {
+                        Ok(r) => Ok(r),
+                        Err(mpsc::TryRecvError::Empty) => {
+                            self.reserve_one();
+                            continue;
+                        }
+                        Err(mpsc::TryRecvError::Disconnected) => return,
+                    }
+                } else {
+                    self.rx.recv().map_err(|_| ())
+                };
+                match next {
                     Ok(r) => self.enqueue(r),
                     Err(_) => return,
                 }
@@ -361,6 +385,20 @@ impl Worker {
             if !self.active.is_empty() {
                 self.step();
             }
+        }
+    }
+
+    /// One more state buffer on the free list, while fewer than
+    /// [`SchedulerConfig::reserve_state_buffers`] are there; stops reserving
+    /// once they are, or the pool is full.
+    fn reserve_one(&mut self) {
+        let want = self.cfg.reserve_state_buffers;
+        let added = match self.engine.mem.recurrent.as_mut() {
+            Some(r) if r.free_buffers() < want => r.reserve_buffers(r.free_buffers() + 1),
+            _ => 0,
+        };
+        if added == 0 {
+            self.reserving = false;
         }
     }
 

@@ -123,6 +123,21 @@ pub fn start_reserved(parallel: usize, cache: usize, ctx: usize, reserve: usize)
     start_engine(engine, parallel)
 }
 
+/// The Granite fixture with `reserve` recurrent-state buffers for the
+/// scheduler to put aside while idle (`SchedulerConfig::reserve_state_buffers`,
+/// as `coil serve` has it).
+pub fn start_reserving(parallel: usize, cache: usize, ctx: usize, reserve: usize) -> TestServer {
+    let engine =
+        Engine::load(fixture("granitemoehybrid"), options(parallel, cache, ctx)).expect("load");
+    start_engine_cfg(
+        engine,
+        SchedulerConfig {
+            reserve_state_buffers: reserve,
+            ..config(parallel)
+        },
+    )
+}
+
 /// The Granite fixture with a prefix-cache budget of `cache_bytes`.
 pub fn start_with_budget(
     parallel: usize,
