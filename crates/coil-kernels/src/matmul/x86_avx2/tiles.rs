@@ -397,6 +397,8 @@ mod tests {
             (GgmlType::Q8_0, 512),
             // an odd block count: the last block alone in the even accumulator
             (GgmlType::Q8_0, 480),
+            // more sums than the rows-in-lanes kernel's stack buffer
+            (GgmlType::Q8_0, 32 * 520),
             (GgmlType::Q4_0, 512),
             (GgmlType::Q4_0, 480),
             (GgmlType::IQ4_NL, 480),
