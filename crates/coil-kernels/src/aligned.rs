@@ -56,6 +56,11 @@ impl<T: Zeroed> AlignedVec<T> {
     pub fn resize(&mut self, len: usize) {
         let n = (len * size_of::<T>()).div_ceil(64);
         if self.lines.len() < n {
+            if self.lines.capacity() < n {
+                // grown anyway: large ones in huge pages
+                let more = n - self.lines.len();
+                crate::hugepages::reserve(&mut self.lines, more);
+            }
             self.lines.resize(n, Line([0; 64]));
         }
         if len > self.len {

@@ -33,6 +33,7 @@
 pub mod aligned;
 pub mod denormals;
 pub mod error;
+pub mod hugepages;
 pub mod matmul;
 pub mod numerics;
 pub mod ops;

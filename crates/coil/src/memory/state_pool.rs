@@ -12,6 +12,7 @@
 //! 8 × 240-token load at `--parallel 16`, when buffers dropped outside the
 //! memory's own bookkeeping went back to the system).
 
+use coil_kernels::hugepages;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -90,9 +91,9 @@ impl StatePool {
     pub fn reserve(&self, n: usize) -> usize {
         let want = n.min(self.cap()).saturating_sub(self.len());
         for _ in 0..want {
-            // `vec!` of zeros maps untouched pages: fill to fault them in.
-            let mut b = Vec::with_capacity(self.shared.words);
-            b.resize(self.shared.words, 0f32);
+            // `vec!` of zeros maps untouched pages: fill to fault them in
+            // (huge pages where the system gives them: a fault per 2 MiB).
+            let mut b = hugepages::filled(self.shared.words, 0f32);
             std::hint::black_box(&mut b);
             self.put(b);
         }
@@ -115,7 +116,7 @@ impl StatePool {
     pub fn take(&self) -> StateBuf {
         let data = self.free().pop().unwrap_or_else(|| {
             self.shared.fresh.fetch_add(1, Ordering::Relaxed);
-            vec![0.0; self.shared.words]
+            hugepages::filled(self.shared.words, 0.0)
         });
         self.wrap(data)
     }
@@ -125,7 +126,9 @@ impl StatePool {
     pub fn zeroed(&self) -> StateBuf {
         let mut data = self.free().pop().unwrap_or_else(|| {
             self.shared.fresh.fetch_add(1, Ordering::Relaxed);
-            Vec::new()
+            let mut v = Vec::new();
+            hugepages::reserve(&mut v, self.shared.words);
+            v
         });
         data.clear();
         data.resize(self.shared.words, 0.0);
