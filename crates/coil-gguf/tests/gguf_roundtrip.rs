@@ -78,7 +78,25 @@ fn write_then_read_is_identical() {
     }
     w.finish().unwrap();
 
+    // read into memory: the same tensors, writable in memory only
+    let mut m = GgufFile::open_in_huge_pages(&path).unwrap();
+    assert!(m.is_read_into_memory());
+    for (i, d) in datas.iter().enumerate() {
+        let name = &specs[i].name;
+        assert_eq!(m.tensor(name).unwrap().data, &d[..], "{name}");
+        if let Some(data) = m.tensor_data_mut(i) {
+            data.fill(0xAB);
+        }
+    }
+    assert_eq!(m.tensor("b").unwrap().data[0], 0xAB);
+    drop(m);
+    let empty = dir.join("empty.gguf");
+    std::fs::write(&empty, b"").unwrap();
+    assert!(GgufFile::open_in_huge_pages(&empty).is_err());
+    assert!(GgufFile::open_in_huge_pages(dir.join("absent.gguf")).is_err());
+
     let f = GgufFile::open(&path).unwrap();
+    assert!(!f.is_read_into_memory());
     assert_eq!(f.version(), 3);
     assert_eq!(f.metadata(), &meta);
     assert_eq!(f.tensors().len(), specs.len());

@@ -29,6 +29,33 @@ pub fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var("COIL_HUGEPAGES").map_or(true, |v| v.trim() != "0"))
 }
 
+/// Whether advice would be taken: [`enabled`], on Linux, with transparent
+/// huge pages set to `always` or `madvise` (not `never`).
+pub fn available() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        enabled()
+            && cfg!(target_os = "linux")
+            && std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+                .is_ok_and(|m| m.contains("[always]") || m.contains("[madvise]"))
+    })
+}
+
+/// The memory the system could give without swapping (`MemAvailable` of
+/// `/proc/meminfo`), in bytes; `None` where it is not known.
+pub fn mem_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
 /// Asks for huge pages on the 2 MiB-aligned part of `bytes` bytes at `ptr`,
 /// memory this process owns (from the allocator, not yet touched for the
 /// advice to take effect at the first write). Ignores failures: the pages

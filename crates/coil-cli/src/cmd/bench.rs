@@ -380,6 +380,7 @@ pub fn run(a: Args) -> Result<()> {
                 .map(|(name, _)| name)
                 .collect::<Vec<_>>(),
             "system_info": system,
+            "weights": engine.weights_where(),
             "n_prompt": a.n_prompt,
             "n_gen": a.n_gen,
             "n_depth": a.depth,
@@ -404,6 +405,7 @@ pub fn run(a: Args) -> Result<()> {
     }
 
     eprintln!("system: {system}");
+    eprintln!("weights: {}", engine.weights_where());
     let mib = size as f64 / (1u64 << 20) as f64;
     let mparams = params as f64 / 1e6;
     println!("| model | size | params | threads | test | t/s |");

@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use coil::engine::sampling::SamplingParams;
-use coil::engine::{Engine, EngineOptions};
+use coil::engine::{Engine, EngineOptions, WeightMemory};
 use coil::memory::{CacheType, CheckpointPolicy, StateType};
 use std::path::{Path, PathBuf};
 
@@ -86,6 +86,14 @@ pub struct ModelArgs {
     #[arg(long = "cache-type", value_name = "TYPE", default_value = "f32",
           value_parser = parse_cache_type)]
     pub cache_type: CacheType,
+    /// Keep the weights in a memory map of the file (pages of the page
+    /// cache, shared with other processes and evictable) instead of reading
+    /// them into this process's memory in transparent huge pages — the
+    /// default where the system has them (Linux, `transparent_hugepage`
+    /// not `never`) and the file takes at most 60% of the available
+    /// memory: fewer TLB misses, decode up to ~15% faster.
+    #[arg(long = "mmap")]
+    pub mmap: bool,
 }
 
 fn parse_cache_type(s: &str) -> Result<CacheType, String> {
@@ -129,6 +137,11 @@ impl ModelArgs {
                 every_call: self.checkpoint_every_token,
                 call_spacing: self.checkpoint_spacing.unwrap_or(1) as usize,
                 ..Default::default()
+            },
+            weights: if self.mmap {
+                WeightMemory::Mapped
+            } else {
+                WeightMemory::Auto
             },
         };
         let path = resolve_model(&self.model)?;

@@ -74,6 +74,7 @@ pub fn run(a: Args) -> Result<()> {
         engine.pool.n_threads()
     );
     eprintln!("memory: {}", engine.mem.describe());
+    eprintln!("weights: {}", engine.weights_where());
     eprintln!("system: {}", super::common::simd_info()?);
     let mut sampler = Sampler::new(params);
     let mut prompt = match &a.load_session {

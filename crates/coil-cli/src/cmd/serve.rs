@@ -152,6 +152,7 @@ pub fn run(a: Args) -> Result<()> {
         engine.pool.n_threads()
     );
     eprintln!("memory: {}", engine.mem.describe());
+    eprintln!("weights: {}", engine.weights_where());
     eprintln!("system: {}", super::common::simd_info()?);
     let model_id = a.alias.clone().unwrap_or_else(|| {
         a.model

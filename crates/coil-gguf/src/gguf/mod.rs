@@ -102,6 +102,8 @@ enum Storage {
     /// A copy-on-write map: pages written to become private memory, the
     /// file is never written.
     Private(MmapMut),
+    /// The file read into anonymous memory (huge pages where given).
+    Anon(MmapMut),
     Owned(Vec<u8>),
 }
 
@@ -109,7 +111,7 @@ impl Storage {
     fn bytes(&self) -> &[u8] {
         match self {
             Storage::Mmap(m) => m,
-            Storage::Private(m) => m,
+            Storage::Private(m) | Storage::Anon(m) => m,
             Storage::Owned(v) => v,
         }
     }
@@ -117,7 +119,7 @@ impl Storage {
     fn bytes_mut(&mut self) -> Option<&mut [u8]> {
         match self {
             Storage::Mmap(_) => None,
-            Storage::Private(m) => Some(m),
+            Storage::Private(m) | Storage::Anon(m) => Some(m),
             Storage::Owned(v) => Some(v),
         }
     }
@@ -166,6 +168,38 @@ impl GgufFile {
         // SAFETY: as in `open_mapped`; writes go to private pages.
         let map = unsafe { MmapOptions::new().populate().map_copy(&file) }.map_err(io)?;
         Self::from_storage(Storage::Private(map))
+    }
+
+    /// The whole file read into anonymous memory advised for transparent
+    /// huge pages (`madvise(MADV_HUGEPAGE)` on Linux), so that the kernels
+    /// stream the weights through 2 MiB pages instead of the page cache's
+    /// 4 KiB ones; the loader may rewrite tensors in it as in
+    /// [`GgufFile::open_prefaulted_private`].
+    pub fn open_in_huge_pages(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
+        let path = path.as_ref();
+        let io = |error| GgufError::Io {
+            path: path.to_path_buf(),
+            error,
+        };
+        let mut file = File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len() as usize;
+        let mut map = MmapOptions::new().len(len.max(1)).map_anon().map_err(io)?;
+        #[cfg(target_os = "linux")]
+        {
+            // no huge pages (disabled, none free) only means small ones
+            let _ = map.advise(memmap2::Advice::HugePage);
+        }
+        std::io::Read::read_exact(&mut file, &mut map[..len]).map_err(io)?;
+        if len == 0 {
+            return Self::from_bytes(Vec::new());
+        }
+        Self::from_storage(Storage::Anon(map))
+    }
+
+    /// Whether the tensor data was read into memory by
+    /// [`GgufFile::open_in_huge_pages`] (not a map of the file).
+    pub fn is_read_into_memory(&self) -> bool {
+        matches!(self.storage, Storage::Anon(_))
     }
 
     fn open_mapped(path: &Path, populate: bool) -> Result<GgufFile, GgufError> {

@@ -7,6 +7,9 @@ pub mod nucleus;
 pub mod sampling;
 pub mod speculative;
 pub mod top_k;
+mod weights_memory;
+
+pub use weights_memory::WeightMemory;
 
 use crate::memory::session::{self, SessionError};
 use crate::memory::{CacheType, CheckpointPolicy, Memory, SeqId, SequenceMemory, StateType};
@@ -89,6 +92,8 @@ pub struct EngineOptions {
     pub n_ubatch: usize,
     /// Recurrent-state checkpoints for rollback.
     pub checkpoints: CheckpointPolicy,
+    /// Where the weights live (a map of the file, or read into huge pages).
+    pub weights: WeightMemory,
 }
 
 impl Default for EngineOptions {
@@ -99,6 +104,7 @@ impl Default for EngineOptions {
             n_ctx: 4096,
             n_ubatch: 512,
             checkpoints: CheckpointPolicy::default(),
+            weights: WeightMemory::default(),
         }
     }
 }
@@ -156,9 +162,19 @@ impl BatchLogits {
 
 impl Engine {
     pub fn load(path: impl AsRef<Path>, opts: EngineOptions) -> Result<Engine, EngineError> {
-        let mut file = GgufFile::open_prefaulted_private(path)?;
+        let mut file = weights_memory::open(path.as_ref(), opts.weights)?;
         crate::models::weights::repack_for_kernels(&mut file);
         Self::from_file(Arc::new(file), opts)
+    }
+
+    /// Where the weights are, in words: read into memory
+    /// ([`WeightMemory::Auto`] took huge pages) or mapped from the file.
+    pub fn weights_where(&self) -> &'static str {
+        if self.file.is_read_into_memory() {
+            "read into memory (transparent huge pages)"
+        } else {
+            "mapped from the file"
+        }
     }
 
     pub fn from_file(file: Arc<GgufFile>, opts: EngineOptions) -> Result<Engine, EngineError> {
