@@ -148,6 +148,22 @@ start_server() {
     fi
     SERVER_PID=$!
     wait_ready "http://127.0.0.1:$PORT" || { tail -20 "$log" >&2; exit 1; }
+    # coil serve writes its reserve of state buffers once idle: wait for it,
+    # so that nothing timed shares the machine with it (a server that has
+    # been up a few seconds)
+    if [ "$which" = coil ]; then wait_reserved "http://127.0.0.1:$PORT"; fi
+}
+
+wait_reserved() {
+    "$PYTHON" - "$1" <<'EOF' || echo "warning: the server's state-buffer reserve did not finish" >&2
+import sys, time, urllib.request
+for _ in range(1200):
+    text = urllib.request.urlopen(sys.argv[1] + "/metrics", timeout=5).read().decode()
+    if "\ncoil_state_buffers_reserving 0\n" in "\n" + text:
+        sys.exit(0)
+    time.sleep(0.25)
+sys.exit(1)
+EOF
 }
 
 # load LABEL TAG ARGS...: the load generator's table rows (header dropped);

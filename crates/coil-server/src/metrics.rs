@@ -34,6 +34,8 @@ pub struct Metrics {
     /// because none was free (fresh memory mapped while serving).
     pub state_buffers_free: AtomicU64,
     pub state_buffers_allocated: AtomicU64,
+    /// 1 while the idle worker still fills its reserve of state buffers.
+    pub state_buffers_reserving: AtomicU64,
     /// f64 bits: tokens per second of the recent steps.
     pub prompt_tps: AtomicU64,
     pub generation_tps: AtomicU64,
@@ -177,6 +179,11 @@ impl Metrics {
                 "state_buffers_free",
                 &self.state_buffers_free,
                 "Recurrent-state buffers free for reuse.",
+            ),
+            (
+                "state_buffers_reserving",
+                &self.state_buffers_reserving,
+                "1 while the idle server still writes its reserve of state buffers (a benchmark waits for 0).",
             ),
         ];
         for (name, g, help) in gauges {

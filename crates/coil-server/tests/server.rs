@@ -479,14 +479,15 @@ fn idle_servers_reserve_their_state_buffers() {
     };
     let s = start_reserving(1, 2, 512, peak);
     // (a wait for progress, not a timing: the worker is idle)
-    let mut free = 0;
     for _ in 0..1000 {
-        free = s.metrics()["coil_state_buffers_free"] as usize;
-        if free >= peak {
+        if s.metrics()["coil_state_buffers_reserving"] == 0.0 {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
+    let m = s.metrics();
+    assert_eq!(m["coil_state_buffers_reserving"], 0.0, "still reserving");
+    let free = m["coil_state_buffers_free"] as usize;
     assert!(free >= peak, "{free} of {peak} reserved");
     complete(&s, first, 64);
     assert_eq!(s.metrics()["coil_state_buffers_allocated_total"], 0.0);

@@ -412,6 +412,7 @@ impl Worker {
             metrics::set(&m.state_buffers_free, r.free_buffers());
             metrics::set(&m.state_buffers_allocated, r.fresh_buffers());
         }
+        metrics::set(&m.state_buffers_reserving, self.reserving as usize);
     }
 
     fn publish_rates(&mut self) {
