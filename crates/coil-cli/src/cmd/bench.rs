@@ -297,7 +297,7 @@ pub fn run(a: Args) -> Result<()> {
         return run_parallel(&a, &margs);
     }
     let t_load = Instant::now();
-    let mut engine = margs.load(if a.depth > 0 { 2 } else { 1 }, a.ubatch)?;
+    let mut engine = margs.load(if a.depth > 0 { 2 } else { 1 }, a.ubatch, false)?;
     let load_secs = t_load.elapsed().as_secs_f64();
     let (size, params, ftype) = model_totals(&engine.file);
     let arch = engine.model.info().arch.clone();
@@ -440,7 +440,7 @@ fn run_parallel(a: &Args, margs: &super::common::ModelArgs) -> Result<()> {
     let n_max = a.parallel.iter().copied().max().unwrap_or(1).max(1);
     let mut margs = margs.clone();
     margs.ctx = margs.ctx.max(a.n_prompt + a.n_gen);
-    let mut engine = margs.load(n_max, a.ubatch)?;
+    let mut engine = margs.load(n_max, a.ubatch, true)?;
     let (weight_bytes, _, ftype) = model_totals(&engine.file);
     let model_type = format!("{} {ftype}", engine.model.info().arch);
     let threads = engine.pool.n_threads();

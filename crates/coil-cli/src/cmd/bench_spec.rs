@@ -107,7 +107,7 @@ pub fn run(b: &SpecBench, margs: &ModelArgs) -> Result<()> {
         _ => b.n_prompt.max(1) + b.n_gen + kmax + 2,
     };
     margs.ctx = margs.ctx.max(need);
-    let mut engine = margs.load(1, 512)?;
+    let mut engine = margs.load(1, 512, true)?;
     let system = super::common::simd_info()?;
     eprintln!("system: {system}");
     eprintln!("memory: {}", engine.mem.describe());

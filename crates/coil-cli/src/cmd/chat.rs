@@ -43,7 +43,7 @@ pub fn run(a: Args) -> Result<()> {
     let params = a.sampling.params()?;
 
     // One slot for the reply being generated, one keeping the conversation.
-    let engine = a.model.load(2, a.ubatch)?;
+    let engine = a.model.load(2, a.ubatch, false)?;
     let tokenizer = Arc::new(
         Tokenizer::from_gguf(&engine.file)
             .with_context(|| format!("reading the tokenizer of {}", a.model.model.display()))?,

@@ -115,7 +115,11 @@ pub fn simd_info() -> Result<String> {
 }
 
 impl ModelArgs {
-    pub fn load(&self, n_seq_max: usize, n_ubatch: usize) -> Result<Engine> {
+    /// The engine for `n_seq_max` sequences; `batched`: generation runs
+    /// several tokens per step (sequences decoding together, speculative
+    /// verification, or prompts only), so the weights take the layout of
+    /// the few-token kernels ([`EngineOptions::batched_layout`]).
+    pub fn load(&self, n_seq_max: usize, n_ubatch: usize, batched: bool) -> Result<Engine> {
         coil_kernels::simd::check_env()?;
         let threads = self
             .threads
@@ -138,6 +142,7 @@ impl ModelArgs {
                 call_spacing: self.checkpoint_spacing.unwrap_or(1) as usize,
                 ..Default::default()
             },
+            batched_layout: batched,
             weights: if self.mmap {
                 WeightMemory::Mapped
             } else {

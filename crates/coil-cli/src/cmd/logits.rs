@@ -44,7 +44,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     let mut model = a.model.clone();
     model.ctx = model.ctx.max(tokens.len());
-    let mut engine = model.load(1, ubatch)?;
+    let mut engine = model.load(1, ubatch, true)?;
     let n_vocab = engine.n_vocab();
     if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
         bail!("--tokens: id {bad} is outside the vocabulary of {n_vocab}");

@@ -48,7 +48,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     let text = std::fs::read_to_string(&a.file)
         .with_context(|| format!("reading {} (it must be UTF-8 text)", a.file.display()))?;
-    let mut engine = a.model.load(1, n_ctx.min(512))?;
+    let mut engine = a.model.load(1, n_ctx.min(512), true)?;
     let tokenizer = Tokenizer::from_gguf(&engine.file).context("reading the model's tokenizer")?;
     let n_vocab = engine.n_vocab();
     let tokens = tokenizer.encode(&text, true);

@@ -60,7 +60,7 @@ pub fn run(a: Args) -> Result<()> {
         speculator = None;
     }
 
-    let mut engine = a.model.load(1, a.ubatch)?;
+    let mut engine = a.model.load(1, a.ubatch, a.spec.spec.is_some())?;
     let tokenizer = Tokenizer::from_gguf(&engine.file)
         .with_context(|| format!("reading the tokenizer of {}", a.model.model.display()))?;
     let info = engine.model.info();

@@ -130,7 +130,11 @@ pub fn run(a: Args) -> Result<()> {
         ),
         None => None,
     };
-    let mut engine = a.model.load(a.parallel + a.cache_slots, a.ubatch)?;
+    let mut engine = a.model.load(
+        a.parallel + a.cache_slots,
+        a.ubatch,
+        a.parallel > 1 || a.spec.spec.is_some(),
+    )?;
     // Generation is checkpointed (every `--checkpoint-spacing` tokens): the
     // running sequences' states move through reserved buffers, which the
     // scheduler fills while idle (the server answers at once).

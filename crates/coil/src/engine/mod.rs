@@ -94,6 +94,15 @@ pub struct EngineOptions {
     pub checkpoints: CheckpointPolicy,
     /// Where the weights live (a map of the file, or read into huge pages).
     pub weights: WeightMemory,
+    /// Rewrite the Q4_K / Q6_K / Q8_0 matrices at load into the AVX-512
+    /// rows-in-lanes layout ([`crate::models::weights::repack_for_kernels`]),
+    /// which several tokens per step — sequences decoding together,
+    /// speculative verification — run fastest on. One token per step runs
+    /// faster on the file's layout once the weights are in huge pages
+    /// (qwen35-0.8b-like Q4_K_M: 48–50 tok/s against 42, 8 sequences 137
+    /// against 182; see docs/PERFORMANCE.md, "Twenty-first session"), so
+    /// `coil run` and `coil bench` without `--parallel` or `--spec` leave it.
+    pub batched_layout: bool,
 }
 
 impl Default for EngineOptions {
@@ -105,6 +114,7 @@ impl Default for EngineOptions {
             n_ubatch: 512,
             checkpoints: CheckpointPolicy::default(),
             weights: WeightMemory::default(),
+            batched_layout: true,
         }
     }
 }
@@ -163,7 +173,9 @@ impl BatchLogits {
 impl Engine {
     pub fn load(path: impl AsRef<Path>, opts: EngineOptions) -> Result<Engine, EngineError> {
         let mut file = weights_memory::open(path.as_ref(), opts.weights)?;
-        crate::models::weights::repack_for_kernels(&mut file);
+        if opts.batched_layout {
+            crate::models::weights::repack_for_kernels(&mut file);
+        }
         Self::from_file(Arc::new(file), opts)
     }
 
