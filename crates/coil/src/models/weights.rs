@@ -252,6 +252,11 @@ impl<'a> Loader<'a> {
 /// looked-up row is unpacked); 3-D (expert) tensors only when each expert's rows are whole groups.
 /// Returns how many tensors were rewritten; a read-only map rewrites none.
 pub fn repack_for_kernels(file: &mut GgufFile) -> usize {
+    repack_for_kernels_where(file, |_| true)
+}
+
+/// [`repack_for_kernels`] for the weight types `take` accepts only.
+pub fn repack_for_kernels_where(file: &mut GgufFile, take: impl Fn(GgmlType) -> bool) -> usize {
     let mut done = 0;
     let tied = !file.tensors().iter().any(|t| t.name == "output.weight");
     for i in 0..file.tensors().len() {
@@ -259,6 +264,7 @@ pub fn repack_for_kernels(file: &mut GgufFile) -> usize {
         let dims = &info.dims;
         let ty = info.ty;
         if !coil_kernels::repacks(ty)
+            || !take(ty)
             || dims.len() < 2
             || (info.name == "token_embd.weight" && !tied)
         {
