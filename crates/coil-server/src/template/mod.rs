@@ -1,7 +1,7 @@
 //! Chat templates: the model's Jinja template from GGUF
 //! (`tokenizer.chat_template`, or a file given to `coil serve
 //! --chat-template`) rendered as transformers' `apply_chat_template`
-//! renders it (see [`env`] for the Jinja2 compatibility), or ChatML when
+//! renders it (see its `env` module for the Jinja2 compatibility), or ChatML when
 //! the file has none.
 //!
 //! The template sees what transformers gives it: `messages` (an assistant

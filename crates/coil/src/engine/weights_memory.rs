@@ -21,7 +21,7 @@ use std::path::Path;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum WeightMemory {
     /// Read into huge pages when [`hugepages::available`] and the file
-    /// takes at most [`FIT_FRACTION`] of the memory available; else mapped.
+    /// takes at most 60% (`FIT_FRACTION`) of the memory available; else mapped.
     #[default]
     Auto,
     /// A copy-on-write map of the file, every page mapped at load.

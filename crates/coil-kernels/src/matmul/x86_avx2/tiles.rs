@@ -16,7 +16,7 @@
 //! Register use (16 ymm): the unpacked weights of one 64-value step (two
 //! vectors and their two scale vectors) plus one i32 accumulator per token;
 //! the f32 accumulators are touched once per 256-value block. An empty
-//! `asm!` ([`pin`]) marks where each step's unpacked weights must be ready,
+//! `asm!` (`pin!`) marks where each step's unpacked weights must be ready,
 //! so the compiler does not hoist all of a block's unpacking ahead of the
 //! token loop (it did, spilling half of it to the stack: 2.5× slower).
 

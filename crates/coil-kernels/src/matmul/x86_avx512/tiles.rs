@@ -17,7 +17,7 @@
 //! token `t` at `(c · nt + t) · 64`, one `zmm` load per token and step.
 //! Register use (32 zmm): per token an i32 block accumulator, an f32 row
 //! accumulator and (Q4_K/Q5_K) the mins' accumulator; the unpacked weights
-//! of one 64-value step and its scale vector. An empty `asm!` ([`pin`])
+//! of one 64-value step and its scale vector. An empty `asm!` (`pin!`)
 //! marks where each step's unpacked weights must be ready, so the compiler
 //! does not hoist a whole block's unpacking ahead of the token loop.
 
