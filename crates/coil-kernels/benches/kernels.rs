@@ -380,7 +380,12 @@ fn decode_shapes_bench(pool: &ThreadPool, ty: GgmlType) {
         let mut one = random_weights(&mut rng, ty, rows, cols);
         let layout = loader_layout(ty, &mut one, rows, cols);
         let copies = (256usize << 20).div_ceil(one.len()).max(2);
-        let data = one.repeat(copies);
+        // in huge pages, as the loader reads a model's weights
+        let mut data = Vec::new();
+        coil_kernels::hugepages::reserve(&mut data, one.len() * copies);
+        for _ in 0..copies {
+            data.extend_from_slice(&one);
+        }
         let ws: Vec<WeightRef> = data
             .chunks_exact(one.len())
             .map(|d| WeightRef {
