@@ -760,8 +760,11 @@ rows_entry!(rows_iq4_xs, dot_iq4xs);
 /// instructions at 8 tokens). Kernel bench, 2 threads, Intel model 167,
 /// weights streamed, weight GB/s at 2 / 4 / 8 tokens, interleaved runs:
 /// Q4_K 18–20 / 15–18 / 11–12 → 20–23 / 18–20 / 14–15, Q6_K 20–23 / 17–20
-/// / 14–16 → 21–25 / 18–22 / 15–18; one token keeps the burst (spread, it
-/// fell from 68% to 57% of the read bandwidth).
+/// / 14–16 → 21–25 / 18–22 / 15–18. One token kept the burst (spread, it
+/// fell from 68% to 57% of the read bandwidth) until the weights moved into
+/// huge pages; with them the spread requests are the faster at one token
+/// too (kernel bench, 2 threads: Q4_K 22.6–26.6 → 26.7–30.0 GB/s, Q6_K
+/// 25.9–27.9 → 28.1–30.7).
 #[inline(always)]
 unsafe fn prefetch_part<const PF: usize>(b: *const u8, bytes: usize, k: usize, parts: usize) {
     let lines = bytes.div_ceil(64);

@@ -221,22 +221,17 @@ unsafe fn rows_q4_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
         for i in 0..nb {
             // one stream: the group's blocks follow each other
             let b = w.as_ptr().add(r0 * rb + PACKED_BLOCK * i);
-            // one token: the block's lines at once; more: spread over
-            // its sub-blocks (see `prefetch_part`)
-            if NT == 1 {
-                super::prefetch_ahead::<{ super::super::x86_avx2::PF_STREAM }>(b, PACKED_BLOCK);
-            }
             unpack_packed(b, &mut blk);
             let mut fsb = [_mm512_setzero_ps(); NT];
             for j in 0..8 {
-                if NT > 1 {
-                    super::prefetch_part::<{ super::super::x86_avx2::PF_STREAM }>(
-                        b,
-                        PACKED_BLOCK,
-                        j,
-                        8,
-                    );
-                }
+                // the block's lines ahead, spread over its sub-blocks (see
+                // `prefetch_part`)
+                super::prefetch_part::<{ super::super::x86_avx2::PF_STREAM }>(
+                    b,
+                    PACKED_BLOCK,
+                    j,
+                    8,
+                );
                 let wv = blk.w[j];
                 let (a, b) = (blk.a[j], blk.b[j]);
                 for t in 0..NT {

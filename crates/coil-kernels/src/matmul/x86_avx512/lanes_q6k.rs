@@ -108,22 +108,17 @@ unsafe fn rows_q6_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
         let mut facc = [_mm512_setzero_ps(); NT];
         for i in 0..nb {
             let b = w.as_ptr().add(r0 * rb + PACKED_BLOCK * i);
-            // one token: the block's lines at once; more: spread over
-            // its sub-blocks (see `prefetch_part`)
-            if NT == 1 {
-                super::prefetch_ahead::<{ super::super::x86_avx2::PF_STREAM }>(b, PACKED_BLOCK);
-            }
             unpack_packed(b, &mut blk);
             let mut fsb = [_mm512_setzero_ps(); NT];
             for s in 0..16 {
-                if NT > 1 {
-                    super::prefetch_part::<{ super::super::x86_avx2::PF_STREAM }>(
-                        b,
-                        PACKED_BLOCK,
-                        s,
-                        16,
-                    );
-                }
+                // the block's lines ahead, spread over its sub-blocks (see
+                // `prefetch_part`)
+                super::prefetch_part::<{ super::super::x86_avx2::PF_STREAM }>(
+                    b,
+                    PACKED_BLOCK,
+                    s,
+                    16,
+                );
                 let wv = blk.w[s];
                 let a = blk.a[s];
                 for t in 0..NT {
