@@ -94,15 +94,16 @@ pub struct EngineOptions {
     pub checkpoints: CheckpointPolicy,
     /// Where the weights live (a map of the file, or read into huge pages).
     pub weights: WeightMemory,
-    /// Rewrite the Q4_K and Q6_K matrices at load into the AVX-512
-    /// rows-in-lanes layout ([`crate::models::weights::repack_for_kernels`]),
-    /// which several tokens per step — sequences decoding together,
-    /// speculative verification — run fastest on (Q8_0 ones are rewritten
-    /// either way). One token per step runs faster on the file's layout
-    /// once the weights are in huge pages (qwen35-0.8b-like Q4_K_M: 48–50
-    /// tok/s against 42, but 8 sequences 137 against 182; see
-    /// docs/PERFORMANCE.md, "Twenty-first session"), so `coil run` and
-    /// `coil bench` without `--parallel` or `--spec` leave them.
+    /// Rewrite the Q6_K matrices at load into the AVX-512 rows-in-lanes
+    /// layout ([`crate::models::weights::repack_for_kernels`]), which
+    /// several tokens per step — sequences decoding together, speculative
+    /// verification — run fastest on (Q4_K and Q8_0 are rewritten either
+    /// way). With the weights in huge pages one token per step runs Q6_K
+    /// faster on the file's layout (kernel bench 32.6–34.9 GB/s against
+    /// 30.7–33.5; qwen35-0.8b-like Q4_K_M, whose output head is Q6_K, ~7%
+    /// faster decoding; see docs/PERFORMANCE.md, "Twenty-first session"),
+    /// so `coil run` and `coil bench` without `--parallel` or `--spec`
+    /// leave Q6_K as in the file.
     pub batched_layout: bool,
 }
 
@@ -174,10 +175,10 @@ impl BatchLogits {
 impl Engine {
     pub fn load(path: impl AsRef<Path>, opts: EngineOptions) -> Result<Engine, EngineError> {
         let mut file = weights_memory::open(path.as_ref(), opts.weights)?;
-        // One token per step: Q4_K and Q6_K decode faster as in the file;
-        // Q8_0 prompts lose 8–13% without the layout, its decode gains 5%.
+        // One token per step: Q6_K decodes faster as in the file; Q4_K and
+        // Q8_0 as fast in the layout, and their prompts skip the unpacking.
         crate::models::weights::repack_for_kernels_where(&mut file, |ty| {
-            opts.batched_layout || ty == coil_gguf::GgmlType::Q8_0
+            opts.batched_layout || ty != coil_gguf::GgmlType::Q6_K
         });
         Self::from_file(Arc::new(file), opts)
     }

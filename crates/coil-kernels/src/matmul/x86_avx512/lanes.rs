@@ -258,6 +258,65 @@ unsafe fn rows_q4_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
     }
 }
 
+/// [`rows_q4_k`] for one token, without staging the nibbles in a
+/// [`Block`]: each step's transposed bytes split into the two sub-blocks'
+/// integer sums at once, the float part in [`rows_q4_k`]'s order (the
+/// same operations on the same values: the same bits). One token does
+/// little work per byte, and the staged block's stores and loads were a
+/// good part of it.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
+#[inline]
+unsafe fn rows_q4_k_1(w: &[u8], rb: usize, p: &ActPanel, out: &mut [f32]) {
+    let nb = p.n_blocks;
+    assert!(p.nt == 1 && p.qs.len() >= nb * 256 && p.d.len() >= nb * PANEL_LANES);
+    assert!(p.hxd.len() >= nb * 8);
+    let n = out.len();
+    assert!(n.is_multiple_of(16) && rb == nb * 144 && w.len() >= n * rb);
+    let (xq, xd, xs) = (p.qs.as_ptr(), p.d.as_ptr(), p.hxd.as_ptr());
+    let low = _mm512_set1_epi8(0x0f);
+    let mut blk: Block = std::mem::zeroed();
+    for r0 in (0..n).step_by(16) {
+        let mut facc = _mm512_setzero_ps();
+        for i in 0..nb {
+            let b = w.as_ptr().add(r0 * rb + PACKED_BLOCK * i);
+            decode_heads(load16::<4>(b), &mut blk);
+            let mut fsb = _mm512_setzero_ps();
+            for st in 0..4 {
+                let v = load16::<8>(b.add(256 + 512 * st));
+                let mut acc = [_mm512_setzero_si512(); 2];
+                for (g, v) in v.iter().enumerate() {
+                    super::prefetch_part::<{ super::super::x86_avx2::PF_STREAM }>(
+                        b,
+                        PACKED_BLOCK,
+                        8 * st + g,
+                        32,
+                    );
+                    let nib = [
+                        _mm512_and_si512(*v, low),
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(*v), low),
+                    ];
+                    for (h, q) in nib.iter().enumerate() {
+                        // sub-block j = 2st + h: columns 256i + 32j ..,
+                        // chunk 4i + j/2 = 4i + st, half h
+                        let x = xq.add(64 * (4 * i + st) + 32 * h + 4 * g);
+                        let xb = _mm512_set1_epi32((x as *const i32).read_unaligned());
+                        acc[h] = _mm512_dpbusd_epi32(acc[h], *q, xb);
+                    }
+                }
+                for (h, acc) in acc.iter().enumerate() {
+                    let j = 2 * st + h;
+                    let s = _mm512_set1_ps(*xs.add(i * 8 + j));
+                    fsb = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*acc), blk.a[j], fsb);
+                    fsb = _mm512_fnmadd_ps(blk.b[j], s, fsb);
+                }
+            }
+            let dx = _mm512_set1_ps(*xd.add(i * PANEL_LANES));
+            facc = _mm512_fmadd_ps(fsb, dx, facc);
+        }
+        _mm512_storeu_ps(out.as_mut_ptr().add(r0), facc);
+    }
+}
+
 /// Whether [`repack`] takes a Q4_K matrix of `rows` rows (its groups of
 /// 16 rows must not straddle the row ranges it is used in: whole matrices,
 /// experts of a multiple of 16 rows).
@@ -406,7 +465,7 @@ pub(in crate::matmul) unsafe fn matmul_packed(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
 unsafe fn tile_packed(w: &[u8], rb: usize, p: &ActPanel, out: &mut [&mut [f32]]) {
     match p.nt {
-        1 => rows_q4_k::<1>(w, rb, p, out),
+        1 => rows_q4_k_1(w, rb, p, out[0]),
         2 => rows_q4_k::<2>(w, rb, p, out),
         3 => rows_q4_k::<3>(w, rb, p, out),
         4 => rows_q4_k::<4>(w, rb, p, out),
