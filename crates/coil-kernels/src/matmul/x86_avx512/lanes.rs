@@ -154,11 +154,19 @@ unsafe fn decode_heads([h0, u0, u1, u2]: [__m512i; 4], blk: &mut Block) {
 /// into the nibbles of sub-blocks `2s` and `2s + 1`.
 #[inline(always)]
 unsafe fn split_step(v: &[__m512i; 8], s: usize, blk: &mut Block) {
-    let low = _mm512_set1_epi8(0x0f);
     for (g, v) in v.iter().enumerate() {
-        blk.w[2 * s][g] = _mm512_and_si512(*v, low);
-        blk.w[2 * s + 1][g] = _mm512_and_si512(_mm512_srli_epi16::<4>(*v), low);
+        [blk.w[2 * s][g], blk.w[2 * s + 1][g]] = nibbles(*v);
     }
+}
+
+/// The low and high nibbles of `v`'s bytes.
+#[inline(always)]
+unsafe fn nibbles(v: __m512i) -> [__m512i; 2] {
+    let low = _mm512_set1_epi8(0x0f);
+    [
+        _mm512_and_si512(v, low),
+        _mm512_and_si512(_mm512_srli_epi16::<4>(v), low),
+    ]
 }
 
 /// Step `s` (values `64s..64s + 64`) of the block at `off` of 16 plain
@@ -273,7 +281,6 @@ unsafe fn rows_q4_k_1(w: &[u8], rb: usize, p: &ActPanel, out: &mut [f32]) {
     let n = out.len();
     assert!(n.is_multiple_of(16) && rb == nb * 144 && w.len() >= n * rb);
     let (xq, xd, xs) = (p.qs.as_ptr(), p.d.as_ptr(), p.hxd.as_ptr());
-    let low = _mm512_set1_epi8(0x0f);
     let mut blk: Block = std::mem::zeroed();
     for r0 in (0..n).step_by(16) {
         let mut facc = _mm512_setzero_ps();
@@ -291,11 +298,7 @@ unsafe fn rows_q4_k_1(w: &[u8], rb: usize, p: &ActPanel, out: &mut [f32]) {
                         8 * st + g,
                         32,
                     );
-                    let nib = [
-                        _mm512_and_si512(*v, low),
-                        _mm512_and_si512(_mm512_srli_epi16::<4>(*v), low),
-                    ];
-                    for (h, q) in nib.iter().enumerate() {
+                    for (h, q) in nibbles(*v).iter().enumerate() {
                         // sub-block j = 2st + h: columns 256i + 32j ..,
                         // chunk 4i + j/2 = 4i + st, half h
                         let x = xq.add(64 * (4 * i + st) + 32 * h + 4 * g);

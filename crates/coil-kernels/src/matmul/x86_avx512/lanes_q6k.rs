@@ -50,6 +50,33 @@ struct Block {
     w: [[__m512i; 4]; 16],
 }
 
+/// The values (0..63) of 4-column group `lg` of half `n` of the block of 16
+/// repacked rows at `b`: vector `k` holds columns `128n + 32k + 4lg ..`.
+#[inline(always)]
+unsafe fn group_values(b: *const u8, n: usize, lg: usize) -> [__m512i; 4] {
+    let m3f = _mm512_set1_epi8(0x3f);
+    let v = b.add(HALF * n + 192 * lg);
+    // (no closure: it would not inherit the target features)
+    let a = _mm512_loadu_si512(v as *const _);
+    let bb = _mm512_loadu_si512(v.add(64) as *const _);
+    let c = _mm512_loadu_si512(v.add(128) as *const _);
+    // top pairs to bits 0..2, 2..4, 4..6 (16-bit shifts: what crosses from
+    // the next byte is masked off), merged by masks (0xD8: the third
+    // operand's set bits from the second, the rest from the first)
+    let t = _mm512_ternarylogic_epi32::<0xD8>(
+        _mm512_srli_epi16::<4>(bb),
+        _mm512_srli_epi16::<6>(a),
+        _mm512_set1_epi8(0x03),
+    );
+    let t = _mm512_ternarylogic_epi32::<0xD8>(_mm512_srli_epi16::<2>(c), t, _mm512_set1_epi8(0x0f));
+    [
+        _mm512_and_si512(a, m3f),
+        _mm512_and_si512(bb, m3f),
+        _mm512_and_si512(c, m3f),
+        _mm512_and_si512(t, m3f),
+    ]
+}
+
 /// One block of 16 repacked rows at `b`.
 #[inline(always)]
 unsafe fn unpack_packed(b: *const u8, blk: &mut Block) {
@@ -58,30 +85,9 @@ unsafe fn unpack_packed(b: *const u8, blk: &mut Block) {
         let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(SC + 16 * s) as *const __m128i));
         *a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
     }
-    let m3f = _mm512_set1_epi8(0x3f);
-    let m03 = _mm512_set1_epi8(0x03);
-    let m0f = _mm512_set1_epi8(0x0f);
     for n in 0..2 {
         for lg in 0..8 {
-            let v = b.add(HALF * n + 192 * lg);
-            let ld = |k: usize| _mm512_loadu_si512(v.add(64 * k) as *const _);
-            let (a, bb, c) = (ld(0), ld(1), ld(2));
-            // top pairs to bits 0..2, 2..4, 4..6 (16-bit shifts: what
-            // crosses from the next byte is masked off), merged by masks
-            // (0xD8: the third operand's set bits from the second, the
-            // rest from the first)
-            let t = _mm512_ternarylogic_epi32::<0xD8>(
-                _mm512_srli_epi16::<4>(bb),
-                _mm512_srli_epi16::<6>(a),
-                m03,
-            );
-            let t = _mm512_ternarylogic_epi32::<0xD8>(_mm512_srli_epi16::<2>(c), t, m0f);
-            let q = [
-                _mm512_and_si512(a, m3f),
-                _mm512_and_si512(bb, m3f),
-                _mm512_and_si512(c, m3f),
-                _mm512_and_si512(t, m3f),
-            ];
+            let q = group_values(b, n, lg);
             // q[k]: columns 128n + 32k + 4lg: sub-block 8n + 2k + lg / 4
             for (k, q) in q.iter().enumerate() {
                 blk.w[8 * n + 2 * k + lg / 4][lg % 4] = *q;
@@ -160,9 +166,6 @@ unsafe fn rows_q6_k_1(w: &[u8], rb: usize, p: &ActPanel, out: &mut [f32]) {
     let n = out.len();
     assert!(n.is_multiple_of(16) && rb == nb * 210 && w.len() >= n * rb);
     let (xq, xd, xo) = (p.qs.as_ptr(), p.d.as_ptr(), p.hoff.as_ptr());
-    let m3f = _mm512_set1_epi8(0x3f);
-    let m03 = _mm512_set1_epi8(0x03);
-    let m0f = _mm512_set1_epi8(0x0f);
     for r0 in (0..n).step_by(16) {
         let mut facc = _mm512_setzero_ps();
         for i in 0..nb {
@@ -177,23 +180,7 @@ unsafe fn rows_q6_k_1(w: &[u8], rb: usize, p: &ActPanel, out: &mut [f32]) {
                         8 * n + lg,
                         16,
                     );
-                    // as `unpack_packed`
-                    let v = b.add(HALF * n + 192 * lg);
-                    let a = _mm512_loadu_si512(v as *const _);
-                    let bb = _mm512_loadu_si512(v.add(64) as *const _);
-                    let c = _mm512_loadu_si512(v.add(128) as *const _);
-                    let t = _mm512_ternarylogic_epi32::<0xD8>(
-                        _mm512_srli_epi16::<4>(bb),
-                        _mm512_srli_epi16::<6>(a),
-                        m03,
-                    );
-                    let t = _mm512_ternarylogic_epi32::<0xD8>(_mm512_srli_epi16::<2>(c), t, m0f);
-                    let q = [
-                        _mm512_and_si512(a, m3f),
-                        _mm512_and_si512(bb, m3f),
-                        _mm512_and_si512(c, m3f),
-                        _mm512_and_si512(t, m3f),
-                    ];
+                    let q = group_values(b, n, lg);
                     let g = lg % 4;
                     for (k, q) in q.iter().enumerate() {
                         // columns 128n + 32k + 4lg: sub-block s, its group g
