@@ -149,6 +149,27 @@ unsafe fn rows_q6_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
     }
 }
 
+/// [`rows_q6_k_1`]'s work on 4-column group `LG` of half `N` of the block
+/// at `b` (`x`: the token's 256 quantized values of this block, as the
+/// panel lays them out): its four vectors of values into the integer sums
+/// of their sub-blocks.
+#[inline(always)]
+unsafe fn group_1<const N: usize, const LG: usize>(
+    b: *const u8,
+    x: *const i8,
+    acc: &mut [__m512i; 16],
+) {
+    super::prefetch_part::<{ super::super::x86_avx2::PF_STREAM }>(b, PACKED_BLOCK, 8 * N + LG, 16);
+    let q = group_values(b, N, LG);
+    for (k, q) in q.iter().enumerate() {
+        // columns 128N + 32k + 4LG: sub-block s, its 4-column group LG % 4
+        let s = 8 * N + 2 * k + LG / 4;
+        let x = x.add(64 * (s / 4) + 16 * (s % 4) + 4 * (LG % 4));
+        let xb = _mm512_set1_epi32((x as *const i32).read_unaligned());
+        acc[s] = _mm512_dpbusd_epi32(acc[s], *q, xb);
+    }
+}
+
 /// [`rows_q6_k`] for one token, without the [`Block`] staging: each
 /// 4-column group's values go straight into the 16 sub-blocks' integer
 /// sums (16 accumulators in registers), then the float part runs in
@@ -156,7 +177,11 @@ unsafe fn rows_q6_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
 /// same bits. (One token's work per byte is small, and writing and reading
 /// the staged block back was a good part of it: kernel bench, one token,
 /// 2 threads, weights in huge pages, 28.8–31.8 GB/s staged, 30.7–33.5
-/// direct; the file's rows, row at a time, 32.6–34.9.)
+/// direct; the file's rows, row at a time, 32.6–34.9. With the groups
+/// written out, the 16 sums left the stack: 2048 × 2048 in cache, 43–46
+/// → 48–56 GB/s, the rows 53–57; streamed unchanged, 29–31 against the
+/// rows' 33–35, whatever the prefetch distances, with or without blocks
+/// padded to whole cache lines.)
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
 #[inline]
 unsafe fn rows_q6_k_1(w: &[u8], rb: usize, p: &ActPanel, out: &mut [f32]) {
@@ -170,27 +195,20 @@ unsafe fn rows_q6_k_1(w: &[u8], rb: usize, p: &ActPanel, out: &mut [f32]) {
         let mut facc = _mm512_setzero_ps();
         for i in 0..nb {
             let b = w.as_ptr().add(r0 * rb + PACKED_BLOCK * i);
-            let mut acc: [__m512i; 16] =
-                std::array::from_fn(|s| _mm512_set1_epi32(*xo.add(i * 16 + s)));
-            for n in 0..2 {
-                for lg in 0..8 {
-                    super::prefetch_part::<{ super::super::x86_avx2::PF_STREAM }>(
-                        b,
-                        PACKED_BLOCK,
-                        8 * n + lg,
-                        16,
-                    );
-                    let q = group_values(b, n, lg);
-                    let g = lg % 4;
-                    for (k, q) in q.iter().enumerate() {
-                        // columns 128n + 32k + 4lg: sub-block s, its group g
-                        let s = 8 * n + 2 * k + lg / 4;
-                        let x = xq.add(64 * (4 * i + s / 4) + 16 * (s % 4) + 4 * g);
-                        let xb = _mm512_set1_epi32((x as *const i32).read_unaligned());
-                        acc[s] = _mm512_dpbusd_epi32(acc[s], *q, xb);
-                    }
-                }
+            let mut acc = [_mm512_setzero_si512(); 16];
+            for (s, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_set1_epi32(*xo.add(i * 16 + s));
             }
+            let x = xq.add(256 * i);
+            // written out so that every accumulator index is a constant and
+            // the 16 sums stay in registers (a loop over `lg` kept them on
+            // the stack: a load and a store around every `vpdpbusd`)
+            macro_rules! groups {
+                ($($n:literal $lg:literal),*) => {$(
+                    group_1::<$n, $lg>(b, x, &mut acc);
+                )*};
+            }
+            groups!(0 0, 0 1, 0 2, 0 3, 0 4, 0 5, 0 6, 0 7, 1 0, 1 1, 1 2, 1 3, 1 4, 1 5, 1 6, 1 7);
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(b.add(D) as *const __m256i));
             let mut fsb = _mm512_setzero_ps();
             for (s, acc) in acc.iter().enumerate() {
