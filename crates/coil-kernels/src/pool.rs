@@ -59,6 +59,8 @@ pub struct ThreadPool {
     workers: Vec<JoinHandle<()>>,
     n_threads: usize,
     call_lock: Mutex<()>,
+    /// See [`Self::set_narrow_float_dots`].
+    narrow_float_dots: AtomicBool,
 }
 
 impl ThreadPool {
@@ -99,7 +101,24 @@ impl ThreadPool {
             workers,
             n_threads,
             call_lock: Mutex::new(()),
+            narrow_float_dots: AtomicBool::new(false),
         }
+    }
+
+    /// How the products run on this pool take F16 / BF16 weights for 1 to
+    /// 15 tokens at the AVX-512 level: with the AVX2 level's 256-bit kernels
+    /// (`true`: single-stream decode, memory-bound, faster on Intel cores
+    /// that slow their clock under 512-bit float work) or the 512-bit ones
+    /// (`false`, the default: several sequences at once, compute-bound).
+    /// One level per pool, so every path of an engine (one token, several,
+    /// batch-invariant) gets the same bits. See `matmul::matmul_at`.
+    pub fn set_narrow_float_dots(&self, narrow: bool) {
+        self.narrow_float_dots.store(narrow, Ordering::Relaxed);
+    }
+
+    /// Whether [`Self::set_narrow_float_dots`] asked for 256-bit products.
+    pub fn narrow_float_dots(&self) -> bool {
+        self.narrow_float_dots.load(Ordering::Relaxed)
     }
 
     /// A pool with a single thread (the caller); no workers.

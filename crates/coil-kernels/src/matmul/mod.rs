@@ -384,7 +384,8 @@ pub fn matmul_at(
     // token's result computed exactly as if it were alone (see
     // [`crate::numerics`]).
     let per_row = n_tokens == 1 || crate::numerics::batch_invariant();
-    match vec_kernel(w.ty, level) {
+    let dot_level = float_dot_level(pool, w.ty, level);
+    match vec_kernel(w.ty, dot_level) {
         Some(k) if per_row || n_tokens < gemm_min_tokens(w.ty, level) => vec_path(
             pool,
             w,
@@ -392,9 +393,9 @@ pub fn matmul_at(
             y,
             n_tokens,
             k,
-            rows_kernel(w.ty, level),
-            tile_kernel(w.ty, level),
-            float_rows_kernel(w.ty, level),
+            rows_kernel(w.ty, dot_level),
+            tile_kernel(w.ty, dot_level),
+            float_rows_kernel(w.ty, dot_level),
         ),
         None if per_row || n_tokens < 4 => decode_vec_path(pool, w, x, y, n_tokens, level),
         // (the integer GEMMs were chosen above, `igemm_route`)
@@ -411,6 +412,25 @@ pub fn matmul_at(
             }
             gemm::gemm(pool, w, x, y, n_tokens, f32_gemm_level(level))
         }
+    }
+}
+
+/// The level of the per-row products of `ty` on `pool`: F16 / BF16 at the
+/// AVX2 level's 256-bit kernels where the pool asks for them
+/// ([`ThreadPool::set_narrow_float_dots`]). Measured on an Intel Xeon (family
+/// 6 model 167), 2 threads, 512-bit → 256-bit: one token (`coil bench -p 0
+/// -n 64 -r 2`, two rounds each) qwen35-0.8b-like F16 18.3 → 20.7–20.9
+/// tokens/s, BF16 18.1 → 21.0, mamba2-370m-like F16 34.3–35.6 → 39.4–40.0,
+/// lfm2-1.2b-like F16 12.6 → 13.2, BF16 12.3–12.4 → 13.2 (a memory-bound
+/// loop gains nothing from the width, and the core runs slower under
+/// 512-bit float work); eight sequences (`coil bench --parallel 8 -p 16 -n
+/// 32`, mamba2-370m-like F16) 109.2–109.6 → 89.9–90.6 generated tokens/s.
+/// Engines ask for them when they run one sequence at a time
+/// (`EngineOptions::batched_layout` off).
+fn float_dot_level(pool: &ThreadPool, ty: GgmlType, level: SimdLevel) -> SimdLevel {
+    match ty {
+        GgmlType::F16 | GgmlType::BF16 if pool.narrow_float_dots() => level.min(SimdLevel::Avx2),
+        _ => level,
     }
 }
 

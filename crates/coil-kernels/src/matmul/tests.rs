@@ -391,6 +391,61 @@ fn invariant_mode_rows_equal_one_token_calls_bit_for_bit() {
     }
 }
 
+/// A pool that asks for 256-bit float products
+/// ([`ThreadPool::set_narrow_float_dots`]) gives F16 / BF16 the AVX2
+/// level's bits at every level, one token or several, and stays
+/// batch-invariant; other formats are left alone.
+#[test]
+fn narrow_float_dots_are_the_avx2_levels_on_every_path() {
+    let narrow = ThreadPool::new(2);
+    narrow.set_narrow_float_dots(true);
+    let plain = ThreadPool::new(2);
+    let _inv = crate::numerics::invariant_scope(true);
+    let (rows, cols, n_max) = (37, 608, 9);
+    for (k, ty) in [GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0]
+        .into_iter()
+        .enumerate()
+    {
+        let mut rng = Rng::new(1200 + k as u64);
+        let data = random_weights(&mut rng, ty, rows, cols);
+        let w = WeightRef::new(ty, &data, rows, cols).unwrap();
+        let x = rng.vec(n_max * cols);
+        let run = |pool: &ThreadPool, n: usize, level: SimdLevel| {
+            let mut y = vec![f32::NAN; n * rows];
+            matmul_at(pool, &w, &x[..n * cols], &mut y, n, level);
+            y
+        };
+        for level in crate::simd::available_levels() {
+            // the level whose bits the narrow pool must give
+            let want_level = match ty {
+                GgmlType::F16 | GgmlType::BF16 => level.min(SimdLevel::Avx2),
+                _ => level,
+            };
+            let one: Vec<f32> = (0..n_max)
+                .flat_map(|t| {
+                    let mut y = vec![f32::NAN; rows];
+                    matmul_at(&narrow, &w, &x[t * cols..(t + 1) * cols], &mut y, 1, level);
+                    y
+                })
+                .collect();
+            for n in [1, 2, 4, 8, 9] {
+                let got = run(&narrow, n, level);
+                let want = run(&plain, n, want_level);
+                let same =
+                    |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same(&got, &want),
+                    "{ty} {level:?} n {n}: not the {want_level:?} level's bits"
+                );
+                assert!(
+                    same(&got, &one[..n * rows]),
+                    "{ty} {level:?} n {n}: not each token alone"
+                );
+            }
+        }
+    }
+}
+
 /// Without the invariant scope, a single token still takes the one-token
 /// path (what plain decoding and the invariant mode share), and many
 /// tokens may take another (the GEMM): this is why the mode exists.

@@ -31,31 +31,10 @@ macro_rules! quant {
     };
 }
 
-/// Whether F16 / BF16 weights take this level's 512-bit dot products for
-/// one to 15 tokens (the default), or with `COIL_WIDE_FLOAT_DOTS=0` the
-/// AVX2 level's 256-bit ones; the dispatch in `matmul` follows (dot, rows,
-/// pairs and tiles from one level: the same bits on every path). A
-/// trade-off, measured on an Intel Xeon (family 6 model 167), 2 threads:
-/// one token is faster with 256 bits (`coil bench -p 0 -n 64 -r 2`, two
-/// rounds each, 512 → 256: qwen35-0.8b-like F16 18.3 → 20.7–20.9 tokens/s,
-/// BF16 18.1 → 21.0, mamba2-370m-like F16 34.3–35.6 → 39.4–40.0,
-/// lfm2-1.2b-like F16 12.6 → 13.2, BF16 12.3–12.4 → 13.2: a memory-bound
-/// loop gains nothing from the width and the core runs slower under
-/// 512-bit float work), eight at once slower (`coil bench --parallel 8 -p
-/// 16 -n 32`, mamba2-370m-like F16: 109.2–109.6 → 89.9–90.6 generated
-/// tokens/s). Both cannot be had in one process until the 512-bit kernels
-/// add up in the 256-bit ones' order (batch invariance ties one token's
-/// bits to eight's).
-fn wide_float_dots() -> bool {
-    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *WIDE.get_or_init(|| std::env::var("COIL_WIDE_FLOAT_DOTS").map_or(true, |v| v.trim() != "0"))
-}
-
 pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
     // SAFETY (all): selected only when the CPU has the AVX-512 level.
     Some(match ty {
         GgmlType::F32 => VecKernel::Float(|r, x| unsafe { dot_f32(r, x) }),
-        GgmlType::F16 | GgmlType::BF16 if !wide_float_dots() => return None,
         GgmlType::F16 => VecKernel::Float(|r, x| unsafe { dot_f16(r, x) }),
         GgmlType::BF16 => VecKernel::Float(|r, x| unsafe { dot_bf16(r, x) }),
         GgmlType::Q8_0 => quant!(Q8_0, dot_q8_0, dot4_q8_0),
