@@ -126,11 +126,18 @@ pub fn repacks(ty: GgmlType) -> bool {
 /// `noq6`: Q4_K and Q8_0 only (one sequence decoding in a batched engine
 /// ~4% faster on qwen35-0.8b-like Q4_K_M, eight ~11% slower).
 fn repack_wanted(ty: GgmlType) -> bool {
-    match std::env::var("COIL_REPACK").as_deref().map(str::trim) {
-        Ok("0") => false,
-        Ok("all") => true,
-        Ok("noq6") => ty != GgmlType::Q6_K,
-        _ => ty != GgmlType::Q6_K || !simd::split_512(),
+    let setting = std::env::var("COIL_REPACK").ok();
+    repack_setting_wants(setting.as_deref(), ty, simd::split_512())
+}
+
+/// [`repack_wanted`] for a `COIL_REPACK` value (`None`: unset) on a CPU
+/// that does (`split_512`) or does not run 512-bit operations as halves.
+fn repack_setting_wants(setting: Option<&str>, ty: GgmlType, split_512: bool) -> bool {
+    match setting.map(str::trim) {
+        Some("0") => false,
+        Some("all") => true,
+        Some("noq6") => ty != GgmlType::Q6_K,
+        _ => ty != GgmlType::Q6_K || !split_512,
     }
 }
 
