@@ -376,6 +376,7 @@ fn decode_shapes_bench(pool: &ThreadPool, ty: GgmlType) {
         (2048, 6144, "conv in"),
         (2048, 2048, "square"),
         (2048, 65536, "vocab"),
+        (1024, 248320, "head1k"),
     ] {
         let mut one = random_weights(&mut rng, ty, rows, cols);
         let layout = loader_layout(ty, &mut one, rows, cols);
