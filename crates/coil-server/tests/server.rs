@@ -7,8 +7,8 @@ mod common;
 
 use coil_server::scheduler::SchedulerConfig;
 use common::{
-    start, start_any, start_arch, start_reserved, start_reserving, start_tight, start_with_budget,
-    start_with_template, TestServer,
+    start, start_any, start_arch, start_budgeted, start_reserved, start_reserving, start_tight,
+    start_with_budget, start_with_template, TestServer,
 };
 use serde_json::{json, Value};
 use std::io::Read;
@@ -491,6 +491,47 @@ fn idle_servers_reserve_their_state_buffers() {
     assert!(free >= peak, "{free} of {peak} reserved");
     complete(&s, first, 64);
     assert_eq!(s.metrics()["coil_state_buffers_allocated_total"], 0.0);
+}
+
+/// The reserve `coil serve` asks for (`state_buffers_wanted`) covers what
+/// its running sequences hold at once: `parallel` requests together, each
+/// generating past several checkpoints under a budget of 3 (as a big
+/// model's state under the default budget), map no buffer beyond it, twice.
+#[test]
+fn the_reserve_covers_a_burst_of_requests() {
+    let parallel = 3;
+    let (s, reserve) = start_budgeted(parallel, 512, 3);
+    assert_eq!(
+        reserve,
+        (3 + coil_server::scheduler::RESERVE_SLACK) * parallel
+    );
+    // (a wait for progress, not a timing: the worker is idle)
+    for _ in 0..1000 {
+        if s.metrics()["coil_state_buffers_reserving"] == 0.0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for round in 0..2 {
+        let threads: Vec<_> = (0..parallel)
+            .map(|i| {
+                let addr = s.addr;
+                std::thread::spawn(move || {
+                    let prompt = format!("round {round} story {i}: once upon a time");
+                    complete(&TestServer { addr }, &prompt, 48)
+                })
+            })
+            .collect();
+        for t in threads {
+            let v = t.join().unwrap();
+            assert_eq!(usage(&v).2, 48, "{v}");
+        }
+        let m = s.metrics();
+        assert_eq!(
+            m["coil_state_buffers_allocated_total"], 0.0,
+            "round {round}: buffers beyond the reserve of {reserve}"
+        );
+    }
 }
 
 /// The model's own template (GGUF `tokenizer.chat_template`) renders the

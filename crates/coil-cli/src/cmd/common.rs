@@ -165,13 +165,6 @@ impl ModelArgs {
     }
 }
 
-/// Most state buffers reserved per running sequence: a sequence whose
-/// checkpoints fill the budget cycles through `max_checkpoints() + 2`,
-/// 7 for a 49 MB state under the default 256 MiB; a small state's
-/// budget allows thousands (the bundled demo model: 3,666, 1 GB reserved
-/// for a 1 MB model), which come from the pool as they are first needed.
-const RESERVE_PER_SEQ: usize = 8;
-
 /// With a checkpoint per generated token, `running` sequences' states move
 /// through buffers taken from a reserve instead of fresh pages (see
 /// `RecurrentMemory::reserve_buffers`); says on stderr what it reserved.
@@ -187,12 +180,10 @@ pub fn reserve_state_buffers(engine: &mut Engine, running: usize) {
 }
 
 /// The state buffers [`reserve_state_buffers`] would reserve for `running`
-/// sequences (0 without recurrent layers).
+/// sequences (0 without recurrent layers): `coil serve`'s rule
+/// ([`coil_server::scheduler::state_buffers_wanted`]).
 pub fn state_buffers_wanted(engine: &mut Engine, running: usize) -> usize {
-    match engine.mem.recurrent.as_mut() {
-        Some(r) => (r.max_checkpoints() + 2).min(RESERVE_PER_SEQ) * running,
-        None => 0,
-    }
+    coil_server::scheduler::state_buffers_wanted(engine, running)
 }
 
 /// Sampling flags shared by `run` and `chat`.

@@ -123,6 +123,28 @@ pub fn start_reserved(parallel: usize, cache: usize, ctx: usize, reserve: usize)
     start_engine(engine, parallel)
 }
 
+/// The Granite fixture served as `coil serve` serves a big model: room
+/// for `checkpoints` recurrent checkpoints per sequence under the budget,
+/// and the state buffers [`coil_server::scheduler::state_buffers_wanted`]
+/// asks for `parallel` running sequences reserved while idle. Returns the
+/// server and that reserve.
+pub fn start_budgeted(parallel: usize, ctx: usize, checkpoints: usize) -> (TestServer, usize) {
+    let mut engine =
+        Engine::load(fixture("granitemoehybrid"), options(parallel, 0, ctx)).expect("load");
+    let r = engine.mem.recurrent.as_mut().expect("a recurrent memory");
+    r.policy.budget_bytes = checkpoints * r.bytes_per_seq();
+    assert_eq!(r.max_checkpoints(), checkpoints);
+    let reserve = coil_server::scheduler::state_buffers_wanted(&mut engine, parallel);
+    let s = start_engine_cfg(
+        engine,
+        SchedulerConfig {
+            reserve_state_buffers: reserve,
+            ..config(parallel)
+        },
+    );
+    (s, reserve)
+}
+
 /// The Granite fixture with `reserve` recurrent-state buffers for the
 /// scheduler to put aside while idle (`SchedulerConfig::reserve_state_buffers`,
 /// as `coil serve` has it).
