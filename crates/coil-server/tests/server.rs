@@ -466,6 +466,17 @@ fn running_sequences_take_buffers_from_parked_ones() {
     assert!(usage(&v).1 > 0, "{v}");
 }
 
+/// Waits until the idle worker has written its reserve of state buffers
+/// (a wait for progress, not a timing: the worker is idle).
+fn wait_reserved(s: &TestServer) {
+    for _ in 0..1000 {
+        if s.metrics()["coil_state_buffers_reserving"] == 0.0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// A server told to reserve state buffers answers before they are all
 /// written (it fills them while idle, one at a time), ends with them on the
 /// free list, and a request then maps no new one.
@@ -478,13 +489,7 @@ fn idle_servers_reserve_their_state_buffers() {
         s.metrics()["coil_state_buffers_allocated_total"] as usize
     };
     let s = start_reserving(1, 2, 512, peak);
-    // (a wait for progress, not a timing: the worker is idle)
-    for _ in 0..1000 {
-        if s.metrics()["coil_state_buffers_reserving"] == 0.0 {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    wait_reserved(&s);
     let m = s.metrics();
     assert_eq!(m["coil_state_buffers_reserving"], 0.0, "still reserving");
     let free = m["coil_state_buffers_free"] as usize;
@@ -505,13 +510,7 @@ fn the_reserve_covers_a_burst_of_requests() {
         reserve,
         (3 + coil_server::scheduler::RESERVE_SLACK) * parallel
     );
-    // (a wait for progress, not a timing: the worker is idle)
-    for _ in 0..1000 {
-        if s.metrics()["coil_state_buffers_reserving"] == 0.0 {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_reserved(&s);
     for round in 0..2 {
         let threads: Vec<_> = (0..parallel)
             .map(|i| {

@@ -169,7 +169,7 @@ impl ModelArgs {
 /// through buffers taken from a reserve instead of fresh pages (see
 /// `RecurrentMemory::reserve_buffers`); says on stderr what it reserved.
 pub fn reserve_state_buffers(engine: &mut Engine, running: usize) {
-    let n = state_buffers_wanted(engine, running);
+    let n = coil_server::scheduler::state_buffers_wanted(engine, running);
     if let Some(r) = engine.mem.recurrent.as_mut() {
         let n = r.reserve_buffers(n);
         eprintln!(
@@ -177,13 +177,6 @@ pub fn reserve_state_buffers(engine: &mut Engine, running: usize) {
             (n * r.bytes_per_seq()) as f64 / (1 << 20) as f64
         );
     }
-}
-
-/// The state buffers [`reserve_state_buffers`] would reserve for `running`
-/// sequences (0 without recurrent layers): `coil serve`'s rule
-/// ([`coil_server::scheduler::state_buffers_wanted`]).
-pub fn state_buffers_wanted(engine: &mut Engine, running: usize) -> usize {
-    coil_server::scheduler::state_buffers_wanted(engine, running)
 }
 
 /// Sampling flags shared by `run` and `chat`.

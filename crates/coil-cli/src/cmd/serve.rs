@@ -138,7 +138,7 @@ pub fn run(a: Args) -> Result<()> {
     // Generation is checkpointed (every `--checkpoint-spacing` tokens): the
     // running sequences' states move through reserved buffers, which the
     // scheduler fills while idle (the server answers at once).
-    let reserve = super::common::state_buffers_wanted(&mut engine, a.parallel);
+    let reserve = coil_server::scheduler::state_buffers_wanted(&mut engine, a.parallel);
     if let Some(r) = engine.mem.recurrent.as_ref() {
         eprintln!(
             "memory: {reserve} state buffers ({:.0} MiB) to reserve for the checkpoints taken during generation, written while idle (--checkpoint-budget bounds them)",

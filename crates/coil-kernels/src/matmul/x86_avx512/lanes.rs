@@ -451,7 +451,7 @@ pub(in crate::matmul) unsafe fn matmul_packed(
     // qwen35-0.8b-like 47.4-48.0 / 196-197 -> 52.6-53.3 / 208-211 tok/s,
     // mamba2-370m-like 104.5-105.4 / 274 -> 109.4-111.4 / 281-285.
     let groups = rows / 16;
-    let body = |gr: std::ops::Range<usize>| {
+    super::super::rows_for(pool, groups, |gr| {
         let (r0, r1) = (16 * gr.start, 16 * gr.end);
         for (pi, p) in panels.iter().enumerate() {
             let t0 = pi * MAX_TOKENS;
@@ -467,8 +467,7 @@ pub(in crate::matmul) unsafe fn matmul_packed(
                 _ => tile_packed(wr, rb, p, &mut outs[..p.nt]),
             }
         }
-    };
-    super::super::rows_for(pool, groups, body);
+    });
 }
 
 /// [`rows_q4_k`] over repacked rows for a panel of 1 to [`MAX_TOKENS`]
