@@ -10,8 +10,11 @@
 #   LLAMACPP_DIR=/some/where nice -n 19 scripts/build-llamacpp.sh -j2
 #
 # Options:
-#   --isa LEVEL      the x86 instruction set llama.cpp is built for (default:
-#                    avx512, today's behaviour; also LLAMACPP_ISA):
+#   --isa LEVEL      the x86 instruction set llama.cpp is built for (also
+#                    LLAMACPP_ISA; default: avx512 where this CPU has
+#                    AVX-512 F/VNNI/BF16, else avx2 -- an avx512 build dies
+#                    of SIGILL on an AVX2-only CPU such as AMD EPYC before
+#                    Zen 4):
 #                      avx512  AVX-512 F/VNNI/BF16 on, AMX off
 #                      avx2    AVX2 + FMA + F16C + BMI2, every AVX-512 / AMX /
 #                              AVX-VNNI option off: the level of most desktop,
@@ -151,6 +154,14 @@ all_built() {
 
 # A build tree of another level is never silently reused (the binaries would
 # run, measuring the wrong ISA). Trees from before --isa existed are avx512.
+# The default follows this CPU: the avx512 level needs F, VNNI and BF16.
+cpu_has_avx512() {
+    local flags
+    flags="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)"
+    for f in avx512f avx512_vnni avx512_bf16; do
+        case " $flags " in *" $f "*) ;; *) return 1 ;; esac
+    done
+}
 if [ -f "$BUILD_DIR/CMakeCache.txt" ]; then
     built_isa="$(cat "$ISA_FILE" 2>/dev/null || echo avx512)"
     ISA="${ISA:-$built_isa}"
@@ -158,9 +169,15 @@ if [ -f "$BUILD_DIR/CMakeCache.txt" ]; then
         echo "error: $BUILD_DIR was built for $built_isa, not $ISA; set LLAMACPP_DIR to another directory" >&2
         exit 1
     fi
+    if [ "$built_isa" = avx512 ] && ! cpu_has_avx512; then
+        echo "error: $BUILD_DIR was built for avx512, which this CPU lacks (its binaries die of SIGILL); set LLAMACPP_DIR to another directory or use --isa avx2" >&2
+        exit 1
+    fi
 fi
 
-ISA="${ISA:-avx512}"
+if [ -z "$ISA" ]; then
+    if cpu_has_avx512; then ISA=avx512; else ISA=avx2; fi
+fi
 
 if all_built; then
     log "all binaries present in $BIN_DIR; nothing to do"
