@@ -152,9 +152,8 @@ all_built() {
     [ -f "$LLAMA_SRC/convert_hf_to_gguf.py" ] || return 1
 }
 
-# A build tree of another level is never silently reused (the binaries would
-# run, measuring the wrong ISA). Trees from before --isa existed are avx512.
-# The default follows this CPU: the avx512 level needs F, VNNI and BF16.
+# Whether this CPU runs the avx512 level (F, VNNI and BF16): the default
+# level, and whether an avx512 tree may be reused here.
 cpu_has_avx512() {
     local flags
     flags="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)"
@@ -162,6 +161,8 @@ cpu_has_avx512() {
         case " $flags " in *" $f "*) ;; *) return 1 ;; esac
     done
 }
+# A build tree of another level is never silently reused (the binaries would
+# run, measuring the wrong ISA). Trees from before --isa existed are avx512.
 if [ -f "$BUILD_DIR/CMakeCache.txt" ]; then
     built_isa="$(cat "$ISA_FILE" 2>/dev/null || echo avx512)"
     ISA="${ISA:-$built_isa}"
@@ -170,7 +171,7 @@ if [ -f "$BUILD_DIR/CMakeCache.txt" ]; then
         exit 1
     fi
     if [ "$built_isa" = avx512 ] && ! cpu_has_avx512; then
-        echo "error: $BUILD_DIR was built for avx512, which this CPU lacks (its binaries die of SIGILL); set LLAMACPP_DIR to another directory or use --isa avx2" >&2
+        echo "error: $BUILD_DIR was built for avx512, which this CPU lacks (its binaries die of SIGILL); set LLAMACPP_DIR to another directory (the default level there is avx2)" >&2
         exit 1
     fi
 fi
