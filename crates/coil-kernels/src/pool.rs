@@ -59,8 +59,8 @@ pub struct ThreadPool {
     workers: Vec<JoinHandle<()>>,
     n_threads: usize,
     call_lock: Mutex<()>,
-    /// See [`Self::set_narrow_float_dots`].
-    narrow_float_dots: AtomicBool,
+    /// See [`Self::set_single_stream`].
+    single_stream: AtomicBool,
 }
 
 impl ThreadPool {
@@ -101,24 +101,28 @@ impl ThreadPool {
             workers,
             n_threads,
             call_lock: Mutex::new(()),
-            narrow_float_dots: AtomicBool::new(false),
+            single_stream: AtomicBool::new(false),
         }
     }
 
-    /// How the products run on this pool take F16 / BF16 weights for 1 to
-    /// 15 tokens at the AVX-512 level: with the AVX2 level's 256-bit kernels
-    /// (`true`: single-stream decode, memory-bound, faster on Intel cores
-    /// that slow their clock under 512-bit float work) or the 512-bit ones
-    /// (`false`, the default: several sequences at once, compute-bound).
-    /// One level per pool, so every path of an engine (one token, several,
-    /// batch-invariant) gets the same bits. See `matmul::matmul_at`.
-    pub fn set_narrow_float_dots(&self, narrow: bool) {
-        self.narrow_float_dots.store(narrow, Ordering::Relaxed);
+    /// Whether this pool runs one sequence at a time (single-stream decode,
+    /// memory-bound: `coil run`, `coil bench` without `--parallel`) or
+    /// several (the default: sequences decoding together, compute-bound),
+    /// for the products whose fastest kernel differs between the two: F16 /
+    /// BF16 for 1 to 15 tokens at the AVX-512 level take the AVX2 level's
+    /// 256-bit kernels (faster on Intel cores that slow their clock under
+    /// 512-bit float work), and Q8_0 at the AVX2 level its row-at-a-time
+    /// kernels instead of the rows-in-lanes ones (faster for one token on an
+    /// AMD Zen 3, slower for several). One choice per pool, so every path of
+    /// an engine (one token, several, batch-invariant) gets the same bits.
+    /// See `matmul::matmul_at`.
+    pub fn set_single_stream(&self, single: bool) {
+        self.single_stream.store(single, Ordering::Relaxed);
     }
 
-    /// Whether [`Self::set_narrow_float_dots`] asked for 256-bit products.
-    pub fn narrow_float_dots(&self) -> bool {
-        self.narrow_float_dots.load(Ordering::Relaxed)
+    /// What [`Self::set_single_stream`] set.
+    pub fn single_stream(&self) -> bool {
+        self.single_stream.load(Ordering::Relaxed)
     }
 
     /// A pool with a single thread (the caller); no workers.

@@ -342,7 +342,7 @@ fn int_gemm_sized(w: &WeightRef, n_tokens: usize, level: SimdLevel) -> bool {
     {
         return false;
     }
-    match (w.layout, vec_kernel(w.ty, level)) {
+    match (w.layout, vec_kernel(w.ty, level, false)) {
         (Layout::Lanes16, _) | (_, Some(_)) => n_tokens >= gemm_min_tokens(w.ty, level),
         (_, None) => n_tokens >= 4,
     }
@@ -395,7 +395,8 @@ pub fn matmul_at(
     // [`crate::numerics`]).
     let per_row = n_tokens == 1 || crate::numerics::batch_invariant();
     let dot_level = float_dot_level(pool, w.ty, level);
-    match vec_kernel(w.ty, dot_level) {
+    let single = pool.single_stream();
+    match vec_kernel(w.ty, dot_level, single) {
         Some(k) if per_row || n_tokens < gemm_min_tokens(w.ty, level) => vec_path(
             pool,
             w,
@@ -403,8 +404,8 @@ pub fn matmul_at(
             y,
             n_tokens,
             k,
-            rows_kernel(w.ty, dot_level),
-            tile_kernel(w.ty, dot_level),
+            rows_kernel(w.ty, dot_level, single),
+            tile_kernel(w.ty, dot_level, single),
             float_rows_kernel(w.ty, dot_level),
         ),
         None if per_row || n_tokens < 4 => decode_vec_path(pool, w, x, y, n_tokens, level),
@@ -427,7 +428,7 @@ pub fn matmul_at(
 
 /// The level of the per-row products of `ty` on `pool`: F16 / BF16 at the
 /// AVX2 level's 256-bit kernels where the pool asks for them
-/// ([`ThreadPool::set_narrow_float_dots`]). Measured on an Intel Xeon (family
+/// ([`ThreadPool::set_single_stream`]). Measured on an Intel Xeon (family
 /// 6 model 167), 2 threads, 512-bit → 256-bit: one token (`coil bench -p 0
 /// -n 64 -r 2`, two rounds each) qwen35-0.8b-like F16 18.3 → 20.7–20.9
 /// tokens/s, BF16 18.1 → 21.0, mamba2-370m-like F16 34.3–35.6 → 39.4–40.0,
@@ -439,7 +440,7 @@ pub fn matmul_at(
 /// (`EngineOptions::batched_layout` off).
 fn float_dot_level(pool: &ThreadPool, ty: GgmlType, level: SimdLevel) -> SimdLevel {
     match ty {
-        GgmlType::F16 | GgmlType::BF16 if pool.narrow_float_dots() => level.min(SimdLevel::Avx2),
+        GgmlType::F16 | GgmlType::BF16 if pool.single_stream() => level.min(SimdLevel::Avx2),
         _ => level,
     }
 }
@@ -680,21 +681,25 @@ pub(crate) enum VecKernel {
 /// The few-token row-range kernel of `ty` at `level`, if there is one: it
 /// comes from the level whose dot [`vec_kernel`] picks (the same
 /// arithmetic, so each token's result is the one-token kernel's).
-fn tile_kernel(ty: GgmlType, level: SimdLevel) -> Option<TileKernel> {
+/// `single`: for a pool that runs one sequence at a time
+/// ([`ThreadPool::single_stream`]), as for [`vec_kernel`] and
+/// [`rows_kernel`].
+fn tile_kernel(ty: GgmlType, level: SimdLevel, single: bool) -> Option<TileKernel> {
     #[cfg(target_arch = "x86_64")]
     if level >= SimdLevel::Avx512 && x86_avx512::vec_kernel(ty).is_some() {
         return x86_avx512::tile_kernel(ty);
     }
     #[cfg(target_arch = "x86_64")]
     if level >= SimdLevel::Avx2 {
-        return x86_avx2::tile_kernel(ty);
+        return x86_avx2::tile_kernel(ty, x86_avx2::lanes(ty, single));
     }
-    let _ = (ty, level);
+    let _ = (ty, level, single);
     None
 }
 
-/// The one-token row-range kernel of `ty` at `level`, if there is one.
-fn rows_kernel(ty: GgmlType, level: SimdLevel) -> Option<QuantRows> {
+/// The one-token row-range kernel of `ty` at `level` (`single`: as for
+/// [`tile_kernel`]), if there is one.
+fn rows_kernel(ty: GgmlType, level: SimdLevel, single: bool) -> Option<QuantRows> {
     // The rows kernel comes from the level whose dot `vec_kernel` picks
     // (the same arithmetic): AVX-512 where it has a dot for `ty`, else AVX2.
     #[cfg(target_arch = "x86_64")]
@@ -703,9 +708,9 @@ fn rows_kernel(ty: GgmlType, level: SimdLevel) -> Option<QuantRows> {
     }
     #[cfg(target_arch = "x86_64")]
     if level >= SimdLevel::Avx2 {
-        return x86_avx2::rows_kernel(ty);
+        return x86_avx2::rows_kernel(ty, x86_avx2::lanes(ty, single));
     }
-    let _ = (ty, level);
+    let _ = (ty, level, single);
     None
 }
 
@@ -731,7 +736,10 @@ fn float_rows_kernel(ty: GgmlType, level: SimdLevel) -> Option<FloatRows> {
 /// of `out.len()` rows.
 type FloatRows = fn(&[u8], &[f32], &mut [f32]);
 
-fn vec_kernel(ty: GgmlType, level: SimdLevel) -> Option<VecKernel> {
+/// The dot product of one row of `ty` with one token at `level`; `single`:
+/// for a pool that runs one sequence at a time (at AVX2, Q8_0 then takes its
+/// row-at-a-time kernels, see `x86_avx2::lanes`).
+fn vec_kernel(ty: GgmlType, level: SimdLevel, single: bool) -> Option<VecKernel> {
     use GgmlType::*;
     #[cfg(target_arch = "x86_64")]
     {
@@ -741,12 +749,12 @@ fn vec_kernel(ty: GgmlType, level: SimdLevel) -> Option<VecKernel> {
             }
         }
         if level >= SimdLevel::Avx2 {
-            if let Some(k) = x86_avx2::vec_kernel(ty) {
+            if let Some(k) = x86_avx2::vec_kernel(ty, x86_avx2::lanes(ty, single)) {
                 return Some(k);
             }
         }
     }
-    let _ = level;
+    let _ = (level, single);
     Some(match ty {
         F32 => VecKernel::Float(vecdot::dot_f32_bytes),
         F16 => VecKernel::Float(vecdot::dot_f16),
@@ -848,7 +856,7 @@ fn decode_vec_path(
     level: SimdLevel,
 ) {
     let (rows, cols) = (w.rows, w.cols);
-    let Some(VecKernel::Float(dot)) = vec_kernel(GgmlType::F32, level) else {
+    let Some(VecKernel::Float(dot)) = vec_kernel(GgmlType::F32, level, false) else {
         unreachable!("F32 always has a float dot kernel")
     };
     let yp = SendPtr(y.as_mut_ptr());

@@ -246,11 +246,11 @@ fn fallback_formats_via_format_layer() {
 fn simd_dots_match_scalar_dots() {
     let mut rng = Rng::new(31);
     for ty in FORMATS {
-        let Some(scalar) = vec_kernel(ty, SimdLevel::Scalar) else {
+        let Some(scalar) = vec_kernel(ty, SimdLevel::Scalar, false) else {
             continue;
         };
         for level in crate::simd::available_levels() {
-            let Some(k) = vec_kernel(ty, level) else {
+            let Some(k) = vec_kernel(ty, level, false) else {
                 continue;
             };
             for &blocks in &[1usize, 2, 3, 5, 16] {
@@ -391,21 +391,28 @@ fn invariant_mode_rows_equal_one_token_calls_bit_for_bit() {
     }
 }
 
-/// A pool that asks for 256-bit float products
-/// ([`ThreadPool::set_narrow_float_dots`]) gives F16 / BF16 the AVX2
-/// level's bits at every level, one token or several, and stays
-/// batch-invariant; other formats are left alone.
+/// A pool that runs one sequence at a time
+/// ([`ThreadPool::set_single_stream`]) gives F16 / BF16 the AVX2 level's
+/// bits at every level, and Q8_0 at the AVX2 level the row-at-a-time dot
+/// product's bits, one token or several, and stays batch-invariant; other
+/// formats and levels are left alone.
 #[test]
-fn narrow_float_dots_are_the_avx2_levels_on_every_path() {
-    let narrow = ThreadPool::new(2);
-    narrow.set_narrow_float_dots(true);
+fn single_stream_pools_keep_their_kernels_on_every_path() {
+    let single = ThreadPool::new(2);
+    single.set_single_stream(true);
     let plain = ThreadPool::new(2);
     let _inv = crate::numerics::invariant_scope(true);
     let (rows, cols, n_max) = (37, 608, 9);
-    for (k, ty) in [GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0]
-        .into_iter()
-        .enumerate()
+    for (k, ty) in [
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+    ]
+    .into_iter()
+    .enumerate()
     {
+        let cols = if ty == GgmlType::Q4_K { 768 } else { cols };
         let mut rng = Rng::new(1200 + k as u64);
         let data = random_weights(&mut rng, ty, rows, cols);
         let w = WeightRef::new(ty, &data, rows, cols).unwrap();
@@ -415,28 +422,48 @@ fn narrow_float_dots_are_the_avx2_levels_on_every_path() {
             matmul_at(pool, &w, &x[..n * cols], &mut y, n, level);
             y
         };
+        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
         for level in crate::simd::available_levels() {
-            // the level whose bits the narrow pool must give
+            let one: Vec<f32> = (0..n_max)
+                .flat_map(|t| {
+                    let mut y = vec![f32::NAN; rows];
+                    matmul_at(&single, &w, &x[t * cols..(t + 1) * cols], &mut y, 1, level);
+                    y
+                })
+                .collect();
+            // Q8_0 at AVX2: each row's dot product by the row-at-a-time kernel
+            let row_dots = (ty == GgmlType::Q8_0 && level == SimdLevel::Avx2).then(|| {
+                let Some(VecKernel::Quant(ActKind::Q8_0, dot, _)) = vec_kernel(ty, level, true)
+                else {
+                    panic!("Q8_0: no AVX2 dot kernel");
+                };
+                let xa = act::QuantAct::q8_0(&x, cols);
+                let nb = cols / 32;
+                (0..n_max * rows)
+                    .map(|i| {
+                        let (t, r) = (i / rows, i % rows);
+                        let (d, s) = (&xa.d[t * nb..(t + 1) * nb], &xa.sums[t * nb..(t + 1) * nb]);
+                        dot(w.row(r), xa.qs_row(t), d, s)
+                    })
+                    .collect::<Vec<f32>>()
+            });
+            if let Some(want) = &row_dots {
+                assert!(same(&one, want), "Q8_0 AVX2: not the row-at-a-time dots");
+            }
+            // the level whose bits the single-stream pool must give otherwise
             let want_level = match ty {
                 GgmlType::F16 | GgmlType::BF16 => level.min(SimdLevel::Avx2),
                 _ => level,
             };
-            let one: Vec<f32> = (0..n_max)
-                .flat_map(|t| {
-                    let mut y = vec![f32::NAN; rows];
-                    matmul_at(&narrow, &w, &x[t * cols..(t + 1) * cols], &mut y, 1, level);
-                    y
-                })
-                .collect();
             for n in [1, 2, 4, 8, 9] {
-                let got = run(&narrow, n, level);
-                let want = run(&plain, n, want_level);
-                let same =
-                    |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(
-                    same(&got, &want),
-                    "{ty} {level:?} n {n}: not the {want_level:?} level's bits"
-                );
+                let got = run(&single, n, level);
+                if row_dots.is_none() {
+                    let want = run(&plain, n, want_level);
+                    assert!(
+                        same(&got, &want),
+                        "{ty} {level:?} n {n}: not the {want_level:?} level's bits"
+                    );
+                }
                 assert!(
                     same(&got, &one[..n * rows]),
                     "{ty} {level:?} n {n}: not each token alone"

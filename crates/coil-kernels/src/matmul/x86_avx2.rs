@@ -31,14 +31,14 @@ mod lanes_q8_0;
 mod legacy;
 mod tiles;
 
-pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
+pub(super) fn vec_kernel(ty: GgmlType, lanes: bool) -> Option<VecKernel> {
     use ActKind::*;
     // SAFETY (all): selected only when the CPU has AVX2+FMA+F16C.
     Some(match ty {
         GgmlType::F32 => VecKernel::Float(|r, x| unsafe { dot_f32(r, x) }),
         GgmlType::F16 => VecKernel::Float(|r, x| unsafe { dot_f16(r, x) }),
         GgmlType::BF16 => VecKernel::Float(|r, x| unsafe { dot_bf16(r, x) }),
-        GgmlType::Q8_0 if lanes_on() => VecKernel::Quant(
+        GgmlType::Q8_0 if lanes => VecKernel::Quant(
             Q8_0,
             |r, q, d, s| unsafe { lanes_q8_0::dot(r, q, d, s) },
             None,
@@ -67,7 +67,7 @@ pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
             |r, q, d, s| unsafe { legacy::dot_q4_1(r, q, d, s) },
             None,
         ),
-        GgmlType::Q4_K if lanes_on() => {
+        GgmlType::Q4_K if lanes => {
             VecKernel::Quant(Q8K, |r, q, d, s| unsafe { lanes::dot(r, q, d, s) }, None)
         }
         GgmlType::Q4_K => VecKernel::Quant(
@@ -90,15 +90,35 @@ pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
     })
 }
 
-/// Whether Q4_K and Q8_0 go through the rows-in-lanes kernels of
-/// `lanes.rs` and `lanes_q8_0.rs` (one token, few tokens, a row's dot: the
-/// same arithmetic, so all or none): unless `COIL_AVX2_LANES=0` (the
-/// row-at-a-time kernels below and in `tiles.rs`, which the other formats
-/// keep: Q5_K and Q6_K gained nothing from the lanes here, see
-/// docs/PERFORMANCE.md, "Twentieth session"). Kernel bench, Intel Xeon
-/// model 167 at `COIL_SIMD=avx2`, 2 threads, streamed from memory: 8
-/// tokens Q4_K 7.0–7.5 → 9.6–11.3 GB/s, Q8_0 8.0 → 11.3 (15.6 with
-/// AVX-VNNI); one and two tokens level.
+/// Whether `ty` goes through the rows-in-lanes kernels of `lanes.rs`
+/// (Q4_K) and `lanes_q8_0.rs` (Q8_0) on a pool that does (`single_stream`)
+/// or does not run one sequence at a time
+/// ([`crate::ThreadPool::set_single_stream`]); the argument `lanes` of
+/// [`vec_kernel`], [`tile_kernel`] and [`rows_kernel`]. One choice per
+/// pool and format: the one-token, few-token and dot kernels of a choice
+/// share their arithmetic, so each token's bits are the same however many
+/// are in the call.
+///
+/// Q4_K and Q8_0 take them unless `COIL_AVX2_LANES=0` (the row-at-a-time
+/// kernels below and in `tiles.rs`, which the other formats keep: Q5_K and
+/// Q6_K gained nothing from the lanes, see docs/PERFORMANCE.md, "Twentieth
+/// session"). Kernel bench, Intel Xeon model 167 at `COIL_SIMD=avx2`, 2
+/// threads, streamed from memory: 8 tokens Q4_K 7.0–7.5 → 9.6–11.3 GB/s,
+/// Q8_0 8.0 → 11.3 (15.6 with AVX-VNNI); one and two tokens level there.
+/// On an AMD EPYC Zen 3 the one-token Q8_0 kernel in the lanes is the
+/// slower one (79–84% of the read bandwidth against 89–98%, 2 threads;
+/// `coil bench` tg128 on Q8_0 files 5–20% lower; docs/PERFORMANCE.md,
+/// "Twenty-fifth session"), so a single-stream pool keeps Q8_0 row at a
+/// time; Q4_K's one-token kernels are level there.
+pub(super) fn lanes(ty: GgmlType, single_stream: bool) -> bool {
+    match ty {
+        GgmlType::Q4_K => lanes_on(),
+        GgmlType::Q8_0 => lanes_on() && !single_stream,
+        _ => false,
+    }
+}
+
+/// `COIL_AVX2_LANES` is not `0`.
 fn lanes_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("COIL_AVX2_LANES").map_or(true, |v| v != "0"))
@@ -107,11 +127,11 @@ fn lanes_on() -> bool {
 /// The few-token row-range kernel of `ty` and the most tokens it takes per
 /// call (each
 /// token's result bit for bit the one-token kernel's; see `tiles.rs`).
-pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileKernel> {
+pub(super) fn tile_kernel(ty: GgmlType, lanes: bool) -> Option<TileKernel> {
     use tiles::{MAX_TOKENS_B32 as B32, MAX_TOKENS_K as K};
     // SAFETY (all): selected only when the CPU has AVX2+FMA+F16C.
     let (f, max_tokens): (super::QuantTile, usize) = match ty {
-        GgmlType::Q8_0 if lanes_on() => (
+        GgmlType::Q8_0 if lanes => (
             |w, rb, a, o| unsafe { lanes_q8_0::tile(w, rb, a, o) },
             lanes_q8_0::MAX_TOKENS,
         ),
@@ -121,7 +141,7 @@ pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileKernel> {
             |w, rb, a, o| unsafe { tiles::tile_iq4_nl(w, rb, a, o) },
             B32,
         ),
-        GgmlType::Q4_K if lanes_on() => (
+        GgmlType::Q4_K if lanes => (
             |w, rb, a, o| unsafe { lanes::tile(w, rb, a, o) },
             lanes::MAX_TOKENS,
         ),
@@ -143,10 +163,10 @@ pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileKernel> {
 /// rows; the dot is inlined). Q8_0/Q4_0/IQ4_NL and the K-quants prefetch
 /// [`PF_STREAM`] ahead block by block as they go, IQ4_XS whole rows
 /// [`super::pf_rows`] ahead.
-pub(super) fn rows_kernel(ty: GgmlType) -> Option<QuantRows> {
+pub(super) fn rows_kernel(ty: GgmlType, lanes: bool) -> Option<QuantRows> {
     // SAFETY (all): selected only when the CPU has AVX2+FMA+F16C.
     Some(match ty {
-        GgmlType::Q8_0 if lanes_on() => {
+        GgmlType::Q8_0 if lanes => {
             |w, rb, q, d, s, o| unsafe { lanes_q8_0::rows_one(w, rb, q, d, s, o) }
         }
         GgmlType::Q8_0 => |w, rb, q, d, s, o| unsafe { rows_b32::<34, 0>(w, rb, q, d, s, o) },
@@ -155,7 +175,7 @@ pub(super) fn rows_kernel(ty: GgmlType) -> Option<QuantRows> {
         GgmlType::Q5_0 => |w, rb, q, d, s, o| unsafe { legacy::rows_q5_0(w, rb, q, d, s, o) },
         GgmlType::Q5_1 => |w, rb, q, d, s, o| unsafe { legacy::rows_q5_1(w, rb, q, d, s, o) },
         GgmlType::Q4_1 => |w, rb, q, d, s, o| unsafe { legacy::rows_q4_1(w, rb, q, d, s, o) },
-        GgmlType::Q4_K if lanes_on() => {
+        GgmlType::Q4_K if lanes => {
             |w, rb, q, d, s, o| unsafe { lanes::rows_one(w, rb, q, d, s, o) }
         }
         GgmlType::Q4_K => |w, rb, q, d, s, o| unsafe { rows_q4_k(w, rb, q, d, s, o) },

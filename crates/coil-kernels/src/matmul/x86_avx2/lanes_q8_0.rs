@@ -149,6 +149,46 @@ unsafe fn rows_side_plain<const NT: usize>(
     rows_side::<NT, false>(w, rb, n, nb, x, out)
 }
 
+/// Blocks `i..i + K` (`K` ≤ 4) of row `r` of [`rows_seq`]'s group: each
+/// token's exact block sums stored 4 at once at `pp[(t · 8 + r) · nbp + i]`
+/// (past `K`: zeros), the blocks' `d` into `heads`. A constant `K` keeps
+/// the blocks unrolled, with one prefetch pair per block as
+/// [`super::dot_b32`] issues them.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn seq_blocks<const NT: usize, const K: usize>(
+    row: *const u8,
+    i: usize,
+    r: usize,
+    nbp: usize,
+    x: Act,
+    pp: *mut i32,
+    heads: &mut [[u16; ROWS]],
+) {
+    let ones = _mm256_set1_epi16(1);
+    let mut p = [[_mm256_setzero_si256(); 4]; NT];
+    for k in 0..K {
+        let b = row.add(BLOCK * (i + k));
+        _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(super::PF_STREAM) as *const i8);
+        _mm_prefetch::<_MM_HINT_T1>(b.wrapping_add(super::PF_FAR) as *const i8);
+        let wq = _mm256_loadu_si256(b.add(2) as *const __m256i);
+        let wa = _mm256_abs_epi8(wq);
+        for (t, p) in p.iter_mut().enumerate() {
+            let xv = _mm256_loadu_si256(x.qs.add(((i + k) * NT + t) * 32) as *const __m256i);
+            let sx = _mm256_sign_epi8(xv, wq);
+            p[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, sx), ones);
+        }
+        // (unchecked: i + k < nb, r < 8)
+        *heads.get_unchecked_mut(i + k).get_unchecked_mut(r) = (b as *const u16).read_unaligned();
+    }
+    for (t, p) in p.iter().enumerate() {
+        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+        // (past nb: zeros, read below but not used)
+        _mm_storeu_si128(pp.add((t * ROWS + r) * nbp + i) as *mut __m128i, s);
+    }
+}
+
 /// Sums (8 rows × blocks × tokens) that [`rows_seq`] keeps on the stack
 /// (rows of up to 16384 values for one token; more go to the heap).
 const STACK_SUMS: usize = 4096;
@@ -184,48 +224,24 @@ unsafe fn rows_seq<const NT: usize>(
         heads_vec.resize(nb, [0u16; ROWS]);
         (&mut part_vec[..], &mut heads_vec[..])
     };
-    let ones = _mm256_set1_epi16(1);
     let pp = part.as_mut_ptr();
     let mut r0 = 0;
     while r0 < n {
         for r in 0..ROWS {
             let row = w.add((r0 + r).min(n - 1) * rb);
             let mut i = 0;
-            while i < nb {
-                // 4 blocks (fewer at the end): their 8-lane products, then
-                // each token's 4 sums by one horizontal-add tree
-                let k_end = 4.min(nb - i);
-                let mut p = [[_mm256_setzero_si256(); 4]; NT];
-                for k in 0..k_end {
-                    let b = row.add(BLOCK * (i + k));
-                    if (i + k) % 2 == 0 {
-                        _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(super::PF_STREAM) as *const i8);
-                        _mm_prefetch::<_MM_HINT_T1>(b.wrapping_add(super::PF_FAR) as *const i8);
-                    }
-                    let wq = _mm256_loadu_si256(b.add(2) as *const __m256i);
-                    let wa = _mm256_abs_epi8(wq);
-                    for t in 0..NT {
-                        let xv =
-                            _mm256_loadu_si256(x.qs.add(((i + k) * NT + t) * 32) as *const __m256i);
-                        let sx = _mm256_sign_epi8(xv, wq);
-                        p[t][k] = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, sx), ones);
-                    }
-                    // (unchecked: i + k < nb, r < 8)
-                    *heads.get_unchecked_mut(i + k).get_unchecked_mut(r) =
-                        (b as *const u16).read_unaligned();
-                }
-                for (t, p) in p.iter().enumerate() {
-                    let h = _mm256_hadd_epi32(
-                        _mm256_hadd_epi32(p[0], p[1]),
-                        _mm256_hadd_epi32(p[2], p[3]),
-                    );
-                    let s =
-                        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
-                    // (past nb: zeros, read below but not used)
-                    _mm_storeu_si128(pp.add((t * ROWS + r) * nbp + i) as *mut __m128i, s);
-                }
+            while i + 4 <= nb {
+                seq_blocks::<NT, 4>(row, i, r, nbp, x, pp, heads);
                 i += 4;
             }
+            match nb - i {
+                1 => seq_blocks::<NT, 1>(row, i, r, nbp, x, pp, heads),
+                2 => seq_blocks::<NT, 2>(row, i, r, nbp, x, pp, heads),
+                3 => seq_blocks::<NT, 3>(row, i, r, nbp, x, pp, heads),
+                _ => {}
+            }
+            // the sums stored so far end at the next multiple of 4
+            let i = nb.next_multiple_of(4);
             if i < nbp {
                 for t in 0..NT {
                     _mm_storeu_si128(

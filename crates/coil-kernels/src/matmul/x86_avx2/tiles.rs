@@ -408,15 +408,18 @@ mod tests {
             (GgmlType::Q5_K, 512),
             (GgmlType::Q6_K, 512),
         ] {
-            for rows in [1, 5, 13] {
+            // both choices of `x86_avx2::lanes` (Q8_0 and Q4_K)
+            let plans = [true, false].map(|l| [(l, 1), (l, 5), (l, 13)]);
+            for (lanes, rows) in plans.into_iter().flatten() {
                 let mut rng = Rng::new(7 + rows as u64);
                 let data = random_weights(&mut rng, ty, rows, cols);
                 let w = WeightRef::new(ty, &data, rows, cols).unwrap();
                 let x = rng.vec(12 * cols);
-                let Some(VecKernel::Quant(kind, one, _)) = super::super::vec_kernel(ty) else {
+                let Some(VecKernel::Quant(kind, one, _)) = super::super::vec_kernel(ty, lanes)
+                else {
                     panic!("{ty}: no AVX2 dot kernel");
                 };
-                let tk = super::super::tile_kernel(ty).expect("tile kernel");
+                let tk = super::super::tile_kernel(ty, lanes).expect("tile kernel");
                 let (tile, max) = (tk.f, tk.max_tokens);
                 let (xa, nd, ns) = match kind {
                     ActKind::Q8_0 => (QuantAct::q8_0(&x, cols), cols / 32, cols / 32),
@@ -449,7 +452,7 @@ mod tests {
                             assert_eq!(
                                 g.to_bits(),
                                 want.to_bits(),
-                                "{ty} {nt} tokens row {r} token {t}"
+                                "{ty} lanes {lanes}: {nt} tokens row {r} token {t}"
                             );
                         }
                     }
