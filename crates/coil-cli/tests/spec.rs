@@ -94,6 +94,50 @@ fn run_with_ngram_speculation_prints_the_same_text() {
     }
 }
 
+/// The README's first command, sampled, with and without `--spec ngram`:
+/// the same text at the CPU's own level and at the AVX2 level (where Q8_0
+/// decode of one sequence takes other kernels than a batched engine's; a
+/// speculative run must take the plain run's).
+#[test]
+fn readme_command_prints_the_same_text_with_speculation() {
+    let demo = repo()
+        .join("models/shakespeare-hybrid-q8_0.gguf")
+        .to_string_lossy()
+        .into_owned();
+    let mut levels = vec![None];
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+    {
+        levels.push(Some("avx2"));
+    }
+    for level in levels {
+        let run = |spec: bool| {
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_coil"));
+            cmd.args([
+                "run", "-m", &demo, "-p", "ROMEO:", "-n", "120", "--seed", "42",
+            ]);
+            cmd.args(["-t", "2"]);
+            if spec {
+                cmd.args(["--spec", "ngram"]);
+            }
+            if let Some(l) = level {
+                cmd.env("COIL_SIMD", l);
+            }
+            let out = cmd.output().expect("run coil");
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(out.status.success(), "{level:?}: {err}");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        assert_eq!(
+            run(true),
+            run(false),
+            "{level:?}: speculation changed the sampled text"
+        );
+    }
+}
+
 #[test]
 fn bad_speculation_flags_are_clear_errors() {
     let m = model("mamba2");

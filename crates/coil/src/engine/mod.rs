@@ -103,11 +103,15 @@ pub struct EngineOptions {
     /// 30.7–33.5; qwen35-0.8b-like Q4_K_M, whose output head is Q6_K, ~7%
     /// faster decoding; see docs/PERFORMANCE.md, "Twenty-first session"),
     /// so `coil run` and `coil bench` without `--parallel` or `--spec`
-    /// leave Q6_K as in the file. Off, the pool runs one sequence at a time
-    /// ([`ThreadPool::set_single_stream`]): F16 / BF16 weights take the
-    /// 256-bit products at the AVX-512 level (one token 5–16% faster on an
-    /// Intel host, eight at once ~18% slower) and Q8_0 at the AVX2 level its
-    /// row-at-a-time products (one token 5–20% faster on an AMD Zen 3).
+    /// leave Q6_K as in the file. Off, or with `n_seq_max` 1 (speculative
+    /// decoding's verification, prompt-only tools), the pool runs one
+    /// sequence at a time ([`ThreadPool::set_single_stream`]): F16 / BF16
+    /// weights take the 256-bit products at the AVX-512 level (one token
+    /// 5–16% faster on an Intel host, eight at once ~18% slower) and Q8_0 at
+    /// the AVX2 level its row-at-a-time products (one token 5–20% faster on
+    /// an AMD Zen 3). One sequence's products then have the same kernels
+    /// with and without `--spec`, so speculation cannot change a sampled
+    /// token through them.
     pub batched_layout: bool,
 }
 
@@ -209,7 +213,7 @@ impl Engine {
             r.policy = opts.checkpoints;
         }
         let pool = ThreadPool::new(opts.n_threads);
-        pool.set_single_stream(!opts.batched_layout);
+        pool.set_single_stream(!opts.batched_layout || opts.n_seq_max == 1);
         Ok(Engine {
             file,
             model,
