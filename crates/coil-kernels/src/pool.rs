@@ -106,7 +106,8 @@ impl ThreadPool {
     }
 
     /// Whether this pool runs one sequence at a time (single-stream decode,
-    /// memory-bound: `coil run`, `coil bench` without `--parallel`) or
+    /// memory-bound: `coil run` with or without `--spec`, `coil chat`,
+    /// `coil bench` without `--parallel` N > 1) or
     /// several (the default: sequences decoding together, compute-bound),
     /// for the products whose fastest kernel differs between the two: F16 /
     /// BF16 for 1 to 15 tokens at the AVX-512 level take the AVX2 level's
