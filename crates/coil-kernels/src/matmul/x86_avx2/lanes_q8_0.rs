@@ -149,11 +149,14 @@ unsafe fn rows_side_plain<const NT: usize>(
     rows_side::<NT, false>(w, rb, n, nb, x, out)
 }
 
-/// Blocks `i..i + K` (`K` ≤ 4) of row `r` of [`rows_seq`]'s group: each
-/// token's exact block sums stored 4 at once at `pp[(t · 8 + r) · nbp + i]`
-/// (past `K`: zeros), the blocks' `d` into `heads`. A constant `K` keeps
-/// the blocks unrolled, with one prefetch pair per block as
-/// [`super::dot_b32`] issues them.
+/// Blocks `i..i + K` (`K` = 8, or at most 4) of row `r` of [`rows_seq`]'s
+/// group: each token's exact block sums stored at `pp[(t · 8 + r) · nbp + i]`
+/// (8 at once, in one 32-byte store that the second pass's 32-byte load
+/// takes from the store queue whole — two 16-byte stores under one load
+/// cannot be forwarded and wait to retire; fewer than 8: 4 at once, past
+/// `K` zeros), the blocks' `d` into `heads`. A constant `K` keeps the blocks
+/// unrolled, with one prefetch pair per block as [`super::dot_b32`] issues
+/// them.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn seq_blocks<const NT: usize, const K: usize>(
@@ -166,7 +169,7 @@ unsafe fn seq_blocks<const NT: usize, const K: usize>(
     heads: &mut [[u16; ROWS]],
 ) {
     let ones = _mm256_set1_epi16(1);
-    let mut p = [[_mm256_setzero_si256(); 4]; NT];
+    let mut p = [[_mm256_setzero_si256(); 8]; NT];
     for k in 0..K {
         let b = row.add(BLOCK * (i + k));
         _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(super::PF_STREAM) as *const i8);
@@ -182,20 +185,36 @@ unsafe fn seq_blocks<const NT: usize, const K: usize>(
         *heads.get_unchecked_mut(i + k).get_unchecked_mut(r) = (b as *const u16).read_unaligned();
     }
     for (t, p) in p.iter().enumerate() {
+        let at = pp.add((t * ROWS + r) * nbp + i);
         let h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-        let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
-        // (past nb: zeros, read below but not used)
-        _mm_storeu_si128(pp.add((t * ROWS + r) * nbp + i) as *mut __m128i, s);
+        if K == 8 {
+            // h: blocks 0..4's halves, lanes [0 1 2 3 | 0 1 2 3]; g: 4..8's
+            let g = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+            let s = _mm256_add_epi32(
+                _mm256_permute2x128_si256::<0x20>(h, g),
+                _mm256_permute2x128_si256::<0x31>(h, g),
+            );
+            _mm256_storeu_si256(at as *mut __m256i, s);
+        } else {
+            let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+            // (past nb: zeros, read below but not used)
+            _mm_storeu_si128(at as *mut __m128i, s);
+        }
     }
 }
 
-/// Sums (8 rows × blocks × tokens) that [`rows_seq`] keeps on the stack
-/// (rows of up to 16384 values for one token; more go to the heap).
-const STACK_SUMS: usize = 4096;
+/// Sums (8 rows × blocks × tokens, two groups) that [`rows_seq`] keeps on
+/// the stack (rows of up to 16384 values for one token, 8192 for two; more
+/// go to the heap).
+const STACK_SUMS: usize = 8192;
 
 /// The rows read in order: each block's exact sum per row and token and the
 /// rows' `d` go to a buffer, then the float work runs 8 rows at a time in
-/// the lanes, as [`rows_side`]'s.
+/// the lanes, as [`rows_side`]'s. The float work of a group of 8 rows runs
+/// after the next group's sums (two buffers in turn), so the loads that
+/// gather the sums and `d`s never wait on stores still in the store queue
+/// (a load over several stores is not forwarded: it waits for them to
+/// retire, once per block when it ran right after them).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn rows_seq<const NT: usize>(
@@ -206,31 +225,37 @@ unsafe fn rows_seq<const NT: usize>(
     x: Act,
     out: [*mut f32; NT],
 ) {
-    // sums at [(t · 8 + r) · nbp + i] (each row's blocks in a row, 4 written
-    // at once), the heads at [i][r]; on the stack and uninitialized where
-    // they fit (every entry read is written first for each group)
+    // per buffer: sums at [(t · 8 + r) · nbp + i] (each row's blocks in a
+    // row), the heads at [i][r]; on the stack and uninitialized where they
+    // fit (every entry read is written first for each group)
     let nbp = nb.next_multiple_of(8);
     let mut part_buf = std::mem::MaybeUninit::<[i32; STACK_SUMS]>::uninit();
     let mut heads_buf = std::mem::MaybeUninit::<[[u16; ROWS]; STACK_SUMS / ROWS]>::uninit();
     let (mut part_vec, mut heads_vec) = (Vec::new(), Vec::new());
     let len = NT * ROWS * nbp;
-    let (part, heads): (&mut [i32], &mut [[u16; ROWS]]) = if len <= STACK_SUMS {
+    let (part, heads): (*mut i32, *mut [u16; ROWS]) = if 2 * len <= STACK_SUMS {
         (
-            std::slice::from_raw_parts_mut(part_buf.as_mut_ptr() as *mut i32, len),
-            std::slice::from_raw_parts_mut(heads_buf.as_mut_ptr() as *mut [u16; ROWS], nb),
+            part_buf.as_mut_ptr() as *mut i32,
+            heads_buf.as_mut_ptr() as *mut [u16; ROWS],
         )
     } else {
-        part_vec.resize(len, 0i32);
-        heads_vec.resize(nb, [0u16; ROWS]);
-        (&mut part_vec[..], &mut heads_vec[..])
+        part_vec.resize(2 * len, 0i32);
+        heads_vec.resize(2 * nb, [0u16; ROWS]);
+        (part_vec.as_mut_ptr(), heads_vec.as_mut_ptr())
     };
-    let pp = part.as_mut_ptr();
-    let mut r0 = 0;
-    while r0 < n {
+    let buffers = |g: usize| (part.add(g % 2 * len), heads.add(g % 2 * nb));
+    // the sums of group g (rows 8g..8g + 8)
+    let sums = |g: usize| {
+        let (pp, hp) = buffers(g);
+        let heads = std::slice::from_raw_parts_mut(hp, nb);
         for r in 0..ROWS {
-            let row = w.add((r0 + r).min(n - 1) * rb);
+            let row = w.add((ROWS * g + r).min(n - 1) * rb);
             let mut i = 0;
-            while i + 4 <= nb {
+            while i + 8 <= nb {
+                seq_blocks::<NT, 8>(row, i, r, nbp, x, pp, heads);
+                i += 8;
+            }
+            if i + 4 <= nb {
                 seq_blocks::<NT, 4>(row, i, r, nbp, x, pp, heads);
                 i += 4;
             }
@@ -251,6 +276,10 @@ unsafe fn rows_seq<const NT: usize>(
                 }
             }
         }
+    };
+    // the float work of group g, and its results stored
+    let finish_group = |g: usize| {
+        let (pp, hp) = buffers(g);
         let mut f = [_mm256_setzero_ps(); NT];
         for i0 in (0..nb).step_by(8) {
             for (t, f) in f.iter_mut().enumerate() {
@@ -262,14 +291,21 @@ unsafe fn rows_seq<const NT: usize>(
                 let v = transpose8(&v);
                 for k in 0..8.min(nb - i0) {
                     let i = i0 + k;
-                    let d = _mm256_cvtph_ps(_mm_loadu_si128(heads[i].as_ptr() as *const __m128i));
+                    let d = _mm256_cvtph_ps(_mm_loadu_si128(hp.add(i) as *const __m128i));
                     *f = finish(*f, d, v[k], *x.d.add(i * x.d_stride + t));
                 }
             }
         }
-        store_rows(&f, out, r0, n);
-        r0 += ROWS;
+        store_rows(&f, out, ROWS * g, n);
+    };
+    let groups = n.div_ceil(ROWS);
+    for g in 0..groups {
+        sums(g);
+        if g > 0 {
+            finish_group(g - 1);
+        }
     }
+    finish_group(groups - 1);
 }
 
 /// One token: rows `0..out.len()` of `w` (decode), the same bits per row as

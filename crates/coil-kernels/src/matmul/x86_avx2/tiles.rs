@@ -386,7 +386,7 @@ mod tests {
     use coil_gguf::GgmlType;
 
     /// Each token's result from the tile kernels (1 to 4 or 9 tokens, row counts
-    /// below and above the prefetch distance) equals the one-token dot
+    /// below and above the prefetch distance and a group of 8 rows) equals the one-token dot
     /// kernel's bit for bit (batch invariance of decode).
     #[test]
     fn tiles_equal_one_token_each_bit_for_bit() {
@@ -408,8 +408,9 @@ mod tests {
             (GgmlType::Q5_K, 512),
             (GgmlType::Q6_K, 512),
         ] {
-            // both choices of `x86_avx2::lanes` (Q8_0 and Q4_K)
-            let plans = [true, false].map(|l| [(l, 1), (l, 5), (l, 13)]);
+            // both choices of `x86_avx2::lanes` (Q8_0 and Q4_K); 29 rows:
+            // four groups of 8 through the Q8_0 kernel's two buffers
+            let plans = [true, false].map(|l| [(l, 1), (l, 5), (l, 13), (l, 29)]);
             for (lanes, rows) in plans.into_iter().flatten() {
                 let mut rng = Rng::new(7 + rows as u64);
                 let data = random_weights(&mut rng, ty, rows, cols);
