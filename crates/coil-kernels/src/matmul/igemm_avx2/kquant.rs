@@ -48,7 +48,8 @@ struct Panel {
     /// `d` and `dmin` per `[super-block][NR]`.
     d: AlignedVec<f32>,
     dmin: AlignedVec<f32>,
-    /// One row decoded, `q` as u8 (`[cols]`), before the transpose.
+    /// The panel's rows decoded, `q` as u8 (`[NR][cols]`), before the
+    /// transpose.
     row: Vec<u8>,
 }
 
@@ -68,18 +69,19 @@ fn groups_per_sb(ty: GgmlType) -> usize {
     }
 }
 
-/// Decodes one encoded row: `q` (u8, unsigned) into `row`, per super-block
-/// `d`, `dmin` and per group `s`, `m` (integers) into the panel at row `r`.
+/// Decodes one encoded row: `q` (u8, unsigned) into row `r` of `row`
+/// (`cols` wide), per super-block `d`, `dmin` and per group `s`, `m`
+/// (integers) into the panel at row `r`.
 ///
 /// # Safety
 /// AVX2 available; `src` holds `cols / 256` blocks of `ty`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decode_row(ty: GgmlType, src: &[u8], r: usize, p: &mut Panel) {
+unsafe fn decode_row(ty: GgmlType, src: &[u8], r: usize, cols: usize, p: &mut Panel) {
     use GgmlType::*;
     let ts = ty.block_layout().1;
     let gps = groups_per_sb(ty);
     for (sb, blk) in src.chunks_exact(ts).enumerate() {
-        let qo = p.row.as_mut_ptr().add(256 * sb);
+        let qo = p.row.as_mut_ptr().add(r * cols + 256 * sb);
         let bp = blk.as_ptr();
         let mut sm = [(0i32, 0i32); 16];
         match ty {
@@ -128,13 +130,13 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
     p.m.resize(nsb * gps / 2 * NR);
     p.d.resize(nsb * NR);
     p.dmin.resize(nsb * NR);
-    p.row.resize(cols, 0);
+    p.row.resize(NR * cols, 0);
     let nr = NR.min(w.rows - r0);
     for r in 0..NR {
         if r < nr {
-            decode_row(w.ty, w.row(r0 + r), r, p);
+            decode_row(w.ty, w.row(r0 + r), r, cols, p);
         } else {
-            p.row.fill(0);
+            p.row[r * cols..(r + 1) * cols].fill(0);
             for sb in 0..nsb {
                 p.d[sb * NR + r] = 0.0;
                 p.dmin[sb * NR + r] = 0.0;
@@ -146,11 +148,16 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
                 p.m[pr * NR + r] = 0;
             }
         }
-        // [cols] -> [block][group][r][4]
-        let src = p.row.as_ptr() as *const u32;
-        let dst = p.q.as_mut_ptr() as *mut u32;
-        for c4 in 0..cols / 4 {
-            *dst.add(c4 * NR + r) = src.add(c4).read_unaligned();
+    }
+    // [r][cols] -> [block][group][r][4]: per block of 32 columns an 8 x 8
+    // transpose of 4-byte groups
+    let src = p.row.as_ptr();
+    let dst = p.q.as_mut_ptr() as *mut __m256;
+    for b in 0..nb {
+        let v: [__m256; NR] =
+            std::array::from_fn(|r| _mm256_loadu_ps(src.add(r * cols + 32 * b) as *const f32));
+        for (g, t) in super::transpose8(v).into_iter().enumerate() {
+            _mm256_storeu_ps(dst.add(b * 8 + g) as *mut f32, t);
         }
     }
 }
