@@ -17,7 +17,8 @@
 //! Layout: a panel of 8 weight rows is packed
 //! `[32-col block][group of 4 cols][8 rows][4]` (32 bytes per
 //! `vpmaddubsw`); a broadcast of 4 activation bytes feeds it. The
-//! microkernel keeps 4 tokens × 8 rows in registers. A work item is
+//! microkernel keeps 4 tokens × 8 rows in registers ([`kernel`]; without
+//! AVX-VNNI two panels, 16 rows, per call: [`kernel2`]). A work item is
 //! [`PG`] panels, each token tile multiplied by all of them in turn (the
 //! tile's activations read from L2 / L3 once, then from L1).
 
