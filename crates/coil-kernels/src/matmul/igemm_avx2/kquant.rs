@@ -335,30 +335,49 @@ unsafe fn kernel_body<const ACC: usize, const GC: usize, const VNNI: bool>(
                 }
             }
         }
-        // Σ_g m_g · Σ_g qx, two groups per vpmaddwd.
-        let mut macc = [_mm256_setzero_si256(); NT];
-        for pr in 0..gps / 2 {
-            let mv = _mm256_loadu_si256(p.m.as_ptr().add((sb * gps / 2 + pr) * NR) as *const _);
-            for t in 0..NT {
-                let sp = *acts
-                    .pairs
-                    .get_unchecked(tok[t] * npairs + sb * gps / 2 + pr);
-                macc[t] = _mm256_add_epi32(macc[t], _mm256_madd_epi16(mv, _mm256_set1_epi32(sp)));
-            }
-        }
-        let dv = _mm256_loadu_ps(p.d.as_ptr().add(sb * NR));
-        let mdv = _mm256_loadu_ps(p.dmin.as_ptr().add(sb * NR));
-        for t in 0..NT {
-            let dx = _mm256_set1_ps(*acts.dx.get_unchecked(tok[t] * nsb + sb));
-            let v = _mm256_fmsub_ps(
-                _mm256_cvtepi32_ps(iacc[t]),
-                dv,
-                _mm256_mul_ps(_mm256_cvtepi32_ps(macc[t]), mdv),
-            );
-            facc[t] = _mm256_fmadd_ps(v, dx, facc[t]);
-        }
+        finish_sb(p, acts, &tok, sb, nsb, gps, npairs, &iacc, &mut facc);
     }
     store_tokens(&facc, ts, nr, y, rows, r0);
+}
+
+/// The end of super-block `sb` for one panel and the tokens `tok`: the
+/// mins' term `Σ_g m_g · Σ_g qx` (two groups per `vpmaddwd`), then
+/// `facc += dx · (d · iacc − dmin · macc)`. Shared by [`kernel_body`] and
+/// [`kernel2`], so both round alike.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn finish_sb<const NT: usize>(
+    p: &Panel,
+    acts: &Acts,
+    tok: &[usize; NT],
+    sb: usize,
+    nsb: usize,
+    gps: usize,
+    npairs: usize,
+    iacc: &[__m256i; NT],
+    facc: &mut [__m256; NT],
+) {
+    let mut macc = [_mm256_setzero_si256(); NT];
+    for pr in 0..gps / 2 {
+        let mv = _mm256_loadu_si256(p.m.as_ptr().add((sb * gps / 2 + pr) * NR) as *const _);
+        for t in 0..NT {
+            let sp = *acts
+                .pairs
+                .get_unchecked(tok[t] * npairs + sb * gps / 2 + pr);
+            macc[t] = _mm256_add_epi32(macc[t], _mm256_madd_epi16(mv, _mm256_set1_epi32(sp)));
+        }
+    }
+    let dv = _mm256_loadu_ps(p.d.as_ptr().add(sb * NR));
+    let mdv = _mm256_loadu_ps(p.dmin.as_ptr().add(sb * NR));
+    for t in 0..NT {
+        let dx = _mm256_set1_ps(*acts.dx.get_unchecked(tok[t] * nsb + sb));
+        let v = _mm256_fmsub_ps(
+            _mm256_cvtepi32_ps(iacc[t]),
+            dv,
+            _mm256_mul_ps(_mm256_cvtepi32_ps(macc[t]), mdv),
+        );
+        facc[t] = _mm256_fmadd_ps(v, dx, facc[t]);
+    }
 }
 
 /// Tokens per call of [`kernel2`].
@@ -416,30 +435,17 @@ unsafe fn kernel2<const ACC: usize, const GC: usize>(
             }
         }
         for k in 0..2 {
-            // Σ_g m_g · Σ_g qx, two groups per vpmaddwd.
-            let mut macc = [_mm256_setzero_si256(); NT2];
-            for pr in 0..gps / 2 {
-                let mv =
-                    _mm256_loadu_si256(p[k].m.as_ptr().add((sb * gps / 2 + pr) * NR) as *const _);
-                for t in 0..NT2 {
-                    let sp = *acts
-                        .pairs
-                        .get_unchecked(tok[t] * npairs + sb * gps / 2 + pr);
-                    macc[t] =
-                        _mm256_add_epi32(macc[t], _mm256_madd_epi16(mv, _mm256_set1_epi32(sp)));
-                }
-            }
-            let dv = _mm256_loadu_ps(p[k].d.as_ptr().add(sb * NR));
-            let mdv = _mm256_loadu_ps(p[k].dmin.as_ptr().add(sb * NR));
-            for t in 0..NT2 {
-                let dx = _mm256_set1_ps(*acts.dx.get_unchecked(tok[t] * nsb + sb));
-                let v = _mm256_fmsub_ps(
-                    _mm256_cvtepi32_ps(iacc[k][t]),
-                    dv,
-                    _mm256_mul_ps(_mm256_cvtepi32_ps(macc[t]), mdv),
-                );
-                facc[k][t] = _mm256_fmadd_ps(v, dx, facc[k][t]);
-            }
+            finish_sb(
+                p[k],
+                acts,
+                &tok,
+                sb,
+                nsb,
+                gps,
+                npairs,
+                &iacc[k],
+                &mut facc[k],
+            );
         }
     }
     for k in 0..2 {
@@ -573,27 +579,39 @@ fn run(
         for ts in all.chunks(NT) {
             for (k, p) in ps.iter().take(np).enumerate() {
                 let (r0, nr) = (r0 + k * NR, NR.min(nr - k * NR));
-                // SAFETY: AVX2 checked by the caller; rows r0..r0+nr of y
-                // belong to this panel only.
-                unsafe {
-                    let y = yp.get();
-                    match (w.ty, vnni) {
-                        (GgmlType::Q4_K, false) => {
-                            kernel::<8, 8>(p, acts, cols, ts, nr, y, rows, r0)
-                        }
-                        (GgmlType::Q5_K, false) => {
-                            kernel::<4, 8>(p, acts, cols, ts, nr, y, rows, r0)
-                        }
-                        (_, false) => kernel::<2, 4>(p, acts, cols, ts, nr, y, rows, r0),
-                        (GgmlType::Q6_K, true) => {
-                            kernel_vnni::<2, 4>(p, acts, cols, ts, nr, y, rows, r0)
-                        }
-                        (_, true) => kernel_vnni::<8, 8>(p, acts, cols, ts, nr, y, rows, r0),
-                    }
-                }
+                // SAFETY: AVX2 (and AVX-VNNI with `vnni`) checked by the
+                // caller; rows r0..r0+nr of y belong to this panel only.
+                unsafe { one_panel(w.ty, vnni, p, acts, cols, ts, nr, yp.get(), rows, r0) }
             }
         }
     });
+}
+
+/// One panel against the tokens `ts` (up to [`NT`]) by the kernel of `ty`,
+/// AVX-VNNI's with `vnni`.
+///
+/// # Safety
+/// AVX2 available (and AVX-VNNI with `vnni`); as [`kernel`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn one_panel(
+    ty: GgmlType,
+    vnni: bool,
+    p: &Panel,
+    acts: &Acts,
+    cols: usize,
+    ts: &[usize],
+    nr: usize,
+    y: *mut f32,
+    rows: usize,
+    r0: usize,
+) {
+    match (ty, vnni) {
+        (GgmlType::Q4_K, false) => kernel::<8, 8>(p, acts, cols, ts, nr, y, rows, r0),
+        (GgmlType::Q5_K, false) => kernel::<4, 8>(p, acts, cols, ts, nr, y, rows, r0),
+        (_, false) => kernel::<2, 4>(p, acts, cols, ts, nr, y, rows, r0),
+        (GgmlType::Q6_K, true) => kernel_vnni::<2, 4>(p, acts, cols, ts, nr, y, rows, r0),
+        (_, true) => kernel_vnni::<8, 8>(p, acts, cols, ts, nr, y, rows, r0),
+    }
 }
 
 /// A work item's `np` packed panels (rows `r0..r0 + nr`) against every
@@ -636,13 +654,7 @@ fn run_pairs(
         if k < np {
             let (ra, na) = at(k);
             // SAFETY: as above.
-            unsafe {
-                match ty {
-                    GgmlType::Q4_K => kernel::<8, 8>(&ps[k], acts, cols, ts, na, y, rows, ra),
-                    GgmlType::Q5_K => kernel::<4, 8>(&ps[k], acts, cols, ts, na, y, rows, ra),
-                    _ => kernel::<2, 4>(&ps[k], acts, cols, ts, na, y, rows, ra),
-                }
-            }
+            unsafe { one_panel(ty, false, &ps[k], acts, cols, ts, na, y, rows, ra) }
         }
     }
 }
