@@ -1,17 +1,26 @@
 //! AVX2 Q8_0 products with eight rows in the vector lanes, as `lanes.rs`
 //! does for Q4_K: 3 to 9 tokens read 8 rows side by side, transposed as
 //! they are read (a vector holds 4 columns of 8 rows, multiplied with a
-//! broadcast of 4 activation bytes), one or two tokens read the rows in
-//! order; either way each block's product is an exact i32 per row and
-//! token, and the float work — `acc += cvt(Σ q·qx) · (d · dx)` per block —
-//! runs 8 rows at a time in the lanes: the same bits per row whatever the
-//! number of tokens or rows in the call.
+//! broadcast of 4 activation bytes); two tokens read the rows in order
+//! ([`rows_seq`]); one token reads 8 rows far apart, one from each eighth
+//! of the matrix ([`rows_far`]). Either way each block's product is an
+//! exact i32 per row and token, and the float work — `acc += cvt(Σ q·qx) ·
+//! (d · dx)` per block — runs 8 rows at a time in the lanes: the same bits
+//! per row whatever the number of tokens or rows in the call.
 //!
 //! The row-at-a-time kernels convert and scale 8 partial sums per row,
 //! block and token, and keep two f32 accumulators per token, so at most 4
 //! tokens per pass; here a block of 8 rows and a token take 8 `vpmaddubsw`
 //! (`vpdpbusd` with AVX-VNNI, the quants offset to unsigned and the
 //! offset's product subtracted after) and one conversion and FMA.
+//!
+//! One token (`coil serve`'s decode, which stays in the lanes whatever the
+//! number of sequences): reading the rows in order, the sums went through
+//! a buffer and a transpose, at ~92% of the read bandwidth against the
+//! row-at-a-time kernel's ~97%; 8 far-apart streams gathered by `vphaddd`
+//! close that (AMD EPYC Zen 3, hybrid-350m-like Q8_0, one request through
+//! `coil serve` against `coil bench`'s row kernel, `serve-bench.sh -s
+//! pair`, medians of 4: 0.895 / 0.908 → 1.010 / 1.071).
 
 use super::super::act::{ActPanel, PANEL_LANES};
 
@@ -308,6 +317,83 @@ unsafe fn rows_seq<const NT: usize>(
     finish_group(groups - 1);
 }
 
+/// The `d` of the 8 rows' block at byte `off`, gathered by lane (no
+/// stores: a 16-byte load over 8 fresh 2-byte stores would wait for them
+/// to retire).
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn scales_gather(rows: &[*const u8; ROWS], off: usize) -> __m256 {
+    let h = |r: usize| (rows[r].add(off) as *const u16).read_unaligned() as i32;
+    let mut v = _mm_cvtsi32_si128(h(0));
+    v = _mm_insert_epi16::<1>(v, h(1));
+    v = _mm_insert_epi16::<2>(v, h(2));
+    v = _mm_insert_epi16::<3>(v, h(3));
+    v = _mm_insert_epi16::<4>(v, h(4));
+    v = _mm_insert_epi16::<5>(v, h(5));
+    v = _mm_insert_epi16::<6>(v, h(6));
+    v = _mm_insert_epi16::<7>(v, h(7));
+    _mm256_cvtph_ps(v)
+}
+
+/// One token, the rows in the lanes taken far apart: lane `j` of group
+/// `g` is row `j·s + g` (`s = n / 8`; the last `n mod 8` rows one more
+/// group, side by side), so the 8 lanes read 8 streams, each walking
+/// consecutive rows of its own eighth of the matrix. Per block each row's
+/// exact sum is one `vpmaddubsw` + `vpmaddwd`, the 8 rows' sums gathered
+/// into the lanes by a tree of `vphaddd` (no store, no transpose), then
+/// [`finish`]: the same operations on the same values as [`rows_seq`]'s
+/// and [`rows_side`]'s.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn rows_far(w: *const u8, rb: usize, n: usize, nb: usize, x: Act, out: *mut f32) {
+    let ones = _mm256_set1_epi16(1);
+    let s = n / ROWS;
+    let groups = n.div_ceil(ROWS);
+    for g in 0..groups {
+        let idx: [usize; ROWS] = if g < s {
+            std::array::from_fn(|j| j * s + g)
+        } else {
+            std::array::from_fn(|j| (ROWS * s + j).min(n - 1))
+        };
+        let rows: [*const u8; ROWS] = std::array::from_fn(|j| w.add(idx[j] * rb));
+        let mut f = _mm256_setzero_ps();
+        for i in 0..nb {
+            let xv = _mm256_loadu_si256(x.qs.add(i * 32) as *const __m256i);
+            let mut p = [_mm256_setzero_si256(); ROWS];
+            for r in 0..ROWS {
+                let b = rows[r].add(BLOCK * i);
+                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(super::PF_STREAM) as *const i8);
+                _mm_prefetch::<_MM_HINT_T1>(b.wrapping_add(super::PF_FAR) as *const i8);
+                let wq = _mm256_loadu_si256(b.add(2) as *const __m256i);
+                let sx = _mm256_sign_epi8(xv, wq);
+                p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wq), sx), ones);
+            }
+            // lanes [r0 r1 r2 r3 | r0 r1 r2 r3] (halves of each sum), r4..r8
+            let h0 =
+                _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+            let h1 =
+                _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+            let isum = _mm256_add_epi32(
+                _mm256_permute2x128_si256::<0x20>(h0, h1),
+                _mm256_permute2x128_si256::<0x31>(h0, h1),
+            );
+            let d = scales_gather(&rows, BLOCK * i);
+            f = finish(f, d, isum, *x.d.add(i * x.d_stride));
+        }
+        let mut v = [0f32; ROWS];
+        _mm256_storeu_ps(v.as_mut_ptr(), f);
+        if g < s {
+            for (j, v) in v.iter().enumerate() {
+                *out.add(idx[j]) = *v;
+            }
+        } else {
+            for (j, v) in v.iter().enumerate().take(n - ROWS * s) {
+                *out.add(idx[j]) = *v;
+            }
+        }
+    }
+}
+
 /// One token: rows `0..out.len()` of `w` (decode), the same bits per row as
 /// the tiles'.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -329,7 +415,7 @@ pub(super) unsafe fn rows_one(
         return;
     }
     let x = Act::one(xq, xd, xs);
-    rows_seq::<1>(w.as_ptr(), rb, n, nb, x, [out.as_mut_ptr()]);
+    rows_far(w.as_ptr(), rb, n, nb, x, out.as_mut_ptr());
 }
 
 /// One row's dot product with one token: [`rows_one`] for a single row.
@@ -353,7 +439,9 @@ unsafe fn tile_n<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mut [
         return;
     }
     let (x, o) = (Act::panel(p), out_ptrs::<NT>(out));
-    if NT <= SEQ_TOKENS {
+    if NT == 1 {
+        rows_far(w.as_ptr(), rb, n, nb, x, o[0]);
+    } else if NT <= SEQ_TOKENS {
         rows_seq::<NT>(w.as_ptr(), rb, n, nb, x, o);
     } else if crate::simd::avx_vnni() {
         rows_side_vnni::<NT>(w.as_ptr(), rb, n, nb, x, o);

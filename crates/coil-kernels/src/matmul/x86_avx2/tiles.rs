@@ -409,8 +409,10 @@ mod tests {
             (GgmlType::Q6_K, 512),
         ] {
             // both choices of `x86_avx2::lanes` (Q8_0 and Q4_K); 29 rows:
-            // four groups of 8 through the Q8_0 kernel's two buffers
-            let plans = [true, false].map(|l| [(l, 1), (l, 5), (l, 13), (l, 29)]);
+            // four groups of 8 through the Q8_0 kernel's two buffers, and
+            // for its one-token kernel three far-apart groups and a side by
+            // side one of 5; 24: three far-apart groups, no other
+            let plans = [true, false].map(|l| [(l, 1), (l, 5), (l, 13), (l, 24), (l, 29)]);
             for (lanes, rows) in plans.into_iter().flatten() {
                 let mut rng = Rng::new(7 + rows as u64);
                 let data = random_weights(&mut rng, ty, rows, cols);
