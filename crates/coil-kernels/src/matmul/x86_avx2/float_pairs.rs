@@ -126,7 +126,7 @@ unsafe fn rows<const BF16: bool>(w: &[u8], x: &[f32], out: &mut [f32]) {
     }
 }
 
-/// The paired one-token kernel of `ty` (F16 or BF16), bit for bit its dot
+/// The grouped one-token kernel of `ty` (F16 or BF16), bit for bit its dot
 /// product's results.
 pub(in crate::matmul) fn rows_kernel(ty: coil_gguf::GgmlType) -> Option<crate::matmul::FloatRows> {
     // SAFETY (both): selected only at the AVX2 level, which checks the

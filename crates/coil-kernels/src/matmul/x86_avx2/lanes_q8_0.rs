@@ -45,17 +45,6 @@ unsafe fn finish(acc: __m256, d: __m256, isum: __m256i, dx: f32) -> __m256 {
     _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), s, acc)
 }
 
-/// The `d` of 8 rows' block at byte `off` of each row.
-#[target_feature(enable = "avx2,f16c")]
-#[inline]
-unsafe fn scales(rows: &[*const u8; ROWS], off: usize) -> __m256 {
-    let mut h = [0u16; ROWS];
-    for r in 0..ROWS {
-        h[r] = (rows[r].add(off) as *const u16).read_unaligned();
-    }
-    _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i))
-}
-
 /// 8 rows side by side: the rows' results of `NT` tokens over `nb` blocks
 /// (`VNNI`: the caller has AVX-VNNI).
 #[inline(always)]
@@ -213,8 +202,8 @@ unsafe fn seq_blocks<const NT: usize, const K: usize>(
 }
 
 /// Sums (8 rows × blocks × tokens, two groups) that [`rows_seq`] keeps on
-/// the stack (rows of up to 16384 values for one token, 8192 for two; more
-/// go to the heap).
+/// the stack (rows of up to 8192 values for the two tokens it takes; more go
+/// to the heap).
 const STACK_SUMS: usize = 8192;
 
 /// The rows read in order: each block's exact sum per row and token and the
@@ -317,12 +306,12 @@ unsafe fn rows_seq<const NT: usize>(
     finish_group(groups - 1);
 }
 
-/// The `d` of the 8 rows' block at byte `off`, gathered by lane (no
-/// stores: a 16-byte load over 8 fresh 2-byte stores would wait for them
-/// to retire).
+/// The `d` of the 8 rows' block at byte `off` of each row, gathered by lane
+/// (no stores: a 16-byte load over 8 fresh 2-byte stores would wait for
+/// them to retire).
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
-unsafe fn scales_gather(rows: &[*const u8; ROWS], off: usize) -> __m256 {
+unsafe fn scales(rows: &[*const u8; ROWS], off: usize) -> __m256 {
     let h = |r: usize| (rows[r].add(off) as *const u16).read_unaligned() as i32;
     let mut v = _mm_cvtsi32_si128(h(0));
     v = _mm_insert_epi16::<1>(v, h(1));
@@ -377,19 +366,15 @@ unsafe fn rows_far(w: *const u8, rb: usize, n: usize, nb: usize, x: Act, out: *m
                 _mm256_permute2x128_si256::<0x20>(h0, h1),
                 _mm256_permute2x128_si256::<0x31>(h0, h1),
             );
-            let d = scales_gather(&rows, BLOCK * i);
+            let d = scales(&rows, BLOCK * i);
             f = finish(f, d, isum, *x.d.add(i * x.d_stride));
         }
         let mut v = [0f32; ROWS];
         _mm256_storeu_ps(v.as_mut_ptr(), f);
-        if g < s {
-            for (j, v) in v.iter().enumerate() {
-                *out.add(idx[j]) = *v;
-            }
-        } else {
-            for (j, v) in v.iter().enumerate().take(n - ROWS * s) {
-                *out.add(idx[j]) = *v;
-            }
+        // (the last group's spare lanes repeat row n - 1: not stored)
+        let live = if g < s { ROWS } else { n - ROWS * s };
+        for j in 0..live {
+            *out.add(idx[j]) = v[j];
         }
     }
 }
