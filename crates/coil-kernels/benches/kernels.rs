@@ -436,7 +436,7 @@ fn decode_shapes_bench(pool: &ThreadPool, ty: GgmlType) {
 /// Batch-invariant mode (speculative verification, batched decode with
 /// `--batch-invariant`): n tokens through per-row dot products, each
 /// token's result as if alone. Reported as the time of n tokens relative to
-/// one token, on a weight that stays in L2 (one thread: the kernels' compute
+/// one token, on a 256 KB weight that stays in L2 (one thread: the kernels' compute
 /// cost) and on one streamed from memory (64 MB, all threads). Rows of 4096
 /// values, or `BCOLS` (e.g. `BCOLS=1024`: the Qwen3.5-0.8B shape's).
 fn invariant_bench(pool: &ThreadPool, rng: &mut Rng, filter: &str) {
@@ -464,7 +464,9 @@ fn invariant_bench(pool: &ThreadPool, rng: &mut Rng, filter: &str) {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(4096);
             let row_bytes = cols / ty.block_size() * ty.type_size();
-            let bytes = if in_l2 { 512usize << 10 } else { 64usize << 20 };
+            // 256 KB: within every L2 here with the activations beside it
+            // (512 KB filled AMD Zen 3's whole L2, and read from L3)
+            let bytes = if in_l2 { 256usize << 10 } else { 64usize << 20 };
             let rows = bytes.div_ceil(row_bytes).next_multiple_of(16);
             let data = random_weights(rng, ty, rows, cols);
             let w = WeightRef::new(ty, &data, rows, cols).unwrap();
