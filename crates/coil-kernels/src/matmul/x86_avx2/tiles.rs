@@ -272,6 +272,31 @@ unsafe fn rows_k45<const HIGH: bool, const NT: usize>(
     }
 }
 
+/// Step `(N, K)` of a Q6_K block (its 16-groups `8N + 2K`, `+ 1`) for `NT`
+/// tokens (`c`: the block's first activation chunk): `iacc[t] += sc ·
+/// (q · x)`, exact.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn q6k_step<const NT: usize, const N: usize, const K: usize>(
+    b: *const u8,
+    lanes: &[__m256i; 2],
+    c: *const i8,
+    iacc: &mut [__m256i; NT],
+) {
+    let mut q = super::q6k_quant(b, N, K);
+    let mut s = super::q6k_scale(lanes, N, K);
+    pin!(q, s);
+    let c = c.add(32 * NT * (4 * N + K));
+    for (t, acc) in iacc.iter_mut().enumerate() {
+        let x = c.add(32 * t);
+        let p = _mm256_maddubs_epi16(q, _mm256_loadu_si256(x as *const __m256i));
+        *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(p, s));
+    }
+    for a in iacc.iter_mut() {
+        pin!(*a);
+    }
+}
+
 /// Q6_K, as `dot_q6_k`, for `NT` (≤ 8) tokens.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -290,22 +315,18 @@ unsafe fn rows_q6_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
             let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
             let lanes = super::q6k_scale_lanes(sc16);
             let mut iacc = [_mm256_setzero_si256(); NT];
-            for n in 0..2 {
-                for k in 0..4 {
-                    let mut q = super::q6k_quant(b, n, k);
-                    let mut s = super::q6k_scale(&lanes, n, k);
-                    pin!(q, s);
-                    let c = xq.add(32 * NT * (8 * i + 4 * n + k));
-                    for t in 0..NT {
-                        let x = c.add(32 * t);
-                        let p = _mm256_maddubs_epi16(q, _mm256_loadu_si256(x as *const __m256i));
-                        iacc[t] = _mm256_add_epi32(iacc[t], _mm256_madd_epi16(p, s));
-                    }
-                    for a in iacc.iter_mut() {
-                        pin!(*a);
-                    }
-                }
-            }
+            // the eight steps written out: as loops, LLVM kept the one over
+            // `k` (a branch per step, `q6k_quant`'s shifts chosen at run
+            // time, each scale mask built from scalars in 5 operations;
+            // 8 tokens ran at ~17 cycles per block and token on AMD Zen 3)
+            q6k_step::<NT, 0, 0>(b, &lanes, xq.add(32 * NT * 8 * i), &mut iacc);
+            q6k_step::<NT, 0, 1>(b, &lanes, xq.add(32 * NT * 8 * i), &mut iacc);
+            q6k_step::<NT, 0, 2>(b, &lanes, xq.add(32 * NT * 8 * i), &mut iacc);
+            q6k_step::<NT, 0, 3>(b, &lanes, xq.add(32 * NT * 8 * i), &mut iacc);
+            q6k_step::<NT, 1, 0>(b, &lanes, xq.add(32 * NT * 8 * i), &mut iacc);
+            q6k_step::<NT, 1, 1>(b, &lanes, xq.add(32 * NT * 8 * i), &mut iacc);
+            q6k_step::<NT, 1, 2>(b, &lanes, xq.add(32 * NT * 8 * i), &mut iacc);
+            q6k_step::<NT, 1, 3>(b, &lanes, xq.add(32 * NT * 8 * i), &mut iacc);
             let mut d = [0f32; PANEL_LANES];
             let wd = _mm256_set1_ps(f16c(rd16(b.add(208))));
             for g in 0..NT.div_ceil(8) {
