@@ -1,0 +1,112 @@
+//! Gated delta rule: the token-by-token recurrence vs the chunked form, on
+//! a Qwen3.5-0.8B DeltaNet layer (16 key and 16 value heads of 128) from a
+//! non-zero state. Prints best wall times; no assertion (a measurement).
+//!
+//!     cargo run --release -p coil-kernels --example gated_delta_bench [-- THREADS [HK HV D]]
+
+use coil_kernels::ops::gated_delta::{
+    gated_delta_scan, l2_normalize, DeltaInputs, GatedDeltaDims, HeadOrder,
+};
+use coil_kernels::ops::gated_delta_chunk::{gated_delta_chunked, DEFAULT_CHUNK};
+use coil_kernels::testutil::Rng;
+use coil_kernels::ThreadPool;
+use std::time::Instant;
+
+/// CPU time of this thread in seconds (Linux schedstat; wall time elsewhere):
+/// the machine this was tuned on is shared, and wall times there are noise.
+fn cpu_now() -> f64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+        .map(|ns| ns * 1e-9)
+        .unwrap_or_else(|| {
+            static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+            T0.get_or_init(Instant::now).elapsed().as_secs_f64()
+        })
+}
+
+/// Mean time of `reps` runs after one warm-up: this thread's CPU time with
+/// one thread (schedstat moves in ticks: a mean over many runs), the best
+/// wall time with more.
+fn best_of(reps: usize, threads: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    if threads == 1 {
+        let c = cpu_now();
+        (0..reps).for_each(|_| f());
+        return (cpu_now() - c) / reps as f64;
+    }
+    (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let threads = args.first().copied().unwrap_or(1);
+    let (hk, hv, d) = match args.get(1..4) {
+        Some(&[a, b, c]) => (a, b, c),
+        _ => (16, 16, 128),
+    };
+    let pool = ThreadPool::new(threads);
+    let dims = GatedDeltaDims {
+        n_k_head: hk,
+        n_v_head: hv,
+        d_k: d,
+        d_v: d,
+        order: HeadOrder::Tiled,
+    };
+    let mut rng = Rng::new(1);
+    let nmax = 512;
+    let mut q = rng.vec(nmax * hk * d);
+    let mut k = rng.vec(nmax * hk * d);
+    l2_normalize(&mut q, d, 1e-6, 1.0 / (d as f32).sqrt());
+    l2_normalize(&mut k, d, 1e-6, 1.0);
+    let v = rng.vec(nmax * hv * d);
+    let g: Vec<f32> = rng.vec(nmax * hv).iter().map(|x| -0.1 - x.abs()).collect();
+    let beta: Vec<f32> = rng
+        .vec(nmax * hv)
+        .iter()
+        .map(|x| 1.0 / (1.0 + (-x).exp()))
+        .collect();
+    let s0 = rng.vec(hv * d * d);
+    let chunk: usize = std::env::var("CHUNK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_CHUNK);
+    println!("{threads} thread(s), Hk {hk}, Hv {hv}, d {d}; chunk {chunk}; ms per call, CPU time with 1 thread (ratio chunked / recurrence)");
+    for n in [1, 4, 8, 16, 32, 64, 128, 512] {
+        let inp = DeltaInputs {
+            q: &q,
+            k: &k,
+            ld_qk: hk * d,
+            v: &v,
+            ld_v: hv * d,
+            g: &g[..n * hv],
+            beta: &beta[..n * hv],
+        };
+        let mut out = vec![0f32; n * hv * d];
+        let mut s = s0.clone();
+        let reps = (4096 / n).clamp(8, 400);
+        let t_scan = best_of(reps, threads, || {
+            s.copy_from_slice(&s0);
+            gated_delta_scan(&pool, dims, &mut s, inp, &mut out, n);
+        });
+        let t_chunk = best_of(reps, threads, || {
+            s.copy_from_slice(&s0);
+            gated_delta_chunked(&pool, dims, chunk, &mut s, inp, &mut out, n);
+        });
+        println!(
+            "n {n:4}: recurrence {:8.3} ms, chunked {:8.3} ms ({:.2})",
+            t_scan * 1e3,
+            t_chunk * 1e3,
+            t_chunk / t_scan
+        );
+    }
+}

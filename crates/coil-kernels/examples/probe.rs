@@ -1,0 +1,31 @@
+//! One matmul shape, timed: `probe FORMAT ROWS COLS N_TOKENS [THREADS]`
+//! (best of 10). With `COIL_GEMM_MIN_TOKENS` / `COIL_INT_GEMM` it compares paths.
+use coil_gguf::GgmlType;
+use coil_kernels::testutil::{random_weights, Rng};
+use coil_kernels::{matmul, ThreadPool, WeightRef};
+use std::time::Instant;
+fn main() {
+    let a: Vec<String> = std::env::args().collect();
+    let ty = GgmlType::from_name(&a[1]).unwrap();
+    let rows: usize = a[2].parse().unwrap();
+    let cols: usize = a[3].parse().unwrap();
+    let n: usize = a[4].parse().unwrap();
+    let th: usize = a.get(5).map(|s| s.parse().unwrap()).unwrap_or(0);
+    let pool = ThreadPool::new(th);
+    let mut rng = Rng::new(1);
+    let data = random_weights(&mut rng, ty, rows, cols);
+    let w = WeightRef::new(ty, &data, rows, cols).unwrap();
+    let x = rng.vec(n * cols);
+    let mut y = vec![0f32; n * rows];
+    let mut best = f64::MAX;
+    for _ in 0..10 {
+        let t = Instant::now();
+        matmul(&pool, &w, &x, &mut y, n);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    println!(
+        "{ty} {rows}x{cols} n={n}: {:.3} ms, {:.1} GFLOP/s",
+        best * 1e3,
+        2.0 * (rows * cols * n) as f64 / best / 1e9
+    );
+}
