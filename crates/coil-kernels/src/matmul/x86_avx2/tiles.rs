@@ -319,14 +319,15 @@ unsafe fn rows_q6_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
             // `k` (a branch per step, `q6k_quant`'s shifts chosen at run
             // time, each scale mask built from scalars in 5 operations;
             // 8 tokens ran at ~17 cycles per block and token on AMD Zen 3)
-            q6k_step::<NT, 0, 0>(b, &lanes, xq.add(32 * NT * 8 * i), &mut iacc);
-            q6k_step::<NT, 0, 1>(b, &lanes, xq.add(32 * NT * 8 * i), &mut iacc);
-            q6k_step::<NT, 0, 2>(b, &lanes, xq.add(32 * NT * 8 * i), &mut iacc);
-            q6k_step::<NT, 0, 3>(b, &lanes, xq.add(32 * NT * 8 * i), &mut iacc);
-            q6k_step::<NT, 1, 0>(b, &lanes, xq.add(32 * NT * 8 * i), &mut iacc);
-            q6k_step::<NT, 1, 1>(b, &lanes, xq.add(32 * NT * 8 * i), &mut iacc);
-            q6k_step::<NT, 1, 2>(b, &lanes, xq.add(32 * NT * 8 * i), &mut iacc);
-            q6k_step::<NT, 1, 3>(b, &lanes, xq.add(32 * NT * 8 * i), &mut iacc);
+            let c = xq.add(32 * NT * 8 * i);
+            q6k_step::<NT, 0, 0>(b, &lanes, c, &mut iacc);
+            q6k_step::<NT, 0, 1>(b, &lanes, c, &mut iacc);
+            q6k_step::<NT, 0, 2>(b, &lanes, c, &mut iacc);
+            q6k_step::<NT, 0, 3>(b, &lanes, c, &mut iacc);
+            q6k_step::<NT, 1, 0>(b, &lanes, c, &mut iacc);
+            q6k_step::<NT, 1, 1>(b, &lanes, c, &mut iacc);
+            q6k_step::<NT, 1, 2>(b, &lanes, c, &mut iacc);
+            q6k_step::<NT, 1, 3>(b, &lanes, c, &mut iacc);
             let mut d = [0f32; PANEL_LANES];
             let wd = _mm256_set1_ps(f16c(rd16(b.add(208))));
             for g in 0..NT.div_ceil(8) {
