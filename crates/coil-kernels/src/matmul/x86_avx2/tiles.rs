@@ -173,11 +173,11 @@ unsafe fn k4_mins8<const NT: usize>(mn: u64, xs: *const i16, i: usize, t0: usize
     )
 }
 
-/// Q4_K (`HIGH` false) / Q5_K (`HIGH` true), as `dot_k45`, for `NT` (≤ 8)
-/// tokens. The per-block scalar work of the one-token kernel (the weight
-/// and min scales times the token's scale, the mins term) runs in the eight
-/// lanes of a vector, one token per lane: the same operations, rounded the
-/// same way.
+/// Q4_K (`HIGH` false) / Q5_K (`HIGH` true), as `dot_k45`, for `NT`
+/// (≤ [`MAX_TOKENS_K`] = 9) tokens. The per-block scalar work of the
+/// one-token kernel (the weight and min scales times the token's scale, the
+/// mins term) runs in the eight lanes of a vector, one token per lane: the
+/// same operations, rounded the same way.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn rows_k45<const HIGH: bool, const NT: usize>(
@@ -297,7 +297,7 @@ unsafe fn q6k_step<const NT: usize, const N: usize, const K: usize>(
     }
 }
 
-/// Q6_K, as `dot_q6_k`, for `NT` (≤ 8) tokens.
+/// Q6_K, as `dot_q6_k`, for `NT` (≤ [`MAX_TOKENS_K`] = 9) tokens.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn rows_q6_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mut [&mut [f32]]) {
