@@ -4,7 +4,8 @@
 //! For each N: N empty sequences each get a prompt of `p` random tokens,
 //! all in one [`Engine::decode_batch`] call (micro-batches of `--ubatch`
 //! tokens, logits of each prompt's last token), then `n` steps that each
-//! feed one random token to every sequence in one call. Reported: prompt
+//! feed one random token to every sequence in one call, through the
+//! batch-invariant kernels as `coil serve` runs generated tokens. Reported: prompt
 //! tokens/s (N·p over the prompt time), generation tokens/s (N·n over the
 //! generation time), the time per step, and the process's CPU seconds per
 //! generated token (user + system, every thread; on a shared machine it
@@ -97,9 +98,11 @@ fn run_once(
                     logits: LogitRows::Last,
                 })
                 .collect();
-            // As a server does: the logits read in place, their buffer
-            // handed back for the next step.
-            let logits = engine.decode_batch_logits(&entries, Numerics::Fast)?;
+            // As `coil serve` decodes: through the batch-invariant kernels
+            // (the fast ones switch to a GEMM from a dozen tokens on, which
+            // the server never uses for generated tokens), the logits read
+            // in place and their buffer handed back for the next step.
+            let logits = engine.decode_batch_logits(&entries, Numerics::BatchInvariant)?;
             engine.recycle(logits);
         }
         Ok(())

@@ -592,10 +592,18 @@ fn gemm_min_tokens(ty: GgmlType, level: SimdLevel) -> usize {
         // kernels at about 8 tokens (4096 x 4096, 1 thread; at 12 tokens
         // Q8_0 6.5 ms against 8.3, Q4_K 6.1 against 14.0): as at AVX-512
         // (Q4_1 / Q5_0 / Q5_1, without few-token tiles, from 8).
-        return if matches!(ty, Q4_1 | Q5_0 | Q5_1) {
-            8
-        } else {
-            12
+        // Without AVX-VNNI, since Q4_K's rows-in-lanes tile takes up to 16
+        // tokens per pass, the tiles stay ahead much longer (AMD Zen 3,
+        // 4096 x 4096, the GEMM against the tiles, ms): Q4_K 1 thread 24
+        // tokens 5.7-5.9 against 4.6-4.7, 32 tokens 6.7-6.8 against 6.0, 40
+        // tokens 7.9-8.0 against 7.6; Q6_K 16 tokens 6.1-6.3 against 4.6, 18
+        // tokens 6.5-7.0 against 5.2; 2 threads Q4_K 32 tokens 3.4-3.5
+        // against 3.1, Q6_K 16 tokens 3.0-3.7 against 2.4.
+        return match ty {
+            Q4_1 | Q5_0 | Q5_1 => 8,
+            Q4_K if !crate::simd::avx_vnni() && x86_avx2::lanes(ty, false) => 33,
+            Q6_K if !crate::simd::avx_vnni() => 19,
+            _ => 12,
         };
     }
     match (ty, level) {
@@ -802,6 +810,14 @@ fn prefetch_rows(w: &WeightRef, r0: usize, r1: usize) {
     }
 }
 
+/// `n` tokens as `(first, count)` groups of at most `max`: as few groups as
+/// that allows, their counts within one of each other, larger first.
+fn balanced_groups(n: usize, max: usize) -> impl Iterator<Item = (usize, usize)> {
+    let groups = n.div_ceil(max.max(1));
+    let (base, extra) = (n / groups.max(1), n % groups.max(1));
+    (0..groups).map(move |g| (g * base + g.min(extra), base + usize::from(g < extra)))
+}
+
 /// Splits `0..rows` into chunks for the decode path and runs `f` on them
 /// over the pool. Guided: each chunk takes `1/(2·threads)` of the rows
 /// still left, but at least `rows/(4·threads)` (and 16): about 7 chunks
@@ -938,23 +954,21 @@ fn vec_path(
             }
             let tile_k = tile_k.filter(|t| cols.is_multiple_of(t.cols_multiple));
             if let (Some(tile), true) = (tile_k, n_tokens > 1) {
-                // groups of at most `max` tokens, each interleaved once
+                // as few groups of at most `max` tokens as the call needs,
+                // their sizes within one of each other (16 tokens with 9 at
+                // most: 8 + 8, not 9 + 7; a kernel's per-token cost grows
+                // past 8 and at few tokens), each interleaved once
                 let (tk, max) = (tile.f, tile.max_tokens);
                 let per_block = block / group;
-                let panels: Vec<act::ActPanel> = (0..n_tokens)
-                    .step_by(max)
-                    .map(|t0| {
-                        let nt = max.min(n_tokens - t0);
-                        tile.panel(&xa, t0, nt, block, per_block)
-                    })
+                let panels: Vec<(usize, act::ActPanel)> = balanced_groups(n_tokens, max)
+                    .map(|(t0, nt)| (t0, tile.panel(&xa, t0, nt, block, per_block)))
                     .collect();
                 let rb = w.row_bytes();
                 rows_for(pool, rows, |rr| {
                     let mut r0 = rr.start;
                     while r0 < rr.end {
                         let r1 = (r0 + TILE_ROWS).min(rr.end);
-                        for (g, p) in panels.iter().enumerate() {
-                            let t0 = g * max;
+                        for &(t0, ref p) in &panels {
                             // SAFETY: y[t0.., r0..r1] is written by this chunk only.
                             let mut outs: [&mut [f32]; act::PANEL_LANES] =
                                 std::array::from_fn(|k| match k < p.nt {

@@ -619,3 +619,31 @@ fn repack_settings_choose_the_formats() {
     assert_eq!(wants(Some("all"), true), [true, true, true]);
     assert_eq!(wants(Some(" noq6 "), false), [true, false, true]);
 }
+
+/// The groups cover the tokens in order, none over `max`, as few as
+/// `max` allows, sizes within one of each other.
+#[test]
+fn groups_cover_in_order_and_balance() {
+    assert_eq!(balanced_groups(16, 9).collect::<Vec<_>>(), [(0, 8), (8, 8)]);
+    assert_eq!(balanced_groups(10, 9).collect::<Vec<_>>(), [(0, 5), (5, 5)]);
+    assert_eq!(
+        balanced_groups(11, 4).collect::<Vec<_>>(),
+        [(0, 4), (4, 4), (8, 3)]
+    );
+    assert_eq!(balanced_groups(0, 9).count(), 0);
+    for max in 1..12 {
+        for n in 0..40 {
+            let g: Vec<_> = balanced_groups(n, max).collect();
+            assert_eq!(g.len(), n.div_ceil(max));
+            let mut next = 0;
+            for &(t0, nt) in &g {
+                assert_eq!(t0, next);
+                assert!(nt >= 1 && nt <= max);
+                next += nt;
+            }
+            assert_eq!(next, n);
+            let (lo, hi) = (g.iter().map(|x| x.1).min(), g.iter().map(|x| x.1).max());
+            assert!(hi.unwrap_or(0) - lo.unwrap_or(0) <= 1);
+        }
+    }
+}

@@ -24,6 +24,19 @@ macro_rules! by_token_count {
             n => panic!("{} lanes tile: unsupported token count {n}", $what),
         }
     };
+    // up to 16 tokens
+    ($nt:expr, $f:ident, $what:literal, ($($a:expr),*), 16) => {
+        match $nt {
+            10 => $f::<10>($($a),*),
+            11 => $f::<11>($($a),*),
+            12 => $f::<12>($($a),*),
+            13 => $f::<13>($($a),*),
+            14 => $f::<14>($($a),*),
+            15 => $f::<15>($($a),*),
+            16 => $f::<16>($($a),*),
+            n => by_token_count!(n, $f, $what, ($($a),*)),
+        }
+    };
 }
 
 mod lanes;

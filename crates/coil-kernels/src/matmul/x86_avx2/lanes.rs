@@ -622,13 +622,13 @@ unsafe fn tile_n<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mut [
 /// Most tokens that go through [`rows_seq`] (more through [`rows_q4_k`]).
 const SEQ_TOKENS: usize = 2;
 
-/// Most tokens per call (a verification of 8 drafts).
-pub(super) const MAX_TOKENS: usize = 9;
+/// Most tokens per call: a panel's (16; a verification of 8 drafts takes 9).
+pub(super) const MAX_TOKENS: usize = PANEL_LANES;
 
 /// The few-token entry: 1 to [`MAX_TOKENS`] tokens of a panel.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn tile(w: &[u8], rb: usize, p: &ActPanel, out: &mut [&mut [f32]]) {
-    by_token_count!(p.nt, tile_n, "Q4_K", (w, rb, p, out))
+    by_token_count!(p.nt, tile_n, "Q4_K", (w, rb, p, out), 16)
 }
 
 #[cfg(test)]

@@ -439,7 +439,7 @@ mod tests {
                 let mut rng = Rng::new(7 + rows as u64);
                 let data = random_weights(&mut rng, ty, rows, cols);
                 let w = WeightRef::new(ty, &data, rows, cols).unwrap();
-                let x = rng.vec(12 * cols);
+                let x = rng.vec(17 * cols);
                 let Some(VecKernel::Quant(kind, one, _)) = super::super::vec_kernel(ty, lanes)
                 else {
                     panic!("{ty}: no AVX2 dot kernel");
@@ -462,8 +462,9 @@ mod tests {
                     )
                 };
                 for nt in 1..=max {
-                    // tokens 12 - nt .. 12: a panel that does not start at token 0
-                    let t0 = 12 - nt;
+                    // tokens 17 - nt .. 17: a panel that does not start at
+                    // token 0 (up to 16 tokens: the Q4_K lanes tile's most)
+                    let t0 = 17 - nt;
                     let panel = ActPanel::new(&xa, t0, nt, block, per_block, 32);
                     let mut ys = vec![vec![f32::NAN; rows]; nt];
                     let mut outs: Vec<&mut [f32]> =
