@@ -30,8 +30,8 @@ use std::arch::x86_64::*;
 /// Bytes per Q8_0 block.
 const BLOCK: usize = 34;
 
-/// Most tokens per call (a verification of 8 drafts).
-pub(super) const MAX_TOKENS: usize = 9;
+/// Most tokens per call: a panel's (16; a verification of 8 drafts takes 9).
+pub(super) const MAX_TOKENS: usize = PANEL_LANES;
 
 /// Most tokens that go through [`rows_seq`] (more through [`rows_side`]).
 const SEQ_TOKENS: usize = 2;
@@ -438,5 +438,5 @@ unsafe fn tile_n<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mut [
 /// The few-token entry: 1 to [`MAX_TOKENS`] tokens of a panel.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn tile(w: &[u8], rb: usize, p: &ActPanel, out: &mut [&mut [f32]]) {
-    by_token_count!(p.nt, tile_n, "Q8_0", (w, rb, p, out))
+    by_token_count!(p.nt, tile_n, "Q8_0", (w, rb, p, out), 16)
 }
