@@ -401,7 +401,7 @@ tile_entry!(tile_q6_k, rows_q6_k, [1 2 3 4 5 6 7 8 9]);
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::act::{ActPanel, QuantAct};
+    use super::super::super::act::{ActPanel, QuantAct, PANEL_LANES};
     use super::super::super::{ActKind, VecKernel, WeightRef};
     use crate::simd::{detected_level, SimdLevel};
     use crate::testutil::{random_weights, Rng};
@@ -439,7 +439,7 @@ mod tests {
                 let mut rng = Rng::new(7 + rows as u64);
                 let data = random_weights(&mut rng, ty, rows, cols);
                 let w = WeightRef::new(ty, &data, rows, cols).unwrap();
-                let x = rng.vec(17 * cols);
+                let x = rng.vec((PANEL_LANES + 1) * cols);
                 let Some(VecKernel::Quant(kind, one, _)) = super::super::vec_kernel(ty, lanes)
                 else {
                     panic!("{ty}: no AVX2 dot kernel");
@@ -462,9 +462,9 @@ mod tests {
                     )
                 };
                 for nt in 1..=max {
-                    // tokens 17 - nt .. 17: a panel that does not start at
-                    // token 0 (up to 16 tokens: the Q4_K lanes tile's most)
-                    let t0 = 17 - nt;
+                    // the last nt of PANEL_LANES + 1 tokens: a panel that does
+                    // not start at token 0, up to the lanes tiles' 16 tokens
+                    let t0 = PANEL_LANES + 1 - nt;
                     let panel = ActPanel::new(&xa, t0, nt, block, per_block, 32);
                     let mut ys = vec![vec![f32::NAN; rows]; nt];
                     let mut outs: Vec<&mut [f32]> =
