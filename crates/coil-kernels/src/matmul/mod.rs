@@ -598,10 +598,16 @@ fn gemm_min_tokens(ty: GgmlType, level: SimdLevel) -> usize {
         // tokens 5.7-5.9 against 4.6-4.7, 32 tokens 6.7-6.8 against 6.0, 40
         // tokens 7.9-8.0 against 7.6; Q6_K 16 tokens 6.1-6.3 against 4.6, 18
         // tokens 6.5-7.0 against 5.2; 2 threads Q4_K 32 tokens 3.4-3.5
-        // against 3.1, Q6_K 16 tokens 3.0-3.7 against 2.4.
+        // against 3.1, Q6_K 16 tokens 3.0-3.7 against 2.4. Q6_K's
+        // rows-in-lanes tile (16 tokens per pass) stays ahead of the GEMM
+        // to 48 tokens (2 threads, ms, tiles against the GEMM: 32768 x 1024
+        // 24 tokens 5.6 / 7.5, 32 7.2-7.3 / 9.2-9.3, 48 10.8-11.3 /
+        // 12.4-12.6; 1024 x 3584 48 tokens 1.19-1.21 / 1.33-1.37, 64 2.04 /
+        // 1.65).
         return match ty {
             Q4_1 | Q5_0 | Q5_1 => 8,
             Q4_K if !crate::simd::avx_vnni() && x86_avx2::lanes(ty, false) => 33,
+            Q6_K if !crate::simd::avx_vnni() && x86_avx2::lanes(ty, false) => 49,
             Q6_K if !crate::simd::avx_vnni() => 19,
             _ => 12,
         };

@@ -40,6 +40,7 @@ macro_rules! by_token_count {
 }
 
 mod lanes;
+mod lanes_q6_k;
 mod lanes_q8_0;
 mod legacy;
 mod tiles;
@@ -83,6 +84,11 @@ pub(super) fn vec_kernel(ty: GgmlType, lanes: bool) -> Option<VecKernel> {
         GgmlType::Q4_K if lanes => {
             VecKernel::Quant(Q8K, |r, q, d, s| unsafe { lanes::dot(r, q, d, s) }, None)
         }
+        GgmlType::Q6_K if lanes => VecKernel::Quant(
+            Q8K,
+            |r, q, d, s| unsafe { lanes_q6_k::dot(r, q, d, s) },
+            None,
+        ),
         GgmlType::Q4_K => VecKernel::Quant(
             Q8K,
             |r, q, d, s| unsafe { dot_k45::<false, 0>(r, q, d, s) },
@@ -104,28 +110,31 @@ pub(super) fn vec_kernel(ty: GgmlType, lanes: bool) -> Option<VecKernel> {
 }
 
 /// Whether `ty` goes through the rows-in-lanes kernels of `lanes.rs`
-/// (Q4_K) and `lanes_q8_0.rs` (Q8_0) on a pool that does (`single_stream`)
-/// or does not run one sequence at a time
+/// (Q4_K), `lanes_q6_k.rs` (Q6_K) and `lanes_q8_0.rs` (Q8_0) on a pool that
+/// does (`single_stream`) or does not run one sequence at a time
 /// ([`crate::ThreadPool::set_single_stream`]); the argument `lanes` of
 /// [`vec_kernel`], [`tile_kernel`] and [`rows_kernel`]. One choice per
 /// pool and format: the one-token, few-token and dot kernels of a choice
 /// share their arithmetic, so each token's bits are the same however many
 /// are in the call.
 ///
-/// Q4_K and Q8_0 take them unless `COIL_AVX2_LANES=0` (the row-at-a-time
-/// kernels below and in `tiles.rs`, which the other formats keep: Q5_K and
-/// Q6_K gained nothing from the lanes, see docs/PERFORMANCE.md, "Twentieth
-/// session"). Kernel bench, Intel Xeon model 167 at `COIL_SIMD=avx2`, 2
-/// threads, streamed from memory: 8 tokens Q4_K 7.0–7.5 → 9.6–11.3 GB/s,
-/// Q8_0 8.0 → 11.3 (15.6 with AVX-VNNI); one and two tokens level there.
-/// On an AMD EPYC Zen 3 the one-token Q8_0 kernel in the lanes is the
-/// slower one (79–84% of the read bandwidth against 89–98%, 2 threads;
-/// `coil bench` tg128 on Q8_0 files 5–20% lower; docs/PERFORMANCE.md,
-/// "Twenty-fifth session"), so a single-stream pool keeps Q8_0 row at a
-/// time; Q4_K's one-token kernels are level there.
+/// Q4_K, Q6_K and Q8_0 take them unless `COIL_AVX2_LANES=0` (the
+/// row-at-a-time kernels below and in `tiles.rs`, which the other formats
+/// keep: Q5_K gained nothing from the lanes, see docs/PERFORMANCE.md,
+/// "Twentieth session"). Kernel bench, Intel Xeon model 167 at
+/// `COIL_SIMD=avx2`, 2 threads, streamed from memory: 8 tokens Q4_K 7.0–7.5
+/// → 9.6–11.3 GB/s, Q8_0 8.0 → 11.3 (15.6 with AVX-VNNI); one and two
+/// tokens level there. Q6_K on an AMD EPYC Zen 3 (`probe`, 2 threads,
+/// 32768 x 1024): 16 tokens 4.96 → 3.81 ms, 8 tokens +10–17% (one thread,
+/// 2048 x 1024), one token from memory level (qwen35-0.8b-like Q4_K_M
+/// `coil bench` tg64 +2–4%, three pairs). On the Zen 3 the one-token Q8_0
+/// kernel in the lanes is the slower one (79–84% of the read bandwidth
+/// against 89–98%, 2 threads; `coil bench` tg128 on Q8_0 files 5–20%
+/// lower; docs/PERFORMANCE.md, "Twenty-fifth session"), so a single-stream
+/// pool keeps Q8_0 row at a time; Q4_K's one-token kernels are level there.
 pub(super) fn lanes(ty: GgmlType, single_stream: bool) -> bool {
     match ty {
-        GgmlType::Q4_K => lanes_on(),
+        GgmlType::Q4_K | GgmlType::Q6_K => lanes_on(),
         GgmlType::Q8_0 => lanes_on() && !single_stream,
         _ => false,
     }
@@ -160,6 +169,10 @@ pub(super) fn tile_kernel(ty: GgmlType, lanes: bool) -> Option<TileKernel> {
         ),
         GgmlType::Q4_K => (|w, rb, a, o| unsafe { tiles::tile_q4_k(w, rb, a, o) }, K),
         GgmlType::Q5_K => (|w, rb, a, o| unsafe { tiles::tile_q5_k(w, rb, a, o) }, K),
+        GgmlType::Q6_K if lanes => (
+            |w, rb, a, o| unsafe { lanes_q6_k::tile(w, rb, a, o) },
+            lanes_q6_k::MAX_TOKENS,
+        ),
         GgmlType::Q6_K => (|w, rb, a, o| unsafe { tiles::tile_q6_k(w, rb, a, o) }, K),
         _ => return None,
     };
@@ -193,6 +206,9 @@ pub(super) fn rows_kernel(ty: GgmlType, lanes: bool) -> Option<QuantRows> {
         }
         GgmlType::Q4_K => |w, rb, q, d, s, o| unsafe { rows_q4_k(w, rb, q, d, s, o) },
         GgmlType::Q5_K => |w, rb, q, d, s, o| unsafe { rows_q5_k(w, rb, q, d, s, o) },
+        GgmlType::Q6_K if lanes => {
+            |w, rb, q, d, s, o| unsafe { lanes_q6_k::rows_one(w, rb, q, d, s, o) }
+        }
         GgmlType::Q6_K => |w, rb, q, d, s, o| unsafe { rows_q6_k(w, rb, q, d, s, o) },
         GgmlType::IQ4_XS => |w, rb, q, d, s, o| unsafe { rows_iq4_xs(w, rb, q, d, s, o) },
         _ => return None,

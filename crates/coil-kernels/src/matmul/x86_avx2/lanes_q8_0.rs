@@ -311,7 +311,7 @@ unsafe fn rows_seq<const NT: usize>(
 /// them to retire).
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
-unsafe fn scales(rows: &[*const u8; ROWS], off: usize) -> __m256 {
+pub(super) unsafe fn scales(rows: &[*const u8; ROWS], off: usize) -> __m256 {
     let h = |r: usize| (rows[r].add(off) as *const u16).read_unaligned() as i32;
     let mut v = _mm_cvtsi32_si128(h(0));
     v = _mm_insert_epi16::<1>(v, h(1));

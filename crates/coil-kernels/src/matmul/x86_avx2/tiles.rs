@@ -277,7 +277,7 @@ unsafe fn rows_k45<const HIGH: bool, const NT: usize>(
 /// (q · x)`, exact.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn q6k_step<const NT: usize, const N: usize, const K: usize>(
+pub(super) unsafe fn q6k_step<const NT: usize, const N: usize, const K: usize>(
     b: *const u8,
     lanes: &[__m256i; 2],
     c: *const i8,
