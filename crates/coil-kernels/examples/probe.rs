@@ -1,5 +1,7 @@
 //! One matmul shape, timed: `probe FORMAT ROWS COLS N_TOKENS [THREADS]`
-//! (best of 10). With `COIL_GEMM_MIN_TOKENS` / `COIL_INT_GEMM` it compares paths.
+//! (best of 10). With `COIL_GEMM_MIN_TOKENS` / `COIL_INT_GEMM` it compares paths;
+//! `PROBE_REPACK=1` repacks the matrix as engines' loaders do
+//! (`matmul::repack`), `PROBE_SINGLE=1` marks the pool single-stream.
 use coil_gguf::GgmlType;
 use coil_kernels::testutil::{random_weights, Rng};
 use coil_kernels::{matmul, ThreadPool, WeightRef};
@@ -12,9 +14,15 @@ fn main() {
     let n: usize = a[4].parse().unwrap();
     let th: usize = a.get(5).map(|s| s.parse().unwrap()).unwrap_or(0);
     let pool = ThreadPool::new(th);
+    let flag = |k: &str| std::env::var(k).is_ok_and(|v| v == "1");
+    pool.set_single_stream(flag("PROBE_SINGLE"));
     let mut rng = Rng::new(1);
-    let data = random_weights(&mut rng, ty, rows, cols);
-    let w = WeightRef::new(ty, &data, rows, cols).unwrap();
+    let mut data = random_weights(&mut rng, ty, rows, cols);
+    let repacked = flag("PROBE_REPACK") && matmul::repack(ty, &mut data, rows, cols);
+    let mut w = WeightRef::new(ty, &data, rows, cols).unwrap();
+    if repacked {
+        w.layout = matmul::Layout::Lanes16;
+    }
     let x = rng.vec(n * cols);
     let mut y = vec![0f32; n * rows];
     let mut best = f64::MAX;
@@ -24,7 +32,8 @@ fn main() {
         best = best.min(t.elapsed().as_secs_f64());
     }
     println!(
-        "{ty} {rows}x{cols} n={n}: {:.3} ms, {:.1} GFLOP/s",
+        "{ty}{} {rows}x{cols} n={n}: {:.3} ms, {:.1} GFLOP/s",
+        if repacked { " (lanes16)" } else { "" },
         best * 1e3,
         2.0 * (rows * cols * n) as f64 / best / 1e9
     );

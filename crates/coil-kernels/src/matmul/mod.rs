@@ -343,10 +343,58 @@ fn int_gemm_sized(w: &WeightRef, n_tokens: usize, level: SimdLevel) -> bool {
         return false;
     }
     match (w.layout, vec_kernel(w.ty, level, false)) {
-        (Layout::Lanes16, _) | (_, Some(_)) => n_tokens >= gemm_min_tokens(w.ty, level),
+        (Layout::Lanes16, _) | (_, Some(_)) => n_tokens >= gemm_from(w, level),
         (_, None) => n_tokens >= 4,
     }
 }
+
+/// Tokens from which `w`'s products go to a GEMM at `level`:
+/// [`gemm_min_tokens`], or [`SPLIT_Q6K_GEMM_FROM`] for [`split_q6k_lanes`].
+fn gemm_from(w: &WeightRef, level: SimdLevel) -> usize {
+    if split_q6k_lanes(w, level) && gemm_override().is_none() {
+        SPLIT_Q6K_GEMM_FROM
+    } else {
+        gemm_min_tokens(w.ty, level)
+    }
+}
+
+/// Whether `w` is a Q6_K matrix in the file's layout at the AVX-512 level of
+/// a CPU that runs 512-bit operations as halves ([`simd::split_512`]: AMD
+/// Zen 4, where the loader leaves Q6_K unrepacked) with the AVX2
+/// rows-in-lanes Q6_K kernels on. Its products then take the AVX2 level's
+/// rows-in-lanes kernels (`x86_avx2::lanes_q6_k`, `vpdpbusd` on 256-bit
+/// vectors; 16 tokens per pass, the rows transposed as read) up to
+/// [`SPLIT_Q6K_GEMM_FROM`] tokens: for every token count in a batched
+/// engine's pool (one kernel family per pool keeps batched decoding
+/// batch-invariant), from [`SPLIT_Q6K_LANES_FROM`] in a single stream's
+/// prompts (its one-token products stay the AVX-512 row kernel's). AMD Zen
+/// 4 (family 25 model 17), 2 threads, `probe`, ms, these / the AVX-512
+/// 8-token tile (5–11 tokens) or integer GEMM (12 on): 5 tokens 2048 x
+/// 5632 0.36–0.43 / 0.42–0.49; 6 tokens 0.39 / 0.48; 8 tokens 248320 x
+/// 1024 12.3–12.5 / 15.3–16.0, 2048 x 5632 0.47 / 0.66–0.74; 16 tokens
+/// 0.79–0.80 / 1.47–1.72; 20–32 tokens ahead of the GEMM (2048 x 5632 20
+/// tokens 1.12–1.18 / 1.38–1.39, 32 1.60–1.64 / 1.77–1.78), 40 level, 48
+/// on behind (64 tokens 2.92–2.98 / 3.28–3.33); one and two tokens from
+/// memory level (248320 x 1024: 5.7–6.2 / 5.8–6.6 ms), 3–4 tokens ~10%
+/// behind.
+#[cfg(target_arch = "x86_64")]
+fn split_q6k_lanes(w: &WeightRef, level: SimdLevel) -> bool {
+    level == SimdLevel::Avx512
+        && w.ty == GgmlType::Q6_K
+        && w.layout == Layout::Rows
+        && simd::split_512()
+        && x86_avx2::lanes(GgmlType::Q6_K, false)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn split_q6k_lanes(_: &WeightRef, _: SimdLevel) -> bool {
+    false
+}
+
+/// See [`split_q6k_lanes`].
+const SPLIT_Q6K_LANES_FROM: usize = 5;
+/// See [`split_q6k_lanes`].
+const SPLIT_Q6K_GEMM_FROM: usize = 33;
 
 fn check_shapes(w: &WeightRef, x: &[f32], y: &[f32], n_tokens: usize) {
     assert_eq!(
@@ -394,10 +442,16 @@ pub fn matmul_at(
     // token's result computed exactly as if it were alone (see
     // [`crate::numerics`]).
     let per_row = n_tokens == 1 || crate::numerics::batch_invariant();
-    let dot_level = float_dot_level(pool, w.ty, level);
     let single = pool.single_stream();
+    let dot_level = if split_q6k_lanes(w, level)
+        && (!single || (!per_row && n_tokens >= SPLIT_Q6K_LANES_FROM))
+    {
+        SimdLevel::Avx2
+    } else {
+        float_dot_level(pool, w.ty, level)
+    };
     match vec_kernel(w.ty, dot_level, single) {
-        Some(k) if per_row || n_tokens < gemm_min_tokens(w.ty, level) => vec_path(
+        Some(k) if per_row || n_tokens < gemm_from(w, level) => vec_path(
             pool,
             w,
             x,
@@ -555,6 +609,16 @@ pub fn set_int_gemm(enabled: bool) {
     );
 }
 
+/// `COIL_GEMM_MIN_TOKENS`, if set to a number.
+fn gemm_override() -> Option<usize> {
+    static OVERRIDE: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *OVERRIDE.get_or_init(|| {
+        std::env::var("COIL_GEMM_MIN_TOKENS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    })
+}
+
 /// Token count from which the GEMM strategy wins over per-row dot products.
 /// (Measured on a 2-core AVX-512 machine: with the 4-token dot kernels the
 /// quantized formats cross over at ~24 tokens against the f32 GEMM, ~12
@@ -564,13 +628,7 @@ pub fn set_int_gemm(enabled: bool) {
 /// it says).
 fn gemm_min_tokens(ty: GgmlType, level: SimdLevel) -> usize {
     use GgmlType::*;
-    static OVERRIDE: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let o = OVERRIDE.get_or_init(|| {
-        std::env::var("COIL_GEMM_MIN_TOKENS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-    });
-    if let Some(o) = *o {
+    if let Some(o) = gemm_override() {
         return o;
     }
     #[cfg(target_arch = "x86_64")]

@@ -473,6 +473,64 @@ fn single_stream_pools_keep_their_kernels_on_every_path() {
     }
 }
 
+/// Where 512-bit operations run as halves (AMD Zen 4: `split_q6k_lanes`),
+/// Q6_K in the file's layout takes the AVX2 level's rows-in-lanes kernels
+/// at the AVX-512 level: in a batched pool for every token count (so the
+/// invariant mode still gives each token its one-token bits), in a
+/// single-stream pool for 5–32 tokens of a prompt only (its one-token and
+/// invariant products stay the AVX-512 ones). Other CPUs: nothing to check.
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn split_512_q6_k_products_take_the_avx2_lanes() {
+    use crate::simd::available_levels;
+    let (ty, level) = (GgmlType::Q6_K, SimdLevel::Avx512);
+    if !(available_levels().contains(&level)
+        && crate::simd::split_512()
+        && x86_avx2::lanes(ty, false))
+    {
+        return;
+    }
+    let plain = ThreadPool::new(2);
+    let single = ThreadPool::new(2);
+    single.set_single_stream(true);
+    let (rows, cols, n_max) = (37, 768, 32);
+    let mut rng = Rng::new(1300);
+    let data = random_weights(&mut rng, ty, rows, cols);
+    let w = WeightRef::new(ty, &data, rows, cols).unwrap();
+    let x = rng.vec(n_max * cols);
+    let run = |pool: &ThreadPool, n: usize, level: SimdLevel| {
+        let mut y = vec![f32::NAN; n * rows];
+        matmul_at(pool, &w, &x[..n * cols], &mut y, n, level);
+        y
+    };
+    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+    for n in [1, 2, 3, 4, 5, 8, 9, 16, 17, 32] {
+        let avx2 = run(&plain, n, SimdLevel::Avx2);
+        assert!(same(&run(&plain, n, level), &avx2), "batched pool, n {n}");
+        let _inv = crate::numerics::invariant_scope(true);
+        assert!(
+            same(&run(&plain, n, level), &avx2),
+            "batched pool, invariant, n {n}"
+        );
+    }
+    for n in 5..=32 {
+        let avx2 = run(&plain, n, SimdLevel::Avx2);
+        assert!(same(&run(&single, n, level), &avx2), "single stream, n {n}");
+    }
+    // the single stream's one token: the AVX-512 row kernel's bits
+    let Some(VecKernel::Quant(ActKind::Q8K, dot, _)) = vec_kernel(ty, level, true) else {
+        panic!("Q6_K: no AVX-512 dot kernel");
+    };
+    let xa = act::QuantAct::q8_k(&x[..cols], cols);
+    let want: Vec<f32> = (0..rows)
+        .map(|r| dot(w.row(r), xa.qs_row(0), &xa.d, &xa.sums))
+        .collect();
+    assert!(
+        same(&run(&single, 1, level), &want),
+        "single stream, one token"
+    );
+}
+
 /// Without the invariant scope, a single token still takes the one-token
 /// path (what plain decoding and the invariant mode share), and many
 /// tokens may take another (the GEMM): this is why the mode exists.

@@ -26,6 +26,13 @@
 //! shuffles are constants (built per block, they cost as much as the
 //! products).
 //!
+//! Where the CPU has VNNI (AVX-VNNI, or AVX-512 VNNI used on 256-bit
+//! vectors at the AVX-512 level: AMD Zen 4 takes these kernels there, see
+//! `matmul::split_q6k_lanes`), a 16-value group of 8 rows and a token is a
+//! chain of 4 `vpdpbusd` and a `vpmulld` by the scales instead (the same
+//! exact integers): AMD Zen 4, 2 threads, 8 tokens 248320 x 1024 14.6–15.0
+//! → 12.3–12.5 ms, 16 tokens 2048 x 5632 1.00–1.02 → 0.79–0.80.
+//!
 //! Batch invariance: a row's result is computed in its own lane and a
 //! token's in its own registers, with the same operations whatever the
 //! number of tokens or rows in the call (a short last group repeats its last
@@ -52,6 +59,16 @@ pub(super) const MAX_TOKENS: usize = PANEL_LANES;
 
 /// Most tokens that go through [`rows_seq`] (more through [`rows_side`]).
 const SEQ_TOKENS: usize = 2;
+
+/// [`SEQ_TOKENS`] where 512-bit operations run as halves
+/// ([`crate::simd::split_512`]: AMD Zen 4, which takes these kernels at its
+/// AVX-512 level for Q6_K in batched engines, see `matmul::split_q6k_lanes`).
+/// There, 2 threads, `probe` ms, in order / side by side: 3 tokens
+/// 248320 x 1024 7.7-9.3 / 9.3-10.5, 2048 x 5632 0.30-0.38 / 0.33-0.44; 4
+/// tokens 9.8-9.9 / 10.1-11.7, 1024 x 3584 0.124-0.140 / 0.128-0.169; 5-8
+/// tokens side by side level or ahead (8 tokens 2048 x 5632 0.58-0.62 /
+/// 0.77-0.78).
+const SEQ_TOKENS_SPLIT_512: usize = 4;
 
 /// A block's contribution to a token's 8 row results: `acc + cvt(isum) ·
 /// (d · dx)` (the one order of roundings every path here shares).
@@ -187,10 +204,36 @@ unsafe fn unpack(rows: &[*const u8; ROWS], i: usize, pf: *const u8, blk: &mut Bl
     }
 }
 
-/// 8 rows side by side: the rows' results of `NT` tokens over `nb` blocks.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn rows_side<const NT: usize>(
+/// How [`rows_side`] sums a 16-value group of 8 rows and a token: `vpmaddubsw`
+/// pairs added in i16, then `vpmaddwd` by the scales ([`NO_VNNI`]), or
+/// `vpdpbusd` chains and a `vpmulld` by the scale, with AVX-VNNI's VEX
+/// encoding ([`AVX_VNNI`], Intel client CPUs) or AVX-512 VNNI's EVEX one
+/// on 256-bit vectors ([`AVX512_VNNI`]): the same exact integers.
+type Vnni = u8;
+const NO_VNNI: Vnni = 0;
+const AVX_VNNI: Vnni = 1;
+const AVX512_VNNI: Vnni = 2;
+
+/// `acc + Σ u8 · i8` in fours, by the instruction `V` names.
+#[inline(always)]
+unsafe fn dpbusd<const V: Vnni>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    if V == AVX512_VNNI {
+        _mm256_dpbusd_epi32(acc, u, s)
+    } else {
+        _mm256_dpbusd_avx_epi32(acc, u, s)
+    }
+}
+
+/// The 4 activation bytes at `xp[g]` in every lane.
+#[inline(always)]
+unsafe fn bcast(xp: *const i32, g: usize) -> __m256i {
+    _mm256_set1_epi32(xp.add(g).read_unaligned())
+}
+
+/// 8 rows side by side: the rows' results of `NT` tokens over `nb` blocks
+/// (`V`: see [`Vnni`]; the caller has the features it names).
+#[inline(always)]
+unsafe fn rows_side<const NT: usize, const V: Vnni>(
     w: *const u8,
     rb: usize,
     n: usize,
@@ -223,6 +266,25 @@ unsafe fn rows_side<const NT: usize>(
             for s in 0..8 {
                 let q = blk.w[s];
                 let (s0, s1) = (blk.sc[2 * s], blk.sc[2 * s + 1]);
+                if V != NO_VNNI {
+                    // the scales as i32s (sign-extended in the high halves)
+                    let (l0, l1) = (_mm256_srai_epi32::<16>(s0), _mm256_srai_epi32::<16>(s1));
+                    for t in 0..NT {
+                        let xp = x.qs.add(((8 * i + s) * NT + t) * 32) as *const i32;
+                        let mut lo = dpbusd::<V>(_mm256_setzero_si256(), q[0], bcast(xp, 0));
+                        let mut hi = dpbusd::<V>(_mm256_setzero_si256(), q[4], bcast(xp, 4));
+                        for g in 1..4 {
+                            lo = dpbusd::<V>(lo, q[g], bcast(xp, g));
+                            hi = dpbusd::<V>(hi, q[g + 4], bcast(xp, g + 4));
+                        }
+                        let p = _mm256_add_epi32(
+                            _mm256_mullo_epi32(lo, l0),
+                            _mm256_mullo_epi32(hi, l1),
+                        );
+                        blk.acc[t] = _mm256_add_epi32(blk.acc[t], p);
+                    }
+                    continue;
+                }
                 for t in 0..NT {
                     // chunk 8i + s of token t, 4 bytes per column group
                     let xp = x.qs.add(((8 * i + s) * NT + t) * 32) as *const i32;
@@ -247,6 +309,45 @@ unsafe fn rows_side<const NT: usize>(
         store_rows(&facc, out, r0, n);
         r0 += ROWS;
     }
+}
+
+/// [`rows_side`] without VNNI.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_side_plain<const NT: usize>(
+    w: *const u8,
+    rb: usize,
+    n: usize,
+    nb: usize,
+    x: Act,
+    out: [*mut f32; NT],
+) {
+    rows_side::<NT, NO_VNNI>(w, rb, n, nb, x, out)
+}
+
+/// [`rows_side`] with AVX-VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn rows_side_avx_vnni<const NT: usize>(
+    w: *const u8,
+    rb: usize,
+    n: usize,
+    nb: usize,
+    x: Act,
+    out: [*mut f32; NT],
+) {
+    rows_side::<NT, AVX_VNNI>(w, rb, n, nb, x, out)
+}
+
+/// [`rows_side`] with AVX-512 VNNI on 256-bit vectors.
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+unsafe fn rows_side_avx512_vnni<const NT: usize>(
+    w: *const u8,
+    rb: usize,
+    n: usize,
+    nb: usize,
+    x: Act,
+    out: [*mut f32; NT],
+) {
+    rows_side::<NT, AVX512_VNNI>(w, rb, n, nb, x, out)
 }
 
 /// Row block `b`'s exact sum with `NT` tokens' block `i` as the row kernel
@@ -412,10 +513,15 @@ unsafe fn tile_n<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mut [
         return;
     }
     let (x, o) = (Act::panel(p), out_ptrs::<NT>(out));
-    if NT <= SEQ_TOKENS {
+    if NT <= SEQ_TOKENS || (NT <= SEQ_TOKENS_SPLIT_512 && crate::simd::split_512()) {
         rows_seq::<NT>(w.as_ptr(), rb, n, nb, x, o);
+    } else if crate::simd::level() >= crate::SimdLevel::Avx512 {
+        // (the AVX-512 level has AVX-512 VNNI and VL)
+        rows_side_avx512_vnni::<NT>(w.as_ptr(), rb, n, nb, x, o);
+    } else if crate::simd::avx_vnni() {
+        rows_side_avx_vnni::<NT>(w.as_ptr(), rb, n, nb, x, o);
     } else {
-        rows_side::<NT>(w.as_ptr(), rb, n, nb, x, o);
+        rows_side_plain::<NT>(w.as_ptr(), rb, n, nb, x, o);
     }
 }
 
