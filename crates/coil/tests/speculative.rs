@@ -68,7 +68,11 @@ fn assert_bitwise(what: &str, got: &[f32], want: &[f32]) {
     }
 }
 
-/// Plain greedy decoding of `n` tokens after `prompt`: the tokens, the
+/// Plain greedy decoding of `n` tokens after `prompt` by an engine of
+/// `n_seq` sequences (the one under test's: an engine of one sequence runs
+/// its pool single-stream, whose F16 / BF16 products at the AVX-512 level
+/// differ in their bits from a batched engine's, see
+/// `EngineOptions::batched_layout`), the sequence alone: the tokens, the
 /// logits row before each, and the recurrent state after feeding all but
 /// the last.
 struct Plain {
@@ -77,8 +81,14 @@ struct Plain {
     state: Option<Vec<f32>>,
 }
 
-fn plain(path: &PathBuf, prompt: &[u32], n: usize, policy: CheckpointPolicy) -> Plain {
-    let mut e = engine(path, 1, policy);
+fn plain(
+    path: &PathBuf,
+    n_seq: usize,
+    prompt: &[u32],
+    n: usize,
+    policy: CheckpointPolicy,
+) -> Plain {
+    let mut e = engine(path, n_seq, policy);
     let mut logits = e.eval(0, prompt, LogitRows::Last, 0).unwrap();
     let (mut tokens, mut rows) = (Vec::new(), Vec::new());
     for i in 0..n {
@@ -142,7 +152,7 @@ fn greedy_speculation_is_bitwise_plain_decoding() {
         ] {
             // Checkpoint positions cut the prompt's micro-batches: the
             // reference runs under the same policy.
-            let p = plain(&path, prompt, n, policy);
+            let p = plain(&path, 1, prompt, n, policy);
             let mut e = engine(&path, 1, policy);
             let n_vocab = e.n_vocab();
             let mut logits = e.eval(0, prompt, LogitRows::Last, 0).unwrap();
@@ -226,7 +236,7 @@ fn several_sequences_at_once() {
         let n = 20;
         let plains: Vec<Plain> = prompts
             .iter()
-            .map(|pr| plain(&path, pr, n, CheckpointPolicy::default()))
+            .map(|pr| plain(&path, 3, pr, n, CheckpointPolicy::default()))
             .collect();
         let mut e = engine(&path, 3, CheckpointPolicy::default());
         let n_vocab = e.n_vocab();
