@@ -122,7 +122,9 @@ pub fn repacks(ty: GgmlType) -> bool {
 /// run as two halves ([`simd::split_512`]: on an AMD Zen 4 the Q6_K lanes
 /// kernel's unpacking — 3 shifts, 2 merges and 4 masks per 64 values —
 /// read one token's weights at 18–21 GB/s against 37–41 for the plain
-/// rows' kernel, and 8 tokens' no faster); `0`: neither; `all`: both;
+/// rows' kernel, and 8 tokens' no faster; there the AVX2 rows-in-lanes
+/// kernels take Q6_K's few-token products from the file's layout, see
+/// [`split_q6k_lanes`]); `0`: neither; `all`: both;
 /// `noq6`: Q4_K and Q8_0 only (one sequence decoding in a batched engine
 /// ~4% faster on qwen35-0.8b-like Q4_K_M, eight ~11% slower).
 fn repack_wanted(ty: GgmlType) -> bool {
