@@ -31,7 +31,11 @@
 //! `matmul::split_q6k_lanes`), a 16-value group of 8 rows and a token is a
 //! chain of 4 `vpdpbusd` and a `vpmulld` by the scales instead (the same
 //! exact integers): AMD Zen 4, 2 threads, 8 tokens 248320 x 1024 14.6–15.0
-//! → 12.3–12.5 ms, 16 tokens 2048 x 5632 1.00–1.02 → 0.79–0.80.
+//! → 12.3–12.5 ms, 16 tokens 2048 x 5632 1.00–1.02 → 0.79–0.80. Rows read
+//! in order fuse each step's `vpmaddwd` and `vpaddd` into a `vpdpwssd`
+//! there (2048 x 5632, four pairs: 1 token 0.195–0.249 → 0.189–0.234 ms,
+//! 3 tokens 0.356–0.460 → 0.312–0.378, 4 tokens 0.437–0.560 →
+//! 0.382–0.468).
 //!
 //! Batch invariance: a row's result is computed in its own lane and a
 //! token's in its own registers, with the same operations whatever the
@@ -350,10 +354,42 @@ unsafe fn rows_side_avx512_vnni<const NT: usize>(
     rows_side::<NT, AVX512_VNNI>(w, rb, n, nb, x, out)
 }
 
+/// [`q6k_step`] (step `(N, K)` of a Q6_K block for `NT` tokens: `iacc[t]
+/// += sc · (q · x)`, exact) with VNNI's `vpdpwssd` in place of `vpmaddwd`
+/// and `vpaddd` where `V` names it.
+#[inline(always)]
+unsafe fn step<const NT: usize, const N: usize, const K: usize, const V: Vnni>(
+    b: *const u8,
+    lanes: &[__m256i; 2],
+    c: *const i8,
+    iacc: &mut [__m256i; NT],
+) {
+    if V == NO_VNNI {
+        return q6k_step::<NT, N, K>(b, lanes, c, iacc);
+    }
+    let q = super::q6k_quant(b, N, K);
+    let s = super::q6k_scale(lanes, N, K);
+    let c = c.add(32 * NT * (4 * N + K));
+    for (t, acc) in iacc.iter_mut().enumerate() {
+        let x = _mm256_loadu_si256(c.add(32 * t) as *const __m256i);
+        let p = _mm256_maddubs_epi16(q, x);
+        *acc = if V == AVX512_VNNI {
+            _mm256_dpwssd_epi32(*acc, p, s)
+        } else {
+            _mm256_dpwssd_avx_epi32(*acc, p, s)
+        };
+    }
+}
+
 /// Row block `b`'s exact sum with `NT` tokens' block `i` as the row kernel
 /// computes it (8 partial sums in the lanes of `part[t]`).
 #[inline(always)]
-unsafe fn row_block<const NT: usize>(b: *const u8, x: Act, i: usize, part: &mut [__m256i; NT]) {
+unsafe fn row_block<const NT: usize, const V: Vnni>(
+    b: *const u8,
+    x: Act,
+    i: usize,
+    part: &mut [__m256i; NT],
+) {
     super::prefetch_block(b.wrapping_add(super::PF_STREAM), BLOCK);
     super::prefetch_far(b, BLOCK);
     let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(SCALES) as *const __m128i));
@@ -362,14 +398,14 @@ unsafe fn row_block<const NT: usize>(b: *const u8, x: Act, i: usize, part: &mut 
     // the eight steps written out (as loops, LLVM chose the shifts of
     // `q6k_quant` at run time; see `tiles.rs`)
     let c = x.qs.add(32 * NT * 8 * i);
-    q6k_step::<NT, 0, 0>(b, &lanes, c, &mut iacc);
-    q6k_step::<NT, 0, 1>(b, &lanes, c, &mut iacc);
-    q6k_step::<NT, 0, 2>(b, &lanes, c, &mut iacc);
-    q6k_step::<NT, 0, 3>(b, &lanes, c, &mut iacc);
-    q6k_step::<NT, 1, 0>(b, &lanes, c, &mut iacc);
-    q6k_step::<NT, 1, 1>(b, &lanes, c, &mut iacc);
-    q6k_step::<NT, 1, 2>(b, &lanes, c, &mut iacc);
-    q6k_step::<NT, 1, 3>(b, &lanes, c, &mut iacc);
+    step::<NT, 0, 0, V>(b, &lanes, c, &mut iacc);
+    step::<NT, 0, 1, V>(b, &lanes, c, &mut iacc);
+    step::<NT, 0, 2, V>(b, &lanes, c, &mut iacc);
+    step::<NT, 0, 3, V>(b, &lanes, c, &mut iacc);
+    step::<NT, 1, 0, V>(b, &lanes, c, &mut iacc);
+    step::<NT, 1, 1, V>(b, &lanes, c, &mut iacc);
+    step::<NT, 1, 2, V>(b, &lanes, c, &mut iacc);
+    step::<NT, 1, 3, V>(b, &lanes, c, &mut iacc);
     for (t, acc) in iacc.iter().enumerate() {
         // minus 32 · Σ_g sc_g · bsum_g
         let bs16 = _mm256_loadu_si256(x.sums.add((i * NT + t) * 16) as *const __m256i);
@@ -400,9 +436,8 @@ const STACK_SUMS: usize = 1024;
 /// [`rows_side`]'s. The float work of a group of 8 rows runs after the next
 /// group's sums (two buffers in turn), so its vector loads never wait on
 /// the scalar stores still in the store queue.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn rows_seq<const NT: usize>(
+#[inline(always)]
+unsafe fn rows_seq<const NT: usize, const V: Vnni>(
     w: *const u8,
     rb: usize,
     n: usize,
@@ -436,7 +471,7 @@ unsafe fn rows_seq<const NT: usize>(
                 for i in 0..nb {
                     let b = row.add(BLOCK * i);
                     let mut part = [_mm256_setzero_si256(); NT];
-                    row_block::<NT>(b, x, i, &mut part);
+                    row_block::<NT, V>(b, x, i, &mut part);
                     for (t, p) in part.iter().enumerate() {
                         *pp.add((t * nb + i) * ROWS + r) = hsum_i32(*p);
                     }
@@ -457,6 +492,75 @@ unsafe fn rows_seq<const NT: usize>(
             }
             store_rows(&f, out, ROWS * g, n);
         }
+    }
+}
+
+/// [`rows_seq`] without VNNI.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_seq_plain<const NT: usize>(
+    w: *const u8,
+    rb: usize,
+    n: usize,
+    nb: usize,
+    x: Act,
+    out: [*mut f32; NT],
+) {
+    rows_seq::<NT, NO_VNNI>(w, rb, n, nb, x, out)
+}
+
+/// [`rows_seq`] with AVX-VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn rows_seq_avx_vnni<const NT: usize>(
+    w: *const u8,
+    rb: usize,
+    n: usize,
+    nb: usize,
+    x: Act,
+    out: [*mut f32; NT],
+) {
+    rows_seq::<NT, AVX_VNNI>(w, rb, n, nb, x, out)
+}
+
+/// [`rows_seq`] with AVX-512 VNNI on 256-bit vectors.
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+unsafe fn rows_seq_avx512_vnni<const NT: usize>(
+    w: *const u8,
+    rb: usize,
+    n: usize,
+    nb: usize,
+    x: Act,
+    out: [*mut f32; NT],
+) {
+    rows_seq::<NT, AVX512_VNNI>(w, rb, n, nb, x, out)
+}
+
+/// The VNNI form this thread's SIMD level allows (the AVX-512 level has
+/// AVX-512 VNNI and VL; the AVX2 level AVX-VNNI where the CPU has it and
+/// `COIL_AVX_VNNI` is not `0`).
+fn vnni() -> Vnni {
+    if crate::simd::level() >= crate::SimdLevel::Avx512 {
+        AVX512_VNNI
+    } else if crate::simd::avx_vnni() {
+        AVX_VNNI
+    } else {
+        NO_VNNI
+    }
+}
+
+/// [`rows_seq`] in the form [`vnni`] picks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_seq_any<const NT: usize>(
+    w: *const u8,
+    rb: usize,
+    n: usize,
+    nb: usize,
+    x: Act,
+    out: [*mut f32; NT],
+) {
+    match vnni() {
+        AVX512_VNNI => rows_seq_avx512_vnni::<NT>(w, rb, n, nb, x, out),
+        AVX_VNNI => rows_seq_avx_vnni::<NT>(w, rb, n, nb, x, out),
+        _ => rows_seq_plain::<NT>(w, rb, n, nb, x, out),
     }
 }
 
@@ -485,7 +589,7 @@ pub(super) unsafe fn rows_one(
         return;
     }
     let x = Act::one(xq, xd, xs);
-    rows_seq::<1>(w.as_ptr(), rb, n, nb, x, [out.as_mut_ptr()]);
+    rows_seq_any::<1>(w.as_ptr(), rb, n, nb, x, [out.as_mut_ptr()]);
 }
 
 /// One row's dot product with one token: [`rows_one`] for a single row.
@@ -514,14 +618,13 @@ unsafe fn tile_n<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mut [
     }
     let (x, o) = (Act::panel(p), out_ptrs::<NT>(out));
     if NT <= SEQ_TOKENS || (NT <= SEQ_TOKENS_SPLIT_512 && crate::simd::split_512()) {
-        rows_seq::<NT>(w.as_ptr(), rb, n, nb, x, o);
-    } else if crate::simd::level() >= crate::SimdLevel::Avx512 {
-        // (the AVX-512 level has AVX-512 VNNI and VL)
-        rows_side_avx512_vnni::<NT>(w.as_ptr(), rb, n, nb, x, o);
-    } else if crate::simd::avx_vnni() {
-        rows_side_avx_vnni::<NT>(w.as_ptr(), rb, n, nb, x, o);
+        rows_seq_any::<NT>(w.as_ptr(), rb, n, nb, x, o);
     } else {
-        rows_side_plain::<NT>(w.as_ptr(), rb, n, nb, x, o);
+        match vnni() {
+            AVX512_VNNI => rows_side_avx512_vnni::<NT>(w.as_ptr(), rb, n, nb, x, o),
+            AVX_VNNI => rows_side_avx_vnni::<NT>(w.as_ptr(), rb, n, nb, x, o),
+            _ => rows_side_plain::<NT>(w.as_ptr(), rb, n, nb, x, o),
+        }
     }
 }
 
