@@ -648,10 +648,15 @@ fn gemm_min_tokens(ty: GgmlType, level: SimdLevel) -> usize {
     }
     #[cfg(target_arch = "x86_64")]
     if level == SimdLevel::Avx2 && igemm_avx2::supported(ty) && int_gemm_enabled() {
-        // The AVX2 integer GEMM (Q4_K/Q5_K/Q6_K/Q8_0) crosses the dot
-        // kernels at about 8 tokens (4096 x 4096, 1 thread; at 12 tokens
-        // Q8_0 6.5 ms against 8.3, Q4_K 6.1 against 14.0): as at AVX-512
-        // (Q4_1 / Q5_0 / Q5_1, without few-token tiles, from 8).
+        // The AVX2 integer GEMM (Q4_K/Q5_K/Q6_K/Q8_0) crossed the
+        // row-at-a-time dot kernels at about 8 tokens (4096 x 4096, 1
+        // thread; at 12 tokens Q8_0 6.5 ms against 8.3, Q4_K 6.1 against
+        // 14.0): from 12 where no rows-in-lanes tile says otherwise (Q4_1
+        // / Q5_0 / Q5_1, without few-token tiles, from 8). With AVX-VNNI
+        // the Q4_K / Q6_K lanes use `vpdpbusd` too; their crossover there
+        // is unmeasured (on an AMD Zen 4, the Q6_K lanes with AVX-512
+        // VNNI on 256-bit vectors stay ahead of the AVX-512 GEMM to ~32
+        // tokens: `split_q6k_lanes`).
         // Without AVX-VNNI, since Q4_K's rows-in-lanes tile takes up to 16
         // tokens per pass, the tiles stay ahead much longer (AMD Zen 3,
         // 4096 x 4096, the GEMM against the tiles, ms): Q4_K 1 thread 24
