@@ -315,45 +315,6 @@ unsafe fn rows_side<const NT: usize, const V: Vnni>(
     }
 }
 
-/// [`rows_side`] without VNNI.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_side_plain<const NT: usize>(
-    w: *const u8,
-    rb: usize,
-    n: usize,
-    nb: usize,
-    x: Act,
-    out: [*mut f32; NT],
-) {
-    rows_side::<NT, NO_VNNI>(w, rb, n, nb, x, out)
-}
-
-/// [`rows_side`] with AVX-VNNI.
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn rows_side_avx_vnni<const NT: usize>(
-    w: *const u8,
-    rb: usize,
-    n: usize,
-    nb: usize,
-    x: Act,
-    out: [*mut f32; NT],
-) {
-    rows_side::<NT, AVX_VNNI>(w, rb, n, nb, x, out)
-}
-
-/// [`rows_side`] with AVX-512 VNNI on 256-bit vectors.
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn rows_side_avx512_vnni<const NT: usize>(
-    w: *const u8,
-    rb: usize,
-    n: usize,
-    nb: usize,
-    x: Act,
-    out: [*mut f32; NT],
-) {
-    rows_side::<NT, AVX512_VNNI>(w, rb, n, nb, x, out)
-}
-
 /// [`q6k_step`] (step `(N, K)` of a Q6_K block for `NT` tokens: `iacc[t]
 /// += sc · (q · x)`, exact) with VNNI's `vpdpwssd` in place of `vpmaddwd`
 /// and `vpaddd` where `V` names it.
@@ -495,45 +456,6 @@ unsafe fn rows_seq<const NT: usize, const V: Vnni>(
     }
 }
 
-/// [`rows_seq`] without VNNI.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_seq_plain<const NT: usize>(
-    w: *const u8,
-    rb: usize,
-    n: usize,
-    nb: usize,
-    x: Act,
-    out: [*mut f32; NT],
-) {
-    rows_seq::<NT, NO_VNNI>(w, rb, n, nb, x, out)
-}
-
-/// [`rows_seq`] with AVX-VNNI.
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn rows_seq_avx_vnni<const NT: usize>(
-    w: *const u8,
-    rb: usize,
-    n: usize,
-    nb: usize,
-    x: Act,
-    out: [*mut f32; NT],
-) {
-    rows_seq::<NT, AVX_VNNI>(w, rb, n, nb, x, out)
-}
-
-/// [`rows_seq`] with AVX-512 VNNI on 256-bit vectors.
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn rows_seq_avx512_vnni<const NT: usize>(
-    w: *const u8,
-    rb: usize,
-    n: usize,
-    nb: usize,
-    x: Act,
-    out: [*mut f32; NT],
-) {
-    rows_seq::<NT, AVX512_VNNI>(w, rb, n, nb, x, out)
-}
-
 /// The VNNI form this thread's SIMD level allows (the AVX-512 level has
 /// AVX-512 VNNI and VL; the AVX2 level AVX-VNNI where the CPU has it and
 /// `COIL_AVX_VNNI` is not `0`).
@@ -547,22 +469,63 @@ fn vnni() -> Vnni {
     }
 }
 
-/// [`rows_seq`] in the form [`vnni`] picks.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_seq_any<const NT: usize>(
-    w: *const u8,
-    rb: usize,
-    n: usize,
-    nb: usize,
-    x: Act,
-    out: [*mut f32; NT],
-) {
-    match vnni() {
-        AVX512_VNNI => rows_seq_avx512_vnni::<NT>(w, rb, n, nb, x, out),
-        AVX_VNNI => rows_seq_avx_vnni::<NT>(w, rb, n, nb, x, out),
-        _ => rows_seq_plain::<NT>(w, rb, n, nb, x, out),
-    }
+/// `$any::<NT>(w, rb, n, nb, x, out)`: `$body::<NT, V>` in the form [`vnni`]
+/// picks, each form compiled with the features it names (the bodies are
+/// `#[inline(always)]` without features of their own).
+macro_rules! vnni_forms {
+    ($any:ident, $body:ident) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $any<const NT: usize>(
+            w: *const u8,
+            rb: usize,
+            n: usize,
+            nb: usize,
+            x: Act,
+            out: [*mut f32; NT],
+        ) {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn plain<const NT: usize>(
+                w: *const u8,
+                rb: usize,
+                n: usize,
+                nb: usize,
+                x: Act,
+                out: [*mut f32; NT],
+            ) {
+                $body::<NT, NO_VNNI>(w, rb, n, nb, x, out)
+            }
+            #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+            unsafe fn avx<const NT: usize>(
+                w: *const u8,
+                rb: usize,
+                n: usize,
+                nb: usize,
+                x: Act,
+                out: [*mut f32; NT],
+            ) {
+                $body::<NT, AVX_VNNI>(w, rb, n, nb, x, out)
+            }
+            #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+            unsafe fn avx512<const NT: usize>(
+                w: *const u8,
+                rb: usize,
+                n: usize,
+                nb: usize,
+                x: Act,
+                out: [*mut f32; NT],
+            ) {
+                $body::<NT, AVX512_VNNI>(w, rb, n, nb, x, out)
+            }
+            match vnni() {
+                AVX512_VNNI => avx512::<NT>(w, rb, n, nb, x, out),
+                AVX_VNNI => avx::<NT>(w, rb, n, nb, x, out),
+                _ => plain::<NT>(w, rb, n, nb, x, out),
+            }
+        }
+    };
 }
+vnni_forms!(rows_seq_any, rows_seq);
+vnni_forms!(rows_side_any, rows_side);
 
 /// One token: rows `0..out.len()` of `w` (decode), the same bits per row as
 /// the tiles'.
@@ -620,11 +583,7 @@ unsafe fn tile_n<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mut [
     if NT <= SEQ_TOKENS || (NT <= SEQ_TOKENS_SPLIT_512 && crate::simd::split_512()) {
         rows_seq_any::<NT>(w.as_ptr(), rb, n, nb, x, o);
     } else {
-        match vnni() {
-            AVX512_VNNI => rows_side_avx512_vnni::<NT>(w.as_ptr(), rb, n, nb, x, o),
-            AVX_VNNI => rows_side_avx_vnni::<NT>(w.as_ptr(), rb, n, nb, x, o),
-            _ => rows_side_plain::<NT>(w.as_ptr(), rb, n, nb, x, o),
-        }
+        rows_side_any::<NT>(w.as_ptr(), rb, n, nb, x, o);
     }
 }
 
