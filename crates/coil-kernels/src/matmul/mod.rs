@@ -274,10 +274,10 @@ pub fn matmul(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_toke
 }
 
 /// `ys[i] = x · ws[i]ᵀ` for several matrices of one input (a feed-forward
-/// block's gate and up projections): each result is bit for bit what
-/// [`matmul`] gives it alone, and where the kernel would quantize the
-/// activations for each matrix (the AVX-512 integer GEMM; the AVX2 one for
-/// K-quants of one scale group), it does so once for all of them.
+/// block's gate and up projections, an attention layer's q, k and v): each
+/// result is bit for bit what [`matmul`] gives it alone, and where the
+/// kernels would quantize the activations for each matrix (the integer
+/// GEMMs), the matrices that take the same quantization get it once.
 pub fn matmul_shared(
     pool: &ThreadPool,
     ws: &[&WeightRef],
@@ -290,29 +290,72 @@ pub fn matmul_shared(
         check_shapes(w, x, y, n_tokens);
     }
     let level = simd::level().min(simd::detected_level());
+    let keys: Vec<Option<SharedActs>> =
+        ws.iter().map(|w| shared_acts(w, n_tokens, level)).collect();
+    let mut done = vec![false; ws.len()];
+    for i in 0..ws.len() {
+        if done[i] {
+            continue;
+        }
+        // the matrices from i on that share i's quantization (i alone if
+        // it has none)
+        let group: Vec<usize> = match keys[i] {
+            Some(k) => (i..ws.len())
+                .filter(|&j| !done[j] && keys[j] == Some(k))
+                .collect(),
+            None => vec![i],
+        };
+        for &j in &group {
+            done[j] = true;
+        }
+        if group.len() == 1 {
+            matmul_at(pool, ws[i], x, ys[i], n_tokens, level);
+            continue;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            let gw: Vec<&WeightRef> = group.iter().map(|&j| ws[j]).collect();
+            let mut gy: Vec<&mut [f32]> = ys
+                .iter_mut()
+                .enumerate()
+                .filter(|(j, _)| group.contains(j))
+                .map(|(_, y)| &mut **y)
+                .collect();
+            match keys[i] {
+                Some(SharedActs::Avx512(_)) => igemm::igemm_many(pool, &gw, x, &mut gy, n_tokens),
+                Some(SharedActs::Avx2(_)) => {
+                    igemm_avx2::igemm_many(pool, &gw, x, &mut gy, n_tokens)
+                }
+                None => unreachable!("a group of one runs alone"),
+            }
+        }
+    }
+}
+
+/// The activation quantization of `w`'s product with `n_tokens` tokens
+/// at `level` that other matrices' products can share; `None`: the
+/// product does not quantize its activations, or not in a shareable way.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SharedActs {
     #[cfg(target_arch = "x86_64")]
-    if ws.len() >= 2
-        && ws.iter().all(|w| igemm_route(w, n_tokens, level))
-        && ws
-            .iter()
-            .all(|w| w.cols == ws[0].cols && igemm::act_mode(w.ty) == igemm::act_mode(ws[0].ty))
-    {
-        return igemm::igemm_many(pool, ws, x, ys, n_tokens);
-    }
+    Avx512((usize, bool)),
     #[cfg(target_arch = "x86_64")]
-    if ws.len() >= 2
-        && ws.iter().all(|w| igemm_avx2_route(w, n_tokens, level))
-        && ws.iter().all(|w| {
-            w.cols == ws[0].cols
-                && igemm_avx2::shared_acts(w.ty).is_some()
-                && igemm_avx2::shared_acts(w.ty) == igemm_avx2::shared_acts(ws[0].ty)
-        })
+    Avx2(igemm_avx2::ActKey),
+}
+
+/// [`SharedActs`] of `w`'s product (as [`matmul_at`] routes it).
+#[allow(unused_variables)]
+fn shared_acts(w: &WeightRef, n_tokens: usize, level: SimdLevel) -> Option<SharedActs> {
+    #[cfg(target_arch = "x86_64")]
     {
-        return igemm_avx2::igemm_many(pool, ws, x, ys, n_tokens);
+        if igemm_route(w, n_tokens, level) {
+            return Some(SharedActs::Avx512(igemm::act_mode(w.ty)));
+        }
+        if igemm_avx2_route(w, n_tokens, level) {
+            return igemm_avx2::shared_acts(w.ty).map(SharedActs::Avx2);
+        }
     }
-    for (w, y) in ws.iter().zip(ys.iter_mut()) {
-        matmul_at(pool, w, x, y, n_tokens, level);
-    }
+    None
 }
 
 /// Whether [`matmul_at`] runs `w`'s product with `n_tokens` tokens on the

@@ -593,6 +593,9 @@ fn shared_input_products_equal_separate_ones() {
         GgmlType::Q6_K,
         GgmlType::Q8_0,
         GgmlType::F16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
     ] {
         let mut data = random_weights(&mut rng, ty, rows, cols);
         let plain = data.clone();
@@ -612,6 +615,7 @@ fn shared_input_products_equal_separate_ones() {
         .filter(|&i| mats[i].0 == GgmlType::Q4_K)
         .collect();
     let pick = |t: GgmlType| (0..mats.len()).find(|&i| mats[i].0 == t).unwrap();
+    let last = |t: GgmlType| (0..mats.len()).rfind(|&i| mats[i].0 == t).unwrap();
     let sets: Vec<Vec<usize>> = vec![
         vec![q4[0], q4[1]],
         vec![q4[0], *q4.last().unwrap(), q4[1]],
@@ -619,6 +623,24 @@ fn shared_input_products_equal_separate_ones() {
         vec![q4[0], pick(GgmlType::Q6_K)],
         vec![pick(GgmlType::F16), q4[0]],
         vec![pick(GgmlType::Q6_K), pick(GgmlType::Q6_K)],
+        // groups of different quantizations in one call (a DeltaNet
+        // layer's q/k/v, z, β and α), in any order
+        vec![
+            q4[0],
+            pick(GgmlType::Q6_K),
+            pick(GgmlType::F16),
+            q4[1],
+            pick(GgmlType::Q6_K),
+        ],
+        // the 32-value formats, with and without a min
+        vec![
+            pick(GgmlType::Q8_0),
+            pick(GgmlType::Q4_1),
+            pick(GgmlType::Q4_0),
+            last(GgmlType::Q8_0),
+            pick(GgmlType::Q4_1),
+            q4[0],
+        ],
         // two in the file's layout (the AVX2 level shares these)
         q4.iter()
             .copied()

@@ -44,15 +44,31 @@ pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_token
     }
 }
 
-/// The activation quantization a matrix of `ty` shares with others of the
-/// same key ([`igemm_many`]); `None`: not shared (the 32-value formats'
-/// tiles are packed per call).
-pub fn shared_acts(ty: GgmlType) -> Option<usize> {
-    kquant_format(ty).then(|| kquant::act_group(ty))
+/// The activation quantization a matrix needs: matrices with the same one
+/// can share it ([`igemm_many`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActKey {
+    /// A K-quant's: one sum per `usize` values ([`kquant::act_group`]).
+    KQuant(usize),
+    /// The 32-value formats': tiles of i16 pairs, with the block sums of a
+    /// min (Q4_1, Q5_1) or without.
+    Scale32 { sums: bool },
 }
 
-/// `ys[i] = x · ws[i]ᵀ` for K-quant matrices of one [`shared_acts`] key:
-/// the activations quantized once, each result bit for bit its [`igemm`].
+/// The activation quantization `ty`'s products use, `None` where there is
+/// no integer GEMM for it.
+pub fn shared_acts(ty: GgmlType) -> Option<ActKey> {
+    if kquant_format(ty) {
+        Some(ActKey::KQuant(kquant::act_group(ty)))
+    } else {
+        scale32::supported(ty).then(|| ActKey::Scale32 {
+            sums: scale32::act_sums(ty),
+        })
+    }
+}
+
+/// `ys[i] = x · ws[i]ᵀ` for matrices of one [`shared_acts`] key: the
+/// activations quantized once, each result bit for bit its [`igemm`].
 pub fn igemm_many(
     pool: &ThreadPool,
     ws: &[&WeightRef],
@@ -60,7 +76,11 @@ pub fn igemm_many(
     ys: &mut [&mut [f32]],
     n_tokens: usize,
 ) {
-    kquant::igemm_many(pool, ws, x, ys, n_tokens, crate::simd::avx_vnni())
+    if kquant_format(ws[0].ty) {
+        kquant::igemm_many(pool, ws, x, ys, n_tokens, crate::simd::avx_vnni())
+    } else {
+        scale32::igemm_many(pool, ws, x, ys, n_tokens)
+    }
 }
 
 /// Runs `item(r0, nr, panel)` for every panel of `height` weight rows

@@ -434,20 +434,49 @@ unsafe fn panel_rows(
 /// `y = x · wᵀ` for `n_tokens` tokens (weights of a [`supported`] format;
 /// the CPU has AVX2 + FMA + F16C).
 pub(super) fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_tokens: usize) {
-    let (rows, cols) = (w.rows, w.cols);
+    igemm_many(pool, &[w], x, &mut [y], n_tokens)
+}
+
+/// `ys[i] = x · ws[i]ᵀ` for matrices of [`supported`] formats, all with or
+/// all without a min ([`has_min`]) and `x`'s width: the activations
+/// quantized and tiled once, each product as [`igemm`] runs it.
+pub(super) fn igemm_many(
+    pool: &ThreadPool,
+    ws: &[&WeightRef],
+    x: &[f32],
+    ys: &mut [&mut [f32]],
+    n_tokens: usize,
+) {
+    let (cols, min) = (ws[0].cols, has_min(ws[0].ty));
+    assert!(
+        ws.len() == ys.len()
+            && ws
+                .iter()
+                .all(|w| supported(w.ty) && w.cols == cols && has_min(w.ty) == min),
+        "igemm_many: matrices of different widths or activation sums"
+    );
     let mut acts = ACTS.with(|a| std::mem::take(&mut *a.borrow_mut()));
-    quantize_acts(pool, x, n_tokens, cols, has_min(w.ty), &mut acts);
-    let yp = SendPtr(y.as_mut_ptr());
-    over_panels(pool, w, PR, &PANEL, |r0, nr, p, packed| {
-        // SAFETY: AVX2 + FMA + F16C checked by the caller; rows r0..r0+nr
-        // of y belong to this panel only.
-        unsafe {
-            pack_panel(w, r0, nr, p);
-            packed();
-            panel_rows(p, &acts, cols, n_tokens, nr, yp.get(), rows, r0);
-        }
-    });
+    quantize_acts(pool, x, n_tokens, cols, min, &mut acts);
+    for (w, y) in ws.iter().zip(ys.iter_mut()) {
+        let (rows, acts) = (w.rows, &acts);
+        let yp = SendPtr(y.as_mut_ptr());
+        over_panels(pool, w, PR, &PANEL, |r0, nr, p, packed| {
+            // SAFETY: AVX2 + FMA + F16C checked by the caller; rows
+            // r0..r0+nr of y belong to this panel only.
+            unsafe {
+                pack_panel(w, r0, nr, p);
+                packed();
+                panel_rows(p, acts, cols, n_tokens, nr, yp.get(), rows, r0);
+            }
+        });
+    }
     ACTS.with(|a| *a.borrow_mut() = acts);
+}
+
+/// The activation quantization a matrix of `ty` shares with others
+/// ([`igemm_many`]): whether it carries the block sums of a min.
+pub(super) fn act_sums(ty: GgmlType) -> bool {
+    has_min(ty)
 }
 
 #[cfg(test)]

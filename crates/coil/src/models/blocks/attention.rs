@@ -12,7 +12,7 @@ use coil_kernels::ops::act::add_bias_rows;
 use coil_kernels::ops::attention::attention;
 use coil_kernels::ops::norm::rms_norm_inplace;
 use coil_kernels::ops::rope::{rope, rope_table, RopeStyle};
-use coil_kernels::{matmul, Scratch, ThreadPool};
+use coil_kernels::{matmul, matmul_shared, Scratch, ThreadPool};
 
 #[derive(Clone, Copy, Debug)]
 pub struct Rope {
@@ -138,9 +138,9 @@ impl Attention {
         let mut q = Scratch::dirty(n * qd);
         let mut k = Scratch::dirty(n * kvd);
         let mut v = Scratch::dirty(n * kvd);
-        matmul(pool, &self.wq.get(file), h, &mut q, n);
-        matmul(pool, &self.wk.get(file), h, &mut k, n);
-        matmul(pool, &self.wv.get(file), h, &mut v, n);
+        // one activation quantization for the three where they share it
+        let (wq, wk, wv) = (self.wq.get(file), self.wk.get(file), self.wv.get(file));
+        matmul_shared(pool, &[&wq, &wk, &wv], h, &mut [&mut q, &mut k, &mut v], n);
         for (x, b) in [(&mut q, &self.bq), (&mut k, &self.bk), (&mut v, &self.bv)] {
             if let Some(b) = b {
                 add_bias_rows(x, b);

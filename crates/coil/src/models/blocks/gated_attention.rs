@@ -15,7 +15,7 @@ use crate::models::weights::{Loader, Matrix};
 use crate::models::{ModelError, Rows};
 use coil_gguf::GgufFile;
 use coil_kernels::ops::norm::rms_norm_inplace;
-use coil_kernels::{matmul, Scratch, ThreadPool};
+use coil_kernels::{matmul, matmul_shared, Scratch, ThreadPool};
 
 pub struct GatedAttention {
     pub p: AttentionParams,
@@ -79,9 +79,9 @@ impl GatedAttention {
         let mut qg = Scratch::dirty(n * 2 * qd);
         let mut k = Scratch::dirty(n * kvd);
         let mut v = Scratch::dirty(n * kvd);
-        matmul(pool, &self.wq.get(file), h, &mut qg, n);
-        matmul(pool, &self.wk.get(file), h, &mut k, n);
-        matmul(pool, &self.wv.get(file), h, &mut v, n);
+        // one activation quantization for the three where they share it
+        let (wq, wk, wv) = (self.wq.get(file), self.wk.get(file), self.wv.get(file));
+        matmul_shared(pool, &[&wq, &wk, &wv], h, &mut [&mut qg, &mut k, &mut v], n);
         // Split [q | gate] per head.
         let mut q = Scratch::dirty(n * qd);
         let mut gate = Scratch::dirty(n * qd);

@@ -30,7 +30,7 @@ use coil_kernels::ops::gated_delta::{
 };
 use coil_kernels::ops::gated_delta_chunk::{gated_delta_chunked, DEFAULT_CHUNK};
 use coil_kernels::ops::norm::rms_norm_inplace;
-use coil_kernels::{matmul, Scratch, ThreadPool};
+use coil_kernels::{matmul, matmul_shared, Scratch, ThreadPool, WeightRef};
 use half::bf16;
 
 /// The L2 norm's epsilon (transformers' and fla's `l2norm`).
@@ -210,75 +210,91 @@ impl GatedDeltaMixer {
         })
     }
 
-    /// `qkv`: `[n, 2·Hk·d_k + Hv·d_v]`, `z`: `[n, Hv·d_v]`.
-    fn project_qkvz(
+    /// The input projections: `qkv` `[n, 2·Hk·d_k + Hv·d_v]`, `z`
+    /// `[n, Hv·d_v]`, and the raw b, a into `beta`, `g` (`[n, Hv]` each),
+    /// every matrix in one [`matmul_shared`] call (the activations quantized
+    /// once where the matrices' products share it); the fused layouts of
+    /// older files are unpacked afterwards.
+    #[allow(clippy::too_many_arguments)]
+    fn project(
         &self,
         file: &GgufFile,
         pool: &ThreadPool,
         h: &[f32],
         qkv: &mut [f32],
         z: &mut [f32],
+        beta: &mut [f32],
+        g: &mut [f32],
         n: usize,
     ) {
-        match &self.qkvz {
-            QkvzProj::Split { qkv: wq, gate } => {
-                matmul(pool, &wq.get(file), h, qkv, n);
-                matmul(pool, &gate.get(file), h, z, n);
+        let (hk, hv, dk) = (self.p.dims.n_k_head, self.p.dims.n_v_head, self.p.dims.d_k);
+        let rv = self.p.value_dim() / hk; // v (and z) lanes per key head
+        let per = 2 * dk + 2 * rv;
+        let mut qkvz_all = match self.qkvz {
+            QkvzProj::Fused(_) => Scratch::dirty(n * hk * per),
+            QkvzProj::Split { .. } => Scratch::dirty(0),
+        };
+        let mut ba_all = match self.ba {
+            BaProj::Fused(_) => Scratch::dirty(n * 2 * hv),
+            BaProj::Split { .. } => Scratch::dirty(0),
+        };
+        {
+            let mut ws = Vec::with_capacity(4);
+            let mut ys: Vec<&mut [f32]> = Vec::with_capacity(4);
+            match &self.qkvz {
+                QkvzProj::Split { qkv: wq, gate } => {
+                    ws.extend([wq.get(file), gate.get(file)]);
+                    ys.extend([&mut *qkv, &mut *z]);
+                }
+                QkvzProj::Fused(w) => {
+                    ws.push(w.get(file));
+                    ys.push(&mut qkvz_all);
+                }
             }
-            QkvzProj::Fused(w) => {
-                let (kd, vd) = (self.p.key_dim(), self.p.value_dim());
-                let GatedDeltaDims {
-                    n_k_head: hk,
-                    d_k: dk,
-                    ..
-                } = self.p.dims;
-                let rv = vd / hk; // v (and z) lanes per key head
-                let per = 2 * dk + 2 * rv;
-                let mut all = Scratch::dirty(n * hk * per);
-                matmul(pool, &w.get(file), h, &mut all, n);
-                let ch = 2 * kd + vd;
-                for (i, row) in all.chunks_exact(hk * per).enumerate() {
-                    let (qr, zr) = (&mut qkv[i * ch..(i + 1) * ch], &mut z[i * vd..(i + 1) * vd]);
-                    for (g, src) in row.chunks_exact(per).enumerate() {
-                        qr[g * dk..(g + 1) * dk].copy_from_slice(&src[..dk]);
-                        qr[kd + g * dk..kd + (g + 1) * dk].copy_from_slice(&src[dk..2 * dk]);
-                        qr[2 * kd + g * rv..2 * kd + (g + 1) * rv]
-                            .copy_from_slice(&src[2 * dk..2 * dk + rv]);
-                        zr[g * rv..(g + 1) * rv].copy_from_slice(&src[2 * dk + rv..]);
-                    }
+            match &self.ba {
+                BaProj::Split { beta: wb, alpha } => {
+                    ws.extend([wb.get(file), alpha.get(file)]);
+                    ys.extend([&mut *beta, &mut *g]);
+                }
+                BaProj::Fused(w) => {
+                    ws.push(w.get(file));
+                    ys.push(&mut ba_all);
+                }
+            }
+            let wr: Vec<&WeightRef> = ws.iter().collect();
+            matmul_shared(pool, &wr, h, &mut ys, n);
+        }
+        if let QkvzProj::Fused(_) = self.qkvz {
+            // per key head [q | k | v (r heads) | z (r heads)]
+            let (kd, vd) = (self.p.key_dim(), self.p.value_dim());
+            let ch = 2 * kd + vd;
+            for (i, row) in qkvz_all.chunks_exact(hk * per).enumerate() {
+                let (qr, zr) = (&mut qkv[i * ch..(i + 1) * ch], &mut z[i * vd..(i + 1) * vd]);
+                for (g, src) in row.chunks_exact(per).enumerate() {
+                    qr[g * dk..(g + 1) * dk].copy_from_slice(&src[..dk]);
+                    qr[kd + g * dk..kd + (g + 1) * dk].copy_from_slice(&src[dk..2 * dk]);
+                    qr[2 * kd + g * rv..2 * kd + (g + 1) * rv]
+                        .copy_from_slice(&src[2 * dk..2 * dk + rv]);
+                    zr[g * rv..(g + 1) * rv].copy_from_slice(&src[2 * dk + rv..]);
+                }
+            }
+        }
+        if let BaProj::Fused(_) = self.ba {
+            // per key head [b (r) | a (r)]
+            let r = hv / hk;
+            for (i, row) in ba_all.chunks_exact(2 * hv).enumerate() {
+                for (kh, src) in row.chunks_exact(2 * r).enumerate() {
+                    beta[i * hv + kh * r..i * hv + (kh + 1) * r].copy_from_slice(&src[..r]);
+                    g[i * hv + kh * r..i * hv + (kh + 1) * r].copy_from_slice(&src[r..]);
                 }
             }
         }
     }
 
-    /// β = sigmoid(b) and g = −exp(A_log)·softplus(a + dt_bias), `[n, Hv]` each.
-    fn gates(
-        &self,
-        file: &GgufFile,
-        pool: &ThreadPool,
-        h: &[f32],
-        beta: &mut [f32],
-        g: &mut [f32],
-        n: usize,
-    ) {
+    /// β = sigmoid(b) and g = −exp(A_log)·softplus(a + dt_bias) in place,
+    /// `[n, Hv]` each.
+    fn gates(&self, beta: &mut [f32], g: &mut [f32]) {
         let hv = self.p.dims.n_v_head;
-        match &self.ba {
-            BaProj::Split { beta: wb, alpha } => {
-                matmul(pool, &wb.get(file), h, beta, n);
-                matmul(pool, &alpha.get(file), h, g, n);
-            }
-            BaProj::Fused(w) => {
-                let r = hv / self.p.dims.n_k_head;
-                let mut ba = Scratch::dirty(n * 2 * hv);
-                matmul(pool, &w.get(file), h, &mut ba, n);
-                for (i, row) in ba.chunks_exact(2 * hv).enumerate() {
-                    for (kh, src) in row.chunks_exact(2 * r).enumerate() {
-                        beta[i * hv + kh * r..i * hv + (kh + 1) * r].copy_from_slice(&src[..r]);
-                        g[i * hv + kh * r..i * hv + (kh + 1) * r].copy_from_slice(&src[r..]);
-                    }
-                }
-            }
-        }
         for b in beta.iter_mut() {
             *b = 1.0 / (1.0 + (-*b).exp());
         }
@@ -310,10 +326,10 @@ impl GatedDeltaMixer {
 
         let mut qkv = Scratch::dirty(n * ch);
         let mut z = Scratch::dirty(n * vd);
-        self.project_qkvz(file, pool, h, &mut qkv, &mut z, n);
         let mut beta = Scratch::dirty(n * hv);
         let mut g = Scratch::dirty(n * hv);
-        self.gates(file, pool, h, &mut beta, &mut g, n);
+        self.project(file, pool, h, &mut qkv, &mut z, &mut beta, &mut g, n);
+        self.gates(&mut beta, &mut g);
 
         // [n, ch] = silu(conv([q | k | v])), then q, k L2-normalised.
         let mut x = Scratch::dirty(n * ch);
