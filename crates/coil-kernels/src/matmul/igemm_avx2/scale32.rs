@@ -66,9 +66,7 @@ struct Panel {
     q: AlignedVec<i16>,
     /// `[block][PR]`
     d: AlignedVec<f32>,
-    /// The panel's rows widened, `[PR][cols]`, before the transpose.
-    rows: Vec<i16>,
-    /// One row decoded (formats other than Q8_0), `[cols]`.
+    /// The panel's rows decoded (formats other than Q8_0), `[PR][cols]`.
     row8: Vec<i8>,
     /// The decoder's `b = −m` per `[block][PR]` (zero but for Q4_1 / Q5_1).
     mins: AlignedVec<f32>,
@@ -92,69 +90,76 @@ thread_local! {
     static ACTS: RefCell<Acts> = RefCell::new(Acts::default());
 }
 
-/// Packs rows `r0..r0 + nr` of `w` (the others: zeros).
+/// Packs rows `r0..r0 + nr` of `w` (the others: zeros): per block and half
+/// of the panel, the 8 rows' 32 quants widened to i16 in registers and
+/// transposed as 32-bit pairs straight into the panel.
 ///
 /// # Safety
 /// AVX2 + F16C available.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn pack_panel(w: &WeightRef, r0: usize, nr: usize, p: &mut Panel) {
+    static ZEROS: [u8; 32] = [0; 32];
     let cols = w.cols;
     let nb = cols / 32;
     p.q.resize(nb * PANEL_BLOCK);
     p.d.resize(nb * PR);
-    p.rows.resize(PR * cols, 0);
+    let q8 = w.ty == GgmlType::Q8_0;
+    if !q8 {
+        p.row8.resize(PR * cols, 0);
+        p.mins.resize(nb * PR);
+    }
+    // where row r's quants start (block b at + `step`·b), as i8
+    let mut src = [ZEROS.as_ptr(); PR];
+    let mut step = [0usize; PR];
     for r in 0..PR {
-        let dst = &mut p.rows[r * cols..(r + 1) * cols];
         if r >= nr {
-            dst.fill(0);
             for b in 0..nb {
                 p.d[b * PR + r] = 0.0;
+                if !q8 {
+                    p.mins[b * PR + r] = 0.0;
+                }
             }
-            continue;
-        }
-        // 32 values of i8 at `q` widened into block `b` of the row
-        let out = dst.as_mut_ptr();
-        let widen = |q: *const u8, b: usize| {
-            let q = _mm256_loadu_si256(q as *const __m256i);
-            let o = out.add(32 * b) as *mut __m256i;
-            _mm256_storeu_si256(o, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)));
-            _mm256_storeu_si256(
-                o.add(1),
-                _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)),
-            );
-        };
-        if w.ty == GgmlType::Q8_0 {
-            for (b, blk) in w.row(r0 + r).chunks_exact(34).enumerate() {
+        } else if q8 {
+            let row = w.row(r0 + r);
+            for (b, blk) in row.chunks_exact(34).enumerate() {
                 p.d[b * PR + r] = rd_f16(blk, 0);
-                widen(blk.as_ptr().add(2), b);
             }
+            (src[r], step[r]) = (row.as_ptr().add(2), 34);
         } else {
-            p.row8.resize(cols, 0);
-            p.mins.resize(nb * PR);
+            let dst = &mut p.row8[r * cols..(r + 1) * cols];
             decode_row(
                 w.ty,
                 w.row(r0 + r),
-                &mut p.row8,
+                dst,
                 p.d.as_mut_ptr().add(r),
                 p.mins.as_mut_ptr().add(r),
                 PR,
             );
-            for b in 0..nb {
-                widen(p.row8.as_ptr().add(32 * b) as *const u8, b);
-            }
+            (src[r], step[r]) = (dst.as_ptr() as *const u8, 32);
         }
     }
     // [r][pair] -> [pair][r]: 8 x 8 transposes of 32-bit pairs, rows 0-7
-    // then 8-15 of each pair.
-    let src = p.rows.as_ptr() as *const f32;
+    // then 8-15, pairs 0-7 then 8-15 of each block.
     let dst = p.q.as_mut_ptr() as *mut f32;
-    let half = cols / 2; // pairs per row
-    for h in 0..PR / 8 {
-        for c0 in (0..half).step_by(8) {
-            let v: [__m256; 8] =
-                std::array::from_fn(|r| _mm256_loadu_ps(src.add((8 * h + r) * half + c0)));
-            for (j, t) in transpose8(v).iter().enumerate() {
-                _mm256_storeu_ps(dst.add((c0 + j) * PR + 8 * h), *t);
+    for b in 0..nb {
+        for h in 0..PR / 8 {
+            let v: [__m256i; 8] = std::array::from_fn(|r| {
+                let r = 8 * h + r;
+                _mm256_loadu_si256(src[r].add(step[r] * b) as *const __m256i)
+            });
+            for half in 0..2 {
+                let pairs: [__m256; 8] = std::array::from_fn(|r| {
+                    let q = if half == 0 {
+                        _mm256_castsi256_si128(v[r])
+                    } else {
+                        _mm256_extracti128_si256(v[r], 1)
+                    };
+                    _mm256_castsi256_ps(_mm256_cvtepi8_epi16(q))
+                });
+                for (j, t) in transpose8(pairs).iter().enumerate() {
+                    let g = 16 * b + 8 * half + j; // the pair's index in the row
+                    _mm256_storeu_ps(dst.add(g * PR + 8 * h), *t);
+                }
             }
         }
     }
@@ -171,12 +176,14 @@ fn act_block(nb: usize, tiles: usize, tile: usize, b: usize) -> usize {
 }
 
 /// Quantizes the tokens of tile `tile` into `qx` / `dx` (tokens past `n`:
-/// zeros), through `row` / `rdx` (one token's i16 and scales).
+/// zeros), through `rows` / `rdx` (the tile's tokens' i16 and scales,
+/// `[NT][cols]` / `[NT][cols / 32]`).
 ///
 /// # Safety
 /// AVX2 available; `qx` / `dx` are [`Acts`]' buffers for `tiles` tiles of
 /// `cols` columns, and this tile's blocks are this call's alone.
 #[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn quantize_tile(
     x: &[f32],
     n: usize,
@@ -186,32 +193,52 @@ unsafe fn quantize_tile(
     qx: *mut i32,
     dx: *mut f32,
     xs: *mut f32,
-    row: &mut [i16],
+    rows: &mut [i16],
     rdx: &mut [f32],
 ) {
     let nb = cols / 32;
     for t in 0..NT {
         let tok = tile * NT + t;
-        let live = tok < n;
-        if live {
-            quant::row_i16(&x[tok * cols..(tok + 1) * cols], row, rdx);
+        let (row, d) = (
+            &mut rows[t * cols..(t + 1) * cols],
+            &mut rdx[t * nb..(t + 1) * nb],
+        );
+        if tok < n {
+            quant::row_i16(&x[tok * cols..(tok + 1) * cols], row, d);
+        } else {
+            row.fill(0);
+            d.fill(0.0);
         }
-        let pairs = row.as_ptr() as *const i32;
-        for b in 0..nb {
-            let ab = act_block(nb, tiles, tile, b);
-            *dx.add(ab * NT + t) = if live { rdx[b] } else { 0.0 };
+    }
+    let rp = rows.as_ptr();
+    for b in 0..nb {
+        let ab = act_block(nb, tiles, tile, b);
+        for t in 0..NT {
+            *dx.add(ab * NT + t) = rdx[t * nb + b];
             if !xs.is_null() {
-                let sum: i32 = row[32 * b..32 * b + 32].iter().map(|&q| q as i32).sum();
-                *xs.add(ab * NT + t) = if live { rdx[b] * sum as f32 } else { 0.0 };
+                let q = &rows[t * cols + 32 * b..t * cols + 32 * b + 32];
+                let sum: i32 = q.iter().map(|&q| q as i32).sum();
+                *xs.add(ab * NT + t) = rdx[t * nb + b] * sum as f32;
             }
-            let q = qx.add(ab * TILE_BLOCK + t);
-            for g in 0..16 {
-                *q.add(g * NT) = if live {
-                    pairs.add(16 * b + g).read_unaligned()
-                } else {
-                    0
-                };
-            }
+        }
+        // [token][16 pairs] -> [pair][NT tokens], 8 pairs at a time
+        let q = qx.add(ab * TILE_BLOCK) as *mut __m256i;
+        for half in 0..2 {
+            let [a, b_, c, d]: [__m256i; NT] = std::array::from_fn(|t| {
+                _mm256_loadu_si256(rp.add(t * cols + 32 * b + 16 * half) as *const __m256i)
+            });
+            let (ab_lo, ab_hi) = (_mm256_unpacklo_epi32(a, b_), _mm256_unpackhi_epi32(a, b_));
+            let (cd_lo, cd_hi) = (_mm256_unpacklo_epi32(c, d), _mm256_unpackhi_epi32(c, d));
+            // pairs (0, 4), (1, 5), (2, 6), (3, 7) of the 8, all 4 tokens each
+            let p04 = _mm256_unpacklo_epi64(ab_lo, cd_lo);
+            let p15 = _mm256_unpackhi_epi64(ab_lo, cd_lo);
+            let p26 = _mm256_unpacklo_epi64(ab_hi, cd_hi);
+            let p37 = _mm256_unpackhi_epi64(ab_hi, cd_hi);
+            let o = q.add(4 * half);
+            _mm256_storeu_si256(o, _mm256_permute2x128_si256::<0x20>(p04, p15));
+            _mm256_storeu_si256(o.add(1), _mm256_permute2x128_si256::<0x20>(p26, p37));
+            _mm256_storeu_si256(o.add(2), _mm256_permute2x128_si256::<0x31>(p04, p15));
+            _mm256_storeu_si256(o.add(3), _mm256_permute2x128_si256::<0x31>(p26, p37));
         }
     }
 }
@@ -230,7 +257,7 @@ fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, min: bool,
         std::ptr::null_mut()
     });
     pool.parallel_for(tiles, 4, |tr, _| {
-        let (mut row, mut rdx) = (vec![0i16; cols], vec![0f32; nb]);
+        let (mut rows, mut rdx) = (vec![0i16; NT * cols], vec![0f32; NT * nb]);
         for tile in tr {
             // SAFETY: AVX2 checked by igemm's caller; the tile owns its
             // blocks of both buffers.
@@ -244,7 +271,7 @@ fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, min: bool,
                     pq.get(),
                     pd.get(),
                     px.get(),
-                    &mut row,
+                    &mut rows,
                     &mut rdx,
                 )
             };
@@ -266,31 +293,17 @@ struct Pass {
     nb: usize,
 }
 
-/// [`kernel`] with AVX-VNNI: each `vpmaddwd` + `vpaddd` pair is one
-/// `vpdpwssd` (the same exact integer sums; the pair was this kernel's
-/// bound, ~1.5 per cycle).
-///
-/// # Safety
-/// AVX2 + FMA + AVX-VNNI available; as [`kernel`].
-#[target_feature(enable = "avx2,fma,avxvnni")]
-unsafe fn kernel_vnni<const MIN: bool>(p: Pass, acc: &mut [__m256; 2 * NT]) {
-    kernel_body::<true, MIN>(p, acc)
-}
-
 /// Adds blocks `0..nb` of a panel times a tile to `acc` (`[2 · NT]`: rows
 /// 0–7 of each token, then rows 8–15), block by block: `acc += (d·dx)·Σ q·qx`
-/// (`MIN`: then `acc −= b·(dx·Σ qx)`).
+/// (`MIN`: then `acc −= b·(dx·Σ qx)`). `VNNI`: each `vpmaddwd` + `vpaddd`
+/// pair is one AVX-VNNI `vpdpwssd` (the same exact integer sums; the pair
+/// was this kernel's bound, ~1.5 per cycle).
 ///
 /// # Safety
-/// AVX2 + FMA available; the pointers hold `nb` blocks.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn kernel<const MIN: bool>(p: Pass, acc: &mut [__m256; 2 * NT]) {
-    kernel_body::<false, MIN>(p, acc)
-}
-
-/// The body of [`kernel`] (`VNNI`: of [`kernel_vnni`]).
+/// AVX2 + FMA available (and AVX-VNNI with `VNNI`); the pointers hold `nb`
+/// blocks.
 #[inline(always)]
-unsafe fn kernel_body<const VNNI: bool, const MIN: bool>(p: Pass, acc: &mut [__m256; 2 * NT]) {
+unsafe fn kernel<const VNNI: bool, const MIN: bool>(p: Pass, acc: &mut [__m256; 2 * NT]) {
     for b in 0..p.nb {
         let wb = p.w.add(b * PANEL_BLOCK);
         let xb = p.xq.add(b * TILE_BLOCK);
@@ -361,15 +374,78 @@ unsafe fn store(
     }
 }
 
-/// Rows `r0..r0 + nr` of `y` for all `n` tokens from the packed panel `p`.
+/// Rows `r0..r0 + nr` of `y` for all `n` tokens from the packed panel `p`,
+/// by the kernel for this CPU and format.
 ///
 /// # Safety
 /// AVX2 + FMA available; `p` packed from `cols` columns, `acts` quantized
 /// for `n` tokens of `cols`; `y` holds `n · rows` floats and rows
 /// `r0..r0 + nr` of it belong to this call.
 #[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma")]
 unsafe fn panel_rows(
+    p: &mut Panel,
+    acts: &Acts,
+    cols: usize,
+    n: usize,
+    nr: usize,
+    y: *mut f32,
+    rows: usize,
+    r0: usize,
+) {
+    let f: unsafe fn(&mut Panel, &Acts, usize, usize, usize, *mut f32, usize, usize) =
+        match (crate::simd::avx_vnni(), !acts.xs.is_empty()) {
+            (true, true) => panel_rows_vnni::<true>,
+            (true, false) => panel_rows_vnni::<false>,
+            (false, true) => panel_rows_plain::<true>,
+            (false, false) => panel_rows_plain::<false>,
+        };
+    f(p, acts, cols, n, nr, y, rows, r0)
+}
+
+/// [`panel_rows_body`] with the AVX2 kernel.
+///
+/// # Safety
+/// As [`panel_rows`].
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn panel_rows_plain<const MIN: bool>(
+    p: &mut Panel,
+    acts: &Acts,
+    cols: usize,
+    n: usize,
+    nr: usize,
+    y: *mut f32,
+    rows: usize,
+    r0: usize,
+) {
+    panel_rows_body::<false, MIN>(p, acts, cols, n, nr, y, rows, r0)
+}
+
+/// [`panel_rows_body`] with the AVX-VNNI kernel.
+///
+/// # Safety
+/// As [`panel_rows`], and AVX-VNNI available.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,avxvnni")]
+unsafe fn panel_rows_vnni<const MIN: bool>(
+    p: &mut Panel,
+    acts: &Acts,
+    cols: usize,
+    n: usize,
+    nr: usize,
+    y: *mut f32,
+    rows: usize,
+    r0: usize,
+) {
+    panel_rows_body::<true, MIN>(p, acts, cols, n, nr, y, rows, r0)
+}
+
+/// The tiles of [`panel_rows`] pass by pass, the kernel inlined (one call
+/// per tile and the accumulators passed through memory cost ~1.5% of a
+/// Qwen3.5-0.8B Q8_0 prompt at AVX2).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn panel_rows_body<const VNNI: bool, const MIN: bool>(
     p: &mut Panel,
     acts: &Acts,
     cols: usize,
@@ -382,13 +458,6 @@ unsafe fn panel_rows(
     let nb = cols / 32;
     let tiles = n.div_ceil(NT);
     let passes = nb.div_ceil(KB);
-    let min = !acts.xs.is_empty();
-    let k_fn: unsafe fn(Pass, &mut [__m256; 2 * NT]) = match (crate::simd::avx_vnni(), min) {
-        (true, true) => kernel_vnni::<true>,
-        (true, false) => kernel_vnni::<false>,
-        (false, true) => kernel::<true>,
-        (false, false) => kernel::<false>,
-    };
     if passes > 1 {
         p.acc.resize(tiles * 2 * NT * 8);
     }
@@ -405,21 +474,21 @@ unsafe fn panel_rows(
             let pass = Pass {
                 w: p.q.as_ptr().add(b0 * PANEL_BLOCK),
                 d: p.d.as_ptr().add(b0 * PR),
-                b: if min {
+                b: if MIN {
                     p.mins.as_ptr().add(b0 * PR)
                 } else {
                     std::ptr::null()
                 },
                 xq: acts.qx.as_ptr().add(ab * TILE_BLOCK),
                 xd: acts.dx.as_ptr().add(ab * NT),
-                xs: if min {
+                xs: if MIN {
                     acts.xs.as_ptr().add(ab * NT)
                 } else {
                     std::ptr::null()
                 },
                 nb: b1 - b0,
             };
-            k_fn(pass, &mut acc);
+            kernel::<VNNI, MIN>(pass, &mut acc);
             if k + 1 == passes {
                 store(&acc, tile * NT, n, nr, y, rows, r0);
             } else {
