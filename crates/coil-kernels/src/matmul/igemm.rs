@@ -585,3 +585,86 @@ fn run(pool: &ThreadPool, w: &WeightRef, acts: &Acts, y: &mut [f32], n_tokens: u
         })
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::matmul::dequant::dequant_row;
+    use crate::simd::{detected_level, SimdLevel};
+    use crate::testutil::{random_weights, Rng};
+
+    /// The integer GEMM is the exact product of the decoded weights with the
+    /// activations quantized as it quantizes them (one scale per 256 values
+    /// for the K-quants, per 32 for the others; `round(x · 127 / amax)` to
+    /// nearest even): per row and token, within f32 rounding of the
+    /// products' magnitude — every format, the file's layout and the
+    /// repacked one, ragged panels (an odd last one), ragged token tiles, one
+    /// and two threads. (The f32-activation tolerance of the matmul tests
+    /// would not see a wrong min or scale of one block.)
+    #[test]
+    fn igemm_is_the_exact_product_of_the_quantized_activations() {
+        if detected_level() < SimdLevel::Avx512 {
+            return;
+        }
+        use GgmlType::*;
+        let mut rng = Rng::new(17);
+        for ty in [
+            Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q4_K, Q5_K, Q6_K,
+        ] {
+            for (rows, cols, n, threads) in [(16, 256, 5, 1), (40, 768, 13, 2), (64, 512, 9, 2)] {
+                let plain = random_weights(&mut rng, ty, rows, cols);
+                let mut packed = plain.clone();
+                let repacked = super::super::repack(ty, &mut packed, rows, cols);
+                let x = rng.vec(n * cols);
+                // the reference quantization
+                let block = act_mode(ty).0;
+                let mut qx = vec![0f64; n * cols];
+                let mut dx = vec![0f64; n * cols];
+                for (t, xt) in x.chunks_exact(cols).enumerate() {
+                    for (b, xb) in xt.chunks_exact(block).enumerate() {
+                        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+                        let (d, id) = (amax / 127.0, 127.0 / amax);
+                        for (i, &v) in xb.iter().enumerate() {
+                            let c = t * cols + b * block + i;
+                            qx[c] = (v * id).round_ties_even().clamp(-127.0, 127.0) as f64;
+                            dx[c] = d as f64;
+                        }
+                    }
+                }
+                let pool = ThreadPool::new(threads);
+                for layout in [super::super::Layout::Rows, super::super::Layout::Lanes16] {
+                    if layout == super::super::Layout::Lanes16 && !repacked {
+                        continue;
+                    }
+                    let data = if repacked && layout == super::super::Layout::Lanes16 {
+                        &packed
+                    } else {
+                        &plain
+                    };
+                    let mut w = WeightRef::new(ty, data, rows, cols).unwrap();
+                    w.layout = layout;
+                    let mut y = vec![f32::NAN; n * rows];
+                    igemm(&pool, &w, &x, &mut y, n);
+                    let wp = WeightRef::new(ty, &plain, rows, cols).unwrap();
+                    let mut wr = vec![0f32; cols];
+                    for r in 0..rows {
+                        assert!(dequant_row(ty, wp.row(r), &mut wr));
+                        for t in 0..n {
+                            let (mut want, mut mag) = (0f64, 0f64);
+                            for (c, &wv) in wr.iter().enumerate() {
+                                let p = wv as f64 * qx[t * cols + c] * dx[t * cols + c];
+                                want += p;
+                                mag += p.abs();
+                            }
+                            let got = y[t * rows + r] as f64;
+                            assert!(
+                                (got - want).abs() <= 1e-6 * mag + 1e-9,
+                                "{ty} {layout:?} rows {rows} cols {cols} t {t} r {r}: {got} vs {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
