@@ -292,22 +292,18 @@ pub fn matmul_shared(
     let level = simd::level().min(simd::detected_level());
     let keys: Vec<Option<SharedActs>> =
         ws.iter().map(|w| shared_acts(w, n_tokens, level)).collect();
-    let mut done = vec![false; ws.len()];
     for i in 0..ws.len() {
-        if done[i] {
+        // the first matrix of each quantization runs its group (the later
+        // ones from i on); a matrix without one runs alone (one-token
+        // decode steps: every one, no allocation)
+        let Some(k) = keys[i] else {
+            matmul_at(pool, ws[i], x, ys[i], n_tokens, level);
+            continue;
+        };
+        if keys[..i].contains(&Some(k)) {
             continue;
         }
-        // the matrices from i on that share i's quantization (i alone if
-        // it has none)
-        let group: Vec<usize> = match keys[i] {
-            Some(k) => (i..ws.len())
-                .filter(|&j| !done[j] && keys[j] == Some(k))
-                .collect(),
-            None => vec![i],
-        };
-        for &j in &group {
-            done[j] = true;
-        }
+        let group: Vec<usize> = (i..ws.len()).filter(|&j| keys[j] == Some(k)).collect();
         if group.len() == 1 {
             matmul_at(pool, ws[i], x, ys[i], n_tokens, level);
             continue;
@@ -321,20 +317,15 @@ pub fn matmul_shared(
                 .filter(|(j, _)| group.contains(j))
                 .map(|(_, y)| &mut **y)
                 .collect();
-            match keys[i] {
-                Some(SharedActs::Avx512(_)) => igemm::igemm_many(pool, &gw, x, &mut gy, n_tokens),
-                Some(SharedActs::Avx2(_)) => {
-                    igemm_avx2::igemm_many(pool, &gw, x, &mut gy, n_tokens)
-                }
-                None => unreachable!("a group of one runs alone"),
+            match k {
+                SharedActs::Avx512(_) => igemm::igemm_many(pool, &gw, x, &mut gy, n_tokens),
+                SharedActs::Avx2(_) => igemm_avx2::igemm_many(pool, &gw, x, &mut gy, n_tokens),
             }
         }
     }
 }
 
-/// The activation quantization of `w`'s product with `n_tokens` tokens
-/// at `level` that other matrices' products can share; `None`: the
-/// product does not quantize its activations, or not in a shareable way.
+/// An activation quantization that several matrices' products can share.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum SharedActs {
     #[cfg(target_arch = "x86_64")]
@@ -343,7 +334,9 @@ enum SharedActs {
     Avx2(igemm_avx2::ActKey),
 }
 
-/// [`SharedActs`] of `w`'s product (as [`matmul_at`] routes it).
+/// [`SharedActs`] of `w`'s product with `n_tokens` tokens at `level` (as
+/// [`matmul_at`] routes it); `None`: the product does not quantize its
+/// activations, or not in a shareable way.
 #[allow(unused_variables)]
 fn shared_acts(w: &WeightRef, n_tokens: usize, level: SimdLevel) -> Option<SharedActs> {
     #[cfg(target_arch = "x86_64")]
