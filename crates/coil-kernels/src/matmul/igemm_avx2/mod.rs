@@ -62,7 +62,7 @@ pub fn shared_acts(ty: GgmlType) -> Option<ActKey> {
         Some(ActKey::KQuant(kquant::act_group(ty)))
     } else {
         scale32::supported(ty).then(|| ActKey::Scale32 {
-            sums: scale32::act_sums(ty),
+            sums: scale32::has_min(ty),
         })
     }
 }

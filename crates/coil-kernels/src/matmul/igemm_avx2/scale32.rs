@@ -54,8 +54,10 @@ pub(super) fn supported(ty: GgmlType) -> bool {
     matches!(ty, Q8_0 | Q4_0 | Q5_0 | IQ4_NL | IQ4_XS | Q4_1 | Q5_1)
 }
 
-/// Whether `ty` has a min per block (`w = d·q + m`).
-fn has_min(ty: GgmlType) -> bool {
+/// Whether `ty` has a min per block (`w = d·q + m`): its activations carry
+/// their block sums too (matrices share a quantization only with the same
+/// answer, [`igemm_many`]).
+pub(super) fn has_min(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1)
 }
 
@@ -540,12 +542,6 @@ pub(super) fn igemm_many(
         });
     }
     ACTS.with(|a| *a.borrow_mut() = acts);
-}
-
-/// The activation quantization a matrix of `ty` shares with others
-/// ([`igemm_many`]): whether it carries the block sums of a min.
-pub(super) fn act_sums(ty: GgmlType) -> bool {
-    has_min(ty)
 }
 
 #[cfg(test)]
