@@ -312,6 +312,7 @@ pub fn convert(dir: &Path, out: &Path, opts: &ConvertOptions) -> Result<ConvertR
     md.insert("general.quantization_version", Value::U32(2));
     let vspec = conv.vocab();
     let vocab_size = cfg.uint(&["vocab_size"])?.unwrap_or(0) as usize;
+    check_vocab_size(&plan, vocab_size, vspec.pad_multiple)?;
     tokenizer::write_vocab(dir, &cfg, vspec, vocab_size, &mut md)?;
 
     // Tensor specs and types.
@@ -375,6 +376,37 @@ fn write_tensor(ck: &Checkpoint, t: &OutTensor, ty: GgmlType, w: &mut GgufWriter
         let data = t.materialize(ck)?;
         encode(&data, w)
     }
+}
+
+/// config.json's `vocab_size`, padded as the tokenizer pads it, against
+/// the rows of the embedding: the vocabulary is padded to `vocab_size`
+/// with placeholder tokens, so more than the embedding has rows would
+/// make a file no engine loads — and a `vocab_size` in the billions, a
+/// token list that cannot be allocated.
+fn check_vocab_size(plan: &[OutTensor], vocab_size: usize, pad: usize) -> Result<()> {
+    let Some(rows) = plan
+        .iter()
+        .find(|t| t.name == "token_embd.weight")
+        .and_then(|t| t.shape.first().copied())
+    else {
+        return Ok(());
+    };
+    let pad = pad.max(1);
+    let padded = vocab_size.div_ceil(pad).checked_mul(pad);
+    if padded.is_none_or(|p| p > rows) {
+        return Err(ConvertError::config(
+            "vocab_size",
+            format!(
+                "{vocab_size}{} tokens, but the embedding has {rows} rows",
+                if pad > 1 {
+                    format!(" (padded to a multiple of {pad})")
+                } else {
+                    String::new()
+                }
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn first_duplicate(plan: &[OutTensor]) -> Option<&str> {

@@ -192,6 +192,24 @@ fn config_field_out_of_range() {
     assert!(msg.contains("num_hidden_layers"), "{msg}");
 }
 
+/// A `vocab_size` beyond the embedding's rows is refused before the
+/// vocabulary is padded to it (a `vocab_size` of 1.8 billion aborted the
+/// process allocating the token list: found by the `convert` fuzz target).
+#[test]
+fn vocab_size_beyond_the_embedding() {
+    let d = scratch("vocab");
+    for (name, rows) in [("qwen35_tiny", 1024), ("mamba2", 4096)] {
+        let hf = copy_fixture(name, &d);
+        edit_config(&hf, |v| v["vocab_size"] = serde_json::json!(1_810_602_393u64));
+        let msg = convert_err(&d, &hf).to_string();
+        assert!(
+            msg.contains("vocab_size") && msg.contains(&format!("{rows} rows")),
+            "{name}: {msg}"
+        );
+        fs::remove_dir_all(&hf).unwrap();
+    }
+}
+
 #[test]
 fn corrupt_safetensors_header() {
     let d = scratch("corrupt");
