@@ -200,7 +200,9 @@ fn vocab_size_beyond_the_embedding() {
     let d = scratch("vocab");
     for (name, rows) in [("qwen35_tiny", 1024), ("mamba2", 4096)] {
         let hf = copy_fixture(name, &d);
-        edit_config(&hf, |v| v["vocab_size"] = serde_json::json!(1_810_602_393u64));
+        edit_config(&hf, |v| {
+            v["vocab_size"] = serde_json::json!(1_810_602_393u64)
+        });
         let msg = convert_err(&d, &hf).to_string();
         assert!(
             msg.contains("vocab_size") && msg.contains(&format!("{rows} rows")),
