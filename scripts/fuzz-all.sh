@@ -15,11 +15,11 @@ set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 SECONDS_EACH="${1:-600}"
 shift || true
-TARGETS="${*:-gguf session tokenizer template request model}"
+TARGETS="${*:-gguf session tokenizer template request model convert}"
 cd "$REPO_ROOT/fuzz"
 
 seeds="$REPO_ROOT/fuzz/seeds"
-mkdir -p "$seeds"/{gguf,session,tokenizer,template,request,model}
+mkdir -p "$seeds"/{gguf,session,tokenizer,template,request,model,convert}
 cp "$REPO_ROOT/crates/coil/tests/fixtures/tokenizers/lfm2-bpe.gguf" "$seeds/gguf/"
 cp "$REPO_ROOT/tests/fixtures/parity/mamba2_g1_hd16/model.gguf" "$seeds/gguf/mamba2.gguf"
 COIL="${COIL:-$REPO_ROOT/target/release/coil}"
@@ -36,9 +36,10 @@ for t in $TARGETS; do
     mkdir -p "corpus/$t" "artifacts/$t"
     log="$REPO_ROOT/fuzz/artifacts/$t.log"
     echo "== $t: ${SECONDS_EACH} s" >&2
-    # the model target reads a byte and 16 edits of 8 bytes: longer inputs add nothing
+    # the model and convert targets read a byte and 16 edits of 8 bytes:
+    # longer inputs add nothing
     max_len=400000
-    [ "$t" = model ] && max_len=129
+    case "$t" in model | convert) max_len=129 ;; esac
     nice -n "${FUZZ_NICE:-19}" cargo +nightly fuzz run --sanitizer none -O "$t" "corpus/$t" "$seeds/$t" -- \
         -max_total_time="$SECONDS_EACH" -max_len="$max_len" -len_control=100 \
         -print_final_stats=1 > "$log" 2>&1 || echo "   $t: libFuzzer exited non-zero (a crash? see $log and artifacts/$t/)" >&2

@@ -131,7 +131,14 @@ impl OutTensor {
                 let t = ck.req(name)?;
                 let all = ck.read_f32(t)?;
                 let nd = t.shape.len();
-                if nd < 2 || t.shape[nd - 2] < (part + 1) * n_rows {
+                // (zero-sized rows or parts would leave nothing to take)
+                if nd < 2
+                    || t.shape[nd - 1] == 0
+                    || *n_rows == 0
+                    || (part + 1)
+                        .checked_mul(*n_rows)
+                        .is_none_or(|need| t.shape[nd - 2] < need)
+                {
                     return Err(ConvertError::tensor(
                         name,
                         format!(

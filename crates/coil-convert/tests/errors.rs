@@ -212,6 +212,23 @@ fn vocab_size_beyond_the_embedding() {
     }
 }
 
+/// A merged gate/up matrix with zero columns is refused by name (it made
+/// a zero-sized chunk and a panic: found by the `convert` fuzz target).
+#[test]
+fn zero_sized_merged_matrix() {
+    let d = scratch("zero-cols");
+    let hf = copy_fixture("granitemoehybrid", &d);
+    let st = hf.join("model.safetensors");
+    let name = "model.layers.0.block_sparse_moe.input_linear.weight";
+    let mut t = tensors_of(&st);
+    let x = t.iter_mut().find(|x| x.0 == name).unwrap();
+    *x.2.last_mut().unwrap() = 0;
+    x.3.clear();
+    write_st(&st, &t);
+    let msg = convert_err(&d, &hf).to_string();
+    assert!(msg.contains(name), "{msg}");
+}
+
 #[test]
 fn corrupt_safetensors_header() {
     let d = scratch("corrupt");
