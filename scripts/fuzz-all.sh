@@ -15,11 +15,11 @@ set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 SECONDS_EACH="${1:-600}"
 shift || true
-TARGETS="${*:-gguf session tokenizer template request model convert}"
+TARGETS="${*:-gguf session tokenizer template request model convert quantize}"
 cd "$REPO_ROOT/fuzz"
 
 seeds="$REPO_ROOT/fuzz/seeds"
-mkdir -p "$seeds"/{gguf,session,tokenizer,template,request,model,convert}
+mkdir -p "$seeds"/{gguf,session,tokenizer,template,request,model,convert,quantize}
 cp "$REPO_ROOT/crates/coil/tests/fixtures/tokenizers/lfm2-bpe.gguf" "$seeds/gguf/"
 cp "$REPO_ROOT/tests/fixtures/parity/mamba2_g1_hd16/model.gguf" "$seeds/gguf/mamba2.gguf"
 COIL="${COIL:-$REPO_ROOT/target/release/coil}"
@@ -36,12 +36,13 @@ for t in $TARGETS; do
     mkdir -p "corpus/$t" "artifacts/$t"
     log="$REPO_ROOT/fuzz/artifacts/$t.log"
     echo "== $t: ${SECONDS_EACH} s" >&2
-    # the model and convert targets read a byte and 16 edits of 8 bytes:
-    # longer inputs add nothing
+    # the model, convert and quantize targets read a byte or two and 16
+    # edits of 8 bytes: longer inputs add nothing, shorter ones fewer edits
     max_len=400000
-    case "$t" in model | convert) max_len=129 ;; esac
+    len_control=100
+    case "$t" in model | convert | quantize) max_len=130 len_control=0 ;; esac
     nice -n "${FUZZ_NICE:-19}" cargo +nightly fuzz run --sanitizer none -O "$t" "corpus/$t" "$seeds/$t" -- \
-        -max_total_time="$SECONDS_EACH" -max_len="$max_len" -len_control=100 \
+        -max_total_time="$SECONDS_EACH" -max_len="$max_len" -len_control="$len_control" \
         -print_final_stats=1 > "$log" 2>&1 || echo "   $t: libFuzzer exited non-zero (a crash? see $log and artifacts/$t/)" >&2
     grep -E '^#[0-9]+' "$log" | tail -n 1 | sed "s/^/   $t: /" >&2
     grep -E 'stat::number_of_executed_units|stat::peak_rss_mb' "$log" | sed "s/^/   $t: /" >&2
