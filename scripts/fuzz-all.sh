@@ -30,6 +30,20 @@ if [ -x "$COIL" ] && [ ! -f "$seeds/session/demo.raw" ]; then
     { printf '\0'; cat "$tmp"; } > "$seeds/session/demo.raw"
     rm -f "$tmp"
 fi
+# sessions of the parity fixtures the session target also loads into: first
+# byte 2k = raw bytes into its k-th model (the order of its FIXTURES)
+k=1
+for f in qwen35_tiny lfm2_small jamba_small; do
+    if [ -x "$COIL" ] && [ ! -f "$seeds/session/$f.raw" ]; then
+        tmp="$(mktemp)"
+        if (cd "$REPO_ROOT" && "$COIL" run -m "tests/fixtures/parity/$f/model.gguf" -p "To be or not" \
+            -n 2 --save-session "$tmp" >/dev/null 2>&1); then
+            { printf "\\$(printf '%03o' $((2 * k)))"; cat "$tmp"; } > "$seeds/session/$f.raw"
+        fi
+        rm -f "$tmp"
+    fi
+    k=$((k + 1))
+done
 
 nice -n "${FUZZ_NICE:-19}" cargo +nightly fuzz build --sanitizer none -O >&2
 for t in $TARGETS; do

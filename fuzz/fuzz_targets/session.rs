@@ -1,25 +1,53 @@
 //! The session-file reader (`coil::memory::session::load`) on arbitrary
-//! bytes, into the demo model's memory. The first byte chooses: raw bytes,
-//! or the bytes as the payload of a well-formed header (right magic,
-//! version, model identity and checksum) so the fuzzer reaches the payload
-//! parser. An error must leave the sequence as it was.
+//! bytes, into a model's memory: the demo model (Mamba-2 + attention), or
+//! a tiny parity fixture with other state kinds (Gated DeltaNet matrices
+//! and gated attention, LFM2's short-convolution tails, Jamba's Mamba-1 +
+//! MoE). The first byte chooses: bit 0 raw bytes, or the bytes as the
+//! payload of a well-formed header (right magic, version, model identity
+//! and checksum) so the fuzzer reaches the payload parser; the rest of it
+//! the model. An error must leave the sequence as it was.
 #![no_main]
 
 #[path = "common.rs"]
 mod common;
 
-use coil::engine::Engine;
+use coil::engine::{Engine, EngineOptions};
 use coil::memory::session::{fnv1a, load, FNV_OFFSET};
 use libfuzzer_sys::fuzz_target;
+use std::path::PathBuf;
 use std::sync::{LazyLock, Mutex};
 
-static ENGINE: LazyLock<Mutex<Engine>> = LazyLock::new(|| Mutex::new(common::demo_engine()));
+/// The parity fixtures besides the demo model (`tests/fixtures/parity/NAME`).
+const FIXTURES: [&str; 3] = ["qwen35_tiny", "lfm2_small", "jamba_small"];
+
+static ENGINES: LazyLock<Vec<Mutex<Engine>>> = LazyLock::new(|| {
+    let mut v = vec![Mutex::new(common::demo_engine())];
+    for name in FIXTURES {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/parity")
+            .join(name)
+            .join("model.gguf");
+        let opts = EngineOptions {
+            n_threads: 1,
+            n_seq_max: 2,
+            n_ctx: 256,
+            ..Default::default()
+        };
+        v.push(Mutex::new(
+            Engine::load(path, opts).expect("a parity fixture loads"),
+        ));
+    }
+    v
+});
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {
         return;
     };
-    let mut engine = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
+    let engines = &*ENGINES;
+    let mut engine = engines[(mode >> 1) as usize % engines.len()]
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     let id = engine.model_identity();
     let bytes = if mode % 2 == 0 {
         rest.to_vec()
