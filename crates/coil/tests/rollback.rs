@@ -220,6 +220,43 @@ fn save_load_continue_equals_continue() {
     }
 }
 
+/// Loading a session and clearing the sequence, again and again, reuses
+/// the state buffers it freed: the pool's free list and the buffers it had
+/// to allocate stop growing after the first round (each loaded checkpoint
+/// used to add a buffer to the list, up to the whole checkpoint budget).
+#[test]
+fn loading_sessions_again_and_again_reuses_state_buffers() {
+    let (path, tokens) = fixture("qwen35_tiny");
+    let mut e = engine(&path, 4);
+    e.eval(0, &tokens[..30], LogitRows::None, 0).unwrap();
+    let file = tmpfile("again.session");
+    e.save_session(0, &file).unwrap();
+    let n_cp = e
+        .mem
+        .recurrent
+        .as_ref()
+        .unwrap()
+        .checkpoints(0)
+        .unwrap()
+        .len();
+    assert!(n_cp >= 3, "{n_cp} checkpoints");
+    let mut target = engine(&path, 4);
+    let buffers = |t: &Engine| {
+        let r = t.mem.recurrent.as_ref().unwrap();
+        (r.free_buffers(), r.fresh_buffers())
+    };
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        target.load_session(0, &file).unwrap();
+        target.seq_clear(0).unwrap();
+        seen.push(buffers(&target));
+    }
+    assert!(
+        seen[1..].iter().all(|&b| b == seen[1]),
+        "free / fresh buffers per round: {seen:?}"
+    );
+}
+
 #[test]
 fn bad_session_files_fail_clearly_and_change_nothing() {
     let (path, tokens) = fixture("granitemoehybrid");
