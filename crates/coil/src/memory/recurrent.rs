@@ -548,21 +548,16 @@ impl RecurrentMemory {
         Ok(())
     }
 
-    /// A checkpoint of `s`'s memory at `pos` holding `state` (a flat state
-    /// of this memory: loading a session), copied into a buffer of the
+    /// A checkpoint of `s`'s memory at `pos` holding a copy of `state` (a
+    /// flat state of this memory: loading a session) in a buffer of the
     /// pool — a free one when there is one. (Wrapping the parsed buffer
     /// instead gave the pool one more buffer each time the sequence was
     /// cleared, and nothing took them while only sessions were loaded: the
     /// free list grew to its cap, the whole checkpoint budget.)
-    pub fn checkpoint_of(&self, pos: usize, state: Vec<f32>) -> Checkpoint {
-        let buf = if state.len() == self.state_len {
-            self.pool.copy_of(&state)
-        } else {
-            self.pool.wrap(state)
-        };
+    pub fn checkpoint_of(&self, pos: usize, state: &[f32]) -> Checkpoint {
         Checkpoint {
             pos,
-            state: Arc::new(buf),
+            state: Arc::new(self.pool.copy_of(state)),
         }
     }
 

@@ -286,7 +286,7 @@ pub fn load(
             else {
                 return Err(SessionError::Mismatch("a checkpoint does not fit".into()));
             };
-            cps.push(r.checkpoint_of(pos, st));
+            cps.push(r.checkpoint_of(pos, &st));
         }
         rec = Some((state, cps));
     } else if mem.recurrent.is_some() {
