@@ -4,7 +4,7 @@
 //! `config.json` and the tensor table of its `model.safetensors` changed by
 //! the edits the input spells out, written to a scratch folder, converted
 //! by `coil_convert::convert`; where that succeeds, the GGUF it wrote is
-//! loaded by `models::load` and an engine evaluates a few tokens. What must
+//! loaded and run as the `model` target runs its files. What must
 //! hold: an error, never a panic (nor an overflow: cargo-fuzz builds with
 //! debug assertions), and no output file left behind by a failed
 //! conversion.
@@ -18,8 +18,9 @@
 //! tests).
 #![no_main]
 
-use coil::engine::{Engine, EngineOptions};
-use coil::models::{self, LogitRows};
+#[path = "common.rs"]
+mod common;
+
 use coil_convert::{convert, ConvertOptions};
 use coil_gguf::GgufFile;
 use libfuzzer_sys::fuzz_target;
@@ -291,17 +292,8 @@ fn apply(config: &mut Value, tensors: &mut Vec<Tensor>, rec: &[u8]) {
     }
 }
 
-/// This process's scratch folder.
-fn scratch() -> &'static Path {
-    static D: OnceLock<PathBuf> = OnceLock::new();
-    D.get_or_init(|| {
-        let d = std::env::temp_dir().join(format!("coil-fuzz-convert-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    })
-}
-
 fuzz_target!(|data: &[u8]| {
+    let scratch = || common::scratch("convert");
     let all = fixtures();
     let Some((&which, edits)) = data.split_first() else {
         return;
@@ -342,22 +334,5 @@ fuzz_target!(|data: &[u8]| {
     let Ok(file) = GgufFile::open(&out) else {
         panic!("coil convert wrote a GGUF it cannot read back");
     };
-    let file = Arc::new(file);
-    if models::load(file.clone()).is_err() {
-        return;
-    }
-    let opts = EngineOptions {
-        n_threads: 1,
-        n_seq_max: 1,
-        n_ctx: 64,
-        ..Default::default()
-    };
-    let Ok(mut engine) = Engine::from_file(file, opts) else {
-        return;
-    };
-    let n_vocab = engine.n_vocab() as u32;
-    if n_vocab > 0 {
-        let tokens: Vec<u32> = [1u32, 7, 3].iter().map(|t| t % n_vocab).collect();
-        let _ = engine.eval(0, &tokens, LogitRows::All, 2);
-    }
+    common::exercise(Arc::new(file));
 });

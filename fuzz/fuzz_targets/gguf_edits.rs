@@ -5,12 +5,10 @@
 //! in memory (see [`edited`]).
 #![allow(dead_code)]
 
-use coil::engine::{Engine, EngineOptions};
-use coil::models::{self, LogitRows};
 use coil_gguf::gguf::encode_header;
 use coil_gguf::{GgmlType, GgufFile, Metadata, TensorSpec, Value};
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 /// A fixture as (metadata, tensors with their bytes).
 pub struct Base {
@@ -211,34 +209,4 @@ pub fn edited(which: u8, edits: &[u8]) -> Option<GgufFile> {
         apply(&mut md, &mut tensors, rec);
     }
     rebuild(&md, &mut tensors)
-}
-
-/// Loads `file` as a model; where that succeeds, an engine evaluates 5
-/// tokens in micro-batches of 2, rolls back to 2, evaluates again, forks and
-/// evaluates the fork. Errors are fine; a panic is the finding.
-pub fn exercise(file: Arc<GgufFile>) {
-    if models::load(file.clone()).is_err() {
-        return;
-    }
-    let opts = EngineOptions {
-        n_threads: 1,
-        n_seq_max: 2,
-        n_ctx: 64,
-        ..Default::default()
-    };
-    let Ok(mut engine) = Engine::from_file(file, opts) else {
-        return;
-    };
-    let n_vocab = engine.n_vocab() as u32;
-    if n_vocab == 0 {
-        return;
-    }
-    let tokens: Vec<u32> = [1u32, 7, 3, 11, 2].iter().map(|t| t % n_vocab).collect();
-    if engine.eval(0, &tokens, LogitRows::All, 2).is_err() {
-        return;
-    }
-    let _ = engine.seq_truncate(0, 2);
-    let _ = engine.eval(0, &tokens[..2], LogitRows::Last, 0);
-    let _ = engine.seq_fork(0, 1);
-    let _ = engine.eval(1, &tokens[..1], LogitRows::Last, 0);
 }

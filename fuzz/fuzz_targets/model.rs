@@ -13,6 +13,8 @@
 //! "absurd" files are tried.
 #![no_main]
 
+#[path = "common.rs"]
+mod common;
 mod gguf_edits;
 
 use libfuzzer_sys::fuzz_target;
@@ -23,6 +25,6 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     if let Some(file) = gguf_edits::edited(which, edits) {
-        gguf_edits::exercise(Arc::new(file));
+        common::exercise(Arc::new(file));
     }
 });

@@ -10,25 +10,17 @@
 //! records.
 #![no_main]
 
+#[path = "common.rs"]
+mod common;
 mod gguf_edits;
 
 use coil_convert::{quantize, QuantMix, QuantizeOptions};
 use coil_gguf::GgufFile;
 use libfuzzer_sys::fuzz_target;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
-
-/// This process's scratch folder.
-fn scratch() -> &'static Path {
-    static D: OnceLock<PathBuf> = OnceLock::new();
-    D.get_or_init(|| {
-        let d = std::env::temp_dir().join(format!("coil-fuzz-quantize-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    })
-}
+use std::sync::Arc;
 
 fuzz_target!(|data: &[u8]| {
+    let scratch = || common::scratch("quantize");
     let [which, mix, edits @ ..] = data else {
         return;
     };
@@ -54,5 +46,5 @@ fuzz_target!(|data: &[u8]| {
     let Ok(q) = GgufFile::open(&out) else {
         panic!("coil quantize wrote a GGUF it cannot read back");
     };
-    gguf_edits::exercise(Arc::new(q));
+    common::exercise(Arc::new(q));
 });
