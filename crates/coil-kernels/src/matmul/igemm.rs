@@ -18,6 +18,12 @@
 //! llama.cpp's Q8_K and coil's decode path), so `dx` is applied once per
 //! super-block: fewer float operations per block and token (Q4_K/Q5_K
 //! +3–10% here; Q6_K +7–11% in the kernel bench's prefill shapes).
+//! Q4_K / Q5_K's min terms `Σ_j m_j·Σqx_j` (6-bit mins, block sums of at
+//! most 32 · 127) are integer products too, two blocks per `vpdpwssd`,
+//! which start each super-block's sums (`− dmin · …`, one multiply per row
+//! lane and token): one FMA per block and token fewer on the multiply
+//! ports the products use (AMD Zen 4, one thread, 4096 × 2048 × 256
+//! tokens: 317–334 → 340–345 GFLOP/s; without any min term 351–377).
 //!
 //! Layout: a work item is two panels of 16 weight rows (a last odd panel
 //! is paired with an empty one); a panel's blocks are packed
@@ -70,6 +76,9 @@ struct Acts {
     xu: Vec<u8>,
     dx: Vec<f32>,
     sums: Vec<f32>,
+    /// `sum qx` per 32 as i16 (`|sum| ≤ 32 · 127`): Q4_K / Q5_K's min
+    /// terms take them two blocks at a time (`vpdpwssd`)
+    isums: Vec<i16>,
 }
 
 thread_local! {
@@ -95,11 +104,13 @@ fn quantize_acts(
     if a.dx.len() < n * nb {
         a.dx.resize(n * nb, 0.0);
         a.sums.resize(n * nb, 0.0);
+        a.isums.resize(n * nb, 0);
     }
-    let (pu, pd, ps) = (
+    let (pu, pd, ps, pi) = (
         SendPtr(a.xu.as_mut_ptr()),
         SendPtr(a.dx.as_mut_ptr()),
         SendPtr(a.sums.as_mut_ptr()),
+        SendPtr(a.isums.as_mut_ptr()),
     );
     pool.parallel_for(n, 16, |tr, _| {
         for t in tr {
@@ -113,6 +124,7 @@ fn quantize_acts(
                     pu.get().add(t * cols),
                     pd.get().add(t * (cols / block)),
                     ps.get().add(t * nb),
+                    pi.get().add(t * nb),
                 )
             };
         }
@@ -130,6 +142,7 @@ unsafe fn quantize_row(
     xu: *mut u8,
     dx: *mut f32,
     sums: *mut f32,
+    isums: *mut i16,
 ) {
     let absmask = _mm512_set1_epi32(0x7FFF_FFFF);
     let off = _mm512_set1_epi32(if biased { 128 } else { 0 });
@@ -168,7 +181,9 @@ unsafe fn quantize_row(
                 o.add(16) as *mut __m128i,
                 _mm512_cvtepi32_epi8(_mm512_add_epi32(q1, off)),
             );
-            *sums.add(at / 32) = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)) as f32;
+            let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+            *sums.add(at / 32) = sum as f32;
+            *isums.add(at / 32) = sum as i16;
         }
         *dx.add(bi) = d;
     }
@@ -178,11 +193,13 @@ unsafe fn quantize_row(
 #[derive(Default)]
 struct Panel {
     // all on cache lines: the kernel reads them with whole-line loads
-    q: AlignedVec<u8>,   // [block][8][16][4]
-    a: AlignedVec<f32>,  // [block][16]
-    b: AlignedVec<f32>,  // [block][16]
-    ws: AlignedVec<i32>, // [block][16]: −128 · sum q (the accumulators' start)
-    dq: Vec<i8>,         // [16][cols + 64] decoded rows
+    q: AlignedVec<u8>,     // [block][8][16][4]
+    a: AlignedVec<f32>,    // [block][16]
+    b: AlignedVec<f32>,    // [block][16]
+    ws: AlignedVec<i32>,   // [block][16]: −128 · sum q (the accumulators' start)
+    mi: AlignedVec<i16>,   // Q4_K / Q5_K: [super-block][4][16][2] the mins m_j, blocks 2p, 2p + 1
+    dmin: AlignedVec<f32>, // Q4_K / Q5_K: [super-block][16]
+    dq: Vec<i8>,           // [16][cols + 64] decoded rows
 }
 
 thread_local! {
@@ -347,12 +364,61 @@ unsafe fn pack_lanes(w: &WeightRef, r0: usize, p: &mut Panel) {
     }
 }
 
+/// Q4_K / Q5_K: the panel's mins as integers for the kernel's min terms,
+/// from the `b = dmin·m_j` [`pack_panel`] left (an f16 times a 6-bit
+/// integer: exact in f32, so `b / dmin` is `m_j` exactly) and each row's
+/// `dmin` (bytes 2–3 of its blocks; in the rows-in-lanes layout, the high
+/// halves of a block's first 16 dwords). A row with a zero or non-finite
+/// `dmin` gets `m = 0` (its min terms are 0 or carried by `dmin`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+unsafe fn pack_mins(w: &WeightRef, r0: usize, p: &mut Panel) {
+    let nsb = w.cols / 256;
+    p.mi.resize(nsb * 4 * 32);
+    p.dmin.resize(nsb * 16);
+    let nr = 16.min(w.rows.saturating_sub(r0));
+    for sb in 0..nsb {
+        let dm = if nr == 0 {
+            _mm512_setzero_ps()
+        } else if w.layout == super::Layout::Lanes16 {
+            let h0 = _mm512_loadu_si512(
+                w.data
+                    .as_ptr()
+                    .add(r0 * w.row_bytes() + super::x86_avx512::lanes::PACKED_BLOCK * sb)
+                    as *const _,
+            );
+            _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(h0)))
+        } else {
+            let bs = w.ty.type_size();
+            let mut v = [0f32; 16];
+            for (r, v) in v.iter_mut().enumerate().take(nr) {
+                *v = super::dequant::rd_f16(w.row(r0 + r), sb * bs + 2);
+            }
+            _mm512_loadu_ps(v.as_ptr())
+        };
+        _mm512_storeu_ps(p.dmin.as_mut_ptr().add(sb * 16), dm);
+        let ok = _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(dm, _mm512_setzero_ps())
+            & _mm512_cmp_ps_mask::<_CMP_LT_OQ>(_mm512_abs_ps(dm), _mm512_set1_ps(f32::INFINITY));
+        let m = |kb: usize| {
+            let b = _mm512_loadu_ps(p.b.as_ptr().add(kb * 16));
+            _mm512_maskz_cvtps_epi32(ok, _mm512_maskz_div_ps(ok, b, dm))
+        };
+        for pr in 0..4 {
+            let kb = 8 * sb + 2 * pr;
+            let v = _mm512_or_si512(
+                _mm512_and_si512(m(kb), _mm512_set1_epi32(0xFFFF)),
+                _mm512_slli_epi32::<16>(m(kb + 1)),
+            );
+            _mm512_storeu_si512(p.mi.as_mut_ptr().add((4 * sb + pr) * 32) as *mut _, v);
+        }
+    }
+}
+
 /// `y[t, r0..r0+32]` for tokens `ts` (up to `NT`; unused slots repeat the
 /// last token and are not stored), two panels at once: each activation
 /// broadcast feeds two `vpdpbusd` (loads per product 6/8 against 9/8 with
 /// one panel of 8 tokens). `SB`: one activation scale per 256 values,
-/// applied once per super-block; `MIN`: Q4_K/Q5_K (`a·Σq·qx − b·Σqx` per
-/// block, with `SB`); `HALF`: Q6_K's weight scale per 16 values (with
+/// applied once per super-block; `MIN`: Q4_K/Q5_K (`a·Σq·qx` per block,
+/// `− dmin·Σ m·Σqx` per super-block from [`pack_mins`], with `SB`); `HALF`: Q6_K's weight scale per 16 values (with
 /// `SB`); else one activation scale per 32 (`MIN32`: Q4_1/Q5_1,
 /// `− b·dx·Σqx` per block).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")]
@@ -375,10 +441,40 @@ unsafe fn kernel<const MIN: bool, const HALF: bool, const MIN32: bool, const SB:
     }
     let xp: [*const u8; NT] = tok.map(|t| acts.xu.as_ptr().add(t * cols));
     let mut facc = [[_mm512_setzero_ps(); NT]; 2];
+    // Q4_K / Q5_K: token `t`'s `Σ qx` per block, read two blocks at a time
+    let sp: [*const i16; NT] = tok.map(|t| acts.isums.as_ptr().add(t * nb));
     let mut fsb = [[_mm512_setzero_ps(); NT]; 2];
     // scale groups per block, 4-column groups per scale
     let (nh, gph) = if HALF { (2, 4) } else { (1, 8) };
     for kb in 0..nb {
+        if MIN && kb % 8 == 0 {
+            // the super-block's min terms start its sums: `− dmin · Σ_j
+            // m_j·Σqx_j` over its 8 blocks, the products in integers (two
+            // blocks per `vpdpwssd`), one float multiply per row lane and
+            // token (in place of one FMA per block)
+            let sb = kb / 8;
+            let mut macc = [[_mm512_setzero_si512(); NT]; 2];
+            for pr in 0..4 {
+                let at = (4 * sb + pr) * 32;
+                let m0 = _mm512_loadu_si512(p[0].mi.as_ptr().add(at) as *const _);
+                let m1 = _mm512_loadu_si512(p[1].mi.as_ptr().add(at) as *const _);
+                for t in 0..NT {
+                    let xs =
+                        _mm512_set1_epi32((sp[t].add(kb + 2 * pr) as *const i32).read_unaligned());
+                    macc[0][t] = _mm512_dpwssd_epi32(macc[0][t], m0, xs);
+                    macc[1][t] = _mm512_dpwssd_epi32(macc[1][t], m1, xs);
+                }
+            }
+            for k in 0..2 {
+                let ndm = _mm512_sub_ps(
+                    _mm512_setzero_ps(),
+                    _mm512_loadu_ps(p[k].dmin.as_ptr().add(sb * 16)),
+                );
+                for t in 0..NT {
+                    fsb[k][t] = _mm512_mul_ps(_mm512_cvtepi32_ps(macc[k][t]), ndm);
+                }
+            }
+        }
         let q = [p[0].q.as_ptr().add(kb * 512), p[1].q.as_ptr().add(kb * 512)];
         for h in 0..nh {
             let sg = kb * nh + h;
@@ -407,14 +503,8 @@ unsafe fn kernel<const MIN: bool, const HALF: bool, const MIN32: bool, const SB:
             }
             for k in 0..2 {
                 let av = _mm512_loadu_ps(p[k].a.as_ptr().add(sg * 16));
-                if MIN {
-                    let bv = _mm512_loadu_ps(p[k].b.as_ptr().add(sg * 16));
-                    for t in 0..NT {
-                        let f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[k][t]), av, fsb[k][t]);
-                        let s = *acts.sums.get_unchecked(tok[t] * nb + kb);
-                        fsb[k][t] = _mm512_fnmadd_ps(bv, _mm512_set1_ps(s), f);
-                    }
-                } else if SB {
+                if SB {
+                    // (MIN: the min terms went in above)
                     // one activation scale per super-block: applied below
                     for t in 0..NT {
                         fsb[k][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[k][t]), av, fsb[k][t]);
@@ -546,6 +636,10 @@ fn run(pool: &ThreadPool, w: &WeightRef, acts: &Acts, y: &mut [f32], n_tokens: u
                     unsafe {
                         pack_panel(w, r0, &mut pa);
                         pack_panel(w, r0 + 16, &mut pb);
+                        if min {
+                            pack_mins(w, r0, &mut pa);
+                            pack_mins(w, r0 + 16, &mut pb);
+                        }
                     }
                     // The next item's rows load while this one is multiplied
                     // (its decode otherwise waits on memory).
@@ -612,7 +706,15 @@ mod tests {
             Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q4_K, Q5_K, Q6_K,
         ] {
             for (rows, cols, n, threads) in [(16, 256, 5, 1), (40, 768, 13, 2), (64, 512, 9, 2)] {
-                let plain = random_weights(&mut rng, ty, rows, cols);
+                let mut plain = random_weights(&mut rng, ty, rows, cols);
+                if has_min(ty) {
+                    // some blocks with a zero `dmin` (their mins count for
+                    // nothing, whatever the 6-bit `m`)
+                    let bs = ty.type_size();
+                    for blk in plain.chunks_exact_mut(bs).step_by(3) {
+                        blk[2..4].fill(0);
+                    }
+                }
                 let mut packed = plain.clone();
                 let repacked = super::super::repack(ty, &mut packed, rows, cols);
                 let x = rng.vec(n * cols);
