@@ -1,0 +1,85 @@
+//! The engine's memory contract under random runs of operations (prompts
+//! and decode steps of several sequences in one batch, rollbacks, forks,
+//! clears, sessions; see tests/support/engine_ops.rs), on every
+//! architecture's fixture, with checkpoint spacings, budgets and
+//! micro-batch sizes drawn per run. The `engine_ops` fuzz target runs the
+//! same check on bytes of its own.
+
+use std::path::PathBuf;
+
+#[path = "../../../tests/support/engine_ops.rs"]
+mod engine_ops;
+#[path = "../../../tests/support/temp_path.rs"]
+mod temp_path;
+
+fn fixtures() -> Vec<(String, PathBuf)> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+    let mut out = Vec::new();
+    for a in [
+        "mamba",
+        "mamba2",
+        "jamba",
+        "bamba",
+        "granitemoehybrid",
+        "falcon_h1",
+        "nemotron_h",
+        "nemotron_h_moe",
+        "llama",
+    ] {
+        out.push((
+            a.to_string(),
+            root.join("models").join(a).join("model.f16.gguf"),
+        ));
+    }
+    for a in [
+        "qwen35_tiny",
+        "qwen35moe_tiny",
+        "qwen3next_tiny",
+        "lfm2_small",
+        "lfm2moe_small",
+    ] {
+        out.push((
+            a.to_string(),
+            root.join("parity").join(a).join("model.gguf"),
+        ));
+    }
+    out
+}
+
+/// `n` pseudo-random bytes from `seed`.
+fn bytes(seed: u64, n: usize) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 33) as u8
+        })
+        .collect()
+}
+
+#[test]
+fn random_runs_of_operations_keep_every_sequence_exact() {
+    let dir = temp_path::TempPath::dir("coil-engine-ops", "sessions");
+    let (mut refused, mut replayed) = (0, 0);
+    for (i, (arch, model)) in fixtures().into_iter().enumerate() {
+        for seed in 0..3u64 {
+            let b = bytes(seed * 31 + i as u64, 400);
+            match engine_ops::run(&model, &b, &dir) {
+                Ok(st) => {
+                    eprintln!("{arch} seed {seed}: {st:?}");
+                    assert!(st.compared >= 20, "{arch} seed {seed}: {st:?}");
+                    refused += st.refused;
+                    replayed += st.replayed;
+                }
+                Err(e) => panic!("{arch}, seed {seed}: {e}"),
+            }
+        }
+    }
+    // the runs reached refusals past the context and replaying rollbacks
+    assert!(
+        refused > 0 && replayed > 0,
+        "{refused} refused, {replayed} replayed"
+    );
+}

@@ -1,0 +1,258 @@
+//! A model-based check of the engine's memory contract: a run of engine
+//! operations spelt out by bytes — prompts and decode steps of several
+//! sequences in one batch, rollbacks to any position, forks, clears,
+//! sessions saved and loaded into another sequence — on one model, against
+//! a reference that knows nothing but each sequence's tokens. After every
+//! call that returns logits, each sequence's last row must equal what a
+//! fresh engine computes from that sequence's tokens alone (within the
+//! parity bound, 1e-4 of the largest absolute logit: the two take different
+//! kernels and chunkings), and after every operation each sequence's
+//! tokens and length must be the reference's. A call the engine refuses
+//! (past the context) must leave the sequence as it was.
+//!
+//! One copy for the integration test (fixed byte strings on every
+//! architecture's fixture, `crates/coil/tests/engine_ops.rs`) and the
+//! `engine_ops` fuzz target, each including it with `#[path]`.
+#![allow(dead_code)]
+
+use coil::engine::{BatchEntry, Engine, EngineOptions};
+use coil::memory::{CheckpointPolicy, SequenceMemory};
+use coil::models::LogitRows;
+use std::path::Path;
+
+/// Sequences the engine under test holds.
+pub const SEQS: usize = 4;
+/// Its context: prompts past it are refused.
+pub const N_CTX: usize = 48;
+/// The parity bound.
+const TOL: f32 = 1e-4;
+
+/// The bytes, read one at a time; past their end, `None`.
+struct Bytes<'a>(&'a [u8]);
+
+impl Bytes<'_> {
+    fn next(&mut self) -> Option<u8> {
+        let (&b, rest) = self.0.split_first()?;
+        self.0 = rest;
+        Some(b)
+    }
+    /// A byte, 0 past the end (an operation's arguments).
+    fn arg(&mut self) -> usize {
+        self.next().unwrap_or(0) as usize
+    }
+}
+
+/// The engine's options from two bytes: checkpoint spacing and budget
+/// (tiny budgets evict), checkpoints at the end of decode calls, micro-batch
+/// size, threads.
+fn options(a: usize, b: usize) -> EngineOptions {
+    let interval = [0, 1, 2, 3, 5, 8][a % 6];
+    let budget_bytes = [0, 1, 64 << 10, 64 << 20][(a >> 3) % 4];
+    EngineOptions {
+        n_threads: 1 + (b >> 6) % 2,
+        n_seq_max: SEQS,
+        n_ctx: N_CTX,
+        n_ubatch: [1, 3, 7, 16][b % 4],
+        checkpoints: CheckpointPolicy {
+            interval,
+            budget_bytes: if budget_bytes == 0 {
+                CheckpointPolicy::default().budget_bytes
+            } else {
+                budget_bytes
+            },
+            every_call: (b >> 2) % 2 == 1,
+            call_spacing: 1 + (b >> 3) % 3,
+            ..CheckpointPolicy::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// What a run did.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Operations run.
+    pub ops: usize,
+    /// Logits rows compared with the fresh engine's.
+    pub compared: usize,
+    /// Calls refused (past the context), the sequences found unchanged.
+    pub refused: usize,
+    /// Tokens the rollbacks replayed (0 when every one restored a
+    /// checkpoint at its position).
+    pub replayed: usize,
+}
+
+/// The run: engines on `model`, the operations of `bytes`, session files in
+/// `scratch`. `Err` names the first broken promise (with the operations so
+/// far); a panic inside the engine is a finding too.
+pub fn run(model: &Path, bytes: &[u8], scratch: &Path) -> Result<Stats, String> {
+    let mut st = Stats::default();
+    let mut b = Bytes(bytes);
+    let (a0, a1) = (b.arg(), b.arg());
+    let mut e = Engine::load(model, options(a0, a1)).map_err(|e| format!("load: {e}"))?;
+    let mut fresh = Engine::load(
+        model,
+        EngineOptions {
+            n_threads: 1,
+            n_seq_max: 1,
+            n_ctx: N_CTX,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| format!("load: {e}"))?;
+    let n_vocab = e.n_vocab();
+    let mut seqs: Vec<Vec<u32>> = vec![Vec::new(); SEQS];
+    let mut log = Vec::new();
+    let session = scratch.join(format!("engine-ops-{}.session", std::process::id()));
+    let check_tokens = |e: &Engine, seqs: &[Vec<u32>], log: &[String]| {
+        for (s, want) in seqs.iter().enumerate() {
+            let got = e.mem.seq_tokens(s).map_err(|er| er.to_string())?;
+            if got != want.as_slice()
+                || e.mem.seq_len(s).map_err(|er| er.to_string())? != want.len()
+            {
+                return Err(format!(
+                    "sequence {s} holds {} tokens, the reference {} (after {log:?})",
+                    got.len(),
+                    want.len()
+                ));
+            }
+        }
+        Ok(())
+    };
+    while let Some(op) = b.next() {
+        let op = op as usize;
+        let s = (op >> 3) % SEQS;
+        match op % 6 {
+            // a prompt (or a few tokens) for one sequence
+            0 => {
+                let n = 1 + b.arg() % 24;
+                let ubatch = b.arg() % 8;
+                let toks: Vec<u32> = (0..n).map(|_| (b.arg() % n_vocab) as u32).collect();
+                log.push(format!("eval {s} +{n} ub{ubatch}"));
+                match e.eval(s, &toks, LogitRows::Last, ubatch) {
+                    Ok(row) => {
+                        seqs[s].extend_from_slice(&toks);
+                        compare(&mut fresh, &seqs[s], &row, &log)?;
+                        st.compared += 1;
+                    }
+                    // refused: the sequence is checked unchanged below
+                    Err(_) if seqs[s].len() + n > N_CTX => st.refused += 1,
+                    Err(er) => return Err(format!("{er} (after {log:?})")),
+                }
+            }
+            // one decode step for a set of sequences, the first of them
+            // taking a few tokens (a prompt beside decodes)
+            1 => {
+                let mask = b.arg();
+                let k = 1 + b.arg() % 4;
+                let set: Vec<usize> = (0..SEQS).filter(|i| mask >> i & 1 == 1).collect();
+                let toks: Vec<Vec<u32>> = set
+                    .iter()
+                    .enumerate()
+                    .map(|(j, _)| {
+                        let n = if j == 0 { k } else { 1 };
+                        (0..n).map(|_| (b.arg() % n_vocab) as u32).collect()
+                    })
+                    .collect();
+                let entries: Vec<BatchEntry> = set
+                    .iter()
+                    .zip(&toks)
+                    .map(|(&seq, t)| BatchEntry {
+                        seq,
+                        tokens: t,
+                        logits: LogitRows::Last,
+                    })
+                    .collect();
+                log.push(format!("batch {set:?} first +{k}"));
+                let fits = set
+                    .iter()
+                    .zip(&toks)
+                    .all(|(&q, t)| seqs[q].len() + t.len() <= N_CTX);
+                match e.decode_batch(&entries) {
+                    Ok(rows) => {
+                        if rows.len() != set.len() {
+                            return Err(format!("{} rows for {} entries", rows.len(), set.len()));
+                        }
+                        for ((&q, t), row) in set.iter().zip(&toks).zip(&rows) {
+                            seqs[q].extend_from_slice(t);
+                            compare(&mut fresh, &seqs[q], row, &log)?;
+                            st.compared += 1;
+                        }
+                    }
+                    Err(_) if !fits => st.refused += 1,
+                    Err(er) => return Err(format!("{er} (after {log:?})")),
+                }
+            }
+            // a rollback to any position
+            2 => {
+                let p = b.arg() % (seqs[s].len() + 1);
+                log.push(format!("truncate {s} to {p}"));
+                let r = e
+                    .seq_truncate(s, p)
+                    .map_err(|er| format!("{er} (after {log:?})"))?;
+                st.replayed += r.replayed;
+                seqs[s].truncate(p);
+            }
+            // a fork into another sequence (which it replaces)
+            3 => {
+                let d = b.arg() % SEQS;
+                log.push(format!("fork {s} -> {d}"));
+                e.seq_fork(s, d)
+                    .map_err(|er| format!("{er} (after {log:?})"))?;
+                seqs[d] = seqs[s].clone();
+            }
+            4 => {
+                log.push(format!("clear {s}"));
+                e.seq_clear(s)
+                    .map_err(|er| format!("{er} (after {log:?})"))?;
+                seqs[s].clear();
+            }
+            // a session saved, then loaded into another sequence
+            _ => {
+                let d = b.arg() % SEQS;
+                log.push(format!("session {s} -> {d}"));
+                e.save_session(s, &session)
+                    .map_err(|er| format!("save: {er} (after {log:?})"))?;
+                e.load_session(d, &session)
+                    .map_err(|er| format!("load: {er} (after {log:?})"))?;
+                seqs[d] = seqs[s].clone();
+            }
+        }
+        check_tokens(&e, &seqs, &log)?;
+        st.ops += 1;
+    }
+    let _ = std::fs::remove_file(&session);
+    Ok(st)
+}
+
+/// `row` (the engine's logits after `tokens`) against a fresh engine's.
+fn compare(fresh: &mut Engine, tokens: &[u32], row: &[f32], log: &[String]) -> Result<(), String> {
+    fresh.seq_clear(0).map_err(|e| e.to_string())?;
+    let want = fresh
+        .eval(0, tokens, LogitRows::Last, 0)
+        .map_err(|e| format!("reference: {e}"))?;
+    if want.len() != row.len() {
+        return Err(format!(
+            "{} logits, the reference {}",
+            row.len(),
+            want.len()
+        ));
+    }
+    let max = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    // (a NaN difference counts as infinite: `f32::max` would drop it)
+    let diff = row.iter().zip(&want).fold(0f32, |m, (g, w)| {
+        let d = (g - w).abs();
+        if d.is_nan() {
+            f32::INFINITY
+        } else {
+            m.max(d)
+        }
+    });
+    if diff > TOL * max.max(1e-6) {
+        return Err(format!(
+            "after {} tokens, max |Δ| {diff:e} against max|logit| {max:e} (after {log:?})",
+            tokens.len()
+        ));
+    }
+    Ok(())
+}
