@@ -77,9 +77,11 @@ pub struct Stats {
     pub compared: usize,
     /// Calls refused (past the context), the sequences found unchanged.
     pub refused: usize,
-    /// Tokens the rollbacks replayed (0 when every one restored a
-    /// checkpoint at its position).
+    /// Tokens the rollbacks and commits replayed (0 when every one
+    /// restored a checkpoint at its position, or refolded).
     pub replayed: usize,
+    /// Speculative verifications committed.
+    pub verified: usize,
 }
 
 /// The run: engines on `model`, the operations of `bytes`, session files in
@@ -122,7 +124,7 @@ pub fn run(model: &Path, bytes: &[u8], scratch: &Path) -> Result<Stats, String> 
     while let Some(op) = b.next() {
         let op = op as usize;
         let s = (op >> 3) % SEQS;
-        match op % 6 {
+        match op % 7 {
             // a prompt (or a few tokens) for one sequence
             0 => {
                 let n = 1 + b.arg() % 24;
@@ -206,6 +208,69 @@ pub fn run(model: &Path, bytes: &[u8], scratch: &Path) -> Result<Stats, String> 
                 e.seq_clear(s)
                     .map_err(|er| format!("{er} (after {log:?})"))?;
                 seqs[s].clear();
+            }
+            // a speculative verification of a token and drafts, alone or
+            // beside other sequences' decode steps, then a commit keeping
+            // any prefix of them
+            6 => {
+                let Ok(room) = e.spec_room(s) else {
+                    return Err(format!("spec_room {s} (after {log:?})"));
+                };
+                let k = b.arg() % (room.min(8) + 1);
+                let others = b.arg() % 16 & !(1 << s);
+                let toks: Vec<u32> = (0..=k).map(|_| (b.arg() % n_vocab) as u32).collect();
+                let keep = b.arg() % (k + 2);
+                let set: Vec<usize> = (0..SEQS).filter(|i| others >> i & 1 == 1).collect();
+                let steps: Vec<Vec<u32>> = set
+                    .iter()
+                    .map(|_| vec![(b.arg() % n_vocab) as u32])
+                    .collect();
+                log.push(format!("verify {s} +{} keep {keep} beside {set:?}", k + 1));
+                if seqs[s].len() + k + 1 > N_CTX || set.iter().any(|&q| seqs[q].len() + 1 > N_CTX) {
+                    // past the context: left for the other operations
+                    continue;
+                }
+                let rows = if set.is_empty() {
+                    e.spec_verify(s, &toks)
+                        .map_err(|er| format!("{er} (after {log:?})"))?
+                } else {
+                    e.spec_begin(s)
+                        .map_err(|er| format!("{er} (after {log:?})"))?;
+                    let mut entries = vec![BatchEntry {
+                        seq: s,
+                        tokens: &toks,
+                        logits: LogitRows::All,
+                    }];
+                    for (&q, t) in set.iter().zip(&steps) {
+                        entries.push(BatchEntry {
+                            seq: q,
+                            tokens: t,
+                            logits: LogitRows::Last,
+                        });
+                    }
+                    let mut out = e
+                        .decode_batch(&entries)
+                        .map_err(|er| format!("{er} (after {log:?})"))?;
+                    for ((&q, t), row) in set.iter().zip(&steps).zip(&out[1..]) {
+                        seqs[q].extend_from_slice(t);
+                        compare(&mut fresh, &seqs[q], row, &log)?;
+                        st.compared += 1;
+                    }
+                    out.swap_remove(0)
+                };
+                // every verified position's logits
+                let mut all = seqs[s].clone();
+                for (i, row) in rows.chunks(n_vocab).enumerate() {
+                    all.push(toks[i]);
+                    compare(&mut fresh, &all, row, &log)?;
+                    st.compared += 1;
+                }
+                let c = e
+                    .spec_commit(s, keep.min(k + 1))
+                    .map_err(|er| format!("commit: {er} (after {log:?})"))?;
+                seqs[s].extend_from_slice(&toks[..keep.min(k + 1)]);
+                st.replayed += c.replayed;
+                st.verified += 1;
             }
             // a session saved, then loaded into another sequence
             _ => {
