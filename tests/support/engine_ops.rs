@@ -217,7 +217,7 @@ pub fn run(model: &Path, bytes: &[u8], scratch: &Path) -> Result<Stats, String> 
                     return Err(format!("spec_room {s} (after {log:?})"));
                 };
                 let k = b.arg() % (room.min(8) + 1);
-                let others = b.arg() % 16 & !(1 << s);
+                let others = (b.arg() % 16) & !(1 << s);
                 let toks: Vec<u32> = (0..=k).map(|_| (b.arg() % n_vocab) as u32).collect();
                 let keep = b.arg() % (k + 2);
                 let set: Vec<usize> = (0..SEQS).filter(|i| others >> i & 1 == 1).collect();
