@@ -15,11 +15,11 @@ set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 SECONDS_EACH="${1:-600}"
 shift || true
-TARGETS="${*:-gguf session tokenizer template request model convert quantize}"
+TARGETS="${*:-gguf session tokenizer template request model convert quantize engine_ops}"
 cd "$REPO_ROOT/fuzz"
 
 seeds="$REPO_ROOT/fuzz/seeds"
-mkdir -p "$seeds"/{gguf,session,tokenizer,template,request,model,convert,quantize}
+mkdir -p "$seeds"/{gguf,session,tokenizer,template,request,model,convert,quantize,engine_ops}
 cp "$REPO_ROOT/crates/coil/tests/fixtures/tokenizers/lfm2-bpe.gguf" "$seeds/gguf/"
 cp "$REPO_ROOT/tests/fixtures/parity/mamba2_g1_hd16/model.gguf" "$seeds/gguf/mamba2.gguf"
 COIL="${COIL:-$REPO_ROOT/target/release/coil}"
@@ -55,6 +55,9 @@ for t in $TARGETS; do
     max_len=400000
     len_control=100
     case "$t" in model | convert | quantize) max_len=130 len_control=0 ;; esac
+    # engine_ops: a byte for the model, two for the options, then operations
+    # of 1-26 bytes each; a few hundred bytes make a long run of them
+    case "$t" in engine_ops) max_len=300 len_control=0 ;; esac
     nice -n "${FUZZ_NICE:-19}" cargo +nightly fuzz run --sanitizer none -O "$t" "corpus/$t" "$seeds/$t" -- \
         -max_total_time="$SECONDS_EACH" -max_len="$max_len" -len_control="$len_control" \
         -print_final_stats=1 > "$log" 2>&1 || echo "   $t: libFuzzer exited non-zero (a crash? see $log and artifacts/$t/)" >&2
