@@ -16,7 +16,7 @@
 #![allow(dead_code)]
 
 use coil::engine::{BatchEntry, Engine, EngineOptions};
-use coil::memory::{CheckpointPolicy, SequenceMemory};
+use coil::memory::{CacheType, CheckpointPolicy, SequenceMemory, StateType};
 use coil::models::LogitRows;
 use std::path::Path;
 
@@ -24,8 +24,18 @@ use std::path::Path;
 pub const SEQS: usize = 4;
 /// Its context: prompts past it are refused.
 pub const N_CTX: usize = 48;
-/// The parity bound.
+/// The parity bound, with the default f32 states and cells.
 const TOL: f32 = 1e-4;
+/// With bf16 states and f16 cells (both engines) the rounding falls at
+/// other points in the two (per token, per chunk): up to 0.02 on the
+/// Mamba-family and attention fixtures in the CI runs, where a state
+/// restored wrong is off by far more.
+const TOL_LIGHT: f32 = 0.05;
+/// The same on the Gated DeltaNet fixtures, whose random delta-rule states
+/// barely decay and pile the rounding up (up to 0.13 seen; from f32 alone
+/// 3.5e-2 token by token, docs/PERFORMANCE.md "Lighter memory"): only a
+/// gross error shows there.
+const TOL_LIGHT_DELTA_NET: f32 = 0.5;
 
 /// The bytes, read one at a time; past their end, `None`.
 struct Bytes<'a>(&'a [u8]);
@@ -44,7 +54,8 @@ impl Bytes<'_> {
 
 /// The engine's options from two bytes: checkpoint spacing and budget
 /// (tiny budgets evict), checkpoints at the end of decode calls, micro-batch
-/// size, threads.
+/// size, threads (and, bit 5 of the second, the light state and cell
+/// types: see [`run`]).
 fn options(a: usize, b: usize) -> EngineOptions {
     let interval = [0, 1, 2, 3, 5, 8][a % 6];
     let budget_bytes = [0, 1, 64 << 10, 64 << 20][(a >> 3) % 4];
@@ -102,6 +113,23 @@ pub fn run(model: &Path, bytes: &[u8], scratch: &Path) -> Result<Stats, String> 
         },
     )
     .map_err(|e| format!("load: {e}"))?;
+    // the light types (bf16 states, f16 cells) in both engines
+    let light = (a1 >> 5) % 2 == 1;
+    if light {
+        for en in [&mut e, &mut fresh] {
+            en.set_state_type(StateType::Bf16);
+            en.set_cache_type(CacheType::F16);
+        }
+    }
+    let delta_net = matches!(
+        e.file.metadata().get_str("general.architecture"),
+        Some("qwen35" | "qwen35moe" | "qwen3next")
+    );
+    let tol = match (light, delta_net) {
+        (false, _) => TOL,
+        (true, false) => TOL_LIGHT,
+        (true, true) => TOL_LIGHT_DELTA_NET,
+    };
     let n_vocab = e.n_vocab();
     let mut seqs: Vec<Vec<u32>> = vec![Vec::new(); SEQS];
     let mut log = Vec::new();
@@ -134,7 +162,7 @@ pub fn run(model: &Path, bytes: &[u8], scratch: &Path) -> Result<Stats, String> 
                 match e.eval(s, &toks, LogitRows::Last, ubatch) {
                     Ok(row) => {
                         seqs[s].extend_from_slice(&toks);
-                        compare(&mut fresh, &seqs[s], &row, &log)?;
+                        compare(&mut fresh, tol, &seqs[s], &row, &log)?;
                         st.compared += 1;
                     }
                     // refused: the sequence is checked unchanged below
@@ -177,7 +205,7 @@ pub fn run(model: &Path, bytes: &[u8], scratch: &Path) -> Result<Stats, String> 
                         }
                         for ((&q, t), row) in set.iter().zip(&toks).zip(&rows) {
                             seqs[q].extend_from_slice(t);
-                            compare(&mut fresh, &seqs[q], row, &log)?;
+                            compare(&mut fresh, tol, &seqs[q], row, &log)?;
                             st.compared += 1;
                         }
                     }
@@ -253,7 +281,7 @@ pub fn run(model: &Path, bytes: &[u8], scratch: &Path) -> Result<Stats, String> 
                         .map_err(|er| format!("{er} (after {log:?})"))?;
                     for ((&q, t), row) in set.iter().zip(&steps).zip(&out[1..]) {
                         seqs[q].extend_from_slice(t);
-                        compare(&mut fresh, &seqs[q], row, &log)?;
+                        compare(&mut fresh, tol, &seqs[q], row, &log)?;
                         st.compared += 1;
                     }
                     out.swap_remove(0)
@@ -262,7 +290,7 @@ pub fn run(model: &Path, bytes: &[u8], scratch: &Path) -> Result<Stats, String> 
                 let mut all = seqs[s].clone();
                 for (i, row) in rows.chunks(n_vocab).enumerate() {
                     all.push(toks[i]);
-                    compare(&mut fresh, &all, row, &log)?;
+                    compare(&mut fresh, tol, &all, row, &log)?;
                     st.compared += 1;
                 }
                 let c = e
@@ -291,7 +319,13 @@ pub fn run(model: &Path, bytes: &[u8], scratch: &Path) -> Result<Stats, String> 
 }
 
 /// `row` (the engine's logits after `tokens`) against a fresh engine's.
-fn compare(fresh: &mut Engine, tokens: &[u32], row: &[f32], log: &[String]) -> Result<(), String> {
+fn compare(
+    fresh: &mut Engine,
+    tol: f32,
+    tokens: &[u32],
+    row: &[f32],
+    log: &[String],
+) -> Result<(), String> {
     fresh.seq_clear(0).map_err(|e| e.to_string())?;
     let want = fresh
         .eval(0, tokens, LogitRows::Last, 0)
@@ -313,7 +347,7 @@ fn compare(fresh: &mut Engine, tokens: &[u32], row: &[f32], log: &[String]) -> R
             m.max(d)
         }
     });
-    if diff > TOL * max.max(1e-6) {
+    if diff > tol * max.max(1e-6) {
         return Err(format!(
             "after {} tokens, max |Δ| {diff:e} against max|logit| {max:e} (after {log:?})",
             tokens.len()
