@@ -13,6 +13,10 @@ pub struct Metrics {
     pub prompt_tokens: AtomicU64,
     pub prompt_tokens_cached: AtomicU64,
     pub prompt_tokens_processed: AtomicU64,
+    /// Prompt tokens the forward passes took, counted as they run (the
+    /// processed total is what admission promised: the prompt less its
+    /// cached part; once every admitted prompt has gone in, the two agree).
+    pub prompt_tokens_evaluated: AtomicU64,
     pub completion_tokens: AtomicU64,
     /// Prompt tokens found in the cache but processed again, because the
     /// nearest recurrent checkpoint lies before the shared length.
@@ -101,7 +105,12 @@ impl Metrics {
             (
                 "prompt_tokens_processed_total",
                 &self.prompt_tokens_processed,
-                "Prompt tokens run through the model (rollback replays included).",
+                "Prompt tokens of admitted requests not taken from the cache (to run through the model).",
+            ),
+            (
+                "prompt_tokens_evaluated_total",
+                &self.prompt_tokens_evaluated,
+                "Prompt tokens the model's forward passes took, counted as they run.",
             ),
             (
                 "completion_tokens_total",

@@ -5,8 +5,8 @@
 //! kernels each greedy completion must be exactly that of the request
 //! alone on an engine without a cache — whatever shared its steps, which
 //! cached prefix it resumed from and at which checkpoint — and the usage
-//! must add up (cached tokens within the prompt, reuse of a prompt seen
-//! before).
+//! must be true: the prompt tokens the forward passes took are the prompts
+//! less what the usage reports cached.
 
 mod common;
 
@@ -173,6 +173,19 @@ fn run(arch: &str, seed: u64) -> usize {
             sent += 1;
         }
     }
+    // what the usage promised (each prompt less its cached part) is what
+    // the forward passes took: no cached token was processed after all
+    let m = &s.metrics;
+    let get = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        get(&m.prompt_tokens_evaluated),
+        get(&m.prompt_tokens_processed),
+        "{what}: prompt tokens evaluated against processed"
+    );
+    assert_eq!(
+        get(&m.prompt_tokens_processed) + get(&m.prompt_tokens_cached),
+        get(&m.prompt_tokens)
+    );
     saved
 }
 

@@ -270,6 +270,12 @@ fn multi_turn_chat(s: &TestServer) {
         m["coil_prompt_tokens_cached_total"] + m["coil_prompt_tokens_processed_total"],
         m["coil_prompt_tokens_total"]
     );
+    // and the forward passes took exactly those: the cached tokens really
+    // were not processed again
+    assert_eq!(
+        m["coil_prompt_tokens_evaluated_total"],
+        total_processed as f64
+    );
 }
 
 #[test]

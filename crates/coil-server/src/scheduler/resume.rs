@@ -162,6 +162,7 @@ impl Worker {
         };
         self.pin(slot, pick.at);
         metrics::add(&self.metrics.prefix_tokens_recomputed, pick.len - pick.at);
+        metrics::add(&self.metrics.prompt_tokens_evaluated, stats.replayed);
         let branch = if shared > pick.at { shared } else { 0 };
         Ok((slot, pick.at - stats.replayed.min(pick.at), branch))
     }

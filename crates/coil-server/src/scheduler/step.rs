@@ -235,6 +235,7 @@ impl Worker {
             .filter(|p| p.is_prompt)
             .map(|p| p.tokens.len())
             .sum();
+        metrics::add(&self.metrics.prompt_tokens_evaluated, n_prompt);
         if n_prompt > 0 {
             self.rates.prompt += n_prompt;
             self.rates.prompt_secs += secs;
