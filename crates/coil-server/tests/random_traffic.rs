@@ -1,7 +1,8 @@
 //! Random traffic through the scheduler (no HTTP): waves of concurrent
 //! requests whose prompts are new, repeats, extensions or branches of
 //! earlier ones, under drawn slot counts, step sizes, checkpoint spacings
-//! and prefix-cache sizes (small ones evict). With the batch-invariant
+//! and prefix-cache sizes (small ones evict), n-gram speculation in half
+//! the runs. With the batch-invariant
 //! kernels each greedy completion must be exactly that of the request
 //! alone on an engine without a cache — whatever shared its steps, which
 //! cached prefix it resumed from and at which checkpoint — and the usage
@@ -10,6 +11,7 @@
 
 mod common;
 
+use coil::engine::draft::SpecParams;
 use coil::engine::sampling::SamplingParams;
 use coil::engine::{Engine, EngineOptions};
 use coil::tokenizer::Tokenizer;
@@ -93,14 +95,21 @@ fn collect(mut rx: UnboundedReceiver<Event>) -> (String, Usage) {
 }
 
 /// One run: 24 requests in waves of 1–5 on `arch`, the configuration and
-/// prompts drawn from `seed`; returns the prompt tokens the cache saved.
-fn run(arch: &str, seed: u64) -> usize {
+/// prompts drawn from `seed`; returns the prompt tokens the cache saved and
+/// the draft tokens speculation accepted.
+fn run(arch: &str, seed: u64) -> (usize, usize) {
     let mut rng = Lcg(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let cfg = SchedulerConfig {
         parallel: 1 + rng.below(4),
         prefill_chunk: [3, 8, 32][rng.below(3)],
         checkpoint_spacing: [1, 2, 4][rng.below(3)],
         cache_bytes: [64 << 10, 2 << 30][rng.below(2)],
+        // n-gram speculation in half the runs: its greedy output is plain
+        // decoding's, bit for bit
+        spec: (rng.below(2) == 1).then(|| SpecParams {
+            draft_max: 1 + rng.below(8),
+            ngram_max: 1 + rng.below(4),
+        }),
         batch_invariant: true,
         log_requests: false,
         ..Default::default()
@@ -147,7 +156,7 @@ fn run(arch: &str, seed: u64) -> usize {
                     p
                 }
             };
-            let max_tokens = 1 + rng.below(8);
+            let max_tokens = 1 + rng.below(16);
             seen.push(prompt.clone());
             reqs.push((submit(&s, &prompt, max_tokens), prompt, max_tokens));
         }
@@ -186,12 +195,12 @@ fn run(arch: &str, seed: u64) -> usize {
         get(&m.prompt_tokens_processed) + get(&m.prompt_tokens_cached),
         get(&m.prompt_tokens)
     );
-    saved
+    (saved, get(&m.spec_accepted) as usize)
 }
 
 #[test]
 fn random_traffic_gives_every_request_its_output_alone() {
-    let mut saved = 0;
+    let (mut saved, mut accepted) = (0, 0);
     for (i, arch) in [
         "granitemoehybrid",
         "mamba2",
@@ -204,11 +213,15 @@ fn random_traffic_gives_every_request_its_output_alone() {
     .enumerate()
     {
         for seed in 0..3 {
-            let s = run(arch, 10 * i as u64 + seed);
-            eprintln!("{arch} seed {seed}: {s} prompt tokens from the cache");
+            let (s, a) = run(arch, 10 * i as u64 + seed);
+            eprintln!("{arch} seed {seed}: {s} prompt tokens from the cache, {a} drafts accepted");
             saved += s;
+            accepted += a;
         }
     }
-    // the prefix cache took part
-    assert!(saved > 0);
+    // the prefix cache and speculation took part
+    assert!(
+        saved > 0 && accepted > 0,
+        "{saved} cached, {accepted} accepted"
+    );
 }
