@@ -2,12 +2,12 @@
 //! requests whose prompts are new, repeats, extensions or branches of
 //! earlier ones, under drawn slot counts, step sizes, checkpoint spacings
 //! and prefix-cache sizes (small ones evict), n-gram speculation in half
-//! the runs. With the batch-invariant
-//! kernels each greedy completion must be exactly that of the request
-//! alone on an engine without a cache — whatever shared its steps, which
-//! cached prefix it resumed from and at which checkpoint — and the usage
-//! must be true: the prompt tokens the forward passes took are the prompts
-//! less what the usage reports cached.
+//! the runs. With the batch-invariant kernels each greedy completion must
+//! be exactly that of the request alone on an engine without a cache —
+//! whatever shared its steps, which cached prefix it resumed from and at
+//! which checkpoint, how many drafts were accepted — and the usage must be
+//! true: the prompt tokens the forward passes took are the prompts less
+//! what the usage reports cached.
 
 mod common;
 
