@@ -112,16 +112,18 @@ pub fn run(model: &Path, bytes: &[u8], scratch: &Path) -> Result<Stats, String> 
         },
     )
     .map_err(|e| format!("load: {e}"))?;
-    // the light types (bf16 states, f16 cells) in both engines, except on
+    // the light types in both engines: f16 cells, and bf16 states except on
     // the Gated DeltaNet models (see TOL_LIGHT)
     let delta_net = matches!(
         e.file.metadata().get_str("general.architecture"),
         Some("qwen35" | "qwen35moe" | "qwen3next")
     );
-    let light = (a1 >> 5) % 2 == 1 && !delta_net;
+    let light = (a1 >> 5) % 2 == 1;
     if light {
         for en in [&mut e, &mut fresh] {
-            en.set_state_type(StateType::Bf16);
+            if !delta_net {
+                en.set_state_type(StateType::Bf16);
+            }
             en.set_cache_type(CacheType::F16);
         }
     }
