@@ -83,3 +83,19 @@ fn random_runs_of_operations_keep_every_sequence_exact() {
         "{refused} refused, {replayed} replayed"
     );
 }
+
+/// The same on 100 seeds per fixture (about a minute on 2 cores; run by
+/// hand: `cargo test --release -p coil --test engine_ops -- --ignored`).
+#[test]
+#[ignore]
+fn many_random_runs_keep_every_sequence_exact() {
+    let dir = temp_path::TempPath::dir("coil-engine-ops-many", "sessions");
+    for (i, (arch, model)) in fixtures().into_iter().enumerate() {
+        for seed in 0..100u64 {
+            let b = bytes(1000 + seed * 31 + i as u64, 400);
+            if let Err(e) = engine_ops::run(&model, &b, &dir) {
+                panic!("{arch}, seed {seed}: {e}");
+            }
+        }
+    }
+}
