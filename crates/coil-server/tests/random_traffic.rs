@@ -225,3 +225,32 @@ fn random_traffic_gives_every_request_its_output_alone() {
         "{saved} cached, {accepted} accepted"
     );
 }
+
+/// The same on 20 seeds per fixture, more architectures (run by hand:
+/// `cargo test --release -p coil-server --test random_traffic -- --ignored`).
+#[test]
+#[ignore]
+fn much_random_traffic_gives_every_request_its_output_alone() {
+    for (i, arch) in [
+        "granitemoehybrid",
+        "mamba",
+        "mamba2",
+        "jamba",
+        "bamba",
+        "falcon_h1",
+        "nemotron_h",
+        "llama",
+        "qwen35_tiny",
+        "qwen35moe_tiny",
+        "qwen3next_tiny",
+        "lfm2_small",
+        "lfm2moe_small",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for seed in 0..20 {
+            run(arch, 1000 + 100 * i as u64 + seed);
+        }
+    }
+}
