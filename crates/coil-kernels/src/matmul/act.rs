@@ -63,7 +63,7 @@ pub(crate) const PANEL_LANES: usize = 16;
 /// * `d`: `[n_blocks][PANEL_LANES]`: token `t`'s scale of block `i` in lane `t` (the
 ///   lanes past `nt` are 0)
 /// * `sums`: `[n_blocks][nt][per_block]` (the group sums of block `i` of token `t`)
-/// * `hq`, `hoff`, `hxd`: empty here; the AVX-512 32-value formats' tiles
+/// * `hq`, `hoff`, `hxd`, `hxs`: empty here; the AVX-512 32-value formats' tiles
 ///   build their own panels with only these (per group of 8 blocks, the
 ///   values in half-block lanes, the offset terms and the spread scales)
 #[derive(Debug)]
@@ -76,6 +76,9 @@ pub(crate) struct ActPanel {
     pub hq: Vec<i8>,
     pub hoff: Vec<i32>,
     pub hxd: Vec<f32>,
+    /// The AVX-512 Q4_K rows-in-lanes kernels' block sums: per block and
+    /// token, `Σ qx` of each 32-value sub-block as i16 (`[n_blocks][nt][8]`).
+    pub hxs: Vec<i16>,
 }
 
 impl ActPanel {
@@ -120,6 +123,7 @@ impl ActPanel {
             hq: Vec::new(),
             hoff: Vec::new(),
             hxd: Vec::new(),
+            hxs: Vec::new(),
         }
     }
 }

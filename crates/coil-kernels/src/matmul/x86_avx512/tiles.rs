@@ -274,6 +274,7 @@ pub(in super::super) unsafe fn panel_b32(a: &QuantAct, t0: usize, nt: usize) -> 
         hq: vec![0; nt * nb * 32],
         hoff: vec![0; nt * ng * 16],
         hxd: vec![0.0; nt * ng * 16],
+        hxs: Vec::new(),
     };
     let c = B32::new::<34, 0>();
     for t in 0..nt {
