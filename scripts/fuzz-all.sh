@@ -15,11 +15,11 @@ set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 SECONDS_EACH="${1:-600}"
 shift || true
-TARGETS="${*:-gguf session tokenizer template request model convert quantize engine_ops}"
+TARGETS="${*:-gguf session tokenizer template request model convert quantize engine_ops tool_calls}"
 cd "$REPO_ROOT/fuzz"
 
 seeds="$REPO_ROOT/fuzz/seeds"
-mkdir -p "$seeds"/{gguf,session,tokenizer,template,request,model,convert,quantize,engine_ops}
+mkdir -p "$seeds"/{gguf,session,tokenizer,template,request,model,convert,quantize,engine_ops,tool_calls}
 cp "$REPO_ROOT/crates/coil/tests/fixtures/tokenizers/lfm2-bpe.gguf" "$seeds/gguf/"
 cp "$REPO_ROOT/tests/fixtures/parity/mamba2_g1_hd16/model.gguf" "$seeds/gguf/mamba2.gguf"
 COIL="${COIL:-$REPO_ROOT/target/release/coil}"
@@ -58,8 +58,11 @@ for t in $TARGETS; do
     # engine_ops: a byte for the model, two for the options, then operations
     # of 1-26 bytes each; a few hundred bytes make a long run of them
     case "$t" in engine_ops) max_len=300 len_control=0 ;; esac
+    # a target's dictionary of tokens (markers), where it has one
+    dict=()
+    if [ -f "dicts/$t.dict" ]; then dict=("-dict=dicts/$t.dict"); fi
     nice -n "${FUZZ_NICE:-19}" cargo +nightly fuzz run --sanitizer none -O "$t" "corpus/$t" "$seeds/$t" -- \
-        -max_total_time="$SECONDS_EACH" -max_len="$max_len" -len_control="$len_control" \
+        -max_total_time="$SECONDS_EACH" -max_len="$max_len" -len_control="$len_control" ${dict[@]+"${dict[@]}"} \
         -print_final_stats=1 > "$log" 2>&1 || echo "   $t: libFuzzer exited non-zero (a crash? see $log and artifacts/$t/)" >&2
     grep -E '^#[0-9]+' "$log" | tail -n 1 | sed "s/^/   $t: /" >&2
     grep -E 'stat::number_of_executed_units|stat::peak_rss_mb' "$log" | sed "s/^/   $t: /" >&2
