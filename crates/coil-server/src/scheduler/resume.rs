@@ -317,4 +317,65 @@ mod tests {
         // The prompt's last token is never taken from the cache.
         assert_eq!(align_by_text(&[1, 11], &[1, 3, 3], 1, piece), None);
     }
+
+    /// Random token lists over the pieces above (empty ones included):
+    /// whatever the alignment returns spells the prompt's text, starts with
+    /// the held tokens it claims, keeps the prompt's last token and gains.
+    #[test]
+    fn text_alignment_keeps_the_text_at_random() {
+        let ids = [0u32, 1, 2, 3, 10, 11];
+        let mut s = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = |n: usize| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % n as u64) as usize
+        };
+        let text = |t: &[u32]| {
+            t.iter()
+                .flat_map(|&t| piece(t).to_vec())
+                .collect::<Vec<u8>>()
+        };
+        let mut found = 0;
+        for _ in 0..20_000 {
+            let held: Vec<u32> = (0..1 + next(8)).map(|_| ids[next(ids.len())]).collect();
+            // a prompt that often spells the held text another way
+            let mut prompt: Vec<u32> = Vec::new();
+            let mut i = 0;
+            while i < held.len() && next(4) != 0 {
+                match (held[i], held.get(i + 1)) {
+                    (1, Some(2)) if next(2) == 0 => {
+                        prompt.push(10);
+                        i += 2;
+                    }
+                    (3, Some(3)) if next(2) == 0 => {
+                        prompt.push(11);
+                        i += 2;
+                    }
+                    (t, _) => {
+                        prompt.push(t);
+                        i += 1;
+                    }
+                }
+            }
+            prompt.extend((0..1 + next(3)).map(|_| ids[next(ids.len())]));
+            let len = common_len(&prompt, &held).min(next(3));
+            let Some((out, j)) = align_by_text(&prompt, &held, len, piece) else {
+                continue;
+            };
+            found += 1;
+            assert_eq!(
+                text(&out),
+                text(&prompt),
+                "{prompt:?} / {held:?} -> {out:?}"
+            );
+            assert_eq!(&out[..j], &held[..j]);
+            assert_eq!(out.last(), prompt.last());
+            assert!(
+                j > len && j < out.len(),
+                "{prompt:?} / {held:?} -> {out:?}, {j}"
+            );
+        }
+        assert!(found > 1000, "only {found} alignments");
+    }
 }
