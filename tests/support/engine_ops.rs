@@ -8,7 +8,8 @@
 //! parity bound, 1e-4 of the largest absolute logit: the two take different
 //! kernels and chunkings), and after every operation each sequence's
 //! tokens and length must be the reference's. A call the engine refuses
-//! (past the context) must leave the sequence as it was.
+//! (past the context; a batch with a token outside the vocabulary or a
+//! sequence twice) must leave every sequence as it was.
 //!
 //! One copy for the integration test (fixed byte strings on every
 //! architecture's fixture, `crates/coil/tests/engine_ops.rs`) and the
@@ -85,7 +86,8 @@ pub struct Stats {
     pub ops: usize,
     /// Logits rows compared with the fresh engine's.
     pub compared: usize,
-    /// Calls refused (past the context), the sequences found unchanged.
+    /// Calls refused (past the context, bad batches), the sequences found
+    /// unchanged.
     pub refused: usize,
     /// Tokens the rollbacks and commits replayed (0 when every one
     /// restored a checkpoint at its position, or refolded).
@@ -150,7 +152,7 @@ pub fn run(model: &Path, bytes: &[u8], scratch: &Path) -> Result<Stats, String> 
     while let Some(op) = b.next() {
         let op = op as usize;
         let s = (op >> 3) % SEQS;
-        match op % 7 {
+        match op % 8 {
             // a prompt (or a few tokens) for one sequence
             0 => {
                 let n = 1 + b.arg() % 24;
@@ -297,6 +299,39 @@ pub fn run(model: &Path, bytes: &[u8], scratch: &Path) -> Result<Stats, String> 
                 seqs[s].extend_from_slice(&toks[..keep.min(k + 1)]);
                 st.replayed += c.replayed;
                 st.verified += 1;
+            }
+            // a batch with one bad entry (a token outside the vocabulary, or
+            // a sequence twice): refused whole, no sequence changed
+            7 => {
+                let mask = b.arg() | 1 << s;
+                let set: Vec<usize> = (0..SEQS).filter(|i| mask >> i & 1 == 1).collect();
+                let twice = b.arg() % 2 == 1;
+                let mut toks: Vec<Vec<u32>> = set
+                    .iter()
+                    .map(|_| vec![(b.arg() % n_vocab) as u32])
+                    .collect();
+                let mut seq_of = set.clone();
+                if twice {
+                    seq_of.push(s);
+                    toks.push(vec![(b.arg() % n_vocab) as u32]);
+                } else {
+                    let k = set.iter().position(|&q| q == s).unwrap_or(0);
+                    toks[k].push((n_vocab + b.arg()) as u32);
+                }
+                let entries: Vec<BatchEntry> = seq_of
+                    .iter()
+                    .zip(&toks)
+                    .map(|(&seq, t)| BatchEntry {
+                        seq,
+                        tokens: t,
+                        logits: LogitRows::Last,
+                    })
+                    .collect();
+                log.push(format!("bad batch {seq_of:?}"));
+                if e.decode_batch(&entries).is_ok() {
+                    return Err(format!("a bad batch ran (after {log:?})"));
+                }
+                st.refused += 1;
             }
             // a session saved, then loaded into another sequence
             _ => {
