@@ -17,34 +17,10 @@ use libfuzzer_sys::fuzz_target;
 use std::path::PathBuf;
 use std::sync::LazyLock;
 
-/// Every architecture's fixture: the llama.cpp-converted ones
-/// (tests/fixtures/models) and the tools' (tests/fixtures/parity).
+/// Every architecture's fixture.
 static MODELS: LazyLock<Vec<PathBuf>> = LazyLock::new(|| {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
-    let mut v: Vec<PathBuf> = [
-        "mamba",
-        "mamba2",
-        "jamba",
-        "bamba",
-        "granitemoehybrid",
-        "falcon_h1",
-        "nemotron_h",
-        "nemotron_h_moe",
-        "llama",
-    ]
-    .iter()
-    .map(|a| root.join("models").join(a).join("model.f16.gguf"))
-    .collect();
-    for a in [
-        "qwen35_tiny",
-        "qwen35moe_tiny",
-        "qwen3next_tiny",
-        "lfm2_small",
-        "lfm2moe_small",
-    ] {
-        v.push(root.join("parity").join(a).join("model.gguf"));
-    }
-    v
+    engine_ops::fixtures(&root).into_iter().map(|(_, p)| p).collect()
 });
 
 fuzz_target!(|data: &[u8]| {

@@ -19,7 +19,34 @@
 use coil::engine::{BatchEntry, Engine, EngineOptions};
 use coil::memory::{CacheType, CheckpointPolicy, SequenceMemory, StateType};
 use coil::models::LogitRows;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// Every architecture's fixture under `root` (the repository's
+/// `tests/fixtures`): the llama.cpp-converted ones (`models/`) and the
+/// tools' (`parity/`), by name.
+pub fn fixtures(root: &Path) -> Vec<(&'static str, PathBuf)> {
+    let models = [
+        "mamba",
+        "mamba2",
+        "jamba",
+        "bamba",
+        "granitemoehybrid",
+        "falcon_h1",
+        "nemotron_h",
+        "nemotron_h_moe",
+        "llama",
+    ]
+    .map(|a| (a, root.join("models").join(a).join("model.f16.gguf")));
+    let parity = [
+        "qwen35_tiny",
+        "qwen35moe_tiny",
+        "qwen3next_tiny",
+        "lfm2_small",
+        "lfm2moe_small",
+    ]
+    .map(|a| (a, root.join("parity").join(a).join("model.gguf")));
+    models.into_iter().chain(parity).collect()
+}
 
 /// Sequences the engine under test holds.
 pub const SEQS: usize = 4;
@@ -184,15 +211,7 @@ pub fn run(model: &Path, bytes: &[u8], scratch: &Path) -> Result<Stats, String> 
                         (0..n).map(|_| (b.arg() % n_vocab) as u32).collect()
                     })
                     .collect();
-                let entries: Vec<BatchEntry> = set
-                    .iter()
-                    .zip(&toks)
-                    .map(|(&seq, t)| BatchEntry {
-                        seq,
-                        tokens: t,
-                        logits: LogitRows::Last,
-                    })
-                    .collect();
+                let entries = entries_last(&set, &toks);
                 log.push(format!("batch {set:?} first +{k}"));
                 let fits = set
                     .iter()
@@ -269,13 +288,7 @@ pub fn run(model: &Path, bytes: &[u8], scratch: &Path) -> Result<Stats, String> 
                         tokens: &toks,
                         logits: LogitRows::All,
                     }];
-                    for (&q, t) in set.iter().zip(&steps) {
-                        entries.push(BatchEntry {
-                            seq: q,
-                            tokens: t,
-                            logits: LogitRows::Last,
-                        });
-                    }
+                    entries.extend(entries_last(&set, &steps));
                     let mut out = e
                         .decode_batch(&entries)
                         .map_err(|er| format!("{er} (after {log:?})"))?;
@@ -318,15 +331,7 @@ pub fn run(model: &Path, bytes: &[u8], scratch: &Path) -> Result<Stats, String> 
                     let k = set.iter().position(|&q| q == s).unwrap_or(0);
                     toks[k].push((n_vocab + b.arg()) as u32);
                 }
-                let entries: Vec<BatchEntry> = seq_of
-                    .iter()
-                    .zip(&toks)
-                    .map(|(&seq, t)| BatchEntry {
-                        seq,
-                        tokens: t,
-                        logits: LogitRows::Last,
-                    })
-                    .collect();
+                let entries = entries_last(&seq_of, &toks);
                 log.push(format!("bad batch {seq_of:?}"));
                 if e.decode_batch(&entries).is_ok() {
                     return Err(format!("a bad batch ran (after {log:?})"));
@@ -349,6 +354,19 @@ pub fn run(model: &Path, bytes: &[u8], scratch: &Path) -> Result<Stats, String> 
     }
     let _ = std::fs::remove_file(&session);
     Ok(st)
+}
+
+/// One entry per sequence of `seqs` with its tokens of `toks`, the last
+/// row's logits asked for.
+fn entries_last<'a>(seqs: &[usize], toks: &'a [Vec<u32>]) -> Vec<BatchEntry<'a>> {
+    seqs.iter()
+        .zip(toks)
+        .map(|(&seq, t)| BatchEntry {
+            seq,
+            tokens: t,
+            logits: LogitRows::Last,
+        })
+        .collect()
 }
 
 /// `row` (the engine's logits after `tokens`) against a fresh engine's.

@@ -12,38 +12,8 @@ mod engine_ops;
 #[path = "../../../tests/support/temp_path.rs"]
 mod temp_path;
 
-fn fixtures() -> Vec<(String, PathBuf)> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
-    let mut out = Vec::new();
-    for a in [
-        "mamba",
-        "mamba2",
-        "jamba",
-        "bamba",
-        "granitemoehybrid",
-        "falcon_h1",
-        "nemotron_h",
-        "nemotron_h_moe",
-        "llama",
-    ] {
-        out.push((
-            a.to_string(),
-            root.join("models").join(a).join("model.f16.gguf"),
-        ));
-    }
-    for a in [
-        "qwen35_tiny",
-        "qwen35moe_tiny",
-        "qwen3next_tiny",
-        "lfm2_small",
-        "lfm2moe_small",
-    ] {
-        out.push((
-            a.to_string(),
-            root.join("parity").join(a).join("model.gguf"),
-        ));
-    }
-    out
+fn fixtures() -> Vec<(&'static str, PathBuf)> {
+    engine_ops::fixtures(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures"))
 }
 
 /// `n` pseudo-random bytes from `seed`.
