@@ -1,7 +1,8 @@
 //! One matmul shape, timed: `probe FORMAT ROWS COLS N_TOKENS [THREADS]`
 //! (best of 10). With `COIL_GEMM_MIN_TOKENS` / `COIL_INT_GEMM` it compares paths;
 //! `PROBE_REPACK=1` repacks the matrix as engines' loaders do
-//! (`matmul::repack`), `PROBE_SINGLE=1` marks the pool single-stream.
+//! (`matmul::repack`), `PROBE_SINGLE=1` marks the pool single-stream,
+//! `PROBE_HUGE=1` moves the matrix into huge pages as the loaders do.
 use coil_gguf::GgmlType;
 use coil_kernels::testutil::{random_weights, Rng};
 use coil_kernels::{matmul, ThreadPool, WeightRef};
@@ -18,6 +19,12 @@ fn main() {
     pool.set_single_stream(flag("PROBE_SINGLE"));
     let mut rng = Rng::new(1);
     let mut data = random_weights(&mut rng, ty, rows, cols);
+    if flag("PROBE_HUGE") {
+        let mut huge = Vec::new();
+        coil_kernels::hugepages::reserve(&mut huge, data.len());
+        huge.extend_from_slice(&data);
+        data = huge;
+    }
     let repacked = flag("PROBE_REPACK") && matmul::repack(ty, &mut data, rows, cols);
     let mut w = WeightRef::new(ty, &data, rows, cols).unwrap();
     if repacked {
