@@ -752,6 +752,33 @@ unsafe fn prefetch_ahead<const PF: usize>(b: *const u8, bytes: usize) {
     }
 }
 rows_entry!(rows_iq4_xs, dot_iq4xs);
+/// Whether the one-token Q4_K and Q6_K rows-in-lanes kernels prefetch
+/// ahead of the weights they stream ([`prefetch_part`]): not where 512-bit
+/// operations run as halves ([`crate::simd::split_512`], AMD Zen 4), where
+/// the hardware prefetchers alone keep more of the stream in flight
+/// (weights in huge pages; AMD EPYC Zen 4, 2 threads, `probe` with
+/// `PROBE_HUGE=1`, best of 10, alternating runs: Q4_K 65536 x 2048 one
+/// token, median 2.02 → 1.69 ms; Q6_K 248320 x 1024 7.3–9.2 → 6.1–6.8 ms,
+/// level with the file's rows then; `scripts/ab-env.sh` decode, tg128:
+/// lfm2-1.2b-like Q4_K_M median +10% over 16 rounds, qwen35-0.8b-like
+/// +7%, mamba2-370m-like +5%, lfm2 Q8_0's lanes no different, the
+/// row-at-a-time kernels 10% slower without theirs). Elsewhere they do
+/// (measured on an Intel Xeon with the weights in huge pages, see
+/// [`prefetch_part`]). `COIL_LANES_PREFETCH=0` / `1` overrides.
+pub(super) fn one_token_prefetch() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        match std::env::var("COIL_LANES_PREFETCH")
+            .as_deref()
+            .map(str::trim)
+        {
+            Ok("0") => false,
+            Ok("1") => true,
+            _ => !crate::simd::split_512(),
+        }
+    })
+}
+
 /// Part `k` of `parts` of [`prefetch_ahead`]'s lines (near and far), for
 /// kernels that spend long on each block (several tokens at once): the
 /// requests spread over the block's work instead of one burst at its start,

@@ -305,7 +305,7 @@ unsafe fn rows_q4_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
 /// good part of it.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
 #[inline]
-unsafe fn rows_q4_k_1(w: &[u8], rb: usize, p: &ActPanel, out: &mut [f32]) {
+unsafe fn rows_q4_k_1<const PF: bool>(w: &[u8], rb: usize, p: &ActPanel, out: &mut [f32]) {
     let nb = p.n_blocks;
     assert!(p.nt == 1 && p.qs.len() >= nb * 256 && p.d.len() >= nb * PANEL_LANES);
     assert!(p.hxs.len() >= nb * 8);
@@ -323,12 +323,14 @@ unsafe fn rows_q4_k_1(w: &[u8], rb: usize, p: &ActPanel, out: &mut [f32]) {
                 let v = load16::<8>(b.add(256 + 512 * st));
                 let mut acc = [_mm512_setzero_si512(); 2];
                 for (g, v) in v.iter().enumerate() {
-                    super::prefetch_part::<{ super::super::x86_avx2::PF_STREAM }>(
-                        b,
-                        PACKED_BLOCK,
-                        8 * st + g,
-                        32,
-                    );
+                    if PF {
+                        super::prefetch_part::<{ super::super::x86_avx2::PF_STREAM }>(
+                            b,
+                            PACKED_BLOCK,
+                            8 * st + g,
+                            32,
+                        );
+                    }
                     for (h, q) in nibbles(*v).iter().enumerate() {
                         // sub-block j = 2st + h: columns 256i + 32j ..,
                         // chunk 4i + j/2 = 4i + st, half h
@@ -504,7 +506,8 @@ pub(in crate::matmul) unsafe fn matmul_packed(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
 unsafe fn tile_packed(w: &[u8], rb: usize, p: &ActPanel, out: &mut [&mut [f32]]) {
     match p.nt {
-        1 => rows_q4_k_1(w, rb, p, out[0]),
+        1 if super::one_token_prefetch() => rows_q4_k_1::<true>(w, rb, p, out[0]),
+        1 => rows_q4_k_1::<false>(w, rb, p, out[0]),
         2 => rows_q4_k::<2>(w, rb, p, out),
         3 => rows_q4_k::<3>(w, rb, p, out),
         4 => rows_q4_k::<4>(w, rb, p, out),

@@ -154,12 +154,19 @@ unsafe fn rows_q6_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
 /// panel lays them out): its four vectors of values into the integer sums
 /// of their sub-blocks.
 #[inline(always)]
-unsafe fn group_1<const N: usize, const LG: usize>(
+unsafe fn group_1<const PF: bool, const N: usize, const LG: usize>(
     b: *const u8,
     x: *const i8,
     acc: &mut [__m512i; 16],
 ) {
-    super::prefetch_part::<{ super::super::x86_avx2::PF_STREAM }>(b, PACKED_BLOCK, 8 * N + LG, 16);
+    if PF {
+        super::prefetch_part::<{ super::super::x86_avx2::PF_STREAM }>(
+            b,
+            PACKED_BLOCK,
+            8 * N + LG,
+            16,
+        );
+    }
     let q = group_values(b, N, LG);
     for (k, q) in q.iter().enumerate() {
         // columns 128N + 32k + 4LG: sub-block s, its 4-column group LG % 4
@@ -184,7 +191,7 @@ unsafe fn group_1<const N: usize, const LG: usize>(
 /// padded to whole cache lines.)
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
 #[inline]
-unsafe fn rows_q6_k_1(w: &[u8], rb: usize, p: &ActPanel, out: &mut [f32]) {
+unsafe fn rows_q6_k_1<const PF: bool>(w: &[u8], rb: usize, p: &ActPanel, out: &mut [f32]) {
     let nb = p.n_blocks;
     assert!(p.nt == 1 && p.qs.len() >= nb * 256 && p.d.len() >= nb * PANEL_LANES);
     assert!(p.hoff.len() >= nb * 16);
@@ -205,7 +212,7 @@ unsafe fn rows_q6_k_1(w: &[u8], rb: usize, p: &ActPanel, out: &mut [f32]) {
             // the stack: a load and a store around every `vpdpbusd`)
             macro_rules! groups {
                 ($($n:literal $lg:literal),*) => {$(
-                    group_1::<$n, $lg>(b, x, &mut acc);
+                    group_1::<PF, $n, $lg>(b, x, &mut acc);
                 )*};
             }
             groups!(0 0, 0 1, 0 2, 0 3, 0 4, 0 5, 0 6, 0 7, 1 0, 1 1, 1 2, 1 3, 1 4, 1 5, 1 6, 1 7);
@@ -228,7 +235,8 @@ unsafe fn rows_q6_k_1(w: &[u8], rb: usize, p: &ActPanel, out: &mut [f32]) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
 pub(super) unsafe fn tile_packed(w: &[u8], rb: usize, p: &ActPanel, out: &mut [&mut [f32]]) {
     match p.nt {
-        1 => rows_q6_k_1(w, rb, p, out[0]),
+        1 if super::one_token_prefetch() => rows_q6_k_1::<true>(w, rb, p, out[0]),
+        1 => rows_q6_k_1::<false>(w, rb, p, out[0]),
         2 => rows_q6_k::<2>(w, rb, p, out),
         3 => rows_q6_k::<3>(w, rb, p, out),
         4 => rows_q6_k::<4>(w, rb, p, out),
