@@ -28,8 +28,9 @@ shift 3
 
 run() { # ENV... -- prints the tokens/s of the first result row
   local envs=$1
+  shift
   # shellcheck disable=SC2086
-  env $envs "$@" 2>/dev/null | awk -F'|' '/^\| / && $0 !~ /model|---/ {
+  env $envs "$@" 2>/dev/null </dev/null | awk -F'|' '/^\| / && $0 !~ /model|---/ {
     gsub(/ /, "", $(NF-1)); split($(NF-1), v, "±"); print v[1]; exit }'
 }
 
