@@ -2,11 +2,12 @@
 # A/B of two settings of one `coil bench` command, run in alternation so
 # that a host whose memory speed drifts over minutes moves both alike:
 #
-#   scripts/ab-env.sh [-n ROUNDS] "A_ENV" "B_ENV" -- coil bench ARGS...
+#   scripts/ab-env.sh [-n ROUNDS] [-c COLUMN] "A_ENV" "B_ENV" -- coil bench ARGS...
 #
 # A_ENV / B_ENV are space-separated VAR=VALUE lists ("" for none), set
 # for their runs only. Each round runs A then B (B then A on odd rounds);
-# every run's first table row's last column (tokens/s) is collected, and
+# every run's first table row's COLUMN (default `t/s`; `--parallel` tables:
+# e.g. `S_TG t/s`) is collected, and
 # the medians, the per-round B/A ratios and their median are printed.
 # Example (one-token prefetch on and off, decode of one file):
 #
@@ -14,10 +15,11 @@
 #     target/release/coil bench -m model.gguf -t 2 -p 0 -n 64 -r 1
 set -euo pipefail
 rounds=6
-if [[ "${1:-}" == "-n" ]]; then
-  rounds=$2
+column="t/s"
+while [[ "${1:-}" == "-n" || "${1:-}" == "-c" ]]; do
+  if [[ "$1" == "-n" ]]; then rounds=$2; else column=$2; fi
   shift 2
-fi
+done
 if [[ $# -lt 4 || "$3" != "--" ]]; then
   sed -n '2,16p' "$0" >&2
   exit 2
@@ -30,8 +32,14 @@ run() { # ENV... -- prints the tokens/s of the first result row
   local envs=$1
   shift
   # shellcheck disable=SC2086
-  env $envs "$@" 2>/dev/null </dev/null | awk -F'|' '/^\| / && $0 !~ /model|---/ {
-    gsub(/ /, "", $(NF-1)); split($(NF-1), v, "±"); print v[1]; exit }'
+  env $envs "$@" 2>/dev/null </dev/null | awk -F'|' -v want="$column" '
+    /^\| / && col == 0 {
+      for (i = 2; i < NF; i++) { h = $i; gsub(/^ +| +$/, "", h); if (h == want) col = i }
+      next
+    }
+    /^\| / && col > 0 && $0 !~ /---/ {
+      v = $col; gsub(/ /, "", v); split(v, parts, "±"); print parts[1]; exit
+    }'
 }
 
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
