@@ -564,6 +564,44 @@ mod tests {
         ys
     }
 
+    /// The one-token kernels of Q4_K and Q6_K give the same bits with and
+    /// without their prefetches (`one_token_prefetch` picks one per CPU;
+    /// this runs both wherever AVX-512 is).
+    #[test]
+    fn one_token_kernels_same_bits_with_or_without_prefetch() {
+        if detected_level() < SimdLevel::Avx512 {
+            return;
+        }
+        let (rows, cols) = (48, 1024);
+        let mut rng = Rng::new(77);
+        let x = rng.vec(cols);
+        let xa = QuantAct::q8_k(&x, cols);
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+            let mut w = random_weights(&mut rng, ty, rows, cols);
+            let rb = w.len() / rows;
+            let (mut on, mut off) = (vec![0f32; rows], vec![1f32; rows]);
+            // SAFETY: AVX-512 checked above; whole groups of 16 rows.
+            unsafe {
+                if ty == GgmlType::Q4_K {
+                    repack(&mut w, rows, cols);
+                    let p = panel(&xa, 0, 1);
+                    rows_q4_k_1::<true>(&w, rb, &p, &mut on);
+                    rows_q4_k_1::<false>(&w, rb, &p, &mut off);
+                } else {
+                    super::super::lanes_q6k::repack(&mut w, rows, cols);
+                    let p = super::super::lanes_q6k::panel(&xa, 0, 1);
+                    super::super::lanes_q6k::one_token_both(&w, rb, &p, &mut on, &mut off);
+                }
+            }
+            assert!(on.iter().all(|v| v.is_finite()), "{ty}");
+            assert_eq!(
+                on.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                off.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{ty}"
+            );
+        }
+    }
+
     /// Each row and token equals the product of the dequantized weights
     /// with the quantized activations (f64), within f32 rounding; the same
     /// bits whatever the token count (1–9) and wherever the rows start

@@ -231,6 +231,21 @@ unsafe fn rows_q6_k_1<const PF: bool>(w: &[u8], rb: usize, p: &ActPanel, out: &m
     }
 }
 
+/// [`rows_q6_k_1`] with (`on`) and without (`off`) its prefetches, for the
+/// test that they agree.
+#[cfg(test)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
+pub(super) unsafe fn one_token_both(
+    w: &[u8],
+    rb: usize,
+    p: &ActPanel,
+    on: &mut [f32],
+    off: &mut [f32],
+) {
+    rows_q6_k_1::<true>(w, rb, p, on);
+    rows_q6_k_1::<false>(w, rb, p, off);
+}
+
 /// [`rows_q6_k`] for a panel of 1 to 9 tokens.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
 pub(super) unsafe fn tile_packed(w: &[u8], rb: usize, p: &ActPanel, out: &mut [&mut [f32]]) {
