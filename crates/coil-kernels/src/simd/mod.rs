@@ -208,6 +208,11 @@ pub fn system_info() -> String {
             ));
         }
     }
+    if level() >= SimdLevel::Avx512 && split_512() {
+        // kernel choices that differ there: Q6_K left in the file's layout,
+        // the one-token rows-in-lanes kernels without software prefetches
+        s.push_str(", 512-bit ops run as halves: Zen 4 kernel choices");
+    }
     s.push(')');
     for (name, has) in cpu_features() {
         s.push_str(&format!(" | {name} = {}", u8::from(has)));
