@@ -21,31 +21,13 @@ use coil::memory::{CacheType, CheckpointPolicy, SequenceMemory, StateType};
 use coil::models::LogitRows;
 use std::path::{Path, PathBuf};
 
+#[path = "fixtures.rs"]
+mod fixture_files;
+
 /// Every architecture's fixture under `root` (the repository's
-/// `tests/fixtures`): the llama.cpp-converted ones (`models/`) and the
-/// tools' (`parity/`), by name.
+/// `tests/fixtures`), by name.
 pub fn fixtures(root: &Path) -> Vec<(&'static str, PathBuf)> {
-    let models = [
-        "mamba",
-        "mamba2",
-        "jamba",
-        "bamba",
-        "granitemoehybrid",
-        "falcon_h1",
-        "nemotron_h",
-        "nemotron_h_moe",
-        "llama",
-    ]
-    .map(|a| (a, root.join("models").join(a).join("model.f16.gguf")));
-    let parity = [
-        "qwen35_tiny",
-        "qwen35moe_tiny",
-        "qwen3next_tiny",
-        "lfm2_small",
-        "lfm2moe_small",
-    ]
-    .map(|a| (a, root.join("parity").join(a).join("model.gguf")));
-    models.into_iter().chain(parity).collect()
+    fixture_files::all(root)
 }
 
 /// Sequences the engine under test holds.

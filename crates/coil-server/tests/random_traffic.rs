@@ -17,7 +17,6 @@ use coil::engine::{Engine, EngineOptions};
 use coil::tokenizer::Tokenizer;
 use coil_server::api::Usage;
 use coil_server::scheduler::{Event, GenRequest, Scheduler, SchedulerConfig};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -33,17 +32,6 @@ impl Lcg {
     }
 }
 
-fn model(arch: &str) -> PathBuf {
-    if arch.ends_with("_tiny") || arch.starts_with("lfm2") {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/fixtures/parity")
-            .join(arch)
-            .join("model.gguf")
-    } else {
-        common::fixture(arch)
-    }
-}
-
 /// An engine thread on `arch` with `cache` spare sequences for the prefix
 /// cache.
 fn scheduler(arch: &str, cache: usize, cfg: SchedulerConfig) -> Scheduler {
@@ -54,7 +42,7 @@ fn scheduler(arch: &str, cache: usize, cfg: SchedulerConfig) -> Scheduler {
         n_ubatch: 512,
         ..Default::default()
     };
-    let engine = Engine::load(model(arch), opts).expect("load");
+    let engine = Engine::load(common::fixture(arch), opts).expect("load");
     let tok = Arc::new(Tokenizer::from_gguf(&engine.file).expect("tokenizer"));
     Scheduler::start(engine, tok, cfg).expect("start").0
 }

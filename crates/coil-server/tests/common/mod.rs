@@ -14,13 +14,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[path = "../../../../tests/support/fixtures.rs"]
+mod fixtures;
+
+/// The model file of fixture `arch` (`tests/fixtures/models/` or
+/// `parity/`).
 pub fn fixture(arch: &str) -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
-    if arch.starts_with("lfm2") {
-        // Made by tools/make_fixtures_lfm2.py (tests/fixtures/parity/).
-        return root.join("parity").join(arch).join("model.gguf");
-    }
-    root.join("models").join(arch).join("model.f16.gguf")
+    fixtures::path(
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures"),
+        arch,
+    )
 }
 
 pub struct TestServer {
@@ -78,11 +81,6 @@ pub fn start_any_cfg(name: &str, cache: usize, ctx: usize, cfg: SchedulerConfig)
     let path = if name == "demo" {
         // The bundled demo model (Q8_0; trained, so near-ties are common).
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/shakespeare-hybrid-q8_0.gguf")
-    } else if name.ends_with("_tiny") {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/fixtures/parity")
-            .join(name)
-            .join("model.gguf")
     } else {
         fixture(name)
     };

@@ -7,19 +7,12 @@ use coil::models::LogitRows;
 use coil_gguf::npy;
 use std::path::PathBuf;
 
+#[path = "../../../../tests/support/fixtures.rs"]
+mod fixtures;
+
 /// Every architecture, by its llama.cpp-converted fixture under
 /// tests/fixtures/models/.
-pub const ARCHS: [&str; 9] = [
-    "mamba",
-    "mamba2",
-    "jamba",
-    "bamba",
-    "granitemoehybrid",
-    "falcon_h1",
-    "nemotron_h",
-    "nemotron_h_moe",
-    "llama",
-];
+pub const ARCHS: [&str; 9] = fixtures::CONVERTED;
 
 pub struct Fixture {
     pub model: PathBuf,

@@ -1,0 +1,50 @@
+//! Every architecture's test fixture under `tests/fixtures`, by name: one
+//! list for the tests of every crate and the fuzz targets (each includes
+//! this file with `#[path]`), so that a new architecture's fixture reaches
+//! all of them at once.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+/// Made by llama.cpp's converter: `models/<name>/model.f16.gguf`.
+pub const CONVERTED: [&str; 9] = [
+    "mamba",
+    "mamba2",
+    "jamba",
+    "bamba",
+    "granitemoehybrid",
+    "falcon_h1",
+    "nemotron_h",
+    "nemotron_h_moe",
+    "llama",
+];
+
+/// Made by `tools/make_fixtures_*.py` (transformers' reference logits
+/// beside them): `parity/<name>/model.gguf`.
+pub const PARITY: [&str; 5] = [
+    "qwen35_tiny",
+    "qwen35moe_tiny",
+    "qwen3next_tiny",
+    "lfm2_small",
+    "lfm2moe_small",
+];
+
+/// The model file of fixture `name` under `root` (the repository's
+/// `tests/fixtures`); other `parity/` fixtures (`mamba2_g1_hd16`, …) by
+/// their directory name too.
+pub fn path(root: &Path, name: &str) -> PathBuf {
+    if CONVERTED.contains(&name) {
+        root.join("models").join(name).join("model.f16.gguf")
+    } else {
+        root.join("parity").join(name).join("model.gguf")
+    }
+}
+
+/// Every architecture's fixture, converted ones first.
+pub fn all(root: &Path) -> Vec<(&'static str, PathBuf)> {
+    CONVERTED
+        .iter()
+        .chain(&PARITY)
+        .map(|&a| (a, path(root, a)))
+        .collect()
+}
