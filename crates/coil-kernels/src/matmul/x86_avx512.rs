@@ -752,6 +752,7 @@ unsafe fn prefetch_ahead<const PF: usize>(b: *const u8, bytes: usize) {
     }
 }
 rows_entry!(rows_iq4_xs, dot_iq4xs);
+
 /// Whether the one-token Q4_K and Q6_K rows-in-lanes kernels prefetch
 /// ahead of the weights they stream ([`prefetch_part`]): not where 512-bit
 /// operations run as halves ([`crate::simd::split_512`], AMD Zen 4), where

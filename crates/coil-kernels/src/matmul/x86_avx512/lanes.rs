@@ -590,7 +590,8 @@ mod tests {
                 } else {
                     super::super::lanes_q6k::repack(&mut w, rows, cols);
                     let p = super::super::lanes_q6k::panel(&xa, 0, 1);
-                    super::super::lanes_q6k::one_token_both(&w, rb, &p, &mut on, &mut off);
+                    super::super::lanes_q6k::rows_q6_k_1::<true>(&w, rb, &p, &mut on);
+                    super::super::lanes_q6k::rows_q6_k_1::<false>(&w, rb, &p, &mut off);
                 }
             }
             assert!(on.iter().all(|v| v.is_finite()), "{ty}");

@@ -191,7 +191,12 @@ unsafe fn group_1<const PF: bool, const N: usize, const LG: usize>(
 /// padded to whole cache lines.)
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
 #[inline]
-unsafe fn rows_q6_k_1<const PF: bool>(w: &[u8], rb: usize, p: &ActPanel, out: &mut [f32]) {
+pub(super) unsafe fn rows_q6_k_1<const PF: bool>(
+    w: &[u8],
+    rb: usize,
+    p: &ActPanel,
+    out: &mut [f32],
+) {
     let nb = p.n_blocks;
     assert!(p.nt == 1 && p.qs.len() >= nb * 256 && p.d.len() >= nb * PANEL_LANES);
     assert!(p.hoff.len() >= nb * 16);
@@ -229,21 +234,6 @@ unsafe fn rows_q6_k_1<const PF: bool>(w: &[u8], rb: usize, p: &ActPanel, out: &m
         }
         _mm512_storeu_ps(out.as_mut_ptr().add(r0), facc);
     }
-}
-
-/// [`rows_q6_k_1`] with (`on`) and without (`off`) its prefetches, for the
-/// test that they agree.
-#[cfg(test)]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
-pub(super) unsafe fn one_token_both(
-    w: &[u8],
-    rb: usize,
-    p: &ActPanel,
-    on: &mut [f32],
-    off: &mut [f32],
-) {
-    rows_q6_k_1::<true>(w, rb, p, on);
-    rows_q6_k_1::<false>(w, rb, p, off);
 }
 
 /// [`rows_q6_k`] for a panel of 1 to 9 tokens.
