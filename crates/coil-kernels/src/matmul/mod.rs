@@ -880,6 +880,8 @@ fn vec_kernel(ty: GgmlType, level: SimdLevel, single: bool) -> Option<VecKernel>
         Q5_0 => VecKernel::Quant(ActKind::Q8_0, vecdot::dot_q5_0, None),
         Q5_1 => VecKernel::Quant(ActKind::Q8_0, vecdot::dot_q5_1, None),
         Q4_1 => VecKernel::Quant(ActKind::Q8_0, vecdot::dot_q4_1, None),
+        Q2_K => VecKernel::Quant(ActKind::Q8K, vecdot::dot_q2_k, None),
+        Q3_K => VecKernel::Quant(ActKind::Q8K, vecdot::dot_q3_k, None),
         Q4_K => VecKernel::Quant(ActKind::Q8K, vecdot::dot_q4_k, None),
         Q5_K => VecKernel::Quant(ActKind::Q8K, vecdot::dot_q5_k, None),
         Q6_K => VecKernel::Quant(ActKind::Q8K, vecdot::dot_q6_k, None),

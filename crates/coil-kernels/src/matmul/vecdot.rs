@@ -3,7 +3,7 @@
 //! `xq`/`xd`/`xs` are one token's quantized activations (values, scales,
 //! group sums) from [`super::act::QuantAct`].
 
-use super::dequant::{iq4xs_scales, rd_bf16, rd_f16, scale_min_k4, KVALUES_IQ4NL};
+use super::dequant::{iq4xs_scales, q3k_scales, rd_bf16, rd_f16, scale_min_k4, KVALUES_IQ4NL};
 
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     // 8 partial sums: same association on every run, vectorizable.
@@ -139,6 +139,58 @@ pub fn dot_iq4_nl(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
 }
 
 /// K-quant activations: `xd` one scale per 256, `xs` sums per 16.
+/// Q2_K (84 bytes: 16 scale bytes, 64 bytes of 2-bit values, `d`, `dmin`):
+/// 16-value group `g` weighs `d · (sc_g & 15) · q − dmin · (sc_g >> 4)`,
+/// so `Σ w·x = xd · (d · Σ_g sc·Σ q·xq − dmin · Σ_g m·xs_g)`. Group `g = 8n
+/// + 2j + h` holds bits `2j..2j+2` of bytes `32n + 16h .. + 16`.
+pub fn dot_q2_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+    let mut s = 0f32;
+    for (i, b) in row.chunks_exact(84).enumerate() {
+        let q8 = &xq[256 * i..256 * i + 256];
+        let bs = &xs[16 * i..16 * i + 16];
+        let (mut acc, mut macc) = (0i32, 0i32);
+        for g in 0..16 {
+            let (n, j, h) = (g / 8, (g / 2) % 4, g % 2);
+            let q = &b[16 + 32 * n + 16 * h..16 + 32 * n + 16 * h + 16];
+            let isum = idot(
+                q.iter().map(|&v| ((v >> (2 * j)) & 3) as i32),
+                &q8[16 * g..16 * g + 16],
+            );
+            acc += (b[g] & 0xF) as i32 * isum;
+            macc += (b[g] >> 4) as i32 * bs[g] as i32;
+        }
+        s += xd[i] * (rd_f16(b, 80) * acc as f32 - rd_f16(b, 82) * macc as f32);
+    }
+    s
+}
+
+/// Q3_K (110 bytes: 32 bytes of high bits, 64 bytes of 2-bit values, 12
+/// bytes of 6-bit scales, `d`): value `l` of group `g = 8n + 2j + h` is
+/// `d · sc_g · (q − 4·[high bit clear])` with `q` bits `2j..2j+2` of byte
+/// `32 + 32n + 16h + l` and the high bit `4n + j` of byte `16h + l`.
+pub fn dot_q3_k(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
+    let mut s = 0f32;
+    for (i, b) in row.chunks_exact(110).enumerate() {
+        let q8 = &xq[256 * i..256 * i + 256];
+        let sc = q3k_scales(&b[96..108]);
+        let mut acc = 0i32;
+        for g in 0..16 {
+            let (n, j, h) = (g / 8, (g / 2) % 4, g % 2);
+            let isum = idot(
+                (0..16).map(|l| {
+                    let q = (b[32 + 32 * n + 16 * h + l] >> (2 * j)) & 3;
+                    let high = (b[16 * h + l] >> (4 * n + j)) & 1;
+                    q as i32 - if high == 0 { 4 } else { 0 }
+                }),
+                &q8[16 * g..16 * g + 16],
+            );
+            acc += sc[g] as i32 * isum;
+        }
+        s += xd[i] * rd_f16(b, 108) * acc as f32;
+    }
+    s
+}
+
 pub fn dot_q4_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
     let mut s = 0f32;
     for (i, b) in row.chunks_exact(144).enumerate() {

@@ -39,6 +39,7 @@ macro_rules! by_token_count {
     };
 }
 
+mod k23;
 mod lanes;
 mod lanes_q6_k;
 mod lanes_q8_0;
@@ -81,6 +82,12 @@ pub(super) fn vec_kernel(ty: GgmlType, lanes: bool) -> Option<VecKernel> {
             |r, q, d, s| unsafe { legacy::dot_q4_1(r, q, d, s) },
             None,
         ),
+        GgmlType::Q2_K => {
+            VecKernel::Quant(Q8K, |r, q, d, s| unsafe { k23::dot_q2_k(r, q, d, s) }, None)
+        }
+        GgmlType::Q3_K => {
+            VecKernel::Quant(Q8K, |r, q, d, s| unsafe { k23::dot_q3_k(r, q, d, s) }, None)
+        }
         GgmlType::Q4_K if lanes => {
             VecKernel::Quant(Q8K, |r, q, d, s| unsafe { lanes::dot(r, q, d, s) }, None)
         }
