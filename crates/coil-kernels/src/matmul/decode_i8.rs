@@ -1,10 +1,10 @@
 //! Weight rows decoded to small signed integers and float scales, for the
-//! integer GEMMs: `w = a·q − b` per scale group (32 values; Q6_K 16), `q`
+//! integer GEMMs: `w = a·q − b` per scale group (32 values; Q6_K, Q3_K 16), `q`
 //! as i8. The AVX-512 GEMM packs them as they come; the AVX2 GEMM of the
 //! one-scale formats widens them to i16. 128-bit integer instructions only,
 //! so both levels share it.
 
-use super::dequant::{iq4xs_scales, scales_mins_k4, KVALUES_IQ4NL};
+use super::dequant::{iq4xs_scales, q3k_scales, scales_mins_k4, KVALUES_IQ4NL};
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 
@@ -49,7 +49,7 @@ pub(super) unsafe fn decode_row(
     };
     for (bi, blk) in src.chunks_exact(ts).enumerate() {
         let qo = q.as_mut_ptr().add(bi * bs);
-        let nsub = bs / if ty == Q6_K { 16 } else { 32 };
+        let nsub = bs / if matches!(ty, Q6_K | Q3_K) { 16 } else { 32 };
         // this block's scale groups, `st` apart
         let (a, b) = (a.add(bi * nsub * st), b.add(bi * nsub * st));
         let set = |p: *mut f32, g: usize, v: f32| *p.add(g * st) = v;
@@ -140,6 +140,14 @@ pub(super) unsafe fn decode_row(
                 }
                 unpack_q6k::<32>(bp, qo as *mut u8);
             }
+            Q3_K => {
+                let d = rd_f16(blk, 108);
+                for (g, &sc) in q3k_scales(&blk[96..108]).iter().enumerate() {
+                    set(a, g, d * sc as f32);
+                    set(b, g, 0.0);
+                }
+                unpack_q3k::<4>(bp, qo as *mut u8);
+            }
             _ => unreachable!("igemm: unsupported {ty}"),
         }
     }
@@ -209,6 +217,70 @@ pub(super) unsafe fn unpack_q6k<const OFF: i8>(bp: *const u8, qo: *mut u8) {
             _mm_storeu_si128(base.add(32) as *mut __m128i, q2);
             _mm_storeu_si128(base.add(64) as *mut __m128i, q3);
             _mm_storeu_si128(base.add(96) as *mut __m128i, q4);
+        }
+    }
+}
+
+/// The 256 two-bit values of a Q2_K super-block at `bp` (0..3) to `qo` in
+/// order: value `l` of 16-group `g = 8n + 2j + h` is bits `2j..2j+2` of
+/// byte `16 + 32n + 16h + l`.
+///
+/// # Safety
+/// `bp` holds a whole super-block, `qo` 256 bytes.
+#[inline(always)]
+pub(super) unsafe fn unpack_q2k(bp: *const u8, qo: *mut u8) {
+    let m3 = _mm_set1_epi8(3);
+    for n in 0..2 {
+        for h in 0..2 {
+            let v = _mm_loadu_si128(bp.add(16 + 32 * n + 16 * h) as *const __m128i);
+            let at = |j: usize| qo.add(128 * n + 32 * j + 16 * h) as *mut __m128i;
+            _mm_storeu_si128(at(0), _mm_and_si128(v, m3));
+            _mm_storeu_si128(at(1), _mm_and_si128(_mm_srli_epi16(v, 2), m3));
+            _mm_storeu_si128(at(2), _mm_and_si128(_mm_srli_epi16(v, 4), m3));
+            _mm_storeu_si128(at(3), _mm_and_si128(_mm_srli_epi16(v, 6), m3));
+        }
+    }
+}
+
+/// The 256 three-bit values of a Q3_K super-block at `bp` as `q | high <<
+/// 2` (0..7) minus `OFF` (4: the signed weights −4..3; 0: unsigned), to
+/// `qo` in order: `q` as Q2_K's (from byte 32), the high bit of value `l`
+/// of group `8n + 2j + h` bit `4n + j` of byte `16h + l`.
+///
+/// # Safety
+/// `bp` holds a whole super-block, `qo` 256 bytes.
+#[inline(always)]
+pub(super) unsafe fn unpack_q3k<const OFF: i8>(bp: *const u8, qo: *mut u8) {
+    let m3 = _mm_set1_epi8(3);
+    let bit2 = _mm_set1_epi8(4);
+    let off = _mm_set1_epi8(OFF);
+    for h in 0..2 {
+        let hm = _mm_loadu_si128(bp.add(16 * h) as *const __m128i);
+        for n in 0..2 {
+            let v = _mm_loadu_si128(bp.add(32 + 32 * n + 16 * h) as *const __m128i);
+            for j in 0..4 {
+                let q = match j {
+                    0 => v,
+                    1 => _mm_srli_epi16(v, 2),
+                    2 => _mm_srli_epi16(v, 4),
+                    _ => _mm_srli_epi16(v, 6),
+                };
+                // bit 4n + j of each byte to bit 2 (in 16-bit words; what
+                // crosses from the high byte lands on bit 3 or above)
+                let hb = match 4 * n + j {
+                    0 => _mm_slli_epi16(hm, 2),
+                    1 => _mm_slli_epi16(hm, 1),
+                    2 => hm,
+                    3 => _mm_srli_epi16(hm, 1),
+                    4 => _mm_srli_epi16(hm, 2),
+                    5 => _mm_srli_epi16(hm, 3),
+                    6 => _mm_srli_epi16(hm, 4),
+                    _ => _mm_srli_epi16(hm, 5),
+                };
+                let v3 = _mm_or_si128(_mm_and_si128(q, m3), _mm_and_si128(hb, bit2));
+                let v3 = if OFF == 0 { v3 } else { _mm_sub_epi8(v3, off) };
+                _mm_storeu_si128(qo.add(128 * n + 32 * j + 16 * h) as *mut __m128i, v3);
+            }
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Integer GEMM for many tokens (prefill) with AVX-512 VNNI, for the
 //! formats made of blocks with one scale (and optionally a min) per 32
 //! values (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, IQ4_XS) or per
-//! 16 (Q6_K).
+//! 16 (Q6_K, Q3_K; Q2_K, with a min per 16, takes the AVX2 level's K-quant
+//! GEMM).
 //!
 //! A weight block decodes to `w = a·q − b` with `q` small integers (i8).
 //! Activations are quantized per 32 values (`x = dx·qx`, as for the dot
@@ -49,13 +50,13 @@ pub fn supported(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | IQ4_NL | Q4_K | Q5_K | IQ4_XS | Q6_K
+        Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | IQ4_NL | Q4_K | Q5_K | IQ4_XS | Q6_K | Q3_K
     )
 }
 
-/// Values per scale: 16 for Q6_K, 32 for the others.
+/// Values per scale: 16 for Q6_K and Q3_K, 32 for the others.
 fn sub16(ty: GgmlType) -> bool {
-    ty == GgmlType::Q6_K
+    matches!(ty, GgmlType::Q6_K | GgmlType::Q3_K)
 }
 
 fn has_min(ty: GgmlType) -> bool {
@@ -703,7 +704,7 @@ mod tests {
         use GgmlType::*;
         let mut rng = Rng::new(17);
         for ty in [
-            Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q4_K, Q5_K, Q6_K,
+            Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q4_K, Q5_K, Q6_K, Q3_K,
         ] {
             for (rows, cols, n, threads) in [(16, 256, 5, 1), (40, 768, 13, 2), (64, 512, 9, 2)] {
                 let mut plain = random_weights(&mut rng, ty, rows, cols);

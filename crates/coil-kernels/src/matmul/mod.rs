@@ -362,10 +362,16 @@ fn igemm_route(w: &WeightRef, n_tokens: usize, level: SimdLevel) -> bool {
 /// AVX2 integer GEMM (the one place that decides it).
 #[cfg(target_arch = "x86_64")]
 fn igemm_avx2_route(w: &WeightRef, n_tokens: usize, level: SimdLevel) -> bool {
-    level == SimdLevel::Avx2
-        && w.layout == Layout::Rows
-        && igemm_avx2::supported(w.ty)
-        && int_gemm_sized(w, n_tokens, level)
+    avx2_igemm_at(w.ty, level) && w.layout == Layout::Rows && int_gemm_sized(w, n_tokens, level)
+}
+
+/// Whether `ty`'s integer GEMM at `level` is the AVX2 one: at the AVX2
+/// level, and at AVX-512 for the format the AVX-512 GEMM lacks (Q2_K, whose
+/// mins per 16 values it has no term for).
+#[cfg(target_arch = "x86_64")]
+fn avx2_igemm_at(ty: GgmlType, level: SimdLevel) -> bool {
+    igemm_avx2::supported(ty)
+        && (level == SimdLevel::Avx2 || (level >= SimdLevel::Avx512 && !igemm::supported(ty)))
 }
 
 /// What both integer GEMMs' choices ask beyond the format and level: not
@@ -599,8 +605,7 @@ fn int_gemm_enabled() -> bool {
 pub fn has_int_gemm(ty: GgmlType, level: SimdLevel) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        (level >= SimdLevel::Avx512 && igemm::supported(ty))
-            || (level == SimdLevel::Avx2 && igemm_avx2::supported(ty))
+        (level >= SimdLevel::Avx512 && igemm::supported(ty)) || avx2_igemm_at(ty, level)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -683,7 +688,7 @@ fn gemm_min_tokens(ty: GgmlType, level: SimdLevel) -> usize {
         };
     }
     #[cfg(target_arch = "x86_64")]
-    if level == SimdLevel::Avx2 && igemm_avx2::supported(ty) && int_gemm_enabled() {
+    if avx2_igemm_at(ty, level) && int_gemm_enabled() {
         // The AVX2 integer GEMM (Q4_K/Q5_K/Q6_K/Q8_0) crossed the
         // row-at-a-time dot kernels at about 8 tokens (4096 x 4096, 1
         // thread; at 12 tokens Q8_0 6.5 ms against 8.3, Q4_K 6.1 against

@@ -1,9 +1,11 @@
-//! The K-quants of the Q4_K_M / Q5_K_M mixtures: Q4_K, Q5_K, Q6_K.
+//! The K-quants: Q4_K, Q5_K, Q6_K (the Q4_K_M / Q5_K_M mixtures), Q2_K and
+//! Q3_K (the Q2_K / Q3_K_* ones).
 //!
 //! Their weights are small unsigned integers `q` (Q4_K 0..15, Q5_K 0..31,
-//! Q6_K 0..63) with an integer scale `s` per group of 32 (Q6_K: 16) values
-//! and a float scale per 256: `w = d·s·q − dmin·m` (Q6_K: `d·s·(q − 32)`,
-//! i.e. `m = 32·s`, `dmin = d`). Activations are quantized as for the decode
+//! Q6_K 0..63, Q2_K 0..3, Q3_K 0..7 with its high bit) with an integer
+//! scale `s` per group of 32 (Q6_K, Q2_K, Q3_K: 16) values and a float
+//! scale per 256: `w = d·s·q − dmin·m` (Q6_K: `d·s·(q − 32)`, i.e. `m =
+//! 32·s`, `dmin = d`; Q3_K the same with 4). Activations are quantized as for the decode
 //! path (Q8_K style: `x = dx·qx`, `qx` in −127..127, one `dx` per 256, sums
 //! of `qx` per 16). Then, per row, token and super-block of 256,
 //! `y += dx·(d·Σ_g s_g·Σ q·qx − dmin·Σ_g m_g·Σ_g qx)` with both sums exact
@@ -12,7 +14,8 @@
 //! `vpmaddubsw` multiplies the unsigned `q` by the signed `qx` and adds
 //! pairs into i16 (no overflow: `2·63·127 < 2^15`); a few of those add up in
 //! i16 before `vpmaddwd` by the group scale widens them to i32 (Q4_K: 8,
-//! Q5_K: 4, Q6_K: 2 — the most that cannot overflow).
+//! Q5_K: 4, Q6_K: 2, Q2_K / Q3_K: 4, a whole group — the most that cannot
+//! overflow and stay in one group).
 //!
 //! Layout: a panel of 8 weight rows is packed
 //! `[32-col block][group of 4 cols][8 rows][4]` (32 bytes per
@@ -22,8 +25,8 @@
 //! [`PG`] panels, each token tile multiplied by all of them in turn (the
 //! tile's activations read from L2 / L3 once, then from L1).
 
-use super::super::decode_i8::{unpack_k45, unpack_q6k};
-use super::super::dequant::{rd_f16, scale_min_k4};
+use super::super::decode_i8::{unpack_k45, unpack_q2k, unpack_q3k, unpack_q6k};
+use super::super::dequant::{q3k_scales, rd_f16, scale_min_k4};
 use super::super::{SendPtr, WeightRef};
 use super::{over_panels, store_tokens, tile_tokens, NR};
 use crate::aligned::AlignedVec;
@@ -61,13 +64,18 @@ thread_local! {
     static PANELS: RefCell<Vec<Panel>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Scale groups per super-block: 16 for Q6_K, 8 otherwise.
+/// Scale groups per super-block: 16 for Q6_K, Q2_K and Q3_K, 8 otherwise.
 fn groups_per_sb(ty: GgmlType) -> usize {
-    if ty == GgmlType::Q6_K {
+    if sub16(ty) {
         16
     } else {
         8
     }
+}
+
+/// A scale per 16 values (else per 32).
+fn sub16(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q6_K | GgmlType::Q2_K | GgmlType::Q3_K)
 }
 
 /// Decodes one encoded row: `q` (u8, unsigned) into row `r` of `row`
@@ -104,6 +112,23 @@ unsafe fn decode_row(ty: GgmlType, src: &[u8], r: usize, cols: usize, p: &mut Pa
                     *v = (s, 32 * s);
                 }
                 unpack_q6k::<0>(bp, qo);
+            }
+            Q2_K => {
+                p.d[sb * NR + r] = rd_f16(blk, 80);
+                p.dmin[sb * NR + r] = rd_f16(blk, 82);
+                for (g, v) in sm.iter_mut().enumerate() {
+                    *v = ((blk[g] & 0xF) as i32, (blk[g] >> 4) as i32);
+                }
+                unpack_q2k(bp, qo);
+            }
+            Q3_K => {
+                let d = rd_f16(blk, 108);
+                p.d[sb * NR + r] = d;
+                p.dmin[sb * NR + r] = d;
+                for (v, &s) in sm.iter_mut().zip(&q3k_scales(&blk[96..108])) {
+                    *v = (s as i32, 4 * s as i32);
+                }
+                unpack_q3k::<0>(bp, qo);
             }
             _ => unreachable!("igemm_avx2: unsupported {ty}"),
         }
@@ -482,7 +507,7 @@ impl Micro {
     }
 }
 
-/// `y = x · wᵀ` for `n_tokens` tokens (Q4_K, Q5_K or Q6_K weights; the
+/// `y = x · wᵀ` for `n_tokens` tokens (Q4_K, Q5_K, Q6_K, Q2_K or Q3_K weights; the
 /// CPU has AVX2 + FMA + F16C).
 pub(super) fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_tokens: usize) {
     igemm_with(pool, w, x, y, n_tokens, Micro::of(crate::simd::avx_vnni()))
@@ -504,7 +529,7 @@ fn igemm_with(
 /// Values per activation sum of `ty` (a K-quant's scale group): matrices
 /// with the same group can share one quantization.
 pub(super) fn act_group(ty: GgmlType) -> usize {
-    if ty == GgmlType::Q6_K {
+    if sub16(ty) {
         16
     } else {
         32
@@ -608,8 +633,11 @@ unsafe fn one_panel(
     match (ty, vnni) {
         (GgmlType::Q4_K, false) => kernel::<8, 8>(p, acts, cols, ts, nr, y, rows, r0),
         (GgmlType::Q5_K, false) => kernel::<4, 8>(p, acts, cols, ts, nr, y, rows, r0),
+        (GgmlType::Q2_K | GgmlType::Q3_K, false) => {
+            kernel::<4, 4>(p, acts, cols, ts, nr, y, rows, r0)
+        }
         (_, false) => kernel::<2, 4>(p, acts, cols, ts, nr, y, rows, r0),
-        (GgmlType::Q6_K, true) => kernel_vnni::<2, 4>(p, acts, cols, ts, nr, y, rows, r0),
+        (t, true) if sub16(t) => kernel_vnni::<2, 4>(p, acts, cols, ts, nr, y, rows, r0),
         (_, true) => kernel_vnni::<8, 8>(p, acts, cols, ts, nr, y, rows, r0),
     }
 }
@@ -646,6 +674,9 @@ fn run_pairs(
                     GgmlType::Q5_K => {
                         kernel2::<4, 8>(pair, acts, cols, ts, [na, nb], y, rows, [ra, rb])
                     }
+                    GgmlType::Q2_K | GgmlType::Q3_K => {
+                        kernel2::<4, 4>(pair, acts, cols, ts, [na, nb], y, rows, [ra, rb])
+                    }
                     _ => kernel2::<2, 4>(pair, acts, cols, ts, [na, nb], y, rows, [ra, rb]),
                 }
             }
@@ -664,6 +695,62 @@ mod tests {
     use super::*;
     use crate::testutil::{random_weights, Rng};
 
+    /// The GEMM computes the decode dot products' integers (the same
+    /// activation quantization, the same exact sums per group): each
+    /// output within f32 rounding of the scalar specification's dot
+    /// product on every K-quant — a wrong scale, min or value of one block
+    /// would be far outside it (the matmul tests' tolerance, set by the
+    /// activations' quantization, would not see one).
+    #[test]
+    fn gemm_is_the_dot_products_integers() {
+        use super::super::super::{act::QuantAct, dequant::dequant_row, vecdot};
+        if !std::arch::is_x86_feature_detected!("avx2")
+            || !std::arch::is_x86_feature_detected!("fma")
+            || !std::arch::is_x86_feature_detected!("f16c")
+        {
+            return;
+        }
+        let mut rng = Rng::new(31);
+        let pool = ThreadPool::new(2);
+        for ty in [
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+            GgmlType::Q2_K,
+            GgmlType::Q3_K,
+        ] {
+            let dot = match ty {
+                GgmlType::Q4_K => vecdot::dot_q4_k,
+                GgmlType::Q5_K => vecdot::dot_q5_k,
+                GgmlType::Q6_K => vecdot::dot_q6_k,
+                GgmlType::Q2_K => vecdot::dot_q2_k,
+                _ => vecdot::dot_q3_k,
+            };
+            for (rows, cols, n) in [(8, 256, 3), (37, 768, 13)] {
+                let data = random_weights(&mut rng, ty, rows, cols);
+                let w = WeightRef::new(ty, &data, rows, cols).unwrap();
+                let x = rng.vec(n * cols);
+                let mut y = vec![f32::NAN; n * rows];
+                igemm_with(&pool, &w, &x, &mut y, n, Micro::of(false));
+                let mut wr = vec![0f32; cols];
+                for t in 0..n {
+                    let xt = &x[t * cols..(t + 1) * cols];
+                    let a = QuantAct::q8_k(xt, cols);
+                    for r in 0..rows {
+                        let want = dot(w.row(r), &a.qs, &a.d, &a.sums);
+                        assert!(dequant_row(ty, w.row(r), &mut wr));
+                        let mag: f32 = wr.iter().zip(xt).map(|(a, b)| (a * b).abs()).sum();
+                        let got = y[t * rows + r];
+                        assert!(
+                            (got - want).abs() <= 1e-5 * mag,
+                            "{ty} {rows}x{cols} t {t} r {r}: {got} vs {want} (mag {mag})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// Panels in pairs give the one-panel kernel's floats bit for bit:
     /// every K-quant, an odd panel left over (37 and 40 rows: 5 panels, the
     /// last ragged or not), a single panel, token counts off the tile size.
@@ -677,7 +764,13 @@ mod tests {
         }
         let mut rng = Rng::new(29);
         let pool = ThreadPool::new(2);
-        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+        for ty in [
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+            GgmlType::Q2_K,
+            GgmlType::Q3_K,
+        ] {
             for (rows, cols, n) in [(8, 256, 3), (37, 768, 13), (40, 512, 9), (64, 512, 30)] {
                 let data = random_weights(&mut rng, ty, rows, cols);
                 let w = WeightRef::new(ty, &data, rows, cols).unwrap();
@@ -710,7 +803,13 @@ mod tests {
         }
         let mut rng = Rng::new(23);
         let pool = ThreadPool::new(2);
-        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+        for ty in [
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+            GgmlType::Q2_K,
+            GgmlType::Q3_K,
+        ] {
             for (rows, cols, n) in [(8, 256, 4), (37, 768, 13), (64, 512, 30)] {
                 let data = random_weights(&mut rng, ty, rows, cols);
                 let w = WeightRef::new(ty, &data, rows, cols).unwrap();

@@ -1,5 +1,6 @@
 //! Integer GEMM for many tokens (prefill) at the AVX2 level (no VNNI): the
-//! K-quants of the Q4_K_M / Q5_K_M mixtures (Q4_K, Q5_K, Q6_K, [`kquant`])
+//! K-quants (Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, [`kquant`]; Q2_K at the AVX-512
+//! level too, whose GEMM has no min per 16 values)
 //! and the formats of small integers with one scale (and for Q4_1 / Q5_1 a
 //! min) per 32 values (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS:
 //! [`scale32`]).
@@ -31,7 +32,8 @@ pub fn supported(ty: GgmlType) -> bool {
 }
 
 fn kquant_format(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+    use GgmlType::*;
+    matches!(ty, Q4_K | Q5_K | Q6_K | Q2_K | Q3_K)
 }
 
 /// `y = x · wᵀ` for `n_tokens` tokens. The caller checks [`supported`] and
