@@ -82,12 +82,16 @@ pub(super) fn vec_kernel(ty: GgmlType, lanes: bool) -> Option<VecKernel> {
             |r, q, d, s| unsafe { legacy::dot_q4_1(r, q, d, s) },
             None,
         ),
-        GgmlType::Q2_K => {
-            VecKernel::Quant(Q8K, |r, q, d, s| unsafe { k23::dot_q2_k(r, q, d, s) }, None)
-        }
-        GgmlType::Q3_K => {
-            VecKernel::Quant(Q8K, |r, q, d, s| unsafe { k23::dot_q3_k(r, q, d, s) }, None)
-        }
+        GgmlType::Q2_K => VecKernel::Quant(
+            Q8K,
+            |r, q, d, s| unsafe { k23::dot_q2_k::<0>(r, q, d, s) },
+            None,
+        ),
+        GgmlType::Q3_K => VecKernel::Quant(
+            Q8K,
+            |r, q, d, s| unsafe { k23::dot_q3_k::<0>(r, q, d, s) },
+            None,
+        ),
         GgmlType::Q4_K if lanes => {
             VecKernel::Quant(Q8K, |r, q, d, s| unsafe { lanes::dot(r, q, d, s) }, None)
         }
@@ -217,6 +221,8 @@ pub(super) fn rows_kernel(ty: GgmlType, lanes: bool) -> Option<QuantRows> {
             |w, rb, q, d, s, o| unsafe { lanes_q6_k::rows_one(w, rb, q, d, s, o) }
         }
         GgmlType::Q6_K => |w, rb, q, d, s, o| unsafe { rows_q6_k(w, rb, q, d, s, o) },
+        GgmlType::Q2_K => |w, rb, q, d, s, o| unsafe { rows_q2_k(w, rb, q, d, s, o) },
+        GgmlType::Q3_K => |w, rb, q, d, s, o| unsafe { rows_q3_k(w, rb, q, d, s, o) },
         GgmlType::IQ4_XS => |w, rb, q, d, s, o| unsafe { rows_iq4_xs(w, rb, q, d, s, o) },
         _ => return None,
     })
@@ -289,6 +295,9 @@ macro_rules! rows_stream {
 rows_stream!(rows_q4_k, dot_k45, false);
 rows_stream!(rows_q5_k, dot_k45, true);
 rows_stream!(rows_q6_k, dot_q6_k);
+rows_stream!(rows_q2_k, k23_dot_q2_k);
+rows_stream!(rows_q3_k, k23_dot_q3_k);
+use k23::{dot_q2_k as k23_dot_q2_k, dot_q3_k as k23_dot_q3_k};
 rows_entry!(rows_iq4_xs, dot_iq4_xs);
 
 /// SIMD decoding of the plain float formats and Q8_0; false = not handled.
@@ -322,6 +331,17 @@ unsafe fn hsum256(v: __m256) -> f32 {
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
     _mm_cvtss_f32(s)
+}
+
+/// f16 bits → f32 in all eight lanes, with F16C. Where a kernel multiplies
+/// a vector by the value, this form also keeps the conversion off the
+/// accumulators' dependency chains: for [`f16c`]'s one lane LLVM loads the
+/// bits with `vpinsrw` into whatever register it picks (often an
+/// accumulator), so each block's scale waited on the previous block's sums
+/// (Q2_K one token: ~28 cycles a block where its operations need ~17).
+#[inline(always)]
+pub(super) unsafe fn f16_lanes(bits: u16) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16(bits as i16))
 }
 
 /// f16 bits → f32 with F16C.

@@ -22,27 +22,39 @@
 //! integer sums are [`super::super::vecdot`]'s; the float sums run in eight
 //! lanes (their order differs from the scalar specification's).
 
-use super::{f16c, hsum256, q6k_scale, q6k_scale_lanes, rd16};
+use super::{f16_lanes, hsum256, prefetch_block, prefetch_far, q6k_scale, q6k_scale_lanes, rd16};
 use std::arch::x86_64::*;
 
-/// A Q2_K row (`xd.len()` blocks of 84 bytes) times one token's activations.
+/// A Q2_K row (`xd.len()` blocks of 84 bytes) times one token's activations,
+/// prefetching the block `PF` bytes ahead (0: none) and the far lines
+/// ([`prefetch_far`]) as the other K-quants' row kernels do.
 ///
 /// # Safety
 /// `row` holds `xd.len()` blocks, `xq` 256 values and `xs` 16 sums per
 /// block; the CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) unsafe fn dot_q2_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+pub(super) unsafe fn dot_q2_k<const PF: usize>(
+    row: &[u8],
+    xq: &[i8],
+    xd: &[f32],
+    xs: &[i16],
+) -> f32 {
     let m3 = _mm256_set1_epi8(3);
     let m4 = _mm_set1_epi8(0xF);
     let (mut facc, mut fmin) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     for (i, &xdi) in xd.iter().enumerate() {
         let b = row.as_ptr().add(84 * i);
+        if PF > 0 {
+            prefetch_block(b.wrapping_add(PF), 84);
+            prefetch_far(b, 84);
+        }
         let x = xq.as_ptr().add(256 * i);
         let s = _mm_loadu_si128(b as *const __m128i);
-        let sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s, m4));
+        // the 16 scales (low nibbles) in both lanes: byte shuffles make
+        // each step's i16 multipliers
+        let sc = _mm256_broadcastsi128_si256(_mm_and_si128(s, m4));
         let mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), m4));
-        let lanes = q6k_scale_lanes(sc16);
         let mut iacc = _mm256_setzero_si256();
         for n in 0..2 {
             let q = _mm256_loadu_si256(b.add(16 + 32 * n) as *const __m256i);
@@ -50,15 +62,17 @@ pub(super) unsafe fn dot_q2_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> 
                 let v = _mm256_and_si256(shift_right(q, j), m3);
                 let xv = _mm256_loadu_si256(x.add(128 * n + 32 * j) as *const __m256i);
                 let p = _mm256_maddubs_epi16(v, xv);
-                iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(p, q6k_scale(&lanes, n, j)));
+                let sv = _mm256_shuffle_epi8(sc, scale_mask(8 * n + 2 * j));
+                iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(p, sv));
             }
         }
         let bs16 = _mm256_loadu_si256(xs.as_ptr().add(16 * i) as *const __m256i);
         let mins = _mm256_madd_epi16(mn16, bs16);
-        let d = f16c(rd16(b.add(80))) * xdi;
-        let dmin = f16c(rd16(b.add(82))) * xdi;
-        facc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc), _mm256_set1_ps(d), facc);
-        fmin = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_set1_ps(dmin), fmin);
+        let xv = _mm256_set1_ps(xdi);
+        let d = _mm256_mul_ps(f16_lanes(rd16(b.add(80))), xv);
+        let dmin = _mm256_mul_ps(f16_lanes(rd16(b.add(82))), xv);
+        facc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc), d, facc);
+        fmin = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins), dmin, fmin);
     }
     hsum256(facc) - hsum256(fmin)
 }
@@ -70,12 +84,21 @@ pub(super) unsafe fn dot_q2_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> 
 /// As [`dot_q2_k`].
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) unsafe fn dot_q3_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+pub(super) unsafe fn dot_q3_k<const PF: usize>(
+    row: &[u8],
+    xq: &[i8],
+    xd: &[f32],
+    xs: &[i16],
+) -> f32 {
     let m3 = _mm256_set1_epi8(3);
     let bit2 = _mm256_set1_epi8(4);
     let mut facc = _mm256_setzero_ps();
     for (i, &xdi) in xd.iter().enumerate() {
         let b = row.as_ptr().add(110 * i);
+        if PF > 0 {
+            prefetch_block(b.wrapping_add(PF), 110);
+            prefetch_far(b, 110);
+        }
         let x = xq.as_ptr().add(256 * i);
         let sc16 = _mm256_cvtepi8_epi16(q3k_scales(b.add(96)));
         let lanes = q6k_scale_lanes(sc16);
@@ -83,9 +106,16 @@ pub(super) unsafe fn dot_q3_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> 
         let mut iacc = _mm256_setzero_si256();
         for n in 0..2 {
             let q = _mm256_loadu_si256(b.add(32 + 32 * n) as *const __m256i);
+            // bit 4n of each byte on bit 2 (in 16-bit words: what crosses
+            // from the high byte into the low one lands on bit 3 or above)
+            let h = if n == 0 {
+                _mm256_slli_epi16(hm, 2)
+            } else {
+                _mm256_srli_epi16(hm, 2)
+            };
             for j in 0..4 {
-                // the high bit 4n + j of each byte moved to bit 2
-                let high = _mm256_and_si256(high_to_bit2(hm, 4 * n + j), bit2);
+                // the high bit 4n + j on bit 2
+                let high = _mm256_and_si256(shift_bits(h, j), bit2);
                 let v = _mm256_or_si256(_mm256_and_si256(shift_right(q, j), m3), high);
                 let xv = _mm256_loadu_si256(x.add(128 * n + 32 * j) as *const __m256i);
                 let p = _mm256_maddubs_epi16(v, xv);
@@ -95,10 +125,19 @@ pub(super) unsafe fn dot_q3_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> 
         // minus 4 · Σ_g sc_g · xs_g
         let bs16 = _mm256_loadu_si256(xs.as_ptr().add(16 * i) as *const __m256i);
         iacc = _mm256_sub_epi32(iacc, _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs16), 2));
-        let d = f16c(rd16(b.add(108))) * xdi;
-        facc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc), _mm256_set1_ps(d), facc);
+        let d = _mm256_mul_ps(f16_lanes(rd16(b.add(108))), _mm256_set1_ps(xdi));
+        facc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc), d, facc);
     }
     hsum256(facc)
+}
+
+/// The `vpshufb` mask that makes i16 lanes of byte `g` (low 128-bit
+/// lane) and byte `g + 1` (high lane) of a broadcast 16-byte vector, high
+/// bytes zero.
+#[inline(always)]
+unsafe fn scale_mask(g: usize) -> __m256i {
+    let w = |b: usize| (0x8000 | b) as i16;
+    _mm256_set_m128i(_mm_set1_epi16(w(g + 1)), _mm_set1_epi16(w(g)))
 }
 
 /// `q >> 2j` in 16-bit words (the caller masks the two bits it wants).
@@ -112,20 +151,14 @@ unsafe fn shift_right(q: __m256i, j: usize) -> __m256i {
     }
 }
 
-/// `hm` shifted in 16-bit words so that bit `k` (0..8) of each byte lands
-/// on bit 2 of that byte (bits crossing from the high byte into the low
-/// one land on bit 3 or above; the caller masks bit 2).
+/// `h >> j` in 16-bit words.
 #[inline(always)]
-unsafe fn high_to_bit2(hm: __m256i, k: usize) -> __m256i {
-    match k {
-        0 => _mm256_slli_epi16(hm, 2),
-        1 => _mm256_slli_epi16(hm, 1),
-        2 => hm,
-        3 => _mm256_srli_epi16(hm, 1),
-        4 => _mm256_srli_epi16(hm, 2),
-        5 => _mm256_srli_epi16(hm, 3),
-        6 => _mm256_srli_epi16(hm, 4),
-        _ => _mm256_srli_epi16(hm, 5),
+unsafe fn shift_bits(h: __m256i, j: usize) -> __m256i {
+    match j {
+        0 => h,
+        1 => _mm256_srli_epi16(h, 1),
+        2 => _mm256_srli_epi16(h, 2),
+        _ => _mm256_srli_epi16(h, 3),
     }
 }
 
@@ -198,11 +231,11 @@ mod tests {
                     let (want, got) = match ty {
                         GgmlType::Q2_K => (vecdot::dot_q2_k(row, &a.qs, &a.d, &a.sums), unsafe {
                             // SAFETY: AVX2 checked; lengths from QuantAct.
-                            super::dot_q2_k(row, &a.qs, &a.d, &a.sums)
+                            super::dot_q2_k::<0>(row, &a.qs, &a.d, &a.sums)
                         }),
                         _ => (vecdot::dot_q3_k(row, &a.qs, &a.d, &a.sums), unsafe {
                             // SAFETY: as above.
-                            super::dot_q3_k(row, &a.qs, &a.d, &a.sums)
+                            super::dot_q3_k::<0>(row, &a.qs, &a.d, &a.sums)
                         }),
                     };
                     assert!(
