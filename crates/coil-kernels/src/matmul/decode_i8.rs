@@ -1,5 +1,5 @@
 //! Weight rows decoded to small signed integers and float scales, for the
-//! integer GEMMs: `w = a·q − b` per scale group (32 values; Q6_K, Q3_K 16), `q`
+//! integer GEMMs: `w = a·q − b` per scale group (32 values; Q6_K, Q3_K, Q2_K 16), `q`
 //! as i8. The AVX-512 GEMM packs them as they come; the AVX2 GEMM of the
 //! one-scale formats widens them to i16. 128-bit integer instructions only,
 //! so both levels share it.
@@ -49,7 +49,12 @@ pub(super) unsafe fn decode_row(
     };
     for (bi, blk) in src.chunks_exact(ts).enumerate() {
         let qo = q.as_mut_ptr().add(bi * bs);
-        let nsub = bs / if matches!(ty, Q6_K | Q3_K) { 16 } else { 32 };
+        let nsub = bs
+            / if matches!(ty, Q6_K | Q3_K | Q2_K) {
+                16
+            } else {
+                32
+            };
         // this block's scale groups, `st` apart
         let (a, b) = (a.add(bi * nsub * st), b.add(bi * nsub * st));
         let set = |p: *mut f32, g: usize, v: f32| *p.add(g * st) = v;
@@ -147,6 +152,14 @@ pub(super) unsafe fn decode_row(
                     set(b, g, 0.0);
                 }
                 unpack_q3k::<4>(bp, qo as *mut u8);
+            }
+            Q2_K => {
+                let (d, dmin) = (rd_f16(blk, 80), rd_f16(blk, 82));
+                for g in 0..nsub {
+                    set(a, g, d * (blk[g] & 0xF) as f32);
+                    set(b, g, dmin * (blk[g] >> 4) as f32);
+                }
+                unpack_q2k(bp, qo as *mut u8);
             }
             _ => unreachable!("igemm: unsupported {ty}"),
         }

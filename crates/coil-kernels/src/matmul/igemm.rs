@@ -1,8 +1,7 @@
 //! Integer GEMM for many tokens (prefill) with AVX-512 VNNI, for the
 //! formats made of blocks with one scale (and optionally a min) per 32
 //! values (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, IQ4_XS) or per
-//! 16 (Q6_K, Q3_K; Q2_K, with a min per 16, takes the AVX2 level's K-quant
-//! GEMM).
+//! 16 (Q6_K, Q3_K, and Q2_K with a min per 16 too).
 //!
 //! A weight block decodes to `w = a·q − b` with `q` small integers (i8).
 //! Activations are quantized per 32 values (`x = dx·qx`, as for the dot
@@ -20,7 +19,8 @@
 //! super-block: fewer float operations per block and token (Q4_K/Q5_K
 //! +3–10% here; Q6_K +7–11% in the kernel bench's prefill shapes).
 //! Q4_K / Q5_K's min terms `Σ_j m_j·Σqx_j` (6-bit mins, block sums of at
-//! most 32 · 127) are integer products too, two blocks per `vpdpwssd`,
+//! most 32 · 127; Q2_K: 4-bit mins, sums per 16) are integer products too,
+//! two groups per `vpdpwssd`,
 //! which start each super-block's sums (`− dmin · …`, one multiply per row
 //! lane and token): one FMA per block and token fewer on the multiply
 //! ports the products use (AMD Zen 4, one thread, 4096 × 2048 × 256
@@ -50,17 +50,19 @@ pub fn supported(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | IQ4_NL | Q4_K | Q5_K | IQ4_XS | Q6_K | Q3_K
+        Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | IQ4_NL | Q4_K | Q5_K | IQ4_XS | Q6_K | Q3_K | Q2_K
     )
 }
 
-/// Values per scale: 16 for Q6_K and Q3_K, 32 for the others.
+/// Values per scale: 16 for Q6_K, Q3_K and Q2_K, 32 for the others.
 fn sub16(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q6_K | GgmlType::Q3_K)
+    matches!(ty, GgmlType::Q6_K | GgmlType::Q3_K | GgmlType::Q2_K)
 }
 
+/// A min per scale group with one activation scale per 256 (Q4_K, Q5_K;
+/// Q2_K per 16 values).
 fn has_min(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K)
+    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q2_K)
 }
 
 /// A min per block of 32 with one activation scale per 32 (Q4_1, Q5_1).
@@ -77,8 +79,9 @@ struct Acts {
     xu: Vec<u8>,
     dx: Vec<f32>,
     sums: Vec<f32>,
-    /// `sum qx` per 32 as i16 (`|sum| ≤ 32 · 127`): Q4_K / Q5_K's min
-    /// terms take them two blocks at a time (`vpdpwssd`)
+    /// `sum qx` per 32 as i16 (`|sum| ≤ 32 · 127`; per 16 in the
+    /// [`ActMode::sums16`] mode): the min terms take them two groups at a
+    /// time (`vpdpwssd`)
     isums: Vec<i16>,
 }
 
@@ -89,23 +92,19 @@ thread_local! {
 /// Quantizes the activations of `n` tokens with one scale per `block`
 /// values: 256 for the K-quants (their kernel applies the scale once per
 /// super-block, as llama.cpp's Q8_K), else 32.
-fn quantize_acts(
-    pool: &ThreadPool,
-    x: &[f32],
-    n: usize,
-    cols: usize,
-    block: usize,
-    biased: bool,
-    a: &mut Acts,
-) {
+fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, mode: ActMode, a: &mut Acts) {
+    let (block, biased, sums16) = (mode.block, mode.biased, mode.sums16);
     let nb = cols / 32;
+    let ni = if sums16 { 2 * nb } else { nb };
     if a.xu.len() < n * cols {
         a.xu.resize(n * cols, 0);
     }
     if a.dx.len() < n * nb {
         a.dx.resize(n * nb, 0.0);
         a.sums.resize(n * nb, 0.0);
-        a.isums.resize(n * nb, 0);
+    }
+    if a.isums.len() < n * ni {
+        a.isums.resize(n * ni, 0);
     }
     let (pu, pd, ps, pi) = (
         SendPtr(a.xu.as_mut_ptr()),
@@ -122,10 +121,11 @@ fn quantize_acts(
                     &x[t * cols..(t + 1) * cols],
                     block,
                     biased,
+                    sums16,
                     pu.get().add(t * cols),
                     pd.get().add(t * (cols / block)),
                     ps.get().add(t * nb),
-                    pi.get().add(t * nb),
+                    pi.get().add(t * ni),
                 )
             };
         }
@@ -134,12 +134,14 @@ fn quantize_acts(
 
 /// One token's activations: `xu = qx + 128`, `dx = amax / 127` per `block`
 /// values (a multiple of 32), `sums = sum qx` per 32 (`qx = round(x / dx)`,
-/// ties to even).
+/// ties to even), `isums` the same as i16 (`sums16`: per 16).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn quantize_row(
     x: &[f32],
     block: usize,
     biased: bool,
+    sums16: bool,
     xu: *mut u8,
     dx: *mut f32,
     sums: *mut f32,
@@ -182,9 +184,16 @@ unsafe fn quantize_row(
                 o.add(16) as *mut __m128i,
                 _mm512_cvtepi32_epi8(_mm512_add_epi32(q1, off)),
             );
-            let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-            *sums.add(at / 32) = sum as f32;
-            *isums.add(at / 32) = sum as i16;
+            if sums16 {
+                let (s0, s1) = (_mm512_reduce_add_epi32(q0), _mm512_reduce_add_epi32(q1));
+                *sums.add(at / 32) = (s0 + s1) as f32;
+                *isums.add(at / 16) = s0 as i16;
+                *isums.add(at / 16 + 1) = s1 as i16;
+            } else {
+                let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+                *sums.add(at / 32) = sum as f32;
+                *isums.add(at / 32) = sum as i16;
+            }
         }
         *dx.add(bi) = d;
     }
@@ -365,16 +374,20 @@ unsafe fn pack_lanes(w: &WeightRef, r0: usize, p: &mut Panel) {
     }
 }
 
-/// Q4_K / Q5_K: the panel's mins as integers for the kernel's min terms,
-/// from the `b = dmin·m_j` [`pack_panel`] left (an f16 times a 6-bit
-/// integer: exact in f32, so `b / dmin` is `m_j` exactly) and each row's
-/// `dmin` (bytes 2–3 of its blocks; in the rows-in-lanes layout, the high
-/// halves of a block's first 16 dwords). A row with a zero or non-finite
-/// `dmin` gets `m = 0` (its min terms are 0 or carried by `dmin`).
+/// Q4_K / Q5_K / Q2_K: the panel's mins as integers for the kernel's min
+/// terms, from the `b = dmin·m_g` [`pack_panel`] left (an f16 times a 6-bit
+/// integer: exact in f32, so `b / dmin` is `m_g` exactly) and each row's
+/// `dmin` (bytes 2–3 of its blocks, Q2_K's 82–83; in the rows-in-lanes
+/// layout, the high halves of a block's first 16 dwords), two consecutive
+/// scale groups per i32 lane (8 groups of 32 a super-block, Q2_K 16 of
+/// 16). A row with a zero or non-finite `dmin` gets `m = 0` (its min terms
+/// are 0 or carried by `dmin`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 unsafe fn pack_mins(w: &WeightRef, r0: usize, p: &mut Panel) {
     let nsb = w.cols / 256;
-    p.mi.resize(nsb * 4 * 32);
+    let gps = if sub16(w.ty) { 16 } else { 8 };
+    let dmin_at = if w.ty == GgmlType::Q2_K { 82 } else { 2 };
+    p.mi.resize(nsb * gps / 2 * 32);
     p.dmin.resize(nsb * 16);
     let nr = 16.min(w.rows.saturating_sub(r0));
     for sb in 0..nsb {
@@ -392,24 +405,24 @@ unsafe fn pack_mins(w: &WeightRef, r0: usize, p: &mut Panel) {
             let bs = w.ty.type_size();
             let mut v = [0f32; 16];
             for (r, v) in v.iter_mut().enumerate().take(nr) {
-                *v = super::dequant::rd_f16(w.row(r0 + r), sb * bs + 2);
+                *v = super::dequant::rd_f16(w.row(r0 + r), sb * bs + dmin_at);
             }
             _mm512_loadu_ps(v.as_ptr())
         };
         _mm512_storeu_ps(p.dmin.as_mut_ptr().add(sb * 16), dm);
         let ok = _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(dm, _mm512_setzero_ps())
             & _mm512_cmp_ps_mask::<_CMP_LT_OQ>(_mm512_abs_ps(dm), _mm512_set1_ps(f32::INFINITY));
-        let m = |kb: usize| {
-            let b = _mm512_loadu_ps(p.b.as_ptr().add(kb * 16));
+        let m = |g: usize| {
+            let b = _mm512_loadu_ps(p.b.as_ptr().add(g * 16));
             _mm512_maskz_cvtps_epi32(ok, _mm512_maskz_div_ps(ok, b, dm))
         };
-        for pr in 0..4 {
-            let kb = 8 * sb + 2 * pr;
+        for pr in 0..gps / 2 {
+            let g = gps * sb + 2 * pr;
             let v = _mm512_or_si512(
-                _mm512_and_si512(m(kb), _mm512_set1_epi32(0xFFFF)),
-                _mm512_slli_epi32::<16>(m(kb + 1)),
+                _mm512_and_si512(m(g), _mm512_set1_epi32(0xFFFF)),
+                _mm512_slli_epi32::<16>(m(g + 1)),
             );
-            _mm512_storeu_si512(p.mi.as_mut_ptr().add((4 * sb + pr) * 32) as *mut _, v);
+            _mm512_storeu_si512(p.mi.as_mut_ptr().add((gps / 2 * sb + pr) * 32) as *mut _, v);
         }
     }
 }
@@ -418,9 +431,9 @@ unsafe fn pack_mins(w: &WeightRef, r0: usize, p: &mut Panel) {
 /// last token and are not stored), two panels at once: each activation
 /// broadcast feeds two `vpdpbusd` (loads per product 6/8 against 9/8 with
 /// one panel of 8 tokens). `SB`: one activation scale per 256 values,
-/// applied once per super-block; `MIN`: Q4_K/Q5_K (`a·Σq·qx` per block,
-/// `− dmin·Σ m·Σqx` per super-block from [`pack_mins`], with `SB`); `HALF`: Q6_K's weight scale per 16 values (with
-/// `SB`); else one activation scale per 32 (`MIN32`: Q4_1/Q5_1,
+/// applied once per super-block; `MIN`: Q4_K/Q5_K/Q2_K (`a·Σq·qx` per
+/// group, `− dmin·Σ m·Σqx` per super-block from [`pack_mins`], with `SB`);
+/// `HALF`: a weight scale per 16 values (Q6_K, Q3_K, Q2_K; with `SB`); else one activation scale per 32 (`MIN32`: Q4_1/Q5_1,
 /// `− b·dx·Σqx` per block).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")]
 #[allow(clippy::too_many_arguments)]
@@ -442,11 +455,11 @@ unsafe fn kernel<const MIN: bool, const HALF: bool, const MIN32: bool, const SB:
     }
     let xp: [*const u8; NT] = tok.map(|t| acts.xu.as_ptr().add(t * cols));
     let mut facc = [[_mm512_setzero_ps(); NT]; 2];
-    // Q4_K / Q5_K: token `t`'s `Σ qx` per block, read two blocks at a time
-    let sp: [*const i16; NT] = tok.map(|t| acts.isums.as_ptr().add(t * nb));
-    let mut fsb = [[_mm512_setzero_ps(); NT]; 2];
     // scale groups per block, 4-column groups per scale
     let (nh, gph) = if HALF { (2, 4) } else { (1, 8) };
+    // MIN: token `t`'s `Σ qx` per scale group, read two groups at a time
+    let sp: [*const i16; NT] = tok.map(|t| acts.isums.as_ptr().add(t * nb * nh));
+    let mut fsb = [[_mm512_setzero_ps(); NT]; 2];
     for kb in 0..nb {
         if MIN && kb % 8 == 0 {
             // the super-block's min terms start its sums: `− dmin · Σ_j
@@ -455,13 +468,15 @@ unsafe fn kernel<const MIN: bool, const HALF: bool, const MIN32: bool, const SB:
             // token (in place of one FMA per block)
             let sb = kb / 8;
             let mut macc = [[_mm512_setzero_si512(); NT]; 2];
-            for pr in 0..4 {
-                let at = (4 * sb + pr) * 32;
+            // pairs of scale groups: 4 of 32 values, Q2_K (HALF) 8 of 16
+            for pr in 0..4 * nh {
+                let at = (4 * nh * sb + pr) * 32;
                 let m0 = _mm512_loadu_si512(p[0].mi.as_ptr().add(at) as *const _);
                 let m1 = _mm512_loadu_si512(p[1].mi.as_ptr().add(at) as *const _);
                 for t in 0..NT {
-                    let xs =
-                        _mm512_set1_epi32((sp[t].add(kb + 2 * pr) as *const i32).read_unaligned());
+                    let xs = _mm512_set1_epi32(
+                        (sp[t].add(nh * kb + 2 * pr) as *const i32).read_unaligned(),
+                    );
                     macc[0][t] = _mm512_dpwssd_epi32(macc[0][t], m0, xs);
                     macc[1][t] = _mm512_dpwssd_epi32(macc[1][t], m1, xs);
                 }
@@ -579,14 +594,31 @@ pub fn igemm(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_token
     igemm_many(pool, &[w], x, &mut [y], n_tokens);
 }
 
-/// How a format's activations are quantized: (values per scale, offset by
-/// 128). Matrices with the same mode can share one quantization.
-pub fn act_mode(ty: GgmlType) -> (usize, bool) {
+/// How a format's activations are quantized; matrices with the same mode
+/// can share one quantization.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ActMode {
+    /// Values per activation scale: 256 for the K-quants, else 32.
+    pub block: usize,
+    /// Stored as `qx + 128` (the weights are the signed operand); the
+    /// formats with a min (unsigned weights) keep `qx` signed.
+    pub biased: bool,
+    /// The integer sums per 16 values instead of 32 (Q2_K's mins).
+    pub sums16: bool,
+}
+
+/// The [`ActMode`] of `ty`'s products.
+pub fn act_mode(ty: GgmlType) -> ActMode {
     let min = has_min(ty);
-    // Q4_K, Q5_K and Q6_K: one activation scale per super-block; Q4_K /
-    // Q5_K: the weights are the unsigned operand, the activations unbiased
+    // Q4_K, Q5_K, Q6_K, Q3_K, Q2_K: one activation scale per super-block;
+    // with a min: the weights are the unsigned operand, the activations
+    // unbiased
     let sb = min || sub16(ty);
-    (if sb { 256 } else { 32 }, !min)
+    ActMode {
+        block: if sb { 256 } else { 32 },
+        biased: !min,
+        sums16: min && sub16(ty),
+    }
 }
 
 /// `ys[i] = x · ws[i]ᵀ` for every matrix of `ws` (each [`supported`], all
@@ -608,7 +640,7 @@ pub fn igemm_many(
         "igemm_many: matrices of different widths or activation modes"
     );
     let mut acts = ACTS.with(|a| std::mem::take(&mut *a.borrow_mut()));
-    quantize_acts(pool, x, n_tokens, cols, mode.0, mode.1, &mut acts);
+    quantize_acts(pool, x, n_tokens, cols, mode, &mut acts);
     for (w, y) in ws.iter().zip(ys.iter_mut()) {
         run(pool, w, &acts, y, n_tokens);
     }
@@ -656,7 +688,11 @@ fn run(pool: &ThreadPool, w: &WeightRef, acts: &Acts, y: &mut [f32], n_tokens: u
                         unsafe {
                             let pp = [&*pa, &*pb];
                             let y = yp.get();
-                            if min {
+                            if min && half {
+                                kernel::<true, true, false, true>(
+                                    pp, acts, cols, ts, nr, y, rows, r0,
+                                );
+                            } else if min {
                                 kernel::<true, false, false, true>(
                                     pp, acts, cols, ts, nr, y, rows, r0,
                                 );
@@ -704,7 +740,7 @@ mod tests {
         use GgmlType::*;
         let mut rng = Rng::new(17);
         for ty in [
-            Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q4_K, Q5_K, Q6_K, Q3_K,
+            Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K,
         ] {
             for (rows, cols, n, threads) in [(16, 256, 5, 1), (40, 768, 13, 2), (64, 512, 9, 2)] {
                 let mut plain = random_weights(&mut rng, ty, rows, cols);
@@ -712,15 +748,16 @@ mod tests {
                     // some blocks with a zero `dmin` (their mins count for
                     // nothing, whatever the 6-bit `m`)
                     let bs = ty.type_size();
+                    let at = if ty == Q2_K { 82 } else { 2 };
                     for blk in plain.chunks_exact_mut(bs).step_by(3) {
-                        blk[2..4].fill(0);
+                        blk[at..at + 2].fill(0);
                     }
                 }
                 let mut packed = plain.clone();
                 let repacked = super::super::repack(ty, &mut packed, rows, cols);
                 let x = rng.vec(n * cols);
                 // the reference quantization
-                let block = act_mode(ty).0;
+                let block = act_mode(ty).block;
                 let mut qx = vec![0f64; n * cols];
                 let mut dx = vec![0f64; n * cols];
                 for (t, xt) in x.chunks_exact(cols).enumerate() {

@@ -329,7 +329,7 @@ pub fn matmul_shared(
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum SharedActs {
     #[cfg(target_arch = "x86_64")]
-    Avx512((usize, bool)),
+    Avx512(igemm::ActMode),
     #[cfg(target_arch = "x86_64")]
     Avx2(igemm_avx2::ActKey),
 }
@@ -365,13 +365,10 @@ fn igemm_avx2_route(w: &WeightRef, n_tokens: usize, level: SimdLevel) -> bool {
     avx2_igemm_at(w.ty, level) && w.layout == Layout::Rows && int_gemm_sized(w, n_tokens, level)
 }
 
-/// Whether `ty`'s integer GEMM at `level` is the AVX2 one: at the AVX2
-/// level, and at AVX-512 for the format the AVX-512 GEMM lacks (Q2_K, whose
-/// mins per 16 values it has no term for).
+/// Whether `ty`'s integer GEMM at `level` is the AVX2 one.
 #[cfg(target_arch = "x86_64")]
 fn avx2_igemm_at(ty: GgmlType, level: SimdLevel) -> bool {
-    igemm_avx2::supported(ty)
-        && (level == SimdLevel::Avx2 || (level >= SimdLevel::Avx512 && !igemm::supported(ty)))
+    level == SimdLevel::Avx2 && igemm_avx2::supported(ty)
 }
 
 /// What both integer GEMMs' choices ask beyond the format and level: not

@@ -1,6 +1,5 @@
 //! Integer GEMM for many tokens (prefill) at the AVX2 level (no VNNI): the
-//! K-quants (Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, [`kquant`]; Q2_K at the AVX-512
-//! level too, whose GEMM has no min per 16 values)
+//! K-quants (Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, [`kquant`])
 //! and the formats of small integers with one scale (and for Q4_1 / Q5_1 a
 //! min) per 32 values (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS:
 //! [`scale32`]).
