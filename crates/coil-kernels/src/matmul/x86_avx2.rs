@@ -85,12 +85,12 @@ pub(super) fn vec_kernel(ty: GgmlType, lanes: bool) -> Option<VecKernel> {
         GgmlType::Q2_K => VecKernel::Quant(
             Q8K,
             |r, q, d, s| unsafe { k23::dot_q2_k::<0>(r, q, d, s) },
-            None,
+            Some(|r, q, d, s| unsafe { k23::dot4_q2_k(r, q, d, s) }),
         ),
         GgmlType::Q3_K => VecKernel::Quant(
             Q8K,
             |r, q, d, s| unsafe { k23::dot_q3_k::<0>(r, q, d, s) },
-            None,
+            Some(|r, q, d, s| unsafe { k23::dot4_q3_k(r, q, d, s) }),
         ),
         GgmlType::Q4_K if lanes => {
             VecKernel::Quant(Q8K, |r, q, d, s| unsafe { lanes::dot(r, q, d, s) }, None)

@@ -40,41 +40,76 @@ pub(super) unsafe fn dot_q2_k<const PF: usize>(
     xd: &[f32],
     xs: &[i16],
 ) -> f32 {
+    q2k::<1, PF>(row, [xq], [xd], [xs])[0]
+}
+
+/// [`dot_q2_k`] for four tokens, each unpacked block shared by them: each
+/// token's result is [`dot_q2_k`]'s, bit for bit (the same operations).
+///
+/// # Safety
+/// As [`dot_q2_k`], for each token.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot4_q2_k(
+    row: &[u8],
+    xq: [&[i8]; 4],
+    xd: [&[f32]; 4],
+    xs: [&[i16]; 4],
+) -> [f32; 4] {
+    q2k::<4, 0>(row, xq, xd, xs)
+}
+
+/// The body of [`dot_q2_k`] / [`dot4_q2_k`] for `T` tokens.
+#[inline(always)]
+unsafe fn q2k<const T: usize, const PF: usize>(
+    row: &[u8],
+    xq: [&[i8]; T],
+    xd: [&[f32]; T],
+    xs: [&[i16]; T],
+) -> [f32; T] {
     let m3 = _mm256_set1_epi8(3);
     let m4 = _mm_set1_epi8(0xF);
-    let (mut facc, mut fmin) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    for (i, &xdi) in xd.iter().enumerate() {
+    let mut facc = [_mm256_setzero_ps(); T];
+    for i in 0..xd[0].len() {
         let b = row.as_ptr().add(84 * i);
         if PF > 0 {
             prefetch_block(b.wrapping_add(PF), 84);
             prefetch_far(b, 84);
         }
-        let x = xq.as_ptr().add(256 * i);
+        let mut x = [std::ptr::null::<i8>(); T];
+        for (p, q) in x.iter_mut().zip(xq) {
+            *p = q.as_ptr().add(256 * i);
+        }
         let s = _mm_loadu_si128(b as *const __m128i);
         // the 16 scales (low nibbles) in both lanes: byte shuffles make
         // each step's i16 multipliers
         let sc = _mm256_broadcastsi128_si256(_mm_and_si128(s, m4));
         let mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), m4));
-        let mut iacc = _mm256_setzero_si256();
+        // the eight 32-value steps' values and scale multipliers
+        let mut vs = [_mm256_setzero_si256(); 8];
+        let mut ss = [_mm256_setzero_si256(); 8];
         for n in 0..2 {
             let q = _mm256_loadu_si256(b.add(16 + 32 * n) as *const __m256i);
             for j in 0..4 {
-                let v = _mm256_and_si256(shift_right(q, j), m3);
-                let xv = _mm256_loadu_si256(x.add(128 * n + 32 * j) as *const __m256i);
-                let p = _mm256_maddubs_epi16(v, xv);
-                let sv = _mm256_shuffle_epi8(sc, scale_mask(8 * n + 2 * j));
-                iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(p, sv));
+                vs[4 * n + j] = _mm256_and_si256(shift_right(q, j), m3);
+                ss[4 * n + j] = _mm256_shuffle_epi8(sc, scale_mask(8 * n + 2 * j));
             }
         }
-        let bs16 = _mm256_loadu_si256(xs.as_ptr().add(16 * i) as *const __m256i);
-        let mins = _mm256_madd_epi16(mn16, bs16);
-        let xv = _mm256_set1_ps(xdi);
-        let d = _mm256_mul_ps(f16_lanes(rd16(b.add(80))), xv);
-        let dmin = _mm256_mul_ps(f16_lanes(rd16(b.add(82))), xv);
-        facc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc), d, facc);
-        fmin = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins), dmin, fmin);
+        let iacc = steps(&vs, &ss, x);
+        let (d, dmin) = (f16_lanes(rd16(b.add(80))), f16_lanes(rd16(b.add(82))));
+        for t in 0..T {
+            let bs16 = _mm256_loadu_si256(xs[t].as_ptr().add(16 * i) as *const __m256i);
+            let mins = _mm256_madd_epi16(mn16, bs16);
+            let xv = _mm256_set1_ps(*xd[t].get_unchecked(i));
+            let (dt, mt) = (_mm256_mul_ps(d, xv), _mm256_mul_ps(dmin, xv));
+            facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[t]), dt, facc[t]);
+            facc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), mt, facc[t]);
+        }
     }
-    hsum256(facc) - hsum256(fmin)
+    let mut out = [0f32; T];
+    for (o, f) in out.iter_mut().zip(facc) {
+        *o = hsum256(f);
+    }
+    out
 }
 
 /// A Q3_K row (`xd.len()` blocks of 110 bytes) times one token's
@@ -90,20 +125,49 @@ pub(super) unsafe fn dot_q3_k<const PF: usize>(
     xd: &[f32],
     xs: &[i16],
 ) -> f32 {
+    q3k::<1, PF>(row, [xq], [xd], [xs])[0]
+}
+
+/// [`dot_q3_k`] for four tokens (bit for bit each token's [`dot_q3_k`]).
+///
+/// # Safety
+/// As [`dot_q2_k`], for each token.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot4_q3_k(
+    row: &[u8],
+    xq: [&[i8]; 4],
+    xd: [&[f32]; 4],
+    xs: [&[i16]; 4],
+) -> [f32; 4] {
+    q3k::<4, 0>(row, xq, xd, xs)
+}
+
+/// The body of [`dot_q3_k`] / [`dot4_q3_k`] for `T` tokens.
+#[inline(always)]
+unsafe fn q3k<const T: usize, const PF: usize>(
+    row: &[u8],
+    xq: [&[i8]; T],
+    xd: [&[f32]; T],
+    xs: [&[i16]; T],
+) -> [f32; T] {
     let m3 = _mm256_set1_epi8(3);
     let bit2 = _mm256_set1_epi8(4);
-    let mut facc = _mm256_setzero_ps();
-    for (i, &xdi) in xd.iter().enumerate() {
+    let mut facc = [_mm256_setzero_ps(); T];
+    for i in 0..xd[0].len() {
         let b = row.as_ptr().add(110 * i);
         if PF > 0 {
             prefetch_block(b.wrapping_add(PF), 110);
             prefetch_far(b, 110);
         }
-        let x = xq.as_ptr().add(256 * i);
+        let mut x = [std::ptr::null::<i8>(); T];
+        for (p, q) in x.iter_mut().zip(xq) {
+            *p = q.as_ptr().add(256 * i);
+        }
         let sc16 = _mm256_cvtepi8_epi16(q3k_scales(b.add(96)));
         let lanes = q6k_scale_lanes(sc16);
         let hm = _mm256_loadu_si256(b as *const __m256i);
-        let mut iacc = _mm256_setzero_si256();
+        let mut vs = [_mm256_setzero_si256(); 8];
+        let mut ss = [_mm256_setzero_si256(); 8];
         for n in 0..2 {
             let q = _mm256_loadu_si256(b.add(32 + 32 * n) as *const __m256i);
             // bit 4n of each byte on bit 2 (in 16-bit words: what crosses
@@ -116,19 +180,52 @@ pub(super) unsafe fn dot_q3_k<const PF: usize>(
             for j in 0..4 {
                 // the high bit 4n + j on bit 2
                 let high = _mm256_and_si256(shift_bits(h, j), bit2);
-                let v = _mm256_or_si256(_mm256_and_si256(shift_right(q, j), m3), high);
-                let xv = _mm256_loadu_si256(x.add(128 * n + 32 * j) as *const __m256i);
-                let p = _mm256_maddubs_epi16(v, xv);
-                iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(p, q6k_scale(&lanes, n, j)));
+                vs[4 * n + j] = _mm256_or_si256(_mm256_and_si256(shift_right(q, j), m3), high);
+                ss[4 * n + j] = q6k_scale(&lanes, n, j);
             }
         }
-        // minus 4 · Σ_g sc_g · xs_g
-        let bs16 = _mm256_loadu_si256(xs.as_ptr().add(16 * i) as *const __m256i);
-        iacc = _mm256_sub_epi32(iacc, _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs16), 2));
-        let d = _mm256_mul_ps(f16_lanes(rd16(b.add(108))), _mm256_set1_ps(xdi));
-        facc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc), d, facc);
+        let iacc = steps(&vs, &ss, x);
+        let d = f16_lanes(rd16(b.add(108)));
+        for t in 0..T {
+            // minus 4 · Σ_g sc_g · xs_g
+            let bs16 = _mm256_loadu_si256(xs[t].as_ptr().add(16 * i) as *const __m256i);
+            let corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs16), 2);
+            let it = _mm256_sub_epi32(iacc[t], corr);
+            let dt = _mm256_mul_ps(d, _mm256_set1_ps(*xd[t].get_unchecked(i)));
+            facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(it), dt, facc[t]);
+        }
     }
-    hsum256(facc)
+    let mut out = [0f32; T];
+    for (o, f) in out.iter_mut().zip(facc) {
+        *o = hsum256(f);
+    }
+    out
+}
+
+/// A block's integer sums for each token: `Σ_k (vs[k] · x[32k..]) · ss[k]`
+/// over the eight 32-value steps (`vpmaddubsw`, then `vpmaddwd` by the
+/// step's scales). One token: the steps interleaved; several: token by
+/// token, the steps' values reread from L1 (held in registers they were
+/// spilled anyway).
+#[inline(always)]
+unsafe fn steps<const T: usize>(
+    vs: &[__m256i; 8],
+    ss: &[__m256i; 8],
+    x: [*const i8; T],
+) -> [__m256i; T] {
+    // (loops, not closures: a closure does not inherit the caller's
+    // target features, and the intrinsics in it would become calls)
+    let mut acc = [_mm256_setzero_si256(); T];
+    for (t, a) in acc.iter_mut().enumerate() {
+        for k in 0..8 {
+            let xv = _mm256_loadu_si256(x[t].add(32 * k) as *const __m256i);
+            *a = _mm256_add_epi32(
+                *a,
+                _mm256_madd_epi16(_mm256_maddubs_epi16(vs[k], xv), ss[k]),
+            );
+        }
+    }
+    acc
 }
 
 /// The `vpshufb` mask that makes i16 lanes of byte `g` (low 128-bit
@@ -206,6 +303,45 @@ mod tests {
                 std::arch::x86_64::_mm_storeu_si128(got.as_mut_ptr() as *mut _, v);
             }
             assert_eq!(got, scalar_scales(&b));
+        }
+    }
+
+    /// The four-token kernels give each token the one-token kernel's
+    /// result, bit for bit (what batched decoding's invariance rests on).
+    #[test]
+    fn four_tokens_are_one_token_bit_for_bit() {
+        if !avx2() {
+            return;
+        }
+        let mut rng = Rng::new(8);
+        for ty in [GgmlType::Q2_K, GgmlType::Q3_K] {
+            let cols = 1024;
+            let w = random_weights(&mut rng, ty, 1, cols);
+            let a: Vec<QuantAct> = (0..4)
+                .map(|_| QuantAct::q8_k(&rng.vec(cols), cols))
+                .collect();
+            let (q, d, s) = (
+                std::array::from_fn(|t| &a[t].qs[..]),
+                std::array::from_fn(|t| &a[t].d[..]),
+                std::array::from_fn(|t| &a[t].sums[..]),
+            );
+            // SAFETY: AVX2 checked; lengths from QuantAct.
+            let four = unsafe {
+                match ty {
+                    GgmlType::Q2_K => super::dot4_q2_k(&w, q, d, s),
+                    _ => super::dot4_q3_k(&w, q, d, s),
+                }
+            };
+            for t in 0..4 {
+                // SAFETY: as above.
+                let one = unsafe {
+                    match ty {
+                        GgmlType::Q2_K => super::dot_q2_k::<0>(&w, q[t], d[t], s[t]),
+                        _ => super::dot_q3_k::<0>(&w, q[t], d[t], s[t]),
+                    }
+                };
+                assert_eq!(four[t].to_bits(), one.to_bits(), "{ty} token {t}");
+            }
         }
     }
 
