@@ -39,7 +39,7 @@ macro_rules! by_token_count {
     };
 }
 
-mod k23;
+pub(super) mod k23;
 mod lanes;
 mod lanes_q6_k;
 mod lanes_q8_0;
@@ -549,7 +549,7 @@ unsafe fn iq4nl_table() -> __m256i {
 /// rows of 8192; measured on a 2-core AVX2 EPYC, 2 threads, Q8_0 matrices
 /// streamed from memory: 60-70% of the read bandwidth before, 95-100% with
 /// this and no prefetch 80%.)
-pub(super) const PF_STREAM: usize = 2048;
+pub(in crate::matmul) const PF_STREAM: usize = 2048;
 
 /// Bytes ahead of the block being multiplied that the stream kernels
 /// prefetch a second time, into L2 ([`prefetch_far`]): requests to memory

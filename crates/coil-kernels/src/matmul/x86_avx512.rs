@@ -9,8 +9,14 @@
 
 use super::dequant::{iq4xs_scales, KVALUES_IQ4NL};
 use super::x86_avx2::f16c;
+// Q2_K / Q3_K: the AVX2 level's kernels compiled for this level
+use super::x86_avx2::k23::wide as k23;
 use super::{vecdot, ActKind, QuantRows, TileKernel, VecKernel};
 use coil_gguf::GgmlType;
+use k23::{
+    dot4_q2_k as k23_dot4_q2_k, dot4_q3_k as k23_dot4_q3_k, dot_q2_k as k23_dot_q2_k,
+    dot_q3_k as k23_dot_q3_k,
+};
 use std::arch::x86_64::*;
 
 pub(super) mod float_pairs;
@@ -44,6 +50,8 @@ pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
         GgmlType::Q5_K => quant!(Q8K, dot_q5_k, dot4_q5_k),
         GgmlType::Q6_K => quant!(Q8K, dot_q6_k, dot4_q6_k),
         GgmlType::IQ4_XS => quant!(Q8K, dot_iq4_xs, dot4_iq4_xs),
+        GgmlType::Q2_K => quant!(Q8K, k23_dot_q2_k, k23_dot4_q2_k),
+        GgmlType::Q3_K => quant!(Q8K, k23_dot_q3_k, k23_dot4_q3_k),
         _ => return None,
     })
 }
@@ -59,6 +67,8 @@ pub(super) fn rows_kernel(ty: GgmlType) -> Option<QuantRows> {
         GgmlType::Q5_K => |w, rb, q, d, s, o| unsafe { rows_q5_k(w, rb, q, d, s, o) },
         GgmlType::Q6_K => |w, rb, q, d, s, o| unsafe { rows_q6_k(w, rb, q, d, s, o) },
         GgmlType::IQ4_XS => |w, rb, q, d, s, o| unsafe { rows_iq4_xs(w, rb, q, d, s, o) },
+        GgmlType::Q2_K => |w, rb, q, d, s, o| unsafe { k23::rows_q2_k(w, rb, q, d, s, o) },
+        GgmlType::Q3_K => |w, rb, q, d, s, o| unsafe { k23::rows_q3_k(w, rb, q, d, s, o) },
         _ => return None,
     })
 }

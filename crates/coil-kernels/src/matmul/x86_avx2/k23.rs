@@ -142,6 +142,98 @@ pub(super) unsafe fn dot4_q3_k(
     q3k::<4, 0>(row, xq, xd, xs)
 }
 
+/// The same kernels compiled for the AVX-512 level: the same operations
+/// (so the same bits), with 32 vector registers (the four-token bodies
+/// spill at 16) and EVEX encodings.
+pub(in crate::matmul) mod wide {
+    use super::{q2k, q3k};
+    use crate::matmul::x86_avx2::PF_STREAM;
+
+    /// [`super::dot_q2_k`] at the AVX-512 level.
+    ///
+    /// # Safety
+    /// As [`super::dot_q2_k`]; the CPU has AVX-512 F/VL/BW.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+    pub unsafe fn dot_q2_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+        q2k::<1, 0>(row, [xq], [xd], [xs])[0]
+    }
+
+    /// [`super::dot4_q2_k`] at the AVX-512 level.
+    ///
+    /// # Safety
+    /// As [`dot_q2_k`].
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+    pub unsafe fn dot4_q2_k(
+        row: &[u8],
+        xq: [&[i8]; 4],
+        xd: [&[f32]; 4],
+        xs: [&[i16]; 4],
+    ) -> [f32; 4] {
+        q2k::<4, 0>(row, xq, xd, xs)
+    }
+
+    /// [`super::dot_q3_k`] at the AVX-512 level.
+    ///
+    /// # Safety
+    /// As [`dot_q2_k`].
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+    pub unsafe fn dot_q3_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+        q3k::<1, 0>(row, [xq], [xd], [xs])[0]
+    }
+
+    /// [`super::dot4_q3_k`] at the AVX-512 level.
+    ///
+    /// # Safety
+    /// As [`dot_q2_k`].
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+    pub unsafe fn dot4_q3_k(
+        row: &[u8],
+        xq: [&[i8]; 4],
+        xd: [&[f32]; 4],
+        xs: [&[i16]; 4],
+    ) -> [f32; 4] {
+        q3k::<4, 0>(row, xq, xd, xs)
+    }
+
+    /// One-token Q2_K rows at the AVX-512 level (as the AVX2 level's).
+    ///
+    /// # Safety
+    /// As [`dot_q2_k`]; `w` holds `out.len()` rows of `rb` bytes.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+    pub unsafe fn rows_q2_k(
+        w: &[u8],
+        rb: usize,
+        xq: &[i8],
+        xd: &[f32],
+        xs: &[i16],
+        out: &mut [f32],
+    ) {
+        assert!(w.len() >= out.len() * rb);
+        for (r, o) in out.iter_mut().enumerate() {
+            *o = q2k::<1, PF_STREAM>(&w[r * rb..(r + 1) * rb], [xq], [xd], [xs])[0];
+        }
+    }
+
+    /// One-token Q3_K rows at the AVX-512 level.
+    ///
+    /// # Safety
+    /// As [`rows_q2_k`].
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+    pub unsafe fn rows_q3_k(
+        w: &[u8],
+        rb: usize,
+        xq: &[i8],
+        xd: &[f32],
+        xs: &[i16],
+        out: &mut [f32],
+    ) {
+        assert!(w.len() >= out.len() * rb);
+        for (r, o) in out.iter_mut().enumerate() {
+            *o = q3k::<1, PF_STREAM>(&w[r * rb..(r + 1) * rb], [xq], [xd], [xs])[0];
+        }
+    }
+}
+
 /// The body of [`dot_q3_k`] / [`dot4_q3_k`] for `T` tokens.
 #[inline(always)]
 unsafe fn q3k<const T: usize, const PF: usize>(
@@ -341,6 +433,33 @@ mod tests {
                     }
                 };
                 assert_eq!(four[t].to_bits(), one.to_bits(), "{ty} token {t}");
+            }
+            // and the AVX-512 level's builds of the same kernels
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512bw")
+            {
+                // SAFETY: AVX-512 F/VL/BW checked; lengths from QuantAct.
+                let (one, four_w) = unsafe {
+                    match ty {
+                        GgmlType::Q2_K => (
+                            super::wide::dot_q2_k(&w, q[0], d[0], s[0]),
+                            super::wide::dot4_q2_k(&w, q, d, s),
+                        ),
+                        _ => (
+                            super::wide::dot_q3_k(&w, q[0], d[0], s[0]),
+                            super::wide::dot4_q3_k(&w, q, d, s),
+                        ),
+                    }
+                };
+                assert_eq!(one.to_bits(), four[0].to_bits(), "{ty} wide");
+                for t in 0..4 {
+                    assert_eq!(
+                        four_w[t].to_bits(),
+                        four[t].to_bits(),
+                        "{ty} wide token {t}"
+                    );
+                }
             }
         }
     }
