@@ -46,6 +46,8 @@
 #                                qwen35-0.8b-like and qwen35moe-1b-like, the
 #                                Gated DeltaNet hybrids, dense and MoE)
 #                                [--types "F16 BF16 Q8_0 Q4_K_M"] [--skip-build]
+#                                (any llama-quantize type too: Q2_K, Q3_K_M,
+#                                Q5_K_M, IQ4_XS, ...)
 #                                [--isa avx2|avx512|native] [--prepare-only]
 #   scripts/bench-vs-llamacpp.sh --report RUN_DIR [same -r/-p/-n/-d/--models/--types]
 #                                (re-print the report of a finished run)
