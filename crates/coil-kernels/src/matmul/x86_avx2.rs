@@ -84,13 +84,13 @@ pub(super) fn vec_kernel(ty: GgmlType, lanes: bool) -> Option<VecKernel> {
         ),
         GgmlType::Q2_K => VecKernel::Quant(
             Q8K,
-            |r, q, d, s| unsafe { k23::dot_q2_k::<0>(r, q, d, s) },
-            Some(|r, q, d, s| unsafe { k23::dot4_q2_k(r, q, d, s) }),
+            |r, q, d, s| unsafe { k23::avx2::dot_q2_k(r, q, d, s) },
+            Some(|r, q, d, s| unsafe { k23::avx2::dot4_q2_k(r, q, d, s) }),
         ),
         GgmlType::Q3_K => VecKernel::Quant(
             Q8K,
-            |r, q, d, s| unsafe { k23::dot_q3_k::<0>(r, q, d, s) },
-            Some(|r, q, d, s| unsafe { k23::dot4_q3_k(r, q, d, s) }),
+            |r, q, d, s| unsafe { k23::avx2::dot_q3_k(r, q, d, s) },
+            Some(|r, q, d, s| unsafe { k23::avx2::dot4_q3_k(r, q, d, s) }),
         ),
         GgmlType::Q4_K if lanes => {
             VecKernel::Quant(Q8K, |r, q, d, s| unsafe { lanes::dot(r, q, d, s) }, None)
@@ -221,8 +221,8 @@ pub(super) fn rows_kernel(ty: GgmlType, lanes: bool) -> Option<QuantRows> {
             |w, rb, q, d, s, o| unsafe { lanes_q6_k::rows_one(w, rb, q, d, s, o) }
         }
         GgmlType::Q6_K => |w, rb, q, d, s, o| unsafe { rows_q6_k(w, rb, q, d, s, o) },
-        GgmlType::Q2_K => |w, rb, q, d, s, o| unsafe { rows_q2_k(w, rb, q, d, s, o) },
-        GgmlType::Q3_K => |w, rb, q, d, s, o| unsafe { rows_q3_k(w, rb, q, d, s, o) },
+        GgmlType::Q2_K => |w, rb, q, d, s, o| unsafe { k23::avx2::rows_q2_k(w, rb, q, d, s, o) },
+        GgmlType::Q3_K => |w, rb, q, d, s, o| unsafe { k23::avx2::rows_q3_k(w, rb, q, d, s, o) },
         GgmlType::IQ4_XS => |w, rb, q, d, s, o| unsafe { rows_iq4_xs(w, rb, q, d, s, o) },
         _ => return None,
     })
@@ -295,9 +295,6 @@ macro_rules! rows_stream {
 rows_stream!(rows_q4_k, dot_k45, false);
 rows_stream!(rows_q5_k, dot_k45, true);
 rows_stream!(rows_q6_k, dot_q6_k);
-rows_stream!(rows_q2_k, k23_dot_q2_k);
-rows_stream!(rows_q3_k, k23_dot_q3_k);
-use k23::{dot_q2_k as k23_dot_q2_k, dot_q3_k as k23_dot_q3_k};
 rows_entry!(rows_iq4_xs, dot_iq4_xs);
 
 /// SIMD decoding of the plain float formats and Q8_0; false = not handled.

@@ -25,40 +25,7 @@
 use super::{f16_lanes, hsum256, prefetch_block, prefetch_far, q6k_scale, q6k_scale_lanes, rd16};
 use std::arch::x86_64::*;
 
-/// A Q2_K row (`xd.len()` blocks of 84 bytes) times one token's activations,
-/// prefetching the block `PF` bytes ahead (0: none) and the far lines
-/// ([`prefetch_far`]) as the other K-quants' row kernels do.
-///
-/// # Safety
-/// `row` holds `xd.len()` blocks, `xq` 256 values and `xs` 16 sums per
-/// block; the CPU has AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn dot_q2_k<const PF: usize>(
-    row: &[u8],
-    xq: &[i8],
-    xd: &[f32],
-    xs: &[i16],
-) -> f32 {
-    q2k::<1, PF>(row, [xq], [xd], [xs])[0]
-}
-
-/// [`dot_q2_k`] for four tokens, each unpacked block shared by them: each
-/// token's result is [`dot_q2_k`]'s, bit for bit (the same operations).
-///
-/// # Safety
-/// As [`dot_q2_k`], for each token.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot4_q2_k(
-    row: &[u8],
-    xq: [&[i8]; 4],
-    xd: [&[f32]; 4],
-    xs: [&[i16]; 4],
-) -> [f32; 4] {
-    q2k::<4, 0>(row, xq, xd, xs)
-}
-
-/// The body of [`dot_q2_k`] / [`dot4_q2_k`] for `T` tokens.
+/// The body of the Q2_K kernels for `T` tokens.
 #[inline(always)]
 unsafe fn q2k<const T: usize, const PF: usize>(
     row: &[u8],
@@ -70,15 +37,7 @@ unsafe fn q2k<const T: usize, const PF: usize>(
     let m4 = _mm_set1_epi8(0xF);
     let mut facc = [_mm256_setzero_ps(); T];
     for i in 0..xd[0].len() {
-        let b = row.as_ptr().add(84 * i);
-        if PF > 0 {
-            prefetch_block(b.wrapping_add(PF), 84);
-            prefetch_far(b, 84);
-        }
-        let mut x = [std::ptr::null::<i8>(); T];
-        for (p, q) in x.iter_mut().zip(xq) {
-            *p = q.as_ptr().add(256 * i);
-        }
+        let (b, x) = block::<T, PF>(row, 84, i, xq);
         let s = _mm_loadu_si128(b as *const __m128i);
         // the 16 scales (low nibbles) in both lanes: byte shuffles make
         // each step's i16 multipliers
@@ -112,129 +71,106 @@ unsafe fn q2k<const T: usize, const PF: usize>(
     out
 }
 
-/// A Q3_K row (`xd.len()` blocks of 110 bytes) times one token's
-/// activations.
+/// The entry points of both formats, compiled with the target features
+/// `$feat`: one-token dot products, four-token ones (each token's floats
+/// those of the one-token kernel: the same body), and one-token row-range
+/// kernels (the dot inlined, prefetching [`PF_STREAM`] ahead block by
+/// block as the other K-quants' do).
 ///
-/// # Safety
-/// As [`dot_q2_k`].
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn dot_q3_k<const PF: usize>(
-    row: &[u8],
-    xq: &[i8],
-    xd: &[f32],
-    xs: &[i16],
-) -> f32 {
-    q3k::<1, PF>(row, [xq], [xd], [xs])[0]
-}
+/// # Safety (every function)
+/// `row` / each of `w`'s `out.len()` rows of `rb` bytes holds `xd.len()`
+/// blocks, `xq` 256 values and `xs` 16 sums per block (for each token);
+/// the CPU has the features `$feat`.
+macro_rules! entries {
+    ($(#[$doc:meta])* $m:ident, $feat:literal) => {
+        $(#[$doc])*
+        pub(in crate::matmul) mod $m {
+            use super::{q2k, q3k};
+            use crate::matmul::x86_avx2::PF_STREAM;
 
-/// [`dot_q3_k`] for four tokens (bit for bit each token's [`dot_q3_k`]).
-///
-/// # Safety
-/// As [`dot_q2_k`], for each token.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot4_q3_k(
-    row: &[u8],
-    xq: [&[i8]; 4],
-    xd: [&[f32]; 4],
-    xs: [&[i16]; 4],
-) -> [f32; 4] {
-    q3k::<4, 0>(row, xq, xd, xs)
-}
+            /// A Q2_K row times one token's activations.
+            #[target_feature(enable = $feat)]
+            pub unsafe fn dot_q2_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+                q2k::<1, 0>(row, [xq], [xd], [xs])[0]
+            }
 
-/// The same kernels compiled for the AVX-512 level: the same operations
-/// (so the same bits), with 32 vector registers (the four-token bodies
-/// spill at 16) and EVEX encodings.
-pub(in crate::matmul) mod wide {
-    use super::{q2k, q3k};
-    use crate::matmul::x86_avx2::PF_STREAM;
+            /// A Q2_K row times four tokens' activations.
+            #[target_feature(enable = $feat)]
+            pub unsafe fn dot4_q2_k(
+                row: &[u8],
+                xq: [&[i8]; 4],
+                xd: [&[f32]; 4],
+                xs: [&[i16]; 4],
+            ) -> [f32; 4] {
+                q2k::<4, 0>(row, xq, xd, xs)
+            }
 
-    /// [`super::dot_q2_k`] at the AVX-512 level.
-    ///
-    /// # Safety
-    /// As [`super::dot_q2_k`]; the CPU has AVX-512 F/VL/BW.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
-    pub unsafe fn dot_q2_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
-        q2k::<1, 0>(row, [xq], [xd], [xs])[0]
-    }
+            /// A Q3_K row times one token's activations.
+            #[target_feature(enable = $feat)]
+            pub unsafe fn dot_q3_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+                q3k::<1, 0>(row, [xq], [xd], [xs])[0]
+            }
 
-    /// [`super::dot4_q2_k`] at the AVX-512 level.
-    ///
-    /// # Safety
-    /// As [`dot_q2_k`].
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
-    pub unsafe fn dot4_q2_k(
-        row: &[u8],
-        xq: [&[i8]; 4],
-        xd: [&[f32]; 4],
-        xs: [&[i16]; 4],
-    ) -> [f32; 4] {
-        q2k::<4, 0>(row, xq, xd, xs)
-    }
+            /// A Q3_K row times four tokens' activations.
+            #[target_feature(enable = $feat)]
+            pub unsafe fn dot4_q3_k(
+                row: &[u8],
+                xq: [&[i8]; 4],
+                xd: [&[f32]; 4],
+                xs: [&[i16]; 4],
+            ) -> [f32; 4] {
+                q3k::<4, 0>(row, xq, xd, xs)
+            }
 
-    /// [`super::dot_q3_k`] at the AVX-512 level.
-    ///
-    /// # Safety
-    /// As [`dot_q2_k`].
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
-    pub unsafe fn dot_q3_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
-        q3k::<1, 0>(row, [xq], [xd], [xs])[0]
-    }
+            /// One-token Q2_K rows.
+            #[target_feature(enable = $feat)]
+            pub unsafe fn rows_q2_k(
+                w: &[u8],
+                rb: usize,
+                xq: &[i8],
+                xd: &[f32],
+                xs: &[i16],
+                out: &mut [f32],
+            ) {
+                assert!(w.len() >= out.len() * rb);
+                for (r, o) in out.iter_mut().enumerate() {
+                    *o = q2k::<1, PF_STREAM>(&w[r * rb..(r + 1) * rb], [xq], [xd], [xs])[0];
+                }
+            }
 
-    /// [`super::dot4_q3_k`] at the AVX-512 level.
-    ///
-    /// # Safety
-    /// As [`dot_q2_k`].
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
-    pub unsafe fn dot4_q3_k(
-        row: &[u8],
-        xq: [&[i8]; 4],
-        xd: [&[f32]; 4],
-        xs: [&[i16]; 4],
-    ) -> [f32; 4] {
-        q3k::<4, 0>(row, xq, xd, xs)
-    }
-
-    /// One-token Q2_K rows at the AVX-512 level (as the AVX2 level's).
-    ///
-    /// # Safety
-    /// As [`dot_q2_k`]; `w` holds `out.len()` rows of `rb` bytes.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
-    pub unsafe fn rows_q2_k(
-        w: &[u8],
-        rb: usize,
-        xq: &[i8],
-        xd: &[f32],
-        xs: &[i16],
-        out: &mut [f32],
-    ) {
-        assert!(w.len() >= out.len() * rb);
-        for (r, o) in out.iter_mut().enumerate() {
-            *o = q2k::<1, PF_STREAM>(&w[r * rb..(r + 1) * rb], [xq], [xd], [xs])[0];
+            /// One-token Q3_K rows.
+            #[target_feature(enable = $feat)]
+            pub unsafe fn rows_q3_k(
+                w: &[u8],
+                rb: usize,
+                xq: &[i8],
+                xd: &[f32],
+                xs: &[i16],
+                out: &mut [f32],
+            ) {
+                assert!(w.len() >= out.len() * rb);
+                for (r, o) in out.iter_mut().enumerate() {
+                    *o = q3k::<1, PF_STREAM>(&w[r * rb..(r + 1) * rb], [xq], [xd], [xs])[0];
+                }
+            }
         }
-    }
-
-    /// One-token Q3_K rows at the AVX-512 level.
-    ///
-    /// # Safety
-    /// As [`rows_q2_k`].
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
-    pub unsafe fn rows_q3_k(
-        w: &[u8],
-        rb: usize,
-        xq: &[i8],
-        xd: &[f32],
-        xs: &[i16],
-        out: &mut [f32],
-    ) {
-        assert!(w.len() >= out.len() * rb);
-        for (r, o) in out.iter_mut().enumerate() {
-            *o = q3k::<1, PF_STREAM>(&w[r * rb..(r + 1) * rb], [xq], [xd], [xs])[0];
-        }
-    }
+    };
 }
 
-/// The body of [`dot_q3_k`] / [`dot4_q3_k`] for `T` tokens.
+entries!(
+    /// The AVX2 level's kernels.
+    avx2,
+    "avx2,fma,f16c"
+);
+entries!(
+    /// The same kernels compiled for the AVX-512 level: the same operations
+    /// (so the same bits), with 32 vector registers (the four-token bodies
+    /// spill at 16) and EVEX encodings.
+    wide,
+    "avx2,fma,f16c,avx512f,avx512vl,avx512bw"
+);
+
+/// The body of the Q3_K kernels for `T` tokens.
 #[inline(always)]
 unsafe fn q3k<const T: usize, const PF: usize>(
     row: &[u8],
@@ -246,15 +182,7 @@ unsafe fn q3k<const T: usize, const PF: usize>(
     let bit2 = _mm256_set1_epi8(4);
     let mut facc = [_mm256_setzero_ps(); T];
     for i in 0..xd[0].len() {
-        let b = row.as_ptr().add(110 * i);
-        if PF > 0 {
-            prefetch_block(b.wrapping_add(PF), 110);
-            prefetch_far(b, 110);
-        }
-        let mut x = [std::ptr::null::<i8>(); T];
-        for (p, q) in x.iter_mut().zip(xq) {
-            *p = q.as_ptr().add(256 * i);
-        }
+        let (b, x) = block::<T, PF>(row, 110, i, xq);
         let sc16 = _mm256_cvtepi8_epi16(q3k_scales(b.add(96)));
         let lanes = q6k_scale_lanes(sc16);
         let hm = _mm256_loadu_si256(b as *const __m256i);
@@ -292,6 +220,28 @@ unsafe fn q3k<const T: usize, const PF: usize>(
         *o = hsum256(f);
     }
     out
+}
+
+/// Block `i` (of `bytes` bytes) of `row` and each token's activations for
+/// it, the block `PF` bytes ahead prefetched (0: none) with the far lines
+/// ([`prefetch_far`]).
+#[inline(always)]
+unsafe fn block<const T: usize, const PF: usize>(
+    row: &[u8],
+    bytes: usize,
+    i: usize,
+    xq: [&[i8]; T],
+) -> (*const u8, [*const i8; T]) {
+    let b = row.as_ptr().add(bytes * i);
+    if PF > 0 {
+        prefetch_block(b.wrapping_add(PF), bytes);
+        prefetch_far(b, bytes);
+    }
+    let mut x = [std::ptr::null::<i8>(); T];
+    for (p, q) in x.iter_mut().zip(xq) {
+        *p = q.as_ptr().add(256 * i);
+    }
+    (b, x)
 }
 
 /// A block's integer sums for each token: `Σ_k (vs[k] · x[32k..]) · ss[k]`
@@ -420,16 +370,16 @@ mod tests {
             // SAFETY: AVX2 checked; lengths from QuantAct.
             let four = unsafe {
                 match ty {
-                    GgmlType::Q2_K => super::dot4_q2_k(&w, q, d, s),
-                    _ => super::dot4_q3_k(&w, q, d, s),
+                    GgmlType::Q2_K => super::avx2::dot4_q2_k(&w, q, d, s),
+                    _ => super::avx2::dot4_q3_k(&w, q, d, s),
                 }
             };
             for t in 0..4 {
                 // SAFETY: as above.
                 let one = unsafe {
                     match ty {
-                        GgmlType::Q2_K => super::dot_q2_k::<0>(&w, q[t], d[t], s[t]),
-                        _ => super::dot_q3_k::<0>(&w, q[t], d[t], s[t]),
+                        GgmlType::Q2_K => super::avx2::dot_q2_k(&w, q[t], d[t], s[t]),
+                        _ => super::avx2::dot_q3_k(&w, q[t], d[t], s[t]),
                     }
                 };
                 assert_eq!(four[t].to_bits(), one.to_bits(), "{ty} token {t}");
@@ -486,11 +436,11 @@ mod tests {
                     let (want, got) = match ty {
                         GgmlType::Q2_K => (vecdot::dot_q2_k(row, &a.qs, &a.d, &a.sums), unsafe {
                             // SAFETY: AVX2 checked; lengths from QuantAct.
-                            super::dot_q2_k::<0>(row, &a.qs, &a.d, &a.sums)
+                            super::avx2::dot_q2_k(row, &a.qs, &a.d, &a.sums)
                         }),
                         _ => (vecdot::dot_q3_k(row, &a.qs, &a.d, &a.sums), unsafe {
                             // SAFETY: as above.
-                            super::dot_q3_k::<0>(row, &a.qs, &a.d, &a.sums)
+                            super::avx2::dot_q3_k(row, &a.qs, &a.d, &a.sums)
                         }),
                     };
                     assert!(
