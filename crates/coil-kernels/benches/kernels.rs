@@ -279,6 +279,7 @@ fn main() {
         GgmlType::Q8_0,
         GgmlType::Q4_K,
         GgmlType::Q6_K,
+        GgmlType::Q3_K,
     ] {
         if !filter.is_empty() && !ty.name().eq_ignore_ascii_case(&filter) {
             continue;
@@ -454,6 +455,7 @@ fn invariant_bench(pool: &ThreadPool, rng: &mut Rng, filter: &str) {
             GgmlType::Q8_0,
             GgmlType::Q4_K,
             GgmlType::Q6_K,
+            GgmlType::Q3_K,
             GgmlType::F16,
         ] {
             if !filter.is_empty() && !ty.name().eq_ignore_ascii_case(filter) {
