@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+#[path = "../../../tests/support/fixtures.rs"]
+mod fixtures;
 #[path = "../../../tests/support/temp_path.rs"]
 mod temp_path;
 use temp_path::TempPath;
@@ -23,8 +25,7 @@ fn coil(args: &[&str]) -> (bool, String, String) {
 }
 
 fn model(arch: &str) -> String {
-    repo()
-        .join(format!("tests/fixtures/models/{arch}/model.f16.gguf"))
+    fixtures::path(&repo().join("tests/fixtures"), arch)
         .to_string_lossy()
         .into_owned()
 }
@@ -121,17 +122,7 @@ fn logits_rejects_bad_input_clearly() {
 
 #[test]
 fn run_streams_text_and_reports_speed() {
-    for arch in [
-        "mamba",
-        "mamba2",
-        "jamba",
-        "bamba",
-        "granitemoehybrid",
-        "falcon_h1",
-        "nemotron_h",
-        "nemotron_h_moe",
-        "llama",
-    ] {
+    for arch in fixtures::CONVERTED {
         let args = [
             "run",
             "-m",
