@@ -88,70 +88,45 @@ macro_rules! entries {
             use super::{q2k, q3k};
             use crate::matmul::x86_avx2::PF_STREAM;
 
-            /// A Q2_K row times one token's activations.
-            #[target_feature(enable = $feat)]
-            pub unsafe fn dot_q2_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
-                q2k::<1, 0>(row, [xq], [xd], [xs])[0]
-            }
+            format_entries!($feat, "Q2_K", q2k, dot_q2_k, dot4_q2_k, rows_q2_k);
+            format_entries!($feat, "Q3_K", q3k, dot_q3_k, dot4_q3_k, rows_q3_k);
+        }
+    };
+}
 
-            /// A Q2_K row times four tokens' activations.
-            #[target_feature(enable = $feat)]
-            pub unsafe fn dot4_q2_k(
-                row: &[u8],
-                xq: [&[i8]; 4],
-                xd: [&[f32]; 4],
-                xs: [&[i16]; 4],
-            ) -> [f32; 4] {
-                q2k::<4, 0>(row, xq, xd, xs)
-            }
+/// One format's three entry points of [`entries`] over its body `$body`.
+macro_rules! format_entries {
+    ($feat:literal, $fmt:literal, $body:ident, $dot:ident, $dot4:ident, $rows:ident) => {
+        #[doc = concat!("A ", $fmt, " row times one token's activations.")]
+        #[target_feature(enable = $feat)]
+        pub unsafe fn $dot(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+            $body::<1, 0>(row, [xq], [xd], [xs])[0]
+        }
 
-            /// A Q3_K row times one token's activations.
-            #[target_feature(enable = $feat)]
-            pub unsafe fn dot_q3_k(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
-                q3k::<1, 0>(row, [xq], [xd], [xs])[0]
-            }
+        #[doc = concat!("A ", $fmt, " row times four tokens' activations.")]
+        #[target_feature(enable = $feat)]
+        pub unsafe fn $dot4(
+            row: &[u8],
+            xq: [&[i8]; 4],
+            xd: [&[f32]; 4],
+            xs: [&[i16]; 4],
+        ) -> [f32; 4] {
+            $body::<4, 0>(row, xq, xd, xs)
+        }
 
-            /// A Q3_K row times four tokens' activations.
-            #[target_feature(enable = $feat)]
-            pub unsafe fn dot4_q3_k(
-                row: &[u8],
-                xq: [&[i8]; 4],
-                xd: [&[f32]; 4],
-                xs: [&[i16]; 4],
-            ) -> [f32; 4] {
-                q3k::<4, 0>(row, xq, xd, xs)
-            }
-
-            /// One-token Q2_K rows.
-            #[target_feature(enable = $feat)]
-            pub unsafe fn rows_q2_k(
-                w: &[u8],
-                rb: usize,
-                xq: &[i8],
-                xd: &[f32],
-                xs: &[i16],
-                out: &mut [f32],
-            ) {
-                assert!(w.len() >= out.len() * rb);
-                for (r, o) in out.iter_mut().enumerate() {
-                    *o = q2k::<1, PF_STREAM>(&w[r * rb..(r + 1) * rb], [xq], [xd], [xs])[0];
-                }
-            }
-
-            /// One-token Q3_K rows.
-            #[target_feature(enable = $feat)]
-            pub unsafe fn rows_q3_k(
-                w: &[u8],
-                rb: usize,
-                xq: &[i8],
-                xd: &[f32],
-                xs: &[i16],
-                out: &mut [f32],
-            ) {
-                assert!(w.len() >= out.len() * rb);
-                for (r, o) in out.iter_mut().enumerate() {
-                    *o = q3k::<1, PF_STREAM>(&w[r * rb..(r + 1) * rb], [xq], [xd], [xs])[0];
-                }
+        #[doc = concat!("One-token ", $fmt, " rows.")]
+        #[target_feature(enable = $feat)]
+        pub unsafe fn $rows(
+            w: &[u8],
+            rb: usize,
+            xq: &[i8],
+            xd: &[f32],
+            xs: &[i16],
+            out: &mut [f32],
+        ) {
+            assert!(w.len() >= out.len() * rb);
+            for (r, o) in out.iter_mut().enumerate() {
+                *o = $body::<1, PF_STREAM>(&w[r * rb..(r + 1) * rb], [xq], [xd], [xs])[0];
             }
         }
     };
