@@ -433,8 +433,9 @@ unsafe fn pack_mins(w: &WeightRef, r0: usize, p: &mut Panel) {
 /// one panel of 8 tokens). `SB`: one activation scale per 256 values,
 /// applied once per super-block; `MIN`: Q4_K/Q5_K/Q2_K (`a·Σq·qx` per
 /// group, `− dmin·Σ m·Σqx` per super-block from [`pack_mins`], with `SB`);
-/// `HALF`: a weight scale per 16 values (Q6_K, Q3_K, Q2_K; with `SB`); else one activation scale per 32 (`MIN32`: Q4_1/Q5_1,
-/// `− b·dx·Σqx` per block).
+/// `HALF`: a weight scale per 16 values (Q6_K, Q3_K, Q2_K; with `SB`);
+/// else one activation scale per 32 (`MIN32`: Q4_1/Q5_1, `− b·dx·Σqx` per
+/// block).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn kernel<const MIN: bool, const HALF: bool, const MIN32: bool, const SB: bool>(

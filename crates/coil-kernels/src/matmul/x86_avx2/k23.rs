@@ -1,5 +1,7 @@
 //! AVX2 dot products of the 2- and 3-bit K-quants, Q2_K and Q3_K, against
-//! Q8_K-style activations (one row, one token): the formats of llama.cpp's
+//! Q8_K-style activations (one row; one token, four tokens, and one-token
+//! row ranges; built for the AVX2 level and, with 32 registers, for the
+//! AVX-512 level: [`avx2`], [`wide`]): the formats of llama.cpp's
 //! Q2_K and Q3_K_S / _M / _L mixtures, which people download for the
 //! largest models. Without them a row was decoded to f32 first (scalar),
 //! 2% of the read bandwidth at AVX2 and 11–15% at AVX-512.
