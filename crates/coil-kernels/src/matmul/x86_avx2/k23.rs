@@ -76,7 +76,7 @@ unsafe fn q2k<const T: usize, const PF: usize>(
 /// The entry points of both formats, compiled with the target features
 /// `$feat`: one-token dot products, four-token ones (each token's floats
 /// those of the one-token kernel: the same body), and one-token row-range
-/// kernels (the dot inlined, prefetching [`PF_STREAM`] ahead block by
+/// kernels (the dot inlined, prefetching `PF_STREAM` bytes ahead block by
 /// block as the other K-quants' do).
 ///
 /// # Safety (every function)
