@@ -1,8 +1,15 @@
 #!/usr/bin/env python3
-"""Makes crates/coil-gguf/tests/fixtures/quant/kquant.ggml.in.f32 and q{4,5,6}_k.ggml.q.bin
-with ggml's reference K-quant quantizers: compile llama.cpp's ggml/src/ggml-quants.c with
-`gcc -O2 -DNDEBUG` and a main that calls quantize_row_q{4,5,6}_K_ref on a raw f32 file
-(`qref 4|5|6 in.f32 out.bin`), then run this with QREF=path/to/qref."""
+"""Makes crates/coil-gguf/tests/fixtures/quant/kquant.ggml.in.f32 and q{2,3,4,5,6}_k.ggml.q.bin
+and iq4_{nl,xs}.ggml.q.bin with ggml's quantizers: build tools/qref.c (a main that calls
+quantize_row_q{2,3,4,5,6}_K_ref or quantize_iq4_{nl,xs} on a raw f32 file:
+`qref 2|3|4|5|6|nl|xs in.f32 out.bin`) against
+llama.cpp's ggml-base, e.g.
+
+    G=llama.cpp/ggml; gcc -O2 -I$G/include -I$G/src tools/qref.c -L$BUILD/bin -lggml-base \
+        -Wl,-rpath,$BUILD/bin -o qref
+
+(ggml-base is compiled without -march flags, as llama-quantize uses it), then run this with
+QREF=path/to/qref."""
 import numpy as np, subprocess, os
 rng = np.random.default_rng(99)
 blocks = []
@@ -17,6 +24,8 @@ blocks.append(x)
 x = np.concatenate(blocks)
 d = "crates/coil-gguf/tests/fixtures/quant"
 x.tofile(f"{d}/kquant.ggml.in.f32")
-for t in (4, 5, 6):
+for t in (2, 3, 4, 5, 6):
     subprocess.run([os.environ["QREF"], str(t), f"{d}/kquant.ggml.in.f32", f"{d}/q{t}_k.ggml.q.bin"], check=True)
+for t in ("nl", "xs"):
+    subprocess.run([os.environ["QREF"], t, f"{d}/kquant.ggml.in.f32", f"{d}/iq4_{t}.ggml.q.bin"], check=True)
 print(len(x)//256, "blocks")

@@ -4,22 +4,37 @@
 //! Left as they are (llama.cpp's `tensor_allows_quantization`): tensors
 //! with fewer than 2 dimensions, names not ending in `weight` (`ssm_a`,
 //! `ssm_d`, biases), norms (`*_norm.weight`), routers (`ffn_gate_inp`),
-//! `ssm_conv1d`, position / token-type embeddings. The mixtures:
+//! `ssm_conv1d`, position / token-type embeddings. The mixtures (`more`:
+//! llama.cpp's `use_more_bits` layers, first and last eighth and every third
+//! between; `wv`: the running count of attn_v / fused qkv tensors; `L`: the
+//! block count):
 //!
-//! | mix    | default | output (and tied token_embd) | attn_v, ffn_down                         |
-//! |--------|---------|------------------------------|------------------------------------------|
-//! | Q8_0   | Q8_0    | Q8_0                         | —                                        |
-//! | Q4_0.. | Q4_0..  | Q6_K                         | —                                        |
-//! | Q4_K_M | Q4_K    | Q6_K                         | Q6_K on `use_more_bits` layers           |
-//! | Q5_K_M | Q5_K    | Q6_K                         | Q6_K on `use_more_bits` layers           |
-//! | Q6_K   | Q6_K    | Q6_K                         | —                                        |
+//! | mix    | default | attn_v, attn_qkv            | ffn_down                                | attn_output |
+//! |--------|---------|-----------------------------|-----------------------------------------|-------------|
+//! | Q8_0, Q4_0.. | same | —                       | —                                       | —           |
+//! | Q2_K   | Q2_K    | Q4_K if n_head / n_head_kv ≥ 4, else Q3_K | Q3_K                      | Q3_K        |
+//! | Q3_K_S | Q3_K    | —                           | —                                       | —           |
+//! | Q3_K_M | Q3_K    | Q5_K for wv < 2, else Q4_K  | Q5_K below L/16, else Q4_K              | Q4_K        |
+//! | Q3_K_L | Q3_K    | Q5_K                        | Q5_K                                    | Q5_K        |
+//! | Q4_K_S | Q4_K    | Q5_K for wv < 4             | Q5_K below L/8                          | —           |
+//! | Q4_K_M | Q4_K    | Q6_K on `more`              | Q6_K on `more` layers                   | —           |
+//! | Q5_K_S | Q5_K    | —                           | —                                       | —           |
+//! | Q5_K_M | Q5_K    | Q6_K on `more`              | Q6_K on `more` layers                   | —           |
+//! | Q6_K   | Q6_K    | —                           | —                                       | —           |
+//! | IQ4_NL, IQ4_XS | same | Q5_K if n_head / n_head_kv ≥ 4 | Q5_K below L/8                 | —           |
 //!
-//! plus 8-expert models' attn_v/attn_k → Q8_0 (and attn_output → Q5_K for
-//! Q4_K_M), and the shape fallbacks (row length not a multiple of 256:
-//! Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0; of 32: F16).
+//! `output.weight` (and a tied `token_embd`) is Q6_K (Q8_0 stays Q8_0; Q8_0
+//! where its rows are not whole blocks, and always for `falcon`). Models of
+//! 8 experts: attn_v / attn_k → Q8_0, attn_output → Q5_K for Q2_K..Q4_K_M
+//! and the IQ4 mixtures.
+//! 70B-class models (llama with 80 layers and grouped heads, …): attn_v
+//! Q3_K / Q4_K → Q5_K. `falcon` has its own ffn_down / attn_output rules.
+//! Then the shape fallbacks (row length not a multiple of 256: Q2_K / Q3_K →
+//! Q4_0, Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, IQ4_XS → IQ4_NL; of 32:
+//! F16).
 
 use crate::error::{ConvertError, Result};
-use coil_gguf::{GgmlType, GgufFile, GgufWriter, TensorInfo, TensorSpec, Value};
+use coil_gguf::{GgmlType, GgufFile, GgufWriter, Metadata, TensorInfo, TensorSpec, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -32,21 +47,37 @@ pub enum QuantMix {
     Q4_1,
     Q5_0,
     Q5_1,
+    Q2_K,
+    Q3_K_S,
+    Q3_K_M,
+    Q3_K_L,
+    Q4_K_S,
     Q4_K_M,
+    Q5_K_S,
     Q5_K_M,
     Q6_K,
+    IQ4_NL,
+    IQ4_XS,
 }
 
 impl QuantMix {
-    pub const ALL: [QuantMix; 8] = [
+    pub const ALL: [QuantMix; 16] = [
         QuantMix::Q8_0,
         QuantMix::Q4_0,
         QuantMix::Q4_1,
         QuantMix::Q5_0,
         QuantMix::Q5_1,
+        QuantMix::Q2_K,
+        QuantMix::Q3_K_S,
+        QuantMix::Q3_K_M,
+        QuantMix::Q3_K_L,
+        QuantMix::Q4_K_S,
         QuantMix::Q4_K_M,
+        QuantMix::Q5_K_S,
         QuantMix::Q5_K_M,
         QuantMix::Q6_K,
+        QuantMix::IQ4_NL,
+        QuantMix::IQ4_XS,
     ];
 
     pub fn name(self) -> &'static str {
@@ -56,16 +87,26 @@ impl QuantMix {
             QuantMix::Q4_1 => "Q4_1",
             QuantMix::Q5_0 => "Q5_0",
             QuantMix::Q5_1 => "Q5_1",
+            QuantMix::Q2_K => "Q2_K",
+            QuantMix::Q3_K_S => "Q3_K_S",
+            QuantMix::Q3_K_M => "Q3_K_M",
+            QuantMix::Q3_K_L => "Q3_K_L",
+            QuantMix::Q4_K_S => "Q4_K_S",
             QuantMix::Q4_K_M => "Q4_K_M",
+            QuantMix::Q5_K_S => "Q5_K_S",
             QuantMix::Q5_K_M => "Q5_K_M",
             QuantMix::Q6_K => "Q6_K",
+            QuantMix::IQ4_NL => "IQ4_NL",
+            QuantMix::IQ4_XS => "IQ4_XS",
         }
     }
 
-    /// Case-insensitive; `Q4_K` / `Q5_K` mean the `_M` mixtures.
+    /// Case-insensitive; `Q3_K` / `Q4_K` / `Q5_K` mean the `_M` mixtures
+    /// (as for llama-quantize).
     pub fn parse(s: &str) -> Option<QuantMix> {
         let u = s.to_ascii_uppercase();
         let u = match u.as_str() {
+            "Q3_K" => "Q3_K_M",
             "Q4_K" => "Q4_K_M",
             "Q5_K" => "Q5_K_M",
             other => other,
@@ -75,29 +116,43 @@ impl QuantMix {
 
     /// The type of most tensors.
     pub fn default_type(self) -> GgmlType {
+        use QuantMix::*;
         match self {
-            QuantMix::Q8_0 => GgmlType::Q8_0,
-            QuantMix::Q4_0 => GgmlType::Q4_0,
-            QuantMix::Q4_1 => GgmlType::Q4_1,
-            QuantMix::Q5_0 => GgmlType::Q5_0,
-            QuantMix::Q5_1 => GgmlType::Q5_1,
-            QuantMix::Q4_K_M => GgmlType::Q4_K,
-            QuantMix::Q5_K_M => GgmlType::Q5_K,
-            QuantMix::Q6_K => GgmlType::Q6_K,
+            Q8_0 => GgmlType::Q8_0,
+            Q4_0 => GgmlType::Q4_0,
+            Q4_1 => GgmlType::Q4_1,
+            Q5_0 => GgmlType::Q5_0,
+            Q5_1 => GgmlType::Q5_1,
+            Q2_K => GgmlType::Q2_K,
+            Q3_K_S | Q3_K_M | Q3_K_L => GgmlType::Q3_K,
+            Q4_K_S | Q4_K_M => GgmlType::Q4_K,
+            Q5_K_S | Q5_K_M => GgmlType::Q5_K,
+            Q6_K => GgmlType::Q6_K,
+            IQ4_NL => GgmlType::IQ4_NL,
+            IQ4_XS => GgmlType::IQ4_XS,
         }
     }
 
     /// `general.file_type` (llama.cpp's `llama_ftype`).
     pub fn file_type(self) -> u32 {
+        use QuantMix::*;
         match self {
-            QuantMix::Q4_0 => 2,
-            QuantMix::Q4_1 => 3,
-            QuantMix::Q8_0 => 7,
-            QuantMix::Q5_0 => 8,
-            QuantMix::Q5_1 => 9,
-            QuantMix::Q4_K_M => 15,
-            QuantMix::Q5_K_M => 17,
-            QuantMix::Q6_K => 18,
+            Q4_0 => 2,
+            Q4_1 => 3,
+            Q8_0 => 7,
+            Q5_0 => 8,
+            Q5_1 => 9,
+            Q2_K => 10,
+            Q3_K_S => 11,
+            Q3_K_M => 12,
+            Q3_K_L => 13,
+            Q4_K_S => 14,
+            Q4_K_M => 15,
+            Q5_K_S => 16,
+            Q5_K_M => 17,
+            Q6_K => 18,
+            IQ4_NL => 25,
+            IQ4_XS => 30,
         }
     }
 }
@@ -194,6 +249,7 @@ fn fallback(t: &TensorInfo, ty: GgmlType) -> GgmlType {
         GgmlType::Q4_K => GgmlType::Q5_0,
         GgmlType::Q5_K => GgmlType::Q5_1,
         GgmlType::Q6_K => GgmlType::Q8_0,
+        GgmlType::IQ4_XS => GgmlType::IQ4_NL,
         other => other,
     };
     if ncols % f.block_size() as u64 != 0 {
@@ -203,81 +259,184 @@ fn fallback(t: &TensorInfo, ty: GgmlType) -> GgmlType {
     }
 }
 
+/// What llama.cpp's mixture rules read from the model's hyperparameters.
+struct ModelFacts {
+    arch: String,
+    n_layer: i64,
+    /// 0 for dense models (llama.cpp turns an expert count of 1 into 0).
+    n_expert: i64,
+    /// Layer 0's `n_head / n_head_kv` (0 without attention heads).
+    n_gqa: i64,
+    /// llama.cpp's `LLM_TYPE_70B`, which widens attn_v.
+    is_70b: bool,
+}
+
+impl ModelFacts {
+    fn of(md: &Metadata, arch: &str) -> ModelFacts {
+        let key = |k: &str| md.get(&format!("{arch}.{k}"));
+        let int = |k: &str| key(k).and_then(Value::as_u64).unwrap_or(0) as i64;
+        // A count given per layer (hybrids) or once; llama.cpp reads layer 0.
+        let layer0 = |v: &Value| match v.as_array() {
+            Some(a) => a.first().and_then(Value::as_u64),
+            None => v.as_u64(),
+        };
+        let n_layer = int("block_count");
+        let n_head = key("attention.head_count").and_then(layer0).unwrap_or(0) as i64;
+        let n_head_kv = key("attention.head_count_kv")
+            .and_then(layer0)
+            .map_or(n_head, |v| v as i64);
+        let n_expert = match int("expert_count") {
+            n if n <= 1 => 0,
+            n => n,
+        };
+        let is_70b = match arch {
+            "llama" => n_layer == 80 && n_head != n_head_kv,
+            "qwen2" | "deci" | "olmo" => n_layer == 80,
+            "jais2" => n_layer == 68,
+            _ => false,
+        };
+        ModelFacts {
+            arch: arch.to_string(),
+            n_layer,
+            n_expert,
+            n_gqa: if n_head_kv == 0 {
+                0
+            } else {
+                n_head / n_head_kv
+            },
+            is_70b,
+        }
+    }
+}
+
+/// llama.cpp's counters, advanced in its tensor order.
+#[derive(Default)]
+struct Counters {
+    n_attention_wv: i64,
+    i_attention_wv: i64,
+    i_ffn_down: i64,
+}
+
+/// The type of one quantizable tensor under `mix` before the shape fallback
+/// (llama.cpp's `llama_tensor_get_type_impl`, the branches of the K-quant
+/// and legacy mixtures).
+fn mixture_type(
+    t: &TensorInfo,
+    mix: QuantMix,
+    m: &ModelFacts,
+    tied: bool,
+    c: &mut Counters,
+) -> GgmlType {
+    use GgmlType::*;
+    use QuantMix as X;
+    let falcon = m.arch == "falcon";
+    let mut ty = mix.default_type();
+    // The layer of an expert tensor is in its name (experts of one layer
+    // need not be consecutive); otherwise llama.cpp counts.
+    let layer_of = |counter: i64| -> i64 {
+        if m.n_expert > 1 {
+            t.name
+                .strip_prefix("blk.")
+                .and_then(|r| r.split('.').next())
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(counter)
+        } else {
+            counter
+        }
+    };
+    let cat = category(&t.name);
+    match cat {
+        Category::Output | Category::TokenEmbd if cat == Category::Output || tied => {
+            let nx = t.dims.first().copied().unwrap_or(1);
+            if falcon || nx % ty.block_size() as u64 != 0 {
+                ty = Q8_0;
+            } else if ty != Q8_0 {
+                ty = Q6_K;
+            }
+        }
+        Category::AttnV => {
+            let i = c.i_attention_wv;
+            ty = match mix {
+                X::Q2_K if m.n_gqa >= 4 => Q4_K,
+                X::Q2_K => Q3_K,
+                X::Q3_K_M if i < 2 => Q5_K,
+                X::Q3_K_M => Q4_K,
+                X::Q3_K_L => Q5_K,
+                X::IQ4_NL | X::IQ4_XS if m.n_gqa >= 4 => Q5_K,
+                X::Q4_K_M | X::Q5_K_M if use_more_bits(i, c.n_attention_wv) => Q6_K,
+                X::Q4_K_S if i < 4 => Q5_K,
+                _ => ty,
+            };
+            if m.is_70b && matches!(ty, Q3_K | Q4_K) {
+                ty = Q5_K;
+            }
+            if m.n_expert == 8 {
+                ty = Q8_0;
+            }
+            c.i_attention_wv += 1;
+        }
+        Category::AttnK if m.n_expert == 8 => ty = Q8_0,
+        Category::FfnDown => {
+            let (i, n) = (layer_of(c.i_ffn_down), m.n_layer);
+            let more = use_more_bits(i, n);
+            ty = match mix {
+                X::Q2_K => Q3_K,
+                X::Q3_K_M if i < n / 16 => Q5_K,
+                X::Q3_K_M if !falcon || more => Q4_K,
+                X::Q3_K_M => Q3_K,
+                X::Q3_K_L if falcon => Q4_K,
+                X::Q3_K_L => Q5_K,
+                X::Q4_K_M if falcon && i < n / 16 => Q6_K,
+                X::Q4_K_M if falcon && more => Q5_K,
+                X::Q4_K_M if falcon => Q4_K,
+                X::Q4_K_M | X::Q5_K_M if more => Q6_K,
+                X::IQ4_NL | X::IQ4_XS if i < n / 8 => Q5_K,
+                X::Q4_K_S if !falcon && i < n / 8 => Q5_K,
+                _ => ty,
+            };
+            c.i_ffn_down += 1;
+        }
+        Category::AttnOutput => {
+            ty = match mix {
+                X::Q3_K_L if falcon => Q4_K,
+                _ if falcon => ty,
+                X::Q2_K | X::Q3_K_S | X::Q3_K_M | X::Q4_K_S | X::Q4_K_M | X::IQ4_NL | X::IQ4_XS
+                    if m.n_expert == 8 =>
+                {
+                    Q5_K
+                }
+                _ if m.n_expert == 8 => ty,
+                X::Q2_K => Q3_K,
+                X::Q3_K_M => Q4_K,
+                X::Q3_K_L => Q5_K,
+                _ => ty,
+            }
+        }
+        _ => {}
+    }
+    ty
+}
+
 /// The output type of every tensor of `file` under `mix`, in file order
 /// (decided in llama-quantize's order, which its layer counters follow).
 pub fn plan_types(file: &GgufFile, mix: QuantMix) -> Vec<GgmlType> {
-    let md = file.metadata();
-    let arch = file.architecture().unwrap_or("");
-    let key_u = |k: &str| {
-        md.get(&format!("{arch}.{k}"))
-            .and_then(Value::as_u64)
-            .unwrap_or(0) as i64
-    };
-    let n_layer = key_u("block_count");
-    let n_expert = key_u("expert_count").max(1);
+    let facts = ModelFacts::of(file.metadata(), file.architecture().unwrap_or(""));
     let tensors = file.tensors();
-    let n_attention_wv = tensors
-        .iter()
-        .filter(|t| category(&t.name) == Category::AttnV)
-        .count() as i64;
+    let mut counters = Counters {
+        n_attention_wv: tensors
+            .iter()
+            .filter(|t| category(&t.name) == Category::AttnV)
+            .count() as i64,
+        ..Counters::default()
+    };
     let tied = !tensors.iter().any(|t| t.name == "output.weight");
-    let (mut i_wv, mut i_down) = (0i64, 0i64);
-    let default = mix.default_type();
     let mut types: Vec<GgmlType> = tensors.iter().map(|t| t.ty).collect();
     // Counters run in llama-quantize's order (by layer, then name).
     for i in llama_order(tensors) {
         let t = &tensors[i];
-        types[i] = {
-            if !allows_quantization(t) {
-                continue;
-            }
-            let cat = category(&t.name);
-            let mut ty = default;
-            let layer_of = |counter: i64| -> i64 {
-                if n_expert > 1 {
-                    t.name
-                        .strip_prefix("blk.")
-                        .and_then(|r| r.split('.').next())
-                        .and_then(|s| s.parse().ok())
-                        .unwrap_or(counter)
-                } else {
-                    counter
-                }
-            };
-            let km = matches!(mix, QuantMix::Q4_K_M | QuantMix::Q5_K_M);
-            match cat {
-                Category::Output | Category::TokenEmbd if cat == Category::Output || tied => {
-                    let nx = t.dims.first().copied().unwrap_or(1);
-                    if nx % ty.block_size() as u64 != 0 {
-                        ty = GgmlType::Q8_0;
-                    } else if ty != GgmlType::Q8_0 {
-                        ty = GgmlType::Q6_K;
-                    }
-                }
-                Category::AttnV => {
-                    if km && use_more_bits(i_wv, n_attention_wv) {
-                        ty = GgmlType::Q6_K;
-                    }
-                    if n_expert == 8 {
-                        ty = GgmlType::Q8_0;
-                    }
-                    i_wv += 1;
-                }
-                Category::AttnK if n_expert == 8 => ty = GgmlType::Q8_0,
-                Category::FfnDown => {
-                    let i_layer = layer_of(i_down);
-                    if km && use_more_bits(i_layer, n_layer) {
-                        ty = GgmlType::Q6_K;
-                    }
-                    i_down += 1;
-                }
-                Category::AttnOutput if n_expert == 8 && mix == QuantMix::Q4_K_M => {
-                    ty = GgmlType::Q5_K
-                }
-                _ => {}
-            }
-            fallback(t, ty)
-        };
+        if allows_quantization(t) {
+            types[i] = fallback(t, mixture_type(t, mix, &facts, tied, &mut counters));
+        }
     }
     types
 }
@@ -462,8 +621,16 @@ mod tests {
     fn mixture_names() {
         assert_eq!(QuantMix::parse("q4_k_m"), Some(QuantMix::Q4_K_M));
         assert_eq!(QuantMix::parse("Q5_K"), Some(QuantMix::Q5_K_M));
-        assert_eq!(QuantMix::parse("Q3_K_S"), None);
+        assert_eq!(QuantMix::parse("Q3_K"), Some(QuantMix::Q3_K_M));
+        assert_eq!(QuantMix::parse("q3_k_s"), Some(QuantMix::Q3_K_S));
+        assert_eq!(QuantMix::parse("Q2_K_S"), None); // needs an importance matrix
+        assert_eq!(QuantMix::parse("IQ2_XS"), None);
         assert_eq!(QuantMix::Q6_K.file_type(), 18);
+        assert_eq!(QuantMix::Q2_K.file_type(), 10);
+        assert_eq!(QuantMix::Q5_K_S.file_type(), 16);
+        for m in QuantMix::ALL {
+            assert_eq!(QuantMix::parse(m.name()), Some(m));
+        }
     }
 
     /// A llama-shaped file: 8 layers, dims multiples of 256, plus SSM-style
@@ -473,6 +640,8 @@ mod tests {
         let mut md = Metadata::new();
         md.insert("general.architecture", Value::String("llama".into()));
         md.insert("llama.block_count", Value::U32(8));
+        md.insert("llama.attention.head_count", Value::U32(4));
+        md.insert("llama.attention.head_count_kv", Value::U32(1));
         let mut t = vec![
             TensorSpec::new("token_embd.weight", &[256, 1000], GgmlType::F16),
             TensorSpec::new("output.weight", &[256, 1000], GgmlType::F16),
@@ -535,6 +704,73 @@ mod tests {
         let t8 = plan_types(&f, QuantMix::Q8_0);
         assert_eq!(t8[1], Q8_0);
         assert_eq!(t8[5], F16); // ssm_dt: rows of 48 are not whole 32-blocks
+    }
+
+    /// The low-bit and `_S` / `_L` mixtures on the same llama-shaped file
+    /// (8 layers, 4 query heads per KV head).
+    #[test]
+    fn k_mixture_plans_follow_llama_cpp() {
+        use GgmlType::*;
+        let f = synthetic();
+        let f = &f;
+        let plan = |mix| {
+            let types = plan_types(f, mix);
+            move |name: &str| {
+                let i = f.tensors().iter().position(|t| t.name == name).unwrap();
+                types[i]
+            }
+        };
+        let q2 = plan(QuantMix::Q2_K);
+        assert_eq!(q2("output.weight"), Q6_K);
+        assert_eq!(q2("blk.0.ssm_x.weight"), Q2_K);
+        assert_eq!(q2("blk.0.ssm_dt.weight"), F16); // Q2_K → Q4_0 → F16
+        for b in 0..8 {
+            let l = |n: &str| format!("blk.{b}.{n}");
+            assert_eq!(q2(&l("attn_v.weight")), Q4_K); // n_head / n_head_kv = 4
+            assert_eq!(q2(&l("ffn_down.weight")), Q3_K);
+            assert_eq!(q2(&l("attn_output.weight")), Q3_K);
+            assert_eq!(q2(&l("attn_q.weight")), Q2_K);
+            assert_eq!(q2(&l("ffn_up.weight")), Q2_K);
+        }
+        let (s, m, l) = (
+            plan(QuantMix::Q3_K_S),
+            plan(QuantMix::Q3_K_M),
+            plan(QuantMix::Q3_K_L),
+        );
+        for b in 0..8 {
+            let n = |x: &str| format!("blk.{b}.{x}");
+            for x in ["attn_v.weight", "ffn_down.weight", "attn_output.weight"] {
+                assert_eq!(s(&n(x)), Q3_K, "{x}");
+                assert_eq!(l(&n(x)), Q5_K, "{x}");
+            }
+            assert_eq!(m(&n("attn_v.weight")), if b < 2 { Q5_K } else { Q4_K });
+            // below 8 / 16 = 0 layers: never Q5_K; Q4_K elsewhere
+            assert_eq!(m(&n("ffn_down.weight")), Q4_K);
+            assert_eq!(m(&n("attn_output.weight")), Q4_K);
+            assert_eq!(m(&n("attn_q.weight")), Q3_K);
+        }
+        let (k4s, k5s) = (plan(QuantMix::Q4_K_S), plan(QuantMix::Q5_K_S));
+        for b in 0..8 {
+            let n = |x: &str| format!("blk.{b}.{x}");
+            assert_eq!(k4s(&n("attn_v.weight")), if b < 4 { Q5_K } else { Q4_K });
+            assert_eq!(k4s(&n("ffn_down.weight")), if b < 1 { Q5_K } else { Q4_K });
+            assert_eq!(k4s(&n("attn_output.weight")), Q4_K);
+            assert_eq!(k5s(&n("attn_v.weight")), Q5_K);
+            assert_eq!(k5s(&n("ffn_down.weight")), Q5_K);
+        }
+        let xs = plan(QuantMix::IQ4_XS);
+        assert_eq!(xs("output.weight"), Q6_K);
+        assert_eq!(xs("blk.0.ssm_x.weight"), IQ4_XS);
+        assert_eq!(xs("blk.0.ssm_dt.weight"), F16); // 48: IQ4_XS → IQ4_NL → F16
+        for b in 0..8 {
+            let n = |x: &str| format!("blk.{b}.{x}");
+            assert_eq!(xs(&n("attn_v.weight")), Q5_K);
+            assert_eq!(xs(&n("ffn_down.weight")), if b < 1 { Q5_K } else { IQ4_XS });
+            assert_eq!(xs(&n("attn_q.weight")), IQ4_XS);
+        }
+        let nl = plan(QuantMix::IQ4_NL);
+        assert_eq!(nl("blk.3.attn_q.weight"), IQ4_NL);
+        assert_eq!(nl("blk.0.ssm_dt.weight"), F16);
     }
 
     #[test]

@@ -39,6 +39,11 @@ fn k_mixtures_quantize_wide_tensors() {
         (QuantMix::Q5_K_M, GgmlType::Q6_K, GgmlType::Q5_K, 0.025),
         (QuantMix::Q6_K, GgmlType::Q6_K, GgmlType::Q6_K, 0.012),
         (QuantMix::Q4_0, GgmlType::Q6_K, GgmlType::Q4_0, 0.07),
+        (QuantMix::Q3_K_M, GgmlType::Q6_K, GgmlType::Q3_K, 0.15),
+        (QuantMix::Q2_K, GgmlType::Q6_K, GgmlType::Q2_K, 0.2),
+        (QuantMix::Q4_K_S, GgmlType::Q6_K, GgmlType::Q4_K, 0.05),
+        (QuantMix::IQ4_XS, GgmlType::Q6_K, GgmlType::IQ4_XS, 0.09),
+        (QuantMix::IQ4_NL, GgmlType::Q6_K, GgmlType::IQ4_NL, 0.09),
     ] {
         let out = d.join(format!("{}.gguf", mix.name()));
         quantize(

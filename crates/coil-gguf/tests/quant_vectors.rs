@@ -24,7 +24,8 @@ const DEQUANT_ONLY: [&str; 8] = [
 const QUANTIZABLE: [&str; 8] = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"];
 /// Quantized by coil (ggml's reference algorithms) but not by `gguf.quants`:
 /// checked against ggml's C code instead (`kquants_match_ggml_reference`).
-const QUANTIZABLE_NO_VECTORS: [&str; 3] = ["q4_k", "q5_k", "q6_k"];
+const QUANTIZABLE_NO_VECTORS: [&str; 7] =
+    ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"];
 
 fn fixture(name: &str) -> Vec<u8> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -159,17 +160,22 @@ fn fixtures_cover_every_supported_format() {
     }
 }
 
-/// Q4_K / Q5_K / Q6_K against ggml's reference quantizers
-/// (`quantize_row_q*_K_ref` of llama.cpp's `ggml-quants.c`, compiled with
-/// `-O2 -DNDEBUG`, no FMA) on 15 blocks: normal, heavy-tailed, zero,
+/// Q2_K..Q6_K, IQ4_NL and IQ4_XS against ggml's quantizers
+/// (`quantize_row_q*_K_ref`, `quantize_iq4_{nl,xs}` without an importance
+/// matrix, of llama.cpp's `ggml-quants.c` in its `ggml-base`, no FMA;
+/// `tools/qref.c`) on 15 blocks of 256: normal, heavy-tailed, zero,
 /// constant, one-signed, outliers. Bit-identical.
 #[test]
 fn kquants_match_ggml_reference() {
     let x = f32s(&fixture("kquant.ggml.in.f32"));
     for (name, t) in [
+        ("q2_k", GgmlType::Q2_K),
+        ("q3_k", GgmlType::Q3_K),
         ("q4_k", GgmlType::Q4_K),
         ("q5_k", GgmlType::Q5_K),
         ("q6_k", GgmlType::Q6_K),
+        ("iq4_nl", GgmlType::IQ4_NL),
+        ("iq4_xs", GgmlType::IQ4_XS),
     ] {
         let want = fixture(&format!("{name}.ggml.q.bin"));
         let mut got = vec![0u8; want.len()];

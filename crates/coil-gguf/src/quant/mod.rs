@@ -1,5 +1,5 @@
 //! Tensor block formats: exact dequantization for every format coil reads,
-//! quantization from f32 for the simple formats.
+//! quantization from f32 for every weight format (all but Q8_K).
 //!
 //! Results are bit-identical to the reference `gguf` Python package
 //! (`gguf.quants`, which mirrors ggml's reference C code); the test vectors in
@@ -11,7 +11,9 @@
 //! | [`legacy`]  | Q4_0, Q4_1, Q5_0, Q5_1, Q8_0              | both           |
 //! | [`kquants`] | Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K        | dequantize     |
 //! | [`kquants_quantize`] | Q4_K, Q5_K, Q6_K                 | quantize       |
+//! | [`k23_quantize`] | Q2_K, Q3_K                           | quantize       |
 //! | [`iquants`] | IQ4_NL, IQ4_XS                            | dequantize     |
+//! | [`iquants_quantize`] | IQ4_NL, IQ4_XS                   | quantize       |
 //!
 //! Row functions ([`dequantize_row`], [`quantize_row`]) check lengths and
 //! return [`QuantError`] instead of panicking; each module also has
@@ -31,6 +33,8 @@ use crate::dtype::GgmlType;
 
 pub mod float;
 pub mod iquants;
+pub mod iquants_quantize;
+pub mod k23_quantize;
 pub mod kquants;
 pub mod kquants_quantize;
 pub mod legacy;
@@ -101,7 +105,20 @@ pub fn can_quantize(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K
+        F32 | F16
+            | BF16
+            | Q8_0
+            | Q4_0
+            | Q4_1
+            | Q5_0
+            | Q5_1
+            | Q2_K
+            | Q3_K
+            | Q4_K
+            | Q5_K
+            | Q6_K
+            | IQ4_NL
+            | IQ4_XS
     )
 }
 
@@ -185,9 +202,13 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         Q5_0 => legacy::quantize_q5_0(src, dst),
         Q5_1 => legacy::quantize_q5_1(src, dst),
         Q8_0 => legacy::quantize_q8_0(src, dst),
+        Q2_K => k23_quantize::quantize_q2_k(src, dst),
+        Q3_K => k23_quantize::quantize_q3_k(src, dst),
         Q4_K => kquants_quantize::quantize_q4_k(src, dst),
         Q5_K => kquants_quantize::quantize_q5_k(src, dst),
         Q6_K => kquants_quantize::quantize_q6_k(src, dst),
+        IQ4_NL => iquants_quantize::quantize_iq4_nl(src, dst),
+        IQ4_XS => iquants_quantize::quantize_iq4_xs(src, dst),
         _ => {
             return Err(QuantError::Unsupported {
                 ty,
@@ -249,7 +270,9 @@ mod tests {
         assert!(can_dequantize(GgmlType::IQ4_XS));
         assert!(!can_dequantize(GgmlType::IQ2_XXS));
         assert!(can_quantize(GgmlType::Q4_K));
-        assert!(!can_quantize(GgmlType::Q2_K));
+        assert!(can_quantize(GgmlType::Q2_K));
+        assert!(can_quantize(GgmlType::IQ4_XS));
+        assert!(!can_quantize(GgmlType::Q8_K));
     }
 
     #[test]
@@ -258,8 +281,8 @@ mod tests {
         let e = dequantize_row(GgmlType::IQ2_XXS, &[0u8; 66], &mut out).unwrap_err();
         assert!(matches!(e, QuantError::Unsupported { .. }));
         assert!(e.to_string().contains("IQ2_XXS"));
-        let mut bytes = [0u8; 84];
-        let e = quantize_row(GgmlType::Q2_K, &out, &mut bytes).unwrap_err();
+        let mut bytes = [0u8; 292];
+        let e = quantize_row(GgmlType::Q8_K, &out, &mut bytes).unwrap_err();
         assert!(matches!(e, QuantError::Unsupported { .. }));
     }
 
@@ -324,6 +347,8 @@ mod tests {
                 GgmlType::BF16 => amax / 128.0,
                 GgmlType::Q8_0 => amax / 127.0,
                 GgmlType::Q5_0 | GgmlType::Q5_1 => amax / 15.0,
+                GgmlType::Q2_K => amax / 3.0,
+                GgmlType::Q3_K => amax / 5.0,
                 _ => amax / 7.0,
             };
             for (a, b) in x.iter().zip(&y) {
