@@ -8,7 +8,7 @@
 # with a difference, `python3 tools/...` style tensor-level checks help (see docs/CONVERT.md).
 set -euo pipefail
 llq=$1; coil=$2; in=$3; shift 3
-mixes=${*:-Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K_M Q5_K_M Q6_K}
+mixes=${*:-Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K IQ4_NL IQ4_XS}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for mix in $mixes; do

@@ -12,8 +12,8 @@ pub struct Args {
     /// The GGUF file to write.
     output: PathBuf,
     /// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K_S,
-    /// Q4_K_M, Q5_K_S, Q5_K_M or Q6_K (llama.cpp's per-tensor mixtures; Q3_K,
-    /// Q4_K, Q5_K mean the _M ones).
+    /// Q4_K_M, Q5_K_S, Q5_K_M, Q6_K, IQ4_NL or IQ4_XS (llama.cpp's per-tensor
+    /// mixtures; Q3_K, Q4_K, Q5_K mean the _M ones).
     #[arg(value_name = "TYPE")]
     ty: String,
     /// No progress bar.
