@@ -5,7 +5,8 @@
 //! Per sub-block of 32: weights `x²`, a first scale mapping the value of
 //! largest magnitude onto the grid's end (−127), the least-squares scale of
 //! the nearest grid indices, then 15 more candidate scales around it, kept
-//! when `Σwqx² / Σwq²` grows. IQ4_NL stores that scale as f16; IQ4_XS
+//! when `Σwqx² / Σwq²` grows; eight sub-blocks (IQ4_XS) or blocks (IQ4_NL)
+//! side by side, as [`super::search_lanes`] does for the K-quants. IQ4_NL stores that scale as f16; IQ4_XS
 //! quantizes its 8 scales to signed 6 bits against the one of largest
 //! magnitude and picks the indices again against the stored scales.
 //!
@@ -19,77 +20,104 @@ use super::kquants_quantize::{nearest_int, GROUP_MAX_EPS};
 use super::{blocks, blocks_mut};
 
 /// The index of the grid value nearest `x` (ggml's `best_index_int8`; ties
-/// go up).
+/// go up). Without branches on the data: ggml's binary search ends at the
+/// last grid value `x` is not below, which is a count of such values (a
+/// NaN, below none of them, ends at the top as there).
+#[inline(always)]
 fn best_index(x: f32) -> u8 {
     let v = |i: usize| KVALUES_IQ4NL[i] as f32;
-    if x <= v(0) {
-        return 0;
+    let mut ml = 0;
+    for i in 1..15 {
+        ml += if x < v(i) { 0 } else { 1 };
     }
-    if x >= v(15) {
-        return 15;
-    }
-    let (mut lo, mut hi) = (0, 15);
-    while hi - lo > 1 {
-        let mid = (lo + hi) / 2;
-        if x < v(mid) {
-            hi = mid;
-        } else {
-            lo = mid;
-        }
-    }
-    if x - v(hi - 1) < v(hi) - x {
-        (hi - 1) as u8
+    let pick = if x - v(ml) < v(ml + 1) - x {
+        ml
     } else {
-        hi as u8
+        ml + 1
+    };
+    if x <= v(0) {
+        0
+    } else if x >= v(15) {
+        15
+    } else {
+        pick as u8
     }
 }
 
-/// `Σ w·q·x` and `Σ w·q²` of the grid indices nearest `id·x`.
-fn fit(xb: &[f32], w: &[f32], id: f32, l: Option<&mut [u8]>) -> (f32, f32) {
-    let (mut sumqx, mut sumq2) = (0f32, 0f32);
-    let mut l = l;
-    for j in 0..xb.len() {
-        let i = best_index(id * xb[j]);
-        if let Some(l) = l.as_deref_mut() {
-            l[j] = i;
-        }
-        let q = KVALUES_IQ4NL[i as usize] as f32;
-        sumqx += w[j] * q * xb[j];
-        sumq2 += w[j] * q * q;
+/// The grid value [`best_index`] picks, by selections only (so it runs
+/// lane by lane in vector registers): the last value `x` is not below and
+/// the first one above it.
+#[inline(always)]
+fn nearest_value(x: f32) -> f32 {
+    let v = |i: usize| KVALUES_IQ4NL[i] as f32;
+    let (mut lo, mut hi) = (v(0), v(15));
+    for i in 1..15 {
+        lo = if x < v(i) { lo } else { v(i) };
+        hi = if x < v(15 - i) { v(15 - i) } else { hi };
     }
-    (sumqx, sumq2)
+    let q = if x - lo < hi - x { lo } else { hi };
+    if x <= v(0) {
+        v(0)
+    } else if x >= v(15) {
+        v(15)
+    } else {
+        q
+    }
 }
 
-/// The scale of one sub-block of 32 (ggml's search with `ntry` = 7); 0 for
-/// an all-zero sub-block. Leaves the first pass's indices in `l`.
-fn sub_block_scale(xb: &[f32], l: &mut [u8]) -> f32 {
+/// The scales of `L` sub-blocks of 32 side by side (`x[i][k]`: value `i`
+/// of sub-block `k`), ggml's search with `ntry` = 7 lane by lane (see
+/// [`super::search_lanes`]); 0 for an all-zero sub-block.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+fn sub_block_scales<const L: usize>(x: &[[f32; 32]; L]) -> [f32; L] {
     const NTRY: i32 = 7;
-    let mut weight = [0f32; 32];
-    for (w, &x) in weight.iter_mut().zip(xb) {
-        *w = x * x;
-    }
-    let (mut amax, mut max) = (0f32, 0f32);
-    for &x in xb {
-        let ax = x.abs();
-        if ax > amax {
-            amax = ax;
-            max = x;
+    let x: [[f32; L]; 32] = std::array::from_fn(|i| std::array::from_fn(|k| x[k][i]));
+    let w = x.map(|xi| xi.map(|v| v * v));
+    let (mut amax, mut max) = ([0f32; L], [0f32; L]);
+    for xi in &x {
+        for k in 0..L {
+            let up = xi[k].abs() > amax[k];
+            amax[k] = if up { xi[k].abs() } else { amax[k] };
+            max[k] = if up { xi[k] } else { max[k] };
         }
     }
-    if amax < GROUP_MAX_EPS {
-        return 0.0;
-    }
+    let fit = |id: [f32; L]| {
+        let (mut sumqx, mut sumq2) = ([0f32; L], [0f32; L]);
+        for (xi, wi) in x.iter().zip(&w) {
+            for k in 0..L {
+                let q = nearest_value(id[k] * xi[k]);
+                sumqx[k] += wi[k] * q * xi[k];
+                sumq2[k] += wi[k] * q * q;
+            }
+        }
+        (sumqx, sumq2)
+    };
     let v0 = KVALUES_IQ4NL[0] as f32;
-    let d = -max / v0;
-    let (sumqx, sumq2) = fit(xb, &weight, 1.0 / d, Some(l));
-    let mut d = if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 };
-    let mut best = d * sumqx;
+    let (sumqx, sumq2) = fit(max.map(|m| 1.0 / (-m / v0)));
+    let mut d = [0f32; L];
+    let mut best = [0f32; L];
+    for k in 0..L {
+        d[k] = if sumq2[k] > 0.0 {
+            sumqx[k] / sumq2[k]
+        } else {
+            0.0
+        };
+        best[k] = d[k] * sumqx[k];
+    }
     for itry in -NTRY..=NTRY {
-        let id = (itry + KVALUES_IQ4NL[0] as i32) as f32 / max;
-        let (sumqx, sumq2) = fit(xb, &weight, id, None);
-        if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
-            d = sumqx / sumq2;
-            best = d * sumqx;
+        let top = (itry + KVALUES_IQ4NL[0] as i32) as f32;
+        let (sumqx, sumq2) = fit(max.map(|m| top / m));
+        for k in 0..L {
+            if sumq2[k] > 0.0 && sumqx[k] * sumqx[k] > best[k] * sumq2[k] {
+                d[k] = sumqx[k] / sumq2[k];
+                best[k] = d[k] * sumqx[k];
+            }
+        }
+    }
+    for k in 0..L {
+        if amax[k] < GROUP_MAX_EPS {
+            d[k] = 0.0;
         }
     }
     d
@@ -102,27 +130,32 @@ fn pack(l: &[u8], q4: &mut [u8]) {
     }
 }
 
-/// Encodes one IQ4_NL block: `d` @0, `qs[16]` @2.
-pub fn quantize_block_iq4_nl(x: &[f32; QK4_NL], y: &mut [u8; IQ4_NL_BYTES]) {
-    let mut l = [0u8; QK4_NL];
-    let d = sub_block_scale(x, &mut l);
-    write_f16(y, 0, d);
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    for (li, &v) in l.iter_mut().zip(x) {
-        *li = best_index(id * v);
+/// Encodes IQ4_NL blocks (`d` @0, `qs[16]` @2) of `x`, `L` of them side by
+/// side.
+#[inline(always)]
+fn iq4_nl_blocks<const L: usize>(x: &[[f32; QK4_NL]; L], y: &mut [[u8; IQ4_NL_BYTES]; L]) {
+    let d = sub_block_scales(x);
+    for ((xb, yb), d) in x.iter().zip(y.iter_mut()).zip(d) {
+        write_f16(yb, 0, d);
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let l = xb.map(|v| best_index(id * v));
+        pack(&l, &mut yb[2..18]);
     }
-    pack(&l, &mut y[2..18]);
+}
+
+/// Encodes one IQ4_NL block.
+pub fn quantize_block_iq4_nl(x: &[f32; QK4_NL], y: &mut [u8; IQ4_NL_BYTES]) {
+    iq4_nl_blocks::<1>(std::array::from_ref(x), std::array::from_mut(y));
 }
 
 /// Encodes one IQ4_XS block: `d` @0, `scales_h: u16` @2, `scales_l[4]` @4,
 /// `qs[128]` @8.
 pub fn quantize_block_iq4_xs(x: &[f32; QK_K], y: &mut [u8; IQ4_XS_BYTES]) {
     let mut l = [0u8; QK_K];
-    let mut scales = [0f32; 8];
+    let sub: &[[f32; 32]; 8] = x.as_chunks().0.try_into().expect("256 = 8 × 32");
+    let scales = sub_block_scales(sub);
     let (mut max_scale, mut amax_scale) = (0f32, 0f32);
-    for ib in 0..8 {
-        let s = sub_block_scale(&x[32 * ib..32 * ib + 32], &mut l[32 * ib..32 * ib + 32]);
-        scales[ib] = s;
+    for &s in &scales {
         if s.abs() > amax_scale {
             amax_scale = s.abs();
             max_scale = s;
@@ -152,8 +185,19 @@ pub fn quantize_block_iq4_xs(x: &[f32; QK_K], y: &mut [u8; IQ4_XS_BYTES]) {
 
 // ---- rows (lengths checked by the caller) ----
 
+#[inline(always)]
 pub(crate) fn quantize_iq4_nl(src: &[f32], dst: &mut [u8]) {
-    for (x, y) in blocks::<QK4_NL, f32>(src).zip(blocks_mut::<IQ4_NL_BYTES, u8>(dst)) {
+    // eight blocks at a time, then the rest one by one
+    let n8 = src.len() / (8 * QK4_NL) * 8;
+    let (s8, s1) = src.split_at(n8 * QK4_NL);
+    let (d8, d1) = dst.split_at_mut(n8 * IQ4_NL_BYTES);
+    for (x, y) in blocks::<{ 8 * QK4_NL }, f32>(s8).zip(blocks_mut::<{ 8 * IQ4_NL_BYTES }, u8>(d8))
+    {
+        let x: &[[f32; QK4_NL]; 8] = x.as_chunks().0.try_into().expect("8 blocks");
+        let y: &mut [[u8; IQ4_NL_BYTES]; 8] = y.as_chunks_mut().0.try_into().expect("8 blocks");
+        iq4_nl_blocks(x, y);
+    }
+    for (x, y) in blocks::<QK4_NL, f32>(s1).zip(blocks_mut::<IQ4_NL_BYTES, u8>(d1)) {
         quantize_block_iq4_nl(x, y);
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! - Q2_K: per sub-block of 16, levels 0..=3 with a scale and a min from
 //!   `make_qkx2_quants` (weights `|x|`, absolute-error search over 16
-//!   candidate steps); the 16 scales and 16 mins quantized to 4 bits against
+//!   candidate steps; [`super::search_lanes`]); the 16 scales and 16 mins quantized to 4 bits against
 //!   their maxima (`d`, `dmin`).
 //! - Q3_K: per sub-block of 16, symmetric levels −4..=3 from `make_q3_quants`
 //!   (weights `x²`, up to five passes that move single levels while the
@@ -16,12 +16,14 @@
 
 use super::float::{read_f16, write_f16};
 use super::kquants::{Q2_K_BYTES, Q3_K_BYTES, QK_K};
-use super::kquants_quantize::{make_qkx2_quants, nearest_int, GROUP_MAX_EPS};
+use super::kquants_quantize::nearest_int;
+use super::search_lanes::{make_q3, make_qkx2, transpose};
 use super::{blocks, blocks_mut};
 
 /// The 2-bit levels of four 32-value runs packed per byte, as Q2_K and Q3_K
 /// store them: byte `l` of each 128-value half holds values `l`, `l + 32`,
 /// `l + 64`, `l + 96` in bits 0–1, 2–3, 4–5, 6–7.
+#[inline(always)]
 fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8]) {
     for (h, j) in (0..QK_K).step_by(128).enumerate() {
         for i in 0..32 {
@@ -33,35 +35,27 @@ fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8]) {
 
 /// Encodes one Q2_K block: `scales[16]` @0 (scale low nibble, min high),
 /// `qs[64]` @16, `d` @80, `dmin` @82.
+#[inline(always)]
 pub fn quantize_block_q2_k(x: &[f32; QK_K], y: &mut [u8; Q2_K_BYTES]) {
     const Q4SCALE: f32 = 15.0;
     let mut l = [0u8; QK_K];
-    let mut weights = [0f32; 16];
-    let mut scales = [0f32; 16];
-    let mut mins = [0f32; 16];
+    // the 16 sub-blocks of 16 side by side (lanes), weights |x|
+    let xt = transpose::<16, 16>(x);
+    let wt = xt.map(|xi| xi.map(f32::abs));
+    let mut lt = [[0u8; 16]; 16];
+    let (scales, mins) = make_qkx2::<16, 16, true>(&xt, &wt, 3, &mut lt, -0.5, 0.1, 15);
+    for (i, li) in lt.iter().enumerate() {
+        for k in 0..16 {
+            l[16 * k + i] = li[k];
+        }
+    }
     let (mut max_scale, mut max_min) = (0f32, 0f32);
     for j in 0..16 {
-        let xs = &x[16 * j..16 * j + 16];
-        for (w, &v) in weights.iter_mut().zip(xs) {
-            *w = v.abs();
+        if scales[j] > max_scale {
+            max_scale = scales[j];
         }
-        let (s, m) = make_qkx2_quants(
-            xs,
-            &weights,
-            3,
-            &mut l[16 * j..16 * j + 16],
-            -0.5,
-            0.1,
-            15,
-            true,
-        );
-        scales[j] = s;
-        mins[j] = m;
-        if s > max_scale {
-            max_scale = s;
-        }
-        if m > max_min {
-            max_min = m;
+        if mins[j] > max_min {
+            max_min = mins[j];
         }
     }
     y.fill(0);
@@ -93,81 +87,23 @@ pub fn quantize_block_q2_k(x: &[f32; QK_K], y: &mut [u8; Q2_K_BYTES]) {
     pack_2bit(&l, &mut y[16..80]);
 }
 
-/// ggml's `make_q3_quants` with `do_rmse`: symmetric levels `-nmax..nmax-1`
-/// (stored as `l + nmax`) fitted with weights `x²`, then up to five passes
-/// that move one level at a time while `Σwxl² / Σwl²` grows. Returns the
-/// scale.
-fn make_q3_quants(x: &[f32], nmax: i32, l: &mut [i8]) -> f32 {
-    let n = x.len();
-    let (mut max, mut amax) = (0f32, 0f32);
-    for &v in x {
-        let ax = v.abs();
-        if ax > amax {
-            amax = ax;
-            max = v;
-        }
-    }
-    if amax < GROUP_MAX_EPS {
-        l[..n].fill(0);
-        return 0.0;
-    }
-    let iscale = -(nmax as f32) / max;
-    let (mut sumlx, mut suml2) = (0f32, 0f32);
-    for i in 0..n {
-        let q = nearest_int(iscale * x[i]).clamp(-nmax, nmax - 1);
-        l[i] = q as i8;
-        let w = x[i] * x[i];
-        sumlx += w * x[i] * q as f32;
-        suml2 += w * q as f32 * q as f32;
-    }
-    for _ in 0..5 {
-        let mut changed = false;
-        for i in 0..n {
-            let w = x[i] * x[i];
-            let li = l[i] as f32;
-            let mut slx = sumlx - w * x[i] * li;
-            if slx > 0.0 {
-                let mut sl2 = suml2 - w * li * li;
-                let new_l = nearest_int(x[i] * sl2 / slx).clamp(-nmax, nmax - 1);
-                if new_l != l[i] as i32 {
-                    let nl = new_l as f32;
-                    slx += w * x[i] * nl;
-                    sl2 += w * nl * nl;
-                    if sl2 > 0.0 && slx * slx * suml2 > sumlx * sumlx * sl2 {
-                        l[i] = new_l as i8;
-                        sumlx = slx;
-                        suml2 = sl2;
-                        changed = true;
-                    }
-                }
-            }
-        }
-        if !changed {
-            break;
-        }
-    }
-    for v in &mut l[..n] {
-        *v += nmax as i8;
-    }
-    if suml2 > 0.0 {
-        sumlx / suml2
-    } else {
-        0.0
-    }
-}
-
 /// Encodes one Q3_K block: `hmask[32]` @0 (bit 2 of each level), `qs[64]`
 /// @32 (bits 0–1), `scales[12]` @96 (16 × 6 bits, offset 32), `d` @108.
+#[inline(always)]
 pub fn quantize_block_q3_k(x: &[f32; QK_K], y: &mut [u8; Q3_K_BYTES]) {
     let mut l = [0i8; QK_K];
-    let mut scales = [0f32; 16];
+    let mut lt = [[0i8; 16]; 16];
+    let scales = make_q3::<16, 16>(&transpose::<16, 16>(x), 4, &mut lt);
+    for (i, li) in lt.iter().enumerate() {
+        for k in 0..16 {
+            l[16 * k + i] = li[k];
+        }
+    }
     let (mut max_scale, mut amax) = (0f32, 0f32);
-    for j in 0..16 {
-        scales[j] = make_q3_quants(&x[16 * j..16 * j + 16], 4, &mut l[16 * j..16 * j + 16]);
-        let s = scales[j].abs();
-        if s > amax {
-            amax = s;
-            max_scale = scales[j];
+    for &s in &scales {
+        if s.abs() > amax {
+            amax = s.abs();
+            max_scale = s;
         }
     }
     y.fill(0);
@@ -214,12 +150,14 @@ pub fn quantize_block_q3_k(x: &[f32; QK_K], y: &mut [u8; Q3_K_BYTES]) {
 
 // ---- rows (lengths checked by the caller) ----
 
+#[inline(always)]
 pub(crate) fn quantize_q2_k(src: &[f32], dst: &mut [u8]) {
     for (x, y) in blocks::<QK_K, f32>(src).zip(blocks_mut::<Q2_K_BYTES, u8>(dst)) {
         quantize_block_q2_k(x, y);
     }
 }
 
+#[inline(always)]
 pub(crate) fn quantize_q3_k(src: &[f32], dst: &mut [u8]) {
     for (x, y) in blocks::<QK_K, f32>(src).zip(blocks_mut::<Q3_K_BYTES, u8>(dst)) {
         quantize_block_q3_k(x, y);

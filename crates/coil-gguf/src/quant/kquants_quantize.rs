@@ -15,6 +15,7 @@
 
 use super::float::{read_f16, write_f16};
 use super::kquants::{get_scale_min_k4, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K};
+use super::search_lanes::{make_qkx2, make_qx, transpose};
 use super::{blocks, blocks_mut};
 
 pub(super) const GROUP_MAX_EPS: f32 = 1e-15;
@@ -26,148 +27,9 @@ pub(super) fn nearest_int(f: f32) -> i32 {
     (v.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
 }
 
-/// ggml's `make_qkx2_quants` for `n` ≤ 32 values, levels `0..=nmax`; the
-/// error is weighted squares, or weighted absolute values with `use_mad`
-/// (Q2_K). Returns (scale, −min) and fills `l`.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn make_qkx2_quants(
-    x: &[f32],
-    weights: &[f32],
-    nmax: i32,
-    l: &mut [u8],
-    rmin: f32,
-    rdelta: f32,
-    nstep: i32,
-    use_mad: bool,
-) -> (f32, f32) {
-    let err = |diff: f32| if use_mad { diff.abs() } else { diff * diff };
-    let n = x.len();
-    let mut laux = [0u8; 32];
-    let mut min = x[0];
-    let mut max = x[0];
-    let mut sum_w = weights[0];
-    let mut sum_x = sum_w * x[0];
-    for i in 1..n {
-        if x[i] < min {
-            min = x[i];
-        }
-        if x[i] > max {
-            max = x[i];
-        }
-        let w = weights[i];
-        sum_w += w;
-        sum_x += w * x[i];
-    }
-    if min > 0.0 {
-        min = 0.0;
-    }
-    if max == min {
-        l[..n].fill(0);
-        return (0.0, -min);
-    }
-    let mut iscale = nmax as f32 / (max - min);
-    let mut scale = 1.0 / iscale;
-    let mut best_error = 0f32;
-    for i in 0..n {
-        let q = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
-        l[i] = q as u8;
-        let diff = scale * l[i] as f32 + min - x[i];
-        best_error += weights[i] * err(diff);
-    }
-    if nstep < 1 {
-        return (scale, -min);
-    }
-    for is in 0..=nstep {
-        iscale = (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
-        let (mut sum_l, mut sum_l2, mut sum_xl) = (0f32, 0f32, 0f32);
-        for i in 0..n {
-            let q = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
-            laux[i] = q as u8;
-            let w = weights[i];
-            let lf = q as f32;
-            sum_l += w * lf;
-            sum_l2 += w * lf * lf;
-            sum_xl += w * lf * x[i];
-        }
-        let d = sum_w * sum_l2 - sum_l * sum_l;
-        if d > 0.0 {
-            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / d;
-            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / d;
-            if this_min > 0.0 {
-                this_min = 0.0;
-                this_scale = sum_xl / sum_l2;
-            }
-            let mut cur_error = 0f32;
-            for i in 0..n {
-                let diff = this_scale * laux[i] as f32 + this_min - x[i];
-                cur_error += weights[i] * err(diff);
-            }
-            if cur_error < best_error {
-                l[..n].copy_from_slice(&laux[..n]);
-                best_error = cur_error;
-                scale = this_scale;
-                min = this_min;
-            }
-        }
-    }
-    (scale, -min)
-}
-
-/// ggml's `make_qx_quants` with `rmse_type` 1 and no importance weights:
-/// symmetric levels `-nmax..nmax-1` stored as `l + nmax`.
-fn make_qx_quants(x: &[f32], nmax: i32, l: &mut [i8]) -> f32 {
-    let n = x.len();
-    let mut max = 0f32;
-    let mut amax = 0f32;
-    for &v in x {
-        let ax = v.abs();
-        if ax > amax {
-            amax = ax;
-            max = v;
-        }
-    }
-    if amax < GROUP_MAX_EPS {
-        l[..n].fill(0);
-        return 0.0;
-    }
-    let mut iscale = -(nmax as f32) / max;
-    let (mut sumlx, mut suml2) = (0f32, 0f32);
-    for i in 0..n {
-        let q = nearest_int(iscale * x[i]).clamp(-nmax, nmax - 1);
-        l[i] = (q + nmax) as i8;
-        let w = x[i] * x[i];
-        sumlx += w * x[i] * q as f32;
-        suml2 += w * q as f32 * q as f32;
-    }
-    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
-    let mut best = scale * sumlx;
-    for is in -9..=9 {
-        if is == 0 {
-            continue;
-        }
-        iscale = -(nmax as f32 + 0.1 * is as f32) / max;
-        sumlx = 0.0;
-        suml2 = 0.0;
-        for &v in x {
-            let q = nearest_int(iscale * v).clamp(-nmax, nmax - 1);
-            let w = v * v;
-            sumlx += w * v * q as f32;
-            suml2 += w * q as f32 * q as f32;
-        }
-        if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
-            for i in 0..n {
-                let q = nearest_int(iscale * x[i]).clamp(-nmax, nmax - 1);
-                l[i] = (q + nmax) as i8;
-            }
-            scale = sumlx / suml2;
-            best = scale * sumlx;
-        }
-    }
-    scale
-}
-
 /// The shared Q4_K / Q5_K scale search: per-sub-block levels in `l`, the
 /// packed 6-bit scales/mins, and the super-block `d` / `dmin`.
+#[inline(always)]
 fn qk_scales(
     x: &[f32; QK_K],
     nmax: i32,
@@ -175,37 +37,30 @@ fn qk_scales(
     nstep: i32,
     l: &mut [u8; QK_K],
 ) -> ([u8; 12], f32, f32) {
-    let mut scales = [0f32; 8];
-    let mut mins = [0f32; 8];
-    let mut weights = [0f32; 32];
+    // the 8 sub-blocks of 32 side by side (lanes), weights `sqrt(mean x²) + |x|`
+    let xt = transpose::<32, 8>(x);
+    let mut sum_x2 = [0f32; 8];
+    for xi in &xt {
+        for k in 0..8 {
+            sum_x2[k] += xi[k] * xi[k];
+        }
+    }
+    let av_x = sum_x2.map(|s| (s / 32.0).sqrt());
+    let wt = xt.map(|xi| std::array::from_fn(|k| av_x[k] + xi[k].abs()));
+    let mut lt = [[0u8; 8]; 32];
+    let (scales, mins) = make_qkx2::<32, 8, false>(&xt, &wt, nmax, &mut lt, rmin, 0.1, nstep);
+    for (i, li) in lt.iter().enumerate() {
+        for k in 0..8 {
+            l[32 * k + i] = li[k];
+        }
+    }
     let (mut max_scale, mut max_min) = (0f32, 0f32);
     for j in 0..8 {
-        let xs = &x[32 * j..32 * j + 32];
-        let mut sum_x2 = 0f32;
-        for &v in xs {
-            sum_x2 += v * v;
+        if scales[j] > max_scale {
+            max_scale = scales[j];
         }
-        let av_x = (sum_x2 / 32.0).sqrt();
-        for (w, &v) in weights.iter_mut().zip(xs) {
-            *w = av_x + v.abs();
-        }
-        let (s, m) = make_qkx2_quants(
-            xs,
-            &weights,
-            nmax,
-            &mut l[32 * j..32 * j + 32],
-            rmin,
-            0.1,
-            nstep,
-            false,
-        );
-        scales[j] = s;
-        mins[j] = m;
-        if s > max_scale {
-            max_scale = s;
-        }
-        if m > max_min {
-            max_min = m;
+        if mins[j] > max_min {
+            max_min = mins[j];
         }
     }
     let inv_scale = if max_scale > 0.0 {
@@ -231,6 +86,7 @@ fn qk_scales(
 }
 
 /// Final levels against the stored (f16-rounded) scales.
+#[inline(always)]
 fn qk_levels(
     x: &[f32; QK_K],
     packed: &[u8; 12],
@@ -254,6 +110,7 @@ fn qk_levels(
 }
 
 /// Encodes one Q4_K block.
+#[inline(always)]
 pub fn quantize_block_q4_k(x: &[f32; QK_K], y: &mut [u8; Q4_K_BYTES]) {
     let mut l = [0u8; QK_K];
     let (packed, d, dmin) = qk_scales(x, 15, -1.0, 20, &mut l);
@@ -270,6 +127,7 @@ pub fn quantize_block_q4_k(x: &[f32; QK_K], y: &mut [u8; Q4_K_BYTES]) {
 }
 
 /// Encodes one Q5_K block.
+#[inline(always)]
 pub fn quantize_block_q5_k(x: &[f32; QK_K], y: &mut [u8; Q5_K_BYTES]) {
     let mut l = [0u8; QK_K];
     let (packed, d, dmin) = qk_scales(x, 31, -0.5, 15, &mut l);
@@ -302,13 +160,18 @@ pub fn quantize_block_q5_k(x: &[f32; QK_K], y: &mut [u8; Q5_K_BYTES]) {
 }
 
 /// Encodes one Q6_K block.
+#[inline(always)]
 pub fn quantize_block_q6_k(x: &[f32; QK_K], y: &mut [u8; Q6_K_BYTES]) {
     let mut l = [0i8; QK_K];
-    let mut scales = [0f32; 16];
+    let mut lt = [[0i8; 16]; 16];
+    let scales = make_qx::<16, 16>(&transpose::<16, 16>(x), 32, &mut lt);
+    for (i, li) in lt.iter().enumerate() {
+        for k in 0..16 {
+            l[16 * k + i] = li[k];
+        }
+    }
     let (mut max_scale, mut max_abs_scale) = (0f32, 0f32);
-    for ib in 0..16 {
-        let s = make_qx_quants(&x[16 * ib..16 * ib + 16], 32, &mut l[16 * ib..16 * ib + 16]);
-        scales[ib] = s;
+    for &s in &scales {
         if s.abs() > max_abs_scale {
             max_abs_scale = s.abs();
             max_scale = s;
@@ -351,18 +214,21 @@ pub fn quantize_block_q6_k(x: &[f32; QK_K], y: &mut [u8; Q6_K_BYTES]) {
 
 // ---- rows (lengths checked by the caller) ----
 
+#[inline(always)]
 pub(crate) fn quantize_q4_k(src: &[f32], dst: &mut [u8]) {
     for (x, y) in blocks::<QK_K, f32>(src).zip(blocks_mut::<Q4_K_BYTES, u8>(dst)) {
         quantize_block_q4_k(x, y);
     }
 }
 
+#[inline(always)]
 pub(crate) fn quantize_q5_k(src: &[f32], dst: &mut [u8]) {
     for (x, y) in blocks::<QK_K, f32>(src).zip(blocks_mut::<Q5_K_BYTES, u8>(dst)) {
         quantize_block_q5_k(x, y);
     }
 }
 
+#[inline(always)]
 pub(crate) fn quantize_q6_k(src: &[f32], dst: &mut [u8]) {
     for (x, y) in blocks::<QK_K, f32>(src).zip(blocks_mut::<Q6_K_BYTES, u8>(dst)) {
         quantize_block_q6_k(x, y);
