@@ -119,7 +119,8 @@ fn quantize_every_mixture() {
     assert!(ok, "{text}");
     let input = GgufFile::open(&src).unwrap();
     for mix in [
-        "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K_M", "Q5_K_M", "Q6_K",
+        "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S",
+        "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS",
     ] {
         let out = d.join(format!("q-{mix}.gguf"));
         let (ok, text) = run(coil()
@@ -164,9 +165,17 @@ fn quantize_every_mixture() {
                 "Q4_1" => 3,
                 "Q5_0" => 8,
                 "Q5_1" => 9,
+                "Q2_K" => 10,
+                "Q3_K_S" => 11,
+                "Q3_K_M" => 12,
+                "Q3_K_L" => 13,
+                "Q4_K_S" => 14,
                 "Q4_K_M" => 15,
+                "Q5_K_S" => 16,
                 "Q5_K_M" => 17,
-                _ => 18,
+                "Q6_K" => 18,
+                "IQ4_NL" => 25,
+                _ => 30,
             })
         );
         let (ok, text) = run(coil().arg("inspect").arg(&out));
@@ -176,8 +185,11 @@ fn quantize_every_mixture() {
         .args(["quantize", "--quiet"])
         .arg(&src)
         .arg(d.join("x.gguf"))
-        .arg("Q3_K_S"));
-    assert!(!ok && text.contains("Q4_K_M"), "{text}");
+        .arg("IQ2_XS"));
+    assert!(
+        !ok && text.contains("IQ2_XS") && text.contains("Q4_K_M"),
+        "{text}"
+    );
 }
 
 #[test]
