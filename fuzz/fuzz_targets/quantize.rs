@@ -32,10 +32,7 @@ fuzz_target!(|data: &[u8]| {
     let out = scratch().join("out.gguf");
     let partial = scratch().join("out.gguf.partial");
     let _ = std::fs::remove_file(&out);
-    let opts = QuantizeOptions {
-        mix: QuantMix::ALL[*mix as usize % QuantMix::ALL.len()],
-        progress: false,
-    };
+    let opts = QuantizeOptions::new(QuantMix::ALL[*mix as usize % QuantMix::ALL.len()]);
     if quantize(&input, &out, &opts).is_err() {
         assert!(
             !out.exists() && !partial.exists(),

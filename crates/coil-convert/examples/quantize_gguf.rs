@@ -10,10 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let r = coil_convert::quantize(
         a[1].as_ref(),
         a[2].as_ref(),
-        &coil_convert::QuantizeOptions {
-            mix,
-            progress: false,
-        },
+        &coil_convert::QuantizeOptions::new(mix),
     )?;
     println!("{:?}", r.types);
     Ok(())

@@ -157,11 +157,35 @@ impl QuantMix {
     }
 }
 
-/// Options of [`quantize`].
+/// Options of [`quantize`] (llama-quantize's flags of the same names).
 #[derive(Clone, Debug)]
 pub struct QuantizeOptions {
     pub mix: QuantMix,
     pub progress: bool,
+    /// `--pure`: every quantizable tensor gets the mixture's default type
+    /// (then the shape fallbacks), no per-tensor rules.
+    pub pure: bool,
+    /// `--leave-output-tensor`: `output.weight` keeps its type.
+    pub leave_output: bool,
+    /// `--output-tensor-type`: the type of `output.weight` (and of tied
+    /// token embeddings, which follow the output's rules).
+    pub output_type: Option<GgmlType>,
+    /// `--token-embedding-type`: the type of `token_embd.weight`.
+    pub token_embd_type: Option<GgmlType>,
+}
+
+impl QuantizeOptions {
+    /// `mix` with llama-quantize's defaults and no progress bar.
+    pub fn new(mix: QuantMix) -> QuantizeOptions {
+        QuantizeOptions {
+            mix,
+            progress: false,
+            pure: false,
+            leave_output: false,
+            output_type: None,
+            token_embd_type: None,
+        }
+    }
 }
 
 /// What [`quantize`] wrote.
@@ -322,13 +346,14 @@ struct Counters {
 /// and legacy mixtures).
 fn mixture_type(
     t: &TensorInfo,
-    mix: QuantMix,
+    opts: &QuantizeOptions,
     m: &ModelFacts,
     tied: bool,
     c: &mut Counters,
 ) -> GgmlType {
     use GgmlType::*;
     use QuantMix as X;
+    let mix = opts.mix;
     let falcon = m.arch == "falcon";
     let mut ty = mix.default_type();
     // The layer of an expert tensor is in its name (experts of one layer
@@ -348,7 +373,9 @@ fn mixture_type(
     match cat {
         Category::Output | Category::TokenEmbd if cat == Category::Output || tied => {
             let nx = t.dims.first().copied().unwrap_or(1);
-            if falcon || nx % ty.block_size() as u64 != 0 {
+            if let Some(o) = opts.output_type {
+                ty = o;
+            } else if falcon || nx % ty.block_size() as u64 != 0 {
                 ty = Q8_0;
             } else if ty != Q8_0 {
                 ty = Q6_K;
@@ -420,6 +447,13 @@ fn mixture_type(
 /// The output type of every tensor of `file` under `mix`, in file order
 /// (decided in llama-quantize's order, which its layer counters follow).
 pub fn plan_types(file: &GgufFile, mix: QuantMix) -> Vec<GgmlType> {
+    plan_types_with(file, &QuantizeOptions::new(mix))
+}
+
+/// [`plan_types`] with llama-quantize's flags (`opts`; llama.cpp's
+/// `llama_tensor_get_type`): a given token-embedding or output type is
+/// taken as is, without the shape fallback.
+pub fn plan_types_with(file: &GgufFile, opts: &QuantizeOptions) -> Vec<GgmlType> {
     let facts = ModelFacts::of(file.metadata(), file.architecture().unwrap_or(""));
     let tensors = file.tensors();
     let mut counters = Counters {
@@ -434,9 +468,15 @@ pub fn plan_types(file: &GgufFile, mix: QuantMix) -> Vec<GgmlType> {
     // Counters run in llama-quantize's order (by layer, then name).
     for i in llama_order(tensors) {
         let t = &tensors[i];
-        if allows_quantization(t) {
-            types[i] = fallback(t, mixture_type(t, mix, &facts, tied, &mut counters));
+        if !allows_quantization(t) || (opts.leave_output && t.name == "output.weight") {
+            continue;
         }
+        types[i] = match (category(&t.name), opts.token_embd_type, opts.output_type) {
+            (Category::TokenEmbd, Some(e), _) => e,
+            (Category::Output, _, Some(o)) => o,
+            _ if opts.pure => fallback(t, opts.mix.default_type()),
+            _ => fallback(t, mixture_type(t, opts, &facts, tied, &mut counters)),
+        };
     }
     types
 }
@@ -530,7 +570,7 @@ pub fn quantize(input: &Path, output: &Path, opts: &QuantizeOptions) -> Result<Q
         #[cfg(not(unix))]
         let _ = r;
     };
-    let types = plan_types(&file, opts.mix);
+    let types = plan_types_with(&file, opts);
     let mut md = file.metadata().clone();
     // llama-quantize re-appends these two keys at the end.
     md.remove("general.quantization_version");
@@ -771,6 +811,61 @@ mod tests {
         let nl = plan(QuantMix::IQ4_NL);
         assert_eq!(nl("blk.3.attn_q.weight"), IQ4_NL);
         assert_eq!(nl("blk.0.ssm_dt.weight"), F16);
+    }
+
+    /// llama-quantize's flags: a given output / token-embedding type is taken
+    /// as is, `--pure` drops the per-tensor rules, `--leave-output-tensor`
+    /// keeps the output's type; tied embeddings follow the output's type.
+    #[test]
+    fn flags_follow_llama_cpp() {
+        use GgmlType::*;
+        let f = synthetic();
+        let ty = |opts: &QuantizeOptions, name: &str| {
+            let i = f.tensors().iter().position(|t| t.name == name).unwrap();
+            plan_types_with(&f, opts)[i]
+        };
+        let base = QuantizeOptions::new(QuantMix::Q4_K_M);
+        let pure = QuantizeOptions {
+            pure: true,
+            ..base.clone()
+        };
+        assert_eq!(ty(&pure, "output.weight"), Q4_K);
+        assert_eq!(ty(&pure, "blk.0.attn_v.weight"), Q4_K); // a `more` layer
+        assert_eq!(ty(&pure, "blk.0.ssm_dt.weight"), F16); // fallback still
+        assert_eq!(ty(&pure, "blk.0.ssm_conv1d.weight"), F32);
+        let leave = QuantizeOptions {
+            leave_output: true,
+            ..base.clone()
+        };
+        assert_eq!(ty(&leave, "output.weight"), F16);
+        assert_eq!(ty(&leave, "token_embd.weight"), Q4_K);
+        let types = QuantizeOptions {
+            output_type: Some(Q8_0),
+            token_embd_type: Some(Q5_1),
+            ..base.clone()
+        };
+        assert_eq!(ty(&types, "output.weight"), Q8_0);
+        assert_eq!(ty(&types, "token_embd.weight"), Q5_1);
+        assert_eq!(ty(&types, "blk.0.attn_v.weight"), Q6_K);
+        // tied embeddings (no output.weight): the output type applies to them
+        use coil_gguf::{Metadata, TensorSpec};
+        let mut md = Metadata::new();
+        md.insert("general.architecture", Value::String("llama".into()));
+        md.insert("llama.block_count", Value::U32(1));
+        let t = [TensorSpec::new(
+            "token_embd.weight",
+            &[256, 64],
+            GgmlType::F16,
+        )];
+        let (mut bytes, sizes) = coil_gguf::gguf::encode_header(&md, &t).unwrap();
+        bytes.extend(vec![0u8; sizes[0] as usize]);
+        let tied = GgufFile::from_bytes(bytes).unwrap();
+        let out_f16 = QuantizeOptions {
+            output_type: Some(F16),
+            ..base.clone()
+        };
+        assert_eq!(plan_types_with(&tied, &out_f16), [F16]);
+        assert_eq!(plan_types_with(&tied, &base), [Q6_K]);
     }
 
     #[test]

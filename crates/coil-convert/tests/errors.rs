@@ -355,10 +355,7 @@ fn quantize_refuses_in_place_and_unreadable_input() {
     let d = scratch("quant");
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures/models/mamba/model.f16.gguf");
-    let opts = QuantizeOptions {
-        mix: QuantMix::Q8_0,
-        progress: false,
-    };
+    let opts = QuantizeOptions::new(QuantMix::Q8_0);
     let e = quantize(&src, &src, &opts).unwrap_err().to_string();
     assert!(e.contains("differ"), "{e}");
     let bad = d.join("bad.gguf");

@@ -46,15 +46,7 @@ fn k_mixtures_quantize_wide_tensors() {
         (QuantMix::IQ4_NL, GgmlType::Q6_K, GgmlType::IQ4_NL, 0.09),
     ] {
         let out = d.join(format!("{}.gguf", mix.name()));
-        quantize(
-            &src,
-            &out,
-            &QuantizeOptions {
-                mix,
-                progress: false,
-            },
-        )
-        .unwrap();
+        quantize(&src, &out, &QuantizeOptions::new(mix)).unwrap();
         let f = GgufFile::open(&out).unwrap();
         let types: Vec<GgmlType> = specs
             .iter()
@@ -122,15 +114,7 @@ fn lfm2_fixtures_quantize_and_run() {
         let max = want.iter().fold(0f32, |m, v| m.max(v.abs()));
         for (mix, tol, min_argmax) in [(QuantMix::Q8_0, 0.15, 0.9), (QuantMix::Q4_K_M, 0.5, 0.6)] {
             let out = d.join(format!("{name}.{}.gguf", mix.name()));
-            quantize(
-                &dir.join("model.gguf"),
-                &out,
-                &QuantizeOptions {
-                    mix,
-                    progress: false,
-                },
-            )
-            .unwrap();
+            quantize(&dir.join("model.gguf"), &out, &QuantizeOptions::new(mix)).unwrap();
             let f = GgufFile::open(&out).unwrap();
             for t in f.tensors() {
                 let keep = t.name.contains("shortconv.conv")

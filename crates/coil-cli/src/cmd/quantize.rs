@@ -2,6 +2,8 @@
 
 use anyhow::{bail, Context, Result};
 use coil_convert::{quantize, QuantMix, QuantizeOptions};
+use coil_gguf::quant::can_quantize;
+use coil_gguf::GgmlType;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
@@ -19,6 +21,41 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// The type of output.weight (and of tied token embeddings), e.g. Q8_0
+    /// or F16, instead of the mixture's choice (as llama-quantize's flag).
+    #[arg(long, value_name = "TYPE")]
+    output_tensor_type: Option<String>,
+    /// The type of token_embd.weight, instead of the mixture's choice.
+    #[arg(long, value_name = "TYPE")]
+    token_embedding_type: Option<String>,
+    /// Leave output.weight as it is in the input.
+    #[arg(long)]
+    leave_output_tensor: bool,
+    /// Every quantizable tensor in the mixture's default type (no
+    /// per-tensor rules; the shape fallbacks still apply).
+    #[arg(long)]
+    pure: bool,
+}
+
+/// A tensor type named on the command line: one coil can write.
+fn tensor_type(flag: &str, name: &str) -> Result<GgmlType> {
+    let ty = GgmlType::ALL
+        .into_iter()
+        .find(|t| t.name().eq_ignore_ascii_case(name));
+    match ty {
+        Some(t) if can_quantize(t) => Ok(t),
+        _ => {
+            let ok: Vec<&str> = GgmlType::ALL
+                .into_iter()
+                .filter(|&t| can_quantize(t))
+                .map(|t| t.name())
+                .collect();
+            bail!(
+                "{flag} {name:?}: not a type coil writes (one of {})",
+                ok.join(", ")
+            )
+        }
+    }
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -31,8 +68,20 @@ pub fn run(a: Args) -> Result<()> {
         );
     };
     let opts = QuantizeOptions {
-        mix,
         progress: !a.quiet && std::io::stderr().is_terminal(),
+        pure: a.pure,
+        leave_output: a.leave_output_tensor,
+        output_type: a
+            .output_tensor_type
+            .as_deref()
+            .map(|n| tensor_type("--output-tensor-type", n))
+            .transpose()?,
+        token_embd_type: a
+            .token_embedding_type
+            .as_deref()
+            .map(|n| tensor_type("--token-embedding-type", n))
+            .transpose()?,
+        ..QuantizeOptions::new(mix)
     };
     let r = quantize(&a.input, &a.output, &opts)
         .with_context(|| format!("quantizing {}", a.input.display()))?;
