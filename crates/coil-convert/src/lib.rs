@@ -25,4 +25,4 @@ pub mod tokenizer;
 
 pub use convert::{convert, ConvertOptions, ConvertReport, OutType};
 pub use error::ConvertError;
-pub use quantize::{quantize, QuantMix, QuantizeOptions, QuantizeReport};
+pub use quantize::{quantize, QuantMix, QuantizeOptions, QuantizeReport, TensorTypeRule};

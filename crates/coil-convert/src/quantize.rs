@@ -172,6 +172,44 @@ pub struct QuantizeOptions {
     pub output_type: Option<GgmlType>,
     /// `--token-embedding-type`: the type of `token_embd.weight`.
     pub token_embd_type: Option<GgmlType>,
+    /// `--tensor-type PATTERN=TYPE`: the first rule whose pattern matches
+    /// a quantizable tensor's name gives its type (then the shape
+    /// fallback), in place of the mixture's rules.
+    pub tensor_types: Vec<TensorTypeRule>,
+}
+
+/// One `--tensor-type PATTERN=TYPE` rule: a regular expression searched
+/// for in tensor names (lowercased, as llama-quantize does) and a type.
+#[derive(Clone, Debug)]
+pub struct TensorTypeRule {
+    pattern: regex::Regex,
+    pub ty: GgmlType,
+}
+
+impl TensorTypeRule {
+    /// Parses `PATTERN=TYPE` (the type by its ggml name, any case; one
+    /// coil can write).
+    pub fn parse(rule: &str) -> Result<TensorTypeRule> {
+        let bad = |why: String| ConvertError::Quant(format!("--tensor-type {rule:?}: {why}"));
+        let (pattern, ty) = rule
+            .rsplit_once('=')
+            .ok_or_else(|| bad("expected PATTERN=TYPE".into()))?;
+        if pattern.is_empty() {
+            return Err(bad("missing tensor name pattern".into()));
+        }
+        let ty = GgmlType::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(ty))
+            .filter(|&t| coil_gguf::quant::can_quantize(t))
+            .ok_or_else(|| bad(format!("{ty:?} is not a type coil writes")))?;
+        let pattern = regex::Regex::new(&pattern.to_ascii_lowercase())
+            .map_err(|e| bad(format!("bad pattern: {e}")))?;
+        Ok(TensorTypeRule { pattern, ty })
+    }
+
+    fn matches(&self, name: &str) -> bool {
+        self.pattern.is_match(name)
+    }
 }
 
 impl QuantizeOptions {
@@ -184,6 +222,7 @@ impl QuantizeOptions {
             leave_output: false,
             output_type: None,
             token_embd_type: None,
+            tensor_types: Vec::new(),
         }
     }
 }
@@ -471,9 +510,17 @@ pub fn plan_types_with(file: &GgufFile, opts: &QuantizeOptions) -> Vec<GgmlType>
         if !allows_quantization(t) || (opts.leave_output && t.name == "output.weight") {
             continue;
         }
-        types[i] = match (category(&t.name), opts.token_embd_type, opts.output_type) {
-            (Category::TokenEmbd, Some(e), _) => e,
-            (Category::Output, _, Some(o)) => o,
+        let rule = opts.tensor_types.iter().find(|r| r.matches(&t.name));
+        types[i] = match (
+            category(&t.name),
+            opts.token_embd_type,
+            opts.output_type,
+            rule,
+        ) {
+            (Category::TokenEmbd, Some(e), _, _) => e,
+            (Category::Output, _, Some(o), _) => o,
+            // a rule's tensor skips the mixture's rules, counters included
+            (_, _, _, Some(r)) => fallback(t, r.ty),
             _ if opts.pure => fallback(t, opts.mix.default_type()),
             _ => fallback(t, mixture_type(t, opts, &facts, tied, &mut counters)),
         };
@@ -866,6 +913,26 @@ mod tests {
         };
         assert_eq!(plan_types_with(&tied, &out_f16), [F16]);
         assert_eq!(plan_types_with(&tied, &base), [Q6_K]);
+        // --tensor-type: the first matching rule; the others keep the
+        // mixture's rules (and counters: attn_v of layer 7 is still `more`)
+        let rules = QuantizeOptions {
+            tensor_types: vec![
+                TensorTypeRule::parse(r"BLK\.[0-2]\.attn_v=q8_0").unwrap(),
+                TensorTypeRule::parse("attn=Q5_1").unwrap(),
+                TensorTypeRule::parse("ssm_dt=q4_k").unwrap(),
+            ],
+            ..base.clone()
+        };
+        assert_eq!(ty(&rules, "blk.1.attn_v.weight"), Q8_0);
+        assert_eq!(ty(&rules, "blk.5.attn_v.weight"), Q5_1);
+        assert_eq!(ty(&rules, "blk.5.attn_q.weight"), Q5_1);
+        assert_eq!(ty(&rules, "blk.5.ffn_down.weight"), Q4_K);
+        assert_eq!(ty(&rules, "blk.7.ffn_down.weight"), Q6_K);
+        assert_eq!(ty(&rules, "blk.0.ssm_dt.weight"), F16); // 48 wide: fallback
+        for bad in ["attn_v", "=q8_0", "attn(=q8_0", "attn=q9_9", "attn=iq2_xs"] {
+            let e = TensorTypeRule::parse(bad).unwrap_err().to_string();
+            assert!(e.contains(bad), "{bad}: {e}");
+        }
     }
 
     #[test]

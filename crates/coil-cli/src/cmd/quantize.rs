@@ -1,7 +1,7 @@
 //! `coil quantize IN.gguf OUT.gguf TYPE`.
 
 use anyhow::{bail, Context, Result};
-use coil_convert::{quantize, QuantMix, QuantizeOptions};
+use coil_convert::{quantize, QuantMix, QuantizeOptions, TensorTypeRule};
 use coil_gguf::quant::can_quantize;
 use coil_gguf::GgmlType;
 use std::io::IsTerminal;
@@ -35,6 +35,11 @@ pub struct Args {
     /// per-tensor rules; the shape fallbacks still apply).
     #[arg(long)]
     pure: bool,
+    /// PATTERN=TYPE: tensors whose name matches the regular expression get
+    /// TYPE (repeatable; the first match wins), e.g.
+    /// `--tensor-type 'ffn_down=q6_k'`.
+    #[arg(long, value_name = "PATTERN=TYPE")]
+    tensor_type: Vec<String>,
 }
 
 /// A tensor type named on the command line: one coil can write.
@@ -81,6 +86,11 @@ pub fn run(a: Args) -> Result<()> {
             .as_deref()
             .map(|n| tensor_type("--token-embedding-type", n))
             .transpose()?,
+        tensor_types: a
+            .tensor_type
+            .iter()
+            .map(|r| TensorTypeRule::parse(r))
+            .collect::<Result<_, _>>()?,
         ..QuantizeOptions::new(mix)
     };
     let r = quantize(&a.input, &a.output, &opts)
