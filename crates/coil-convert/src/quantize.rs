@@ -235,6 +235,10 @@ pub struct QuantizeReport {
     pub bytes_out: u64,
     /// Output tensor count per type.
     pub types: BTreeMap<String, usize>,
+    /// Tensors converted from a quantized type (to another one): the
+    /// result carries both roundings (llama-quantize refuses this without
+    /// `--allow-requantize`; coil does it and reports it).
+    pub requantized: usize,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -635,6 +639,7 @@ pub fn quantize(input: &Path, output: &Path, opts: &QuantizeOptions) -> Result<Q
             TensorSpec::new(t.name.clone(), &t.dims[..n], types[i])
         })
         .collect();
+    let mut requantized = 0;
     for (t, &ty) in file.tensors().iter().zip(&types) {
         if ty != t.ty && !coil_gguf::quant::can_dequantize(t.ty) {
             return Err(ConvertError::Quant(format!(
@@ -642,6 +647,7 @@ pub fn quantize(input: &Path, output: &Path, opts: &QuantizeOptions) -> Result<Q
                 t.name, t.ty
             )));
         }
+        requantized += usize::from(ty != t.ty && !t.ty.is_plain());
     }
     let total: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
     let pb = crate::progress::bar(total, opts.progress, "quantizing");
@@ -697,6 +703,7 @@ pub fn quantize(input: &Path, output: &Path, opts: &QuantizeOptions) -> Result<Q
         bytes_in: total,
         bytes_out,
         types: counts,
+        requantized,
     })
 }
 

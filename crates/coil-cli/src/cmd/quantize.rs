@@ -105,5 +105,12 @@ pub fn run(a: Args) -> Result<()> {
         r.bytes_out as f64 / (1 << 20) as f64,
         types.join(", ")
     );
+    if r.requantized > 0 {
+        eprintln!(
+            "note: {} tensors were already quantized in the input and carry both roundings; \
+             quantize from the F16 / BF16 / F32 file for the best result",
+            r.requantized
+        );
+    }
     Ok(())
 }
