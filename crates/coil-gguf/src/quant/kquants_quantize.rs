@@ -294,7 +294,7 @@ mod tests {
     #[test]
     fn zeros_and_constants() {
         use GgmlType::*;
-        for ty in [Q2_K, Q3_K, Q4_K, Q5_K, Q6_K] {
+        for ty in [Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS] {
             for c in [0.0f32, 1.0, -3.0] {
                 let x = vec![c; 512];
                 let y = dequantize(ty, &quantize(ty, &x).unwrap()).unwrap();
@@ -303,9 +303,12 @@ mod tests {
                 }
             }
             // non-finite input does not panic
-            let mut x = data(256, 3);
+            let mut x = data(512, 3);
             x[5] = f32::NAN;
             x[9] = f32::INFINITY;
+            x[300] = f32::NEG_INFINITY;
+            x[301] = f32::MAX;
+            x[302] = f32::MIN_POSITIVE / 4.0;
             let _ = quantize(ty, &x).unwrap();
         }
     }
