@@ -40,6 +40,26 @@ pub struct Args {
     /// `--tensor-type 'ffn_down=q6_k'`.
     #[arg(long, value_name = "PATTERN=TYPE")]
     tensor_type: Vec<String>,
+    /// A file of PATTERN=TYPE rules separated by white space, applied after
+    /// the --tensor-type ones (llama-quantize's flag).
+    #[arg(long, value_name = "FILE")]
+    tensor_type_file: Option<PathBuf>,
+}
+
+/// The `--tensor-type` rules, then those of `--tensor-type-file`.
+fn tensor_rules(rules: &[String], file: Option<&std::path::Path>) -> Result<Vec<TensorTypeRule>> {
+    let text = match file {
+        Some(f) => std::fs::read_to_string(f)
+            .with_context(|| format!("--tensor-type-file {}", f.display()))?,
+        None => String::new(),
+    };
+    let from_file = text.split_whitespace().map(str::to_string);
+    rules
+        .iter()
+        .cloned()
+        .chain(from_file)
+        .map(|r| TensorTypeRule::parse(&r).map_err(anyhow::Error::from))
+        .collect()
 }
 
 /// A tensor type named on the command line: one coil can write.
@@ -86,11 +106,7 @@ pub fn run(a: Args) -> Result<()> {
             .as_deref()
             .map(|n| tensor_type("--token-embedding-type", n))
             .transpose()?,
-        tensor_types: a
-            .tensor_type
-            .iter()
-            .map(|r| TensorTypeRule::parse(r))
-            .collect::<Result<_, _>>()?,
+        tensor_types: tensor_rules(&a.tensor_type, a.tensor_type_file.as_deref())?,
         ..QuantizeOptions::new(mix)
     };
     let r = quantize(&a.input, &a.output, &opts)
