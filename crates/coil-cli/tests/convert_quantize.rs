@@ -190,6 +190,60 @@ fn quantize_every_mixture() {
         !ok && text.contains("IQ2_XS") && text.contains("Q4_K_M"),
         "{text}"
     );
+    // llama-quantize's flags
+    let rules = d.join("rules.txt");
+    std::fs::write(&rules, "ssm_out=q5_1\n").unwrap();
+    let out = d.join("flags.gguf");
+    let (ok, text) = run(coil()
+        .args(["quantize", "--quiet", "--output-tensor-type", "f16"])
+        .args([
+            "--token-embedding-type",
+            "Q8_0",
+            "--tensor-type",
+            r"blk\.0\.=q4_1",
+        ])
+        .arg("--tensor-type-file")
+        .arg(&rules)
+        .arg(&src)
+        .arg(&out)
+        .arg("Q4_K_M"));
+    assert!(ok, "{text}");
+    let q = GgufFile::open(&out).unwrap();
+    let ty = |n: &str| q.tensor_info(n).unwrap().ty;
+    assert_eq!(ty("output.weight"), GgmlType::F16);
+    assert_eq!(ty("token_embd.weight"), GgmlType::Q8_0);
+    let mut ruled = 0;
+    for t in q.tensors().iter().filter(|t| t.name.starts_with("blk.")) {
+        if input.tensor_info(&t.name).unwrap().ty == t.ty {
+            continue; // not quantized
+        }
+        let want = if t.name.starts_with("blk.0.") {
+            Some(GgmlType::Q4_1)
+        } else if t.name.contains("ssm_out") {
+            Some(GgmlType::Q5_1)
+        } else {
+            None
+        };
+        if let Some(w) = want {
+            assert_eq!(t.ty, w, "{}", t.name);
+            ruled += 1;
+        }
+    }
+    assert!(ruled >= 2, "{ruled}");
+    for bad in [
+        ["--output-tensor-type", "q9_k"],
+        ["--tensor-type", "attn("],
+        ["--tensor-type", "attn(=q8_0"],
+    ] {
+        let (ok, text) = run(coil()
+            .args(["quantize", "--quiet"])
+            .args(bad)
+            .arg(&src)
+            .arg(d.join("bad.gguf"))
+            .arg("Q4_K_M"));
+        assert!(!ok && text.contains(bad[1]), "{bad:?}: {text}");
+        assert!(!d.join("bad.gguf").exists());
+    }
 }
 
 #[test]
