@@ -17,6 +17,7 @@ use super::float::write_f16;
 use super::iquants::{IQ4_NL_BYTES, IQ4_XS_BYTES, KVALUES_IQ4NL, QK4_NL};
 use super::kquants::QK_K;
 use super::kquants_quantize::{nearest_int, GROUP_MAX_EPS};
+use super::search_lanes::largest_magnitude;
 use super::{blocks, blocks_mut};
 
 /// The index of the grid value nearest `x` (ggml's `best_index_int8`; ties
@@ -154,13 +155,7 @@ pub fn quantize_block_iq4_xs(x: &[f32; QK_K], y: &mut [u8; IQ4_XS_BYTES]) {
     let mut l = [0u8; QK_K];
     let sub: &[[f32; 32]; 8] = x.as_chunks().0.try_into().expect("256 = 8 × 32");
     let scales = sub_block_scales(sub);
-    let (mut max_scale, mut amax_scale) = (0f32, 0f32);
-    for &s in &scales {
-        if s.abs() > amax_scale {
-            amax_scale = s.abs();
-            max_scale = s;
-        }
-    }
+    let (max_scale, _) = largest_magnitude(&scales);
     y.fill(0);
     let d = -max_scale / 32.0;
     write_f16(y, 0, d);

@@ -17,7 +17,9 @@
 use super::float::{read_f16, write_f16};
 use super::kquants::{Q2_K_BYTES, Q3_K_BYTES, QK_K};
 use super::kquants_quantize::nearest_int;
-use super::search_lanes::{make_q3, make_qkx2, transpose};
+use super::search_lanes::{
+    largest_magnitude, make_q3, make_qkx2, max_positive, transpose, untranspose,
+};
 use super::{blocks, blocks_mut};
 
 /// The 2-bit levels of four 32-value runs packed per byte, as Q2_K and Q3_K
@@ -44,20 +46,8 @@ pub fn quantize_block_q2_k(x: &[f32; QK_K], y: &mut [u8; Q2_K_BYTES]) {
     let wt = xt.map(|xi| xi.map(f32::abs));
     let mut lt = [[0u8; 16]; 16];
     let (scales, mins) = make_qkx2::<16, 16, true>(&xt, &wt, 3, &mut lt, -0.5, 0.1, 15);
-    for (i, li) in lt.iter().enumerate() {
-        for k in 0..16 {
-            l[16 * k + i] = li[k];
-        }
-    }
-    let (mut max_scale, mut max_min) = (0f32, 0f32);
-    for j in 0..16 {
-        if scales[j] > max_scale {
-            max_scale = scales[j];
-        }
-        if mins[j] > max_min {
-            max_min = mins[j];
-        }
-    }
+    untranspose(&lt, &mut l);
+    let (max_scale, max_min) = (max_positive(&scales), max_positive(&mins));
     y.fill(0);
     if max_scale > 0.0 {
         let iscale = Q4SCALE / max_scale;
@@ -94,18 +84,8 @@ pub fn quantize_block_q3_k(x: &[f32; QK_K], y: &mut [u8; Q3_K_BYTES]) {
     let mut l = [0i8; QK_K];
     let mut lt = [[0i8; 16]; 16];
     let scales = make_q3::<16, 16>(&transpose::<16, 16>(x), 4, &mut lt);
-    for (i, li) in lt.iter().enumerate() {
-        for k in 0..16 {
-            l[16 * k + i] = li[k];
-        }
-    }
-    let (mut max_scale, mut amax) = (0f32, 0f32);
-    for &s in &scales {
-        if s.abs() > amax {
-            amax = s.abs();
-            max_scale = s;
-        }
-    }
+    untranspose(&lt, &mut l);
+    let (max_scale, _) = largest_magnitude(&scales);
     y.fill(0);
     let mut sc = [0u8; 12];
     // `max_scale != 0.0` is ggml's `if (max_scale)`: a NaN takes this branch.

@@ -15,7 +15,9 @@
 
 use super::float::{read_f16, write_f16};
 use super::kquants::{get_scale_min_k4, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K};
-use super::search_lanes::{make_qkx2, make_qx, transpose};
+use super::search_lanes::{
+    largest_magnitude, make_qkx2, make_qx, max_positive, transpose, untranspose,
+};
 use super::{blocks, blocks_mut};
 
 pub(super) const GROUP_MAX_EPS: f32 = 1e-15;
@@ -49,20 +51,8 @@ fn qk_scales(
     let wt = xt.map(|xi| std::array::from_fn(|k| av_x[k] + xi[k].abs()));
     let mut lt = [[0u8; 8]; 32];
     let (scales, mins) = make_qkx2::<32, 8, false>(&xt, &wt, nmax, &mut lt, rmin, 0.1, nstep);
-    for (i, li) in lt.iter().enumerate() {
-        for k in 0..8 {
-            l[32 * k + i] = li[k];
-        }
-    }
-    let (mut max_scale, mut max_min) = (0f32, 0f32);
-    for j in 0..8 {
-        if scales[j] > max_scale {
-            max_scale = scales[j];
-        }
-        if mins[j] > max_min {
-            max_min = mins[j];
-        }
-    }
+    untranspose(&lt, l);
+    let (max_scale, max_min) = (max_positive(&scales), max_positive(&mins));
     let inv_scale = if max_scale > 0.0 {
         63.0 / max_scale
     } else {
@@ -165,18 +155,8 @@ pub fn quantize_block_q6_k(x: &[f32; QK_K], y: &mut [u8; Q6_K_BYTES]) {
     let mut l = [0i8; QK_K];
     let mut lt = [[0i8; 16]; 16];
     let scales = make_qx::<16, 16>(&transpose::<16, 16>(x), 32, &mut lt);
-    for (i, li) in lt.iter().enumerate() {
-        for k in 0..16 {
-            l[16 * k + i] = li[k];
-        }
-    }
-    let (mut max_scale, mut max_abs_scale) = (0f32, 0f32);
-    for &s in &scales {
-        if s.abs() > max_abs_scale {
-            max_abs_scale = s.abs();
-            max_scale = s;
-        }
-    }
+    untranspose(&lt, &mut l);
+    let (max_scale, max_abs_scale) = largest_magnitude(&scales);
     y.fill(0);
     if max_abs_scale < GROUP_MAX_EPS {
         return;

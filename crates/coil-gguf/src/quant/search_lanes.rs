@@ -23,6 +23,71 @@ pub(super) fn transpose<const N: usize, const L: usize>(x: &[f32]) -> [[f32; L];
     t
 }
 
+/// The inverse of [`transpose`]: `t[i][k]` to `out[k * N + i]`.
+#[inline(always)]
+pub(super) fn untranspose<const N: usize, const L: usize, T: Copy>(t: &[[T; L]; N], out: &mut [T]) {
+    for (i, ti) in t.iter().enumerate() {
+        for (k, &v) in ti.iter().enumerate() {
+            out[k * N + i] = v;
+        }
+    }
+}
+
+/// The largest of `v` and 0, by ggml's loop (`if (v > max) max = v`).
+#[inline(always)]
+pub(super) fn max_positive(v: &[f32]) -> f32 {
+    v.iter().fold(0f32, |m, &s| if s > m { s } else { m })
+}
+
+/// The first value of largest magnitude in `v` and that magnitude (ggml's
+/// `if (fabsf(v) > amax) { amax = fabsf(v); max = v; }`, from 0).
+#[inline(always)]
+pub(super) fn largest_magnitude(v: &[f32]) -> (f32, f32) {
+    v.iter().fold((0f32, 0f32), |(max, amax), &s| {
+        if s.abs() > amax {
+            (s, s.abs())
+        } else {
+            (max, amax)
+        }
+    })
+}
+
+/// The start both symmetric searches share (ggml's `make_qx_quants` and
+/// `make_q3_quants`): per lane the value of largest magnitude `max`, its
+/// magnitude, the levels at scale `-nmax / max` (stored plus `offset`) and
+/// their sums `Σ w·x·l`, `Σ w·l²` with weights `x²`.
+#[inline(always)]
+#[allow(clippy::type_complexity)]
+fn symmetric_start<const N: usize, const L: usize>(
+    x: &[[f32; L]; N],
+    nmax: i32,
+    l: &mut [[i8; L]; N],
+    offset: i32,
+) -> ([f32; L], [f32; L], [f32; L], [f32; L]) {
+    let (mut max, mut amax) = ([0f32; L], [0f32; L]);
+    for xi in x {
+        for k in 0..L {
+            let ax = xi[k].abs();
+            let up = ax > amax[k];
+            amax[k] = if up { ax } else { amax[k] };
+            max[k] = if up { xi[k] } else { max[k] };
+        }
+    }
+    let iscale = max.map(|m| -(nmax as f32) / m);
+    let (mut sumlx, mut suml2) = ([0f32; L], [0f32; L]);
+    for (xi, li) in x.iter().zip(l.iter_mut()) {
+        for k in 0..L {
+            let v = xi[k];
+            let q = nearest_int(iscale[k] * v).clamp(-nmax, nmax - 1);
+            li[k] = (q + offset) as i8;
+            let (w, qf) = (v * v, q as f32);
+            sumlx[k] += w * v * qf;
+            suml2[k] += w * qf * qf;
+        }
+    }
+    (max, amax, sumlx, suml2)
+}
+
 /// ggml's `make_qkx2_quants` (levels `0..=nmax`, weighted squared error, or
 /// absolute error with `MAD`) for `L` sub-blocks of `N` values: fills
 /// `l[i][k]` and returns each sub-block's scale and −min.
@@ -154,31 +219,9 @@ pub(super) fn make_qx<const N: usize, const L: usize>(
     nmax: i32,
     l: &mut [[i8; L]; N],
 ) -> [f32; L] {
-    let (mut max, mut amax) = ([0f32; L], [0f32; L]);
-    for i in 0..N {
-        for k in 0..L {
-            let ax = x[i][k].abs();
-            let up = ax > amax[k];
-            amax[k] = if up { ax } else { amax[k] };
-            max[k] = if up { x[i][k] } else { max[k] };
-        }
-    }
+    let (max, amax, sumlx, suml2) = symmetric_start(x, nmax, l, nmax);
     let nmaxf = nmax as f32;
     let mut iscale = [0f32; L];
-    for k in 0..L {
-        iscale[k] = -nmaxf / max[k];
-    }
-    let (mut sumlx, mut suml2) = ([0f32; L], [0f32; L]);
-    for i in 0..N {
-        for k in 0..L {
-            let v = x[i][k];
-            let q = nearest_int(iscale[k] * v).clamp(-nmax, nmax - 1);
-            l[i][k] = (q + nmax) as i8;
-            let (w, qf) = (v * v, q as f32);
-            sumlx[k] += w * v * qf;
-            suml2[k] += w * qf * qf;
-        }
-    }
     let (mut scale, mut best) = ([0f32; L], [0f32; L]);
     for k in 0..L {
         scale[k] = if suml2[k] != 0.0 {
@@ -245,31 +288,7 @@ pub(super) fn make_q3<const N: usize, const L: usize>(
     nmax: i32,
     l: &mut [[i8; L]; N],
 ) -> [f32; L] {
-    let (mut max, mut amax) = ([0f32; L], [0f32; L]);
-    for i in 0..N {
-        for k in 0..L {
-            let ax = x[i][k].abs();
-            let up = ax > amax[k];
-            amax[k] = if up { ax } else { amax[k] };
-            max[k] = if up { x[i][k] } else { max[k] };
-        }
-    }
-    let nmaxf = nmax as f32;
-    let mut iscale = [0f32; L];
-    for k in 0..L {
-        iscale[k] = -nmaxf / max[k];
-    }
-    let (mut sumlx, mut suml2) = ([0f32; L], [0f32; L]);
-    for i in 0..N {
-        for k in 0..L {
-            let v = x[i][k];
-            let q = nearest_int(iscale[k] * v).clamp(-nmax, nmax - 1);
-            l[i][k] = q as i8;
-            let (w, qf) = (v * v, q as f32);
-            sumlx[k] += w * v * qf;
-            suml2[k] += w * qf * qf;
-        }
-    }
+    let (_, amax, mut sumlx, mut suml2) = symmetric_start(x, nmax, l, 0);
     for _ in 0..5 {
         let mut changed = false;
         for i in 0..N {
