@@ -187,12 +187,12 @@ pub struct TensorTypeRule {
 }
 
 impl TensorTypeRule {
-    /// Parses `PATTERN=TYPE` (the type by its ggml name, any case; one
-    /// coil can write).
+    /// Parses `PATTERN=TYPE` at the first `=`, as llama-quantize does (the
+    /// type by its ggml name, any case; one coil can write).
     pub fn parse(rule: &str) -> Result<TensorTypeRule> {
         let bad = |why: String| ConvertError::Quant(format!("--tensor-type {rule:?}: {why}"));
         let (pattern, ty) = rule
-            .rsplit_once('=')
+            .split_once('=')
             .ok_or_else(|| bad("expected PATTERN=TYPE".into()))?;
         if pattern.is_empty() {
             return Err(bad("missing tensor name pattern".into()));
@@ -936,7 +936,14 @@ mod tests {
         assert_eq!(ty(&rules, "blk.5.ffn_down.weight"), Q4_K);
         assert_eq!(ty(&rules, "blk.7.ffn_down.weight"), Q6_K);
         assert_eq!(ty(&rules, "blk.0.ssm_dt.weight"), F16); // 48 wide: fallback
-        for bad in ["attn_v", "=q8_0", "attn(=q8_0", "attn=q9_9", "attn=iq2_xs"] {
+        for bad in [
+            "attn_v",
+            "=q8_0",
+            "attn(=q8_0",
+            "attn=q9_9",
+            "attn=iq2_xs",
+            "a=b=q8_0",
+        ] {
             let e = TensorTypeRule::parse(bad).unwrap_err().to_string();
             assert!(e.contains(bad), "{bad}: {e}");
         }
