@@ -17,7 +17,7 @@ use super::float::write_f16;
 use super::iquants::{IQ4_NL_BYTES, IQ4_XS_BYTES, KVALUES_IQ4NL, QK4_NL};
 use super::kquants::QK_K;
 use super::kquants_quantize::{nearest_int, GROUP_MAX_EPS};
-use super::search_lanes::largest_magnitude;
+use super::search_lanes::{largest_magnitude, transpose};
 use super::{blocks, blocks_mut};
 
 /// The index of the grid value nearest `x` (ggml's `best_index_int8`; ties
@@ -66,14 +66,14 @@ fn nearest_value(x: f32) -> f32 {
     }
 }
 
-/// The scales of `L` sub-blocks of 32 side by side (`x[i][k]`: value `i`
-/// of sub-block `k`), ggml's search with `ntry` = 7 lane by lane (see
-/// [`super::search_lanes`]); 0 for an all-zero sub-block.
+/// The scales of the `L` sub-blocks of 32 values in `x`, side by side
+/// (transposed, see [`super::search_lanes`]): ggml's search with `ntry` = 7
+/// lane by lane; 0 for an all-zero sub-block.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
-fn sub_block_scales<const L: usize>(x: &[[f32; 32]; L]) -> [f32; L] {
+fn sub_block_scales<const L: usize>(x: &[f32]) -> [f32; L] {
     const NTRY: i32 = 7;
-    let x: [[f32; L]; 32] = std::array::from_fn(|i| std::array::from_fn(|k| x[k][i]));
+    let x = transpose::<32, L>(x);
     let w = x.map(|xi| xi.map(|v| v * v));
     let (mut amax, mut max) = ([0f32; L], [0f32; L]);
     for xi in &x {
@@ -135,7 +135,7 @@ fn pack(l: &[u8], q4: &mut [u8]) {
 /// side.
 #[inline(always)]
 fn iq4_nl_blocks<const L: usize>(x: &[[f32; QK4_NL]; L], y: &mut [[u8; IQ4_NL_BYTES]; L]) {
-    let d = sub_block_scales(x);
+    let d = sub_block_scales::<L>(x.as_flattened());
     for ((xb, yb), d) in x.iter().zip(y.iter_mut()).zip(d) {
         write_f16(yb, 0, d);
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
@@ -153,8 +153,7 @@ pub fn quantize_block_iq4_nl(x: &[f32; QK4_NL], y: &mut [u8; IQ4_NL_BYTES]) {
 /// `qs[128]` @8.
 pub fn quantize_block_iq4_xs(x: &[f32; QK_K], y: &mut [u8; IQ4_XS_BYTES]) {
     let mut l = [0u8; QK_K];
-    let sub: &[[f32; 32]; 8] = x.as_chunks().0.try_into().expect("256 = 8 × 32");
-    let scales = sub_block_scales(sub);
+    let scales = sub_block_scales::<8>(x);
     let (max_scale, _) = largest_magnitude(&scales);
     y.fill(0);
     let d = -max_scale / 32.0;
@@ -180,7 +179,6 @@ pub fn quantize_block_iq4_xs(x: &[f32; QK_K], y: &mut [u8; IQ4_XS_BYTES]) {
 
 // ---- rows (lengths checked by the caller) ----
 
-#[inline(always)]
 pub(crate) fn quantize_iq4_nl(src: &[f32], dst: &mut [u8]) {
     // eight blocks at a time, then the rest one by one
     let n8 = src.len() / (8 * QK4_NL) * 8;

@@ -25,7 +25,6 @@ use super::{blocks, blocks_mut};
 /// The 2-bit levels of four 32-value runs packed per byte, as Q2_K and Q3_K
 /// store them: byte `l` of each 128-value half holds values `l`, `l + 32`,
 /// `l + 64`, `l + 96` in bits 0–1, 2–3, 4–5, 6–7.
-#[inline(always)]
 fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8]) {
     for (h, j) in (0..QK_K).step_by(128).enumerate() {
         for i in 0..32 {
@@ -37,7 +36,6 @@ fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8]) {
 
 /// Encodes one Q2_K block: `scales[16]` @0 (scale low nibble, min high),
 /// `qs[64]` @16, `d` @80, `dmin` @82.
-#[inline(always)]
 pub fn quantize_block_q2_k(x: &[f32; QK_K], y: &mut [u8; Q2_K_BYTES]) {
     const Q4SCALE: f32 = 15.0;
     let mut l = [0u8; QK_K];
@@ -79,7 +77,6 @@ pub fn quantize_block_q2_k(x: &[f32; QK_K], y: &mut [u8; Q2_K_BYTES]) {
 
 /// Encodes one Q3_K block: `hmask[32]` @0 (bit 2 of each level), `qs[64]`
 /// @32 (bits 0–1), `scales[12]` @96 (16 × 6 bits, offset 32), `d` @108.
-#[inline(always)]
 pub fn quantize_block_q3_k(x: &[f32; QK_K], y: &mut [u8; Q3_K_BYTES]) {
     let mut l = [0i8; QK_K];
     let mut lt = [[0i8; 16]; 16];
@@ -130,14 +127,12 @@ pub fn quantize_block_q3_k(x: &[f32; QK_K], y: &mut [u8; Q3_K_BYTES]) {
 
 // ---- rows (lengths checked by the caller) ----
 
-#[inline(always)]
 pub(crate) fn quantize_q2_k(src: &[f32], dst: &mut [u8]) {
     for (x, y) in blocks::<QK_K, f32>(src).zip(blocks_mut::<Q2_K_BYTES, u8>(dst)) {
         quantize_block_q2_k(x, y);
     }
 }
 
-#[inline(always)]
 pub(crate) fn quantize_q3_k(src: &[f32], dst: &mut [u8]) {
     for (x, y) in blocks::<QK_K, f32>(src).zip(blocks_mut::<Q3_K_BYTES, u8>(dst)) {
         quantize_block_q3_k(x, y);

@@ -31,7 +31,6 @@ pub(super) fn nearest_int(f: f32) -> i32 {
 
 /// The shared Q4_K / Q5_K scale search: per-sub-block levels in `l`, the
 /// packed 6-bit scales/mins, and the super-block `d` / `dmin`.
-#[inline(always)]
 fn qk_scales(
     x: &[f32; QK_K],
     nmax: i32,
@@ -76,7 +75,6 @@ fn qk_scales(
 }
 
 /// Final levels against the stored (f16-rounded) scales.
-#[inline(always)]
 fn qk_levels(
     x: &[f32; QK_K],
     packed: &[u8; 12],
@@ -100,7 +98,6 @@ fn qk_levels(
 }
 
 /// Encodes one Q4_K block.
-#[inline(always)]
 pub fn quantize_block_q4_k(x: &[f32; QK_K], y: &mut [u8; Q4_K_BYTES]) {
     let mut l = [0u8; QK_K];
     let (packed, d, dmin) = qk_scales(x, 15, -1.0, 20, &mut l);
@@ -117,7 +114,6 @@ pub fn quantize_block_q4_k(x: &[f32; QK_K], y: &mut [u8; Q4_K_BYTES]) {
 }
 
 /// Encodes one Q5_K block.
-#[inline(always)]
 pub fn quantize_block_q5_k(x: &[f32; QK_K], y: &mut [u8; Q5_K_BYTES]) {
     let mut l = [0u8; QK_K];
     let (packed, d, dmin) = qk_scales(x, 31, -0.5, 15, &mut l);
@@ -150,7 +146,6 @@ pub fn quantize_block_q5_k(x: &[f32; QK_K], y: &mut [u8; Q5_K_BYTES]) {
 }
 
 /// Encodes one Q6_K block.
-#[inline(always)]
 pub fn quantize_block_q6_k(x: &[f32; QK_K], y: &mut [u8; Q6_K_BYTES]) {
     let mut l = [0i8; QK_K];
     let mut lt = [[0i8; 16]; 16];
@@ -194,21 +189,18 @@ pub fn quantize_block_q6_k(x: &[f32; QK_K], y: &mut [u8; Q6_K_BYTES]) {
 
 // ---- rows (lengths checked by the caller) ----
 
-#[inline(always)]
 pub(crate) fn quantize_q4_k(src: &[f32], dst: &mut [u8]) {
     for (x, y) in blocks::<QK_K, f32>(src).zip(blocks_mut::<Q4_K_BYTES, u8>(dst)) {
         quantize_block_q4_k(x, y);
     }
 }
 
-#[inline(always)]
 pub(crate) fn quantize_q5_k(src: &[f32], dst: &mut [u8]) {
     for (x, y) in blocks::<QK_K, f32>(src).zip(blocks_mut::<Q5_K_BYTES, u8>(dst)) {
         quantize_block_q5_k(x, y);
     }
 }
 
-#[inline(always)]
 pub(crate) fn quantize_q6_k(src: &[f32], dst: &mut [u8]) {
     for (x, y) in blocks::<QK_K, f32>(src).zip(blocks_mut::<Q6_K_BYTES, u8>(dst)) {
         quantize_block_q6_k(x, y);

@@ -203,7 +203,13 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         Q5_0 => legacy::quantize_q5_0(src, dst),
         Q5_1 => legacy::quantize_q5_1(src, dst),
         Q8_0 => legacy::quantize_q8_0(src, dst),
-        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_NL | IQ4_XS => searched(ty, src, dst),
+        Q2_K => k23_quantize::quantize_q2_k(src, dst),
+        Q3_K => k23_quantize::quantize_q3_k(src, dst),
+        Q4_K => kquants_quantize::quantize_q4_k(src, dst),
+        Q5_K => kquants_quantize::quantize_q5_k(src, dst),
+        Q6_K => kquants_quantize::quantize_q6_k(src, dst),
+        IQ4_NL => iquants_quantize::quantize_iq4_nl(src, dst),
+        IQ4_XS => iquants_quantize::quantize_iq4_xs(src, dst),
         _ => {
             return Err(QuantError::Unsupported {
                 ty,
@@ -212,21 +218,6 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         }
     }
     Ok(())
-}
-
-/// The formats whose quantizers search for scales (K-quants, IQ4), kept out
-/// of line from [`quantize_row`]'s match (their searches are inlined here).
-fn searched(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
-    match ty {
-        GgmlType::Q2_K => k23_quantize::quantize_q2_k(src, dst),
-        GgmlType::Q3_K => k23_quantize::quantize_q3_k(src, dst),
-        GgmlType::Q4_K => kquants_quantize::quantize_q4_k(src, dst),
-        GgmlType::Q5_K => kquants_quantize::quantize_q5_k(src, dst),
-        GgmlType::Q6_K => kquants_quantize::quantize_q6_k(src, dst),
-        GgmlType::IQ4_NL => iquants_quantize::quantize_iq4_nl(src, dst),
-        GgmlType::IQ4_XS => iquants_quantize::quantize_iq4_xs(src, dst),
-        _ => unreachable!("{ty} has no search"),
-    }
 }
 
 /// [`dequantize_row`] into a new vector; the element count follows from
