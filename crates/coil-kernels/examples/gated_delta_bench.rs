@@ -2,7 +2,7 @@
 //! a Qwen3.5-0.8B DeltaNet layer (16 key and 16 value heads of 128) from a
 //! non-zero state. Prints best wall times; no assertion (a measurement).
 //!
-//!     cargo run --release -p coil-kernels --example gated_delta_bench [-- THREADS [HK HV D]]
+//!     [N=512] [CHUNK=16] cargo run --release -p coil-kernels --example gated_delta_bench [-- THREADS [HK HV D]]
 
 use coil_kernels::ops::gated_delta::{
     gated_delta_scan, l2_normalize, DeltaInputs, GatedDeltaDims, HeadOrder,
@@ -81,7 +81,12 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(DEFAULT_CHUNK);
     println!("{threads} thread(s), Hk {hk}, Hv {hv}, d {d}; chunk {chunk}; ms per call, CPU time with 1 thread (ratio chunked / recurrence)");
+    // `N=512`: that length alone (for a profile of one shape).
+    let only: Option<usize> = std::env::var("N").ok().and_then(|v| v.parse().ok());
     for n in [1, 4, 8, 16, 32, 64, 128, 512] {
+        if only.is_some_and(|o| o != n) {
+            continue;
+        }
         let inp = DeltaInputs {
             q: &q,
             k: &k,
@@ -93,11 +98,20 @@ fn main() {
         };
         let mut out = vec![0f32; n * hv * d];
         let mut s = s0.clone();
-        let reps = (4096 / n).clamp(8, 400);
-        let t_scan = best_of(reps, threads, || {
-            s.copy_from_slice(&s0);
-            gated_delta_scan(&pool, dims, &mut s, inp, &mut out, n);
-        });
+        let reps = std::env::var("REPS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or((4096 / n).clamp(8, 400));
+        // `ONLY_CHUNKED=1`: the chunked form alone (for a profile).
+        let scan = std::env::var("ONLY_CHUNKED").is_err();
+        let t_scan = if scan {
+            best_of(reps, threads, || {
+                s.copy_from_slice(&s0);
+                gated_delta_scan(&pool, dims, &mut s, inp, &mut out, n);
+            })
+        } else {
+            f64::NAN
+        };
         let t_chunk = best_of(reps, threads, || {
             s.copy_from_slice(&s0);
             gated_delta_chunked(&pool, dims, chunk, &mut s, inp, &mut out, n);

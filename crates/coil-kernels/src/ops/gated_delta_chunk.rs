@@ -14,8 +14,14 @@
 //! ```
 //!
 //! Every exponent is ≤ 0 (g ≤ 0), so nothing overflows.
+//!
+//! At AVX-512, chunks of 16 with `d_k`, `d_v` multiples of 16 (every
+//! Qwen3.5 / Qwen3-Next layer) take [`super::gated_delta_chunk16`]: the same
+//! algebra with one token per `zmm` lane (a 512-token Qwen3.5-0.8B layer,
+//! one thread: 13.5–14.8 → 11.5–11.8 ms on a Zen 4).
 
 use super::gated_delta::{DeltaInputs, GatedDeltaDims};
+use super::gated_delta_chunk16 as c16;
 use crate::denormals::FlushDenormals;
 use crate::multiversion;
 use crate::pool::{SendPtr, ThreadPool};
@@ -342,6 +348,28 @@ pub fn gated_delta_chunked(
     let op = SendPtr(out.as_mut_ptr());
     let l = chunk.min(n_tokens);
     let grain = (hv / (pool.n_threads() * 2)).max(1);
+    #[cfg(target_arch = "x86_64")]
+    if chunk == c16::L && c16::fits(&dims) && crate::simd::level() == crate::simd::SimdLevel::Avx512
+    {
+        pool.parallel_for(hv, grain, |hr, _| {
+            let _flush = FlushDenormals::new();
+            let mut wk = c16::Work16::new(dk);
+            for j in hr {
+                // SAFETY: as below; AVX-512F by the level, c16::fits checked,
+                // tokens within the inputs checked by inp.check.
+                unsafe {
+                    let s = std::slice::from_raw_parts_mut(sp.get().add(j * dk * dv), dk * dv);
+                    let mut c0 = 0;
+                    while c0 < n_tokens {
+                        let len = chunk.min(n_tokens - c0);
+                        c16::chunk16(&dims, j, s, &inp, c0, len, n_tokens, &mut wk, op);
+                        c0 += len;
+                    }
+                }
+            }
+        });
+        return;
+    }
     pool.parallel_for(hv, grain, |hr, _| {
         let _flush = FlushDenormals::new();
         let mut wk = Work::new(l, dk, dv);
@@ -665,6 +693,12 @@ pub(crate) mod tests {
                 (2, 4, 32, 32, 130, 64),
                 // AVX-512: 8 × 32 tiles with 16 columns and rows left over
                 (1, 2, 40, 48, 90, 40),
+                // chunks of 16 with d_k, d_v multiples of 16 (the AVX-512
+                // 16-token kernel there): whole and short last chunks
+                (2, 4, 16, 32, 37, 16),
+                (1, 2, 32, 16, 50, 16),
+                (2, 2, 16, 16, 5, 16),
+                (1, 1, 128, 128, 33, 16),
             ] {
                 let dims = GatedDeltaDims {
                     n_k_head: hk,
