@@ -64,6 +64,20 @@ fn mul_silu_slice(y: &mut [f32], z: &[f32]) {
 }
 multiversion!(fn mul_silu_slice_mv(y: &mut [f32], z: &[f32]) => mul_silu_slice);
 
+#[inline(always)]
+fn mul_sigmoid_slice(y: &mut [f32], z: &[f32]) {
+    y.iter_mut()
+        .zip(z)
+        .for_each(|(v, g)| *v /= 1.0 + exp_fast(-*g));
+}
+multiversion!(fn mul_sigmoid_slice_mv(y: &mut [f32], z: &[f32]) => mul_sigmoid_slice);
+
+/// An output gate: `y = y · sigmoid(z)` (as `y / (1 + e^−z)`) in place.
+pub fn mul_sigmoid_inplace(y: &mut [f32], z: &[f32]) {
+    assert_eq!(y.len(), z.len());
+    mul_sigmoid_slice_mv(y, z);
+}
+
 /// The Mamba gate: `y = y * silu(z)` in place.
 pub fn mul_silu_inplace(y: &mut [f32], z: &[f32]) {
     assert_eq!(y.len(), z.len());

@@ -3,6 +3,7 @@
 //! optional RoPE on the first `n_rot` lanes of each head, keys and values appended to the sequence's KV cells, causal
 //! softmax attention over them, `out = attn·Wo`.
 
+use super::common::gather_rows;
 use crate::memory::Memory;
 use crate::models::weights::{Loader, Matrix};
 use crate::models::ModelError;
@@ -120,7 +121,8 @@ impl Attention {
     }
 
     /// `h`: normed input `[n_tokens, d_model]` stacked over `rows`;
-    /// `out`: `[n_tokens, d_model]`.
+    /// `out`: `[n_out, d_model]`, the rows `q_rows` lists (every row for
+    /// `None`; see [`attend`]). Every row's keys and values are cached.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -130,17 +132,26 @@ impl Attention {
         rows: &[Rows],
         mem: &mut Memory,
         h: &[f32],
+        q_rows: Option<&[usize]>,
         out: &mut [f32],
     ) -> Result<(), ModelError> {
         let p = &self.p;
         let n = h.len() / p.d_model;
         let (qd, kvd) = (p.n_head * p.head_dim, p.n_kv_head * p.head_dim);
-        let mut q = Scratch::dirty(n * qd);
         let mut k = Scratch::dirty(n * kvd);
         let mut v = Scratch::dirty(n * kvd);
-        // one activation quantization for the three where they share it
         let (wq, wk, wv) = (self.wq.get(file), self.wk.get(file), self.wv.get(file));
-        matmul_shared(pool, &[&wq, &wk, &wv], h, &mut [&mut q, &mut k, &mut v], n);
+        let hq = q_rows.map(|keep| gather_rows(h, keep, p.d_model));
+        let nq = q_rows.map_or(n, <[usize]>::len);
+        let mut q = Scratch::dirty(nq * qd);
+        match &hq {
+            // one activation quantization for the three where they share it
+            None => matmul_shared(pool, &[&wq, &wk, &wv], h, &mut [&mut q, &mut k, &mut v], n),
+            Some(hq) => {
+                matmul(pool, &wq, hq, &mut q, nq);
+                matmul_shared(pool, &[&wk, &wv], h, &mut [&mut k, &mut v], n);
+            }
+        }
         for (x, b) in [(&mut q, &self.bq), (&mut k, &self.bk), (&mut v, &self.bv)] {
             if let Some(b) = b {
                 add_bias_rows(x, b);
@@ -152,9 +163,12 @@ impl Attention {
         }
         self.permute_lanes(&mut q);
         self.permute_lanes(&mut k);
-        let mut att = Scratch::zeroed(n * qd);
-        attend(pool, p, layer, rows, mem, &mut q, &mut k, &v, &mut att)?;
-        matmul(pool, &self.wo.get(file), &att, out, n);
+        let mut att = Scratch::zeroed(nq * qd);
+        attend(
+            pool, p, layer, rows, mem, q_rows, &mut q, &mut k, &v, &mut att,
+        )?;
+        let out = &mut out[..nq * p.d_model];
+        matmul(pool, &self.wo.get(file), &att, out, nq);
         if let Some(b) = &self.bo {
             add_bias_rows(out, b);
         }
@@ -165,8 +179,10 @@ impl Attention {
 /// The core both attention blocks share: for each sequence chunk of `rows`,
 /// rotate its queries and keys (`p.rope`), append its keys and values to the
 /// sequence's KV cells of `layer`, and attend causally over them.
-/// `q`: `[n_tokens, n_head·head_dim]`, `k`, `v`: `[n_tokens,
-/// n_kv_head·head_dim]`, `att`: `[n_tokens, n_head·head_dim]`.
+/// `k`, `v`: `[n_tokens, n_kv_head·head_dim]`; `q`, `att`: `[n_q,
+/// n_head·head_dim]`, the queries of every row (`q_rows` `None`) or of the
+/// rows `q_rows` lists (ascending: a prompt's last layer, whose other rows
+/// are never read).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attend(
     pool: &ThreadPool,
@@ -174,6 +190,7 @@ pub(super) fn attend(
     layer: usize,
     rows: &[Rows],
     mem: &mut Memory,
+    q_rows: Option<&[usize]>,
     q: &mut [f32],
     k: &mut [f32],
     v: &[f32],
@@ -184,23 +201,47 @@ pub(super) fn attend(
         name: format!("blk.{layer}"),
         reason: "memory has no KV cells for attention layers".into(),
     })?;
+    if let Some(keep) = q_rows {
+        assert!(
+            keep.windows(2).all(|w| w[0] < w[1]),
+            "query rows not ascending"
+        );
+    }
     for r in rows {
         let t = r.rows.len();
         let positions: Vec<usize> = (r.pos..r.pos + t).collect();
-        let qs = &mut q[r.rows.start * qd..r.rows.end * qd];
+        // This chunk's queries: their rows in `q` and their positions.
+        let (qr, q_pos) = match q_rows {
+            None => (r.rows.clone(), positions.clone()),
+            Some(keep) => {
+                let a = keep.partition_point(|&x| x < r.rows.start);
+                let b = keep.partition_point(|&x| x < r.rows.end);
+                let pos = keep[a..b].iter().map(|&x| r.pos + x - r.rows.start);
+                (a..b, pos.collect())
+            }
+        };
+        let qs = &mut q[qr.start * qd..qr.end * qd];
         let ks = &mut k[r.rows.start * kvd..r.rows.end * kvd];
         if let Some(rp) = p.rope {
             let table = rope_table(pool, &positions, rp.n_rot, rp.freq_base, rp.freq_scale);
-            rope(qs, p.n_head, p.head_dim, rp.n_rot, &table, rp.style);
             rope(ks, p.n_kv_head, p.head_dim, rp.n_rot, &table, rp.style);
+            if q_rows.is_none() {
+                rope(qs, p.n_head, p.head_dim, rp.n_rot, &table, rp.style);
+            } else {
+                let table = rope_table(pool, &q_pos, rp.n_rot, rp.freq_base, rp.freq_scale);
+                rope(qs, p.n_head, p.head_dim, rp.n_rot, &table, rp.style);
+            }
         }
         kv.append(layer, r.seq, ks, &v[r.rows.start * kvd..r.rows.end * kvd])?;
+        if qs.is_empty() {
+            continue;
+        }
         let pages = kv.view(layer, r.seq)?.ok_or_else(|| ModelError::Tensor {
             name: format!("blk.{layer}"),
             reason: "memory has no KV cells for this layer".into(),
         })?;
         let view = pages.view();
-        let kv_len: Vec<usize> = (1..=t).map(|i| r.pos + i).collect();
+        let kv_len: Vec<usize> = q_pos.iter().map(|&p| p + 1).collect();
         attention(
             pool,
             qs,
@@ -208,7 +249,7 @@ pub(super) fn attend(
             &view,
             &kv_len,
             p.scale,
-            &mut att[r.rows.start * qd..r.rows.end * qd],
+            &mut att[qr.start * qd..qr.end * qd],
         );
     }
     Ok(())

@@ -6,7 +6,7 @@ use crate::models::weights::{Loader, Matrix};
 use crate::models::{ModelError, Rows, UBatch};
 use coil_gguf::GgufFile;
 use coil_kernels::ops::state_elem::StateElem;
-use coil_kernels::{matmul, ops::norm::rms_norm, ThreadPool};
+use coil_kernels::{matmul, ops::norm::rms_norm, Scratch, ThreadPool};
 
 /// `token_embd`: `[n_vocab, n_embd]`.
 pub struct Embedding {
@@ -246,4 +246,13 @@ pub fn split_rows<'a>(buf: &'a mut [f32], width: usize, chunks: &[&Rows]) -> Vec
         at = c.rows.end;
     }
     out
+}
+
+/// Rows `rows` of `x` (`[n, d]`), in that order.
+pub fn gather_rows(x: &[f32], rows: &[usize], d: usize) -> Scratch {
+    let mut g = Scratch::dirty(rows.len() * d);
+    for (dst, &r) in g.chunks_exact_mut(d).zip(rows) {
+        dst.copy_from_slice(&x[r * d..(r + 1) * d]);
+    }
+    g
 }

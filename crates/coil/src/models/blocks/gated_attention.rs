@@ -10,10 +10,12 @@
 //! the token's position, so it is this plain rotation.
 
 use super::attention::{attend, AttentionParams};
+use super::common::gather_rows;
 use crate::memory::Memory;
 use crate::models::weights::{Loader, Matrix};
 use crate::models::{ModelError, Rows};
 use coil_gguf::GgufFile;
+use coil_kernels::ops::act::mul_sigmoid_inplace;
 use coil_kernels::ops::norm::rms_norm_inplace;
 use coil_kernels::{matmul, matmul_shared, Scratch, ThreadPool};
 
@@ -60,7 +62,8 @@ impl GatedAttention {
     }
 
     /// `h`: normed input `[n_tokens, d_model]` stacked over `rows`;
-    /// `out`: `[n_tokens, d_model]`.
+    /// `out`: `[n_out, d_model]`, the rows `q_rows` lists (every row for
+    /// `None`; see [`attend`]). Every row's keys and values are cached.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -70,37 +73,57 @@ impl GatedAttention {
         rows: &[Rows],
         mem: &mut Memory,
         h: &[f32],
+        q_rows: Option<&[usize]>,
         out: &mut [f32],
     ) -> Result<(), ModelError> {
         let p = &self.p;
         let n = h.len() / p.d_model;
         let hd = p.head_dim;
         let (qd, kvd) = (p.n_head * hd, p.n_kv_head * hd);
-        let mut qg = Scratch::dirty(n * 2 * qd);
+        let nq = q_rows.map_or(n, <[usize]>::len);
+        let mut qg = Scratch::dirty(nq * 2 * qd);
         let mut k = Scratch::dirty(n * kvd);
         let mut v = Scratch::dirty(n * kvd);
-        // one activation quantization for the three where they share it
         let (wq, wk, wv) = (self.wq.get(file), self.wk.get(file), self.wv.get(file));
-        matmul_shared(pool, &[&wq, &wk, &wv], h, &mut [&mut qg, &mut k, &mut v], n);
-        // Split [q | gate] per head.
-        let mut q = Scratch::dirty(n * qd);
-        let mut gate = Scratch::dirty(n * qd);
-        for ((src, qh), gh) in qg
-            .chunks_exact(2 * hd)
-            .zip(q.chunks_exact_mut(hd))
-            .zip(gate.chunks_exact_mut(hd))
-        {
-            qh.copy_from_slice(&src[..hd]);
-            gh.copy_from_slice(&src[hd..]);
+        match q_rows {
+            // one activation quantization for the three where they share it
+            None => matmul_shared(pool, &[&wq, &wk, &wv], h, &mut [&mut qg, &mut k, &mut v], n),
+            Some(keep) => {
+                matmul(pool, &wq, &gather_rows(h, keep, p.d_model), &mut qg, nq);
+                matmul_shared(pool, &[&wk, &wv], h, &mut [&mut k, &mut v], n);
+            }
         }
-        rms_norm_inplace(&mut q, Some(&self.q_norm), self.eps, hd);
-        rms_norm_inplace(&mut k, Some(&self.k_norm), self.eps, hd);
-        let mut att = Scratch::zeroed(n * qd);
-        attend(pool, p, layer, rows, mem, &mut q, &mut k, &v, &mut att)?;
-        for (a, g) in att.iter_mut().zip(gate.iter()) {
-            *a /= 1.0 + (-g).exp();
-        }
-        matmul(pool, &self.wo.get(file), &att, out, n);
+        // Split [q | gate] per head, q and k RMS-normalised per head.
+        let mut q = Scratch::dirty(nq * qd);
+        let mut gate = Scratch::dirty(nq * qd);
+        let halves = |r0: usize, part: &mut [f32], second: bool| {
+            let src = qg[r0 * 2 * qd..].chunks_exact(2 * hd);
+            for (s, dst) in src.zip(part.chunks_exact_mut(hd)) {
+                dst.copy_from_slice(if second { &s[hd..] } else { &s[..hd] });
+            }
+        };
+        pool.rows_mut(&mut gate, qd, 16, |r0, part| halves(r0, part, true));
+        pool.rows_mut(&mut q, qd, 16, |r0, part| {
+            halves(r0, part, false);
+            rms_norm_inplace(part, Some(&self.q_norm), self.eps, hd);
+        });
+        pool.rows_mut(&mut k, kvd, 16, |_, part| {
+            rms_norm_inplace(part, Some(&self.k_norm), self.eps, hd)
+        });
+        let mut att = Scratch::zeroed(nq * qd);
+        attend(
+            pool, p, layer, rows, mem, q_rows, &mut q, &mut k, &v, &mut att,
+        )?;
+        pool.rows_mut(&mut att, qd, 16, |r0, part| {
+            mul_sigmoid_inplace(part, &gate[r0 * qd..r0 * qd + part.len()])
+        });
+        matmul(
+            pool,
+            &self.wo.get(file),
+            &att,
+            &mut out[..nq * p.d_model],
+            nq,
+        );
         Ok(())
     }
 }

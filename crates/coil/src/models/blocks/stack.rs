@@ -11,7 +11,7 @@
 //! (their outputs summed, Falcon-H1) or LFM2's short convolution. Architecture files choose the blocks.
 
 use super::attention::Attention;
-use super::common::{check_ubatch, Embedding, OutputHead};
+use super::common::{check_ubatch, gather_rows, Embedding, OutputHead};
 use super::ffn::{DenseFfn, Moe, MoeGatedShared};
 use super::gated_attention::GatedAttention;
 use super::gated_delta_mixer::GatedDeltaMixer;
@@ -149,6 +149,11 @@ impl DecoderStack {
         })
     }
 
+    /// Layer `l`'s mixer on the normed rows `h`, into `out`: every row, or
+    /// for `q_rows` (ascending) only those rows where the mixer can skip the
+    /// others' outputs (attention: their queries are never needed). Returns
+    /// whether `out` holds only the `q_rows` rows.
+    #[allow(clippy::too_many_arguments)]
     fn mixer(
         &self,
         pool: &ThreadPool,
@@ -156,25 +161,32 @@ impl DecoderStack {
         rows: &[Rows],
         mem: &mut Memory,
         h: &[f32],
+        q_rows: Option<&[usize]>,
         out: &mut [f32],
-    ) -> Result<(), ModelError> {
+    ) -> Result<bool, ModelError> {
         let file = &self.file;
         match &self.layers[l].mixer {
             MixerBlock::None => out.fill(0.0),
-            MixerBlock::Attention(a) => a.forward(file, pool, l, rows, mem, h, out)?,
+            MixerBlock::Attention(a) => {
+                a.forward(file, pool, l, rows, mem, h, q_rows, out)?;
+                return Ok(q_rows.is_some());
+            }
             MixerBlock::Mamba1(m) => m.forward(file, pool, l, rows, mem, h, out)?,
             MixerBlock::Mamba2(m) => m.forward(file, pool, l, rows, mem, h, out)?,
-            MixerBlock::GatedAttention(a) => a.forward(file, pool, l, rows, mem, h, out)?,
+            MixerBlock::GatedAttention(a) => {
+                a.forward(file, pool, l, rows, mem, h, q_rows, out)?;
+                return Ok(q_rows.is_some());
+            }
             MixerBlock::GatedDeltaNet(m) => m.forward(file, pool, l, rows, mem, h, out)?,
             MixerBlock::Parallel(a, m) => {
-                a.forward(file, pool, l, rows, mem, h, out)?;
+                a.forward(file, pool, l, rows, mem, h, None, out)?;
                 let mut o2 = Scratch::dirty(out.len());
                 m.forward(file, pool, l, rows, mem, h, &mut o2)?;
                 out.iter_mut().zip(&o2).for_each(|(a, b)| *a += b);
             }
             MixerBlock::ShortConv(c) => c.forward(file, pool, l, rows, mem, h, out)?,
         }
-        Ok(())
+        Ok(false)
     }
 }
 
@@ -227,18 +239,23 @@ impl Model for DecoderStack {
         let rs = self.scales.residual;
         let mut h = Scratch::dirty(n * d);
         let mut o = Scratch::dirty(n * d);
-        // After the last layer's mixer (which writes every row's memory),
-        // only the rows whose logits are asked for go on, as llama.cpp's
-        // graphs do: a prompt's feed-forward of its last layer runs for its
-        // last token alone.
+        // The last layer's rows past its mixer (which writes every row's
+        // memory) are only those whose logits are asked for: a prompt's
+        // feed-forward of its last layer runs for its last token alone (as
+        // llama.cpp's graphs do), and an attention mixer there computes that
+        // token's query and output alone.
         let out_rows = ub.logit_rows();
         let last = self.layers.len().saturating_sub(1);
         let mut m = n; // rows of x
         for (l, layer) in self.layers.iter().enumerate() {
+            let narrow = (l == last && out_rows.len() < m).then_some(&out_rows[..]);
             if !matches!(layer.mixer, MixerBlock::None) {
                 norm_rows(pool, &x, &layer.norm, self.eps, &mut h, d);
-                self.mixer(pool, l, &rows, mem, &h, &mut o)?;
-                add_scaled_rows(pool, &mut x, rs, &o, d);
+                if self.mixer(pool, l, &rows, mem, &h, narrow, &mut o)? {
+                    x = gather_rows(&x, &out_rows, d);
+                    m = out_rows.len();
+                }
+                add_scaled_rows(pool, &mut x, rs, &o[..m * d], d);
             }
             if l == last && out_rows.len() < m {
                 x = gather_rows(&x, &out_rows, d);
@@ -304,15 +321,6 @@ fn norm_rows(pool: &ThreadPool, x: &[f32], w: &[f32], eps: f32, h: &mut [f32], d
     pool.rows_mut(h, d, 16, |r0, part| {
         rms_norm(&x[r0 * d..r0 * d + part.len()], Some(w), eps, part, d)
     });
-}
-
-/// Rows `rows` of `x` (`[n, d]`), in that order.
-fn gather_rows(x: &[f32], rows: &[usize], d: usize) -> Scratch {
-    let mut g = Scratch::dirty(rows.len() * d);
-    for (dst, &r) in g.chunks_exact_mut(d).zip(rows) {
-        dst.copy_from_slice(&x[r * d..(r + 1) * d]);
-    }
-    g
 }
 
 /// `x += s·o` (`[n, d]`), rows spread over the pool.
