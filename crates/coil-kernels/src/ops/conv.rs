@@ -63,7 +63,27 @@ pub fn conv1d_causal_silu_pool(
     k: usize,
 ) {
     conv1d_causal_act_pool(
-        pool, x, x_stride, state, weight, bias, out, channels, k, true,
+        pool, x, x_stride, state, weight, bias, out, channels, k, true, &|_| {},
+    );
+}
+
+/// [`conv1d_causal_silu_pool`], then `post` on each range of output rows
+/// (whole rows, `[.., channels]`) while they are still in cache.
+#[allow(clippy::too_many_arguments)]
+pub fn conv1d_causal_silu_pool_then(
+    pool: &ThreadPool,
+    x: &[f32],
+    x_stride: usize,
+    state: &mut [f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    channels: usize,
+    k: usize,
+    post: &(dyn Fn(&mut [f32]) + Sync),
+) {
+    conv1d_causal_act_pool(
+        pool, x, x_stride, state, weight, bias, out, channels, k, true, post,
     );
 }
 
@@ -83,7 +103,7 @@ pub fn conv1d_causal_pool(
     k: usize,
 ) {
     conv1d_causal_act_pool(
-        pool, x, x_stride, state, weight, bias, out, channels, k, false,
+        pool, x, x_stride, state, weight, bias, out, channels, k, false, &|_| {},
     );
 }
 
@@ -99,6 +119,7 @@ fn conv1d_causal_act_pool(
     channels: usize,
     k: usize,
     silu: bool,
+    post: &(dyn Fn(&mut [f32]) + Sync),
 ) {
     assert!(k >= 1 && channels > 0 && x_stride >= channels);
     assert!(out.len().is_multiple_of(channels));
@@ -133,12 +154,9 @@ fn conv1d_causal_act_pool(
                 channels,
                 k,
                 nt,
+                silu,
             );
-            if silu {
-                for o in part.chunks_exact_mut(channels) {
-                    super::act::silu_inplace(o);
-                }
-            }
+            post(part);
         };
         if n <= grain || pool.n_threads() == 1 {
             body(0, out);
@@ -251,11 +269,8 @@ pub fn conv1d_causal_silu_batch(
                 )
             };
             conv_rows_mv(
-                pt.x, x_stride, state, channels, wt, bias, out, channels, k, pt.n,
+                pt.x, x_stride, state, channels, wt, bias, out, channels, k, pt.n, true,
             );
-            for o in out.chunks_exact_mut(channels) {
-                super::act::silu_inplace(o);
-            }
             shift_window(
                 state,
                 |i| &pt.x[i * x_stride..i * x_stride + channels],
@@ -288,6 +303,9 @@ fn shift_window<'a>(
     }
 }
 
+/// Output rows `0..n` of a convolution, each in one pass over its channels
+/// (bias, then the taps in order, then SiLU where `silu`: per element the
+/// same operations as a row of taps at a time).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn conv_rows(
@@ -301,6 +319,84 @@ fn conv_rows(
     channels: usize,
     k: usize,
     n: usize,
+    silu: bool,
+) {
+    match k {
+        2 => conv_rows_k::<2>(x, xs, state, ss, wt, bias, out, channels, n, silu),
+        3 => conv_rows_k::<3>(x, xs, state, ss, wt, bias, out, channels, n, silu),
+        4 => conv_rows_k::<4>(x, xs, state, ss, wt, bias, out, channels, n, silu),
+        _ => conv_rows_any(x, xs, state, ss, wt, bias, out, channels, k, n, silu),
+    }
+}
+
+/// [`conv_rows`] for a window of `K` (the taps unrolled, the channel loop
+/// vectorized).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn conv_rows_k<const K: usize>(
+    x: &[f32],
+    xs: usize,
+    state: &[f32],
+    ss: usize,
+    wt: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    channels: usize,
+    n: usize,
+    silu: bool,
+) {
+    let w: [&[f32]; K] = std::array::from_fn(|j| &wt[j * channels..(j + 1) * channels]);
+    let zeros = [0f32; 64];
+    for t in 0..n {
+        // input index t − (K−1) + j, possibly in the window
+        let src: [&[f32]; K] = std::array::from_fn(|j| {
+            if t + j < K - 1 {
+                let i = t + j;
+                &state[i * ss..i * ss + channels]
+            } else {
+                let i = t + j - (K - 1);
+                &x[i * xs..i * xs + channels]
+            }
+        });
+        let o = &mut out[t * channels..(t + 1) * channels];
+        for c0 in (0..channels).step_by(64) {
+            let m = 64.min(channels - c0);
+            let b = match bias {
+                Some(b) => &b[c0..c0 + m],
+                None => &zeros[..m],
+            };
+            let s: [&[f32]; K] = std::array::from_fn(|j| &src[j][c0..c0 + m]);
+            let wj: [&[f32]; K] = std::array::from_fn(|j| &w[j][c0..c0 + m]);
+            let o = &mut o[c0..c0 + m];
+            for i in 0..m {
+                let mut acc = b[i];
+                for j in 0..K {
+                    acc += s[j][i] * wj[j][i];
+                }
+                o[i] = acc;
+            }
+            if silu {
+                o.iter_mut().for_each(|v| *v = super::act::silu_fast(*v));
+            }
+        }
+    }
+}
+
+/// [`conv_rows`] for any window: a row of taps at a time.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn conv_rows_any(
+    x: &[f32],
+    xs: usize,
+    state: &[f32],
+    ss: usize,
+    wt: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    channels: usize,
+    k: usize,
+    n: usize,
+    silu: bool,
 ) {
     for t in 0..n {
         let o = &mut out[t * channels..(t + 1) * channels];
@@ -322,11 +418,14 @@ fn conv_rows(
                 *ov += sv * wv;
             }
         }
+        if silu {
+            o.iter_mut().for_each(|v| *v = super::act::silu_fast(*v));
+        }
     }
 }
 multiversion!(fn conv_rows_mv(
     x: &[f32], xs: usize, state: &[f32], ss: usize, wt: &[f32], bias: Option<&[f32]>, out: &mut [f32],
-    channels: usize, k: usize, n: usize
+    channels: usize, k: usize, n: usize, silu: bool
 ) => conv_rows);
 
 #[cfg(test)]
@@ -357,7 +456,7 @@ mod tests {
         assert!(x.len().is_multiple_of(channels) && out.len() == x.len());
         let wt = transposed_weights(state, weight, bias, channels, k);
         let n = x.len() / channels;
-        conv_rows_mv(x, channels, state, channels, &wt, bias, out, channels, k, n);
+        conv_rows_mv(x, channels, state, channels, &wt, bias, out, channels, k, n, false);
         shift_window(
             state,
             |i| &x[i * channels..(i + 1) * channels],

@@ -22,7 +22,7 @@ use crate::models::{ModelError, Rows};
 use coil_gguf::GgufFile;
 use coil_kernels::ops::act::{mul_silu_inplace, softplus1};
 use coil_kernels::ops::conv::{
-    conv1d_causal_silu_batch, conv1d_causal_silu_pool, ConvSeq, ConvWeights,
+    conv1d_causal_silu_batch, conv1d_causal_silu_pool_then, ConvSeq, ConvWeights,
 };
 use coil_kernels::ops::gated_delta::{
     gated_delta_scan_batch, gated_delta_scan_state, l2_normalize, DeltaInputs, DeltaSeq,
@@ -346,7 +346,15 @@ impl GatedDeltaMixer {
             let t = rows.len();
             let mut st = layer_state(mem, layer, *seq)?;
             let xs = &mut x[rows.start * ch..rows.end * ch];
-            conv1d_causal_silu_pool(
+            // (q and k normalised right after their rows of the convolution,
+            // while those are in cache)
+            let l2 = |part: &mut [f32]| {
+                for row in part.chunks_exact_mut(ch) {
+                    l2_normalize(&mut row[..kd], dims.d_k, L2_EPS, q_scale);
+                    l2_normalize(&mut row[kd..2 * kd], dims.d_k, L2_EPS, 1.0);
+                }
+            };
+            conv1d_causal_silu_pool_then(
                 pool,
                 &qkv[rows.start * ch..rows.end * ch],
                 ch,
@@ -356,13 +364,8 @@ impl GatedDeltaMixer {
                 xs,
                 ch,
                 p.d_conv,
+                &l2,
             );
-            pool.rows_mut(xs, ch, 16, |_, part| {
-                for row in part.chunks_exact_mut(ch) {
-                    l2_normalize(&mut row[..kd], dims.d_k, L2_EPS, q_scale);
-                    l2_normalize(&mut row[kd..2 * kd], dims.d_k, L2_EPS, 1.0);
-                }
-            });
             let inputs = DeltaInputs {
                 q: xs,
                 k: &xs[kd..],
