@@ -63,7 +63,17 @@ pub fn conv1d_causal_silu_pool(
     k: usize,
 ) {
     conv1d_causal_act_pool(
-        pool, x, x_stride, state, weight, bias, out, channels, k, true, &|_| {},
+        pool,
+        x,
+        x_stride,
+        state,
+        weight,
+        bias,
+        out,
+        channels,
+        k,
+        true,
+        &|_| {},
     );
 }
 
@@ -103,7 +113,17 @@ pub fn conv1d_causal_pool(
     k: usize,
 ) {
     conv1d_causal_act_pool(
-        pool, x, x_stride, state, weight, bias, out, channels, k, false, &|_| {},
+        pool,
+        x,
+        x_stride,
+        state,
+        weight,
+        bias,
+        out,
+        channels,
+        k,
+        false,
+        &|_| {},
     );
 }
 
@@ -456,7 +476,9 @@ mod tests {
         assert!(x.len().is_multiple_of(channels) && out.len() == x.len());
         let wt = transposed_weights(state, weight, bias, channels, k);
         let n = x.len() / channels;
-        conv_rows_mv(x, channels, state, channels, &wt, bias, out, channels, k, n, false);
+        conv_rows_mv(
+            x, channels, state, channels, &wt, bias, out, channels, k, n, false,
+        );
         shift_window(
             state,
             |i| &x[i * channels..(i + 1) * channels],
