@@ -2,8 +2,9 @@
 //! layer then computes the queries and outputs of that token alone (its
 //! attention mixer) while caching every token's keys and values. The
 //! logits, and those of the tokens decoded after it, equal the full
-//! computation's (1e-5 of the largest logit); so do several sequences in
-//! one batch, some asking for every row and some for none.
+//! computation's (1e-5 of the largest logit); so do a prompt asking for no
+//! row, and several sequences in one batch, some asking for every row and
+//! some for none.
 
 use coil::engine::{BatchEntry, Engine, EngineOptions};
 use coil::models::plan::Mixer;
@@ -95,6 +96,12 @@ fn last_row_logits_equal_the_full_computation() {
         common::assert_close(&what, &last, &all[all.len() - v..], 1e-5);
         let what = format!("{name}: tokens after it");
         common::assert_close(&what, &then_last, &then_all, 1e-5);
+        // No row at all (a server's prompt chunk before the last).
+        e.seq_clear(0).unwrap();
+        assert!(e.eval(0, prompt, LogitRows::None, 0).unwrap().is_empty());
+        let then_none = e.eval(0, next, LogitRows::All, 0).unwrap();
+        let what = format!("{name}: tokens after a prompt without logits");
+        common::assert_close(&what, &then_none, &then_all, 1e-5);
 
         // One batch: the last row of one prompt, every row of another, no
         // row of a third; then each sequence's next token.
