@@ -112,7 +112,7 @@ pub(super) unsafe fn chunk16(
     }
     let el = exp_fast(gl);
 
-    // The next chunk's rows of this head, toward L1 while this one runs
+    // The next chunk's rows of this head, toward L2 while this one runs
     // (16 rows far apart: the hardware prefetchers do not follow them).
     for t in c0 + len..(c0 + len + L).min(n_tokens) {
         let q = inp.q.as_ptr().add(t * inp.ld_qk + kh * dk);
