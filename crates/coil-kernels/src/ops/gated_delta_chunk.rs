@@ -15,13 +15,14 @@
 //!
 //! Every exponent is ≤ 0 (g ≤ 0), so nothing overflows.
 //!
-//! At AVX-512, chunks of 16 with `d_k`, `d_v` multiples of 16 (every
-//! Qwen3.5 / Qwen3-Next layer) take [`super::gated_delta_chunk16`]: the same
-//! algebra with one token per `zmm` lane (a 512-token Qwen3.5-0.8B layer,
-//! one thread: 13.5–14.8 → 11.5–11.8 ms on a Zen 4).
+//! Chunks made of whole vectors (16 tokens at AVX-512, 8 at AVX2) with
+//! `d_k`, `d_v` multiples of the vector (every Qwen3.5 / Qwen3-Next layer)
+//! take [`super::gated_delta_lanes`]: the same algebra with one token per
+//! vector lane (a 512-token Qwen3.5-0.8B layer, one thread, on a Zen 4:
+//! 13.5–13.9 → 11.7 ms at AVX-512).
 
 use super::gated_delta::{DeltaInputs, GatedDeltaDims};
-use super::gated_delta_chunk16 as c16;
+use super::gated_delta_lanes as lanes;
 use crate::denormals::FlushDenormals;
 use crate::multiversion;
 use crate::pool::{SendPtr, ThreadPool};
@@ -348,27 +349,47 @@ pub fn gated_delta_chunked(
     let op = SendPtr(out.as_mut_ptr());
     let l = chunk.min(n_tokens);
     let grain = (hv / (pool.n_threads() * 2)).max(1);
+    // One token per vector lane where the chunk is made of whole vectors:
+    // 16 at AVX-512, 8 at AVX2 (a chunk of 16 there runs as two of 8).
     #[cfg(target_arch = "x86_64")]
-    if chunk == c16::L && c16::fits(&dims) && crate::simd::level() == crate::simd::SimdLevel::Avx512
     {
-        pool.parallel_for(hv, grain, |hr, _| {
-            let _flush = FlushDenormals::new();
-            let mut wk = c16::Work16::new(dk);
-            for j in hr {
-                // SAFETY: as below; AVX-512F by the level, c16::fits checked,
-                // tokens within the inputs checked by inp.check.
-                unsafe {
-                    let s = std::slice::from_raw_parts_mut(sp.get().add(j * dk * dv), dk * dv);
-                    let mut c0 = 0;
-                    while c0 < n_tokens {
-                        let len = chunk.min(n_tokens - c0);
-                        c16::chunk16(&dims, j, s, &inp, c0, len, n_tokens, &mut wk, op);
-                        c0 += len;
+        use crate::simd::{level, SimdLevel};
+        let ln = if level() == SimdLevel::Avx512 && chunk.is_multiple_of(16) {
+            16
+        } else if level() >= SimdLevel::Avx2 && chunk.is_multiple_of(8) {
+            8
+        } else {
+            0
+        };
+        if ln > 0 && lanes::fits(&dims, ln) {
+            pool.parallel_for(hv, grain, |hr, _| {
+                let _flush = FlushDenormals::new();
+                let mut wk = lanes::Work::new(dk, ln);
+                for j in hr {
+                    // SAFETY: as below; the level has the kernel's
+                    // instructions, lanes::fits checked, tokens within the
+                    // inputs checked by inp.check.
+                    unsafe {
+                        let s = std::slice::from_raw_parts_mut(sp.get().add(j * dk * dv), dk * dv);
+                        let mut c0 = 0;
+                        while c0 < n_tokens {
+                            let len = ln.min(n_tokens - c0);
+                            if ln == 16 {
+                                lanes::x86::chunk16(
+                                    &dims, j, s, &inp, c0, len, n_tokens, &mut wk, op,
+                                );
+                            } else {
+                                lanes::x86::chunk8(
+                                    &dims, j, s, &inp, c0, len, n_tokens, &mut wk, op,
+                                );
+                            }
+                            c0 += len;
+                        }
                     }
                 }
-            }
-        });
-        return;
+            });
+            return;
+        }
     }
     pool.parallel_for(hv, grain, |hr, _| {
         let _flush = FlushDenormals::new();

@@ -8,7 +8,7 @@ pub mod conv;
 pub mod gated_delta;
 mod gated_delta_bf16;
 pub mod gated_delta_chunk;
-mod gated_delta_chunk16;
+mod gated_delta_lanes;
 mod gated_delta_move;
 pub mod norm;
 pub mod rope;
