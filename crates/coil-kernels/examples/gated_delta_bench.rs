@@ -2,7 +2,7 @@
 //! a Qwen3.5-0.8B DeltaNet layer (16 key and 16 value heads of 128) from a
 //! non-zero state. Prints best wall times; no assertion (a measurement).
 //!
-//!     [N=512] [CHUNK=16] cargo run --release -p coil-kernels --example gated_delta_bench [-- THREADS [HK HV D]]
+//!     [N=512] [CHUNK=16] [ROWS=1] [ONLY_CHUNKED=1] [REPS=40] cargo run --release -p coil-kernels --example gated_delta_bench [-- THREADS [HK HV D]]
 
 use coil_kernels::ops::gated_delta::{
     gated_delta_scan, l2_normalize, DeltaInputs, GatedDeltaDims, HeadOrder,
@@ -76,6 +76,22 @@ fn main() {
         .map(|x| 1.0 / (1.0 + (-x).exp()))
         .collect();
     let s0 = rng.vec(hv * d * d);
+    // `ROWS=1`: q, k and v side by side in one row per token, as a model's
+    // convolution output holds them (`[q | k | v]`, the rows far apart).
+    let rows_like_model = std::env::var("ROWS").is_ok_and(|v| v == "1");
+    let (kd, vd) = (hk * d, hv * d);
+    let ch = 2 * kd + vd;
+    let x: Vec<f32> = if rows_like_model {
+        let mut x = vec![0f32; nmax * ch];
+        for t in 0..nmax {
+            x[t * ch..t * ch + kd].copy_from_slice(&q[t * kd..(t + 1) * kd]);
+            x[t * ch + kd..t * ch + 2 * kd].copy_from_slice(&k[t * kd..(t + 1) * kd]);
+            x[t * ch + 2 * kd..(t + 1) * ch].copy_from_slice(&v[t * vd..(t + 1) * vd]);
+        }
+        x
+    } else {
+        Vec::new()
+    };
     let chunk: usize = std::env::var("CHUNK")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -87,14 +103,26 @@ fn main() {
         if only.is_some_and(|o| o != n) {
             continue;
         }
-        let inp = DeltaInputs {
-            q: &q,
-            k: &k,
-            ld_qk: hk * d,
-            v: &v,
-            ld_v: hv * d,
-            g: &g[..n * hv],
-            beta: &beta[..n * hv],
+        let inp = if rows_like_model {
+            DeltaInputs {
+                q: &x,
+                k: &x[kd..],
+                ld_qk: ch,
+                v: &x[2 * kd..],
+                ld_v: ch,
+                g: &g[..n * hv],
+                beta: &beta[..n * hv],
+            }
+        } else {
+            DeltaInputs {
+                q: &q,
+                k: &k,
+                ld_qk: kd,
+                v: &v,
+                ld_v: vd,
+                g: &g[..n * hv],
+                beta: &beta[..n * hv],
+            }
         };
         let mut out = vec![0f32; n * hv * d];
         let mut s = s0.clone();
