@@ -163,7 +163,8 @@ impl Attention {
         }
         self.permute_lanes(&mut q);
         self.permute_lanes(&mut k);
-        let mut att = Scratch::zeroed(nq * qd);
+        // (every row written by `attend`: each query row is in one chunk)
+        let mut att = Scratch::dirty(nq * qd);
         attend(
             pool, p, layer, rows, mem, q_rows, &mut q, &mut k, &v, &mut att,
         )?;

@@ -110,7 +110,8 @@ impl GatedAttention {
         pool.rows_mut(&mut k, kvd, 16, |_, part| {
             rms_norm_inplace(part, Some(&self.k_norm), self.eps, hd)
         });
-        let mut att = Scratch::zeroed(nq * qd);
+        // (every row written by `attend`: each query row is in one chunk)
+        let mut att = Scratch::dirty(nq * qd);
         attend(
             pool, p, layer, rows, mem, q_rows, &mut q, &mut k, &v, &mut att,
         )?;
