@@ -26,6 +26,7 @@ use super::{decode_segment, SendPtr, WeightRef};
 use crate::pool::ThreadPool;
 use crate::simd::tile::{transpose, Lanes, V16};
 use crate::simd::SimdLevel;
+use coil_gguf::GgmlType;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -183,6 +184,9 @@ pub fn gemm(
 
     let yp = SendPtr(y.as_mut_ptr());
     let n_items = panels * groups;
+    // F16 weights stay 16-bit in the packed shape's strips (x86: F16C).
+    let f16_strips = cfg!(target_arch = "x86_64") && shape.packed && w.ty == GgmlType::F16;
+    let wsize = if f16_strips { 2 } else { 4 };
     // Work items are claimed one ahead, so the first weight block of the
     // next item can be fetched while this one computes — except for the
     // last few, which go to whichever thread is free first (claimed ahead,
@@ -226,12 +230,24 @@ pub fn gemm(
                     while k0 < cols {
                         let kc = KC.min(cols - k0);
                         // Weight rows r0..r0+nr, columns k0..k0+kc, as f32
-                        // strips [strip][k][rb] (rows past nr zero).
-                        for r in 0..nr {
-                            let src = w.row_range(r0 + r, k0, kc);
-                            decode_segment(w.ty, src, &mut rbuf[r * kc..(r + 1) * kc], level);
+                        // strips [strip][k][rb] (rows past nr zero); F16
+                        // weights as f16 strips, widened in the packed
+                        // microkernel (where `vcvtph2ps` costs no FMA time).
+                        if f16_strips {
+                            // SAFETY: the buffer holds PANEL·KC f32, room for
+                            // as many u16 (nr ≤ PANEL, kc ≤ KC); AVX2 at the
+                            // packed shape's level.
+                            #[cfg(target_arch = "x86_64")]
+                            unsafe {
+                                x86::strips_f16(&w, r0, nr, k0, kc, sbuf.as_mut_ptr() as *mut u16)
+                            };
+                        } else {
+                            for r in 0..nr {
+                                let src = w.row_range(r0 + r, k0, kc);
+                                decode_segment(w.ty, src, &mut rbuf[r * kc..(r + 1) * kc], level);
+                            }
+                            to_strips(&rbuf, nr, kc, rb, sbuf, level);
                         }
-                        to_strips(&rbuf, nr, kc, rb, sbuf, level);
                         // The panel's rows are many concurrent streams, more
                         // than hardware prefetchers follow: fetch the next
                         // block (of this item, else the first of the
@@ -300,7 +316,9 @@ pub fn gemm(
                                             packed_microkernel(
                                                 level,
                                                 m,
-                                                sbuf.as_ptr().add(s * kc * rb),
+                                                f16_strips,
+                                                (sbuf.as_ptr() as *const u8)
+                                                    .add(s * kc * rb * wsize),
                                                 xt,
                                                 kc,
                                                 yt,
@@ -485,7 +503,8 @@ unsafe fn microkernel(
 unsafe fn packed_microkernel(
     level: SimdLevel,
     m: usize,
-    strip: *const f32,
+    f16: bool,
+    strip: *const u8,
     xt: *const f32,
     kc: usize,
     y: *mut f32,
@@ -495,7 +514,10 @@ unsafe fn packed_microkernel(
 ) {
     match level {
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 => x86::mk_avx2_packed(m, strip, xt, kc, y, ys, nrs, init),
+        SimdLevel::Avx2 if f16 => {
+            x86::mk_avx2_packed_f16(m, strip as *const u16, xt, kc, y, ys, nrs, init)
+        }
+        SimdLevel::Avx2 => x86::mk_avx2_packed(m, strip as *const f32, xt, kc, y, ys, nrs, init),
         _ => unreachable!("no packed microkernel at {level:?}"),
     }
 }
@@ -658,6 +680,83 @@ mod x86 {
         }
     }
 
+    /// F16 weight rows `r0..r0 + nr`, columns `k0..k0 + kc`, as strips of
+    /// 16 rows `[strip][k][16]` of u16 at `dst` (rows past `nr` zero).
+    ///
+    /// # Safety
+    /// AVX2; `w` is F16 with those rows and columns; `dst` holds
+    /// `ceil(nr / 16) · 16 · kc` values.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn strips_f16(
+        w: &super::WeightRef,
+        r0: usize,
+        nr: usize,
+        k0: usize,
+        kc: usize,
+        dst: *mut u16,
+    ) {
+        let kv = kc / 16 * 16;
+        for s in 0..nr.div_ceil(16) {
+            let rows: [Option<*const u16>; 16] = std::array::from_fn(|i| {
+                let r = s * 16 + i;
+                (r < nr).then(|| w.row_range(r0 + r, k0, kc).as_ptr() as *const u16)
+            });
+            let out = dst.add(s * kc * 16);
+            for kb in (0..kv).step_by(16) {
+                let mut v = [_mm256_setzero_si256(); 16];
+                for (x, row) in v.iter_mut().zip(&rows) {
+                    if let Some(p) = row {
+                        *x = _mm256_loadu_si256(p.add(kb) as *const __m256i);
+                    }
+                }
+                for (c, x) in transpose16_u16(v).iter().enumerate() {
+                    _mm256_storeu_si256(out.add((kb + c) * 16) as *mut __m256i, *x);
+                }
+            }
+            for k in kv..kc {
+                for (i, row) in rows.iter().enumerate() {
+                    *out.add(k * 16 + i) = row.map_or(0, |p| p.add(k).read_unaligned());
+                }
+            }
+        }
+    }
+
+    /// The 16 × 16 transpose of 16-bit values: `out[c]` lane `r` =
+    /// `v[r]` lane `c`.
+    #[inline(always)]
+    pub(super) unsafe fn transpose16_u16(v: [__m256i; 16]) -> [__m256i; 16] {
+        // Within each 128-bit half (columns 0–7 / 8–15): pairs of rows
+        // interleaved, then quads, then octets; then the halves.
+        let mut b = [_mm256_setzero_si256(); 16];
+        for p in 0..8 {
+            b[2 * p] = _mm256_unpacklo_epi16(v[2 * p], v[2 * p + 1]);
+            b[2 * p + 1] = _mm256_unpackhi_epi16(v[2 * p], v[2 * p + 1]);
+        }
+        // c[4q + j]: rows 4q..4q+4, columns 2j, 2j+1 (+8 in the high half)
+        let mut c = [_mm256_setzero_si256(); 16];
+        for q in 0..4 {
+            c[4 * q] = _mm256_unpacklo_epi32(b[4 * q], b[4 * q + 2]);
+            c[4 * q + 1] = _mm256_unpackhi_epi32(b[4 * q], b[4 * q + 2]);
+            c[4 * q + 2] = _mm256_unpacklo_epi32(b[4 * q + 1], b[4 * q + 3]);
+            c[4 * q + 3] = _mm256_unpackhi_epi32(b[4 * q + 1], b[4 * q + 3]);
+        }
+        // e[g][col]: rows 8g..8g+8 at column col (+8 in the high half)
+        let mut e = [[_mm256_setzero_si256(); 8]; 2];
+        for (g, e) in e.iter_mut().enumerate() {
+            for j in 0..4 {
+                let (x, y) = (c[8 * g + j], c[8 * g + 4 + j]);
+                e[2 * j] = _mm256_unpacklo_epi64(x, y);
+                e[2 * j + 1] = _mm256_unpackhi_epi64(x, y);
+            }
+        }
+        let mut out = [_mm256_setzero_si256(); 16];
+        for col in 0..8 {
+            out[col] = _mm256_permute2x128_si256::<0x20>(e[0][col], e[1][col]);
+            out[col + 8] = _mm256_permute2x128_si256::<0x31>(e[0][col], e[1][col]);
+        }
+        out
+    }
+
     /// Lane masks (`maskload` / `maskstore`) of the first `n ≤ 16` of 16 rows.
     #[inline(always)]
     unsafe fn masks256(n: usize) -> [__m256i; 2] {
@@ -694,6 +793,39 @@ mod x86 {
         nrs: usize,
         init: bool,
     ) {
+        mk_packed::<false>(m, strip as *const u8, xt, kc, y, ys, nrs, init)
+    }
+
+    /// [`mk_avx2_packed`] on a strip of f16 weights `[k][16]`, widened
+    /// exactly as they are loaded (the same products, bit for bit).
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn mk_avx2_packed_f16(
+        m: usize,
+        strip: *const u16,
+        xt: *const f32,
+        kc: usize,
+        y: *mut f32,
+        ys: usize,
+        nrs: usize,
+        init: bool,
+    ) {
+        mk_packed::<true>(m, strip as *const u8, xt, kc, y, ys, nrs, init)
+    }
+
+    /// The body of both: `F16` strips of u16, else of f32.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    unsafe fn mk_packed<const F16: bool>(
+        m: usize,
+        strip: *const u8,
+        xt: *const f32,
+        kc: usize,
+        y: *mut f32,
+        ys: usize,
+        nrs: usize,
+        init: bool,
+    ) {
         const M: usize = 6;
         let full = nrs == 16;
         let mk = masks256(nrs);
@@ -714,14 +846,21 @@ mod x86 {
         let mut xk = xt;
         for _ in 0..kc {
             _mm_prefetch::<_MM_HINT_T0>(xk.wrapping_add(PF_X) as *const i8);
-            let w0 = _mm256_loadu_ps(wk);
-            let w1 = _mm256_loadu_ps(wk.add(8));
+            let (w0, w1) = if F16 {
+                (
+                    _mm256_cvtph_ps(_mm_loadu_si128(wk as *const __m128i)),
+                    _mm256_cvtph_ps(_mm_loadu_si128(wk.add(16) as *const __m128i)),
+                )
+            } else {
+                let wf = wk as *const f32;
+                (_mm256_loadu_ps(wf), _mm256_loadu_ps(wf.add(8)))
+            };
             for (t, a) in acc.iter_mut().enumerate() {
                 let b = _mm256_broadcast_ss(&*xk.add(t));
                 a[0] = _mm256_fmadd_ps(b, w0, a[0]);
                 a[1] = _mm256_fmadd_ps(b, w1, a[1]);
             }
-            wk = wk.add(16);
+            wk = wk.add(if F16 { 32 } else { 64 });
             xk = xk.add(M);
         }
         for (t, a) in acc.iter().enumerate().take(m) {
@@ -732,6 +871,39 @@ mod x86 {
             } else {
                 _mm256_maskstore_ps(yt, mk[0], a[0]);
                 _mm256_maskstore_ps(yt.add(8), mk[1], a[1]);
+            }
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use crate::simd::{level, SimdLevel};
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2")]
+    unsafe fn run(m: &[u16], got: &mut [u16]) {
+        let mut v = [_mm256_setzero_si256(); 16];
+        for (r, x) in v.iter_mut().enumerate() {
+            *x = _mm256_loadu_si256(m.as_ptr().add(16 * r) as *const __m256i);
+        }
+        for (c, x) in super::x86::transpose16_u16(v).iter().enumerate() {
+            _mm256_storeu_si256(got.as_mut_ptr().add(16 * c) as *mut __m256i, *x);
+        }
+    }
+
+    #[test]
+    fn f16_strip_transpose_transposes() {
+        if level() < SimdLevel::Avx2 {
+            return;
+        }
+        let m: Vec<u16> = (0..256).collect();
+        let mut got = vec![0u16; 256];
+        // SAFETY: AVX2 checked above; 256 values in both.
+        unsafe { run(&m, &mut got) };
+        for c in 0..16 {
+            for r in 0..16 {
+                assert_eq!(got[16 * c + r], m[16 * r + c], "column {c} row {r}");
             }
         }
     }
