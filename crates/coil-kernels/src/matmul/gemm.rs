@@ -239,7 +239,7 @@ pub fn gemm(
                             // packed shape's level.
                             #[cfg(target_arch = "x86_64")]
                             unsafe {
-                                x86::strips_f16(&w, r0, nr, k0, kc, sbuf.as_mut_ptr() as *mut u16)
+                                x86::strips_f16(w, r0, nr, k0, kc, sbuf.as_mut_ptr() as *mut u16)
                             };
                         } else {
                             for r in 0..nr {
