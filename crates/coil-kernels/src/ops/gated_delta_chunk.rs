@@ -349,59 +349,30 @@ pub fn gated_delta_chunked(
     let op = SendPtr(out.as_mut_ptr());
     let l = chunk.min(n_tokens);
     let grain = (hv / (pool.n_threads() * 2)).max(1);
-    // One token per vector lane where the chunk is made of whole vectors:
-    // 16 at AVX-512, 8 at AVX2 (a chunk of 16 there runs as two of 8).
-    #[cfg(target_arch = "x86_64")]
-    {
-        use crate::simd::{level, SimdLevel};
-        let ln = if level() == SimdLevel::Avx512 && chunk.is_multiple_of(16) {
-            16
-        } else if level() >= SimdLevel::Avx2 && chunk.is_multiple_of(8) {
-            8
-        } else {
-            0
-        };
-        if ln > 0 && lanes::fits(&dims, ln) {
-            pool.parallel_for(hv, grain, |hr, _| {
-                let _flush = FlushDenormals::new();
-                let mut wk = lanes::Work::new(dk, ln);
-                for j in hr {
-                    // SAFETY: as below; the level has the kernel's
-                    // instructions, lanes::fits checked, tokens within the
-                    // inputs checked by inp.check.
-                    unsafe {
-                        let s = std::slice::from_raw_parts_mut(sp.get().add(j * dk * dv), dk * dv);
-                        let mut c0 = 0;
-                        while c0 < n_tokens {
-                            let len = ln.min(n_tokens - c0);
-                            if ln == 16 {
-                                lanes::x86::chunk16(
-                                    &dims, j, s, &inp, c0, len, n_tokens, &mut wk, op,
-                                );
-                            } else {
-                                lanes::x86::chunk8(
-                                    &dims, j, s, &inp, c0, len, n_tokens, &mut wk, op,
-                                );
-                            }
-                            c0 += len;
-                        }
-                    }
-                }
-            });
-            return;
-        }
-    }
+    // One token per vector lane where the chunk is made of whole vectors
+    // (see `lanes::width`), else the tiles below.
+    let width = lanes::width(chunk, &dims);
+    let step = if width > 0 { width } else { chunk };
     pool.parallel_for(hv, grain, |hr, _| {
         let _flush = FlushDenormals::new();
-        let mut wk = Work::new(l, dk, dv);
+        let mut wk = (width == 0).then(|| Work::new(l, dk, dv));
+        let mut lw = (width > 0).then(|| lanes::Work::new(dk, width));
         for j in hr {
             // SAFETY: each value head's state and output lanes belong to
             // exactly one call (parallel_for hands out disjoint heads).
             let s = unsafe { std::slice::from_raw_parts_mut(sp.get().add(j * dk * dv), dk * dv) };
             let mut c0 = 0;
             while c0 < n_tokens {
-                let len = chunk.min(n_tokens - c0);
-                chunk_mv(&dims, j, s, &inp, c0, len, &mut wk, op);
+                let len = step.min(n_tokens - c0);
+                match (&mut wk, &mut lw) {
+                    // SAFETY: `width` is the CPU's and fits the dims; the
+                    // tokens are within the inputs (inp.check above).
+                    (_, Some(lw)) => unsafe {
+                        lanes::chunk_at(width, &dims, j, s, &inp, c0, len, n_tokens, lw, op)
+                    },
+                    (Some(wk), _) => chunk_mv(&dims, j, s, &inp, c0, len, wk, op),
+                    (None, None) => unreachable!("one of the two is made"),
+                }
                 c0 += len;
             }
         }
@@ -712,7 +683,7 @@ pub(crate) mod tests {
                 (2, 2, 16, 4, 1, 4),
                 (1, 2, 24, 20, 70, 16),
                 (2, 4, 32, 32, 130, 64),
-                // AVX-512: 8 × 32 tiles with 16 columns and rows left over
+                // chunks of 40 in lanes of 8 at AVX2 and AVX-512 (five steps)
                 (1, 2, 40, 48, 90, 40),
                 // chunks of 16 with d_k, d_v multiples of 16 (the AVX-512
                 // 16-token kernel there): whole and short last chunks

@@ -53,6 +53,56 @@ pub(super) fn fits(d: &GatedDeltaDims, l: usize) -> bool {
     d.d_k.is_multiple_of(l) && d.d_v.is_multiple_of(l) && d.d_k > 0 && d.d_v > 0
 }
 
+/// Tokens per lane step for chunks of `chunk` tokens of a layer of these
+/// dimensions at the current SIMD level: 16 at AVX-512, 8 at AVX2 (a chunk
+/// of 16 there runs as two of 8), 0 where the chunk is not made of whole
+/// vectors or the dimensions do not fit (the generic form then).
+pub(super) fn width(chunk: usize, d: &GatedDeltaDims) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::simd::{level, SimdLevel};
+        let w = if level() == SimdLevel::Avx512 && chunk.is_multiple_of(16) {
+            16
+        } else if level() >= SimdLevel::Avx2 && chunk.is_multiple_of(8) {
+            8
+        } else {
+            0
+        };
+        if w > 0 && fits(d, w) {
+            return w;
+        }
+    }
+    let _ = (chunk, d);
+    0
+}
+
+/// [`chunk`] at the lane width [`width`] chose.
+///
+/// # Safety
+/// `width` came from [`width`] for these dimensions (non-zero); `wk` was
+/// made for `d.d_k` and `width`; as [`chunk`] otherwise.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn chunk_at(
+    width: usize,
+    d: &GatedDeltaDims,
+    j: usize,
+    s: &mut [f32],
+    inp: &DeltaInputs,
+    c0: usize,
+    len: usize,
+    n_tokens: usize,
+    wk: &mut Work,
+    out: SendPtr<f32>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    match width {
+        16 => return x86::chunk16(d, j, s, inp, c0, len, n_tokens, wk, out),
+        8 => return x86::chunk8(d, j, s, inp, c0, len, n_tokens, wk, out),
+        _ => {}
+    }
+    unreachable!("no lane kernel {width} wide");
+}
+
 /// One thread's buffers.
 pub(super) struct Work {
     qt: Vec<f32>,  // [dk, L]  Qᵀ
@@ -67,17 +117,15 @@ pub(super) struct Work {
 
 impl Work {
     pub(super) fn new(dk: usize, l: usize) -> Self {
-        #[allow(non_snake_case)]
-        let L = l;
         Work {
-            qt: vec![0.0; dk * L],
-            kt: vec![0.0; dk * L],
-            wt: vec![0.0; dk * L],
-            kdt: vec![0.0; dk * L],
-            t1: vec![0.0; L * L],
-            p: vec![0.0; L * L],
-            sq: vec![0.0; L * L],
-            vp: vec![0.0; L * L],
+            qt: vec![0.0; dk * l],
+            kt: vec![0.0; dk * l],
+            wt: vec![0.0; dk * l],
+            kdt: vec![0.0; dk * l],
+            t1: vec![0.0; l * l],
+            p: vec![0.0; l * l],
+            sq: vec![0.0; l * l],
+            vp: vec![0.0; l * l],
         }
     }
 }
@@ -316,7 +364,7 @@ unsafe fn gram<V: Lane, const L: usize>(dk: usize, xt: &[f32], kt: &[f32], dst: 
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(super) mod x86 {
+mod x86 {
     use super::{chunk, DeltaInputs, GatedDeltaDims, Lane, SendPtr, Work};
     use std::arch::x86_64::*;
 
