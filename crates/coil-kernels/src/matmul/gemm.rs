@@ -14,10 +14,12 @@
 //! Two loop orders, per SIMD level (`Shape`):
 //! * AVX-512 and portable: 32-row strips, activations read in place from `x`
 //!   (`[n_tokens, cols]`); per token tile, every strip of the panel.
-//! * AVX2 (16 ymm registers, a 6 × 16 tile): 16-row strips, and the
+//! * AVX2, and AVX-512 where 512-bit operations run as halves (16 ymm
+//!   registers, a 6 × 16 tile): 16-row strips ([`KC_PACKED`] columns), and the
 //!   activations packed once per call as `[tile of 6 tokens][cols][6]`, so a
-//!   tile's broadcasts come from one contiguous stream; per strip (16 KiB,
-//!   kept in L1), every token tile of a block of `MC_TILES` (in L2). Read
+//!   tile's broadcasts come from one contiguous stream; per strip (F16
+//!   weights kept 16-bit), every token tile of a block of `MC_TILES` (in
+//!   L2). Read
 //!   in place, the 6 token rows of a tile sit `cols` floats apart — a
 //!   multiple of 4 KiB for the usual widths, so they all fall in the same
 //!   L1 sets — and every strip was re-read from L2 for each tile.
@@ -25,7 +27,7 @@
 use super::{decode_segment, SendPtr, WeightRef};
 use crate::pool::ThreadPool;
 use crate::simd::tile::{transpose, Lanes, V16};
-use crate::simd::SimdLevel;
+use crate::simd::{self, SimdLevel};
 use coil_gguf::GgmlType;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -34,6 +36,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub const RB: usize = 32;
 /// Columns decoded per step (a multiple of every block size, 256).
 pub const KC: usize = 256;
+/// Columns per step of the packed shape: each tile's partial sums go to
+/// `y` and come back once per step, so a longer step saves those round
+/// trips (rows 16 KiB apart, from L2); the strip (16 rows, 32 KiB of f16
+/// or 64 KiB of f32) streams from L2 with the tiles. Measured on an AMD
+/// Zen 4, `probe F16 ROWS COLS 512 1`, 256 → 1024: 1024 × 3584 93–97 →
+/// 100–104 GFLOP/s, 6144 × 1024 101–104 → 107–109, 3584 × 1024 104–107 →
+/// 104–109 (2 threads, 1024 × 2048: 184–190 → 193–196).
+pub const KC_PACKED: usize = 4 * KC;
 /// Weight rows per work item (a multiple of both strip widths).
 pub const PANEL: usize = 96;
 /// Tokens per unit of a work item's token group (activations in place).
@@ -55,31 +65,51 @@ struct Shape {
     /// Activations packed per tile (`[tile][cols][mt]`) and strips outside
     /// token tiles; else read in place, tiles outside strips.
     packed: bool,
+    /// Columns per step ([`KC`] or [`KC_PACKED`]).
+    kc: usize,
 }
+
+/// The AVX-512 level takes the packed shape where the CPU runs 512-bit
+/// operations as halves ([`simd::split_512`]), its F16 strips widened and
+/// multiplied 16 rows to a `zmm` (the f32 strips by the AVX2 microkernel).
+/// On an AMD Zen 4 (kernel bench, 512 tokens × 4096 × 1024 F16, 2 threads,
+/// two rounds) the packed AVX2 shape gave 185.7–187.2 GFLOP/s against
+/// 163.6–164.3 for the unpacked AVX-512 one (whose 512-bit FMAs bring no
+/// more products per cycle there); its F16 `zmm` microkernel (one
+/// `vcvtph2ps` and six FMAs with broadcast operands per column, where the
+/// `ymm` one has two conversions, six broadcasts and twelve FMAs), qwen35
+/// F16 pp512 (alternating, three rounds): 183.1 / 182.6 / 195.1 → 182.9 /
+/// 192.8 / 202.6 tokens/s.
+/// 16-row strips, 6-token tiles, activations packed (the AVX2 microkernel).
+const PACKED: Shape = Shape {
+    rb: 16,
+    mt: 6,
+    packed: true,
+    kc: KC_PACKED,
+};
 
 fn shape_for(level: SimdLevel) -> Shape {
     match level {
+        SimdLevel::Avx512 if simd::split_512() => PACKED,
         SimdLevel::Avx512 => Shape {
             rb: RB,
             mt: MT_MAX,
             packed: false,
+            kc: KC,
         },
-        SimdLevel::Avx2 => Shape {
-            rb: 16,
-            mt: 6,
-            packed: true,
-        },
+        SimdLevel::Avx2 => PACKED,
         SimdLevel::Scalar => Shape {
             rb: RB,
             mt: 4,
             packed: false,
+            kc: KC,
         },
     }
 }
 
 thread_local! {
-    /// A panel decoded row by row, `[PANEL][KC]`, and as strips,
-    /// `[PANEL / rb][KC][rb]`.
+    /// A panel decoded row by row, `[PANEL][kc]`, and as strips,
+    /// `[PANEL / rb][kc][rb]` (`kc` the shape's step).
     static RBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     static SBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// The calling thread's packed activations (kept between calls: no
@@ -88,15 +118,15 @@ thread_local! {
 }
 
 /// Where tile `i`'s packed activations for the columns from `k0` (a
-/// multiple of [`KC`]) start in the packed buffer: `[k block][tile][kc][mt]`,
-/// every k block before `k0` a full [`KC`] wide. A k block's tiles are
+/// multiple of [`KC_PACKED`]) start in the packed buffer: `[k block][tile][kc][mt]`,
+/// every k block before `k0` a full [`KC_PACKED`] wide. A k block's tiles are
 /// contiguous, so the tiles a loop over them touches form one stream; a
 /// tile-major layout put them `cols · mt` floats apart — for `cols` a
 /// multiple of 2048 a multiple of the L2's set stride, all in the same sets
 /// (`cols` 8192: 67% of the FMA peak instead of 83%).
 #[inline]
 fn packed_at(k0: usize, i: usize, n_tiles: usize, cols: usize, mt: usize) -> usize {
-    let kc = KC.min(cols - k0);
+    let kc = KC_PACKED.min(cols - k0);
     k0 * n_tiles * mt + i * kc * mt
 }
 
@@ -118,8 +148,8 @@ fn pack_x(
         for i in tr {
             let m = mt.min(n - i * mt);
             let src = &x[i * mt * cols..(i * mt + m) * cols];
-            for k0 in (0..cols).step_by(KC) {
-                let kc = KC.min(cols - k0);
+            for k0 in (0..cols).step_by(KC_PACKED) {
+                let kc = KC_PACKED.min(cols - k0);
                 // SAFETY: tile i owns its kc·mt values of every k block.
                 let dst = unsafe {
                     std::slice::from_raw_parts_mut(
@@ -128,7 +158,7 @@ fn pack_x(
                     )
                 };
                 #[cfg(target_arch = "x86_64")]
-                if level == SimdLevel::Avx2 && mt == 6 {
+                if level >= SimdLevel::Avx2 && mt == 6 {
                     // SAFETY: AVX2 is the CPU's (the level says so); sizes as checked.
                     unsafe { x86::pack_tile6_avx2(src, m, cols, k0, kc, dst) };
                     continue;
@@ -155,7 +185,7 @@ pub fn gemm(
     let (rows, cols) = (w.rows, w.cols);
     assert!(x.len() >= n_tokens * cols && y.len() >= n_tokens * rows);
     let shape = shape_for(level);
-    let (rb, mt) = (shape.rb, shape.mt);
+    let (rb, mt, kcb) = (shape.rb, shape.mt, shape.kc);
     // Token groups are made of whole units (whole tiles when packed).
     let unit = if shape.packed { 6 * mt } else { TG };
     let nb = n_tokens.div_ceil(unit);
@@ -204,15 +234,15 @@ pub fn gemm(
             SBUF.with(|sbuf| {
                 let mut rbuf = rbuf.borrow_mut();
                 let mut sbuf = sbuf.borrow_mut();
-                if rbuf.len() < PANEL * KC {
-                    rbuf.resize(PANEL * KC, 0.0);
-                    sbuf.resize(PANEL * KC + 16, 0.0);
+                if rbuf.len() < PANEL * kcb {
+                    rbuf.resize(PANEL * kcb, 0.0);
+                    sbuf.resize(PANEL * kcb + 16, 0.0);
                 }
                 // The strips start on a cache line: a strip's row of 16
                 // floats is then one line, not two halves of two (split
                 // loads; twice the lines in L1).
                 let off = sbuf.as_ptr().align_offset(64).min(15);
-                let sbuf = &mut sbuf[off..off + PANEL * KC];
+                let sbuf = &mut sbuf[off..off + PANEL * kcb];
                 let mut item = claim();
                 while item < n_items {
                     let following = if next_item.load(Ordering::Relaxed) + n_threads < n_items {
@@ -228,14 +258,14 @@ pub fn gemm(
                     let n_tiles = (t_end - t_begin).div_ceil(mt);
                     let mut k0 = 0;
                     while k0 < cols {
-                        let kc = KC.min(cols - k0);
+                        let kc = kcb.min(cols - k0);
                         // Weight rows r0..r0+nr, columns k0..k0+kc, as f32
                         // strips [strip][k][rb] (rows past nr zero); F16
                         // weights as f16 strips, widened in the packed
                         // microkernel (where `vcvtph2ps` costs no FMA time).
                         if f16_strips {
-                            // SAFETY: the buffer holds PANEL·KC f32, room for
-                            // as many u16 (nr ≤ PANEL, kc ≤ KC); AVX2 at the
+                            // SAFETY: the buffer holds PANEL·kcb f32, room for
+                            // as many u16 (nr ≤ PANEL, kc ≤ kcb); AVX2 at the
                             // packed shape's level.
                             #[cfg(target_arch = "x86_64")]
                             unsafe {
@@ -255,10 +285,10 @@ pub fn gemm(
                         // microkernel calls so the requests overlap the
                         // products.
                         let ahead = if k0 + kc < cols {
-                            Some((r0, nr, k0 + kc, KC.min(cols - k0 - kc)))
+                            Some((r0, nr, k0 + kc, kcb.min(cols - k0 - kc)))
                         } else if following < n_items {
                             let (fr0, fnr) = rows_of(following);
-                            Some((fr0, fnr, 0, KC.min(cols)))
+                            Some((fr0, fnr, 0, kcb.min(cols)))
                         } else {
                             None
                         };
@@ -514,10 +544,17 @@ unsafe fn packed_microkernel(
 ) {
     match level {
         #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512 if f16 => {
+            x86::mk_avx512_packed_f16(m, strip as *const u16, xt, kc, y, ys, nrs, init)
+        }
+        #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx2 if f16 => {
             x86::mk_avx2_packed_f16(m, strip as *const u16, xt, kc, y, ys, nrs, init)
         }
-        SimdLevel::Avx2 => x86::mk_avx2_packed(m, strip as *const f32, xt, kc, y, ys, nrs, init),
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 | SimdLevel::Avx512 => {
+            x86::mk_avx2_packed(m, strip as *const f32, xt, kc, y, ys, nrs, init)
+        }
         _ => unreachable!("no packed microkernel at {level:?}"),
     }
 }
@@ -773,7 +810,7 @@ mod x86 {
     /// the `[k block][tile][kc][6]` layout), which the next call reads.
     /// Measured on an AMD Zen 5 at AVX2: 1.5 KB ahead 78–85% of the FMA
     /// peak on 2048 × 8192 weights, 6 KB 84–86%, none 69%.
-    const PF_X: usize = 6 * super::KC;
+    const PF_X: usize = 6 * super::KC_PACKED;
 
     /// 6 tokens × 16 rows (12 accumulators, 2 weight vectors, 1 broadcast
     /// of the 16 ymm registers): the activations' broadcasts from one
@@ -811,6 +848,49 @@ mod x86 {
         init: bool,
     ) {
         mk_packed::<true>(m, strip as *const u8, xt, kc, y, ys, nrs, init)
+    }
+
+    /// [`mk_avx2_packed_f16`] with a strip's 16 rows in one `zmm`: per
+    /// column one conversion and six FMAs taking their broadcast from
+    /// memory (the same products in the same order, bit for bit).
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn mk_avx512_packed_f16(
+        m: usize,
+        strip: *const u16,
+        xt: *const f32,
+        kc: usize,
+        y: *mut f32,
+        ys: usize,
+        nrs: usize,
+        init: bool,
+    ) {
+        const M: usize = 6;
+        let mask: __mmask16 = if nrs >= 16 {
+            0xffff
+        } else {
+            ((1u32 << nrs) - 1) as u16
+        };
+        let mut acc = [_mm512_setzero_ps(); M];
+        if !init {
+            for (t, a) in acc.iter_mut().enumerate().take(m) {
+                *a = _mm512_maskz_loadu_ps(mask, y.add(t * ys));
+            }
+        }
+        let mut wk = strip;
+        let mut xk = xt;
+        for _ in 0..kc {
+            _mm_prefetch::<_MM_HINT_T0>(xk.wrapping_add(PF_X) as *const i8);
+            let w = _mm512_cvtph_ps(_mm256_loadu_si256(wk as *const __m256i));
+            for (t, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_fmadd_ps(_mm512_set1_ps(*xk.add(t)), w, *a);
+            }
+            wk = wk.add(16);
+            xk = xk.add(M);
+        }
+        for (t, a) in acc.iter().enumerate().take(m) {
+            _mm512_mask_storeu_ps(y.add(t * ys), mask, *a);
+        }
     }
 
     /// The body of both: `F16` strips of u16, else of f32.

@@ -516,7 +516,7 @@ pub fn matmul_at(
             {
                 return bf16_gemm::gemm(pool, w, x, y, n_tokens);
             }
-            gemm::gemm(pool, w, x, y, n_tokens, f32_gemm_level(level))
+            gemm::gemm(pool, w, x, y, n_tokens, level)
         }
     }
 }
@@ -537,20 +537,6 @@ fn float_dot_level(pool: &ThreadPool, ty: GgmlType, level: SimdLevel) -> SimdLev
     match ty {
         GgmlType::F16 | GgmlType::BF16 if pool.single_stream() => level.min(SimdLevel::Avx2),
         _ => level,
-    }
-}
-
-/// The level of the exact f32 GEMM (F16, F32, BF16 without bf16 products):
-/// the AVX2 microkernel where the CPU runs 512-bit operations as halves
-/// ([`simd::split_512`]). On an AMD Zen 4 (kernel bench, 512 tokens × 4096
-/// × 1024 F16, 2 threads, two rounds) it gave 185.7–187.2 GFLOP/s against
-/// 163.6–164.3 for the AVX-512 one (whose 512-bit FMAs bring no more
-/// products per cycle there).
-fn f32_gemm_level(level: SimdLevel) -> SimdLevel {
-    if level == SimdLevel::Avx512 && simd::split_512() {
-        SimdLevel::Avx2
-    } else {
-        level
     }
 }
 

@@ -77,12 +77,13 @@ fn all_formats_all_paths() {
     let mut seed = 1;
     for ty in FORMATS {
         let bs = ty.block_size();
+        // The widest cross the f32 GEMM's column steps (256, packed 1024).
         let col_set: Vec<usize> = if bs == 1 {
-            vec![1, 17, 64, 600]
+            vec![1, 17, 64, 600, 1100]
         } else if bs == 32 {
-            vec![32, 96, 640]
+            vec![32, 96, 640, 1056]
         } else {
-            vec![256, 768]
+            vec![256, 768, 1280]
         };
         for &cols in &col_set {
             for &(rows, n) in &[
@@ -101,6 +102,42 @@ fn all_formats_all_paths() {
             ] {
                 check(ty, rows, cols, n, &pool, seed);
                 seed += 1;
+            }
+        }
+    }
+}
+
+/// The exact f32 GEMM adds each output's products in column order, one FMA
+/// each, at every vector level and shape (packed or not, `ymm` or `zmm`
+/// F16 microkernel, any column step): the same bits.
+#[test]
+fn f32_gemm_levels_agree_bit_for_bit() {
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng::new(11);
+    for ty in [GgmlType::F16, GgmlType::F32] {
+        for &(rows, cols, n) in &[(40, 1100, 30), (97, 2200, 17), (16, 1024, 12)] {
+            let data = random_weights(&mut rng, ty, rows, cols);
+            let w = WeightRef::new(ty, &data, rows, cols).unwrap();
+            let x = rng.vec(n * cols);
+            let mut first: Option<(SimdLevel, Vec<f32>)> = None;
+            for level in crate::simd::available_levels() {
+                if level < SimdLevel::Avx2 {
+                    continue;
+                }
+                let mut y = vec![f32::NAN; n * rows];
+                gemm::gemm(&pool, &w, &x, &mut y, n, level);
+                match &first {
+                    None => first = Some((level, y)),
+                    Some((l0, y0)) => {
+                        for (i, (a, b)) in y.iter().zip(y0).enumerate() {
+                            assert_eq!(
+                                a.to_bits(),
+                                b.to_bits(),
+                                "{ty} {rows}×{cols}, {n} tokens: y[{i}] {level:?} {a} vs {l0:?} {b}"
+                            );
+                        }
+                    }
+                }
             }
         }
     }
