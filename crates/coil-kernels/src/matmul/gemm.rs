@@ -57,7 +57,7 @@ const MC_TILES: usize = 20;
 
 /// How a level tiles the product.
 #[derive(Clone, Copy, Debug)]
-struct Shape {
+pub(crate) struct Shape {
     /// Weight rows per strip (the microkernel's vector lanes).
     rb: usize,
     /// Tokens per microkernel tile.
@@ -88,15 +88,18 @@ const PACKED: Shape = Shape {
     kc: KC_PACKED,
 };
 
+/// 32-row strips, 12-token tiles read in place (the AVX-512 microkernel).
+const WIDE: Shape = Shape {
+    rb: RB,
+    mt: MT_MAX,
+    packed: false,
+    kc: KC,
+};
+
 fn shape_for(level: SimdLevel) -> Shape {
     match level {
         SimdLevel::Avx512 if simd::split_512() => PACKED,
-        SimdLevel::Avx512 => Shape {
-            rb: RB,
-            mt: MT_MAX,
-            packed: false,
-            kc: KC,
-        },
+        SimdLevel::Avx512 => WIDE,
         SimdLevel::Avx2 => PACKED,
         SimdLevel::Scalar => Shape {
             rb: RB,
@@ -174,6 +177,16 @@ fn pack_x(
     });
 }
 
+/// Every shape `level` can run: both AVX-512 ones on any AVX-512 CPU, so
+/// tests reach the one [`shape_for`] does not pick there.
+#[cfg(test)]
+pub(crate) fn shapes_at(level: SimdLevel) -> Vec<Shape> {
+    match level {
+        SimdLevel::Avx512 => vec![WIDE, PACKED],
+        _ => vec![shape_for(level)],
+    }
+}
+
 pub fn gemm(
     pool: &ThreadPool,
     w: &WeightRef,
@@ -182,9 +195,21 @@ pub fn gemm(
     n_tokens: usize,
     level: SimdLevel,
 ) {
+    gemm_shaped(pool, w, x, y, n_tokens, level, shape_for(level))
+}
+
+/// [`gemm`] with the tiling given (one that `level` runs, [`shapes_at`]).
+pub(crate) fn gemm_shaped(
+    pool: &ThreadPool,
+    w: &WeightRef,
+    x: &[f32],
+    y: &mut [f32],
+    n_tokens: usize,
+    level: SimdLevel,
+    shape: Shape,
+) {
     let (rows, cols) = (w.rows, w.cols);
     assert!(x.len() >= n_tokens * cols && y.len() >= n_tokens * rows);
-    let shape = shape_for(level);
     let (rb, mt, kcb) = (shape.rb, shape.mt, shape.kc);
     // Token groups are made of whole units (whole tiles when packed).
     let unit = if shape.packed { 6 * mt } else { TG };
