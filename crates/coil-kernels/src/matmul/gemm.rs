@@ -831,11 +831,19 @@ mod x86 {
     }
 
     /// How far ahead (floats) the packed activations are prefetched: one
-    /// tile's k block, i.e. the same column of the next tile (contiguous in
-    /// the `[k block][tile][kc][6]` layout), which the next call reads.
-    /// Measured on an AMD Zen 5 at AVX2: 1.5 KB ahead 78–85% of the FMA
-    /// peak on 2048 × 8192 weights, 6 KB 84–86%, none 69%.
-    const PF_X: usize = 6 * super::KC_PACKED;
+    /// tile's k block (`6 · kc`), i.e. the same column of the next tile
+    /// (contiguous in the `[k block][tile][kc][6]` layout), which the next
+    /// call reads. Measured on an AMD Zen 5 at AVX2 (256-column steps):
+    /// 1.5 KB ahead 78–85% of the FMA peak on 2048 × 8192 weights, 6 KB
+    /// 84–86%, none 69%. A fixed `6 · KC_PACKED` overshoots in shorter
+    /// steps: on the Zen 4, `gemm_cpu F16 hybrid` (768 columns), AVX2
+    /// level, best of 10 in four alternating rounds, one thread 129.9 /
+    /// 94.3 / 98.1 / 91.9 → 94.2 / 91.1 / 93.4 / 90.9 ms, two threads
+    /// 108.7 / 102.1 / 115.4 / 102.2 → 94.2 / 94.7 / 102.2 / 107.2 ms.
+    #[inline(always)]
+    fn pf_x(kc: usize) -> usize {
+        6 * kc
+    }
 
     /// 6 tokens × 16 rows (12 accumulators, 2 weight vectors, 1 broadcast
     /// of the 16 ymm registers): the activations' broadcasts from one
@@ -905,7 +913,7 @@ mod x86 {
         let mut wk = strip;
         let mut xk = xt;
         for _ in 0..kc {
-            _mm_prefetch::<_MM_HINT_T0>(xk.wrapping_add(PF_X) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(xk.wrapping_add(pf_x(kc)) as *const i8);
             let w = _mm512_cvtph_ps(_mm256_loadu_si256(wk as *const __m256i));
             for (t, a) in acc.iter_mut().enumerate() {
                 *a = _mm512_fmadd_ps(_mm512_set1_ps(*xk.add(t)), w, *a);
@@ -950,7 +958,7 @@ mod x86 {
         let mut wk = strip;
         let mut xk = xt;
         for _ in 0..kc {
-            _mm_prefetch::<_MM_HINT_T0>(xk.wrapping_add(PF_X) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(xk.wrapping_add(pf_x(kc)) as *const i8);
             let (w0, w1) = if F16 {
                 (
                     _mm256_cvtph_ps(_mm_loadu_si128(wk as *const __m128i)),
