@@ -899,11 +899,7 @@ mod x86 {
         init: bool,
     ) {
         const M: usize = 6;
-        let mask: __mmask16 = if nrs >= 16 {
-            0xffff
-        } else {
-            ((1u32 << nrs) - 1) as u16
-        };
+        let (mask, _) = masks(nrs);
         let mut acc = [_mm512_setzero_ps(); M];
         if !init {
             for (t, a) in acc.iter_mut().enumerate().take(m) {
