@@ -7,7 +7,8 @@
 #    and, when a Qwen3.5 shape is asked for, a second one with transformers 5
 #    (which has Qwen3.5; each only when a model needs it);
 # 3. creates the random-weight benchmark models (tools/make_bench_models.py:
-#    mamba2-370m-like, hybrid-350m-like by default; see docs/PERFORMANCE.md);
+#    mamba2-370m-like, hybrid-350m-like by default; see docs/PERFORMANCE.md,
+#    "How to measure");
 # 4. converts them with llama.cpp's convert_hf_to_gguf.py (--outtype f16, and
 #    --outtype bf16 for BF16) and quantizes to Q8_0 and Q4_K_M with
 #    llama-quantize. qwen35-0.8b-like and qwen35moe-1b-like are made and
@@ -22,7 +23,7 @@
 #    its own warm-up, under /usr/bin/time -v for the peak RSS;
 # 7. prints, per file, pp and tg tokens/s (mean ± std over rounds) of both,
 #    the ratio coil / llama.cpp (llama.cpp: the best of its --repack
-#    settings per column, as in PERFORMANCE-ANCHOR) and the peak RSS of each
+#    settings per column) and the peak RSS of each
 #    (llama.cpp: of its default, --repack 1).
 #
 # -d DEPTH runs both tests on DEPTH tokens of context (llama-bench -d and

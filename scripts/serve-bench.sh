@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Serving benchmark, unattended: coil against llama-server on the same GGUF
-# files, every measurement of issue 21, results in one directory.
+# files, every serving measurement of docs/PERFORMANCE.md, results in one
+# directory.
 #
 #   scripts/serve-bench.sh [-o DIR] [-c "1 2 4 8 16"] [-n 128] [-t THREADS]
 #                          [-R REPEATS] [-s "bench sweep join long pair"] [-W] MODEL.gguf...
@@ -24,8 +25,8 @@
 #          against `coil bench`'s tg on the same file, interleaved: PAIRS rounds
 #          (default 6) of `coil bench -n N -r 1` and one streamed request of N
 #          tokens to a warm server (in turn first); per round bench ms/token ÷
-#          the request's TPOT, and their median (issue 21's "one request at
-#          >= 0.95x bench")
+#          the request's TPOT, and their median (the target: one request at
+#          >= 0.95x bench)
 # -W: before each timed load, the same load once with other prompts, not
 # recorded (a warm server: state buffers and caches in place, and no prefix
 # cache hit for the timed prompts), for both servers.

@@ -10,8 +10,8 @@ i.e. outside the repository), one folder per model with `config.json`,
 computes A = -exp(A_log) in f32), `tokenizer.json` (the GPT-NeoX-20B
 tokenizer given with --tokenizer) and `tokenizer_config.json`.
 
-The two shapes are those of docs/PERFORMANCE-ANCHOR (llama.cpp's reference
-numbers on the development machine):
+The two default shapes are the reference shapes of docs/PERFORMANCE.md
+("How to measure"); the others are made with --only:
 
 - mamba2-370m-like: Mamba2ForCausalLM, 48 layers, d_model 1024, expand 2
   (d_inner 2048 = 32 heads x 64), d_state 128, 1 group, d_conv 4, vocab
@@ -22,17 +22,17 @@ numbers on the development machine):
   4 KV heads, head_dim 64, no positional encoding) at layers 5, 13, 21, 29,
   Mamba-2 elsewhere (24 heads x 64, d_state 128, 1 group), a shared SwiGLU
   MLP of 2560 in every layer, vocab 50280, tied (648 MiB as an F16 GGUF);
-- mamba-370m-like (Mamba-1, not in the anchor; run with --only or the
-  benchmark script's --models): MambaForCausalLM with the shape of
+- mamba-370m-like (Mamba-1; run with --only or the benchmark script's
+  --models): MambaForCausalLM with the shape of
   state-spaces/mamba-370m-hf, 48 layers, d_model 1024, expand 2 (d_inner
   2048), d_state 16, dt_rank 64, d_conv 4, vocab 50280, tied;
-- lfm2-1.2b-like (not in the anchor; issue #16): Lfm2ForCausalLM with the
+- lfm2-1.2b-like: Lfm2ForCausalLM with the
   shape of LiquidAI/LFM2-1.2B, 16 layers of d_model 2048: short convolutions
   (window 3) and grouped-query attention (32 heads, 8 KV heads, head_dim 64,
   RoPE θ 1e6) at layers 2, 5, 8, 10, 12, 14; SwiGLU `block_ff_dim` 12288
   adjusted (x 2/3, multiple of 256) to 8192; vocab 65536 (the NeoX ids, the
   rest padding), tied (~1.17 G parameters);
-- qwen35-0.8b-like (not in the anchor; --only): Qwen3_5ForCausalLM with the
+- qwen35-0.8b-like: Qwen3_5ForCausalLM with the
   shape of Qwen3.5-0.8B: 24 layers of d_model 1024, 3 Gated DeltaNet : 1
   gated attention, DeltaNet 16 key and 16 value heads of 128 (conv 4),
   attention 8 heads / 2 KV heads of 256 (rotary 64 lanes, sections
@@ -86,7 +86,7 @@ MODELS = (
     "qwen35-0.8b-like",
     "qwen35moe-1b-like",
 )
-# What --only builds by default: the two shapes of the anchor.
+# What --only builds by default: the two reference shapes.
 DEFAULT_MODELS = ("mamba2-370m-like", "hybrid-350m-like")
 
 

@@ -1,5 +1,5 @@
-//! Real chat templates through `coil serve`: the chats of issue #20's table
-//! (plain, with tools, with a tool-call history) answer on every family's
+//! Real chat templates through `coil serve`: plain chats, chats with tools
+//! and chats with a tool-call history answer on every family's
 //! template, `POST /apply-template` returns transformers' rendering, and
 //! bad requests get 400s that name the message and the template line.
 
@@ -51,9 +51,9 @@ fn error_message(r: &common::Reply) -> String {
         .to_string()
 }
 
-/// Issue #20's table: Nemotron 3 Nano, Qwen3.5 and Qwen3-Coder failed on
-/// plain chats or tool-call histories; every family's template now
-/// answers, and `/apply-template` gives what transformers renders.
+/// Nemotron 3 Nano, Qwen3.5 and Qwen3-Coder once failed on plain chats or
+/// tool-call histories; every family's template answers, and
+/// `/apply-template` gives what transformers renders.
 #[test]
 fn real_templates_chat_with_tools_and_tool_call_history() {
     let doc = renders();

@@ -132,7 +132,7 @@ pub(super) fn vec_kernel(ty: GgmlType, lanes: bool) -> Option<VecKernel> {
 /// Q4_K, Q6_K and Q8_0 take them unless `COIL_AVX2_LANES=0` (the
 /// row-at-a-time kernels below and in `tiles.rs`, which the other formats
 /// keep: Q5_K gained nothing from the lanes, see docs/PERFORMANCE.md,
-/// "Twentieth session"). Kernel bench, Intel Xeon model 167 at
+/// "Ideas tried and dropped"). Kernel bench, Intel Xeon model 167 at
 /// `COIL_SIMD=avx2`, 2 threads, streamed from memory: 8 tokens Q4_K 7.0–7.5
 /// → 9.6–11.3 GB/s, Q8_0 8.0 → 11.3 (15.6 with AVX-VNNI); one and two
 /// tokens level there. Q6_K on an AMD EPYC Zen 3 (`probe`, 2 threads,
@@ -141,7 +141,7 @@ pub(super) fn vec_kernel(ty: GgmlType, lanes: bool) -> Option<VecKernel> {
 /// `coil bench` tg64 +2–4%, three pairs). On the Zen 3 the one-token Q8_0
 /// kernel in the lanes is the slower one (79–84% of the read bandwidth
 /// against 89–98%, 2 threads; `coil bench` tg128 on Q8_0 files 5–20%
-/// lower; docs/PERFORMANCE.md, "Twenty-fifth session"), so a single-stream
+/// lower; docs/PERFORMANCE.md, "Decode bandwidth"), so a single-stream
 /// pool keeps Q8_0 row at a time; Q4_K's one-token kernels are level there.
 pub(super) fn lanes(ty: GgmlType, single_stream: bool) -> bool {
     match ty {

@@ -94,7 +94,7 @@ pub struct SchedulerConfig {
     /// checkpoint moves the state to another buffer instead of updating it
     /// in place. 4 by default: one request decodes at ~0.95× the engine's
     /// pace, against ~0.91× with a checkpoint per token (mamba2-370m-like
-    /// Q4_K_M, docs/PERFORMANCE.md "Eighth session").
+    /// Q4_K_M, docs/PERFORMANCE.md, "Checkpoints and rollback").
     pub checkpoint_spacing: usize,
     /// State buffers to have on the recurrent memory's free list (see
     /// `coil::memory::RecurrentMemory::reserve_buffers`), filled while the

@@ -101,7 +101,7 @@ pub struct EngineOptions {
     /// way). With the weights in huge pages one token per step runs Q6_K
     /// faster on the file's layout (kernel bench 32.6–34.9 GB/s against
     /// 30.7–33.5; qwen35-0.8b-like Q4_K_M, whose output head is Q6_K, ~7%
-    /// faster decoding; see docs/PERFORMANCE.md, "Twenty-first session"),
+    /// faster decoding; see docs/PERFORMANCE.md, "Weight memory and layout"),
     /// so `coil run` and `coil bench` without `--parallel` or `--spec`
     /// leave Q6_K as in the file. Off, or with `n_seq_max` 1 (speculative
     /// decoding's verification, prompt-only tools), the pool runs one

@@ -26,7 +26,7 @@
 //! the Granite-4.0-H / Bamba / Nemotron-H / Falcon-H1 hybrids) or a Gated
 //! DeltaNet (Qwen3.5, Qwen3-Next), and 2 for the other recurrent mixers
 //! (Mamba-1, Jamba, LFM2's short convolution); measurements in
-//! docs/PERFORMANCE.md. Attention cells of
+//! docs/PERFORMANCE.md, "Speculative verification". Attention cells of
 //! rejected tokens are simply cut. Full acceptance needs neither: the
 //! state after the verification is the one wanted.
 //!
