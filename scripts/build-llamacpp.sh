@@ -51,7 +51,8 @@
 # Notes on flags: GGML_NATIVE is OFF (except --isa native) and the ISA is
 # spelled out (AVX2/FMA/F16C are on by default once NATIVE is off; avx512 adds
 # AVX-512 F/VNNI/BF16, avx2 turns every AVX-512 and AVX-VNNI option off).  AMX
-# must stay OFF: a native build enables AMX and SIGILLs on our machines.
+# must stay OFF: a native build enables AMX, and its binaries died of SIGILL on the
+# 2-vCPU VMs the benchmarks ran on (their CPUs list AMX).
 # LLAMA_CURL is deprecated in this llama.cpp version (no-op), so it is not
 # passed; LLAMA_OPENSSL / prebuilt UI download are turned off instead so the
 # build needs no network and no libssl.
