@@ -1,11 +1,11 @@
 //! Rules for the repository's tracked text: it speaks of the product only.
 //!
 //! * No numbered work periods ("the <ordinal> session", "session <N>") and
-//!   no references to them ("the next session", "in this session"); the
-//!   product's saved sessions (`--save-session`, session files) are not
-//!   touched by these patterns.
+//!   no references to such a period by its place (the one before, after or
+//!   current); the product's saved sessions (`--save-session`, session
+//!   files) are not touched by these patterns.
 //! * No ticket numbers as provenance ("issue <N>", "#<N>").
-//! * No words about who did what (engineers, "the lead's run").
+//! * No words about who did what or who measured it.
 //! * Markdown headings carry topics, not dates: a measurement's date goes in
 //!   its text, and a new one replaces the old in its place.
 //! * The README's "Speed" section stays within [`SPEED_BUDGET`] lines, and
@@ -116,7 +116,7 @@ fn rules() -> &'static [Rule] {
             },
             Rule {
                 name: "who did what",
-                re: re(r"\bengineers?\b|\bthe lead'?s\b|\blead engineer|\bby the lead\b|\bhelpers?\s+(?:had|have|were|was|ran|built|measured|finished)\b"),
+                re: re(r"\bengin[e]ers?\b|\bthe lead'?s\b|\blead\s+engin[e]er|\bby the lead\b|\bhelpers?\s+(?:had|have|were|was|ran|built|measured|finished)\b"),
                 unless_followed_by: None,
             },
         ]
@@ -220,14 +220,14 @@ mod tests {
             concat!("see docs/PERFORMANCE.md, \"Twenty-sec", "ond ses", "sion\""),
             concat!("### Thirty-ninth ", "session: the f32 GEMM"),
             concat!("/// the 39th ", "session measured it"),
-            concat!("the **twenty**-", "fifth _session_"),
+            concat!("the **twenty**-", "fifth _ses", "sion_"),
             concat!(
                 "/// docs/PERFORMANCE.md, \"Twenty-\n/// first ",
                 "session\")"
             ),
             concat!("fn results_of_the_eighth", "_session() {}"),
             concat!("as in ses", "sion 12"),
-            concat!("(ses", "sion #3)"),
+            concat!("(ses", "sion #", "3)"),
             concat!("In the next ", "session we"),
             concat!("measured during this ", "session"),
             concat!("A second run the", "re: later ses", "sions there"),
@@ -244,10 +244,10 @@ mod tests {
     #[test]
     fn ticket_numbers_and_people_are_found() {
         for text in [
-            concat!("the chats of iss", "ue #20's table"),
+            concat!("the chats of iss", "ue #", "20's table"),
             concat!("(iss", "ues 15, 16, 19: Q8_0)"),
             concat!("fn iss", "ue_19_targets() {}"),
-            concat!("fixed in (", "#123)"),
+            concat!("fixed in (#", "123)"),
             concat!("Ticket ", "7 asks"),
             concat!("shared with five other engin", "eers' builds"),
             concat!("The lead", "'s quiet run"),
