@@ -53,7 +53,7 @@ pub fn attention_params(
     layer: usize,
     rope_style: Option<RopeStyle>,
 ) -> Result<AttentionParams, ModelError> {
-    let n_layer = info.plan.layers.len();
+    let n_layer = info.plan.n_blocks();
     let key = |s: &str| format!("{}.{s}", ld.arch);
     let heads = per_layer_u64(ld.file, &key("attention.head_count"), n_layer)?
         .ok_or_else(|| ModelError::MissingKey(key("attention.head_count")))?;
@@ -128,6 +128,6 @@ pub fn attention_params(
 pub fn n_ff(ld: &Loader, info: &ModelInfo, layer: usize) -> Result<usize, ModelError> {
     let key = format!("{}.feed_forward_length", ld.arch);
     let v =
-        per_layer_u64(ld.file, &key, info.plan.layers.len())?.ok_or(ModelError::MissingKey(key))?;
+        per_layer_u64(ld.file, &key, info.plan.n_blocks())?.ok_or(ModelError::MissingKey(key))?;
     Ok(v[layer] as usize)
 }

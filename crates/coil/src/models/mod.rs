@@ -13,6 +13,7 @@ pub mod llama;
 pub mod mamba;
 pub mod mamba2;
 pub mod nemotron_h;
+pub mod nextn;
 pub mod plan;
 pub mod qwen35;
 pub mod qwen3next;
@@ -164,6 +165,12 @@ pub struct ModelInfo {
 
 pub trait Model: Send + Sync {
     fn info(&self) -> &ModelInfo;
+
+    /// The NextN / multi-token-prediction blocks that follow the trunk in
+    /// the file (empty without them); [`Model::forward`] never runs them.
+    fn nextn(&self) -> &[nextn::NextnBlock] {
+        &[]
+    }
 
     /// Memory for `n_seq_max` sequences of up to `n_ctx` tokens each.
     fn new_memory(&self, n_seq_max: usize, n_ctx: usize) -> Memory;

@@ -9,6 +9,7 @@ use super::blocks::ffn::{Activation, DenseFfn, Experts, Gating, Moe};
 use super::blocks::mamba2_mixer::{Mamba2Mixer, Mamba2Params};
 use super::blocks::stack::{DecoderStack, FfnBlock, MixerBlock, Scales, StackLayer};
 use super::hparams::{attention_params, base_info, n_ff, norm_eps};
+use super::nextn::NextnBlock;
 use super::plan::Mixer;
 use super::weights::Loader;
 use super::{LayerPlan, ModelError, ModelInfo};
@@ -63,53 +64,82 @@ fn dense_width(ld: &Loader, info: &ModelInfo, l: usize) -> Result<usize, ModelEr
     }
 }
 
+/// Trunk layer `l`: exactly one block (`M`, `*`, `-` or `E`) behind
+/// `attn_norm`.
+fn trunk_layer(
+    ld: &Loader,
+    info: &ModelInfo,
+    l: usize,
+    mixer: Mixer,
+    eps: f32,
+) -> Result<StackLayer, ModelError> {
+    let d = info.n_embd;
+    let (mixer, ffn) = match mixer {
+        Mixer::Attention => (
+            MixerBlock::Attention(Box::new(Attention::load(
+                ld,
+                l,
+                attention_params(ld, info, l, None)?,
+            )?)),
+            FfnBlock::None,
+        ),
+        Mixer::None if ld.has(&format!("blk.{l}.ffn_gate_inp.weight")) => (
+            MixerBlock::None,
+            FfnBlock::Moe(Box::new(relu2_moe(ld, info, l)?)),
+        ),
+        Mixer::None => (
+            MixerBlock::None,
+            FfnBlock::Dense(Box::new(DenseFfn::load(
+                ld,
+                l,
+                "",
+                d,
+                dense_width(ld, info, l)?,
+                Activation::Relu2,
+            )?)),
+        ),
+        _ => (
+            MixerBlock::Mamba2(Box::new(Mamba2Mixer::load(
+                ld,
+                l,
+                Mamba2Params::from_gguf(ld, d, eps)?,
+            )?)),
+            FfnBlock::None,
+        ),
+    };
+    Ok(StackLayer {
+        norm: ld.vector(&format!("blk.{l}.attn_norm.weight"), &[d])?,
+        mixer,
+        ffn_norm: None,
+        ffn,
+    })
+}
+
+/// The NextN block's decoder layer (Nemotron-3's MTP layout): attention
+/// without positional encoding behind `attn_norm`, then the relu² experts
+/// behind `post_attention_norm`.
+fn nextn_layer(ld: &Loader, info: &ModelInfo, l: usize) -> Result<StackLayer, ModelError> {
+    let d = info.n_embd;
+    Ok(StackLayer {
+        norm: ld.vector(&format!("blk.{l}.attn_norm.weight"), &[d])?,
+        mixer: MixerBlock::Attention(Box::new(Attention::load(
+            ld,
+            l,
+            attention_params(ld, info, l, None)?,
+        )?)),
+        ffn_norm: Some(ld.vector(&format!("blk.{l}.post_attention_norm.weight"), &[d])?),
+        ffn: FfnBlock::Moe(Box::new(relu2_moe(ld, info, l)?)),
+    })
+}
+
 pub fn load(file: Arc<GgufFile>, plan: LayerPlan) -> Result<DecoderStack, ModelError> {
     let arch = plan.arch.clone();
     let ld = Loader::new(&file, &arch);
     let info = base_info(&ld, plan)?;
     let eps = norm_eps(&ld)?;
-    let d = info.n_embd;
-    let mut layers = Vec::new();
-    for (l, kind) in info.plan.layers.iter().enumerate() {
-        let (mixer, ffn) = match kind.mixer {
-            Mixer::Attention => (
-                MixerBlock::Attention(Box::new(Attention::load(
-                    &ld,
-                    l,
-                    attention_params(&ld, &info, l, None)?,
-                )?)),
-                FfnBlock::None,
-            ),
-            Mixer::None if ld.has(&format!("blk.{l}.ffn_gate_inp.weight")) => (
-                MixerBlock::None,
-                FfnBlock::Moe(Box::new(relu2_moe(&ld, &info, l)?)),
-            ),
-            Mixer::None => (
-                MixerBlock::None,
-                FfnBlock::Dense(Box::new(DenseFfn::load(
-                    &ld,
-                    l,
-                    "",
-                    d,
-                    dense_width(&ld, &info, l)?,
-                    Activation::Relu2,
-                )?)),
-            ),
-            _ => (
-                MixerBlock::Mamba2(Box::new(Mamba2Mixer::load(
-                    &ld,
-                    l,
-                    Mamba2Params::from_gguf(&ld, d, eps)?,
-                )?)),
-                FfnBlock::None,
-            ),
-        };
-        layers.push(StackLayer {
-            norm: ld.vector(&format!("blk.{l}.attn_norm.weight"), &[d])?,
-            mixer,
-            ffn_norm: None,
-            ffn,
-        });
-    }
-    DecoderStack::build(file.clone(), info, layers, eps, Scales::default())
+    let layers = (info.plan.layers.iter().enumerate())
+        .map(|(l, kind)| trunk_layer(&ld, &info, l, kind.mixer, eps))
+        .collect::<Result<Vec<_>, _>>()?;
+    let nextn = NextnBlock::load_tail(&ld, &info, |l| nextn_layer(&ld, &info, l))?;
+    Ok(DecoderStack::build(file.clone(), info, layers, eps, Scales::default())?.with_nextn(nextn))
 }

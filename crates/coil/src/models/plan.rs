@@ -80,7 +80,13 @@ pub struct LayerKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LayerPlan {
     pub arch: String,
+    /// The trunk: the layers of the forward pass, blocks `0..layers.len()`.
     pub layers: Vec<LayerKind>,
+    /// The NextN / multi-token-prediction blocks that follow the trunk in
+    /// the file (`{arch}.nextn_predict_layers`, blocks `layers.len()..`):
+    /// ordinary decoder blocks beside `blk.N.nextn.*` tensors, which only a
+    /// draft of the next-but-one token runs (see [`super::nextn`]).
+    pub nextn: Vec<LayerKind>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -215,23 +221,29 @@ impl LayerPlan {
                 reason: format!("{n_layer} layers is out of range"),
             });
         }
-        let mut n_layer = n_layer as usize;
-        let gated_delta = matches!(arch.as_str(), "qwen35" | "qwen35moe" | "qwen3next");
-        if gated_delta {
-            // Multi-token-prediction blocks follow the trunk's layers; they
-            // are not part of the forward pass (llama.cpp skips them too).
-            let key = format!("{arch}.nextn_predict_layers");
-            let nextn = file.metadata().get_u64(&key).unwrap_or(0) as usize;
-            if nextn >= n_layer {
-                return Err(PlanError::Metadata {
-                    key,
-                    reason: format!("{nextn} prediction layers leave none of {n_layer}"),
-                });
-            }
-            n_layer -= nextn;
+        let n_all = n_layer as usize;
+        // Multi-token-prediction blocks follow the trunk's layers; they are
+        // not part of the forward pass (llama.cpp: n_layer = block_count −
+        // nextn_predict_layers, whatever the architecture).
+        let key = format!("{arch}.nextn_predict_layers");
+        let n_nextn = match file.metadata().get(&key) {
+            None => 0,
+            Some(v) => v.as_u64().ok_or_else(|| PlanError::Metadata {
+                key: key.clone(),
+                reason: format!("{v} is not a count"),
+            })? as usize,
+        };
+        if n_nextn >= n_all {
+            return Err(PlanError::Metadata {
+                key,
+                reason: format!("{n_nextn} prediction layers leave none of {n_all}"),
+            });
         }
-        let kv = per_layer_u64(file, &format!("{arch}.attention.head_count_kv"), n_layer)?;
-        let ff = per_layer_u64(file, &format!("{arch}.feed_forward_length"), n_layer)?;
+        let n_layer = n_all - n_nextn;
+        let gated_delta = matches!(arch.as_str(), "qwen35" | "qwen35moe" | "qwen3next");
+        // Per-layer arrays cover every block, the tail's too.
+        let kv = per_layer_u64(file, &format!("{arch}.attention.head_count_kv"), n_all)?;
+        let ff = per_layer_u64(file, &format!("{arch}.feed_forward_length"), n_all)?;
         let has = |i: usize, t: &str| file.tensor_info(&format!("blk.{i}.{t}.weight")).is_some();
         let ffn_of = |i: usize| {
             if has(i, "ffn_gate_inp") {
@@ -290,7 +302,29 @@ impl LayerPlan {
                 LayerKind { mixer, ffn }
             })
             .collect();
-        Ok(LayerPlan { arch, layers })
+        // A tail block is a decoder block: attention (where it has the
+        // tensors) and its feed-forward.
+        let nextn = (n_layer..n_all)
+            .map(|i| LayerKind {
+                mixer: if has(i, "attn_q") || has(i, "attn_qkv") {
+                    Mixer::Attention
+                } else {
+                    Mixer::None
+                },
+                ffn: ffn_of(i),
+            })
+            .collect();
+        Ok(LayerPlan {
+            arch,
+            layers,
+            nextn,
+        })
+    }
+
+    /// Blocks in the file: the trunk's and the NextN tail's (`block_count`),
+    /// the length of the per-layer metadata arrays.
+    pub fn n_blocks(&self) -> usize {
+        self.layers.len() + self.nextn.len()
     }
 
     pub fn n_attention(&self) -> usize {
@@ -340,6 +374,22 @@ impl fmt::Display for LayerPlan {
         )?;
         for (i, l) in self.layers.iter().enumerate() {
             writeln!(f, "  blk.{i:<3} {:<17} {}", l.mixer.name(), l.ffn.name())?;
+        }
+        if !self.nextn.is_empty() {
+            writeln!(
+                f,
+                "NextN / MTP tail: {} block(s), not in the forward pass (draft heads)",
+                self.nextn.len()
+            )?;
+        }
+        for (i, l) in self.nextn.iter().enumerate() {
+            let b = self.layers.len() + i;
+            writeln!(
+                f,
+                "  blk.{b:<3} {:<17} {:<10} nextn",
+                l.mixer.name(),
+                l.ffn.name()
+            )?;
         }
         Ok(())
     }

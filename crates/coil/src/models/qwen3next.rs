@@ -19,6 +19,7 @@ use super::blocks::gated_delta_mixer::{GatedDeltaMixer, GatedDeltaParams};
 use super::blocks::stack::{DecoderStack, FfnBlock, MixerBlock, Scales, StackLayer};
 use super::hparams::{attention_params, base_info, n_ff, norm_eps};
 use super::jamba::swiglu_moe;
+use super::nextn::NextnBlock;
 use super::weights::Loader;
 use super::{LayerPlan, ModelError, ModelInfo};
 use coil_gguf::GgufFile;
@@ -70,23 +71,28 @@ pub(crate) fn load_stack(
     let info = base_info(&ld, plan)?;
     let eps = norm_eps(&ld)?;
     let d = info.n_embd;
-    let mut layers = Vec::new();
-    for (l, kind) in info.plan.layers.iter().enumerate() {
-        let mixer = if kind.mixer.has_attention() {
+    // One decoder layer, gated attention or Gated DeltaNet; the NextN
+    // blocks are full-attention layers of the same form.
+    let layer = |l: usize, attention: bool| -> Result<StackLayer, ModelError> {
+        let mixer = if attention {
             let p = attention_params(&ld, &info, l, Some(RopeStyle::Neox))?;
             MixerBlock::GatedAttention(Box::new(GatedAttention::load(&ld, l, p, eps)?))
         } else {
             let p = GatedDeltaParams::from_gguf(&ld, d, eps, order)?;
             MixerBlock::GatedDeltaNet(Box::new(GatedDeltaMixer::load(&ld, l, p)?))
         };
-        layers.push(StackLayer {
+        Ok(StackLayer {
             norm: ld.vector(&format!("blk.{l}.attn_norm.weight"), &[d])?,
             mixer,
             ffn_norm: Some(ld.vector(&format!("blk.{l}.post_attention_norm.weight"), &[d])?),
             ffn: qwen_ffn(&ld, &info, l)?,
-        });
-    }
-    DecoderStack::build(file.clone(), info, layers, eps, Scales::default())
+        })
+    };
+    let layers = (info.plan.layers.iter().enumerate())
+        .map(|(l, kind)| layer(l, kind.mixer.has_attention()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let nextn = NextnBlock::load_tail(&ld, &info, |l| layer(l, true))?;
+    Ok(DecoderStack::build(file.clone(), info, layers, eps, Scales::default())?.with_nextn(nextn))
 }
 
 pub fn load(file: Arc<GgufFile>, plan: LayerPlan) -> Result<DecoderStack, ModelError> {

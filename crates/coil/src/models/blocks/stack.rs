@@ -20,6 +20,7 @@ use super::mamba2_mixer::Mamba2Mixer;
 use super::short_conv::ShortConv;
 use crate::memory::SeqId;
 use crate::memory::{KvLayerShape, KvMemory, Memory, RecurrentLayerShape, RecurrentMemory};
+use crate::models::nextn::NextnBlock;
 use crate::models::weights::Loader;
 use crate::models::{Model, ModelError, ModelInfo, Rows, UBatch};
 use coil_gguf::GgufFile;
@@ -111,6 +112,8 @@ pub struct DecoderStack {
     pub head: OutputHead,
     pub eps: f32,
     pub scales: Scales,
+    /// The NextN / MTP blocks after the trunk (not run by [`Model::forward`]).
+    pub nextn: Vec<NextnBlock>,
 }
 
 impl DecoderStack {
@@ -146,7 +149,14 @@ impl DecoderStack {
             head,
             eps,
             scales,
+            nextn: Vec::new(),
         })
+    }
+
+    /// The stack with the NextN blocks that follow its trunk in the file.
+    pub fn with_nextn(mut self, nextn: Vec<NextnBlock>) -> Self {
+        self.nextn = nextn;
+        self
     }
 
     /// Layer `l`'s mixer on the normed rows `h`, into `out`: every row, or
@@ -193,6 +203,10 @@ impl DecoderStack {
 impl Model for DecoderStack {
     fn info(&self) -> &ModelInfo {
         &self.info
+    }
+
+    fn nextn(&self) -> &[NextnBlock] {
+        &self.nextn
     }
 
     fn new_memory(&self, n_seq_max: usize, n_ctx: usize) -> Memory {
