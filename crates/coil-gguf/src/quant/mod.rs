@@ -15,7 +15,8 @@
 //! | [`iquants`] | IQ4_NL, IQ4_XS                            | dequantize     |
 //! | [`iquants_quantize`] | IQ4_NL, IQ4_XS                   | quantize       |
 //!
-//! Row functions ([`dequantize_row`], [`quantize_row`]) check lengths and
+//! Row functions ([`dequantize_row`], [`quantize_row`], [`quantize_rows`]
+//! with an optional importance matrix) check lengths and
 //! return [`QuantError`] instead of panicking; each module also has
 //! per-block functions on fixed-size arrays (`dequantize_block_q4_k`, ...)
 //! and block-size constants (`Q4_K_BYTES`, ...) for kernels that work block
@@ -51,7 +52,8 @@ pub enum QuantError {
     #[error("{op} to/from {ty} is not supported")]
     Unsupported {
         ty: GgmlType,
-        /// "dequantization" or "quantization".
+        /// "dequantization", "quantization" or "quantization with an
+        /// importance matrix".
         op: &'static str,
     },
     /// The element count is not a whole number of blocks.
@@ -75,6 +77,20 @@ pub enum QuantError {
         ty: GgmlType,
         n_bytes: usize,
         type_size: usize,
+    },
+    /// An importance matrix whose length is not the row length.
+    #[error("{ty}: an importance matrix of {actual} values for rows of {n_per_row}")]
+    ImportanceLength {
+        ty: GgmlType,
+        n_per_row: usize,
+        actual: usize,
+    },
+    /// Rows that do not tile the data.
+    #[error("{ty}: {n_elements} elements is not a whole number of rows of {n_per_row}")]
+    PartialRow {
+        ty: GgmlType,
+        n_elements: usize,
+        n_per_row: usize,
     },
 }
 
@@ -220,6 +236,49 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
     Ok(())
 }
 
+/// Encodes whole rows of `n_per_row` elements of `src` as `ty` into `dst`
+/// (ggml's `ggml_quantize_chunk`). `importance`, where given, holds one
+/// weight per column (`n_per_row` values, the same for every row: ggml's
+/// `quant_weights`, e.g. the mean squared activations `coil imatrix`
+/// collects for the matrix): the quantizers then minimise the
+/// importance-weighted error, as llama-quantize does with `--imatrix`.
+/// F32, F16, BF16 and Q8_0 take no weights (as in ggml); a type whose
+/// weighted quantizer coil lacks is [`QuantError::Unsupported`] with an
+/// importance matrix (never quantized without it silently).
+pub fn quantize_rows(
+    ty: GgmlType,
+    src: &[f32],
+    n_per_row: usize,
+    importance: Option<&[f32]>,
+    dst: &mut [u8],
+) -> Result<(), QuantError> {
+    use GgmlType::*;
+    if n_per_row == 0 || !src.len().is_multiple_of(n_per_row) {
+        return Err(QuantError::PartialRow {
+            ty,
+            n_elements: src.len(),
+            n_per_row,
+        });
+    }
+    let Some(w) = importance else {
+        return quantize_row(ty, src, dst);
+    };
+    if w.len() != n_per_row {
+        return Err(QuantError::ImportanceLength {
+            ty,
+            n_per_row,
+            actual: w.len(),
+        });
+    }
+    match ty {
+        F32 | F16 | BF16 | Q8_0 => quantize_row(ty, src, dst),
+        _ => Err(QuantError::Unsupported {
+            ty,
+            op: "quantization with an importance matrix",
+        }),
+    }
+}
+
 /// [`dequantize_row`] into a new vector; the element count follows from
 /// `src.len()`, which must be a whole number of blocks.
 pub fn dequantize(ty: GgmlType, src: &[u8]) -> Result<Vec<f32>, QuantError> {
@@ -260,6 +319,25 @@ pub(crate) fn blocks_mut<const N: usize, T>(dst: &mut [T]) -> impl Iterator<Item
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_with_and_without_importance() {
+        let src: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
+        let n = GgmlType::Q8_0.bytes_for(64).unwrap() as usize;
+        let (mut a, mut b) = (vec![0u8; n], vec![0u8; n]);
+        quantize_rows(GgmlType::Q8_0, &src, 32, None, &mut a).unwrap();
+        // Q8_0 takes no weights, as in ggml.
+        quantize_rows(GgmlType::Q8_0, &src, 32, Some(&[1.0; 32]), &mut b).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a, quantize(GgmlType::Q8_0, &src).unwrap());
+        let e = quantize_rows(GgmlType::Q8_0, &src, 32, Some(&[1.0; 31]), &mut b);
+        assert!(
+            matches!(e, Err(QuantError::ImportanceLength { actual: 31, .. })),
+            "{e:?}"
+        );
+        let e = quantize_rows(GgmlType::Q8_0, &src, 48, None, &mut b);
+        assert!(matches!(e, Err(QuantError::PartialRow { .. })), "{e:?}");
+    }
 
     #[test]
     fn support_tables() {
