@@ -104,6 +104,8 @@ fn serve_listens_and_answers() {
         .args(["serve", "-m", &model("mamba2"), "--port", "0", "-t", "1"])
         .args(["--parallel", "2", "--ctx", "256", "--alias", "tiny"])
         .args(["--chat-template", &template("Qwen3-Coder")])
+        // The page itself is tested in coil-server; here, that the flag reaches it.
+        .arg("--no-ui")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -142,6 +144,7 @@ fn serve_listens_and_answers() {
         out
     };
     let health = get("/health", None);
+    let page = get("/", None);
     let models = get("/v1/models", None);
     let done = get(
         "/v1/completions",
@@ -160,6 +163,7 @@ fn serve_listens_and_answers() {
         "{rendered}"
     );
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    assert!(page.starts_with("HTTP/1.1 404"), "{page}");
     assert!(models.contains("\"tiny\""), "{models}");
     assert!(done.starts_with("HTTP/1.1 200"), "{done}");
     assert!(done.contains("\"completion_tokens\":4"), "{done}");

@@ -1,4 +1,4 @@
-//! `--api-key`: every route but `/health` requires
+//! `--api-key`: every route but `/health` and the chat page requires
 //! `Authorization: Bearer KEY`; a missing or wrong key gets 401 in OpenAI's
 //! error format (`invalid_api_key`).
 
@@ -9,8 +9,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 
-/// Paths open without a key: what load balancers and routers probe.
-const OPEN_PATHS: &[&str] = &["/health"];
+/// Paths open without a key: what load balancers and routers probe, and
+/// the chat page (which holds no data and asks for the key itself).
+const OPEN_PATHS: &[&str] = &["/health", "/"];
 
 /// Middleware (`axum::middleware::from_fn_with_state` with the key).
 pub async fn require_api_key(State(key): State<Arc<str>>, req: Request, next: Next) -> Response {

@@ -13,6 +13,7 @@
 //! - [`reply`]: chat replies as OpenAI shapes them (content, reasoning,
 //!   tool calls; whole or streamed).
 //! - [`routes`]: the axum router.
+//! - [`ui`]: the chat page at `/`, embedded.
 //! - [`errors`], [`auth`], [`limits`]: OpenAI-shaped errors for everything,
 //!   `--api-key`, the queue bound, `max_tokens` ceiling, request timeout
 //!   and the drain on shutdown.
@@ -45,6 +46,7 @@ pub mod reply;
 pub mod routes;
 pub mod scheduler;
 pub mod template;
+pub mod ui;
 
 use coil::engine::Engine;
 use coil::tokenizer::{Tokenizer, TokenizerError};

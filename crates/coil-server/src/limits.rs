@@ -26,6 +26,8 @@ pub struct HttpOptions {
     /// A request still running this long after it arrived is ended: 504,
     /// or an error event on a stream. `None`: no limit.
     pub request_timeout: Option<Duration>,
+    /// No chat page at `/` (`--no-ui`).
+    pub no_ui: bool,
 }
 
 /// Seconds a client is told to wait after a 503.

@@ -1,9 +1,10 @@
 //! HTTP routes: `POST /v1/completions`, `POST /v1/chat/completions`
 //! (streamed as server-sent events or not), `POST /apply-template`,
-//! `GET /v1/models`, `GET /health`, `GET /metrics`. Errors of every kind
-//! are OpenAI's JSON error object ([`crate::errors`]); `--api-key` guards
-//! every route but `/health` ([`crate::auth`]); [`crate::limits`] bounds
-//! the queue, `max_tokens` and time.
+//! `GET /v1/models`, `GET /health`, `GET /metrics`, and the chat page at
+//! `GET /` ([`crate::ui`]; not with `--no-ui`). Errors of every kind are
+//! OpenAI's JSON error object ([`crate::errors`]); `--api-key` guards every
+//! route but `/health` and the page ([`crate::auth`]); [`crate::limits`]
+//! bounds the queue, `max_tokens` and time.
 
 use crate::api::ToolChoice;
 use crate::api::{self, ApiError, ChatRequest, CompletionRequest, Prompt, ResponseMeta};
@@ -94,7 +95,11 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/v1/models", get(models))
         .route("/models", get(models))
         .route("/health", get(health))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(metrics));
+    if !state.limits.opts.no_ui {
+        app = app.route("/", get(crate::ui::page));
+    }
+    app = app
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn(crate::limits::refuse_oversized));

@@ -107,6 +107,43 @@ fn the_api_key_guards_every_route_but_health() {
     assert_openai_error(&r, 404, None);
 }
 
+/// `GET /` is the chat page: open without the key (the page holds no data
+/// and asks for the key itself) while the API behind it keeps asking;
+/// `--no-ui` leaves `/` an unknown route.
+#[test]
+fn the_chat_page_is_served_at_the_root() {
+    let opts = HttpOptions {
+        api_key: Some("s3cret".into()),
+        ..Default::default()
+    };
+    let s = start_opts(1, 1, 256, opts);
+    let r = s.get("/");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("text/html; charset=utf-8"));
+    assert_eq!(r.text(), coil_server::ui::PAGE);
+    assert!(r.text().starts_with("<!doctype html>"));
+    assert!(r.text().contains("<title>coil</title>"));
+    assert_eq!(r.header("x-frame-options"), Some("DENY"));
+    assert_openai_error(&s.get("/v1/models"), 401, Some("invalid_api_key"));
+    assert_openai_error(
+        &s.request("POST", "/", Some("{}")),
+        405,
+        Some("method_not_allowed"),
+    );
+
+    let opts = HttpOptions {
+        no_ui: true,
+        ..Default::default()
+    };
+    let s = start_opts(1, 1, 256, opts);
+    let v = assert_openai_error(&s.get("/"), 404, None);
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("no route for /"));
+    assert_eq!(s.get("/v1/models").status, 200);
+}
+
 #[test]
 fn every_error_is_an_openai_error_object() {
     let s = start_opts(1, 1, 256, HttpOptions::default());

@@ -1,6 +1,7 @@
 //! `coil serve -m MODEL`: an OpenAI-compatible HTTP server
 //! (`/v1/completions`, `/v1/chat/completions`, `/apply-template`,
-//! `/v1/models`, `/health`, `/metrics`) with continuous batching and a prefix cache.
+//! `/v1/models`, `/health`, `/metrics`) with continuous batching and a prefix cache,
+//! and a chat page at `/` (`--no-ui`: none).
 
 use super::common::ModelArgs;
 use anyhow::{bail, Context, Result};
@@ -69,9 +70,13 @@ pub struct Args {
     /// No log line per request on stderr.
     #[arg(long = "quiet", short = 'q')]
     quiet: bool,
-    /// Require `Authorization: Bearer KEY` on every route but /health.
+    /// Require `Authorization: Bearer KEY` on every route but /health and
+    /// the chat page at / (which asks for the key before it calls the API).
     #[arg(long = "api-key", env = "COIL_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// No chat page at / (it answers 404, as any unknown route).
+    #[arg(long = "no-ui")]
+    no_ui: bool,
     /// Requests that may wait for a slot beyond the --parallel running
     /// ones; more are refused with 503 and Retry-After (default: no bound).
     #[arg(long = "max-queue")]
@@ -122,6 +127,7 @@ pub fn run(a: Args) -> Result<()> {
         max_queue: a.max_queue,
         max_tokens: a.max_tokens,
         request_timeout,
+        no_ui: a.no_ui,
     };
     let chat_template = match &a.chat_template {
         Some(path) => Some(
@@ -210,6 +216,9 @@ pub fn run(a: Args) -> Result<()> {
                 ""
             }
         );
+        if !a.no_ui {
+            eprintln!("chat page: http://{local}/");
+        }
         let shutdown = async move {
             stop_signal().await;
             eprintln!(
