@@ -29,6 +29,15 @@ pub enum Source {
         rows: Option<Vec<usize>>,
         cols: Option<Vec<usize>>,
     },
+    /// The tensor viewed as `n_head` blocks of rows `[n_head, rows / n_head,
+    /// cols]`; from each block, rows `first..first + n_rows`, transposed:
+    /// `[n_head, cols, n_rows]` (MLA's `kv_b_proj` → `attn_k_b`).
+    HeadRowsTransposed {
+        name: String,
+        n_head: usize,
+        first: usize,
+        n_rows: usize,
+    },
 }
 
 /// An element-wise or row transform, applied in order.
@@ -89,9 +98,10 @@ impl OutTensor {
 
     fn sources(&self) -> Vec<&str> {
         match &self.src {
-            Source::One(n) | Source::SplitRows { name: n, .. } | Source::Gather { name: n, .. } => {
-                vec![n.as_str()]
-            }
+            Source::One(n)
+            | Source::SplitRows { name: n, .. }
+            | Source::Gather { name: n, .. }
+            | Source::HeadRowsTransposed { name: n, .. } => vec![n.as_str()],
             Source::Stack(v) => v.iter().map(String::as_str).collect(),
             Source::Data(_) => Vec::new(),
         }
@@ -164,6 +174,15 @@ impl OutTensor {
                     rows.as_deref(),
                     cols.as_deref(),
                 )?
+            }
+            Source::HeadRowsTransposed {
+                name,
+                n_head,
+                first,
+                n_rows,
+            } => {
+                let t = ck.req(name)?;
+                head_rows_transposed(name, &ck.read_f32(t)?, &t.shape, *n_head, *first, *n_rows)?
             }
         };
         if data.len() != self.n_elements() {
@@ -314,6 +333,42 @@ fn gather(
     Ok(out)
 }
 
+/// See [`Source::HeadRowsTransposed`].
+fn head_rows_transposed(
+    name: &str,
+    data: &[f32],
+    shape: &[usize],
+    n_head: usize,
+    first: usize,
+    n_rows: usize,
+) -> Result<Vec<f32>> {
+    let rows = shape.first().copied().unwrap_or(0);
+    let cols = data.len().checked_div(rows).unwrap_or(0);
+    if shape.len() != 2
+        || n_head == 0
+        || !rows.is_multiple_of(n_head)
+        || first + n_rows > rows / n_head
+    {
+        return Err(ConvertError::tensor(
+            name,
+            format!(
+                "shape {shape:?} is not {n_head} heads of at least {} rows",
+                first + n_rows
+            ),
+        ));
+    }
+    let per = rows / n_head;
+    let mut out = Vec::with_capacity(n_head * cols * n_rows);
+    for h in 0..n_head {
+        for c in 0..cols {
+            for r in 0..n_rows {
+                out.push(data[(h * per + first + r) * cols + c]);
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Row permutation of Q/K: within each head of `hd = rows / n_head` rows,
 /// output row `2i + j` takes input row `j·rot/2 + i` for `i < rot/2`,
 /// `j < 2`; rows `rot..hd` stay.
@@ -348,8 +403,8 @@ fn permute_qk(name: &str, data: &mut [f32], rows: usize, n_head: usize, rot: usi
 }
 
 /// The output type llama.cpp's converter picks for a tensor, given the
-/// requested file type: 1-D tensors, norms, router weights, `ssm_conv1d`,
-/// `shortconv.conv`
+/// requested file type: 1-D tensors, norms, router weights, `ssm_conv1d`
+/// (and KDA's `ssm_conv1d_q` / `_k` / `_v`), `shortconv.conv`
 /// and anything not named `*.weight` (`ssm_a`, `ssm_d`, biases) stay F32;
 /// Q8_0 falls back to F16 when rows are not whole blocks.
 pub fn output_type(name: &str, shape: &[usize], requested: GgmlType) -> GgmlType {
@@ -357,6 +412,9 @@ pub fn output_type(name: &str, shape: &[usize], requested: GgmlType) -> GgmlType
         ".ffn_gate_inp.weight",
         ".ffn_gate_inp_shexp.weight",
         ".ssm_conv1d.weight",
+        ".ssm_conv1d_q.weight",
+        ".ssm_conv1d_k.weight",
+        ".ssm_conv1d_v.weight",
         ".shortconv.conv.weight",
         "position_embd.weight",
         "token_types.weight",

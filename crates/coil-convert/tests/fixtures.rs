@@ -197,6 +197,15 @@ fn qwen3next() {
     check_f32_parity("qwen3next_tiny");
 }
 
+/// Kimi-Linear (KDA + MLA), with a plain query projection and with a
+/// query LoRA: per-head `attn_k_b` / `attn_v_b` split from `kv_b_proj`,
+/// the KDA convs reshaped, A stored as −exp(A_log), experts stacked.
+#[test]
+fn kimi_linear() {
+    check_f32_parity("kimi_linear_tiny");
+    check_f32_parity("kimi_linear_qlora");
+}
+
 /// The LFM2 parity fixtures (tests/fixtures/parity/<name>/): `hf/` converted
 /// to F32 against llama.cpp's `convert_hf_to_gguf.py --outtype f32` of it
 /// (`model.gguf`, made by tools/make_fixtures_lfm2.py).

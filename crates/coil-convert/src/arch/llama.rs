@@ -146,6 +146,8 @@ pub(crate) fn text_params(ctx: &Ctx, kv: &mut Kv, n_layer: usize, o: TextOpts) -
             "scoring_func",
             "score_func",
             "moe_router_activation",
+            "moe_router_activation_func",
+            "expert_selection_fn",
         ]
         .iter()
         .find_map(|k| c.str(k));

@@ -5,6 +5,7 @@
 mod falcon_h1;
 mod granite;
 mod jamba;
+mod kimi_linear;
 mod lfm2;
 mod llama;
 mod mamba;
@@ -36,6 +37,7 @@ pub const SUPPORTED: &[&str] = &[
     "Qwen3NextForCausalLM",
     "Lfm2ForCausalLM",
     "Lfm2MoeForCausalLM",
+    "KimiLinearForCausalLM",
 ];
 
 /// How the vocabulary is written.
@@ -163,6 +165,7 @@ pub(crate) fn for_arch<'a>(hf_arch: &str, ctx: &'a Ctx<'a>) -> Result<Box<dyn Ar
         )?),
         "Lfm2ForCausalLM" | "LFM2ForCausalLM" => Box::new(lfm2::Lfm2::new(ctx, false)?),
         "Lfm2MoeForCausalLM" => Box::new(lfm2::Lfm2::new(ctx, true)?),
+        "KimiLinearForCausalLM" | "KimiLinearModel" => Box::new(kimi_linear::KimiLinear::new(ctx)?),
         other => {
             return Err(ConvertError::UnsupportedArch {
                 arch: other.to_string(),

@@ -38,7 +38,7 @@ pub const DEFAULT_CHUNK: usize = 16;
 
 /// `a · b + c`, fused (one rounding) when `FMA`.
 #[inline(always)]
-fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+pub(crate) fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     if FMA {
         a.mul_add(b, c)
     } else {
@@ -48,7 +48,7 @@ fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
 
 /// Which triangle of a product matters (`L × L` matrices of a chunk).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Tri {
+pub(crate) enum Tri {
     /// All of it.
     Full,
     /// Only `c[i, j]` with `j ≤ i` is wanted: the column tiles past the
@@ -67,7 +67,7 @@ enum Tri {
 /// off where they would be a library call, see [`chunk_mv`]).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn gemm_acc<const FMA: bool, const WIDE: bool>(
+pub(crate) fn gemm_acc<const FMA: bool, const WIDE: bool>(
     tri: Tri,
     m: usize,
     n: usize,
@@ -267,7 +267,7 @@ fn gemm_edge<const FMA: bool>(
 /// `out = inᵀ` for `in` of `rows × cols` (row-major), in 8 × 8 blocks so
 /// that reads and writes both stay within a few cache lines.
 #[inline(always)]
-fn transpose(inp: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
+pub(crate) fn transpose(inp: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
     const B: usize = 8;
     for i0 in (0..rows).step_by(B) {
         let i1 = (i0 + B).min(rows);

@@ -10,6 +10,8 @@ mod gated_delta_bf16;
 pub mod gated_delta_chunk;
 mod gated_delta_lanes;
 mod gated_delta_move;
+pub mod kda;
+pub mod kda_chunk;
 pub mod norm;
 pub mod rope;
 pub mod softmax;
@@ -52,6 +54,9 @@ mod level_tests {
             super::attention::tests::matches_naive_softmax();
             super::attention::tests::invariant_mode_queries_equal_single_query_calls();
             super::softmax::tests::sums_match_libm();
+            super::kda::tests::scan_matches_naive_and_steps();
+            super::kda::tests::bf16_is_the_f32_update_rounded_per_token();
+            super::kda_chunk::tests::chunked_matches_recurrence();
         }
     }
 }

@@ -127,12 +127,43 @@ fn decode(ty: CacheType, row: usize, words: &[f32]) -> Vec<f32> {
 pub struct KvLayerShape {
     pub n_kv_head: usize,
     pub head_dim: usize,
+    /// Multi-head latent attention's compressed cache: each position's row
+    /// (`[c_kv | k_rope]`) is its key, and its value is read from the same
+    /// row (the latent's lanes), so no value cells are stored.
+    pub latent: bool,
 }
 
 impl KvLayerShape {
+    /// Keys and values of `n_kv_head` heads of `head_dim`.
+    pub fn heads(n_kv_head: usize, head_dim: usize) -> Self {
+        KvLayerShape {
+            n_kv_head,
+            head_dim,
+            latent: false,
+        }
+    }
+
+    /// A latent row of `width` values per position serving as key and value.
+    pub fn latent(width: usize) -> Self {
+        KvLayerShape {
+            n_kv_head: 1,
+            head_dim: width,
+            latent: true,
+        }
+    }
+
     /// f32 elements per position for K (and for V).
     pub fn row(&self) -> usize {
         self.n_kv_head * self.head_dim
+    }
+
+    /// Rows stored per position: K and V, or the latent alone.
+    fn stored_rows(&self) -> usize {
+        if self.latent {
+            1
+        } else {
+            2
+        }
     }
 }
 
@@ -161,10 +192,15 @@ pub struct LayerPages<'a> {
 impl LayerPages<'_> {
     pub fn view(&self) -> KvView<'_> {
         let sh = self.shape;
+        // A latent layer's values are its keys' pages.
+        let (v, v16) = match sh.latent {
+            true => (&self.k, &self.k16),
+            false => (&self.v, &self.v16),
+        };
         match self.ty {
             CacheType::F32 => KvView::paged(
                 &self.k,
-                &self.v,
+                v,
                 self.page_len,
                 self.n_pos,
                 sh.n_kv_head,
@@ -176,7 +212,7 @@ impl LayerPages<'_> {
                     page_len: self.page_len,
                 },
                 v: KvData::PagedF16 {
-                    pages: &self.v16,
+                    pages: v16,
                     page_len: self.page_len,
                 },
                 n_pos: self.n_pos,
@@ -287,14 +323,20 @@ impl KvMemory {
         Ok(())
     }
 
-    /// Bytes one position takes over all attention layers (K and V).
+    /// Bytes one position takes over all attention layers (K and V, or a
+    /// latent row).
     pub fn bytes_per_token(&self) -> usize {
         let ty = self.cache_type;
         self.shapes
             .iter()
             .flatten()
-            .map(|s| 2 * ty.words(s.row()) * 4)
+            .map(|s| s.stored_rows() * ty.words(s.row()) * 4)
             .sum()
+    }
+
+    /// The attention layers whose cells are a latent row (MLA).
+    pub fn n_latent_layers(&self) -> usize {
+        self.shapes.iter().flatten().filter(|s| s.latent).count()
     }
 
     /// Bytes the cells would take with every sequence at the full context
@@ -314,8 +356,8 @@ impl KvMemory {
         }
     }
 
-    /// Appends the keys and values of new positions (`[n, row]` each) of
-    /// `s` in `layer`. They become visible to [`KvMemory::view`] at once;
+    /// Appends the keys and values of new positions (`[n, row]` each; `v`
+    /// is ignored for a latent layer) of `s` in `layer`. They become visible to [`KvMemory::view`] at once;
     /// the sequence length advances with [`KvMemory::advance`].
     pub fn append(
         &mut self,
@@ -336,13 +378,13 @@ impl KvMemory {
         cells.k[layer].truncate(cells.len, ps);
         cells.v[layer].truncate(cells.len, ps);
         match ty {
-            CacheType::F32 => {
-                cells.k[layer].append(k, ps);
-                cells.v[layer].append(v, ps);
-            }
-            CacheType::F16 => {
-                cells.k[layer].append(&encode(ty, shape.row(), k), ps);
-                cells.v[layer].append(&encode(ty, shape.row(), v), ps);
+            CacheType::F32 => cells.k[layer].append(k, ps),
+            CacheType::F16 => cells.k[layer].append(&encode(ty, shape.row(), k), ps),
+        }
+        if !shape.latent {
+            match ty {
+                CacheType::F32 => cells.v[layer].append(v, ps),
+                CacheType::F16 => cells.v[layer].append(&encode(ty, shape.row(), v), ps),
             }
         }
         Ok(())
@@ -392,7 +434,10 @@ impl KvMemory {
                     let ps = self.page_shape(sh);
                     LayerSlices {
                         k: c.k[l].prefix(c.len, ps),
-                        v: c.v[l].prefix(c.len, ps),
+                        v: match sh.latent {
+                            true => Vec::new(),
+                            false => c.v[l].prefix(c.len, ps),
+                        },
                     }
                 }
                 None => LayerSlices {
@@ -429,10 +474,19 @@ impl KvMemory {
         Ok(())
     }
 
-    /// Words layer `layer` holds for `len` positions (K or V).
+    /// Words layer `layer` holds for `len` positions (K).
     pub fn expected_len(&self, layer: usize, len: usize) -> usize {
         self.shape(layer)
             .map_or(0, |sh| self.cache_type.words(sh.row()) * len)
+    }
+
+    /// Words of values layer `layer` holds for `len` positions (none for a
+    /// latent layer).
+    pub fn expected_v_len(&self, layer: usize, len: usize) -> usize {
+        match self.shape(layer) {
+            Some(sh) if sh.latent => 0,
+            _ => self.expected_len(layer, len),
+        }
     }
 
     pub fn n_layer(&self) -> usize {
@@ -535,10 +589,7 @@ mod tests {
 
     #[test]
     fn append_view_truncate_fork() {
-        let sh = KvLayerShape {
-            n_kv_head: 1,
-            head_dim: 2,
-        };
+        let sh = KvLayerShape::heads(1, 2);
         let mut m = KvMemory::new(vec![None, Some(sh)], 2, 10);
         assert_eq!(m.bytes_per_token(), 16);
         m.append(1, 0, &[1., 2., 3., 4.], &[5., 6., 7., 8.])
@@ -566,10 +617,7 @@ mod tests {
     /// stored words convert both ways.
     #[test]
     fn f16_cells_round_and_view_back() {
-        let sh = KvLayerShape {
-            n_kv_head: 1,
-            head_dim: 3,
-        };
+        let sh = KvLayerShape::heads(1, 3);
         let m32 = KvMemory::new(vec![Some(sh)], 2, 100);
         let mut m = KvMemory::new(vec![Some(sh)], 2, 100).with_cache_type(CacheType::F16);
         assert_eq!(m32.bytes_per_token(), 2 * 3 * 4);
@@ -615,10 +663,7 @@ mod tests {
 
     #[test]
     fn forks_share_pages_and_writes_copy_on_write() {
-        let sh = KvLayerShape {
-            n_kv_head: 2,
-            head_dim: 3,
-        };
+        let sh = KvLayerShape::heads(2, 3);
         let row = sh.row();
         let mut m = KvMemory::new(vec![Some(sh), None, Some(sh)], 3, 1000).with_page_len(32);
         assert_eq!(m.page_len(), 32);

@@ -174,7 +174,7 @@ impl Memory {
         if let Some(k) = &self.kv {
             let st = k.page_stats();
             parts.push(format!(
-                "KV cells {:.2} MiB in use ({:.2} MiB of it shared between sequences), up to {:.2} MiB ({} bytes per token{}, pages of {} positions)",
+                "KV cells {:.2} MiB in use ({:.2} MiB of it shared between sequences), up to {:.2} MiB ({} bytes per token{}{}, pages of {} positions)",
                 mib(st.bytes),
                 mib(st.shared_bytes),
                 mib(k.max_bytes()),
@@ -182,6 +182,10 @@ impl Memory {
                 match k.cache_type() {
                     CacheType::F32 => String::new(),
                     t => format!(" in {t}"),
+                },
+                match k.n_latent_layers() {
+                    0 => String::new(),
+                    n => format!("; {n} MLA layer(s) keep the compressed latent only"),
                 },
                 k.page_len()
             ));

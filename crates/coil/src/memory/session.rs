@@ -312,12 +312,12 @@ pub fn load(
         for l in 0..nl {
             let k = rd.f32s("keys")?;
             let v = rd.f32s("values")?;
-            let want = m.expected_len(l, nt);
+            let (want, want_v) = (m.expected_len(l, nt), m.expected_v_len(l, nt));
             let (k, v) = match (
                 m.convert_cells(l, file_cells, k),
                 m.convert_cells(l, file_cells, v),
             ) {
-                (Some(k), Some(v)) if k.len() == want && v.len() == want => (k, v),
+                (Some(k), Some(v)) if k.len() == want && v.len() == want_v => (k, v),
                 _ => {
                     return Err(SessionError::Mismatch(format!(
                         "layer {l}: cells do not match {nt} tokens"
@@ -358,10 +358,7 @@ mod tests {
     /// layer (the version-1 format), and load back.
     #[test]
     fn paged_cells_keep_the_version_1_bytes() {
-        let sh = KvLayerShape {
-            n_kv_head: 1,
-            head_dim: 3,
-        };
+        let sh = KvLayerShape::heads(1, 3);
         let kv = KvMemory::new(vec![Some(sh), None], 2, 1000).with_page_len(32);
         let mut mem = Memory::new(None, Some(kv), 2, 1000);
         let n = 70;

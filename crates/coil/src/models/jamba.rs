@@ -33,6 +33,7 @@ pub(crate) fn swiglu_moe(
         down: Experts::load(ld, &n("down_exps"), n_expert, d, n_ff)?,
         gating: Gating::Softmax,
         select_bias: None,
+        groups: None,
         n_used,
         norm_weights,
         weights_scale: ld.f32_opt("expert_weights_scale")?.unwrap_or(0.0),

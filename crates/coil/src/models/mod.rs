@@ -8,6 +8,7 @@ pub mod falcon_h1;
 pub mod granite_hybrid;
 pub mod hparams;
 pub mod jamba;
+pub mod kimi_linear;
 pub mod lfm2;
 pub mod llama;
 pub mod mamba;
@@ -218,6 +219,7 @@ pub fn load(file: Arc<GgufFile>) -> Result<Box<dyn Model>, ModelError> {
         "qwen35" | "qwen35moe" => qwen35::load(file, plan)?,
         "qwen3next" => qwen3next::load(file, plan)?,
         "lfm2" | "lfm2moe" => lfm2::load(file, plan)?,
+        "kimi-linear" => kimi_linear::load(file, plan)?,
         other => return Err(ModelError::NotImplemented(other.to_string())),
     };
     Ok(Box::new(stack))

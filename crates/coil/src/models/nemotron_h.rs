@@ -44,6 +44,7 @@ fn relu2_moe(ld: &Loader, info: &ModelInfo, l: usize) -> Result<Moe, ModelError>
         down: Experts::load(ld, &n("down_exps"), n_expert, d, ff)?,
         gating: Gating::Sigmoid,
         select_bias,
+        groups: None,
         n_used,
         norm_weights: ld.bool_opt("expert_weights_norm").unwrap_or(false),
         weights_scale: ld.f32_opt("expert_weights_scale")?.unwrap_or(0.0),

@@ -20,6 +20,10 @@ pub enum Mixer {
     GatedDeltaNet,
     /// LFM2's gated short convolution.
     ShortConv,
+    /// Kimi Delta Attention (Kimi-Linear's linear-attention layers).
+    Kda,
+    /// Multi-head latent attention (Kimi-Linear's full-attention layers).
+    Mla,
 }
 
 /// The per-token feed-forward of a layer.
@@ -35,7 +39,10 @@ pub enum FeedForward {
 
 impl Mixer {
     pub fn has_attention(self) -> bool {
-        matches!(self, Mixer::Attention | Mixer::AttentionParallelMamba2)
+        matches!(
+            self,
+            Mixer::Attention | Mixer::AttentionParallelMamba2 | Mixer::Mla
+        )
     }
     pub fn has_recurrent(self) -> bool {
         matches!(
@@ -45,6 +52,7 @@ impl Mixer {
                 | Mixer::AttentionParallelMamba2
                 | Mixer::GatedDeltaNet
                 | Mixer::ShortConv
+                | Mixer::Kda
         )
     }
     pub fn name(self) -> &'static str {
@@ -56,6 +64,8 @@ impl Mixer {
             Mixer::None => "none",
             Mixer::GatedDeltaNet => "gated_deltanet",
             Mixer::ShortConv => "shortconv",
+            Mixer::Kda => "kda",
+            Mixer::Mla => "mla",
         }
     }
 }
@@ -100,7 +110,7 @@ pub enum PlanError {
 }
 
 /// GGUF architectures coil knows.
-pub const SUPPORTED_ARCHS: [&str; 13] = [
+pub const SUPPORTED_ARCHS: [&str; 14] = [
     "mamba",
     "mamba2",
     "jamba",
@@ -114,6 +124,7 @@ pub const SUPPORTED_ARCHS: [&str; 13] = [
     "qwen3next",
     "lfm2",
     "lfm2moe",
+    "kimi-linear",
 ];
 
 /// A per-layer integer hyper-parameter: either one value for all layers or
@@ -277,6 +288,8 @@ impl LayerPlan {
                     "granitehybrid" => Mixer::Mamba2,
                     "lfm2" | "lfm2moe" if kv_at(i) > 0 => Mixer::Attention,
                     "lfm2" | "lfm2moe" => Mixer::ShortConv,
+                    "kimi-linear" if kv_at(i) > 0 => Mixer::Mla,
+                    "kimi-linear" => Mixer::Kda,
                     _ if gated_delta => match recurrent.as_ref().is_some_and(|r| r[i]) {
                         true => Mixer::GatedDeltaNet,
                         false => Mixer::Attention,
@@ -342,14 +355,16 @@ impl LayerPlan {
     }
 
     /// A one-letter-per-layer pattern in Nemotron-H's notation: `M` Mamba,
-    /// `*` attention, `P` parallel, `-` dense FFN, `E` MoE (and `D` Gated
-    /// DeltaNet, `C` LFM2's short convolution); a layer with both a mixer
-    /// and a feed-forward shows the mixer.
+    /// `*` attention (MLA too), `P` parallel, `-` dense FFN, `E` MoE (and
+    /// `D` Gated DeltaNet, `C` LFM2's short convolution, `K` Kimi Delta
+    /// Attention); a layer with both a mixer and a feed-forward shows the
+    /// mixer.
     pub fn pattern(&self) -> String {
         self.layers
             .iter()
             .map(|l| match (l.mixer, l.ffn) {
-                (Mixer::Attention, _) => '*',
+                (Mixer::Attention | Mixer::Mla, _) => '*',
+                (Mixer::Kda, _) => 'K',
                 (Mixer::Mamba1 | Mixer::Mamba2, _) => 'M',
                 (Mixer::GatedDeltaNet, _) => 'D',
                 (Mixer::AttentionParallelMamba2, _) => 'P',

@@ -180,7 +180,8 @@ impl Attention {
 /// The core both attention blocks share: for each sequence chunk of `rows`,
 /// rotate its queries and keys (`p.rope`), append its keys and values to the
 /// sequence's KV cells of `layer`, and attend causally over them.
-/// `k`, `v`: `[n_tokens, n_kv_head·head_dim]`; `q`, `att`: `[n_q,
+/// `k`, `v`: `[n_tokens, n_kv_head·head_dim]` (`v` empty for a latent
+/// layer, whose values are its keys); `q`, `att`: `[n_q,
 /// n_head·head_dim]`, the queries of every row (`q_rows` `None`) or of the
 /// rows `q_rows` lists (ascending: a prompt's last layer, whose other rows
 /// are never read).
@@ -233,7 +234,11 @@ pub(super) fn attend(
                 rope(qs, p.n_head, p.head_dim, rp.n_rot, &table, rp.style);
             }
         }
-        kv.append(layer, r.seq, ks, &v[r.rows.start * kvd..r.rows.end * kvd])?;
+        let vs = match v.is_empty() {
+            true => &[][..],
+            false => &v[r.rows.start * kvd..r.rows.end * kvd],
+        };
+        kv.append(layer, r.seq, ks, vs)?;
         if qs.is_empty() {
             continue;
         }

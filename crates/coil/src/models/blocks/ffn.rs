@@ -149,6 +149,33 @@ pub enum Gating {
     Sigmoid,
 }
 
+/// Group-limited routing (DeepSeek-V3): the experts form `n_group` equal
+/// groups, each scored by the sum of its two best selection scores; only
+/// the `n_used` best groups' experts can be chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertGroups {
+    pub n_group: usize,
+    pub n_used: usize,
+}
+
+impl ExpertGroups {
+    /// Sets the selection scores of the experts outside the chosen groups
+    /// to −∞.
+    fn mask(&self, select: &mut [f32]) {
+        let per = select.len() / self.n_group;
+        let scores: Vec<f32> = select
+            .chunks_exact(per)
+            .map(|g| top_k(g, 2.min(per)).iter().map(|&(_, v)| v).sum())
+            .collect();
+        let keep = top_k(&scores, self.n_used);
+        for (gi, g) in select.chunks_exact_mut(per).enumerate() {
+            if !keep.iter().any(|&(k, _)| k == gi) {
+                g.fill(f32::NEG_INFINITY);
+            }
+        }
+    }
+}
+
 pub struct Moe {
     /// `[n_expert, d_model]`
     pub router: Matrix,
@@ -158,6 +185,8 @@ pub struct Moe {
     pub gating: Gating,
     /// Added to the gate probabilities for choosing experts only.
     pub select_bias: Option<Vec<f32>>,
+    /// Group-limited choice (`None`: any expert).
+    pub groups: Option<ExpertGroups>,
     pub n_used: usize,
     /// Renormalise the chosen experts' weights to sum to 1.
     pub norm_weights: bool,
@@ -186,10 +215,13 @@ impl Moe {
                     }
                     Gating::Sigmoid => l.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect(),
                 };
-                let select: Vec<f32> = match &self.select_bias {
+                let mut select: Vec<f32> = match &self.select_bias {
                     Some(b) => probs.iter().zip(b).map(|(p, b)| p + b).collect(),
                     None => probs.clone(),
                 };
+                if let Some(g) = &self.groups {
+                    g.mask(&mut select);
+                }
                 let chosen = top_k(&select, self.n_used);
                 let mut w: Vec<(usize, f32)> = chosen.iter().map(|&(e, _)| (e, probs[e])).collect();
                 if self.norm_weights {

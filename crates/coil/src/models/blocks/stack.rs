@@ -8,15 +8,19 @@
 //! ```
 //!
 //! where the mixer is attention, Mamba-1, Mamba-2, attention ∥ Mamba-2
-//! (their outputs summed, Falcon-H1) or LFM2's short convolution. Architecture files choose the blocks.
+//! (their outputs summed, Falcon-H1), Gated DeltaNet, LFM2's short
+//! convolution, Kimi Delta Attention or multi-head latent attention.
+//! Architecture files choose the blocks.
 
 use super::attention::Attention;
 use super::common::{check_ubatch, gather_rows, Embedding, OutputHead};
 use super::ffn::{DenseFfn, Moe, MoeGatedShared};
 use super::gated_attention::GatedAttention;
 use super::gated_delta_mixer::GatedDeltaMixer;
+use super::kda_mixer::KdaMixer;
 use super::mamba1_mixer::Mamba1Mixer;
 use super::mamba2_mixer::Mamba2Mixer;
+use super::mla::Mla;
 use super::short_conv::ShortConv;
 use crate::memory::SeqId;
 use crate::memory::{KvLayerShape, KvMemory, Memory, RecurrentLayerShape, RecurrentMemory};
@@ -40,6 +44,10 @@ pub enum MixerBlock {
     GatedDeltaNet(Box<GatedDeltaMixer>),
     /// LFM2's gated short convolution.
     ShortConv(Box<ShortConv>),
+    /// Kimi Delta Attention.
+    Kda(Box<KdaMixer>),
+    /// Multi-head latent attention (a compressed KV cache).
+    Mla(Box<Mla>),
 }
 
 pub enum FfnBlock {
@@ -66,20 +74,18 @@ impl StackLayer {
             MixerBlock::Mamba2(m) | MixerBlock::Parallel(_, m) => Some(m.p.state_shape()),
             MixerBlock::GatedDeltaNet(m) => Some(m.p.state_shape()),
             MixerBlock::ShortConv(c) => Some(c.p.state_shape()),
+            MixerBlock::Kda(m) => Some(m.p.state_shape()),
             _ => None,
         }
     }
 
     fn kv_shape(&self) -> Option<KvLayerShape> {
         match &self.mixer {
-            MixerBlock::Attention(a) | MixerBlock::Parallel(a, _) => Some(KvLayerShape {
-                n_kv_head: a.p.n_kv_head,
-                head_dim: a.p.head_dim,
-            }),
-            MixerBlock::GatedAttention(a) => Some(KvLayerShape {
-                n_kv_head: a.p.n_kv_head,
-                head_dim: a.p.head_dim,
-            }),
+            MixerBlock::Attention(a) | MixerBlock::Parallel(a, _) => {
+                Some(KvLayerShape::heads(a.p.n_kv_head, a.p.head_dim))
+            }
+            MixerBlock::GatedAttention(a) => Some(KvLayerShape::heads(a.p.n_kv_head, a.p.head_dim)),
+            MixerBlock::Mla(a) => Some(a.p.kv_shape()),
             _ => None,
         }
     }
@@ -195,6 +201,11 @@ impl DecoderStack {
                 out.iter_mut().zip(&o2).for_each(|(a, b)| *a += b);
             }
             MixerBlock::ShortConv(c) => c.forward(file, pool, l, rows, mem, h, out)?,
+            MixerBlock::Kda(m) => m.forward(file, pool, l, rows, mem, h, out)?,
+            MixerBlock::Mla(a) => {
+                a.forward(file, pool, l, rows, mem, h, q_rows, out)?;
+                return Ok(q_rows.is_some());
+            }
         }
         Ok(false)
     }

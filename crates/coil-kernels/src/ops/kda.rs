@@ -1,0 +1,591 @@
+//! Kimi Delta Attention (KDA; Kimi Team, "Kimi Linear", 2025): the gated
+//! delta rule of [`super::gated_delta`] with a *per-channel* decay. One
+//! state `S` (`[d_k, d_v]`) per head; per token, with `g` a `d_k`-vector of
+//! log decays (≤ 0):
+//!
+//! ```text
+//! S ← Diag(exp(g))·S;   δ = β·(v − Sᵀk);   S ← S + k δᵀ;   o = Sᵀq
+//! ```
+//!
+//! q and k already L2-normalised (q also scaled by 1/√d_k), β = sigmoid(b)
+//! one scalar per head and token. Key channel r decays row r of the state.
+//! [`kda_scan`] runs the recurrence token by token (decode);
+//! `kda_chunked` (see `kda_chunk.rs`) gives the same result with matrix
+//! products per chunk (prefill).
+//!
+//! Per token and head the kernel makes two passes over the state rows: a
+//! read-only one for `kv = Sᵀ(k ⊙ e^g)` and one that writes `e^g_r·S_r +
+//! k_r δ` and accumulates `o`. A bf16 state (`--state-type bf16`) is
+//! widened a row at a time and rounded once per token when stored.
+
+use super::state_elem::{round_row, widen_row, StateElem, StateMut};
+use crate::denormals::FlushDenormals;
+use crate::multiversion;
+use crate::pool::{SendPtr, ThreadPool};
+use half::bf16;
+
+/// Heads and their widths (as many key heads as value heads).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KdaDims {
+    pub n_head: usize,
+    pub d_k: usize,
+    pub d_v: usize,
+}
+
+impl KdaDims {
+    /// Elements of the state of all heads: `[H, d_k, d_v]`.
+    pub fn state_len(&self) -> usize {
+        self.n_head * self.d_k * self.d_v
+    }
+
+    pub(crate) fn check(&self) {
+        assert!(self.n_head > 0 && self.d_k > 0 && self.d_v > 0);
+    }
+}
+
+/// The per-token inputs, q, k and v read in place from wider rows: token
+/// `i`'s q and k (`[H, d_k]` each) start at `q[i·ld_qk]`, `k[i·ld_qk]`, its
+/// v (`[H, d_v]`) at `v[i·ld_v]`; `g`: `[n_tokens, H, d_k]` log decays,
+/// `beta`: `[n_tokens, H]`.
+#[derive(Clone, Copy)]
+pub struct KdaInputs<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub ld_qk: usize,
+    pub v: &'a [f32],
+    pub ld_v: usize,
+    pub g: &'a [f32],
+    pub beta: &'a [f32],
+}
+
+impl KdaInputs<'_> {
+    pub(crate) fn check(&self, d: &KdaDims, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let (kd, vd) = (d.n_head * d.d_k, d.n_head * d.d_v);
+        assert!(self.ld_qk >= kd && self.ld_v >= vd);
+        assert!(
+            self.q.len() >= (n - 1) * self.ld_qk + kd,
+            "kda: q too short"
+        );
+        assert!(
+            self.k.len() >= (n - 1) * self.ld_qk + kd,
+            "kda: k too short"
+        );
+        assert!(self.v.len() >= (n - 1) * self.ld_v + vd, "kda: v too short");
+        assert_eq!(self.g.len(), n * kd, "kda: g is not [n, H, d_k]");
+        assert_eq!(self.beta.len(), n * d.n_head, "kda: beta is not [n, H]");
+    }
+
+    #[inline(always)]
+    pub(crate) fn q_at(&self, d: &KdaDims, i: usize, h: usize) -> &[f32] {
+        &self.q[i * self.ld_qk + h * d.d_k..][..d.d_k]
+    }
+    #[inline(always)]
+    pub(crate) fn k_at(&self, d: &KdaDims, i: usize, h: usize) -> &[f32] {
+        &self.k[i * self.ld_qk + h * d.d_k..][..d.d_k]
+    }
+    #[inline(always)]
+    pub(crate) fn v_at(&self, d: &KdaDims, i: usize, h: usize) -> &[f32] {
+        &self.v[i * self.ld_v + h * d.d_v..][..d.d_v]
+    }
+    #[inline(always)]
+    pub(crate) fn g_at(&self, d: &KdaDims, i: usize, h: usize) -> &[f32] {
+        &self.g[(i * d.n_head + h) * d.d_k..][..d.d_k]
+    }
+}
+
+/// The state types the recurrence takes (f32, bf16): how a state row is
+/// read and written in f32.
+pub trait KdaState: StateElem {
+    /// Row `r` as f32 (itself, or widened into `work`).
+    #[doc(hidden)]
+    fn read_row<'a>(r: &'a [Self], work: &'a mut [f32]) -> &'a [f32];
+    /// `f` on row `r` as f32, stored back (rounded for bf16).
+    #[doc(hidden)]
+    fn update_row(r: &mut [Self], work: &mut [f32], f: impl FnOnce(&mut [f32]));
+    #[doc(hidden)]
+    fn head_scan(
+        d: &KdaDims,
+        h: usize,
+        s: &mut [Self],
+        inp: &KdaInputs,
+        out: *mut f32,
+        w: &mut Work,
+        n: usize,
+    );
+}
+
+impl KdaState for f32 {
+    #[inline(always)]
+    fn read_row<'a>(r: &'a [f32], _work: &'a mut [f32]) -> &'a [f32] {
+        r
+    }
+    #[inline(always)]
+    fn update_row(r: &mut [f32], _work: &mut [f32], f: impl FnOnce(&mut [f32])) {
+        f(r)
+    }
+    fn head_scan(
+        d: &KdaDims,
+        h: usize,
+        s: &mut [f32],
+        inp: &KdaInputs,
+        out: *mut f32,
+        w: &mut Work,
+        n: usize,
+    ) {
+        head_scan_f32(d, h, s, inp, SendPtr(out), w, n)
+    }
+}
+
+impl KdaState for bf16 {
+    #[inline(always)]
+    fn read_row<'a>(r: &'a [bf16], work: &'a mut [f32]) -> &'a [f32] {
+        widen_row(r, work);
+        work
+    }
+    #[inline(always)]
+    fn update_row(r: &mut [bf16], work: &mut [f32], f: impl FnOnce(&mut [f32])) {
+        widen_row(r, work);
+        f(work);
+        round_row(work, r);
+    }
+    fn head_scan(
+        d: &KdaDims,
+        h: usize,
+        s: &mut [bf16],
+        inp: &KdaInputs,
+        out: *mut f32,
+        w: &mut Work,
+        n: usize,
+    ) {
+        head_scan_bf16(d, h, s, inp, SendPtr(out), w, n)
+    }
+}
+
+/// One thread's buffers.
+#[doc(hidden)]
+pub struct Work {
+    /// e^g of the token, `[d_k]`.
+    e: Vec<f32>,
+    /// k ⊙ e^g, `[d_k]`.
+    ke: Vec<f32>,
+    /// Sᵀ(k ⊙ e^g), then δ, `[d_v]`.
+    kv: Vec<f32>,
+    /// A state row widened (bf16), `[d_v]`.
+    row: Vec<f32>,
+}
+
+impl Work {
+    fn new(d: &KdaDims) -> Self {
+        Work {
+            e: vec![0.0; d.d_k],
+            ke: vec![0.0; d.d_k],
+            kv: vec![0.0; d.d_v],
+            row: vec![0.0; d.d_v],
+        }
+    }
+}
+
+#[inline(always)]
+fn head_scan<S: KdaState>(
+    d: &KdaDims,
+    h: usize,
+    s: &mut [S],
+    inp: &KdaInputs,
+    out: SendPtr<f32>,
+    w: &mut Work,
+    n: usize,
+) {
+    let (dv, nh) = (d.d_v, d.n_head);
+    debug_assert_eq!(s.len(), d.d_k * dv);
+    for i in 0..n {
+        let (q, k, v, g) = (
+            inp.q_at(d, i, h),
+            inp.k_at(d, i, h),
+            inp.v_at(d, i, h),
+            inp.g_at(d, i, h),
+        );
+        let beta = inp.beta[i * nh + h];
+        for (((e, ke), &gr), &kr) in w.e.iter_mut().zip(w.ke.iter_mut()).zip(g).zip(k) {
+            *e = gr.exp();
+            *ke = kr * *e;
+        }
+        // kv = (Diag(e^g)·S)ᵀk: a read-only pass over S.
+        w.kv.fill(0.0);
+        for (r, &kr) in s.chunks_exact(dv).zip(&w.ke) {
+            if i == 0 && S::TYPE == f32::TYPE {
+                // the state comes from memory on the first token
+                super::ssm::prefetch_rows_ahead(r.as_ptr() as *const f32, dv);
+            }
+            let row = S::read_row(r, &mut w.row);
+            for (a, &x) in w.kv.iter_mut().zip(row) {
+                *a += kr * x;
+            }
+        }
+        // δ = β(v − kv), kept in kv.
+        for (a, &vv) in w.kv.iter_mut().zip(v) {
+            *a = beta * (vv - *a);
+        }
+        // SAFETY: token i, head h: lanes no other head writes.
+        let o = unsafe { std::slice::from_raw_parts_mut(out.get().add((i * nh + h) * dv), dv) };
+        o.fill(0.0);
+        // S ← Diag(e^g)·S + k δᵀ and o = Sᵀq in a second pass.
+        let kv = &w.kv;
+        for (((r, &kr), &qr), &er) in s.chunks_exact_mut(dv).zip(k).zip(q).zip(&w.e) {
+            S::update_row(r, &mut w.row, |x| {
+                for ((x, &dl), ov) in x.iter_mut().zip(kv.iter()).zip(o.iter_mut()) {
+                    *x = er * *x + kr * dl;
+                    *ov += qr * *x;
+                }
+            });
+        }
+    }
+}
+multiversion!(fn head_scan_f32(
+    d: &KdaDims, h: usize, s: &mut [f32], inp: &KdaInputs, out: SendPtr<f32>, w: &mut Work, n: usize
+) => head_scan::<f32>);
+multiversion!(fn head_scan_bf16(
+    d: &KdaDims, h: usize, s: &mut [bf16], inp: &KdaInputs, out: SendPtr<f32>, w: &mut Work, n: usize
+) => head_scan::<bf16>);
+
+/// The recurrence over `n_tokens` tokens for every head (heads spread over
+/// `pool`), from and into `state` (`[H, d_k, d_v]`, f32 or bf16); `out`:
+/// `[n_tokens, H, d_v]`.
+pub fn kda_scan<S: KdaState>(
+    pool: &ThreadPool,
+    dims: KdaDims,
+    state: &mut [S],
+    inp: KdaInputs,
+    out: &mut [f32],
+    n_tokens: usize,
+) {
+    let mut seqs = [KdaSeq {
+        state,
+        from: None,
+        inputs: inp,
+        out,
+        n_tokens,
+    }];
+    kda_scan_batch(pool, dims, &mut seqs);
+}
+
+/// [`kda_scan`] on a state of either stored type.
+pub fn kda_scan_state(
+    pool: &ThreadPool,
+    dims: KdaDims,
+    state: StateMut,
+    inp: KdaInputs,
+    out: &mut [f32],
+    n_tokens: usize,
+) {
+    match state {
+        StateMut::F32(s) => kda_scan(pool, dims, s, inp, out, n_tokens),
+        StateMut::Bf16(s) => kda_scan(pool, dims, s, inp, out, n_tokens),
+    }
+}
+
+/// One sequence's part of [`kda_scan_batch`]: its state `[H, d_k, d_v]`,
+/// inputs and output `[n_tokens, H, d_v]`. With `from` (a state moving off
+/// a checkpoint, same length), `state`'s old contents are ignored: each
+/// head is copied from `from` just before its update.
+pub struct KdaSeq<'a, S: KdaState = f32> {
+    pub state: &'a mut [S],
+    pub from: Option<&'a [S]>,
+    pub inputs: KdaInputs<'a>,
+    pub out: &'a mut [f32],
+    pub n_tokens: usize,
+}
+
+/// [`kda_scan`] for every sequence of `seqs` at once (a server's decode
+/// step, one layer): the (sequence, head) pairs are spread over `pool` in
+/// one call, each running the single-sequence code (the same result, bit
+/// for bit).
+pub fn kda_scan_batch<S: KdaState>(pool: &ThreadPool, dims: KdaDims, seqs: &mut [KdaSeq<S>]) {
+    dims.check();
+    struct Part<'a, S> {
+        state: SendPtr<S>,
+        from: Option<&'a [S]>,
+        inputs: KdaInputs<'a>,
+        out: SendPtr<f32>,
+        n_tokens: usize,
+    }
+    let parts: Vec<Part<S>> = seqs
+        .iter_mut()
+        .map(|s| {
+            s.inputs.check(&dims, s.n_tokens);
+            assert_eq!(
+                s.state.len(),
+                dims.state_len(),
+                "kda: state is not [H, dk, dv]"
+            );
+            assert!(s.from.is_none_or(|f| f.len() == s.state.len()));
+            assert_eq!(s.out.len(), s.n_tokens * dims.n_head * dims.d_v);
+            Part {
+                state: SendPtr(s.state.as_mut_ptr()),
+                from: s.from,
+                inputs: s.inputs,
+                out: SendPtr(s.out.as_mut_ptr()),
+                n_tokens: s.n_tokens,
+            }
+        })
+        .collect();
+    let nh = dims.n_head;
+    let items = parts.len() * nh;
+    if items == 0 {
+        return;
+    }
+    let grain = (items / (pool.n_threads() * 4)).clamp(1, nh);
+    pool.parallel_for(items, grain, |r, _| {
+        let _flush = FlushDenormals::new();
+        let mut w = Work::new(&dims);
+        for i in r {
+            let (pt, h) = (&parts[i / nh], i % nh);
+            let hs = dims.d_k * dims.d_v;
+            // SAFETY: each (sequence, head) pair's state and output lanes
+            // belong to exactly one call.
+            let s = unsafe { std::slice::from_raw_parts_mut(pt.state.get().add(h * hs), hs) };
+            if let Some(f) = pt.from {
+                s.copy_from_slice(&f[h * hs..(h + 1) * hs]);
+            }
+            if pt.n_tokens > 0 {
+                S::head_scan(&dims, h, s, &pt.inputs, pt.out.get(), &mut w, pt.n_tokens);
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::ops::gated_delta::l2_normalize;
+    use crate::ops::state_elem::{round_bf16, widen_bf16};
+    use crate::testutil::Rng;
+
+    /// The textbook recurrence in f64 (decay first, as transformers' torch
+    /// path orders it).
+    #[allow(clippy::too_many_arguments)]
+    pub fn naive(
+        d: &KdaDims,
+        s0: &[f32],
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        g: &[f32],
+        beta: &[f32],
+        n: usize,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let (nh, dk, dv) = (d.n_head, d.d_k, d.d_v);
+        let mut s: Vec<f64> = s0.iter().map(|&x| x as f64).collect();
+        let mut out = vec![0f64; n * nh * dv];
+        for i in 0..n {
+            for h in 0..nh {
+                let sh = &mut s[h * dk * dv..(h + 1) * dk * dv];
+                let at = (i * nh + h) * dk;
+                for r in 0..dk {
+                    let e = (g[at + r] as f64).exp();
+                    sh[r * dv..(r + 1) * dv].iter_mut().for_each(|x| *x *= e);
+                }
+                for c in 0..dv {
+                    let kv: f64 = (0..dk).map(|r| sh[r * dv + c] * k[at + r] as f64).sum();
+                    let delta = beta[i * nh + h] as f64 * (v[(i * nh + h) * dv + c] as f64 - kv);
+                    for r in 0..dk {
+                        sh[r * dv + c] += k[at + r] as f64 * delta;
+                    }
+                }
+                for c in 0..dv {
+                    out[(i * nh + h) * dv + c] =
+                        (0..dk).map(|r| sh[r * dv + c] * q[at + r] as f64).sum();
+                }
+            }
+        }
+        (s, out)
+    }
+
+    pub struct Case {
+        pub q: Vec<f32>,
+        pub k: Vec<f32>,
+        pub v: Vec<f32>,
+        pub g: Vec<f32>,
+        pub beta: Vec<f32>,
+        pub s0: Vec<f32>,
+    }
+
+    /// Random normalised q, k, v, per-channel g in (−3, 0) (some channels
+    /// forget within a token, some remember for ~100), β in (0, 1).
+    pub fn random_inputs(rng: &mut Rng, d: &KdaDims, n: usize) -> Case {
+        let (nh, dk, dv) = (d.n_head, d.d_k, d.d_v);
+        let mut q = rng.vec(n * nh * dk);
+        let mut k = rng.vec(n * nh * dk);
+        l2_normalize(&mut q, dk, 1e-6, 1.0 / (dk as f32).sqrt());
+        l2_normalize(&mut k, dk, 1e-6, 1.0);
+        let v = rng.vec(n * nh * dv);
+        let g: Vec<f32> = rng
+            .vec(n * nh * dk)
+            .iter()
+            .enumerate()
+            .map(|(i, x)| match i % 3 {
+                0 => -(x.abs() * 3.0),
+                _ => -(x.abs() * 0.02),
+            })
+            .collect();
+        let beta: Vec<f32> = rng
+            .vec(n * nh)
+            .iter()
+            .map(|x| 1.0 / (1.0 + (-x).exp()))
+            .collect();
+        let s0 = rng.vec(nh * dk * dv);
+        Case {
+            q,
+            k,
+            v,
+            g,
+            beta,
+            s0,
+        }
+    }
+
+    fn inputs<'a>(c: &'a Case, d: &KdaDims) -> KdaInputs<'a> {
+        KdaInputs {
+            q: &c.q,
+            k: &c.k,
+            ld_qk: d.n_head * d.d_k,
+            v: &c.v,
+            ld_v: d.n_head * d.d_v,
+            g: &c.g,
+            beta: &c.beta,
+        }
+    }
+
+    fn one<'a>(c: &'a Case, d: &KdaDims, i: usize) -> KdaInputs<'a> {
+        let (kd, vd) = (d.n_head * d.d_k, d.n_head * d.d_v);
+        KdaInputs {
+            q: &c.q[i * kd..],
+            k: &c.k[i * kd..],
+            v: &c.v[i * vd..],
+            g: &c.g[i * kd..(i + 1) * kd],
+            beta: &c.beta[i * d.n_head..(i + 1) * d.n_head],
+            ..inputs(c, d)
+        }
+    }
+
+    #[test]
+    pub fn scan_matches_naive_and_steps() {
+        let mut rng = Rng::new(63);
+        let pool = ThreadPool::new(2);
+        for &(nh, dk, dv, n) in &[(2, 8, 8, 9), (3, 5, 7, 4), (1, 16, 4, 1), (4, 16, 16, 20)] {
+            let d = KdaDims {
+                n_head: nh,
+                d_k: dk,
+                d_v: dv,
+            };
+            let c = random_inputs(&mut rng, &d, n);
+            let (ws, wo) = naive(&d, &c.s0, &c.q, &c.k, &c.v, &c.g, &c.beta, n);
+            let mut s = c.s0.clone();
+            let mut out = vec![0f32; n * nh * dv];
+            kda_scan(&pool, d, &mut s, inputs(&c, &d), &mut out, n);
+            for (a, e) in out.iter().zip(&wo) {
+                assert!((*a as f64 - e).abs() < 1e-4, "{a} vs {e}");
+            }
+            for (a, e) in s.iter().zip(&ws) {
+                assert!((*a as f64 - e).abs() < 1e-4);
+            }
+            // token by token: the same bits
+            let mut s2 = c.s0.clone();
+            let mut out2 = vec![0f32; n * nh * dv];
+            for i in 0..n {
+                let o = &mut out2[i * nh * dv..(i + 1) * nh * dv];
+                kda_scan(&pool, d, &mut s2, one(&c, &d, i), o, 1);
+            }
+            assert_eq!(out, out2);
+            assert_eq!(s, s2);
+        }
+    }
+
+    /// Several sequences in one call, odd ones moving off a checkpoint:
+    /// each gets the bits it gets alone.
+    #[test]
+    fn batch_equals_each_sequence_alone() {
+        let mut rng = Rng::new(64);
+        let pool = ThreadPool::new(2);
+        let d = KdaDims {
+            n_head: 3,
+            d_k: 8,
+            d_v: 12,
+        };
+        let toks = [1usize, 2, 1, 3];
+        let cases: Vec<Case> = toks
+            .iter()
+            .map(|&n| random_inputs(&mut rng, &d, n))
+            .collect();
+        let mut want_s: Vec<Vec<f32>> = cases.iter().map(|c| c.s0.clone()).collect();
+        let mut want_o: Vec<Vec<f32>> = toks.iter().map(|&n| vec![0f32; n * 3 * 12]).collect();
+        for i in 0..toks.len() {
+            let c = &cases[i];
+            kda_scan(
+                &pool,
+                d,
+                &mut want_s[i],
+                inputs(c, &d),
+                &mut want_o[i],
+                toks[i],
+            );
+        }
+        let mut got_s: Vec<Vec<f32>> = cases
+            .iter()
+            .enumerate()
+            .map(|(i, c)| match i % 2 {
+                0 => c.s0.clone(),
+                _ => vec![f32::NAN; c.s0.len()],
+            })
+            .collect();
+        let mut got_o: Vec<Vec<f32>> = toks.iter().map(|&n| vec![0f32; n * 3 * 12]).collect();
+        let mut seqs: Vec<KdaSeq> = got_s
+            .iter_mut()
+            .zip(got_o.iter_mut())
+            .zip(cases.iter().zip(&toks))
+            .enumerate()
+            .map(|(i, ((state, out), (c, &n)))| KdaSeq {
+                state,
+                from: (i % 2 == 1).then_some(&c.s0[..]),
+                inputs: inputs(c, &d),
+                out,
+                n_tokens: n,
+            })
+            .collect();
+        kda_scan_batch(&pool, d, &mut seqs);
+        drop(seqs);
+        assert_eq!(got_s, want_s);
+        assert_eq!(got_o, want_o);
+    }
+
+    /// A bf16 state gives exactly the f32 recurrence with the state rounded
+    /// to bf16 after every token.
+    #[test]
+    pub fn bf16_is_the_f32_update_rounded_per_token() {
+        let mut rng = Rng::new(65);
+        let pool = ThreadPool::new(2);
+        let d = KdaDims {
+            n_head: 2,
+            d_k: 8,
+            d_v: 16,
+        };
+        let n = 5;
+        let c = random_inputs(&mut rng, &d, n);
+        let s0: Vec<bf16> = c.s0.iter().map(|&x| round_bf16(x)).collect();
+        let mut sf: Vec<f32> = s0.iter().map(|&x| widen_bf16(x)).collect();
+        let mut want_o = vec![0f32; n * 2 * 16];
+        for i in 0..n {
+            let o = &mut want_o[i * 32..(i + 1) * 32];
+            kda_scan(&pool, d, &mut sf, one(&c, &d, i), o, 1);
+            sf.iter_mut().for_each(|x| *x = widen_bf16(round_bf16(*x)));
+        }
+        let want_s: Vec<bf16> = sf.iter().map(|&x| round_bf16(x)).collect();
+        let mut s = s0.clone();
+        let mut o = vec![0f32; n * 32];
+        kda_scan(&pool, d, &mut s, inputs(&c, &d), &mut o, n);
+        assert_eq!(s, want_s);
+        assert_eq!(o, want_o);
+    }
+}

@@ -1,0 +1,386 @@
+//! The chunked form of Kimi Delta Attention (flash-linear-attention's
+//! `chunk_kda`): the same result as the token-by-token recurrence of
+//! [`super::kda`], mostly in matrix products. It is the chunked gated delta
+//! rule of [`super::gated_delta_chunk`] with the decay inside the products,
+//! one cumulative log decay per key channel. Per head and chunk of L tokens,
+//! from the state S (`[d_k, d_v]`) at its start, with `Γ = cumsum(g)`
+//! (`[L, d_k]`, within the chunk):
+//!
+//! ```text
+//! A_ij = β_i Σ_c k_ic k_jc e^{Γ_ic−Γ_jc}   (i > j)            [L, L]
+//! P_ij =     Σ_c q_ic k_jc e^{Γ_ic−Γ_jc}   (i ≥ j)            [L, L]
+//! U = (I + A)⁻¹ (β⊙V),  W = (I + A)⁻¹ (β⊙K⊙e^Γ)   (forward substitution)
+//! V' = U − W S                                                [L, d_v]
+//! O = (Q⊙e^Γ) S + P V'                                        [L, d_v]
+//! S ← Diag(e^{Γ_L}) S + (K ⊙ e^{Γ_L−Γ})ᵀ V'
+//! ```
+//!
+//! Every exponent is ≤ 0 (g ≤ 0), so nothing overflows. The pair decays
+//! `e^{Γ_i−Γ_j}` are never exponentials of differences: for each key row j
+//! the vector `k_j ⊙ e^{Γ_i−Γ_j}` is carried down the rows i by multiplying
+//! with the token decays `e^{g_i}` (no cancellation, no overflow, however
+//! fast a channel decays; fla splits chunks into sub-chunks for the same
+//! reason).
+
+use super::gated_delta_chunk::{gemm_acc, madd, Tri};
+use super::kda::{KdaDims, KdaInputs};
+use crate::denormals::FlushDenormals;
+use crate::multiversion;
+use crate::pool::{SendPtr, ThreadPool};
+
+/// Tokens per chunk: the pair terms grow with the chunk (`A`, `P`: L²·d_k
+/// per chunk) while the state products do not; 16, as for Gated DeltaNet.
+pub const DEFAULT_CHUNK: usize = 16;
+
+/// One thread's buffers for a chunk of up to `l` tokens.
+struct Work {
+    q: Vec<f32>,     // [L, dk]  Q, then Q ⊙ e^Γ
+    k: Vec<f32>,     // [L, dk]
+    e: Vec<f32>,     // [L, dk]  e^g
+    gamma: Vec<f32>, // [L, dk]  Γ
+    kt: Vec<f32>,    // [dk, L]  (K ⊙ e^{Γ_L−Γ})ᵀ
+    a: Vec<f32>,     // [L, L]   A (strict lower)
+    p: Vec<f32>,     // [L, L]   P (lower)
+    t: Vec<f32>,     // [L, L]   (I + A)⁻¹
+    bv: Vec<f32>,    // [L, dv]  β⊙V
+    bk: Vec<f32>,    // [L, dk]  β⊙K⊙e^Γ
+    u: Vec<f32>,     // [L, dv]  U, then V'
+    w: Vec<f32>,     // [L, dk]
+    o: Vec<f32>,     // [L, dv]
+    kd: Vec<f32>,    // [dk]     k_j ⊙ e^{Γ_i−Γ_j}
+}
+
+impl Work {
+    fn new(l: usize, dk: usize, dv: usize) -> Self {
+        Work {
+            q: vec![0.0; l * dk],
+            k: vec![0.0; l * dk],
+            e: vec![0.0; l * dk],
+            gamma: vec![0.0; l * dk],
+            kt: vec![0.0; dk * l],
+            a: vec![0.0; l * l],
+            p: vec![0.0; l * l],
+            t: vec![0.0; l * l],
+            bv: vec![0.0; l * dv],
+            bk: vec![0.0; l * dk],
+            u: vec![0.0; l * dv],
+            w: vec![0.0; l * dk],
+            o: vec![0.0; l * dv],
+            kd: vec![0.0; dk],
+        }
+    }
+}
+
+/// Σ a·b in 8 independent lanes, then the lanes in order.
+#[inline(always)]
+fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (xa, xb) in ca.zip(cb) {
+        for ((l, &x), &y) in lanes.iter_mut().zip(xa).zip(xb) {
+            *l = madd::<FMA>(x, y, *l);
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// KDA over `n_tokens` tokens in chunks of `chunk`, from and into `state`
+/// (`[H, d_k, d_v]`, f32), heads spread over `pool`; `out`: `[n_tokens,
+/// H, d_v]`. Same inputs and result as [`super::kda::kda_scan`] (to f32
+/// rounding).
+pub fn kda_chunked(
+    pool: &ThreadPool,
+    dims: KdaDims,
+    chunk: usize,
+    state: &mut [f32],
+    inp: KdaInputs,
+    out: &mut [f32],
+    n_tokens: usize,
+) {
+    assert!(chunk > 0);
+    dims.check();
+    inp.check(&dims, n_tokens);
+    assert_eq!(
+        state.len(),
+        dims.state_len(),
+        "kda: state is not [H, dk, dv]"
+    );
+    assert_eq!(out.len(), n_tokens * dims.n_head * dims.d_v);
+    if n_tokens == 0 {
+        return;
+    }
+    let (dk, dv, nh) = (dims.d_k, dims.d_v, dims.n_head);
+    let sp = SendPtr(state.as_mut_ptr());
+    let op = SendPtr(out.as_mut_ptr());
+    let l = chunk.min(n_tokens);
+    let grain = (nh / (pool.n_threads() * 2)).max(1);
+    pool.parallel_for(nh, grain, |hr, _| {
+        let _flush = FlushDenormals::new();
+        let mut wk = Work::new(l, dk, dv);
+        for h in hr {
+            // SAFETY: each head's state and output lanes belong to exactly
+            // one call (parallel_for hands out disjoint heads).
+            let s = unsafe { std::slice::from_raw_parts_mut(sp.get().add(h * dk * dv), dk * dv) };
+            let mut c0 = 0;
+            while c0 < n_tokens {
+                let len = l.min(n_tokens - c0);
+                chunk_mv(&dims, h, s, &inp, c0, len, &mut wk, op);
+                c0 += len;
+            }
+        }
+    });
+}
+
+/// One chunk (`len` tokens from `c0`) of head `h` (`WIDE`: the AVX-512
+/// tiles of [`gemm_acc`]).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn chunk_step<const FMA: bool, const WIDE: bool>(
+    d: &KdaDims,
+    h: usize,
+    s: &mut [f32],
+    inp: &KdaInputs,
+    c0: usize,
+    len: usize,
+    wk: &mut Work,
+    out: SendPtr<f32>,
+) {
+    let (dk, dv, nh) = (d.d_k, d.d_v, d.n_head);
+    let l = len;
+    // Γ, e^g, and the rows of Q, K, β⊙V, β⊙K⊙e^Γ.
+    for i in 0..l {
+        let t = c0 + i;
+        let beta = inp.beta[t * nh + h];
+        let (q, k, v, g) = (
+            inp.q_at(d, t, h),
+            inp.k_at(d, t, h),
+            inp.v_at(d, t, h),
+            inp.g_at(d, t, h),
+        );
+        let (done, rest) = wk.gamma.split_at_mut(i * dk);
+        let gi = &mut rest[..dk];
+        if i == 0 {
+            gi.copy_from_slice(g);
+        } else {
+            for ((x, &p), &gr) in gi.iter_mut().zip(&done[(i - 1) * dk..]).zip(g) {
+                *x = p + gr;
+            }
+        }
+        for (e, &gr) in wk.e[i * dk..(i + 1) * dk].iter_mut().zip(g) {
+            *e = gr.exp();
+        }
+        wk.q[i * dk..(i + 1) * dk].copy_from_slice(q);
+        wk.k[i * dk..(i + 1) * dk].copy_from_slice(k);
+        for ((x, &kr), &gr) in wk.bk[i * dk..(i + 1) * dk].iter_mut().zip(k).zip(gi.iter()) {
+            *x = beta * kr * gr.exp();
+        }
+        for (x, &vv) in wk.bv[i * dv..(i + 1) * dv].iter_mut().zip(v) {
+            *x = beta * vv;
+        }
+    }
+    // A and P, column by column: kd = k_j ⊙ e^{Γ_i−Γ_j}, carried down the
+    // rows by the token decays.
+    wk.a[..l * l].fill(0.0);
+    wk.p[..l * l].fill(0.0);
+    for j in 0..l {
+        wk.kd.copy_from_slice(&wk.k[j * dk..(j + 1) * dk]);
+        wk.p[j * l + j] = dot::<FMA>(&wk.q[j * dk..(j + 1) * dk], &wk.kd);
+        for i in j + 1..l {
+            for (x, &e) in wk.kd.iter_mut().zip(&wk.e[i * dk..(i + 1) * dk]) {
+                *x *= e;
+            }
+            let beta = inp.beta[(c0 + i) * nh + h];
+            wk.a[i * l + j] = beta * dot::<FMA>(&wk.k[i * dk..(i + 1) * dk], &wk.kd);
+            wk.p[i * l + j] = dot::<FMA>(&wk.q[i * dk..(i + 1) * dk], &wk.kd);
+        }
+    }
+    // T = (I + A)⁻¹ (unit lower triangular) by forward substitution on the
+    // identity: row i = e_i − Σ_{j<i} A_ij · row j.
+    let t = &mut wk.t[..l * l];
+    t.fill(0.0);
+    for i in 0..l {
+        let (done, rest) = t.split_at_mut(i * l);
+        let ti = &mut rest[..l];
+        ti[i] = 1.0;
+        for jj in 0..i {
+            let a = wk.a[i * l + jj];
+            if a == 0.0 {
+                continue;
+            }
+            for (x, &y) in ti[..=jj].iter_mut().zip(&done[jj * l..jj * l + jj + 1]) {
+                *x = madd::<FMA>(-a, y, *x);
+            }
+        }
+    }
+    // U = T (β⊙V), W = T (β⊙K⊙e^Γ).
+    wk.u[..l * dv].fill(0.0);
+    wk.w[..l * dk].fill(0.0);
+    gemm_acc::<FMA, WIDE>(
+        Tri::LowerA,
+        l,
+        dv,
+        l,
+        1.0,
+        &wk.t,
+        l,
+        &wk.bv,
+        dv,
+        &mut wk.u,
+        dv,
+    );
+    gemm_acc::<FMA, WIDE>(
+        Tri::LowerA,
+        l,
+        dk,
+        l,
+        1.0,
+        &wk.t,
+        l,
+        &wk.bk,
+        dk,
+        &mut wk.w,
+        dk,
+    );
+    // V' = U − W S.
+    gemm_acc::<FMA, WIDE>(Tri::Full, l, dv, dk, -1.0, &wk.w, dk, s, dv, &mut wk.u, dv);
+    // O = (Q ⊙ e^Γ) S + P V'.
+    for (x, &gr) in wk.q[..l * dk].iter_mut().zip(&wk.gamma[..l * dk]) {
+        *x *= gr.exp();
+    }
+    wk.o[..l * dv].fill(0.0);
+    gemm_acc::<FMA, WIDE>(Tri::Full, l, dv, dk, 1.0, &wk.q, dk, s, dv, &mut wk.o, dv);
+    gemm_acc::<FMA, WIDE>(
+        Tri::LowerA,
+        l,
+        dv,
+        l,
+        1.0,
+        &wk.p,
+        l,
+        &wk.u,
+        dv,
+        &mut wk.o,
+        dv,
+    );
+    for i in 0..l {
+        // SAFETY: token c0 + i, head h: lanes no other head writes.
+        let o =
+            unsafe { std::slice::from_raw_parts_mut(out.get().add(((c0 + i) * nh + h) * dv), dv) };
+        o.copy_from_slice(&wk.o[i * dv..(i + 1) * dv]);
+    }
+    // S ← Diag(e^{Γ_L}) S + (K ⊙ e^{Γ_L−Γ})ᵀ V'.
+    let gl = &wk.gamma[(l - 1) * dk..l * dk];
+    for i in 0..l {
+        let (ki, gi) = (&wk.k[i * dk..(i + 1) * dk], &wk.gamma[i * dk..(i + 1) * dk]);
+        for r in 0..dk {
+            wk.kt[r * l + i] = ki[r] * (gl[r] - gi[r]).exp();
+        }
+    }
+    for (row, &g) in s.chunks_exact_mut(dv).zip(gl) {
+        let e = g.exp();
+        row.iter_mut().for_each(|x| *x *= e);
+    }
+    gemm_acc::<FMA, WIDE>(Tri::Full, dk, dv, l, 1.0, &wk.kt, l, &wk.u, dv, s, dv);
+}
+multiversion!(fn chunk_fma(
+    d: &KdaDims, h: usize, s: &mut [f32], inp: &KdaInputs, c0: usize, len: usize,
+    wk: &mut Work, out: SendPtr<f32>
+) => chunk_step::<true, false>);
+multiversion!(fn chunk_fma_wide(
+    d: &KdaDims, h: usize, s: &mut [f32], inp: &KdaInputs, c0: usize, len: usize,
+    wk: &mut Work, out: SendPtr<f32>
+) => chunk_step::<true, true>);
+
+/// [`chunk_step`] at the best SIMD level: fused multiply-adds where the CPU
+/// has them, plain ones at the portable x86 level (`mul_add` would be a
+/// library call there).
+#[allow(clippy::too_many_arguments)]
+fn chunk_mv(
+    d: &KdaDims,
+    h: usize,
+    s: &mut [f32],
+    inp: &KdaInputs,
+    c0: usize,
+    len: usize,
+    wk: &mut Work,
+    out: SendPtr<f32>,
+) {
+    use crate::simd::{level, SimdLevel};
+    let fused = !cfg!(target_arch = "x86_64") || level() != SimdLevel::Scalar;
+    if cfg!(target_arch = "x86_64") && level() == SimdLevel::Avx512 {
+        chunk_fma_wide(d, h, s, inp, c0, len, wk, out)
+    } else if fused {
+        chunk_fma(d, h, s, inp, c0, len, wk, out)
+    } else {
+        chunk_step::<false, false>(d, h, s, inp, c0, len, wk, out)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::super::kda::tests::{naive, random_inputs};
+    use super::super::kda::{kda_scan, KdaInputs};
+    use super::*;
+    use crate::testutil::Rng;
+
+    /// Within 1e-4 (of the largest value) of the f64 recurrence and of the
+    /// f32 recurrence kernel, across chunk boundaries and short last chunks,
+    /// with channels that forget within a token beside ones that remember.
+    #[test]
+    pub fn chunked_matches_recurrence() {
+        let mut rng = Rng::new(66);
+        let pool = ThreadPool::new(2);
+        for &(nh, dk, dv, n, chunk) in &[
+            (2, 8, 8, 37, 8),
+            (3, 5, 19, 20, 64),
+            (2, 16, 4, 1, 4),
+            (1, 24, 20, 70, 16),
+            (2, 32, 32, 130, 16),
+            (1, 16, 32, 50, 16),
+            (1, 128, 128, 33, 16),
+        ] {
+            let d = KdaDims {
+                n_head: nh,
+                d_k: dk,
+                d_v: dv,
+            };
+            let c = random_inputs(&mut rng, &d, n);
+            let inp = KdaInputs {
+                q: &c.q,
+                k: &c.k,
+                ld_qk: nh * dk,
+                v: &c.v,
+                ld_v: nh * dv,
+                g: &c.g,
+                beta: &c.beta,
+            };
+            let (ws, wo) = naive(&d, &c.s0, &c.q, &c.k, &c.v, &c.g, &c.beta, n);
+            let mut s = c.s0.clone();
+            let mut out = vec![0f32; n * nh * dv];
+            kda_chunked(&pool, d, chunk, &mut s, inp, &mut out, n);
+            let max = wo.iter().fold(0f64, |m, x| m.max(x.abs()));
+            for (a, e) in out.iter().zip(&wo) {
+                assert!(
+                    (*a as f64 - e).abs() <= 1e-4 * max,
+                    "{a} vs {e} (n {n}, chunk {chunk})"
+                );
+            }
+            let smax = ws.iter().fold(0f64, |m, x| m.max(x.abs()));
+            for (a, e) in s.iter().zip(&ws) {
+                assert!((*a as f64 - e).abs() <= 1e-4 * smax);
+            }
+            let mut s2 = c.s0.clone();
+            let mut out2 = vec![0f32; n * nh * dv];
+            kda_scan(&pool, d, &mut s2, inp, &mut out2, n);
+            for (a, e) in out.iter().zip(&out2) {
+                assert!(((a - e) as f64).abs() <= 1e-4 * max);
+            }
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! A `kimi-linear` GGUF whose MLA ranks or KDA head layout do not match its
+//! tensors, or with a tensor missing or mis-shaped, loads with an error
+//! naming the key or tensor — never a panic. Each case edits a copy of a
+//! parity fixture in memory.
+
+mod common;
+
+use coil::models;
+use coil_gguf::gguf::encode_header;
+use coil_gguf::{GgufFile, Metadata, TensorSpec, Value};
+use std::sync::Arc;
+
+/// Loads fixture `name` with its metadata and tensor list edited (a
+/// reshaped tensor keeps its bytes, cut or zero-padded).
+fn edited(
+    name: &str,
+    edit_md: impl FnOnce(&mut Metadata),
+    edit_tensors: impl FnOnce(&mut Vec<TensorSpec>),
+) -> Result<(), String> {
+    let f = GgufFile::open(common::tool_fixture(name).model).unwrap();
+    let mut md = f.metadata().clone();
+    edit_md(&mut md);
+    let mut specs: Vec<TensorSpec> = f
+        .tensors()
+        .iter()
+        .map(|t| TensorSpec::new(t.name.clone(), &t.dims, t.ty))
+        .collect();
+    edit_tensors(&mut specs);
+    let (mut bytes, sizes) = encode_header(&md, &specs).unwrap();
+    for (spec, size) in specs.iter().zip(&sizes) {
+        let mut data = match f.tensor_info(&spec.name) {
+            Some(t) => f.bytes()[f.data_range(t)].to_vec(),
+            None => Vec::new(),
+        };
+        data.resize(*size as usize, 0);
+        bytes.extend_from_slice(&data);
+        bytes.resize(bytes.len().div_ceil(32) * 32, 0);
+    }
+    let file = GgufFile::from_bytes(bytes).map_err(|e| e.to_string())?;
+    models::load(Arc::new(file))
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+fn expect_error(what: &str, got: Result<(), String>, needle: &str) {
+    match got {
+        Ok(()) => panic!("{what}: loaded"),
+        Err(e) => assert!(
+            e.contains(needle),
+            "{what}: error {e:?} does not name {needle:?}"
+        ),
+    }
+}
+
+fn set(key: &'static str, v: u32) -> impl FnOnce(&mut Metadata) {
+    move |m| m.insert(key, Value::U32(v))
+}
+
+#[test]
+fn unedited_fixtures_load() {
+    for name in ["kimi_linear_tiny", "kimi_linear_qlora"] {
+        edited(name, |_| {}, |_| {}).unwrap();
+    }
+}
+
+/// An MLA rank or head width the tensors do not have.
+#[test]
+fn mla_ranks_that_do_not_match_the_tensors_are_named() {
+    let t = "kimi_linear_tiny";
+    // kv_lora_rank 20 (the tensors: 24); key_length kept consistent.
+    let got = edited(
+        t,
+        |m| {
+            m.insert("kimi-linear.attention.kv_lora_rank", Value::U32(20));
+            m.insert("kimi-linear.attention.key_length", Value::U32(28));
+        },
+        |_| {},
+    );
+    expect_error("kv_lora_rank", got, "blk.1.attn_kv_a_mqa.weight");
+    // The cached row key_length disagreeing with kv_lora_rank + rope.
+    let got = edited(t, set("kimi-linear.attention.key_length", 40), |_| {});
+    expect_error("key_length", got, "kimi-linear.attention.key_length");
+    // Query heads 20 wide (the tensors: 24).
+    let got = edited(t, set("kimi-linear.attention.key_length_mla", 20), |_| {});
+    expect_error("key_length_mla", got, "blk.1.attn_q.weight");
+    let got = edited(t, set("kimi-linear.attention.value_length_mla", 16), |_| {});
+    expect_error("value_length_mla", got, "blk.1.attn_v_b.weight");
+    // A RoPE part as wide as the whole head, or odd.
+    for bad in [24, 7] {
+        let got = edited(t, set("kimi-linear.rope.dimension_count", bad), |_| {});
+        expect_error("rope lanes", got, "kimi-linear.rope.dimension_count");
+    }
+    // A query LoRA rank the tensors do not have; a LoRA without its rank.
+    let q = "kimi_linear_qlora";
+    let got = edited(q, set("kimi-linear.attention.q_lora_rank", 16), |_| {});
+    expect_error("q_lora_rank", got, "blk.0.attn_q_a.weight");
+    let got = edited(
+        q,
+        |m| {
+            m.remove("kimi-linear.attention.q_lora_rank");
+        },
+        |_| {},
+    );
+    expect_error("no q_lora_rank", got, "q_lora_rank");
+    let got = edited(
+        t,
+        |_| {},
+        |s| {
+            for x in s.iter_mut().filter(|x| x.name == "blk.1.attn_k_b.weight") {
+                x.dims = vec![16, 24, 3];
+            }
+        },
+    );
+    expect_error("per-head k_b", got, "blk.1.attn_k_b.weight");
+}
+
+/// A KDA head count or width the tensors do not have.
+#[test]
+fn kda_head_layouts_that_do_not_match_the_tensors_are_named() {
+    let t = "kimi_linear_tiny";
+    let got = edited(t, set("kimi-linear.kda.head_dim", 8), |_| {});
+    expect_error("kda.head_dim", got, "blk.0.attn_q.weight");
+    // 8 heads of 8: q, k, v keep their width; the per-head decay rates
+    // (and the low-rank gates) do not.
+    let got = edited(
+        t,
+        |m| {
+            m.insert("kimi-linear.kda.head_dim", Value::U32(8));
+            m.insert("kimi-linear.attention.head_count", Value::U32(8));
+        },
+        |_| {},
+    );
+    expect_error("heads × width", got, "KDA heads");
+    let got = edited(
+        t,
+        |_| {},
+        |s| {
+            for x in s.iter_mut().filter(|x| x.name == "blk.2.ssm_a") {
+                x.dims = vec![1, 5, 1, 1];
+            }
+        },
+    );
+    expect_error("decay rates per head", got, "blk.2.ssm_a");
+    let got = edited(t, set("kimi-linear.ssm.conv_kernel", 3), |_| {});
+    expect_error("conv window", got, "blk.0.ssm_conv1d_q.weight");
+    let got = edited(t, set("kimi-linear.kda.head_dim", 0), |_| {});
+    expect_error("zero width", got, "kimi-linear.kda.head_dim");
+}
+
+#[test]
+fn missing_tensors_and_bad_moe_keys_are_named() {
+    for tensor in [
+        "blk.0.ssm_conv1d_v.weight",
+        "blk.2.ssm_f_b.weight",
+        "blk.3.ssm_norm.weight",
+        "blk.1.attn_kv_a_norm.weight",
+        "blk.1.attn_v_b.weight",
+        "blk.2.exp_probs_b.bias",
+        "blk.3.ffn_gate_shexp.weight",
+    ] {
+        let got = edited(
+            "kimi_linear_tiny",
+            |_| {},
+            |t| t.retain(|s| s.name != tensor),
+        );
+        expect_error(&format!("without {tensor}"), got, tensor);
+    }
+    let got = edited(
+        "kimi_linear_tiny",
+        set("kimi-linear.expert_gating_func", 3),
+        |_| {},
+    );
+    expect_error("gating", got, "kimi-linear.expert_gating_func");
+    let got = edited(
+        "kimi_linear_tiny",
+        |m| {
+            m.insert("kimi-linear.expert_group_count", Value::U32(3));
+            m.insert("kimi-linear.expert_group_used_count", Value::U32(1));
+        },
+        |_| {},
+    );
+    expect_error("groups", got, "kimi-linear.expert_group_count");
+}
