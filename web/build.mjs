@@ -27,7 +27,15 @@ async function bundle(entry) {
   return r.outputFiles[0].text.trim();
 }
 
-const js = (await bundle("src/main.js")).replace(/<\/script/gi, "<\\/script");
+// Inside <script>, the HTML parser reacts to `</script`, `<!--` and
+// `<script` even in JS strings and regular expressions; written with an
+// escape (`\/`, `\x3C`), which means the same there, they are inert.
+const js = (await bundle("src/main.js"))
+  .replace(/<\/script/gi, "<\\/script")
+  .replace(/<(!--|script)/gi, "\\x3C$1");
+for (const s of ["</script", "<!--", "<script"]) {
+  if (js.toLowerCase().includes(s)) throw new Error(`the script still holds ${s}`);
+}
 const css = await bundle("src/style.css");
 const sha = (text) => createHash("sha256").update(text, "utf8").digest("base64");
 const csp = [

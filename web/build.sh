@@ -4,7 +4,7 @@
 # no Node). Needs Node 18+ and npm; installs the locked packages first.
 set -euo pipefail
 cd "$(dirname "$0")"
-if [ ! -d node_modules ] || [ package-lock.json -nt node_modules ]; then
+if [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
   npm ci --ignore-scripts --no-audit --no-fund
 fi
 node build.mjs

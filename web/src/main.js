@@ -15,7 +15,9 @@ import { notice, save, state } from "./state.js";
 import * as store from "./store.js";
 import { $, num, renderList } from "./view.js";
 
-const MAX_ATTACHMENT = 2 << 20; // characters
+// Local storage holds about 5 million characters per server, all
+// conversations together.
+const MAX_ATTACHMENT = 1 << 20; // characters
 
 // ---------------------------------------------------------------- theme
 

@@ -90,6 +90,10 @@ mod tests {
         assert!(!script_src.contains("unsafe-inline"), "{csp}");
         assert_eq!(PAGE.matches("<script>").count(), 1, "one inline script");
         let script = between(PAGE, "<script>", "</script>");
+        // What the HTML parser would read as markup inside the script.
+        for markup in ["<!--", "<script", "</script"] {
+            assert!(!script.to_lowercase().contains(markup), "{markup}");
+        }
         let hash = base64(&Sha256::digest(script.as_bytes()));
         assert_eq!(script_src, format!("'sha256-{hash}'"));
         assert!(base64(b"coil!") == "Y29pbCE=" && base64(b"ab") == "YWI=");
