@@ -368,6 +368,40 @@ def run(ctx, url, c, out):
     c.check("tool calls are shown as such", r.locator(".tool-call .badge").inner_text().lower() == "tool call" and "<img" in r.locator(".tool-call code").first.inner_text())
     page.unroute("**/v1/chat/completions")
 
+    # ---- a tool call answered from the page; the result goes back with the call
+    seen = []
+
+    def answer(route):
+        seen.append(json.loads(route.request.post_data))
+        route.fulfill(status=200, headers={"content-type": "text/event-stream"}, body=sse([{"content": "Thank you, tool."}, {"finish_reason": "stop"}]))
+
+    page.route("**/v1/chat/completions", answer)
+    r.locator("[data-act=tool-result]").click()
+    page.fill(".tool-input", '{"temperature": 21}')
+    page.click("[data-act=send-tool]")
+    wait_idle(page)
+    msgs = seen[-1]["messages"] if seen else []
+    c.check(
+        "a tool result goes back after the call it answers",
+        len(msgs) >= 2
+        and msgs[-2]["role"] == "assistant"
+        and msgs[-2]["tool_calls"][0]["id"] == "call_1"
+        and msgs[-1] == {"role": "tool", "content": '{"temperature": 21}', "tool_call_id": "call_1", "name": "<img src=z onerror=\"window.__pwned='tool'\">"},
+        msgs[-2:],
+    )
+    c.check("the reply to a tool result is shown", last_reply(page).locator(".content").inner_text() == "Thank you, tool.")
+
+    # ---- an assistant message edited is what the model sees next
+    last_reply(page).hover()
+    last_reply(page).locator("[data-act=edit]").click()
+    page.fill("article.msg.assistant textarea.edit", "Thank you, edited.")
+    page.click("[data-act=save-edit]")
+    send(page, "and then?")
+    wait_idle(page)
+    msgs = seen[-1]["messages"]
+    c.check("an edited reply is sent as edited", msgs[-2] == {"role": "assistant", "content": "Thank you, edited."}, msgs[-2:])
+    page.unroute("**/v1/chat/completions")
+
     # ---- Markdown, highlighted code with a copy button, math (rendered in the page)
     md = "# Title\n\nSome **bold** and `code`.\n\n```python\ndef f(x):\n    return x ** 2  # square\n```\n\nInline $e^{i\\pi} + 1 = 0$ and display:\n\n$$\\int_0^1 x^2\\,dx = \\frac{1}{3}$$\n\nCosts $5 and $10.\n"
     page.route(
