@@ -15,7 +15,10 @@
 
 use std::path::PathBuf;
 
-use coil_gguf::quant::{can_dequantize, can_quantize, dequantize_row, quantize_row};
+use coil_gguf::quant::{
+    can_dequantize, can_quantize, dequantize_row, quantize_row, quantize_row_weighted,
+    quantize_rows, requires_weights,
+};
 use coil_gguf::GgmlType;
 
 const DEQUANT_ONLY: [&str; 8] = [
@@ -26,6 +29,14 @@ const QUANTIZABLE: [&str; 8] = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q
 /// checked against ggml's C code instead (`kquants_match_ggml_reference`).
 const QUANTIZABLE_NO_VECTORS: [&str; 7] =
     ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"];
+
+/// Made by ggml itself (`tools/gen_iq_vectors.py`, `tools/qref.c`): random
+/// blocks and their `dequantize_row_*`, and `ggml_quantize_chunk` of
+/// `iq.ggml.in.f32` without (`.ggml.q.bin`) and with (`.ggml.qw.bin`) the
+/// importance weights `iq.ggml.w.f32`.
+const GGML_VECTORS: [&str; 10] = [
+    "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m", "tq1_0", "tq2_0", "mxfp4",
+];
 
 fn fixture(name: &str) -> Vec<u8> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -109,6 +120,67 @@ fn dequantize_random_blocks_matches_gguf_py() {
 }
 
 #[test]
+fn dequantize_matches_ggml_for_the_lattice_ternary_and_fp4_formats() {
+    for name in GGML_VECTORS {
+        let n = check_dequant(
+            name,
+            &format!("{name}.blocks.bin"),
+            &format!("{name}.blocks.deq.f32"),
+        );
+        assert!(n >= 768, "{name}: only {n} values");
+    }
+}
+
+/// Rows of this many values in `iq.ggml.in.f32` (the importance weights
+/// `iq.ggml.w.f32` have one per column).
+const IQ_ROW: usize = 512;
+
+#[test]
+fn quantize_matches_ggml_for_the_lattice_ternary_and_fp4_formats() {
+    let x = f32s(&fixture("iq.ggml.in.f32"));
+    let w = f32s(&fixture("iq.ggml.w.f32"));
+    assert_eq!(w.len(), IQ_ROW);
+    let mut compared = 0;
+    for name in GGML_VECTORS {
+        let t = ty(name);
+        if !can_quantize(t) {
+            continue;
+        }
+        let ts = t.type_size();
+        let row_bytes = IQ_ROW / t.block_size() * ts;
+        for (file, weights) in [("ggml.q.bin", None), ("ggml.qw.bin", Some(&w[..]))] {
+            let Ok(want) = std::fs::read(
+                PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                    .join("tests/fixtures/quant")
+                    .join(format!("{name}.{file}")),
+            ) else {
+                assert!(weights.is_none(), "{name}.{file} is missing");
+                assert!(requires_weights(t), "{name}: no vectors without weights");
+                continue;
+            };
+            let mut got = vec![0u8; want.len()];
+            quantize_rows(t, &x, IQ_ROW, weights, &mut got).unwrap();
+            // and row by row
+            let mut rows = vec![0u8; want.len()];
+            for (xr, yr) in x.chunks(IQ_ROW).zip(rows.chunks_mut(row_bytes)) {
+                quantize_row_weighted(t, xr, weights, yr).unwrap();
+            }
+            assert_eq!(rows, got, "{t} {file}: row by row");
+            let bad: Vec<usize> = (0..want.len() / ts)
+                .filter(|&b| got[b * ts..(b + 1) * ts] != want[b * ts..(b + 1) * ts])
+                .collect();
+            assert!(
+                bad.is_empty(),
+                "{t} {file}: blocks {bad:?} differ from ggml"
+            );
+            compared += 1;
+        }
+    }
+    // every format with importance weights, all but IQ2_XXS, IQ2_XS and IQ1_S without
+    assert_eq!(compared, 17);
+}
+
+#[test]
 fn dequantize_quantized_input_matches_gguf_py() {
     for name in QUANTIZABLE {
         check_dequant(
@@ -150,13 +222,18 @@ fn quantize_matches_gguf_py_bytes() {
 fn fixtures_cover_every_supported_format() {
     for t in GgmlType::ALL {
         let name = t.name().to_ascii_lowercase();
-        let listed = DEQUANT_ONLY.contains(&name.as_str()) || QUANTIZABLE.contains(&name.as_str());
+        let listed = DEQUANT_ONLY.contains(&name.as_str())
+            || QUANTIZABLE.contains(&name.as_str())
+            || GGML_VECTORS.contains(&name.as_str());
         assert_eq!(can_dequantize(t), listed, "{t}");
-        assert_eq!(
-            can_quantize(t),
-            QUANTIZABLE.contains(&name.as_str()) || QUANTIZABLE_NO_VECTORS.contains(&name.as_str()),
-            "{t}"
-        );
+        if can_quantize(t) {
+            assert!(
+                QUANTIZABLE.contains(&name.as_str())
+                    || QUANTIZABLE_NO_VECTORS.contains(&name.as_str())
+                    || GGML_VECTORS.contains(&name.as_str()),
+                "{t}"
+            );
+        }
     }
 }
 

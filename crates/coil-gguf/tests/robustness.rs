@@ -123,3 +123,39 @@ fn bit_flipped_copies_never_panic() {
     // counts and offsets are caught.
     assert!(ok > 0 && err > 0, "ok {ok}, err {err}");
 }
+
+/// Every block format on random bytes (no byte pattern is outside a
+/// format's grids or tables) and every quantizer on random f32 bit
+/// patterns, NaNs and infinities included: results or errors, never a
+/// panic. (The `blocks` fuzz target does the same at length.)
+#[test]
+fn block_formats_take_any_bytes() {
+    use coil_gguf::quant::{
+        can_dequantize, can_quantize, can_quantize_weighted, dequantize_row, quantize_row_weighted,
+    };
+    use coil_gguf::GgmlType;
+    let mut rng = Rng(0x5eed_1234_abcd_0001);
+    for ty in GgmlType::ALL {
+        let (bs, ts) = ty.block_layout();
+        for round in 0..4 {
+            let n_blocks = 1 + round * 3;
+            let bytes: Vec<u8> = (0..n_blocks * ts).map(|_| rng.next() as u8).collect();
+            if can_dequantize(ty) {
+                let mut y = vec![0f32; n_blocks * bs];
+                dequantize_row(ty, &bytes, &mut y).unwrap_or_else(|e| panic!("{ty}: {e}"));
+            }
+            if can_quantize(ty) {
+                let x: Vec<f32> = (0..n_blocks * bs)
+                    .map(|_| f32::from_bits(rng.next() as u32))
+                    .collect();
+                let w: Vec<f32> = x.iter().map(|v| v.abs()).collect();
+                let weights = can_quantize_weighted(ty).then_some(&w[..]);
+                let mut q = vec![0u8; n_blocks * ts];
+                if quantize_row_weighted(ty, &x, weights, &mut q).is_ok() {
+                    let mut y = vec![0f32; x.len()];
+                    dequantize_row(ty, &q, &mut y).unwrap_or_else(|e| panic!("{ty}: {e}"));
+                }
+            }
+        }
+    }
+}

@@ -15,10 +15,7 @@ use super::float::read_f16;
 use super::kquants::QK_K;
 use super::{blocks, blocks_mut};
 
-/// The 16 non-linear levels of IQ4_NL / IQ4_XS (ggml's `kvalues_iq4nl`).
-pub const KVALUES_IQ4NL: [i8; 16] = [
-    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-];
+pub use super::grids::KVALUES_IQ4NL;
 
 pub const QK4_NL: usize = 32;
 pub const IQ4_NL_BYTES: usize = 18;

@@ -14,6 +14,15 @@
 //! | [`k23_quantize`] | Q2_K, Q3_K                           | quantize       |
 //! | [`iquants`] | IQ4_NL, IQ4_XS                            | dequantize     |
 //! | [`iquants_quantize`] | IQ4_NL, IQ4_XS                   | quantize       |
+//! | [`iq2`]     | IQ2_XXS, IQ2_XS, IQ2_S                    | dequantize     |
+//! | [`iq3`]     | IQ3_XXS, IQ3_S                            | dequantize     |
+//! | [`iq_quantize`] | IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S | quantize     |
+//! | [`iq1_quantize`] | IQ1_S, IQ1_M                         | quantize       |
+//! | [`iq1`]     | IQ1_S, IQ1_M                              | dequantize     |
+//! | [`ternary`] | TQ1_0, TQ2_0                              | both           |
+//! | [`mxfp4`]   | MXFP4                                     | both           |
+//!
+//! [`grids`] holds the formats' lookup tables (generated from ggml's source).
 //!
 //! Row functions ([`dequantize_row`], [`quantize_row`], [`quantize_rows`]
 //! with an optional importance matrix) check lengths and
@@ -33,13 +42,22 @@
 use crate::dtype::GgmlType;
 
 pub mod float;
+pub mod grids;
+pub mod iq1;
+pub mod iq1_quantize;
+pub mod iq2;
+pub mod iq3;
+pub mod iq_quantize;
 pub mod iquants;
 pub mod iquants_quantize;
 pub mod k23_quantize;
 pub mod kquants;
 pub mod kquants_quantize;
+mod lattice;
 pub mod legacy;
+pub mod mxfp4;
 mod search_lanes;
+pub mod ternary;
 
 pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 pub use iquants::KVALUES_IQ4NL;
@@ -71,6 +89,14 @@ pub enum QuantError {
         expected: usize,
         actual: usize,
     },
+    /// ggml's quantizer for this type needs importance weights.
+    #[error("{ty}: quantization needs importance weights (an importance matrix)")]
+    WeightsRequired { ty: GgmlType },
+    /// ggml's lattice search found no grid point for a group of values
+    /// (values or weights so large, or not finite, that every distance is
+    /// infinite or NaN); ggml aborts there.
+    #[error("{ty}: a group of values has no nearest grid point (values or importance weights too large or not finite)")]
+    OffGrid { ty: GgmlType },
     /// A byte buffer that is not a whole number of blocks.
     #[error("{ty}: {n_bytes} bytes is not a whole number of {type_size}-byte blocks")]
     PartialBlock {
@@ -114,6 +140,16 @@ pub fn can_dequantize(ty: GgmlType) -> bool {
             | Q8_K
             | IQ4_NL
             | IQ4_XS
+            | IQ2_XXS
+            | IQ2_XS
+            | IQ2_S
+            | IQ3_XXS
+            | IQ3_S
+            | IQ1_S
+            | IQ1_M
+            | TQ1_0
+            | TQ2_0
+            | MXFP4
     )
 }
 
@@ -136,6 +172,46 @@ pub fn can_quantize(ty: GgmlType) -> bool {
             | Q6_K
             | IQ4_NL
             | IQ4_XS
+            | IQ2_XXS
+            | IQ2_XS
+            | IQ2_S
+            | IQ3_XXS
+            | IQ3_S
+            | IQ1_S
+            | IQ1_M
+            | TQ1_0
+            | TQ2_0
+            | MXFP4
+    )
+}
+
+/// Whether ggml's quantizer for `ty` refuses to run without importance
+/// weights (`ggml_quantize_requires_imatrix`): IQ2_XXS, IQ2_XS, IQ1_S.
+pub fn requires_weights(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(ty, IQ2_XXS | IQ2_XS | IQ1_S)
+}
+
+/// Whether [`quantize_row_weighted`] accepts importance weights for `ty`:
+/// the types whose ggml quantizer ignores them (so do coil's) and those
+/// where coil uses them as ggml does.
+pub fn can_quantize_weighted(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(
+        ty,
+        F32 | F16
+            | BF16
+            | Q8_0
+            | TQ1_0
+            | TQ2_0
+            | MXFP4
+            | IQ2_XXS
+            | IQ2_XS
+            | IQ2_S
+            | IQ3_XXS
+            | IQ3_S
+            | IQ1_S
+            | IQ1_M
     )
 }
 
@@ -189,6 +265,16 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
         Q8_K => kquants::dequantize_q8_k(src, dst),
         IQ4_NL => iquants::dequantize_iq4_nl(src, dst),
         IQ4_XS => iquants::dequantize_iq4_xs(src, dst),
+        IQ2_XXS => iq2::dequantize_iq2_xxs(src, dst),
+        IQ2_XS => iq2::dequantize_iq2_xs(src, dst),
+        IQ2_S => iq2::dequantize_iq2_s(src, dst),
+        IQ3_XXS => iq3::dequantize_iq3_xxs(src, dst),
+        IQ3_S => iq3::dequantize_iq3_s(src, dst),
+        IQ1_S => iq1::dequantize_iq1_s(src, dst),
+        IQ1_M => iq1::dequantize_iq1_m(src, dst),
+        TQ1_0 => ternary::dequantize_tq1_0(src, dst),
+        TQ2_0 => ternary::dequantize_tq2_0(src, dst),
+        MXFP4 => mxfp4::dequantize_mxfp4(src, dst),
         _ => {
             return Err(QuantError::Unsupported {
                 ty,
@@ -200,8 +286,23 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
 }
 
 /// Encodes `src` as type `ty` into `dst`, which must have exactly the bytes
-/// of the blocks (`src.len()` a multiple of the block size).
+/// of the blocks (`src.len()` a multiple of the block size). Types that
+/// need importance weights ([`requires_weights`]) are an error here: see
+/// [`quantize_row_weighted`].
 pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
+    quantize_row_weighted(ty, src, None, dst)
+}
+
+/// [`quantize_row`] with ggml's importance weights: `weights` has one value
+/// per element of the row (an importance matrix's entries for the row's
+/// columns; every row of a tensor takes the same ones), as
+/// `ggml_quantize_chunk` takes them.
+pub fn quantize_row_weighted(
+    ty: GgmlType,
+    src: &[f32],
+    weights: Option<&[f32]>,
+    dst: &mut [u8],
+) -> Result<(), QuantError> {
     use GgmlType::*;
     if !can_quantize(ty) {
         return Err(QuantError::Unsupported {
@@ -210,6 +311,24 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         });
     }
     check_lengths(ty, src.len(), dst.len())?;
+    let off_grid = |_| QuantError::OffGrid { ty };
+    match weights {
+        None if requires_weights(ty) => return Err(QuantError::WeightsRequired { ty }),
+        Some(_) if !can_quantize_weighted(ty) => {
+            return Err(QuantError::Unsupported {
+                ty,
+                op: "quantization with an importance matrix",
+            })
+        }
+        Some(w) if w.len() != src.len() => {
+            return Err(QuantError::ImportanceLength {
+                ty,
+                n_per_row: src.len(),
+                actual: w.len(),
+            })
+        }
+        _ => {}
+    }
     match ty {
         F32 => float::quantize_f32(src, dst),
         F16 => float::quantize_f16(src, dst),
@@ -226,6 +345,23 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         Q6_K => kquants_quantize::quantize_q6_k(src, dst),
         IQ4_NL => iquants_quantize::quantize_iq4_nl(src, dst),
         IQ4_XS => iquants_quantize::quantize_iq4_xs(src, dst),
+        TQ1_0 => ternary::quantize_tq1_0(src, dst),
+        TQ2_0 => ternary::quantize_tq2_0(src, dst),
+        MXFP4 => mxfp4::quantize_mxfp4(src, dst),
+        IQ2_XXS => lattice_blocks(src, weights, dst, iq_quantize::quantize_block_iq2_xxs)
+            .map_err(off_grid)?,
+        IQ2_XS => lattice_blocks(src, weights, dst, iq_quantize::quantize_block_iq2_xs)
+            .map_err(off_grid)?,
+        IQ2_S => lattice_blocks(src, weights, dst, iq_quantize::quantize_block_iq2_s)
+            .map_err(off_grid)?,
+        IQ3_XXS => lattice_blocks(src, weights, dst, iq_quantize::quantize_block_iq3_xxs)
+            .map_err(off_grid)?,
+        IQ3_S => lattice_blocks(src, weights, dst, iq_quantize::quantize_block_iq3_s)
+            .map_err(off_grid)?,
+        IQ1_S => lattice_blocks(src, weights, dst, iq1_quantize::quantize_block_iq1_s)
+            .map_err(off_grid)?,
+        IQ1_M => lattice_blocks(src, weights, dst, iq1_quantize::quantize_block_iq1_m)
+            .map_err(off_grid)?,
         _ => {
             return Err(QuantError::Unsupported {
                 ty,
@@ -242,9 +378,10 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
 /// `quant_weights`, e.g. the mean squared activations `coil imatrix`
 /// collects for the matrix): the quantizers then minimise the
 /// importance-weighted error, as llama-quantize does with `--imatrix`.
-/// F32, F16, BF16 and Q8_0 take no weights (as in ggml); a type whose
-/// weighted quantizer coil lacks is [`QuantError::Unsupported`] with an
-/// importance matrix (never quantized without it silently).
+/// F32, F16, BF16, Q8_0, TQ1_0, TQ2_0 and MXFP4 take no weights (as in
+/// ggml); the IQ1–IQ3 types use them ([`quantize_row_weighted`]); a type
+/// whose weighted quantizer coil lacks is [`QuantError::Unsupported`] with
+/// an importance matrix (never quantized without it silently).
 pub fn quantize_rows(
     ty: GgmlType,
     src: &[f32],
@@ -252,7 +389,6 @@ pub fn quantize_rows(
     importance: Option<&[f32]>,
     dst: &mut [u8],
 ) -> Result<(), QuantError> {
-    use GgmlType::*;
     if n_per_row == 0 || !src.len().is_multiple_of(n_per_row) {
         return Err(QuantError::PartialRow {
             ty,
@@ -270,13 +406,48 @@ pub fn quantize_rows(
             actual: w.len(),
         });
     }
-    match ty {
-        F32 | F16 | BF16 | Q8_0 => quantize_row(ty, src, dst),
-        _ => Err(QuantError::Unsupported {
+    if !can_quantize_weighted(ty) {
+        return Err(QuantError::Unsupported {
             ty,
             op: "quantization with an importance matrix",
-        }),
+        });
     }
+    check_lengths(ty, src.len(), dst.len())?;
+    let row_bytes = ty
+        .bytes_for(n_per_row as u64)
+        .ok_or(QuantError::NotBlockMultiple {
+            ty,
+            n_elements: n_per_row,
+            block_size: ty.block_size(),
+        })? as usize;
+    for (x, y) in src
+        .chunks_exact(n_per_row)
+        .zip(dst.chunks_exact_mut(row_bytes))
+    {
+        quantize_row_weighted(ty, x, Some(w), y)?;
+    }
+    Ok(())
+}
+
+/// A lattice format's block quantizer: 256 values, their importance weights.
+type LatticeBlockFn<const B: usize> =
+    fn(&[f32; QK_K], Option<&[f32]>, &mut [u8; B]) -> Result<(), iq_quantize::OffGrid>;
+
+/// Runs a lattice format's block quantizer over a row, each block with its
+/// 256 importance weights.
+fn lattice_blocks<const B: usize>(
+    src: &[f32],
+    weights: Option<&[f32]>,
+    dst: &mut [u8],
+    f: LatticeBlockFn<B>,
+) -> Result<(), iq_quantize::OffGrid> {
+    for (i, (x, y)) in blocks::<QK_K, f32>(src)
+        .zip(blocks_mut::<B, u8>(dst))
+        .enumerate()
+    {
+        f(x, weights.map(|w| &w[QK_K * i..QK_K * (i + 1)]), y)?;
+    }
+    Ok(())
 }
 
 /// [`dequantize_row`] into a new vector; the element count follows from
@@ -347,7 +518,8 @@ mod tests {
             }
         }
         assert!(can_dequantize(GgmlType::IQ4_XS));
-        assert!(!can_dequantize(GgmlType::IQ2_XXS));
+        assert!(can_dequantize(GgmlType::IQ2_XXS));
+        assert!(!can_dequantize(GgmlType::I32));
         assert!(can_quantize(GgmlType::Q4_K));
         assert!(can_quantize(GgmlType::Q2_K));
         assert!(can_quantize(GgmlType::IQ4_XS));
@@ -357,9 +529,9 @@ mod tests {
     #[test]
     fn unsupported_types_are_errors() {
         let mut out = [0f32; 256];
-        let e = dequantize_row(GgmlType::IQ2_XXS, &[0u8; 66], &mut out).unwrap_err();
+        let e = dequantize_row(GgmlType::Q8_1, &[0u8; 36 * 8], &mut out).unwrap_err();
         assert!(matches!(e, QuantError::Unsupported { .. }));
-        assert!(e.to_string().contains("IQ2_XXS"));
+        assert!(e.to_string().contains("Q8_1"));
         let mut bytes = [0u8; 292];
         let e = quantize_row(GgmlType::Q8_K, &out, &mut bytes).unwrap_err();
         assert!(matches!(e, QuantError::Unsupported { .. }));
@@ -393,19 +565,47 @@ mod tests {
                 assert!(dequantize_row(ty, &[], &mut []).is_ok());
             }
             if can_quantize(ty) {
+                // ones as importance weights where the type needs them
+                let q = |src: &[f32], dst: &mut [u8]| {
+                    let w = vec![1f32; src.len()];
+                    quantize_row_weighted(ty, src, requires_weights(ty).then_some(&w[..]), dst)
+                };
                 let src = vec![0.5f32; 2 * bs];
                 let mut dst = vec![0u8; 2 * ts];
-                assert!(quantize_row(ty, &src, &mut dst).is_ok(), "{ty}");
-                assert!(quantize_row(ty, &src, &mut dst[..2 * ts - 1]).is_err());
-                assert!(quantize_row(ty, &src[..bs], &mut dst).is_err());
+                assert!(q(&src, &mut dst).is_ok(), "{ty}");
+                assert!(q(&src, &mut dst[..2 * ts - 1]).is_err());
+                assert!(q(&src[..bs], &mut dst).is_err());
                 if bs > 1 {
-                    let e = quantize_row(ty, &src[..2 * bs - 1], &mut dst).unwrap_err();
+                    let e = q(&src[..2 * bs - 1], &mut dst).unwrap_err();
                     assert!(
                         matches!(e, QuantError::NotBlockMultiple { .. }),
                         "{ty}: {e}"
                     );
-                    assert!(quantize(ty, &src[..bs + 3]).is_err());
+                    let mut short = vec![0u8; ts];
+                    assert!(q(&src[..bs + 3], &mut short).is_err());
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn importance_weights_are_checked() {
+        let x = [0.5f32; 256];
+        let w = [1f32; 256];
+        let mut y = [0u8; 66];
+        // TQ2_0 ignores weights (as ggml does); their count is still checked
+        assert!(quantize_row_weighted(GgmlType::TQ2_0, &x, Some(&w), &mut y).is_ok());
+        let e = quantize_row_weighted(GgmlType::TQ2_0, &x, Some(&w[..255]), &mut y).unwrap_err();
+        assert!(matches!(e, QuantError::ImportanceLength { .. }), "{e}");
+        let mut y = [0u8; 144];
+        let e = quantize_row_weighted(GgmlType::Q4_K, &x, Some(&w), &mut y).unwrap_err();
+        assert!(matches!(e, QuantError::Unsupported { .. }), "{e}");
+        for ty in GgmlType::ALL.into_iter().filter(|&t| requires_weights(t)) {
+            let mut y = vec![0u8; ty.type_size()];
+            if can_quantize(ty) {
+                let e = quantize_row(ty, &x, &mut y).unwrap_err();
+                assert!(matches!(e, QuantError::WeightsRequired { .. }), "{e}");
+                assert!(e.to_string().contains("importance"));
             }
         }
     }
@@ -415,8 +615,11 @@ mod tests {
         let x: Vec<f32> = (0..512)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
             .collect();
+        let ones = vec![1f32; x.len()];
         for ty in GgmlType::ALL.into_iter().filter(|t| can_quantize(*t)) {
-            let q = quantize(ty, &x).unwrap();
+            let mut q = vec![0u8; x.len() / ty.block_size() * ty.type_size()];
+            let w = requires_weights(ty).then_some(&ones[..]);
+            quantize_row_weighted(ty, &x, w, &mut q).unwrap();
             let y = dequantize(ty, &q).unwrap();
             assert_eq!(y.len(), x.len());
             let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -428,6 +631,14 @@ mod tests {
                 GgmlType::Q5_0 | GgmlType::Q5_1 => amax / 15.0,
                 GgmlType::Q2_K => amax / 3.0,
                 GgmlType::Q3_K => amax / 5.0,
+                GgmlType::TQ1_0 | GgmlType::TQ2_0 => amax / 2.0 * 1.001,
+                GgmlType::MXFP4 => amax / 3.0,
+                // a lattice point per 4 or 8 values: single values can be far
+                // off (without importance weights IQ1_M puts one of these at
+                // 1.06·amax from its value, as ggml does)
+                GgmlType::IQ1_S | GgmlType::IQ1_M => amax * 1.1,
+                GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ2_S => amax,
+                GgmlType::IQ3_XXS | GgmlType::IQ3_S => amax / 2.0,
                 _ => amax / 7.0,
             };
             for (a, b) in x.iter().zip(&y) {
