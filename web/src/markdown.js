@@ -3,9 +3,9 @@
 //
 // Safety: the text is the model's, so nothing in it may run. markdown-it
 // with `html: false` writes raw HTML in the text as escaped text; its link
-// check refuses javascript:, vbscript:, file: and data: URLs; images are
-// shown as links (a remote image would be a request the page did not
-// choose). Code goes through highlight.js, which escapes it; math through
+// check refuses javascript:, vbscript:, file: and (but for images) data:
+// URLs; images are shown as links (a remote image would be a request the
+// page did not choose). Code goes through highlight.js, which escapes it; math through
 // Temml with `trust: false` (no \href, \class, \data). The page's
 // Content-Security-Policy is a second wall: only its own script runs.
 
