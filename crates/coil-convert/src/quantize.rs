@@ -941,7 +941,7 @@ mod tests {
             "=q8_0",
             "attn(=q8_0",
             "attn=q9_9",
-            "attn=iq2_xs",
+            "attn=q8_k",
             "a=b=q8_0",
         ] {
             let e = TensorTypeRule::parse(bad).unwrap_err().to_string();
