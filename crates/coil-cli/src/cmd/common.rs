@@ -1,7 +1,8 @@
 //! Flags and helpers shared by the subcommands that run a model.
 
 use anyhow::{bail, Context, Result};
-use coil::engine::sampling::SamplingParams;
+use coil::engine::dry::{DryBreakers, DryParams, DEFAULT_BREAKERS};
+use coil::engine::sampling::{Mirostat, SamplingParams};
 use coil::engine::{Engine, EngineOptions, WeightMemory};
 use coil::memory::{CacheType, CheckpointPolicy, StateType};
 use std::path::{Path, PathBuf};
@@ -209,11 +210,79 @@ pub struct SamplingArgs {
     /// Subtract per occurrence of a token already present.
     #[arg(long = "frequency-penalty", default_value_t = 0.0)]
     pub frequency_penalty: f32,
+    /// Locally typical sampling, parameter p (1 = off).
+    #[arg(long = "typical", visible_alias = "typical-p", default_value_t = 1.0)]
+    pub typical: f32,
+    /// Top-n-σ: keep tokens within N standard deviations of the best
+    /// logit (-1 = off).
+    #[arg(long = "top-nsigma", visible_alias = "top-n-sigma", default_value_t = -1.0, allow_negative_numbers = true)]
+    pub top_n_sigma: f32,
+    /// XTC: the chance per token of excluding the top choices (0 = off).
+    #[arg(long = "xtc-probability", default_value_t = 0.0)]
+    pub xtc_probability: f32,
+    /// XTC: how likely a token must be to be excluded (> 0.5 = off).
+    #[arg(long = "xtc-threshold", default_value_t = 0.1)]
+    pub xtc_threshold: f32,
+    /// DRY repetition penalty multiplier (0 = off).
+    #[arg(long = "dry-multiplier", default_value_t = 0.0)]
+    pub dry_multiplier: f32,
+    /// DRY penalty base: multiplier · base^(repeat length − allowed length).
+    #[arg(long = "dry-base", default_value_t = 1.75)]
+    pub dry_base: f32,
+    /// DRY: repeats this long are not penalized.
+    #[arg(long = "dry-allowed-length", default_value_t = 2)]
+    pub dry_allowed_length: usize,
+    /// DRY: how many recent tokens to scan for repeats (0 = off).
+    #[arg(long = "dry-penalty-last-n", default_value_t = 64)]
+    pub dry_penalty_last_n: usize,
+    /// DRY sequence breaker (repeatable; replaces the defaults \n : " *;
+    /// "none" for none).
+    #[arg(long = "dry-sequence-breaker", value_name = "STRING")]
+    pub dry_sequence_breaker: Vec<String>,
+    /// Mirostat: 0 = off, 1 = Mirostat, 2 = Mirostat 2.0 (replaces top-k,
+    /// top-p, min-p, typical, XTC and the penalties).
+    #[arg(long = "mirostat", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=2))]
+    pub mirostat: u8,
+    /// Mirostat learning rate (eta).
+    #[arg(long = "mirostat-lr", default_value_t = 0.1)]
+    pub mirostat_lr: f32,
+    /// Mirostat target entropy (tau).
+    #[arg(long = "mirostat-ent", default_value_t = 5.0)]
+    pub mirostat_ent: f32,
+    /// Bias a token's logit: TOKEN_ID(+/-)BIAS, e.g. 15043+1 or 15043-inf
+    /// (repeatable).
+    #[arg(
+        short = 'l',
+        long = "logit-bias",
+        value_name = "TOKEN_ID(+/-)BIAS",
+        allow_hyphen_values = true
+    )]
+    pub logit_bias: Vec<String>,
+}
+
+/// `TOKEN_ID(+/-)BIAS` as llama.cpp's `--logit-bias` takes it.
+pub fn parse_logit_bias(s: &str) -> Result<(u32, f32)> {
+    let at = s
+        .char_indices()
+        .skip(1)
+        .find(|&(_, c)| c == '+' || c == '-')
+        .map(|(i, _)| i)
+        .with_context(|| format!("--logit-bias {s:?}: expected TOKEN_ID(+/-)BIAS, e.g. 15043+1"))?;
+    let (id, bias) = s.split_at(at);
+    let id: u32 = id
+        .parse()
+        .with_context(|| format!("--logit-bias {s:?}: {id:?} is not a token id"))?;
+    let bias: f32 = bias
+        .parse()
+        .with_context(|| format!("--logit-bias {s:?}: {bias:?} is not a number"))?;
+    Ok((id, bias))
 }
 
 impl SamplingArgs {
-    /// Checked sampling parameters (the seed from the clock when not given).
-    pub fn params(&self) -> Result<SamplingParams> {
+    /// Checked sampling parameters (the seed from the clock when not
+    /// given; DRY's sequence breakers looked up in `tok`'s vocabulary when
+    /// DRY is on).
+    pub fn params(&self, tok: &coil::tokenizer::Tokenizer) -> Result<SamplingParams> {
         let seed = self.seed.unwrap_or_else(|| {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -229,9 +298,55 @@ impl SamplingArgs {
             repeat_last_n: self.repeat_last_n,
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
+            typical_p: self.typical,
+            top_n_sigma: self.top_n_sigma,
+            xtc_probability: self.xtc_probability,
+            xtc_threshold: self.xtc_threshold,
+            dry: DryParams {
+                multiplier: self.dry_multiplier,
+                base: self.dry_base,
+                allowed_length: self.dry_allowed_length,
+                penalty_last_n: self.dry_penalty_last_n,
+                breakers: Default::default(),
+            },
+            mirostat: match self.mirostat {
+                1 => Mirostat::V1,
+                2 => Mirostat::V2,
+                _ => Mirostat::Off,
+            },
+            mirostat_tau: self.mirostat_ent,
+            mirostat_eta: self.mirostat_lr,
+            logit_bias: self
+                .logit_bias
+                .iter()
+                .map(|s| parse_logit_bias(s))
+                .collect::<Result<_>>()?,
             seed,
         };
         params.validate().map_err(anyhow::Error::msg)?;
+        if let Some(&(t, _)) = params
+            .logit_bias
+            .iter()
+            .find(|b| b.0 as usize >= tok.n_vocab())
+        {
+            bail!(
+                "--logit-bias: token {t} is outside the vocabulary of {}",
+                tok.n_vocab()
+            );
+        }
+        let mut params = params;
+        if params.dry.is_on() {
+            let texts: Vec<String> = if self.dry_sequence_breaker.is_empty() {
+                DEFAULT_BREAKERS.iter().map(|s| s.to_string()).collect()
+            } else {
+                self.dry_sequence_breaker
+                    .iter()
+                    .filter(|s| s.as_str() != "none")
+                    .cloned()
+                    .collect()
+            };
+            params.dry.breakers = std::sync::Arc::new(DryBreakers::new(tok, &texts));
+        }
         Ok(params)
     }
 }

@@ -52,7 +52,6 @@ pub fn run(a: Args) -> Result<()> {
     if a.ubatch == 0 {
         bail!("--ubatch must be at least 1");
     }
-    let params = a.sampling.params()?;
     let mut speculator = a.spec.params()?.map(super::common::ngram_speculator);
     if speculator.is_some() && a.model.checkpoint_interval == 1 {
         // A verification never runs past a periodic checkpoint position.
@@ -63,6 +62,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut engine = a.model.load(1, a.ubatch, a.spec.spec.is_some())?;
     let tokenizer = Tokenizer::from_gguf(&engine.file)
         .with_context(|| format!("reading the tokenizer of {}", a.model.model.display()))?;
+    let params = a.sampling.params(&tokenizer)?;
     let info = engine.model.info();
     eprintln!(
         "model: {} ({}), {} layers [{}], vocab {}, {} threads",

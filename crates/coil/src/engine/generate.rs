@@ -53,9 +53,12 @@ fn rate(n: usize, secs: f64) -> f64 {
 }
 
 /// Holds back text that might be the start of a stop string.
+#[derive(Clone, Debug)]
 pub struct StopMatcher {
     stops: Vec<String>,
     pending: String,
+    /// The stop string that ended the text.
+    matched: Option<String>,
 }
 
 impl StopMatcher {
@@ -63,7 +66,13 @@ impl StopMatcher {
         StopMatcher {
             stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
             pending: String::new(),
+            matched: None,
         }
+    }
+
+    /// The stop string that ended the text, once one did.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// Adds text; returns (text safe to emit, whether a stop string ended it).
@@ -72,9 +81,10 @@ impl StopMatcher {
         let first_stop = self
             .stops
             .iter()
-            .filter_map(|s| self.pending.find(s.as_str()))
-            .min();
-        if let Some(at) = first_stop {
+            .filter_map(|s| self.pending.find(s.as_str()).map(|at| (at, s)))
+            .min_by_key(|&(at, _)| at);
+        if let Some((at, s)) = first_stop {
+            self.matched = Some(s.clone());
             let out = self.pending[..at].to_string();
             self.pending.clear();
             return (out, true);

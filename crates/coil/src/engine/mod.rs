@@ -1,8 +1,11 @@
 //! Layer 4: the engine a Rust user embeds — a loaded model, its memory and a
 //! thread pool; feeding tokens of sequences through micro-batches.
 
+pub mod cuts;
 pub mod draft;
+pub mod dry;
 pub mod generate;
+pub mod logprobs;
 pub mod nucleus;
 pub mod sampling;
 pub mod speculative;
