@@ -1,15 +1,21 @@
 //! OpenAI's request and response shapes for `/v1/completions` and
 //! `/v1/chat/completions`, and its error body.
 //!
-//! Requests are parsed into typed structs (unknown fields are ignored, as
-//! OpenAI-compatible servers do); responses are built as JSON values so
-//! that their shape reads exactly as OpenAI documents it.
+//! Requests are parsed into typed structs after [`crate::fields`] checked
+//! that every field is one coil implements or harmless metadata; responses
+//! are built as JSON values so that their shape reads exactly as OpenAI
+//! documents it.
 
+use crate::request::ToolChoice;
 use crate::template::tool_calls::{Parsed, ToolCall};
-use crate::template::{TemplateVars, RESERVED};
-use coil::engine::sampling::SamplingParams;
+use coil::engine::dry::{DryBreakers, DryParams, DEFAULT_BREAKERS};
+use coil::engine::logprobs::TokenLogprob;
+use coil::engine::sampling::{Mirostat, SamplingParams};
+use coil::tokenizer::{EncodeOptions, Tokenizer};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use std::borrow::Cow;
+use std::sync::Arc;
 
 /// An error as OpenAI reports it: an HTTP status and
 /// `{"error": {"message", "type", "param", "code"}}`.
@@ -18,7 +24,7 @@ pub struct ApiError {
     pub status: u16,
     pub message: String,
     pub kind: &'static str,
-    pub param: Option<&'static str>,
+    pub param: Option<Cow<'static, str>>,
     pub code: Option<&'static str>,
 }
 
@@ -35,7 +41,13 @@ impl ApiError {
     }
 
     pub fn with_param(mut self, param: &'static str) -> Self {
-        self.param = Some(param);
+        self.param = Some(Cow::Borrowed(param));
+        self
+    }
+
+    /// [`ApiError::with_param`] for a name known only at run time.
+    pub fn param_owned(mut self, param: &str) -> Self {
+        self.param = Some(Cow::Owned(param.to_string()));
         self
     }
 
@@ -120,8 +132,9 @@ pub struct StreamOptions {
 }
 
 /// Sampling and generation fields shared by both endpoints, with OpenAI's
-/// names; `top_k`, `min_p`, `repeat_penalty` and `ignore_eos` are
-/// llama.cpp's extensions.
+/// names; `top_k`, `min_p`, `repeat_penalty`, `repeat_last_n`,
+/// `typical_p`, `top_n_sigma`, `xtc_*`, `dry_*`, `mirostat*` and
+/// `ignore_eos` are llama-server's.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct Sampling {
     pub temperature: Option<f32>,
@@ -131,6 +144,25 @@ pub struct Sampling {
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
     pub repeat_penalty: Option<f32>,
+    /// -1: the whole context.
+    pub repeat_last_n: Option<i64>,
+    pub typical_p: Option<f32>,
+    pub top_n_sigma: Option<f32>,
+    pub xtc_probability: Option<f32>,
+    pub xtc_threshold: Option<f32>,
+    pub dry_multiplier: Option<f32>,
+    pub dry_base: Option<f32>,
+    pub dry_allowed_length: Option<u32>,
+    /// -1: the whole context.
+    pub dry_penalty_last_n: Option<i64>,
+    pub dry_sequence_breakers: Option<Vec<String>>,
+    /// 0, 1 or 2.
+    pub mirostat: Option<u8>,
+    pub mirostat_tau: Option<f32>,
+    pub mirostat_eta: Option<f32>,
+    /// `{"token id": bias}` (OpenAI), or llama-server's forms: a text key
+    /// (each of its tokens), `[[id or text, bias], ...]`, `false` for a ban.
+    pub logit_bias: Option<Value>,
     pub seed: Option<i64>,
     pub stop: Option<Stop>,
     pub n: Option<u32>,
@@ -141,58 +173,137 @@ pub struct Sampling {
     pub stream_options: Option<StreamOptions>,
 }
 
+/// The fields of [`Sampling`], for [`crate::fields::check`].
+pub const SAMPLING_FIELDS: &[&str] = &[
+    "model",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repeat_penalty",
+    "repeat_last_n",
+    "typical_p",
+    "top_n_sigma",
+    "xtc_probability",
+    "xtc_threshold",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "dry_sequence_breakers",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
+    "logit_bias",
+    "seed",
+    "stop",
+    "n",
+    "ignore_eos",
+    "stream",
+    "stream_options",
+];
+
+/// What sampling needs of the server: its tokenizer (logit bias by text,
+/// DRY's breakers), its context (`-1` windows) and DRY's default breakers,
+/// looked up once.
+pub struct SamplingContext<'a> {
+    pub tokenizer: &'a Tokenizer,
+    pub n_ctx: usize,
+    pub default_breakers: &'a std::sync::OnceLock<Arc<DryBreakers>>,
+}
+
+/// A seed from the clock, for requests without one.
+pub fn clock_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
 impl Sampling {
-    /// The sampler settings: llama.cpp's server defaults where a field is
+    /// The sampler settings: llama-server's defaults where a field is
     /// absent (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05). A
     /// request without a seed draws one from the clock.
-    pub fn params(&self) -> Result<SamplingParams, ApiError> {
-        if let Some(n) = self.n {
-            if n != 1 {
-                return Err(ApiError::bad_request(format!(
-                    "n must be 1 (one choice per request), got {n}"
-                ))
-                .with_param("n"));
-            }
-        }
+    pub fn params(&self, cx: &SamplingContext) -> Result<SamplingParams, ApiError> {
         let d = SamplingParams::default();
         let top_k = match self.top_k {
             None => d.top_k,
             Some(k) if k <= 0 => 0,
             Some(k) => usize::try_from(k).unwrap_or(usize::MAX),
         };
-        let seed = match self.seed {
-            Some(s) => s as u64,
-            None => std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0),
+        let window = |v: Option<i64>, default: usize, name: &'static str| match v {
+            None => Ok(default),
+            Some(-1) => Ok(cx.n_ctx),
+            Some(n) if n >= 0 => Ok(n as usize),
+            Some(n) => Err(ApiError::bad_request(format!(
+                "{name} must be ≥ 0 (or -1: the whole context), got {n}"
+            ))
+            .with_param(name)),
         };
+        let mirostat = match self.mirostat.unwrap_or(0) {
+            0 => Mirostat::Off,
+            1 => Mirostat::V1,
+            2 => Mirostat::V2,
+            m => {
+                return Err(
+                    ApiError::bad_request(format!("mirostat must be 0, 1 or 2, got {m}"))
+                        .with_param("mirostat"),
+                )
+            }
+        };
+        let dd = DryParams::default();
+        let mut dry = DryParams {
+            multiplier: self.dry_multiplier.unwrap_or(dd.multiplier),
+            base: self.dry_base.unwrap_or(dd.base),
+            allowed_length: self
+                .dry_allowed_length
+                .map_or(dd.allowed_length, |v| v as usize),
+            penalty_last_n: window(
+                self.dry_penalty_last_n,
+                dd.penalty_last_n,
+                "dry_penalty_last_n",
+            )?,
+            breakers: Arc::default(),
+        };
+        if dry.is_on() {
+            dry.breakers = match &self.dry_sequence_breakers {
+                None => cx
+                    .default_breakers
+                    .get_or_init(|| {
+                        let texts: Vec<String> =
+                            DEFAULT_BREAKERS.iter().map(|s| s.to_string()).collect();
+                        Arc::new(DryBreakers::new(cx.tokenizer, &texts))
+                    })
+                    .clone(),
+                Some(texts) => Arc::new(DryBreakers::new(cx.tokenizer, texts)),
+            };
+        }
         let p = SamplingParams {
             temperature: self.temperature.unwrap_or(d.temperature),
             top_k,
             top_p: self.top_p.unwrap_or(d.top_p),
             min_p: self.min_p.unwrap_or(d.min_p),
             repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),
-            repeat_last_n: d.repeat_last_n,
+            repeat_last_n: window(self.repeat_last_n, d.repeat_last_n, "repeat_last_n")?,
             presence_penalty: self.presence_penalty.unwrap_or(0.0),
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
-            seed,
+            typical_p: self.typical_p.unwrap_or(d.typical_p),
+            top_n_sigma: self.top_n_sigma.unwrap_or(d.top_n_sigma),
+            xtc_probability: self.xtc_probability.unwrap_or(d.xtc_probability),
+            xtc_threshold: self.xtc_threshold.unwrap_or(d.xtc_threshold),
+            dry,
+            mirostat,
+            mirostat_tau: self.mirostat_tau.unwrap_or(d.mirostat_tau),
+            mirostat_eta: self.mirostat_eta.unwrap_or(d.mirostat_eta),
+            logit_bias: match &self.logit_bias {
+                Some(v) => logit_bias(v, cx.tokenizer)?,
+                None => Vec::new(),
+            },
+            seed: self.seed.map_or_else(clock_seed, |s| s as u64),
         };
-        if let Err(msg) = p.validate() {
-            let param = [
-                "temperature",
-                "top_p",
-                "min_p",
-                "repeat_penalty",
-                "presence_penalty",
-                "frequency_penalty",
-            ]
-            .into_iter()
-            .find(|name| msg.starts_with(name));
-            let mut e = ApiError::bad_request(msg);
-            e.param = param;
-            return Err(e);
-        }
+        check_params(&p)?;
         Ok(p)
     }
 
@@ -205,6 +316,105 @@ impl Sampling {
             .as_ref()
             .is_some_and(|o| o.include_usage)
     }
+
+    pub fn n(&self) -> usize {
+        self.n.unwrap_or(1) as usize
+    }
+}
+
+/// [`SamplingParams::validate`] as a 400 naming the field.
+pub fn check_params(p: &SamplingParams) -> Result<(), ApiError> {
+    p.validate().map_err(|msg| {
+        let param = SAMPLING_FIELDS
+            .iter()
+            .copied()
+            .filter(|name| msg.starts_with(name))
+            .max_by_key(|name| name.len());
+        let mut e = ApiError::bad_request(msg);
+        e.param = param.map(Cow::Borrowed);
+        e
+    })
+}
+
+/// `logit_bias` in OpenAI's form (`{"15043": -100}`) or llama-server's
+/// (text keys stand for their tokens; `[[id or text, bias], ...]`; `false`
+/// bans). Biases add to logits.
+pub fn logit_bias(v: &Value, tok: &Tokenizer) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bad = |m: String| ApiError::bad_request(m).with_param("logit_bias");
+    let bias_of = |key: &str, b: &Value| match b {
+        Value::Number(n) => n
+            .as_f64()
+            .map(|x| x as f32)
+            .ok_or_else(|| bad(format!("logit_bias[{key}] must be a number"))),
+        Value::Bool(false) => Ok(f32::NEG_INFINITY),
+        other => Err(bad(format!(
+            "logit_bias[{key}] must be a number (or false to ban), got {other}"
+        ))),
+    };
+    let tokens_of = |key: &Value| -> Result<Vec<u32>, ApiError> {
+        match key {
+            Value::Number(n) => n
+                .as_u64()
+                .and_then(|t| u32::try_from(t).ok())
+                .map(|t| vec![t])
+                .ok_or_else(|| bad(format!("logit_bias: {n} is not a token id"))),
+            Value::String(s) => match s.parse::<u32>() {
+                Ok(t) => Ok(vec![t]),
+                Err(_) => Ok(tok.encode_with(
+                    s,
+                    EncodeOptions {
+                        add_special: false,
+                        parse_special: false,
+                    },
+                )),
+            },
+            other => Err(bad(format!(
+                "logit_bias keys must be token ids or text, got {other}"
+            ))),
+        }
+    };
+    let pairs: Vec<(Value, Value)> = match v {
+        Value::Null => Vec::new(),
+        Value::Object(m) => m
+            .iter()
+            .map(|(k, b)| (Value::String(k.clone()), b.clone()))
+            .collect(),
+        Value::Array(list) => list
+            .iter()
+            .map(|e| match e.as_array().map(Vec::as_slice) {
+                Some([k, b]) => Ok((k.clone(), b.clone())),
+                _ => Err(bad(format!(
+                    "logit_bias entries must be [token, bias] pairs, got {e}"
+                ))),
+            })
+            .collect::<Result<_, _>>()?,
+        other => {
+            return Err(bad(format!(
+                "logit_bias must be an object of token ids to biases, got {other}"
+            )))
+        }
+    };
+    let mut out: Vec<(u32, f32)> = Vec::new();
+    for (k, b) in pairs {
+        let key = match &k {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let bias = bias_of(&key, &b)?;
+        for t in tokens_of(&k)? {
+            if (t as usize) >= tok.n_vocab() {
+                return Err(bad(format!(
+                    "logit_bias: token id {t} is outside the vocabulary of {}",
+                    tok.n_vocab()
+                )));
+            }
+            match out.iter_mut().find(|e| e.0 == t) {
+                Some(e) => e.1 += bias,
+                None => out.push((t, bias)),
+            }
+        }
+    }
+    Ok(out)
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -214,9 +424,15 @@ pub struct CompletionRequest {
     pub max_tokens: Option<u64>,
     #[serde(default)]
     pub echo: bool,
+    /// The top log-probabilities to report per token (0–20; 0: the
+    /// sampled token's only).
+    pub logprobs: Option<u32>,
     #[serde(flatten)]
     pub sampling: Sampling,
 }
+
+/// The fields a completion request may carry beyond [`SAMPLING_FIELDS`].
+pub const COMPLETION_FIELDS: &[&str] = &["prompt", "max_tokens", "echo", "logprobs"];
 
 #[derive(Clone, Debug, Deserialize)]
 pub struct ChatRequest {
@@ -231,74 +447,120 @@ pub struct ChatRequest {
     /// `"auto"` (the default) or `"none"` (tools stay in the prompt, the
     /// output is not read for tool calls).
     pub tool_choice: Option<Value>,
+    /// Whether the model may call several tools in one reply (it may:
+    /// `true` only).
+    pub parallel_tool_calls: Option<bool>,
+    /// `{"type": "text"}` (the default) only.
+    pub response_format: Option<Value>,
     /// Extra variables for the chat template (`enable_thinking`, ...).
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// Passed to the template as `reasoning_effort` (for templates that
     /// read it).
     pub reasoning_effort: Option<String>,
+    /// Report each token's log-probability.
+    #[serde(default)]
+    pub logprobs: bool,
+    /// And the most likely alternatives' (0–20; needs `logprobs`).
+    pub top_logprobs: Option<u32>,
     #[serde(flatten)]
     pub sampling: Sampling,
 }
 
-/// What `tool_choice` asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ToolChoice {
-    Auto,
-    None,
-}
-
 impl ChatRequest {
-    /// `tool_choice`: `"auto"` or `"none"`; `"required"` and a named
-    /// function need constrained decoding, which coil does not do.
-    pub fn tool_choice(&self) -> Result<ToolChoice, ApiError> {
-        let bad = |m: String| ApiError::bad_request(m).with_param("tool_choice");
-        match &self.tool_choice {
-            None | Some(Value::Null) => Ok(ToolChoice::Auto),
-            Some(Value::String(s)) if s == "auto" => Ok(ToolChoice::Auto),
-            Some(Value::String(s)) if s == "none" => Ok(ToolChoice::None),
-            Some(Value::String(s)) if s == "required" => Err(bad(
-                "tool_choice \"required\" is not supported (it needs constrained decoding); use \"auto\"".into(),
-            )),
-            Some(Value::Object(_)) => Err(bad(
-                "tool_choice naming a function is not supported (it needs constrained decoding); use \"auto\"".into(),
-            )),
-            Some(other) => Err(bad(format!(
-                "tool_choice must be \"auto\" or \"none\", got {other}"
-            ))),
-        }
-    }
-
-    /// The chat template's variables: `tools` (checked to be a list of
-    /// objects), `chat_template_kwargs` and `reasoning_effort`.
-    pub fn template_vars(&self) -> Result<TemplateVars, ApiError> {
-        let tools = match &self.tools {
-            None | Some(Value::Null) => None,
-            Some(Value::Array(list)) => {
-                if let Some(i) = list.iter().position(|t| !t.is_object()) {
-                    return Err(ApiError::bad_request(format!(
-                        "tools[{i}] must be an object ({{\"type\": \"function\", \"function\": {{...}}}})"
-                    ))
-                    .with_param("tools"));
-                }
-                Some(Value::Array(list.clone()))
-            }
-            Some(_) => {
-                return Err(ApiError::bad_request("tools must be a list").with_param("tools"))
-            }
-        };
+    /// The template's extra variables: `chat_template_kwargs`, and
+    /// `reasoning_effort` (for templates that read it).
+    pub fn kwargs(&self) -> serde_json::Map<String, Value> {
         let mut kwargs = self.chat_template_kwargs.clone().unwrap_or_default();
-        if let Some(k) = kwargs.keys().find(|k| RESERVED.contains(&k.as_str())) {
-            return Err(ApiError::bad_request(format!(
-                "chat_template_kwargs.{k} cannot be set (the request gives it)"
-            ))
-            .with_param("chat_template_kwargs"));
-        }
         if let Some(effort) = &self.reasoning_effort {
             kwargs
                 .entry("reasoning_effort")
                 .or_insert_with(|| Value::String(effort.clone()));
         }
-        Ok(TemplateVars { tools, kwargs })
+        kwargs
+    }
+
+    /// The chat template's variables (`tools` checked, the extra ones).
+    pub fn template_vars(&self) -> Result<crate::template::TemplateVars, ApiError> {
+        crate::request::Chat {
+            tools: self.tools.clone(),
+            kwargs: self.kwargs(),
+            ..Default::default()
+        }
+        .template_vars()
+    }
+}
+
+/// The fields a chat request may carry beyond [`SAMPLING_FIELDS`].
+pub const CHAT_FIELDS: &[&str] = &[
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+    "chat_template_kwargs",
+    "reasoning_effort",
+    "logprobs",
+    "top_logprobs",
+];
+
+/// Most alternatives per token `top_logprobs` may ask for (OpenAI's).
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+
+/// A count of top log-probabilities, checked.
+pub fn top_logprobs(k: u32, param: &'static str) -> Result<usize, ApiError> {
+    if k > MAX_TOP_LOGPROBS {
+        return Err(ApiError::bad_request(format!(
+            "{param} must be between 0 and {MAX_TOP_LOGPROBS}, got {k}"
+        ))
+        .with_param(param));
+    }
+    Ok(k as usize)
+}
+
+/// `tool_choice` in OpenAI's shape: `"auto"` or `"none"`; `"required"`
+/// and a named function need constrained decoding, which coil does not do.
+pub fn tool_choice(v: Option<&Value>) -> Result<ToolChoice, ApiError> {
+    let bad = |m: String| ApiError::bad_request(m).with_param("tool_choice");
+    match v {
+        None | Some(Value::Null) => Ok(ToolChoice::Auto),
+        Some(Value::String(s)) if s == "auto" => Ok(ToolChoice::Auto),
+        Some(Value::String(s)) if s == "none" => Ok(ToolChoice::None),
+        Some(Value::String(s)) if s == "required" => Err(bad(
+            "tool_choice \"required\" is not supported (it needs constrained decoding); use \"auto\"".into(),
+        )),
+        Some(Value::Object(_)) => Err(bad(
+            "tool_choice naming a function is not supported (it needs constrained decoding); use \"auto\"".into(),
+        )),
+        Some(other) => Err(bad(format!(
+            "tool_choice must be \"auto\" or \"none\", got {other}"
+        ))),
+    }
+}
+
+/// `response_format`: only `{"type": "text"}` (free text) is implemented.
+pub fn response_format(v: Option<&Value>) -> Result<(), ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(()),
+        Some(f) if f.get("type").and_then(Value::as_str) == Some("text") => Ok(()),
+        Some(f) => Err(ApiError::bad_request(format!(
+            "response_format {} is not supported (structured outputs need constrained decoding); only {{\"type\": \"text\"}}",
+            f.get("type").unwrap_or(f)
+        ))
+        .with_param("response_format")),
+    }
+}
+
+/// `parallel_tool_calls`: a reply may make several calls; `false` (at
+/// most one) is not enforced, so it is refused.
+pub fn parallel_tool_calls(v: Option<bool>) -> Result<(), ApiError> {
+    match v {
+        Some(false) => Err(ApiError::bad_request(
+            "parallel_tool_calls false is not supported (a reply may make several calls)",
+        )
+        .with_param("parallel_tool_calls")),
+        _ => Ok(()),
     }
 }
 
@@ -470,34 +732,86 @@ pub struct ResponseMeta {
     pub model: String,
 }
 
-pub fn completion(meta: &ResponseMeta, text: &str, finish: FinishReason, usage: &Usage) -> Value {
+/// One choice of a completion (a whole one, or a stream chunk's).
+pub fn completion_choice(
+    index: usize,
+    text: &str,
+    finish: Option<FinishReason>,
+    logprobs: Value,
+) -> Value {
     json!({
-        "id": meta.id,
-        "object": "text_completion",
-        "created": meta.created,
-        "model": meta.model,
-        "choices": [{
-            "text": text,
-            "index": 0,
-            "logprobs": null,
-            "finish_reason": finish.as_str(),
-        }],
-        "usage": usage.json(),
+        "text": text,
+        "index": index,
+        "logprobs": logprobs,
+        "finish_reason": finish.map(FinishReason::as_str),
     })
 }
 
-pub fn completion_chunk(meta: &ResponseMeta, text: &str, finish: Option<FinishReason>) -> Value {
-    json!({
+/// A `text_completion` of `choices` (whole, with `usage`, or a stream
+/// chunk, without).
+pub fn completion(meta: &ResponseMeta, choices: Vec<Value>, usage: Option<&Usage>) -> Value {
+    let mut v = json!({
         "id": meta.id,
         "object": "text_completion",
         "created": meta.created,
         "model": meta.model,
-        "choices": [{
-            "text": text,
-            "index": 0,
-            "logprobs": null,
-            "finish_reason": finish.map(FinishReason::as_str),
-        }],
+        "choices": choices,
+    });
+    if let Some(u) = usage {
+        v["usage"] = u.json();
+    }
+    v
+}
+
+/// A token's text (control tokens by name) for `logprobs`, and its bytes.
+fn token_text(tok: &Tokenizer, t: u32) -> (String, Vec<u8>) {
+    let b = tok.token_to_bytes_with(t, true).to_vec();
+    (String::from_utf8_lossy(&b).into_owned(), b)
+}
+
+/// Chat's `logprobs`: `{"content": [{token, logprob, bytes,
+/// top_logprobs: [{token, logprob, bytes}]}], "refusal": null}`.
+pub fn chat_logprobs(tok: &Tokenizer, lps: &[TokenLogprob]) -> Value {
+    let entry = |t: u32, lp: f32| {
+        let (text, bytes) = token_text(tok, t);
+        json!({ "token": text, "logprob": lp, "bytes": bytes })
+    };
+    let content: Vec<Value> = lps
+        .iter()
+        .map(|l| {
+            let mut e = entry(l.token, l.logprob);
+            e["top_logprobs"] = l.top.iter().map(|&(t, lp)| entry(t, lp)).collect();
+            e
+        })
+        .collect();
+    json!({ "content": content, "refusal": null })
+}
+
+/// Completions' `logprobs`: `tokens`, `token_logprobs`, `top_logprobs`
+/// (token text → logprob) and `text_offset` (each token's start in the
+/// text, from `offset`).
+pub fn completion_logprobs(tok: &Tokenizer, lps: &[TokenLogprob], offset: usize) -> Value {
+    let mut at = offset;
+    let (mut tokens, mut values, mut tops, mut offsets) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for l in lps {
+        let (text, _) = token_text(tok, l.token);
+        offsets.push(at);
+        at += text.len();
+        tokens.push(text);
+        values.push(l.logprob);
+        let top: serde_json::Map<String, Value> = l
+            .top
+            .iter()
+            .map(|&(t, lp)| (token_text(tok, t).0, json!(lp)))
+            .collect();
+        tops.push(Value::Object(top));
+    }
+    json!({
+        "tokens": tokens,
+        "token_logprobs": values,
+        "top_logprobs": tops,
+        "text_offset": offsets,
     })
 }
 
@@ -545,35 +859,47 @@ pub fn chat_finish(finish: FinishReason, made_tool_calls: bool) -> &'static str 
     }
 }
 
-pub fn chat_completion(meta: &ResponseMeta, message: Value, finish: &str, usage: &Usage) -> Value {
+/// One choice of a whole chat completion.
+pub fn chat_choice(index: usize, message: Value, finish: &str, logprobs: Value) -> Value {
+    json!({
+        "index": index,
+        "message": message,
+        "logprobs": logprobs,
+        "finish_reason": finish,
+    })
+}
+
+pub fn chat_completion(meta: &ResponseMeta, choices: Vec<Value>, usage: &Usage) -> Value {
     json!({
         "id": meta.id,
         "object": "chat.completion",
         "created": meta.created,
         "model": meta.model,
-        "choices": [{
-            "index": 0,
-            "message": message,
-            "logprobs": null,
-            "finish_reason": finish,
-        }],
+        "choices": choices,
         "usage": usage.json(),
     })
 }
 
-/// A chat stream chunk; `delta` is `{"role": "assistant", "content": ""}`
-/// first, `{"content": text}`, `{"reasoning_content": text}` or
-/// `{"tool_calls": [...]}` then, `{}` with the finish reason last.
-pub fn chat_chunk(meta: &ResponseMeta, delta: Value, finish: Option<&str>) -> Value {
+/// A chat stream chunk for choice `index`; `delta` is `{"role":
+/// "assistant", "content": ""}` first, `{"content": text}`,
+/// `{"reasoning_content": text}` or `{"tool_calls": [...]}` then, `{}`
+/// with the finish reason last.
+pub fn chat_chunk(
+    meta: &ResponseMeta,
+    index: usize,
+    delta: Value,
+    finish: Option<&str>,
+    logprobs: Value,
+) -> Value {
     json!({
         "id": meta.id,
         "object": "chat.completion.chunk",
         "created": meta.created,
         "model": meta.model,
         "choices": [{
-            "index": 0,
+            "index": index,
             "delta": delta,
-            "logprobs": null,
+            "logprobs": logprobs,
             "finish_reason": finish,
         }],
     })
@@ -594,6 +920,23 @@ pub fn usage_chunk(meta: &ResponseMeta, object: &str, usage: &Usage) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use coil::tokenizer::Vocab;
+    use std::sync::OnceLock;
+
+    fn tokenizer() -> Tokenizer {
+        let tokens = ["a", "b", "h", "i", "x", "\n"].map(String::from).to_vec();
+        Tokenizer::new(Vocab::bpe(tokens, Vec::new(), None)).unwrap()
+    }
+
+    fn params(s: &Sampling) -> Result<SamplingParams, ApiError> {
+        let tok = tokenizer();
+        let breakers = OnceLock::new();
+        s.params(&SamplingContext {
+            tokenizer: &tok,
+            n_ctx: 100,
+            default_breakers: &breakers,
+        })
+    }
 
     #[test]
     fn parses_openai_requests() {
@@ -605,7 +948,7 @@ mod tests {
         assert_eq!(r.max_tokens, Some(5));
         assert!(r.sampling.stream);
         assert_eq!(r.sampling.stops(), vec!["\n".to_string()]);
-        let p = r.sampling.params().unwrap();
+        let p = params(&r.sampling).unwrap();
         assert_eq!(p.temperature, 0.0);
         assert_eq!(p.top_k, 0);
         let r: CompletionRequest = parse_body(br#"{"prompt":[1,2,3]}"#).unwrap();
@@ -620,6 +963,41 @@ mod tests {
     }
 
     #[test]
+    fn llama_server_samplers_and_logit_bias_are_read() {
+        let r: CompletionRequest = parse_body(
+            br#"{"prompt":"x","typical_p":0.9,"top_n_sigma":1.5,"xtc_probability":0.5,"xtc_threshold":0.2,
+                "dry_multiplier":0.8,"dry_base":2,"dry_allowed_length":3,"dry_penalty_last_n":-1,
+                "mirostat":2,"mirostat_tau":4,"mirostat_eta":0.2,"repeat_last_n":-1,
+                "logit_bias":{"1":-100,"ab":2,"4":false}}"#,
+        )
+        .unwrap();
+        let p = params(&r.sampling).unwrap();
+        assert_eq!(p.typical_p, 0.9);
+        assert_eq!(p.top_n_sigma, 1.5);
+        assert_eq!((p.xtc_probability, p.xtc_threshold), (0.5, 0.2));
+        assert_eq!(p.dry.multiplier, 0.8);
+        assert_eq!(p.dry.base, 2.0);
+        assert_eq!(p.dry.allowed_length, 3);
+        // -1: the whole context
+        assert_eq!(p.dry.penalty_last_n, 100);
+        assert_eq!(p.repeat_last_n, 100);
+        assert_eq!(p.dry.breakers.texts().len(), 4);
+        assert_eq!(p.mirostat, Mirostat::V2);
+        assert_eq!((p.mirostat_tau, p.mirostat_eta), (4.0, 0.2));
+        let mut bias = p.logit_bias.clone();
+        bias.sort_by_key(|b| b.0);
+        // "ab" is tokens 0 and 1: token 1 gets -100 + 2
+        assert_eq!(bias, vec![(0, 2.0), (1, -98.0), (4, f32::NEG_INFINITY)]);
+        // llama-server's list form
+        let r: CompletionRequest =
+            parse_body(br#"{"prompt":"x","logit_bias":[[2, 1.5], ["x", -1]]}"#).unwrap();
+        assert_eq!(
+            params(&r.sampling).unwrap().logit_bias,
+            vec![(2, 1.5), (4, -1.0)]
+        );
+    }
+
+    #[test]
     fn bad_requests_name_the_problem() {
         let e = parse_body::<CompletionRequest>(b"{not json").unwrap_err();
         assert_eq!(e.status, 400);
@@ -627,11 +1005,26 @@ mod tests {
         let e =
             parse_body::<CompletionRequest>(br#"{"prompt":"x","temperature":"hot"}"#).unwrap_err();
         assert!(e.message.contains("invalid"), "{}", e.message);
-        let r: CompletionRequest = parse_body(br#"{"prompt":"x","top_p":2}"#).unwrap();
-        let e = r.sampling.params().unwrap_err();
-        assert_eq!(e.param, Some("top_p"));
-        let r: CompletionRequest = parse_body(br#"{"prompt":"x","n":3}"#).unwrap();
-        assert_eq!(r.sampling.params().unwrap_err().param, Some("n"));
+        let bad = |body: &[u8], param: &str| {
+            let r: CompletionRequest = parse_body(body).unwrap();
+            let e = params(&r.sampling).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{}", e.message);
+        };
+        bad(br#"{"prompt":"x","top_p":2}"#, "top_p");
+        bad(
+            br#"{"prompt":"x","dry_multiplier":1,"dry_base":0.5}"#,
+            "dry_base",
+        );
+        bad(br#"{"prompt":"x","xtc_threshold":3}"#, "xtc_threshold");
+        bad(br#"{"prompt":"x","mirostat":3}"#, "mirostat");
+        bad(br#"{"prompt":"x","repeat_last_n":-2}"#, "repeat_last_n");
+        bad(br#"{"prompt":"x","logit_bias":{"99":1}}"#, "logit_bias");
+        bad(br#"{"prompt":"x","logit_bias":{"1":"x"}}"#, "logit_bias");
+        assert!(top_logprobs(21, "top_logprobs").is_err());
+        assert!(tool_choice(Some(&json!("required"))).is_err());
+        assert!(response_format(Some(&json!({"type": "json_object"}))).is_err());
+        assert!(response_format(Some(&json!({"type": "text"}))).is_ok());
+        assert!(parallel_tool_calls(Some(false)).is_err());
         assert!(normalise_messages(&[]).is_err());
         assert!(normalise_messages(&[json!({"content": "x"})]).is_err());
         let body = ApiError::bad_request("m").with_param("p").body();

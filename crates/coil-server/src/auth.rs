@@ -1,6 +1,7 @@
 //! `--api-key`: every route but `/health` and the chat page requires
-//! `Authorization: Bearer KEY`; a missing or wrong key gets 401 in OpenAI's
-//! error format (`invalid_api_key`).
+//! `Authorization: Bearer KEY` (or `x-api-key: KEY`, as Anthropic's clients
+//! send it); a missing or wrong key gets 401 in the API's error format
+//! (`invalid_api_key`).
 
 use crate::api::ApiError;
 use axum::extract::{Request, State};
@@ -22,7 +23,13 @@ pub async fn require_api_key(State(key): State<Arc<str>>, req: Request, next: Ne
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(bearer_token);
+        .and_then(bearer_token)
+        .or_else(|| {
+            req.headers()
+                .get("x-api-key")
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+        });
     match given {
         Some(k) if same_key(k.as_bytes(), key.as_bytes()) => next.run(req).await,
         Some(_) => unauthorized("Incorrect API key provided."),

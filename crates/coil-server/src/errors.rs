@@ -1,9 +1,10 @@
-//! Every error the server answers is OpenAI's JSON error object: the
+//! Every error the server answers is the API's own JSON error object: the
 //! handlers build [`ApiError`]s themselves, and this middleware rewrites the
 //! rest — axum's own rejections (a body over the size limit: 413, a wrong
 //! method: 405, an unreadable body) arrive as plain text or empty — into
-//! `{"error": {"message", "type", "param", "code"}}` with the same status
-//! and headers.
+//! OpenAI's `{"error": {"message", "type", "param", "code"}}` with the same
+//! status and headers; on Anthropic's paths (`/v1/messages…`) every error
+//! becomes Anthropic's `{"type": "error", "error": {"type", "message"}}`.
 
 use crate::api::ApiError;
 use axum::body::Body;
@@ -20,6 +21,38 @@ impl IntoResponse for ApiError {
 
 /// Longest plain-text rejection kept as the error's message.
 const MAX_MESSAGE: usize = 4096;
+
+/// Middleware (`axum::middleware::from_fn`): errors in the shape of the
+/// path's API (see the module's note).
+pub async fn api_errors(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let anthropic = req.uri().path().starts_with("/v1/messages");
+    let res = openai_errors(next.run(req).await).await;
+    if anthropic {
+        anthropic_errors(res).await
+    } else {
+        res
+    }
+}
+
+/// OpenAI's error body as Anthropic's.
+async fn anthropic_errors(res: Response) -> Response {
+    let status = res.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return res;
+    }
+    let (mut parts, body) = res.into_parts();
+    let bytes = axum::body::to_bytes(body, 1 << 20)
+        .await
+        .unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    let message = v["error"]["message"]
+        .as_str()
+        .unwrap_or("error")
+        .to_string();
+    let body = crate::anthropic::error_body(status.as_u16(), &message);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(body.to_string()))
+}
 
 /// Middleware (`axum::middleware::map_response`): an error status whose body
 /// is not JSON becomes OpenAI's error object, its text the message.

@@ -1,7 +1,13 @@
-//! `coil serve`'s library: an OpenAI-compatible HTTP server over the coil
-//! engine, with continuous batching and a prefix cache that resumes each
-//! request from the longest prompt prefix already in memory.
+//! `coil serve`'s library: an HTTP server over the coil engine speaking
+//! OpenAI's chat / completions and Responses APIs, Anthropic's Messages
+//! API and llama-server's extras, with continuous batching and a prefix
+//! cache that resumes each request from the longest prompt prefix already
+//! in memory.
 //!
+//! - [`request`]: the one internal request every dialect translates to;
+//!   [`job`]: running it (whole or streamed).
+//! - [`openai`], [`responses`], [`anthropic`], [`llama`]: the dialects;
+//!   [`fields`]: no request field silently ignored.
 //! - [`api`]: OpenAI request / response shapes and errors.
 //! - [`template`]: chat templates (the model's Jinja, or ChatML) rendered
 //!   as transformers renders them, and the tool calls / reasoning in
@@ -34,15 +40,22 @@
 //! # Ok(()) }
 //! ```
 
+pub mod anthropic;
 pub mod api;
 pub mod auth;
 pub mod errors;
+pub mod fields;
 pub mod histogram;
 pub mod http_metrics;
+pub mod job;
 pub mod limits;
+pub mod llama;
 pub mod metrics;
+pub mod openai;
 pub mod prefix_cache;
 pub mod reply;
+pub mod request;
+pub mod responses;
 pub mod routes;
 pub mod scheduler;
 pub mod template;
@@ -67,6 +80,26 @@ pub enum ServerError {
     Template(#[from] TemplateError),
     #[error(transparent)]
     Scheduler(#[from] SchedulerError),
+}
+
+/// What `/props` and `/v1/models` tell of the engine's model.
+fn model_facts(engine: &Engine) -> routes::ModelFacts {
+    let i = engine.model.info();
+    let (mut n_params, mut size_bytes) = (0u64, 0u64);
+    for t in engine.file.tensors() {
+        n_params += t.n_elements;
+        size_bytes += t.n_bytes;
+    }
+    routes::ModelFacts {
+        arch: i.arch.clone(),
+        name: i.name.clone(),
+        n_ctx_train: i.n_ctx_train,
+        n_embd: i.n_embd,
+        n_layer: i.plan.layers.len(),
+        pattern: i.plan.pattern(),
+        n_params,
+        size_bytes,
+    }
 }
 
 /// A model ready to serve: the engine thread is running.
@@ -123,10 +156,12 @@ impl Server {
             None => ChatTemplate::from_gguf(&engine.file, &tokenizer)?,
         };
         let (parallel, cache_bytes) = (cfg.parallel, cfg.cache_bytes);
+        let info = model_facts(&engine);
         let (scheduler, engine_thread) = Scheduler::start(engine, tokenizer.clone(), cfg)?;
         (scheduler.metrics.http.cache_limit_bytes).store(cache_bytes as u64, Ordering::Relaxed);
         let mut state = ServerState::new(scheduler, tokenizer, template, model_id);
         state.limits = Limits::new(http, parallel);
+        state.info = info;
         let state = Arc::new(state);
         Ok(Server {
             state,

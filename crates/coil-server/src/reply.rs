@@ -2,50 +2,51 @@
 //! the template's format is known ([`StreamParser`]) — `reasoning_content`,
 //! `content` and `tool_calls` read out of it, whole or as stream deltas.
 
-use crate::api::{self, FinishReason, ResponseMeta, Usage};
-use crate::template::tool_calls::{self, Delta, Parsed, StreamParser};
+use crate::api::{self, FinishReason, ResponseMeta};
+use crate::template::tool_calls::{Delta, Parsed, StreamParser};
 use serde_json::{json, Value};
 
 pub struct ChatReply {
     parser: Option<StreamParser>,
+    /// Which choice of the response this is.
+    index: usize,
     /// Tool calls streamed so far.
     n_calls: usize,
 }
 
-/// The id of a reply's `i`-th tool call.
-fn call_id(meta: &ResponseMeta, i: usize) -> String {
+/// The id of choice `choice`'s `i`-th tool call.
+pub fn call_id(meta: &ResponseMeta, choice: usize, i: usize) -> String {
     let tail = meta.id.rsplit('-').next().unwrap_or_default();
-    format!("call_{tail}_{i}")
+    match choice {
+        0 => format!("call_{tail}_{i}"),
+        c => format!("call_{tail}_{c}_{i}"),
+    }
+}
+
+/// A whole reply of choice `index`: its assistant message and finish
+/// reason (`tool_calls` when it made some and ended by itself).
+pub fn message(
+    meta: &ResponseMeta,
+    index: usize,
+    parsed: &Parsed,
+    finish: FinishReason,
+) -> (Value, &'static str) {
+    let message = api::assistant_message(parsed, |i| call_id(meta, index, i));
+    (
+        message,
+        api::chat_finish(finish, !parsed.tool_calls.is_empty()),
+    )
 }
 
 impl ChatReply {
-    /// `parser`: `None` keeps the reply's text as it is.
-    pub fn new(parser: Option<StreamParser>) -> Self {
-        ChatReply { parser, n_calls: 0 }
-    }
-
-    /// The `chat.completion` body of a whole reply.
-    pub fn body(
-        &mut self,
-        meta: &ResponseMeta,
-        text: String,
-        finish: FinishReason,
-        usage: &Usage,
-    ) -> Value {
-        let parsed = match self.parser.as_mut() {
-            Some(p) => {
-                let mut deltas = p.push(&text);
-                deltas.extend(p.finish());
-                tool_calls::collect(deltas)
-            }
-            None => Parsed {
-                content: Some(text),
-                ..Default::default()
-            },
-        };
-        let message = api::assistant_message(&parsed, |i| call_id(meta, i));
-        let finish = api::chat_finish(finish, !parsed.tool_calls.is_empty());
-        api::chat_completion(meta, message, finish, usage)
+    /// `parser`: `None` keeps the reply's text as it is; `index`: the
+    /// choice.
+    pub fn new(parser: Option<StreamParser>, index: usize) -> Self {
+        ChatReply {
+            parser,
+            index,
+            n_calls: 0,
+        }
     }
 
     /// Stream chunks for a piece of generated text (none while the parser
@@ -64,13 +65,20 @@ impl ChatReply {
         let deltas = self.parser.as_mut().map(|p| p.finish()).unwrap_or_default();
         let mut out = self.delta_chunks(meta, deltas);
         let f = api::chat_finish(finish, self.n_calls > 0);
-        out.push(api::chat_chunk(meta, json!({}), Some(f)));
+        out.push(api::chat_chunk(
+            meta,
+            self.index,
+            json!({}),
+            Some(f),
+            Value::Null,
+        ));
         out
     }
 
     fn delta_chunks(&mut self, meta: &ResponseMeta, deltas: Vec<Delta>) -> Vec<Value> {
         deltas
             .into_iter()
+            .filter(|d| !matches!(d, Delta::Content(t) | Delta::Reasoning(t) if t.is_empty()))
             .map(|d| {
                 let delta = match d {
                     Delta::Content(t) => json!({ "content": t }),
@@ -78,11 +86,12 @@ impl ChatReply {
                     Delta::ToolCall(c) => {
                         let i = self.n_calls;
                         self.n_calls += 1;
-                        let call = api::tool_call_json(&c, &call_id(meta, i), Some(i));
+                        let id = call_id(meta, self.index, i);
+                        let call = api::tool_call_json(&c, &id, Some(i));
                         json!({ "tool_calls": [call] })
                     }
                 };
-                api::chat_chunk(meta, delta, None)
+                api::chat_chunk(meta, self.index, delta, None, Value::Null)
             })
             .collect()
     }
@@ -106,24 +115,34 @@ mod tests {
         let tools = json!([{"type": "function", "function": {"name": "get_weather",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
         let prompt = "<|im_start|>assistant\n<think>\n";
-        ChatReply::new(Some(StreamParser::new(format, prompt, Some(&tools))))
+        ChatReply::new(Some(StreamParser::new(format, prompt, Some(&tools))), 0)
     }
 
     /// A canned Qwen3.5 reply: reasoning (opened by the prompt), a word,
     /// an XML tool call.
     const CANNED: &str = "The user wants weather.\n</think>\n\nChecking.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>";
 
+    fn parsed(parser: Option<StreamParser>, text: &str) -> Parsed {
+        let c = crate::job::Choice {
+            text: text.into(),
+            ..Default::default()
+        };
+        c.parsed(parser.as_ref())
+    }
+
     #[test]
     fn whole_replies_carry_tool_calls_and_reasoning() {
-        let body = qwen35().body(
+        let format = OutputFormat::detect("<tool_call>\n<function=...> <think>");
+        let tools = json!([{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+        let parser = StreamParser::new(format, "<|im_start|>assistant\n<think>\n", Some(&tools));
+        let (m, finish) = message(
             &meta(),
-            CANNED.into(),
+            0,
+            &parsed(Some(parser), CANNED),
             FinishReason::Stop,
-            &Usage::default(),
         );
-        let c = &body["choices"][0];
-        assert_eq!(c["finish_reason"], "tool_calls");
-        let m = &c["message"];
+        assert_eq!(finish, "tool_calls");
         assert_eq!(m["role"], "assistant");
         assert_eq!(m["content"], "Checking.");
         assert_eq!(m["reasoning_content"], "The user wants weather.");
@@ -135,14 +154,14 @@ mod tests {
             serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
         assert_eq!(args, json!({"city": "Paris"}));
         // Without a parser the text is the content.
-        let body = ChatReply::new(None).body(
+        let (m, finish) = message(
             &meta(),
-            "x <tool_call>".into(),
+            0,
+            &parsed(None, "x <tool_call>"),
             FinishReason::Length,
-            &Usage::default(),
         );
-        assert_eq!(body["choices"][0]["message"]["content"], "x <tool_call>");
-        assert_eq!(body["choices"][0]["finish_reason"], "length");
+        assert_eq!(m["content"], "x <tool_call>");
+        assert_eq!(finish, "length");
     }
 
     #[test]

@@ -56,6 +56,8 @@ fn submit(s: &Scheduler, prompt: &[u32], max_tokens: usize) -> UnboundedReceiver
         stop: Vec::new(),
         stop_at_eos: false,
         marks: Vec::new(),
+        n: 1,
+        logprobs: None,
         events: tx,
     };
     assert!(s.submit(req), "the engine thread took no request");
@@ -70,7 +72,7 @@ fn collect(mut rx: UnboundedReceiver<Event>) -> (String, Usage) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         match rx.try_recv() {
-            Ok(Event::Text(t)) => text.push_str(&t),
+            Ok(Event::Text { text: t, .. }) => text.push_str(&t),
             Ok(Event::Done { usage, .. }) => return (text, usage),
             Ok(Event::Error(e)) => panic!("request failed: {e}"),
             Err(TryRecvError::Disconnected) => panic!("the engine thread stopped"),

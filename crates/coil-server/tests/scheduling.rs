@@ -51,6 +51,8 @@ fn request(prompt: Vec<u32>, max_tokens: usize, events: &UnboundedSender<Event>)
         stop: Vec::new(),
         stop_at_eos: false,
         marks: Vec::new(),
+        n: 1,
+        logprobs: None,
         events: events.clone(),
     }
 }
@@ -71,7 +73,7 @@ fn until_done(rx: &mut UnboundedReceiver<Event>, prompt_tokens: usize) -> (usize
     let (mut texts, mut ended) = (0, Vec::new());
     loop {
         match next(rx) {
-            Event::Text(_) => texts += 1,
+            Event::Text { .. } => texts += 1,
             Event::Done { usage, .. } => {
                 ended.push(usage);
                 if usage.prompt_tokens == prompt_tokens {
@@ -93,7 +95,7 @@ fn a_long_prompt_goes_in_beside_a_generation_without_stalling_it() {
     let (tx, mut rx) = unbounded_channel();
     assert!(s.submit(request(prompt(8, 1, s.n_vocab), 200, &tx)));
     // The generation has started.
-    assert!(matches!(next(&mut rx), Event::Text(_)));
+    assert!(matches!(next(&mut rx), Event::Text { .. }));
     assert!(s.submit(request(prompt(300, 2, s.n_vocab), 1, &tx)));
     let (texts, ended) = until_done(&mut rx, 300);
     // Only the long prompt ended: the generation still runs.
@@ -124,7 +126,7 @@ fn a_prompt_progresses_however_many_requests_generate() {
     // texts (4 + 4 + 3 + 1).
     let mut started = 0;
     while started < 12 {
-        if let Event::Text(_) = next(&mut rx) {
+        if let Event::Text { .. } = next(&mut rx) {
             started += 1;
         }
     }

@@ -8,7 +8,7 @@ use super::common::{ModelArgs, SamplingArgs};
 use anyhow::{anyhow, bail, Context, Result};
 use coil::engine::sampling::SamplingParams;
 use coil::tokenizer::Tokenizer;
-use coil_server::routes::{chat_prompt, message_ends};
+use coil_server::request::{chat_prompt, message_ends};
 use coil_server::scheduler::{Event, GenRequest, Scheduler, SchedulerConfig};
 use coil_server::template::{ChatTemplate, TemplateVars};
 use serde_json::{json, Value};
@@ -40,14 +40,13 @@ pub fn run(a: Args) -> Result<()> {
     if a.ubatch == 0 {
         bail!("--ubatch must be at least 1");
     }
-    let params = a.sampling.params()?;
-
     // One slot for the reply being generated, one keeping the conversation.
     let engine = a.model.load(2, a.ubatch, false)?;
     let tokenizer = Arc::new(
         Tokenizer::from_gguf(&engine.file)
             .with_context(|| format!("reading the tokenizer of {}", a.model.model.display()))?,
     );
+    let params = a.sampling.params(&tokenizer)?;
     let template = ChatTemplate::from_gguf(&engine.file, &tokenizer)?;
     let info = engine.model.info();
     eprintln!(
@@ -137,6 +136,8 @@ pub fn run(a: Args) -> Result<()> {
             max_tokens,
             stop: stops,
             stop_at_eos: true,
+            n: 1,
+            logprobs: None,
             events: tx,
         };
         if !sched.submit(req) {
@@ -147,7 +148,7 @@ pub fn run(a: Args) -> Result<()> {
         let mut out = stdout.lock();
         loop {
             match rx.blocking_recv() {
-                Some(Event::Text(t)) => {
+                Some(Event::Text { text: t, .. }) => {
                     reply.push_str(&t);
                     let _ = write!(out, "{t}");
                     let _ = out.flush();

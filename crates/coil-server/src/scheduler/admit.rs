@@ -18,6 +18,15 @@ impl Worker {
 
     /// Gives `req` a slot holding the longest cached prefix of its prompt.
     pub(super) fn admit(&mut self, mut req: GenRequest) {
+        if req.n == 0 || req.n > self.cfg.parallel {
+            metrics::add(&self.metrics.requests_failed, 1);
+            let msg = format!(
+                "n must be between 1 and {} (the server's parallel sequences), got {}",
+                self.cfg.parallel, req.n
+            );
+            let _ = req.events.send(Event::Error(msg));
+            return;
+        }
         // a new sequence's state may need a buffer
         self.make_room(1, false);
         match self.prepare(&mut req) {
@@ -39,6 +48,9 @@ impl Worker {
                 self.busy[seq] = true;
                 self.active.push(Active {
                     seq,
+                    choice: 0,
+                    forks: req.n - 1,
+                    logprobs: req.logprobs,
                     events: req.events,
                     done: seq_len_or_zero(&self.engine, seq),
                     prompt: req.prompt,

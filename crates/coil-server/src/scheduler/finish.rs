@@ -4,8 +4,9 @@
 
 use super::step::{Planned, StepLogits};
 use super::{Active, Event, Worker};
-use crate::api::FinishReason;
+use crate::api::{FinishReason, Usage};
 use crate::metrics;
+use coil::engine::logprobs::token_logprob;
 use coil::models::LogitRows;
 use coil::tokenizer::Tokenizer;
 use std::time::Instant;
@@ -41,17 +42,34 @@ impl Worker {
             } else {
                 a.next = None;
             }
-            if a.done == a.prompt.len() && a.max_tokens == 0 {
-                ended.push((p.active, Some((FinishReason::Length, true))));
-                continue;
+            // The prompt is in: its other choices fork from it and draw
+            // from the same logits.
+            let mut choices = vec![p.active];
+            if a.done == a.prompt.len() && a.forks > 0 {
+                match self.fork_choices(p.active) {
+                    Ok(forks) => choices.extend(forks),
+                    Err(msg) => {
+                        metrics::add(&self.metrics.requests_failed, 1);
+                        let _ = self.active[p.active].events.send(Event::Error(msg));
+                        ended.push((p.active, None));
+                        continue;
+                    }
+                }
             }
-            if p.rows == LogitRows::None {
-                continue;
-            }
-            match sample(a, &self.tok, row) {
-                Outcome::Continue => {}
-                Outcome::Finished(reason, flush) => ended.push((p.active, Some((reason, flush)))),
-                Outcome::Gone => ended.push((p.active, None)),
+            for c in choices {
+                let a = &mut self.active[c];
+                if a.done == a.prompt.len() && a.max_tokens == 0 {
+                    ended.push((c, Some((FinishReason::Length, true))));
+                    continue;
+                }
+                if p.rows == LogitRows::None {
+                    continue;
+                }
+                match sample(a, &self.tok, row) {
+                    Outcome::Continue => {}
+                    Outcome::Finished(reason, flush) => ended.push((c, Some((reason, flush)))),
+                    Outcome::Gone => ended.push((c, None)),
+                }
             }
         }
         for c in logits.calls {
@@ -61,6 +79,54 @@ impl Worker {
             self.pin(seq, pos);
         }
         self.end(ended);
+    }
+
+    /// Forks the other choices of active request `src`, whose prompt is
+    /// in, each into a slot of its own (copy-free: the forks share the
+    /// prompt's memory until they write); returns their active indices.
+    fn fork_choices(&mut self, src: usize) -> Result<Vec<usize>, String> {
+        let forks = std::mem::take(&mut self.active[src].forks);
+        let mut out = Vec::with_capacity(forks);
+        for k in 1..=forks {
+            let seq = self.active[src].seq;
+            let dst = self
+                .take_slot(None)
+                .ok_or_else(|| format!("no sequence slot is free for choice {k}"))?;
+            self.engine
+                .seq_fork(seq, dst)
+                .map_err(|e| format!("forking choice {k}: {e}"))?;
+            self.busy[dst] = true;
+            let a = &self.active[src];
+            let seed = a.sampler.params.seed.wrapping_add(k as u64);
+            let fork = Active {
+                seq: dst,
+                choice: k,
+                forks: 0,
+                logprobs: a.logprobs,
+                events: a.events.clone(),
+                prompt: a.prompt.clone(),
+                done: a.done,
+                max_tokens: a.max_tokens,
+                stop_at_eos: a.stop_at_eos,
+                sampler: a.sampler.reseeded(seed),
+                decoder: self.tok.stream_decoder(),
+                stops: a.stops.clone(),
+                next: None,
+                spec: self.cfg.spec.map(super::speculate::speculator),
+                usage: Usage {
+                    prompt_tokens: a.usage.prompt_tokens,
+                    cached_tokens: a.usage.cached_tokens,
+                    ..Default::default()
+                },
+                id: a.id,
+                started: a.started,
+                first_token: None,
+                marks: Vec::new(),
+            };
+            self.active.push(fork);
+            out.push(self.active.len() - 1);
+        }
+        Ok(out)
     }
 
     /// Ends the requests `ended` (active index; how, or `None` when the
@@ -83,10 +149,12 @@ impl Worker {
                         log_request(&a, reason.as_str());
                     }
                     let done = Event::Done {
+                        choice: a.choice,
                         finish: reason,
                         usage: a.usage,
+                        stop: a.stops.matched().map(str::to_string),
                     };
-                    replies.push((a.events, rest, done));
+                    replies.push((a.events, a.choice, rest, done));
                 }
                 None => {
                     metrics::add(&self.metrics.requests_cancelled, 1);
@@ -99,9 +167,15 @@ impl Worker {
         }
         // Counters and gauges are current before a client hears the end.
         self.gauges();
-        for (events, rest, done) in replies {
+        // (in choice order: they were collected last index first)
+        replies.reverse();
+        for (events, choice, rest, done) in replies {
             if !rest.is_empty() {
-                let _ = events.send(Event::Text(rest));
+                let _ = events.send(Event::Text {
+                    choice,
+                    text: rest,
+                    logprobs: Vec::new(),
+                });
             }
             let _ = events.send(done);
         }
@@ -147,9 +221,20 @@ pub(super) fn sample(a: &mut Active, tok: &Tokenizer, logits: &[f32]) -> Outcome
     }
     a.sampler.accept(t);
     a.usage.completion_tokens += 1;
+    let logprobs = match a.logprobs {
+        Some(k) => vec![token_logprob(logits, t, k)],
+        None => Vec::new(),
+    };
     let (text, hit) = a.stops.push(&a.decoder.push(tok, t));
-    if !text.is_empty() && a.events.send(Event::Text(text)).is_err() {
-        return Outcome::Gone;
+    if !text.is_empty() || !logprobs.is_empty() {
+        let ev = Event::Text {
+            choice: a.choice,
+            text,
+            logprobs,
+        };
+        if a.events.send(ev).is_err() {
+            return Outcome::Gone;
+        }
     }
     if hit {
         return Outcome::Finished(FinishReason::Stop, false);

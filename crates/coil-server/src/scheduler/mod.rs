@@ -48,6 +48,7 @@ use crate::api::{FinishReason, Usage};
 use crate::metrics::{self, Metrics};
 use crate::prefix_cache::PrefixCache;
 use coil::engine::generate::StopMatcher;
+use coil::engine::logprobs::TokenLogprob;
 use coil::engine::sampling::{Sampler, SamplingParams};
 use coil::engine::Engine;
 use coil::memory::{Checkpoint, SeqId, SequenceMemory};
@@ -151,20 +152,61 @@ pub struct GenRequest {
     /// prompt that shares the conversation up to one of them, then differs,
     /// resumes there.
     pub marks: Vec<usize>,
+    /// Choices to generate (at least 1, at most `parallel`): the prompt is
+    /// processed once, and its sequence forked (`seq_fork`, copy-free)
+    /// into one per choice when its last token's logits are there; choice
+    /// `i` draws with seed `params.seed + i`.
+    pub n: usize,
+    /// Report each sampled token's log-probability and those of the `k`
+    /// most likely tokens (`Some(k)`).
+    pub logprobs: Option<usize>,
     /// Where events go; when the receiver is dropped (client gone) the
     /// request is cancelled and its slot freed.
     pub events: UnboundedSender<Event>,
 }
 
+impl GenRequest {
+    /// A request for one choice without log-probabilities.
+    pub fn new(
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        max_tokens: usize,
+        events: UnboundedSender<Event>,
+    ) -> Self {
+        GenRequest {
+            prompt,
+            params,
+            max_tokens,
+            stop: Vec::new(),
+            stop_at_eos: true,
+            marks: Vec::new(),
+            n: 1,
+            logprobs: None,
+            events,
+        }
+    }
+}
+
 /// What the engine thread tells a request.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
-    /// Generated text, final (stop strings already cut).
-    Text(String),
+    /// Generated text of one choice, final (stop strings already cut),
+    /// and the log-probabilities of the tokens sampled since its last
+    /// event (when asked for).
+    Text {
+        choice: usize,
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
+    /// A choice ended: its own completion tokens, the prompt's counts, and
+    /// the stop string that ended it (if one did).
     Done {
+        choice: usize,
         finish: FinishReason,
         usage: Usage,
+        stop: Option<String>,
     },
+    /// The request failed (every choice).
     Error(String),
 }
 
@@ -176,6 +218,8 @@ pub struct Scheduler {
     pub metrics: Arc<Metrics>,
     pub n_ctx: usize,
     pub n_vocab: usize,
+    /// Requests (choices) generated at once.
+    pub parallel: usize,
     alive: Arc<AtomicBool>,
 }
 
@@ -229,6 +273,7 @@ impl Scheduler {
             metrics: metrics.clone(),
             n_ctx: engine.mem.n_ctx(),
             n_vocab: engine.n_vocab(),
+            parallel: cfg.parallel,
             alive,
         };
         // Published before anything can read it: a client waiting for the
@@ -273,9 +318,16 @@ impl Scheduler {
     }
 }
 
-/// A request holding a slot.
+/// A request's choice holding a slot.
 struct Active {
     seq: SeqId,
+    /// Which choice of its request (0 until the prompt is forked).
+    choice: usize,
+    /// Choices still to fork from this one once its prompt is processed.
+    forks: usize,
+    /// Top log-probabilities to report per token (see
+    /// [`GenRequest::logprobs`]).
+    logprobs: Option<usize>,
     events: UnboundedSender<Event>,
     prompt: Vec<u32>,
     /// Prompt tokens in memory.
@@ -411,7 +463,13 @@ impl Worker {
                 self.enqueue(r);
             }
             self.drop_gone();
-            while self.active.len() < self.cfg.parallel {
+            // A request of n choices takes n of the `parallel` places (its
+            // forks get theirs once its prompt is in); first come, first
+            // served.
+            while let Some(n) = self.queue.front().map(|r| r.n.max(1)) {
+                if n <= self.cfg.parallel && self.running() + n > self.cfg.parallel {
+                    break;
+                }
                 let Some(req) = self.queue.pop_front() else {
                     break;
                 };
@@ -422,6 +480,12 @@ impl Worker {
                 self.step();
             }
         }
+    }
+
+    /// Places taken by the running requests: each choice, and the forks
+    /// still to come.
+    fn running(&self) -> usize {
+        self.active.iter().map(|a| 1 + a.forks).sum()
     }
 
     /// One more state buffer on the free list, while fewer than

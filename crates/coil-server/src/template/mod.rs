@@ -86,6 +86,8 @@ pub struct ChatTemplate {
     /// How the model writes tool calls and reasoning, read from the
     /// template's text.
     pub output_format: tool_calls::OutputFormat,
+    /// The Jinja text.
+    pub source: String,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -139,6 +141,7 @@ impl ChatTemplate {
             eos_token,
             extra_stops: Vec::new(),
             output_format: tool_calls::OutputFormat::detect(source),
+            source: source.to_string(),
         })
     }
 

@@ -102,6 +102,7 @@ const THINK_OPEN: &str = "<think>";
 const THINK_CLOSE: &str = "</think>";
 
 /// The incremental parser: `push` generated text, then `finish`.
+#[derive(Clone, Debug)]
 pub struct StreamParser {
     format: OutputFormat,
     /// Read tool calls (the request has tools and tool_choice is not none).
