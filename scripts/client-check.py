@@ -236,13 +236,16 @@ def run_checks(base, args):
             return f"400 {err}"
         raise AssertionError("no error for an unsupported field")
 
+    # anthropic 2.x's methods take no sampling arguments; the API (and coil)
+    # still read temperature from the body
+    GREEDY = {"temperature": 0}
     an_tools = [{"name": "get_weather", "description": "The weather in a city",
                  "input_schema": WEATHER}]
 
     @check("anthropic messages")
     def _():
         m = an.messages.create(model=model, max_tokens=16, system="Be brief.", messages=hello,
-                               temperature=0)
+                               extra_body=GREEDY)
         expect(m.type == "message" and m.role == "assistant", m)
         expect(m.content and m.content[0].type == "text", m.content)
         return f"{m.stop_reason}: {m.content[0].text!r} ({m.usage.output_tokens} tokens)"
@@ -258,7 +261,7 @@ def run_checks(base, args):
                 {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 C, sunny"}]},
         ]
         m = an.messages.create(model=model, max_tokens=24, tools=an_tools, messages=msgs,
-                               temperature=0)
+                               extra_body=GREEDY)
         kinds = [b.type for b in m.content]
         n = an.messages.count_tokens(model=model, tools=an_tools, messages=msgs).input_tokens
         expect(n == m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0), (n, m.usage))
@@ -266,7 +269,7 @@ def run_checks(base, args):
 
     @check("anthropic messages streamed")
     def _():
-        with an.messages.stream(model=model, max_tokens=16, messages=hello, temperature=0,
+        with an.messages.stream(model=model, max_tokens=16, messages=hello, extra_body=GREEDY,
                                 tools=an_tools) as s:
             text = "".join(s.text_stream)
             final = s.get_final_message()

@@ -26,7 +26,8 @@ use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// The fields of a Messages request.
+/// The fields of a Messages request (`temperature`, `top_p` and `top_k`
+/// as the API had them; newer clients send none).
 const FIELDS: &[&str] = &[
     "model",
     "max_tokens",
@@ -40,6 +41,18 @@ const FIELDS: &[&str] = &[
     "tools",
     "tool_choice",
     "thinking",
+    "output_config",
+];
+
+/// Anthropic's metadata, accepted without effect on the output: prompt
+/// cache markers, where and how fast to run, who is asking, diagnostics.
+const METADATA: &[&str] = &[
+    "cache_control",
+    "inference_geo",
+    "speed",
+    "user_profile_id",
+    "workspace_id",
+    "diagnostics",
 ];
 
 #[derive(Deserialize)]
@@ -58,6 +71,7 @@ struct MessagesRequest {
     tools: Option<Vec<Value>>,
     tool_choice: Option<Value>,
     thinking: Option<Value>,
+    output_config: Option<Value>,
 }
 
 /// Anthropic's error body for an HTTP status and message.
@@ -156,7 +170,7 @@ pub async fn count_tokens(State(st): State<Arc<ServerState>>, body: Bytes) -> Re
 
 /// A Messages request as the internal request.
 fn messages_request(st: &ServerState, body: &[u8]) -> Result<Request, ApiError> {
-    fields::check(body, &[FIELDS])?;
+    fields::check(body, &[FIELDS, METADATA])?;
     let req: MessagesRequest = api::parse_body(body)?;
     let Some(max_tokens) = req.max_tokens else {
         return Err(ApiError::bad_request("max_tokens: Field required").with_param("max_tokens"));
@@ -214,13 +228,17 @@ fn chat(req: &MessagesRequest) -> Result<Chat, ApiError> {
         Some("disabled") => {
             kwargs.insert("enable_thinking".into(), json!(false));
         }
-        None => {}
+        // adaptive: the model decides, as its template does by default
+        None | Some("adaptive") => {}
         Some(other) => {
             return Err(ApiError::bad_request(format!(
-                "thinking.type must be \"enabled\" or \"disabled\", got \"{other}\""
+                "thinking.type must be enabled, disabled or adaptive, got \"{other}\""
             ))
             .with_param("thinking"))
         }
+    }
+    if let Some(cfg) = &req.output_config {
+        output_config(cfg, &mut kwargs)?;
     }
     Ok(Chat {
         messages: api::normalise_messages(&messages)?,
@@ -228,6 +246,33 @@ fn chat(req: &MessagesRequest) -> Result<Chat, ApiError> {
         tool_choice: tool_choice(req.tool_choice.as_ref())?,
         kwargs,
     })
+}
+
+/// `output_config`: `effort` goes to the template as `reasoning_effort`;
+/// `format` (structured outputs) needs constrained decoding, which coil
+/// does not do.
+fn output_config(cfg: &Value, kwargs: &mut Map<String, Value>) -> Result<(), ApiError> {
+    let Some(obj) = cfg.as_object() else {
+        return Err(
+            ApiError::bad_request("output_config must be an object").with_param("output_config")
+        );
+    };
+    for (k, v) in obj {
+        match k.as_str() {
+            "effort" if v.is_string() => {
+                kwargs.insert("reasoning_effort".into(), v.clone());
+            }
+            "effort" | "format" if v.is_null() => {}
+            "format" => {
+                return Err(ApiError::bad_request(
+                    "output_config.format is not supported (structured outputs need constrained decoding)",
+                )
+                .with_param("output_config"))
+            }
+            other => return Err(fields::unsupported(&format!("output_config.{other}"))),
+        }
+    }
+    Ok(())
 }
 
 fn bad(m: String) -> ApiError {

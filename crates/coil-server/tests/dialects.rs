@@ -438,6 +438,14 @@ fn anthropic_messages_whole_streamed_and_errors() {
     }
     let r = s.request("POST", "/v1/messages", Some("{not json"));
     assert_eq!(r.json()["type"], "error");
+    // Anthropic's newer fields: effort, adaptive thinking, metadata.
+    post_ok(
+        &s,
+        "/v1/messages",
+        json!({"max_tokens": 2, "messages": chat("hi"), "output_config": {"effort": "low"},
+               "thinking": {"type": "adaptive"}, "cache_control": {"type": "ephemeral"},
+               "metadata": {"user_id": "u"}, "speed": "standard"}),
+    );
 }
 
 #[test]
