@@ -99,8 +99,10 @@ impl Chat {
     }
 }
 
-/// A prepared request: the job, and the chat prompt's text (for replies
-/// that are read for reasoning and tool calls).
+/// The job of a request: a chat rendered with the template (and a parser
+/// for the reasoning and tool calls of its reply), the prompt tokenized,
+/// `n`, `logit_bias` and the length checked against the context and the
+/// server's limits.
 pub fn prepare(st: &ServerState, req: Request) -> Result<Job, ApiError> {
     if req.n == 0 || req.n > st.scheduler.parallel {
         return Err(ApiError::bad_request(format!(

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{start, TestServer};
+use common::{start, start_any, TestServer};
 use serde_json::{json, Value};
 
 fn post_ok(s: &TestServer, path: &str, body: Value) -> Value {
@@ -525,4 +525,55 @@ fn responses_whole_streamed_and_items() {
         assert_eq!(r.status, 400, "{body}");
         assert_eq!(r.json()["error"]["param"], param, "{body}");
     }
+}
+
+/// The bundled demo model (trained: real text) through every dialect, as
+/// `scripts/client-check.py` drives it with the official clients.
+#[test]
+fn the_demo_model_answers_in_every_dialect() {
+    let s = start_any("demo", 3, 1, 512);
+    let hello = chat("Say hello.");
+    // OpenAI chat: n = 3 streamed with logprobs.
+    let r = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": hello, "max_tokens": 8, "n": 3, "seed": 4, "logprobs": true,
+                "top_logprobs": 2, "stream": true, "stream_options": {"include_usage": true}}),
+    );
+    let (mut tokens, mut finished, mut usage) = ([0usize; 3], 0, Value::Null);
+    for e in r.events().iter().filter(|e| e.as_str() != "[DONE]") {
+        let ch: Value = serde_json::from_str(e).unwrap();
+        if !ch["usage"].is_null() {
+            usage = ch["usage"].clone();
+        }
+        for c in ch["choices"].as_array().unwrap() {
+            let i = c["index"].as_u64().unwrap() as usize;
+            tokens[i] += c["logprobs"]["content"].as_array().map_or(0, Vec::len);
+            finished += usize::from(!c["finish_reason"].is_null());
+        }
+    }
+    assert_eq!(finished, 3);
+    assert_eq!(
+        usage["completion_tokens"].as_u64().unwrap() as usize,
+        tokens.iter().sum::<usize>()
+    );
+    // Anthropic: streamed text equals the whole reply's.
+    let body = json!({"max_tokens": 8, "temperature": 0, "messages": hello});
+    let whole = post_ok(&s, "/v1/messages", body.clone());
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let mut text = String::new();
+    for e in s.post("/v1/messages", &streamed).events() {
+        let v: Value = serde_json::from_str(&e).unwrap();
+        if let Some(t) = v["delta"]["text"].as_str() {
+            text.push_str(t);
+        }
+    }
+    assert_eq!(whole["content"][0]["text"].as_str().unwrap(), text);
+    // Responses: the same greedy text as Messages (the same prompt).
+    let r = post_ok(
+        &s,
+        "/v1/responses",
+        json!({"input": "Say hello.", "max_output_tokens": 8, "temperature": 0}),
+    );
+    assert_eq!(r["output"][0]["content"][0]["text"].as_str().unwrap(), text);
 }
