@@ -53,8 +53,21 @@ enum Command {
     Chat(cmd::chat::Args),
 }
 
+/// llama.cpp's multi-letter short flags, as the long flags coil spells them
+/// (clap's short flags are one letter).
+const LLAMA_CPP_FLAGS: [(&str, &str); 1] = [("-np", "--parallel")];
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args = std::env::args_os().map(|a| {
+        match LLAMA_CPP_FLAGS
+            .iter()
+            .find(|(short, _)| a.to_str() == Some(short))
+        {
+            Some((_, long)) => (*long).into(),
+            None => a,
+        }
+    });
+    let cli = Cli::parse_from(args);
     let result = match cli.command {
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Run(a) => cmd::run::run(a),

@@ -394,3 +394,96 @@ fn converter_fixes_match_transformers() {
         );
     }
 }
+
+/// `--split-max-tensors` / `--split-max-size` write llama.cpp's parts; every
+/// command reads a split model from any part: the parts' tensors are the
+/// unsplit file's, quantizing the parts gives the unsplit quantization byte
+/// for byte, `coil logits` on a part gives the whole file's logits, and
+/// `coil inspect` lists the parts. A missing part is an error naming it.
+#[test]
+fn split_models_are_written_and_read() {
+    let d = scratch("split");
+    let whole = root().join("models/nemotron_h_moe/model.f16.gguf");
+    let (ok, text) = run(coil()
+        .args([
+            "convert",
+            "--quiet",
+            "--name",
+            "Hf",
+            "--type",
+            "f16",
+            "--split-max-tensors",
+            "15",
+            "-o",
+        ])
+        .arg(d.join("c.gguf"))
+        .arg(root().join("hf/nemotron_h_moe")));
+    assert!(ok, "{text}");
+    let part = |p: &str, i: usize| d.join(format!("{p}-{i:05}-of-00003.gguf"));
+    let (a, b) = (
+        GgufFile::open(part("c", 2)).unwrap(),
+        GgufFile::open(&whole).unwrap(),
+    );
+    assert_eq!(a.parts().len(), 3);
+    assert_eq!(a.tensors().len(), b.tensors().len());
+    for (x, y) in a.tensors().iter().zip(b.tensors()) {
+        assert_eq!(x.name, y.name);
+        assert_eq!(a.view(x).data, b.view(y).data, "{}", x.name);
+    }
+
+    // Quantizing the parts (given the last) = quantizing the whole file.
+    for (src, out) in [
+        (part("c", 3), "from-parts.gguf"),
+        (whole.clone(), "from-whole.gguf"),
+    ] {
+        let (ok, text) = run(coil()
+            .args(["quantize", "--quiet"])
+            .arg(&src)
+            .arg(d.join(out))
+            .arg("Q8_0"));
+        assert!(ok, "{text}");
+    }
+    let q = std::fs::read(d.join("from-whole.gguf")).unwrap();
+    assert!(std::fs::read(d.join("from-parts.gguf")).unwrap() == q);
+
+    // A quantized split, run from its second part.
+    let (ok, text) = run(coil()
+        .args(["quantize", "--quiet", "--split-max-size", "1M"])
+        .arg(&whole)
+        .arg(d.join("q.gguf"))
+        .arg("Q8_0"));
+    assert!(ok, "{text}");
+    // 0.6 MB of tensors fit 1M: one plain file.
+    assert!(std::fs::read(d.join("q.gguf")).unwrap() == q);
+    let (ok, text) = run(coil()
+        .args(["quantize", "--quiet", "--split-max-tensors", "15"])
+        .arg(&whole)
+        .arg(d.join("q.gguf"))
+        .arg("Q8_0"));
+    assert!(ok && text.contains("and the other 2 parts"), "{text}");
+    let logits = |model: &Path, out: &str| {
+        let (ok, text) = run(coil()
+            .args(["logits", "--tokens", "5,17,300,9,4000,2", "--out"])
+            .arg(d.join(out))
+            .arg("-m")
+            .arg(model));
+        assert!(ok, "{text}");
+        std::fs::read(d.join(out)).unwrap()
+    };
+    assert!(logits(&part("q", 2), "split.npy") == logits(&d.join("from-whole.gguf"), "whole.npy"));
+
+    let (ok, text) = run(coil().arg("inspect").arg(part("q", 1)));
+    assert!(ok && text.contains("split model: 3 parts"), "{text}");
+    assert!(text.contains("q-00003-of-00003.gguf"), "{text}");
+
+    std::fs::remove_file(part("q", 3)).unwrap();
+    let (ok, text) = run(coil()
+        .args(["logits", "--tokens", "1", "--out"])
+        .arg(d.join("x.npy"))
+        .arg("-m")
+        .arg(part("q", 1)));
+    assert!(
+        !ok && text.contains("q-00003-of-00003.gguf") && text.contains("part 3 of 3 is missing"),
+        "{text}"
+    );
+}

@@ -274,3 +274,27 @@ fn sessions_continue_a_generation_without_reprocessing() {
     ]);
     assert!(!ok && err.contains("another model"), "{err}");
 }
+
+/// The context flags as llama.cpp spells them: `-c` / `--ctx-size` (and
+/// coil's `--ctx`) set it; without them the model's trained context is
+/// taken (the demo model's 1048576 tokens: its attention cells are small
+/// and grow only as used); `-np` is `--parallel`.
+#[test]
+fn context_and_parallel_flags_as_llama_cpp_spells_them() {
+    for flag in ["-c", "--ctx-size", "--ctx"] {
+        let (ok, _, err) = coil(&["run", "-p", "To be or not to be", "-n", "40", flag, "8"]);
+        assert!(
+            !ok && err.contains("exceed the context of 8"),
+            "{flag}: {err}"
+        );
+    }
+    let (ok, _, err) = coil(&["run", "-p", "To be or not to be", "-n", "1048576"]);
+    assert!(
+        !ok && err.contains("exceed the context of 1048576"),
+        "{err}"
+    );
+    let (ok, _, err) = coil(&["run", "-p", "To be", "-n", "2", "-c", "0"]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = coil(&["bench", "-np", "2", "-p", "8", "-n", "2", "-r", "1"]);
+    assert!(ok && out.contains("| 2 |"), "{out}{err}");
+}

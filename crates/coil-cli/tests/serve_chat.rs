@@ -84,18 +84,29 @@ fn template(name: &str) -> String {
 }
 
 #[test]
-fn serve_refuses_a_missing_chat_template() {
-    let out = Command::new(env!("CARGO_BIN_EXE_coil"))
-        .args(["serve", "-m", &model("mamba2"), "--port", "0"])
-        .args(["--chat-template", "no/such/template.jinja"])
-        .output()
-        .expect("run coil serve");
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("reading the chat template no/such/template.jinja"),
-        "{err}"
-    );
+fn serve_and_chat_refuse_a_missing_chat_template() {
+    // llama.cpp's spelling and coil's older one.
+    for (cmd, flag) in [
+        ("serve", "--chat-template-file"),
+        ("serve", "--chat-template"),
+        ("chat", "--chat-template-file"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_coil"))
+            .args(
+                [cmd, "-m", &model("mamba2"), "--port", "0"][..if cmd == "serve" { 5 } else { 3 }]
+                    .iter(),
+            )
+            .args([flag, "no/such/template.jinja"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run coil");
+        assert!(!out.status.success(), "{cmd} {flag}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("reading the chat template no/such/template.jinja"),
+            "{cmd} {flag}: {err}"
+        );
+    }
 }
 
 #[test]

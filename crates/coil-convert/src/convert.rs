@@ -7,7 +7,7 @@ use crate::error::{ConvertError, Result};
 use crate::plan::{output_type, OutTensor};
 use crate::safetensors_src::Checkpoint;
 use crate::tokenizer;
-use coil_gguf::{GgmlType, GgufWriter, Metadata, TensorSpec, Value};
+use coil_gguf::{GgmlType, Metadata, SplitLimits, SplitWriter, TensorSpec, Value};
 use std::path::{Path, PathBuf};
 
 /// The element type of the converted weights (`--type`).
@@ -59,6 +59,10 @@ pub struct ConvertOptions {
     pub name: Option<String>,
     /// Draw a progress bar on stderr.
     pub progress: bool,
+    /// `--split-max-size` / `--split-max-tensors`: write llama.cpp's split
+    /// parts (`OUT-00001-of-0000n.gguf`, …) of at most this much tensor
+    /// data / this many tensors each.
+    pub split: SplitLimits,
 }
 
 impl Default for ConvertOptions {
@@ -67,6 +71,7 @@ impl Default for ConvertOptions {
             out_type: OutType::F16,
             name: None,
             progress: false,
+            split: SplitLimits::default(),
         }
     }
 }
@@ -78,7 +83,10 @@ pub struct ConvertReport {
     pub arch: String,
     pub n_tensors: usize,
     pub n_params: u64,
+    /// The file written (the first part of a split output).
     pub output: PathBuf,
+    /// Every file written: `output` alone, or every part in order.
+    pub files: Vec<PathBuf>,
 }
 
 /// Python's `str.title()` for the simple names folder names are, plus
@@ -329,20 +337,21 @@ pub fn convert(dir: &Path, out: &Path, opts: &ConvertOptions) -> Result<ConvertR
         .collect();
     let total: u64 = plan.iter().map(|t| t.n_elements() as u64 * 4).sum();
     let pb = crate::progress::bar(total, opts.progress, "converting");
-    let mut w = GgufWriter::create(out, &md, &specs)?;
+    let mut w = SplitWriter::create(out, &md, &specs, opts.split)?;
     for (t, spec) in plan.iter().zip(&specs) {
         pb.set_message(t.name.clone());
         write_tensor(&ck, t, spec.ty, &mut w)?;
         pb.inc(t.n_elements() as u64 * 4);
     }
-    let output = w.finish()?;
+    let files = w.finish()?;
     pb.finish_and_clear();
     Ok(ConvertReport {
         hf_arch,
         arch: arch_name,
         n_tensors: plan.len(),
         n_params,
-        output,
+        output: files[0].clone(),
+        files,
     })
 }
 
@@ -351,10 +360,10 @@ const CHUNK_ELEMENTS: usize = 1 << 22;
 
 /// Makes one output tensor and writes it, a block of rows at a time when
 /// its recipe allows, so memory stays near one block rather than one tensor.
-fn write_tensor(ck: &Checkpoint, t: &OutTensor, ty: GgmlType, w: &mut GgufWriter) -> Result<()> {
+fn write_tensor(ck: &Checkpoint, t: &OutTensor, ty: GgmlType, w: &mut SplitWriter) -> Result<()> {
     let n_rows = t.shape.first().copied().unwrap_or(1).max(1);
     let row_len = t.n_elements() / n_rows;
-    let encode = |data: &[f32], w: &mut GgufWriter| -> Result<()> {
+    let encode = |data: &[f32], w: &mut SplitWriter| -> Result<()> {
         let n = ty.bytes_for(data.len() as u64).unwrap_or(0) as usize;
         let mut bytes = vec![0u8; n];
         coil_gguf::quant::quantize_row(ty, data, &mut bytes)

@@ -34,7 +34,9 @@
 //! F16).
 
 use crate::error::{ConvertError, Result};
-use coil_gguf::{GgmlType, GgufFile, GgufWriter, Metadata, TensorInfo, TensorSpec, Value};
+use coil_gguf::{
+    GgmlType, GgufFile, Metadata, SplitLimits, SplitWriter, TensorInfo, TensorSpec, Value,
+};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -176,6 +178,10 @@ pub struct QuantizeOptions {
     /// a quantizable tensor's name gives its type (then the shape
     /// fallback), in place of the mixture's rules.
     pub tensor_types: Vec<TensorTypeRule>,
+    /// `--split-max-size` / `--split-max-tensors`: write the output as
+    /// llama.cpp's split parts (`OUT-00001-of-0000n.gguf`, …) of at most
+    /// this much tensor data / this many tensors each.
+    pub split: SplitLimits,
 }
 
 /// One `--tensor-type PATTERN=TYPE` rule: a regular expression searched
@@ -223,6 +229,7 @@ impl QuantizeOptions {
             output_type: None,
             token_embd_type: None,
             tensor_types: Vec::new(),
+            split: SplitLimits::default(),
         }
     }
 }
@@ -230,7 +237,10 @@ impl QuantizeOptions {
 /// What [`quantize`] wrote.
 #[derive(Clone, Debug)]
 pub struct QuantizeReport {
+    /// The file written (the first part of a split output).
     pub output: PathBuf,
+    /// Every file written: `output` alone, or every part in order.
+    pub files: Vec<PathBuf>,
     pub bytes_in: u64,
     pub bytes_out: u64,
     /// Output tensor count per type.
@@ -595,17 +605,24 @@ pub fn quantize(input: &Path, output: &Path, opts: &QuantizeOptions) -> Result<Q
         ));
     }
     let file = GgufFile::open(input)?;
-    // A second map of the same file for the tensor data, whose pages are
+    // A second map of each file for the tensor data, whose pages are
     // released after each tensor (the GgufFile's own map is only used for
     // the header), so memory stays near one block of rows.
-    let io = |source| ConvertError::Io {
-        path: input.to_path_buf(),
-        source,
-    };
-    let f = std::fs::File::open(input).map_err(io)?;
-    // SAFETY: read-only map of a file coil does not write.
-    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(io)?;
-    let release = |r: std::ops::Range<usize>| {
+    let maps = file
+        .parts()
+        .iter()
+        .map(|p| {
+            let path = p.path.clone().unwrap_or_else(|| input.to_path_buf());
+            let io = |source| ConvertError::Io {
+                path: path.clone(),
+                source,
+            };
+            let f = std::fs::File::open(&path).map_err(io)?;
+            // SAFETY: read-only map of a file coil does not write.
+            unsafe { memmap2::Mmap::map(&f) }.map_err(io)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let release = |map: &memmap2::Mmap, r: std::ops::Range<usize>| {
         #[cfg(unix)]
         {
             // SAFETY: read-only shared file mapping: dropped pages fault the
@@ -619,7 +636,7 @@ pub fn quantize(input: &Path, output: &Path, opts: &QuantizeOptions) -> Result<Q
             };
         }
         #[cfg(not(unix))]
-        let _ = r;
+        let _ = (map, r);
     };
     let types = plan_types_with(&file, opts);
     let mut md = file.metadata().clone();
@@ -651,14 +668,17 @@ pub fn quantize(input: &Path, output: &Path, opts: &QuantizeOptions) -> Result<Q
     }
     let total: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
     let pb = crate::progress::bar(total, opts.progress, "quantizing");
-    let mut w = GgufWriter::create(output, &md, &specs)?;
+    let mut w = SplitWriter::create(output, &md, &specs, opts.split)?;
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     let mut bytes_out = 0u64;
     for &i in &order {
         let (t, ty) = (&file.tensors()[i], types[i]);
         pb.set_message(t.name.clone());
         *counts.entry(ty.name().to_string()).or_default() += 1;
-        let range = file.data_range(t);
+        // The tensor's bytes in its own file's map.
+        let (map, part) = (&maps[t.part], &file.parts()[t.part]);
+        let start = (part.data_offset + t.offset) as usize;
+        let range = start..start + t.n_bytes as usize;
         let data = map.get(range.clone()).ok_or_else(|| {
             ConvertError::Quant(format!(
                 "tensor {:?}: data past the end of the file",
@@ -668,7 +688,7 @@ pub fn quantize(input: &Path, output: &Path, opts: &QuantizeOptions) -> Result<Q
         if ty == t.ty {
             w.write_tensor_data(data)?;
             bytes_out += data.len() as u64;
-            release(range);
+            release(map, range);
         } else {
             let ne0 = t.dims.first().copied().unwrap_or(1) as usize;
             let row_in = t.ty.bytes_for(ne0 as u64).unwrap_or(0) as usize;
@@ -690,16 +710,20 @@ pub fn quantize(input: &Path, output: &Path, opts: &QuantizeOptions) -> Result<Q
                 quantize_parallel(ty, fx, qx, ne0, row_out).map_err(err)?;
                 w.write_tensor_data(qx)?;
                 bytes_out += qx.len() as u64;
-                release(range.start + r * row_in..range.start + (r + n) * row_in);
+                release(
+                    map,
+                    range.start + r * row_in..range.start + (r + n) * row_in,
+                );
                 r += n;
             }
         }
         pb.inc(t.n_bytes);
     }
-    let output = w.finish()?;
+    let files = w.finish()?;
     pb.finish_and_clear();
     Ok(QuantizeReport {
-        output,
+        output: files[0].clone(),
+        files,
         bytes_in: total,
         bytes_out,
         types: counts,

@@ -85,6 +85,7 @@ fn check(name: &str, skip: &[&str], extra: &[&str]) {
         out_type: OutType::F16,
         name: Some("Hf".into()),
         progress: false,
+        ..Default::default()
     };
     convert(&root().join("hf").join(name), &out, &opts).unwrap();
     let ours = GgufFile::open(&out).unwrap();
@@ -159,6 +160,7 @@ fn check_f32_parity(name: &str) {
         out_type: OutType::F32,
         name: Some(name.into()),
         progress: false,
+        ..Default::default()
     };
     convert(&root().join("hf").join(name), &out, &opts).unwrap();
     let ours = std::fs::read(&out).unwrap();
@@ -216,6 +218,7 @@ fn check_f32_fixture(name: &str) {
         out_type: OutType::F32,
         name: Some("Hf".into()),
         progress: false,
+        ..Default::default()
     };
     convert(&dir.join("hf"), &out, &opts).unwrap();
     let ours = GgufFile::open(&out).unwrap();
@@ -263,6 +266,7 @@ fn lfm2moe_routing_settings_become_keys() {
         out_type: OutType::F32,
         name: Some("Hf".into()),
         progress: false,
+        ..Default::default()
     };
     convert(&dir, &out, &opts).unwrap();
     let f = GgufFile::open(&out).unwrap();

@@ -10,5 +10,6 @@ pub mod quant;
 
 pub use dtype::GgmlType;
 pub use gguf::{
-    GgufError, GgufFile, GgufWriter, Metadata, TensorInfo, TensorSpec, TensorView, Value, ValueType,
+    GgufError, GgufFile, GgufWriter, Metadata, Part, SplitLimits, SplitWriter, TensorInfo,
+    TensorSpec, TensorView, Value, ValueType,
 };

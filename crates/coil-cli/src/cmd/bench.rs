@@ -289,7 +289,7 @@ pub fn run(a: Args) -> Result<()> {
         return super::bench_spec::run(&b, &a.model);
     }
     let mut margs = a.model.clone();
-    margs.ctx = margs.ctx.max(a.depth + a.n_prompt.max(a.n_gen));
+    margs.ctx_at_least(a.depth + a.n_prompt.max(a.n_gen));
     if !a.parallel.is_empty() {
         if a.batch_invariant {
             bail!("--batch-invariant measures one sequence's prompt: leave out --parallel");
@@ -439,7 +439,7 @@ fn run_parallel(a: &Args, margs: &super::common::ModelArgs) -> Result<()> {
     }
     let n_max = a.parallel.iter().copied().max().unwrap_or(1).max(1);
     let mut margs = margs.clone();
-    margs.ctx = margs.ctx.max(a.n_prompt + a.n_gen);
+    margs.ctx_at_least(a.n_prompt + a.n_gen);
     let mut engine = margs.load(n_max, a.ubatch, true)?;
     let (weight_bytes, _, ftype) = model_totals(&engine.file);
     let model_type = format!("{} {ftype}", engine.model.info().arch);

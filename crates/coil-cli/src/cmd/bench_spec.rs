@@ -106,7 +106,7 @@ pub fn run(b: &SpecBench, margs: &ModelArgs) -> Result<()> {
         BenchSpec::Verify => b.n_prompt + 1 + b.reps * b.n_gen * (kmax + 3),
         _ => b.n_prompt.max(1) + b.n_gen + kmax + 2,
     };
-    margs.ctx = margs.ctx.max(need);
+    margs.ctx_at_least(need);
     let mut engine = margs.load(1, 512, true)?;
     let system = super::common::simd_info()?;
     eprintln!("system: {system}");

@@ -34,6 +34,14 @@ pub struct Args {
     /// Tokens per micro-batch when processing a prompt.
     #[arg(long = "ubatch", default_value_t = 512)]
     ubatch: usize,
+    /// A Jinja chat template file to use in place of the model's own
+    /// (`tokenizer.chat_template`).
+    #[arg(
+        long = "chat-template-file",
+        visible_alias = "chat-template",
+        value_name = "FILE"
+    )]
+    chat_template: Option<std::path::PathBuf>,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -47,7 +55,15 @@ pub fn run(a: Args) -> Result<()> {
             .with_context(|| format!("reading the tokenizer of {}", a.model.model.display()))?,
     );
     let params = a.sampling.params(&tokenizer)?;
-    let template = ChatTemplate::from_gguf(&engine.file, &tokenizer)?;
+    let template = match &a.chat_template {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the chat template {}", path.display()))?;
+            ChatTemplate::new(Some(&text), &tokenizer)
+                .with_context(|| format!("the chat template {}", path.display()))?
+        }
+        None => ChatTemplate::from_gguf(&engine.file, &tokenizer)?,
+    };
     let info = engine.model.info();
     eprintln!(
         "model: {} ({}), {} layers [{}]; chat template: {}",
@@ -55,7 +71,9 @@ pub fn run(a: Args) -> Result<()> {
         info.arch,
         info.plan.layers.len(),
         info.plan.pattern(),
-        if template.from_model {
+        if a.chat_template.is_some() {
+            "--chat-template-file"
+        } else if template.from_model {
             "the model's"
         } else {
             "ChatML (the model has none)"

@@ -49,9 +49,19 @@ pub struct ModelArgs {
     /// Worker threads (default: the number of physical cores).
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
-    /// Context size: the most tokens a sequence may hold.
-    #[arg(short = 'c', long = "ctx", default_value_t = 4096)]
-    pub ctx: usize,
+    /// Context size: the most tokens a sequence may hold. Default: the
+    /// model's trained context (`{arch}.context_length`), lowered (with a
+    /// message) to what the memory holds; 0: the trained context as it is.
+    #[arg(
+        short = 'c',
+        long = "ctx-size",
+        visible_alias = "ctx",
+        value_name = "N"
+    )]
+    pub ctx: Option<usize>,
+    /// The least context the command needs (set by the command, not a flag).
+    #[arg(skip)]
+    pub ctx_min: usize,
     /// Tokens between recurrent-state checkpoints (for rollback; 0 = only
     /// at the end of each prompt or generation step). Prompts run in
     /// micro-batches that end at these positions, so the default equals the
@@ -128,13 +138,14 @@ impl ModelArgs {
         if threads == 0 {
             bail!("--threads must be at least 1");
         }
-        if self.ctx == 0 {
-            bail!("--ctx must be at least 1");
-        }
         let opts = EngineOptions {
             n_threads: threads,
             n_seq_max,
-            n_ctx: self.ctx,
+            n_ctx: self
+                .ctx
+                .filter(|&c| c > 0)
+                .unwrap_or(super::context::FALLBACK_CTX)
+                .max(self.ctx_min),
             n_ubatch,
             checkpoints: CheckpointPolicy {
                 interval: self.checkpoint_interval,
@@ -159,10 +170,54 @@ impl ModelArgs {
         if self.cache_type != CacheType::F32 {
             engine.set_cache_type(self.cache_type);
         }
+        self.set_context(&mut engine)?;
         if self.checkpoint_every_token {
             reserve_state_buffers(&mut engine, n_seq_max);
         }
         Ok(engine)
+    }
+}
+
+impl ModelArgs {
+    /// Makes the context at least `n` tokens (a command that needs them).
+    pub fn ctx_at_least(&mut self, n: usize) {
+        self.ctx_min = self.ctx_min.max(n);
+        if let Some(c) = self.ctx.as_mut().filter(|c| **c > 0) {
+            *c = (*c).max(n);
+        }
+    }
+
+    /// Without `-c`: the model's trained context, lowered to the memory
+    /// (said on stderr); `-c 0`: the trained context as it is.
+    fn set_context(&self, engine: &mut Engine) -> Result<()> {
+        let trained = engine.model.info().n_ctx_train;
+        let key = format!("{}.context_length", engine.model.info().arch);
+        let n_ctx = match self.ctx {
+            Some(c) if c > 0 => return Ok(()),
+            Some(_) if trained > 0 => trained.max(self.ctx_min),
+            Some(_) => bail!("-c 0 asks for the trained context, but the model has no {key}"),
+            None => {
+                let per_token = engine
+                    .mem
+                    .kv
+                    .as_ref()
+                    .map_or(0, |k| (k.bytes_per_token() * engine.opts.n_seq_max) as u64);
+                let mut available = coil_kernels::hugepages::mem_available();
+                if !engine.file.is_read_into_memory() {
+                    // Mapped weights stay in the page cache beside the cells.
+                    available = available.map(|a| a.saturating_sub(engine.file.file_len()));
+                }
+                let f = super::context::fit(trained, &key, per_token, available, self.ctx_min);
+                if let Some(why) = f.lowered {
+                    eprintln!("{why}");
+                }
+                f.n_ctx
+            }
+        };
+        if n_ctx != engine.opts.n_ctx {
+            engine.set_context(n_ctx)?;
+        }
+        Ok(())
     }
 }
 

@@ -23,6 +23,8 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    #[command(flatten)]
+    split: super::split_args::SplitArgs,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -33,6 +35,7 @@ pub fn run(a: Args) -> Result<()> {
         out_type,
         name: a.name,
         progress: !a.quiet && std::io::stderr().is_terminal(),
+        split: a.split.limits(),
     };
     let r = convert(&a.dir, &a.output, &opts)
         .with_context(|| format!("converting {}", a.dir.display()))?;
@@ -40,7 +43,7 @@ pub fn run(a: Args) -> Result<()> {
         "{} ({}) → {}: {} tensors, {} parameters",
         r.hf_arch,
         r.arch,
-        r.output.display(),
+        super::split_args::files_written(&r.files),
         r.n_tensors,
         r.n_params
     );

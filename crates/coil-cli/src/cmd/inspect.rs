@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The GGUF file to inspect.
+    /// The GGUF file to inspect (any part of a split model: every part is
+    /// read).
     file: PathBuf,
     /// Print one JSON object instead of text.
     #[arg(long)]
@@ -83,6 +84,21 @@ fn print_text(
         file.alignment(),
         file.data_offset()
     );
+    if file.is_split() {
+        println!("split model: {} parts", file.parts().len());
+        for (i, p) in file.parts().iter().enumerate() {
+            let path = p
+                .path
+                .as_deref()
+                .map_or_else(String::new, |p| p.display().to_string());
+            println!(
+                "  part {}: {path}, {}, {} tensors",
+                i + 1,
+                human_bytes(p.len),
+                p.n_tensors
+            );
+        }
+    }
     println!(
         "architecture: {}",
         file.architecture()
@@ -204,7 +220,7 @@ fn to_json(
     let tensors: Vec<_> = file
         .tensors()
         .iter()
-        .map(|t| json!({ "name": t.name, "type": t.ty.name(), "shape": t.dims, "bytes": t.n_bytes, "offset": t.offset }))
+        .map(|t| json!({ "name": t.name, "type": t.ty.name(), "shape": t.dims, "bytes": t.n_bytes, "offset": t.offset, "part": t.part }))
         .collect();
     let by_type: Map<String, serde_json::Value> = totals(file)
         .into_iter()
@@ -227,6 +243,12 @@ fn to_json(
         "file_bytes": file.file_len(),
         "alignment": file.alignment(),
         "data_offset": file.data_offset(),
+        "parts": file.parts().iter().map(|p| json!({
+            "path": p.path.as_ref().map(|p| p.display().to_string()),
+            "bytes": p.len,
+            "data_offset": p.data_offset,
+            "tensors": p.n_tensors,
+        })).collect::<Vec<_>>(),
         "architecture": file.architecture(),
         "metadata": meta,
         "tensors": tensors,

@@ -43,7 +43,7 @@ pub fn run(a: Args) -> Result<()> {
         bail!("--ubatch must be at least 1");
     }
     let mut model = a.model.clone();
-    model.ctx = model.ctx.max(tokens.len());
+    model.ctx_at_least(tokens.len());
     let mut engine = model.load(1, ubatch, true)?;
     let n_vocab = engine.n_vocab();
     if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {

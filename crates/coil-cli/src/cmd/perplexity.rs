@@ -20,7 +20,8 @@ use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// `--ctx N` is the window: N tokens per evaluation, the second half scored.
+    /// `-c / --ctx-size N` is the window: N tokens per evaluation, the
+    /// second half scored (default 4096).
     #[command(flatten)]
     model: ModelArgs,
     /// The text file.
@@ -42,13 +43,17 @@ fn nll(row: &[f32], target: u32) -> f64 {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let n_ctx = a.model.ctx;
+    // The window: -c as given, else 4096 tokens (not the trained
+    // context: a window needs twice its length of text).
+    let n_ctx = a.model.ctx.unwrap_or(4096);
     if n_ctx < 4 {
-        bail!("--ctx must be at least 4 (the second half of each window is scored)");
+        bail!("-c / --ctx-size must be at least 4 (the second half of each window is scored)");
     }
     let text = std::fs::read_to_string(&a.file)
         .with_context(|| format!("reading {} (it must be UTF-8 text)", a.file.display()))?;
-    let mut engine = a.model.load(1, n_ctx.min(512), true)?;
+    let mut model = a.model.clone();
+    model.ctx = Some(n_ctx);
+    let mut engine = model.load(1, n_ctx.min(512), true)?;
     let tokenizer = Tokenizer::from_gguf(&engine.file).context("reading the model's tokenizer")?;
     let n_vocab = engine.n_vocab();
     let tokens = tokenizer.encode(&text, true);

@@ -44,6 +44,8 @@ pub struct Args {
     /// the --tensor-type ones (llama-quantize's flag).
     #[arg(long, value_name = "FILE")]
     tensor_type_file: Option<PathBuf>,
+    #[command(flatten)]
+    split: super::split_args::SplitArgs,
 }
 
 /// The `--tensor-type` rules, then those of `--tensor-type-file`.
@@ -107,6 +109,7 @@ pub fn run(a: Args) -> Result<()> {
             .map(|n| tensor_type("--token-embedding-type", n))
             .transpose()?,
         tensor_types: tensor_rules(&a.tensor_type, a.tensor_type_file.as_deref())?,
+        split: a.split.limits(),
         ..QuantizeOptions::new(mix)
     };
     let r = quantize(&a.input, &a.output, &opts)
@@ -115,7 +118,7 @@ pub fn run(a: Args) -> Result<()> {
     eprintln!(
         "{} → {} ({}): {:.1} MiB → {:.1} MiB; tensors: {}",
         a.input.display(),
-        r.output.display(),
+        super::split_args::files_written(&r.files),
         mix.name(),
         r.bytes_in as f64 / (1 << 20) as f64,
         r.bytes_out as f64 / (1 << 20) as f64,

@@ -107,13 +107,13 @@ pub fn run(a: Args) -> Result<()> {
         bail!("the prompt is empty after tokenization");
     }
     let held = engine.mem.seq_len(0)?;
-    if held + prompt.len() + a.n_predict > a.model.ctx {
+    let n_ctx = engine.opts.n_ctx;
+    if held + prompt.len() + a.n_predict > n_ctx {
         bail!(
-            "prompt ({} tokens, {} already held) + --n-predict {} exceed the context of {} (raise --ctx)",
+            "prompt ({} tokens, {} already held) + --n-predict {} exceed the context of {n_ctx} (raise -c / --ctx-size)",
             prompt.len(),
             held,
             a.n_predict,
-            a.model.ctx
         );
     }
     let opts = GenerateOptions {

@@ -22,7 +22,8 @@ pub struct Args {
     /// Port to listen on (0: any free port; the address is printed).
     #[arg(long = "port", default_value_t = 8080)]
     port: u16,
-    /// Requests processed at once; the rest wait in a queue.
+    /// Requests processed at once; the rest wait in a queue (`-np` as
+    /// llama.cpp spells it).
     #[arg(long = "parallel", short = 'P', default_value_t = 4)]
     parallel: usize,
     /// Sequence slots beyond --parallel that keep finished conversations
@@ -65,7 +66,11 @@ pub struct Args {
     batch_invariant: bool,
     /// A Jinja chat template file to use in place of the model's own
     /// (`tokenizer.chat_template`).
-    #[arg(long = "chat-template", value_name = "FILE")]
+    #[arg(
+        long = "chat-template-file",
+        visible_alias = "chat-template",
+        value_name = "FILE"
+    )]
     chat_template: Option<std::path::PathBuf>,
     /// No log line per request on stderr.
     #[arg(long = "quiet", short = 'q')]

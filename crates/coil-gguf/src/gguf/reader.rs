@@ -298,6 +298,7 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Header, GgufError> {
             offset,
             n_elements,
             n_bytes,
+            part: 0,
         });
     }
 

@@ -27,7 +27,7 @@ impl TensorSpec {
         }
     }
 
-    fn n_bytes(&self) -> Result<u64, GgufError> {
+    pub(crate) fn n_bytes(&self) -> Result<u64, GgufError> {
         let bad = |reason: String| GgufError::Tensor {
             name: self.name.clone(),
             reason,

@@ -242,6 +242,30 @@ impl Engine {
         self.mem = mem.with_cache_type(ty);
     }
 
+    /// Sets the context to `n_ctx` tokens per sequence (new memory with
+    /// the same state and cell types and checkpoint policy). Forgets every
+    /// sequence.
+    pub fn set_context(&mut self, n_ctx: usize) -> Result<(), EngineError> {
+        if n_ctx == 0 {
+            return Err(EngineError::Invalid("context must be at least 1".into()));
+        }
+        let state = self.mem.recurrent.as_ref().map(|r| r.state_type());
+        let cells = self.mem.kv.as_ref().map(|k| k.cache_type());
+        let mut mem = self.model.new_memory(self.opts.n_seq_max, n_ctx);
+        if let Some(r) = &mut mem.recurrent {
+            r.policy = self.opts.checkpoints;
+        }
+        if let Some(ty) = state.filter(|&t| t != StateType::F32) {
+            mem = mem.with_state_type(ty);
+        }
+        if let Some(ty) = cells.filter(|&t| t != CacheType::F32) {
+            mem = mem.with_cache_type(ty);
+        }
+        self.mem = mem;
+        self.opts.n_ctx = n_ctx;
+        Ok(())
+    }
+
     /// Forgets every sequence.
     pub fn mem_clear(&mut self) {
         for s in 0..self.mem.n_seq_max() {
@@ -503,10 +527,13 @@ impl Engine {
     }
 
     /// A fingerprint of the model file (its header: architecture, metadata,
-    /// tensor table) that session files carry.
+    /// tensor table; every part's, for a split model) that session files
+    /// carry.
     pub fn model_identity(&self) -> u64 {
-        let header = &self.file.bytes()[..self.file.data_offset() as usize];
-        let h = session::fnv1a(header, session::FNV_OFFSET);
+        let h = self
+            .file
+            .headers()
+            .fold(session::FNV_OFFSET, |h, header| session::fnv1a(header, h));
         session::fnv1a(&self.file.file_len().to_le_bytes(), h)
     }
 

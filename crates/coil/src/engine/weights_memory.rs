@@ -37,9 +37,13 @@ fn read_into_memory(bytes: u64) -> bool {
         && hugepages::mem_available().is_some_and(|m| bytes as f64 <= m as f64 * FIT_FRACTION)
 }
 
-/// Opens `path` for inference as `mode` says.
+/// Opens `path` (a file, or any part of a split model) for inference as
+/// `mode` says.
 pub fn open(path: &Path, mode: WeightMemory) -> Result<GgufFile, GgufError> {
-    let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(u64::MAX);
+    let bytes = GgufFile::model_files(path)?
+        .iter()
+        .map(|p| std::fs::metadata(p).map_or(u64::MAX, |m| m.len()))
+        .fold(0u64, u64::saturating_add);
     match mode {
         WeightMemory::Auto if read_into_memory(bytes) => GgufFile::open_in_huge_pages(path),
         _ => GgufFile::open_prefaulted_private(path),
