@@ -1,7 +1,9 @@
 //! Text generation on one sequence: process the prompt, then sample token
 //! by token, streaming decoded text, stopping on an end-of-generation token,
-//! a stop string or the token limit.
+//! a stop string or the token limit; under a [`Constraint`], only among
+//! the tokens it allows, its masks computed beside each forward pass.
 
+use super::constraint::{beside, Constraint};
 use super::sampling::Sampler;
 use super::speculative::{SpecCounts, Speculator};
 use super::{Engine, EngineError};
@@ -20,6 +22,9 @@ pub enum StopReason {
     Length,
     /// The caller's callback asked to stop.
     Cancelled,
+    /// The constrained output is complete: nothing but an
+    /// end-of-generation token could follow.
+    Complete,
 }
 
 #[derive(Clone, Debug)]
@@ -143,13 +148,16 @@ struct Emitter<'a, F> {
     tokens: Vec<u32>,
     stop: StopReason,
     on_text: F,
+    /// Under a constraint, an end-of-generation token (allowed only where
+    /// the output is complete) always ends it.
+    constrained: bool,
 }
 
 impl<F: FnMut(&str) -> bool> Emitter<'_, F> {
     /// Takes a sampled token; `true` when generation ends here (the token
     /// is then not fed to the model).
     fn push(&mut self, sampler: &mut Sampler, tok: u32) -> bool {
-        if self.opts.stop_at_eos && self.tokenizer.is_eog(tok) {
+        if (self.opts.stop_at_eos || self.constrained) && self.tokenizer.is_eog(tok) {
             self.stop = StopReason::Eos;
             return true;
         }
@@ -179,7 +187,41 @@ pub fn generate_with(
     prompt: &[u32],
     sampler: &mut Sampler,
     opts: &GenerateOptions,
+    spec: Option<&mut Speculator>,
+    on_text: impl FnMut(&str) -> bool,
+) -> Result<GenerationStats, EngineError> {
+    generate_constrained(
+        engine, tokenizer, seq, prompt, sampler, opts, spec, None, on_text,
+    )
+}
+
+/// The constraint's masks for the next sampling, computed on another
+/// thread while `forward` runs.
+fn with_masks<T>(
+    constraint: &mut Option<&mut Constraint>,
+    forward: impl FnOnce() -> Result<T, EngineError>,
+) -> Result<T, EngineError> {
+    let mut cs: Vec<&mut Constraint> = constraint.as_deref_mut().into_iter().collect();
+    let (out, masks) = beside(&mut cs, forward);
+    let out = out?;
+    masks?;
+    Ok(out)
+}
+
+/// [`generate_with`] under `constraint` (see [`super::constraint`]): each
+/// token is drawn among those it allows, drafts are cut where it stops
+/// allowing them and a rejected draft rolls it back with the sequence;
+/// generation ends when the constrained output is complete.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_constrained(
+    engine: &mut Engine,
+    tokenizer: &Tokenizer,
+    seq: SeqId,
+    prompt: &[u32],
+    sampler: &mut Sampler,
+    opts: &GenerateOptions,
     mut spec: Option<&mut Speculator>,
+    mut constraint: Option<&mut Constraint>,
     on_text: impl FnMut(&str) -> bool,
 ) -> Result<GenerationStats, EngineError> {
     if prompt.is_empty() {
@@ -189,7 +231,9 @@ pub fn generate_with(
         sampler.accept(t);
     }
     let t0 = Instant::now();
-    let mut logits = engine.eval(seq, prompt, LogitRows::Last, 0)?;
+    let mut logits = with_masks(&mut constraint, || {
+        engine.eval(seq, prompt, LogitRows::Last, 0)
+    })?;
     let prompt_secs = t0.elapsed().as_secs_f64();
     let n_vocab = engine.n_vocab();
 
@@ -201,6 +245,7 @@ pub fn generate_with(
         tokens: Vec::new(),
         stop: StopReason::Length,
         on_text,
+        constrained: constraint.is_some(),
     };
     let t1 = Instant::now();
     // A token sampled (and emitted) but not yet fed to the model.
@@ -209,14 +254,25 @@ pub fn generate_with(
         let tok = match pending.take() {
             Some(t) => t,
             None => {
-                let t = sampler.sample(&logits);
+                let mask = match constraint.as_deref_mut() {
+                    Some(c) => Some(c.mask(0)?),
+                    None => None,
+                };
+                let t = sampler.sample_masked(&logits, mask);
                 if out.push(sampler, t) {
                     break;
+                }
+                if let Some(c) = constraint.as_deref_mut() {
+                    c.commit(t)?;
+                    if c.is_finished() {
+                        out.stop = StopReason::Complete;
+                        break;
+                    }
                 }
                 t
             }
         };
-        let draft = match spec.as_deref_mut() {
+        let mut draft = match spec.as_deref_mut() {
             Some(sp) => {
                 // No point drafting past the token limit.
                 let left = opts.max_tokens - out.tokens.len();
@@ -225,20 +281,31 @@ pub fn generate_with(
             }
             None => Vec::new(),
         };
+        if let Some(c) = constraint.as_deref_mut() {
+            // Only what the constraint allows is worth verifying.
+            let n = c.propose(&draft);
+            draft.truncate(n);
+        }
         if draft.is_empty() {
-            logits = engine.eval(seq, &[tok], LogitRows::Last, 1)?;
+            logits = with_masks(&mut constraint, || {
+                engine.eval(seq, &[tok], LogitRows::Last, 1)
+            })?;
             continue;
         }
         let mut fed = Vec::with_capacity(draft.len() + 1);
         fed.push(tok);
         fed.extend_from_slice(&draft);
-        let rows = engine.spec_verify(seq, &fed)?;
+        let rows = with_masks(&mut constraint, || engine.spec_verify(seq, &fed))?;
         // Row j holds the logits after fed[..=j]: sample position by
         // position while the draws confirm the draft.
         let mut keep = fed.len();
         let mut stopped = false;
         for j in 0..fed.len() {
-            let t = sampler.sample(&rows[j * n_vocab..(j + 1) * n_vocab]);
+            let mask = match constraint.as_deref_mut() {
+                Some(c) => Some(c.mask(j)?),
+                None => None,
+            };
+            let t = sampler.sample_masked(&rows[j * n_vocab..(j + 1) * n_vocab], mask);
             if out.push(sampler, t) {
                 keep = j + 1;
                 stopped = true;
@@ -259,6 +326,18 @@ pub fn generate_with(
         }
         if stopped {
             break;
+        }
+        if let Some(c) = constraint.as_deref_mut() {
+            // Back to the accepted drafts, as the sequence is; then the
+            // correction (or the bonus token) sampled after them.
+            c.settle(keep - 1)?;
+            if let Some(t) = pending {
+                c.commit(t)?;
+                if c.is_finished() {
+                    out.stop = StopReason::Complete;
+                    break;
+                }
+            }
         }
     }
     let mut on_text = out.on_text;

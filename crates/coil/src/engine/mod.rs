@@ -1,6 +1,7 @@
 //! Layer 4: the engine a Rust user embeds — a loaded model, its memory and a
 //! thread pool; feeding tokens of sequences through micro-batches.
 
+pub mod constraint;
 pub mod cuts;
 pub mod draft;
 pub mod dry;
@@ -30,6 +31,8 @@ pub enum EngineError {
     Model(#[from] ModelError),
     #[error(transparent)]
     Memory(#[from] crate::memory::MemoryError),
+    #[error(transparent)]
+    Constraint(#[from] constraint::ConstraintError),
     #[error("{0}")]
     Invalid(String),
 }

@@ -4,6 +4,7 @@
 //! Mirostat (1 or 2) the chain is logit bias, temperature, Mirostat.
 //! Temperature 0 is greedy.
 
+use super::constraint::TokenMask;
 use super::cuts::{self, softmax, MirostatState};
 use super::dry::{self, DryParams};
 use super::nucleus::nucleus;
@@ -229,6 +230,8 @@ pub struct Sampler {
     /// Recent tokens (prompt and generated), newest last: as many as the
     /// penalties and DRY look at.
     recent: VecDeque<u32>,
+    /// A row with a constraint's mask applied (see [`Sampler::sample_masked`]).
+    masked: Vec<f32>,
 }
 
 impl Sampler {
@@ -239,6 +242,7 @@ impl Sampler {
             mirostat: mirostat_start(&params),
             params,
             recent: VecDeque::new(),
+            masked: Vec::new(),
         }
     }
 
@@ -317,6 +321,21 @@ impl Sampler {
             }
         }
         adj.into_iter().collect()
+    }
+
+    /// Picks the next token from one row of logits among those `mask`
+    /// allows (all, without one): the others' logits are −∞ before the
+    /// penalties and cuts, so the draw is the model's distribution
+    /// restricted to the allowed tokens.
+    pub fn sample_masked(&mut self, logits: &[f32], mask: Option<&TokenMask>) -> u32 {
+        let Some(mask) = mask else {
+            return self.sample(logits);
+        };
+        let mut row = std::mem::take(&mut self.masked);
+        mask.apply(logits, &mut row);
+        let t = self.sample(&row);
+        self.masked = row;
+        t
     }
 
     /// Picks the next token from one row of logits.
