@@ -1,4 +1,4 @@
-//! `coil inspect FILE.gguf [--json]`.
+//! `coil inspect FILE.gguf [--json] [--kernels [--batched]]`.
 
 use anyhow::{Context, Result};
 use coil::memory::CheckpointPolicy;
@@ -20,9 +20,26 @@ pub struct Args {
     /// How many elements of long arrays to show.
     #[arg(long, default_value_t = 8)]
     max_items: usize,
+    /// Print, per weight matrix, which kernel multiplies it at 1, 4, 9, 64
+    /// and 512 tokens on this machine (its SIMD level, `COIL_SIMD` and the
+    /// other kernel settings of the environment), instead of the file's
+    /// contents.
+    #[arg(long)]
+    kernels: bool,
+    /// With --kernels: as an engine that decodes several sequences at once
+    /// (`coil serve`, `bench --parallel`) runs them; else as one sequence
+    /// at a time (`coil run`, `chat`, `bench`).
+    #[arg(long, requires = "kernels")]
+    batched: bool,
 }
 
+/// The token counts `--kernels` shows.
+const KERNEL_TOKENS: [usize; 5] = [1, 4, 9, 64, 512];
+
 pub fn run(a: Args) -> Result<()> {
+    if a.kernels {
+        return kernels(&a);
+    }
     let file =
         Arc::new(GgufFile::open(&a.file).with_context(|| format!("reading {}", a.file.display()))?);
     // A vocabulary-only file or an unknown architecture has no plan; that is
@@ -260,4 +277,85 @@ fn to_json(
         },
         "layer_plan": plan_json,
     })
+}
+
+/// `--kernels`: the file's matrices in the layout the engine's loader gives
+/// them here (the AVX-512 level repacks some in memory), and for each the
+/// kernel that `coil_kernels::matmul::plan` picks per token count.
+fn kernels(a: &Args) -> Result<()> {
+    coil_kernels::simd::check_env()?;
+    let mut file = GgufFile::open_prefaulted_private(&a.file)
+        .with_context(|| format!("reading {}", a.file.display()))?;
+    // as `Engine::load` does: a single-stream engine keeps Q6_K in the
+    // file's layout
+    coil::models::weights::repack_for_kernels_where(&mut file, |ty| {
+        a.batched || ty != GgmlType::Q6_K
+    });
+    // `Engine::from_file`: a pool runs one sequence at a time unless it
+    // decodes several
+    let single = !a.batched;
+    let level = coil_kernels::simd::level();
+    let rows: Vec<(String, GgmlType, &'static str, usize, usize, Vec<String>)> = file
+        .tensors()
+        .iter()
+        .filter(|t| t.dims.len() >= 2 && coil_kernels::matmul::supported(t.ty))
+        .map(|t| {
+            // a 3-D tensor is a stack of experts: one product per expert
+            let (cols, rows) = (t.dims[0] as usize, t.dims[1] as usize);
+            let layout = if file.is_rewritten(t) {
+                coil_kernels::Layout::Lanes16
+            } else {
+                coil_kernels::Layout::Rows
+            };
+            let names = KERNEL_TOKENS
+                .iter()
+                .map(|&n| {
+                    coil_kernels::matmul::plan::kernel_name(t.ty, layout, rows, cols, n, single)
+                })
+                .collect();
+            let lay = match layout {
+                coil_kernels::Layout::Rows => "rows",
+                coil_kernels::Layout::Lanes16 => "lanes16",
+            };
+            (t.name.clone(), t.ty, lay, rows, cols, names)
+        })
+        .collect();
+    let mode = if single {
+        "one sequence at a time"
+    } else {
+        "several sequences at once"
+    };
+    if a.json {
+        let list: Vec<_> = rows
+            .iter()
+            .map(|(name, ty, lay, r, c, names)| {
+                let by: Map<String, serde_json::Value> = KERNEL_TOKENS
+                    .iter()
+                    .zip(names)
+                    .map(|(n, k)| (n.to_string(), json!(k)))
+                    .collect();
+                json!({ "name": name, "type": ty.name(), "layout": lay, "rows": r, "cols": c, "kernels": by })
+            })
+            .collect();
+        let out = json!({ "simd": level.name(), "streams": mode, "tokens": KERNEL_TOKENS, "tensors": list });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "kernels at the {} level, {mode} (columns: tokens per product)",
+        level.name()
+    );
+    print!("  {:<36} {:<7} {:<7} {:>13}", "name", "type", "layout", "rows x cols");
+    for n in KERNEL_TOKENS {
+        print!("  {:<22}", n);
+    }
+    println!();
+    for (name, ty, lay, r, c, names) in &rows {
+        print!("  {name:<36} {:<7} {lay:<7} {:>13}", ty.name(), format!("{r} x {c}"));
+        for k in names {
+            print!("  {k:<22}");
+        }
+        println!();
+    }
+    Ok(())
 }

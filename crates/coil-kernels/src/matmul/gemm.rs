@@ -27,7 +27,7 @@
 use super::{decode_segment, SendPtr, WeightRef};
 use crate::pool::ThreadPool;
 use crate::simd::tile::{transpose, Lanes, V16};
-use crate::simd::{self, SimdLevel};
+use crate::simd::SimdLevel;
 use coil_gguf::GgmlType;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -69,19 +69,8 @@ pub(crate) struct Shape {
     kc: usize,
 }
 
-/// The AVX-512 level takes the packed shape where the CPU runs 512-bit
-/// operations as halves ([`simd::split_512`]), its F16 strips widened and
-/// multiplied 16 rows to a `zmm` (the f32 strips by the AVX2 microkernel).
-/// On an AMD Zen 4 (kernel bench, 512 tokens × 4096 × 1024 F16, 2 threads,
-/// two rounds) the packed AVX2 shape gave 185.7–187.2 GFLOP/s against
-/// 163.6–164.3 for the unpacked AVX-512 one (whose 512-bit FMAs bring no
-/// more products per cycle there); its F16 `zmm` microkernel (one
-/// `vcvtph2ps` and six FMAs with broadcast operands per column, where the
-/// `ymm` one has two conversions, six broadcasts and twelve FMAs), qwen35
-/// F16 pp512 (alternating, three rounds): 183.1 / 182.6 / 195.1 → 182.9 /
-/// 192.8 / 202.6 tokens/s.
 /// 16-row strips, 6-token tiles, activations packed (the AVX2 microkernel).
-const PACKED: Shape = Shape {
+pub(crate) const PACKED: Shape = Shape {
     rb: 16,
     mt: 6,
     packed: true,
@@ -89,26 +78,20 @@ const PACKED: Shape = Shape {
 };
 
 /// 32-row strips, 12-token tiles read in place (the AVX-512 microkernel).
-const WIDE: Shape = Shape {
+pub(crate) const WIDE: Shape = Shape {
     rb: RB,
     mt: MT_MAX,
     packed: false,
     kc: KC,
 };
 
-fn shape_for(level: SimdLevel) -> Shape {
-    match level {
-        SimdLevel::Avx512 if simd::split_512() => PACKED,
-        SimdLevel::Avx512 => WIDE,
-        SimdLevel::Avx2 => PACKED,
-        SimdLevel::Scalar => Shape {
-            rb: RB,
-            mt: 4,
-            packed: false,
-            kc: KC,
-        },
-    }
-}
+/// 32-row strips, 4-token tiles read in place (the portable microkernel).
+pub(crate) const SCALAR: Shape = Shape {
+    rb: RB,
+    mt: 4,
+    packed: false,
+    kc: KC,
+};
 
 thread_local! {
     /// A panel decoded row by row, `[PANEL][kc]`, and as strips,
@@ -177,28 +160,9 @@ fn pack_x(
     });
 }
 
-/// Every shape `level` can run: both AVX-512 ones on any AVX-512 CPU, so
-/// tests reach the one [`shape_for`] does not pick there.
-#[cfg(test)]
-pub(crate) fn shapes_at(level: SimdLevel) -> Vec<Shape> {
-    match level {
-        SimdLevel::Avx512 => vec![WIDE, PACKED],
-        _ => vec![shape_for(level)],
-    }
-}
-
-pub fn gemm(
-    pool: &ThreadPool,
-    w: &WeightRef,
-    x: &[f32],
-    y: &mut [f32],
-    n_tokens: usize,
-    level: SimdLevel,
-) {
-    gemm_shaped(pool, w, x, y, n_tokens, level, shape_for(level))
-}
-
-/// [`gemm`] with the tiling given (one that `level` runs, [`shapes_at`]).
+/// `y = x · wᵀ` through the f32 GEMM with the tiling given (one that
+/// `level` runs: `plan::f32_gemm_shape`; tests run both AVX-512 ones on
+/// any AVX-512 CPU).
 pub(crate) fn gemm_shaped(
     pool: &ThreadPool,
     w: &WeightRef,

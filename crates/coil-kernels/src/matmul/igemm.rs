@@ -46,6 +46,9 @@ use std::cell::RefCell;
 const NT: usize = 4;
 
 /// Whether `ty` has an integer GEMM.
+/// (The dispatch table, `plan::FORMATS`, says when it runs; its test
+/// checks the two agree.)
+#[cfg(test)]
 pub fn supported(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(

@@ -24,6 +24,9 @@
 //!   16-row panels); for every other format and level, [`gemm`] — weights decoded to f32 panel by panel and an
 //!   f32 register-tile GEMM. Compute-bound. (Below 4 tokens, formats without
 //!   a dot kernel decode each row once and use f32 dots.)
+//!
+//! Which of these runs is decided in one place, [`plan`]: its table
+//! (`plan::FORMATS`) and `plan::choose`; [`matmul_at`] runs the choice.
 
 pub mod act;
 #[cfg(target_arch = "x86_64")]
@@ -32,6 +35,7 @@ mod bf16_gemm;
 mod decode_i8;
 pub mod dequant;
 pub mod gemm;
+pub mod plan;
 #[cfg(target_arch = "x86_64")]
 mod igemm;
 #[cfg(target_arch = "x86_64")]
@@ -73,7 +77,7 @@ pub enum Layout {
 /// Rewrites a Q4_K, Q6_K or Q8_0 matrix in place into [`Layout::Lanes16`] when
 /// the kernels of this process would use it (the selected SIMD level is
 /// AVX-512, `rows` is a multiple of 16, the type is wanted: see
-/// `repack_wanted`), and says
+/// [`repacks`]), and says
 /// whether it did. Single tokens, a few tokens (batched decode, speculative
 /// verification) and prompts then read 16 rows' blocks as one stretch of
 /// memory with no transposition left to do.
@@ -101,47 +105,7 @@ pub fn repack(ty: GgmlType, data: &mut [u8], rows: usize, cols: usize) -> bool {
     false
 }
 
-/// Whether [`repack`] rewrites matrices of `ty` (of a shape it takes) in
-/// this process.
-pub fn repacks(ty: GgmlType) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        simd::level() >= SimdLevel::Avx512
-            && matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_0)
-            && repack_wanted(ty)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = ty;
-        false
-    }
-}
-
-/// Whether matrices of `ty` go into the rows-in-lanes layout: `COIL_REPACK`
-/// unset (or `auto`): Q4_K and Q8_0 always, Q6_K except where 512-bit operations
-/// run as two halves ([`simd::split_512`]: on an AMD Zen 4 the Q6_K lanes
-/// kernel's unpacking — 3 shifts, 2 merges and 4 masks per 64 values —
-/// read one token's weights at 18–21 GB/s against 37–41 for the plain
-/// rows' kernel, and 8 tokens' no faster; there the AVX2 rows-in-lanes
-/// kernels take Q6_K's few-token products from the file's layout, see
-/// [`split_q6k_lanes`]); `0`: neither; `all`: both;
-/// `noq6`: Q4_K and Q8_0 only (one sequence decoding in a batched engine
-/// ~4% faster on qwen35-0.8b-like Q4_K_M, eight ~11% slower).
-fn repack_wanted(ty: GgmlType) -> bool {
-    let setting = std::env::var("COIL_REPACK").ok();
-    repack_setting_wants(setting.as_deref(), ty, simd::split_512())
-}
-
-/// [`repack_wanted`] for a `COIL_REPACK` value (`None`: unset) on a CPU
-/// that does (`split_512`) or does not run 512-bit operations as halves.
-fn repack_setting_wants(setting: Option<&str>, ty: GgmlType, split_512: bool) -> bool {
-    match setting.map(str::trim) {
-        Some("0") => false,
-        Some("all") => true,
-        Some("noq6") => ty != GgmlType::Q6_K,
-        _ => ty != GgmlType::Q6_K || !split_512,
-    }
-}
+pub use plan::{has_int_gemm, repacks, set_int_gemm};
 
 impl<'a> WeightRef<'a> {
     /// Checks that `ty` is supported, `cols` is a whole number of blocks and
@@ -291,7 +255,7 @@ pub fn matmul_shared(
     }
     let level = simd::level().min(simd::detected_level());
     let keys: Vec<Option<SharedActs>> =
-        ws.iter().map(|w| shared_acts(w, n_tokens, level)).collect();
+        ws.iter().map(|w| shared_acts(pool, w, n_tokens, level)).collect();
     for i in 0..ws.len() {
         // the first matrix of each quantization runs its group (the later
         // ones from i on); a matrix without one runs alone (one-token
@@ -335,107 +299,23 @@ enum SharedActs {
 }
 
 /// [`SharedActs`] of `w`'s product with `n_tokens` tokens at `level` (as
-/// [`matmul_at`] routes it); `None`: the product does not quantize its
-/// activations, or not in a shareable way.
+/// [`matmul_at`] routes it on `pool`); `None`: the product does not
+/// quantize its activations, or not in a shareable way.
 #[allow(unused_variables)]
-fn shared_acts(w: &WeightRef, n_tokens: usize, level: SimdLevel) -> Option<SharedActs> {
+fn shared_acts(
+    pool: &ThreadPool,
+    w: &WeightRef,
+    n_tokens: usize,
+    level: SimdLevel,
+) -> Option<SharedActs> {
     #[cfg(target_arch = "x86_64")]
-    {
-        if igemm_route(w, n_tokens, level) {
-            return Some(SharedActs::Avx512(igemm::act_mode(w.ty)));
-        }
-        if igemm_avx2_route(w, n_tokens, level) {
-            return igemm_avx2::shared_acts(w.ty).map(SharedActs::Avx2);
-        }
+    match plan::choose(&plan::product(pool, w.ty, w.layout, w.rows, w.cols, n_tokens, level)) {
+        plan::Kernel::IntGemmAvx512 => return Some(SharedActs::Avx512(igemm::act_mode(w.ty))),
+        plan::Kernel::IntGemmAvx2 => return igemm_avx2::shared_acts(w.ty).map(SharedActs::Avx2),
+        _ => {}
     }
     None
 }
-
-/// Whether [`matmul_at`] runs `w`'s product with `n_tokens` tokens on the
-/// AVX-512 integer GEMM (the one place that decides it).
-#[cfg(target_arch = "x86_64")]
-fn igemm_route(w: &WeightRef, n_tokens: usize, level: SimdLevel) -> bool {
-    level >= SimdLevel::Avx512 && igemm::supported(w.ty) && int_gemm_sized(w, n_tokens, level)
-}
-
-/// Whether [`matmul_at`] runs `w`'s product with `n_tokens` tokens on the
-/// AVX2 integer GEMM (the one place that decides it).
-#[cfg(target_arch = "x86_64")]
-fn igemm_avx2_route(w: &WeightRef, n_tokens: usize, level: SimdLevel) -> bool {
-    avx2_igemm_at(w.ty, level) && w.layout == Layout::Rows && int_gemm_sized(w, n_tokens, level)
-}
-
-/// Whether `ty`'s integer GEMM at `level` is the AVX2 one.
-#[cfg(target_arch = "x86_64")]
-fn avx2_igemm_at(ty: GgmlType, level: SimdLevel) -> bool {
-    level == SimdLevel::Avx2 && igemm_avx2::supported(ty)
-}
-
-/// What both integer GEMMs' choices ask beyond the format and level: not
-/// batch-invariant, enough tokens for a GEMM to beat the dot kernels.
-#[cfg(target_arch = "x86_64")]
-fn int_gemm_sized(w: &WeightRef, n_tokens: usize, level: SimdLevel) -> bool {
-    if n_tokens <= 1
-        || w.rows == 0
-        || w.cols == 0
-        || !int_gemm_enabled()
-        || crate::numerics::batch_invariant()
-    {
-        return false;
-    }
-    match (w.layout, vec_kernel(w.ty, level, false)) {
-        (Layout::Lanes16, _) | (_, Some(_)) => n_tokens >= gemm_from(w, level),
-        (_, None) => n_tokens >= 4,
-    }
-}
-
-/// Tokens from which `w`'s products go to a GEMM at `level`:
-/// [`gemm_min_tokens`], or [`SPLIT_Q6K_GEMM_FROM`] for [`split_q6k_lanes`].
-fn gemm_from(w: &WeightRef, level: SimdLevel) -> usize {
-    if split_q6k_lanes(w, level) && gemm_override().is_none() {
-        SPLIT_Q6K_GEMM_FROM
-    } else {
-        gemm_min_tokens(w.ty, level)
-    }
-}
-
-/// Whether `w` is a Q6_K matrix in the file's layout at the AVX-512 level of
-/// a CPU that runs 512-bit operations as halves ([`simd::split_512`]: AMD
-/// Zen 4, where the loader leaves Q6_K unrepacked) with the AVX2
-/// rows-in-lanes Q6_K kernels on. Its products then take the AVX2 level's
-/// rows-in-lanes kernels (`x86_avx2::lanes_q6_k`, `vpdpbusd` on 256-bit
-/// vectors; 16 tokens per pass, the rows transposed as read) up to
-/// [`SPLIT_Q6K_GEMM_FROM`] tokens: for every token count in a batched
-/// engine's pool (one kernel family per pool keeps batched decoding
-/// batch-invariant), from [`SPLIT_Q6K_LANES_FROM`] in a single stream's
-/// prompts (its one-token products stay the AVX-512 row kernel's). AMD Zen
-/// 4 (family 25 model 17), 2 threads, `probe`, ms, these / the AVX-512
-/// 8-token tile (5–11 tokens) or integer GEMM (12 on): 5 tokens 2048 x
-/// 5632 0.36–0.43 / 0.42–0.49; 6 tokens 0.39 / 0.48; 8 tokens 248320 x
-/// 1024 12.3–12.5 / 15.3–16.0, 2048 x 5632 0.47 / 0.66–0.74; 16 tokens
-/// 0.79–0.80 / 1.47–1.72; 20–32 tokens ahead of the GEMM (2048 x 5632 20
-/// tokens 1.12–1.18 / 1.38–1.39, 32 1.60–1.64 / 1.77–1.78), 40 level, 48
-/// on behind (64 tokens 2.92–2.98 / 3.28–3.33); one and two tokens from
-/// memory level (248320 x 1024: 5.7–6.2 / 5.8–6.6 ms), 3–4 tokens ~10%
-/// behind.
-#[cfg(target_arch = "x86_64")]
-fn split_q6k_lanes(w: &WeightRef, level: SimdLevel) -> bool {
-    level == SimdLevel::Avx512
-        && w.ty == GgmlType::Q6_K
-        && w.layout == Layout::Rows
-        && simd::split_512()
-        && x86_avx2::lanes(GgmlType::Q6_K, false)
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn split_q6k_lanes(_: &WeightRef, _: SimdLevel) -> bool {
-    false
-}
-
-/// See [`split_q6k_lanes`].
-const SPLIT_Q6K_LANES_FROM: usize = 5;
-/// See [`split_q6k_lanes`].
-const SPLIT_Q6K_GEMM_FROM: usize = 33;
 
 fn check_shapes(w: &WeightRef, x: &[f32], y: &[f32], n_tokens: usize) {
     assert_eq!(
@@ -461,82 +341,36 @@ pub fn matmul_at(
 ) {
     let level = level.min(simd::detected_level());
     check_shapes(w, x, y, n_tokens);
-    if n_tokens == 0 || w.rows == 0 {
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if igemm_route(w, n_tokens, level) {
-        return igemm::igemm(pool, w, x, y, n_tokens);
-    }
-    #[cfg(target_arch = "x86_64")]
-    if igemm_avx2_route(w, n_tokens, level) {
-        return igemm_avx2::igemm(pool, w, x, y, n_tokens);
-    }
-    if w.layout == Layout::Lanes16 {
-        return matmul_lanes(pool, w, x, y, n_tokens, level);
-    }
-    if w.cols == 0 {
-        y.fill(0.0);
-        return;
-    }
-    // One token, or batch-invariant numerics: per-row dot products, each
-    // token's result computed exactly as if it were alone (see
-    // [`crate::numerics`]).
-    let per_row = n_tokens == 1 || crate::numerics::batch_invariant();
     let single = pool.single_stream();
-    let dot_level = if split_q6k_lanes(w, level)
-        && (!single || (!per_row && n_tokens >= SPLIT_Q6K_LANES_FROM))
-    {
-        SimdLevel::Avx2
-    } else {
-        float_dot_level(pool, w.ty, level)
-    };
-    match vec_kernel(w.ty, dot_level, single) {
-        Some(k) if per_row || n_tokens < gemm_from(w, level) => vec_path(
+    match plan::choose(&plan::product(pool, w.ty, w.layout, w.rows, w.cols, n_tokens, level)) {
+        plan::Kernel::Nothing => {}
+        plan::Kernel::Zeros => y.fill(0.0),
+        #[cfg(target_arch = "x86_64")]
+        plan::Kernel::IntGemmAvx512 => igemm::igemm(pool, w, x, y, n_tokens),
+        #[cfg(target_arch = "x86_64")]
+        plan::Kernel::IntGemmAvx2 => igemm_avx2::igemm(pool, w, x, y, n_tokens),
+        plan::Kernel::Lanes16 { gemm_from } => {
+            matmul_lanes(pool, w, x, y, n_tokens, level, gemm_from)
+        }
+        plan::Kernel::Dots { level: dot_level, .. } => vec_path(
             pool,
             w,
             x,
             y,
             n_tokens,
-            k,
-            rows_kernel(w.ty, dot_level, single),
-            tile_kernel(w.ty, dot_level, single),
-            float_rows_kernel(w.ty, dot_level),
+            plan::vec_kernel(w.ty, dot_level, single).expect("planned with a dot kernel"),
+            plan::rows_kernel(w.ty, dot_level, single),
+            plan::tile_kernel(w.ty, dot_level, single),
+            plan::float_rows_kernel(w.ty, dot_level),
         ),
-        None if per_row || n_tokens < 4 => decode_vec_path(pool, w, x, y, n_tokens, level),
-        // (the integer GEMMs were chosen above, `igemm_route`)
-        _ => {
-            // BF16 weights: bf16 products where the CPU has them (the
-            // activations rounded to bf16), else the exact f32 GEMM.
-            #[cfg(target_arch = "x86_64")]
-            if level >= SimdLevel::Avx512
-                && w.ty == GgmlType::BF16
-                && w.cols.is_multiple_of(32)
-                && bf16_gemm::available()
-            {
-                return bf16_gemm::gemm(pool, w, x, y, n_tokens);
-            }
-            gemm::gemm(pool, w, x, y, n_tokens, level)
+        plan::Kernel::DecodedDots => decode_vec_path(pool, w, x, y, n_tokens, level),
+        #[cfg(target_arch = "x86_64")]
+        plan::Kernel::Bf16Gemm => bf16_gemm::gemm(pool, w, x, y, n_tokens),
+        plan::Kernel::F32Gemm { level } => {
+            gemm::gemm_shaped(pool, w, x, y, n_tokens, level, plan::f32_gemm_shape(level))
         }
-    }
-}
-
-/// The level of the per-row products of `ty` on `pool`: F16 / BF16 at the
-/// AVX2 level's 256-bit kernels where the pool asks for them
-/// ([`ThreadPool::set_single_stream`]). Measured on an Intel Xeon (family
-/// 6 model 167), 2 threads, 512-bit → 256-bit: one token (`coil bench -p 0
-/// -n 64 -r 2`, two rounds each) qwen35-0.8b-like F16 18.3 → 20.7–20.9
-/// tokens/s, BF16 18.1 → 21.0, mamba2-370m-like F16 34.3–35.6 → 39.4–40.0,
-/// lfm2-1.2b-like F16 12.6 → 13.2, BF16 12.3–12.4 → 13.2 (a memory-bound
-/// loop gains nothing from the width, and the core runs slower under
-/// 512-bit float work); eight sequences (`coil bench --parallel 8 -p 16 -n
-/// 32`, mamba2-370m-like F16) 109.2–109.6 → 89.9–90.6 generated tokens/s.
-/// Engines ask for them when they run one sequence at a time
-/// (`EngineOptions::batched_layout` off).
-fn float_dot_level(pool: &ThreadPool, ty: GgmlType, level: SimdLevel) -> SimdLevel {
-    match ty {
-        GgmlType::F16 | GgmlType::BF16 if pool.single_stream() => level.min(SimdLevel::Avx2),
-        _ => level,
+        #[allow(unreachable_patterns)]
+        k => unreachable!("{k:?} planned off x86-64"),
     }
 }
 
@@ -549,6 +383,7 @@ fn matmul_lanes(
     y: &mut [f32],
     n_tokens: usize,
     level: SimdLevel,
+    gemm_from: usize,
 ) {
     assert!(
         level >= SimdLevel::Avx512
@@ -559,42 +394,8 @@ fn matmul_lanes(
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the AVX-512 level was checked above.
     unsafe {
-        x86_avx512::lanes::matmul_packed(pool, w, x, y, n_tokens, gemm_min_tokens(w.ty, level))
+        x86_avx512::lanes::matmul_packed(pool, w, x, y, n_tokens, gemm_from)
     };
-}
-
-/// 0 = from the environment, 1 = on, 2 = off.
-static INT_GEMM: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
-/// Integer GEMM for prefill (AVX-512 VNNI: the 32-block formats; AVX2: Q4_K,
-/// Q5_K, Q6_K and the 32-blocks Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
-/// IQ4_XS): on unless
-/// `COIL_INT_GEMM=0` is set or [`set_int_gemm`]`(false)` was called.
-fn int_gemm_enabled() -> bool {
-    use std::sync::atomic::Ordering;
-    match INT_GEMM.load(Ordering::Relaxed) {
-        1 => true,
-        2 => false,
-        _ => {
-            let on = std::env::var("COIL_INT_GEMM").map_or(true, |v| v != "0");
-            INT_GEMM.store(if on { 1 } else { 2 }, Ordering::Relaxed);
-            on
-        }
-    }
-}
-
-/// Whether prefill of `ty` at `level` has an integer GEMM (used unless it
-/// is switched off, see [`set_int_gemm`]).
-pub fn has_int_gemm(ty: GgmlType, level: SimdLevel) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        (level >= SimdLevel::Avx512 && igemm::supported(ty)) || avx2_igemm_at(ty, level)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (ty, level);
-        false
-    }
 }
 
 /// Whether prompts through BF16 weights take bf16 products at the AVX-512
@@ -623,90 +424,6 @@ pub fn bf16_product_ratio() -> Option<f64> {
     #[cfg(not(target_arch = "x86_64"))]
     {
         None
-    }
-}
-
-/// Chooses (process-wide) between the integer GEMM and the f32 GEMM for
-/// prefill of the formats that have both (benchmarks, A/B checks).
-pub fn set_int_gemm(enabled: bool) {
-    INT_GEMM.store(
-        if enabled { 1 } else { 2 },
-        std::sync::atomic::Ordering::Relaxed,
-    );
-}
-
-/// `COIL_GEMM_MIN_TOKENS`, if set to a number.
-fn gemm_override() -> Option<usize> {
-    static OVERRIDE: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *OVERRIDE.get_or_init(|| {
-        std::env::var("COIL_GEMM_MIN_TOKENS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-    })
-}
-
-/// Token count from which the GEMM strategy wins over per-row dot products.
-/// (Measured on a 2-core AVX-512 machine: with the 4-token dot kernels the
-/// quantized formats cross over at ~24 tokens against the f32 GEMM, ~12
-/// against the integer GEMM, F16 at ~16.)
-/// `COIL_GEMM_MIN_TOKENS` in the environment overrides it (for tuning; a
-/// single token and the batch-invariant mode take the dot products whatever
-/// it says).
-fn gemm_min_tokens(ty: GgmlType, level: SimdLevel) -> usize {
-    use GgmlType::*;
-    if let Some(o) = gemm_override() {
-        return o;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if level >= SimdLevel::Avx512 && igemm::supported(ty) && int_gemm_enabled() {
-        // The two-panel integer GEMM overtakes the dot kernels early
-        // (2 threads, 4096 x 4096: Q4_K 16 tokens 0.91 ms against 1.79,
-        // 8 tokens even; Q8_0 16 tokens 1.75-2.04 against 2.51). Q4_1,
-        // Q5_0, Q5_1 have no few-token tiles: the GEMM from 8, as for their
-        // f32 GEMM.
-        return if matches!(ty, Q4_1 | Q5_0 | Q5_1) {
-            8
-        } else {
-            12
-        };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if avx2_igemm_at(ty, level) && int_gemm_enabled() {
-        // The AVX2 integer GEMM (Q4_K/Q5_K/Q6_K/Q8_0) crossed the
-        // row-at-a-time dot kernels at about 8 tokens (4096 x 4096, 1
-        // thread; at 12 tokens Q8_0 6.5 ms against 8.3, Q4_K 6.1 against
-        // 14.0): from 12 where no rows-in-lanes tile says otherwise (Q4_1
-        // / Q5_0 / Q5_1, without few-token tiles, from 8). With AVX-VNNI
-        // the Q4_K / Q6_K lanes use `vpdpbusd` too; their crossover there
-        // is unmeasured (on an AMD Zen 4, the Q6_K lanes with AVX-512
-        // VNNI on 256-bit vectors stay ahead of the AVX-512 GEMM to ~32
-        // tokens: `split_q6k_lanes`).
-        // Without AVX-VNNI, since Q4_K's rows-in-lanes tile takes up to 16
-        // tokens per pass, the tiles stay ahead much longer (AMD Zen 3,
-        // 4096 x 4096, the GEMM against the tiles, ms): Q4_K 1 thread 24
-        // tokens 5.7-5.9 against 4.6-4.7, 32 tokens 6.7-6.8 against 6.0, 40
-        // tokens 7.9-8.0 against 7.6; Q6_K 16 tokens 6.1-6.3 against 4.6, 18
-        // tokens 6.5-7.0 against 5.2; 2 threads Q4_K 32 tokens 3.4-3.5
-        // against 3.1, Q6_K 16 tokens 3.0-3.7 against 2.4. Q6_K's
-        // rows-in-lanes tile (16 tokens per pass) stays ahead of the GEMM
-        // to 48 tokens (2 threads, ms, tiles against the GEMM: 32768 x 1024
-        // 24 tokens 5.6 / 7.5, 32 7.2-7.3 / 9.2-9.3, 48 10.8-11.3 /
-        // 12.4-12.6; 1024 x 3584 48 tokens 1.19-1.21 / 1.33-1.37, 64 2.04 /
-        // 1.65).
-        return match ty {
-            Q4_1 | Q5_0 | Q5_1 => 8,
-            Q4_K if !crate::simd::avx_vnni() && x86_avx2::lanes(ty, false) => 33,
-            Q6_K if !crate::simd::avx_vnni() && x86_avx2::lanes(ty, false) => 49,
-            Q6_K if !crate::simd::avx_vnni() => 19,
-            _ => 12,
-        };
-    }
-    match (ty, level) {
-        (_, SimdLevel::Scalar) => 4,
-        (F32 | F16 | BF16, _) => 16,
-        // no few-token tiles: the float GEMM from 8 tokens
-        (Q4_1 | Q5_0 | Q5_1, _) => 8,
-        _ => 24,
     }
 }
 
@@ -781,102 +498,9 @@ pub(crate) enum VecKernel {
     Quant(ActKind, QuantDot, Option<QuantDot4>),
 }
 
-/// The few-token row-range kernel of `ty` at `level`, if there is one: it
-/// comes from the level whose dot [`vec_kernel`] picks (the same
-/// arithmetic, so each token's result is the one-token kernel's).
-/// `single`: for a pool that runs one sequence at a time
-/// ([`ThreadPool::single_stream`]), as for [`vec_kernel`] and
-/// [`rows_kernel`].
-fn tile_kernel(ty: GgmlType, level: SimdLevel, single: bool) -> Option<TileKernel> {
-    #[cfg(target_arch = "x86_64")]
-    if level >= SimdLevel::Avx512 && x86_avx512::vec_kernel(ty).is_some() {
-        return x86_avx512::tile_kernel(ty);
-    }
-    #[cfg(target_arch = "x86_64")]
-    if level >= SimdLevel::Avx2 {
-        return x86_avx2::tile_kernel(ty, x86_avx2::lanes(ty, single));
-    }
-    let _ = (ty, level, single);
-    None
-}
-
-/// The one-token row-range kernel of `ty` at `level` (`single`: as for
-/// [`tile_kernel`]), if there is one.
-fn rows_kernel(ty: GgmlType, level: SimdLevel, single: bool) -> Option<QuantRows> {
-    // The rows kernel comes from the level whose dot `vec_kernel` picks
-    // (the same arithmetic): AVX-512 where it has a dot for `ty`, else AVX2.
-    #[cfg(target_arch = "x86_64")]
-    if level >= SimdLevel::Avx512 && x86_avx512::vec_kernel(ty).is_some() {
-        return x86_avx512::rows_kernel(ty);
-    }
-    #[cfg(target_arch = "x86_64")]
-    if level >= SimdLevel::Avx2 {
-        return x86_avx2::rows_kernel(ty, x86_avx2::lanes(ty, single));
-    }
-    let _ = (ty, level, single);
-    None
-}
-
-/// The one-token rows kernel of a 16-bit float format at `level`, if there
-/// is one (rows in pairs: F16 and BF16 at AVX-512 and AVX2), each
-/// row's result bit for bit its [`VecKernel::Float`] dot product's (the
-/// same level's).
-fn float_rows_kernel(ty: GgmlType, level: SimdLevel) -> Option<FloatRows> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if level >= SimdLevel::Avx512 && x86_avx512::vec_kernel(ty).is_some() {
-            return x86_avx512::float_pairs::rows_kernel(ty);
-        }
-        if level >= SimdLevel::Avx2 {
-            return x86_avx2::float_pairs::rows_kernel(ty);
-        }
-    }
-    let _ = (ty, level);
-    None
-}
-
 /// One token's rows of a float format: `(w, x, out)`, `w` from the first
 /// of `out.len()` rows.
-type FloatRows = fn(&[u8], &[f32], &mut [f32]);
-
-/// The dot product of one row of `ty` with one token at `level`; `single`:
-/// for a pool that runs one sequence at a time (at AVX2, Q8_0 then takes its
-/// row-at-a-time kernels, see `x86_avx2::lanes`).
-fn vec_kernel(ty: GgmlType, level: SimdLevel, single: bool) -> Option<VecKernel> {
-    use GgmlType::*;
-    #[cfg(target_arch = "x86_64")]
-    {
-        if level >= SimdLevel::Avx512 {
-            if let Some(k) = x86_avx512::vec_kernel(ty) {
-                return Some(k);
-            }
-        }
-        if level >= SimdLevel::Avx2 {
-            if let Some(k) = x86_avx2::vec_kernel(ty, x86_avx2::lanes(ty, single)) {
-                return Some(k);
-            }
-        }
-    }
-    let _ = (level, single);
-    Some(match ty {
-        F32 => VecKernel::Float(vecdot::dot_f32_bytes),
-        F16 => VecKernel::Float(vecdot::dot_f16),
-        BF16 => VecKernel::Float(vecdot::dot_bf16),
-        Q8_0 => VecKernel::Quant(ActKind::Q8_0, vecdot::dot_q8_0, None),
-        Q4_0 => VecKernel::Quant(ActKind::Q8_0, vecdot::dot_q4_0, None),
-        IQ4_NL => VecKernel::Quant(ActKind::Q8_0, vecdot::dot_iq4_nl, None),
-        Q5_0 => VecKernel::Quant(ActKind::Q8_0, vecdot::dot_q5_0, None),
-        Q5_1 => VecKernel::Quant(ActKind::Q8_0, vecdot::dot_q5_1, None),
-        Q4_1 => VecKernel::Quant(ActKind::Q8_0, vecdot::dot_q4_1, None),
-        Q2_K => VecKernel::Quant(ActKind::Q8K, vecdot::dot_q2_k, None),
-        Q3_K => VecKernel::Quant(ActKind::Q8K, vecdot::dot_q3_k, None),
-        Q4_K => VecKernel::Quant(ActKind::Q8K, vecdot::dot_q4_k, None),
-        Q5_K => VecKernel::Quant(ActKind::Q8K, vecdot::dot_q5_k, None),
-        Q6_K => VecKernel::Quant(ActKind::Q8K, vecdot::dot_q6_k, None),
-        IQ4_XS => VecKernel::Quant(ActKind::Q8K, vecdot::dot_iq4_xs, None),
-        _ => return None,
-    })
-}
+pub(crate) type FloatRows = fn(&[u8], &[f32], &mut [f32]);
 
 /// Rows the decode path fetches ahead of the one it multiplies.
 pub(crate) const PF_ROWS: usize = 8;
@@ -969,7 +593,7 @@ fn decode_vec_path(
     level: SimdLevel,
 ) {
     let (rows, cols) = (w.rows, w.cols);
-    let Some(VecKernel::Float(dot)) = vec_kernel(GgmlType::F32, level, false) else {
+    let Some(VecKernel::Float(dot)) = plan::vec_kernel(GgmlType::F32, level, false) else {
         unreachable!("F32 always has a float dot kernel")
     };
     let yp = SendPtr(y.as_mut_ptr());

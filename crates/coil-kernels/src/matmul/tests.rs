@@ -1,3 +1,4 @@
+use super::plan::{repack_setting_wants, vec_kernel};
 use super::*;
 use crate::testutil::{random_weights, Rng};
 
@@ -123,7 +124,13 @@ fn f32_gemm_levels_agree_bit_for_bit() {
             let mut first: Option<(SimdLevel, Vec<f32>)> = None;
             let levels = crate::simd::available_levels().into_iter();
             for level in levels.filter(|&l| l >= SimdLevel::Avx2) {
-                for shape in gemm::shapes_at(level) {
+                let shapes = match level {
+                    // both AVX-512 shapes on any AVX-512 CPU, so tests reach
+                    // the one the plan does not pick there
+                    SimdLevel::Avx512 => vec![gemm::WIDE, gemm::PACKED],
+                    _ => vec![plan::f32_gemm_shape(level)],
+                };
+                for shape in shapes {
                     let mut y = vec![f32::NAN; n * rows];
                     gemm::gemm_shaped(&pool, &w, &x, &mut y, n, level, shape);
                     match &first {
@@ -525,7 +532,7 @@ fn split_512_q6_k_products_take_the_avx2_lanes() {
     let (ty, level) = (GgmlType::Q6_K, SimdLevel::Avx512);
     if !(available_levels().contains(&level)
         && crate::simd::split_512()
-        && x86_avx2::lanes(ty, false))
+        && plan::avx2_lanes(ty, false))
     {
         return;
     }

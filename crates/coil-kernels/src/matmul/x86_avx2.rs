@@ -120,43 +120,6 @@ pub(super) fn vec_kernel(ty: GgmlType, lanes: bool) -> Option<VecKernel> {
     })
 }
 
-/// Whether `ty` goes through the rows-in-lanes kernels of `lanes.rs`
-/// (Q4_K), `lanes_q6_k.rs` (Q6_K) and `lanes_q8_0.rs` (Q8_0) on a pool that
-/// does (`single_stream`) or does not run one sequence at a time
-/// ([`crate::ThreadPool::set_single_stream`]); the argument `lanes` of
-/// [`vec_kernel`], [`tile_kernel`] and [`rows_kernel`]. One choice per
-/// pool and format: the one-token, few-token and dot kernels of a choice
-/// share their arithmetic, so each token's bits are the same however many
-/// are in the call.
-///
-/// Q4_K, Q6_K and Q8_0 take them unless `COIL_AVX2_LANES=0` (the
-/// row-at-a-time kernels below and in `tiles.rs`, which the other formats
-/// keep: Q5_K gained nothing from the lanes, see docs/PERFORMANCE.md,
-/// "Ideas tried and dropped"). Kernel bench, Intel Xeon model 167 at
-/// `COIL_SIMD=avx2`, 2 threads, streamed from memory: 8 tokens Q4_K 7.0–7.5
-/// → 9.6–11.3 GB/s, Q8_0 8.0 → 11.3 (15.6 with AVX-VNNI); one and two
-/// tokens level there. Q6_K on an AMD EPYC Zen 3 (`probe`, 2 threads,
-/// 32768 x 1024): 16 tokens 4.96 → 3.81 ms, 8 tokens +10–17% (one thread,
-/// 2048 x 1024), one token from memory level (qwen35-0.8b-like Q4_K_M
-/// `coil bench` tg64 +2–4%, three pairs). On the Zen 3 the one-token Q8_0
-/// kernel in the lanes is the slower one (79–84% of the read bandwidth
-/// against 89–98%, 2 threads; `coil bench` tg128 on Q8_0 files 5–20%
-/// lower; docs/PERFORMANCE.md, "Decode bandwidth"), so a single-stream
-/// pool keeps Q8_0 row at a time; Q4_K's one-token kernels are level there.
-pub(super) fn lanes(ty: GgmlType, single_stream: bool) -> bool {
-    match ty {
-        GgmlType::Q4_K | GgmlType::Q6_K => lanes_on(),
-        GgmlType::Q8_0 => lanes_on() && !single_stream,
-        _ => false,
-    }
-}
-
-/// `COIL_AVX2_LANES` is not `0`.
-fn lanes_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("COIL_AVX2_LANES").map_or(true, |v| v != "0"))
-}
-
 /// The few-token row-range kernel of `ty` and the most tokens it takes per
 /// call (each
 /// token's result bit for bit the one-token kernel's; see `tiles.rs`).

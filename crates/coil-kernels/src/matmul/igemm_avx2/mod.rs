@@ -26,6 +26,9 @@ use std::cell::RefCell;
 const NR: usize = 8;
 
 /// Whether `ty` has an AVX2 integer GEMM.
+/// (The dispatch table, `plan::FORMATS`, says when it runs; its test
+/// checks the two agree.)
+#[cfg(test)]
 pub fn supported(ty: GgmlType) -> bool {
     kquant_format(ty) || scale32::supported(ty)
 }

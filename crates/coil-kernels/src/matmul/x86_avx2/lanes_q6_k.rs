@@ -28,7 +28,7 @@
 //!
 //! Where the CPU has VNNI (AVX-VNNI, or AVX-512 VNNI used on 256-bit
 //! vectors at the AVX-512 level: AMD Zen 4 takes these kernels there, see
-//! `matmul::split_q6k_lanes`), a 16-value group of 8 rows and a token is a
+//! `plan::split_q6k_lanes`), a 16-value group of 8 rows and a token is a
 //! chain of 4 `vpdpbusd` and a `vpmulld` by the scales instead (the same
 //! exact integers): AMD Zen 4, 2 threads, 8 tokens 248320 x 1024 14.6–15.0
 //! → 12.3–12.5 ms, 16 tokens 2048 x 5632 1.00–1.02 → 0.79–0.80. Rows read
@@ -66,7 +66,7 @@ const SEQ_TOKENS: usize = 2;
 
 /// [`SEQ_TOKENS`] where 512-bit operations run as halves
 /// ([`crate::simd::split_512`]: AMD Zen 4, which takes these kernels at its
-/// AVX-512 level for Q6_K in batched engines, see `matmul::split_q6k_lanes`).
+/// AVX-512 level for Q6_K in batched engines, see `plan::split_q6k_lanes`).
 /// There, 2 threads, `probe` ms, in order / side by side: 3 tokens
 /// 248320 x 1024 7.7-9.3 / 9.3-10.5, 2048 x 5632 0.30-0.38 / 0.33-0.44; 4
 /// tokens 9.8-9.9 / 10.1-11.7, 1024 x 3584 0.124-0.140 / 0.128-0.169; 5-8

@@ -430,7 +430,7 @@ mod tests {
             (GgmlType::Q5_K, 512),
             (GgmlType::Q6_K, 512),
         ] {
-            // both choices of `x86_avx2::lanes` (Q8_0 and Q4_K); 29 rows:
+            // both choices of `plan::avx2_lanes` (Q8_0 and Q4_K); 29 rows:
             // four groups of 8 through the Q8_0 kernel's two buffers, and
             // for its one-token kernel three far-apart groups and a side by
             // side one of 5; 24: three far-apart groups, no other
