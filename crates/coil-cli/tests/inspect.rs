@@ -91,3 +91,43 @@ fn bad_files_give_a_clear_error() {
     assert!(!err.contains("panicked"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--kernels` names a kernel per weight matrix and token count (and
+/// leaves out norms, convolutions and the SSM's A and D); with `--json`
+/// the same as one object.
+#[test]
+fn kernels_are_named_per_matrix_and_token_count() {
+    let path = repo().join("tests/fixtures/models/mamba2/model.f16.gguf");
+    let p = path.to_str().unwrap();
+    let (ok, out, err) = coil(&["inspect", "--kernels", p]);
+    assert!(ok, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.contains("blk.0.ssm_in.weight"))
+        .unwrap_or_else(|| panic!("no ssm_in row:\n{out}"));
+    // one token: a per-row kernel; 512 tokens: a GEMM
+    assert!(line.contains("gemm"), "{line}");
+    assert!(
+        !out.contains("ssm_norm") && !out.contains("ssm_conv1d"),
+        "{out}"
+    );
+    let (ok, out, err) = coil(&["inspect", "--kernels", "--batched", "--json", p]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let t = v["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "blk.0.ssm_out.weight")
+        .expect("ssm_out");
+    for n in ["1", "4", "9", "64", "512"] {
+        assert!(
+            t["kernels"][n].as_str().is_some_and(|k| !k.is_empty()),
+            "{t}"
+        );
+    }
+    assert!(
+        t["kernels"]["512"].as_str().unwrap().contains("gemm"),
+        "{t}"
+    );
+}

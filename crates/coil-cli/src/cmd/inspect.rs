@@ -279,6 +279,24 @@ fn to_json(
     })
 }
 
+/// Whether the tensor `name` of `dims` is a weight matrix that models
+/// multiply activations by (not a norm's or convolution's weights, not
+/// `ssm_a` / `ssm_d`, which are 2-D in the file too).
+fn is_matrix(name: &str, dims: &[u64]) -> bool {
+    dims.len() >= 2 && name.ends_with(".weight") && !name.contains("norm") && !name.contains("conv")
+}
+
+/// One matrix of `--kernels`: what runs it per token count of
+/// [`KERNEL_TOKENS`].
+struct KernelRow {
+    name: String,
+    ty: GgmlType,
+    layout: &'static str,
+    rows: usize,
+    cols: usize,
+    names: Vec<String>,
+}
+
 /// `--kernels`: the file's matrices in the layout the engine's loader gives
 /// them here (the AVX-512 level repacks some in memory), and for each the
 /// kernel that `coil_kernels::matmul::plan` picks per token count.
@@ -295,10 +313,10 @@ fn kernels(a: &Args) -> Result<()> {
     // decodes several
     let single = !a.batched;
     let level = coil_kernels::simd::level();
-    let rows: Vec<(String, GgmlType, &'static str, usize, usize, Vec<String>)> = file
+    let rows: Vec<KernelRow> = file
         .tensors()
         .iter()
-        .filter(|t| t.dims.len() >= 2 && coil_kernels::matmul::supported(t.ty))
+        .filter(|t| is_matrix(&t.name, &t.dims) && coil_kernels::matmul::supported(t.ty))
         .map(|t| {
             // a 3-D tensor is a stack of experts: one product per expert
             let (cols, rows) = (t.dims[0] as usize, t.dims[1] as usize);
@@ -317,7 +335,14 @@ fn kernels(a: &Args) -> Result<()> {
                 coil_kernels::Layout::Rows => "rows",
                 coil_kernels::Layout::Lanes16 => "lanes16",
             };
-            (t.name.clone(), t.ty, lay, rows, cols, names)
+            KernelRow {
+                name: t.name.clone(),
+                ty: t.ty,
+                layout: lay,
+                rows,
+                cols,
+                names,
+            }
         })
         .collect();
     let mode = if single {
@@ -328,7 +353,15 @@ fn kernels(a: &Args) -> Result<()> {
     if a.json {
         let list: Vec<_> = rows
             .iter()
-            .map(|(name, ty, lay, r, c, names)| {
+            .map(|k| {
+                let KernelRow {
+                    name,
+                    ty,
+                    layout: lay,
+                    rows: r,
+                    cols: c,
+                    names,
+                } = k;
                 let by: Map<String, serde_json::Value> = KERNEL_TOKENS
                     .iter()
                     .zip(names)
@@ -345,15 +378,30 @@ fn kernels(a: &Args) -> Result<()> {
         "kernels at the {} level, {mode} (columns: tokens per product)",
         level.name()
     );
-    print!("  {:<36} {:<7} {:<7} {:>13}", "name", "type", "layout", "rows x cols");
+    print!(
+        "  {:<36} {:<7} {:<7} {:>13}",
+        "name", "type", "layout", "rows x cols"
+    );
     for n in KERNEL_TOKENS {
-        print!("  {:<22}", n);
+        print!("  {:<20}", n);
     }
     println!();
-    for (name, ty, lay, r, c, names) in &rows {
-        print!("  {name:<36} {:<7} {lay:<7} {:>13}", ty.name(), format!("{r} x {c}"));
+    for k in &rows {
+        let KernelRow {
+            name,
+            ty,
+            layout: lay,
+            rows: r,
+            cols: c,
+            names,
+        } = k;
+        print!(
+            "  {name:<36} {:<7} {lay:<7} {:>13}",
+            ty.name(),
+            format!("{r} x {c}")
+        );
         for k in names {
-            print!("  {k:<22}");
+            print!("  {k:<20}");
         }
         println!();
     }

@@ -35,11 +35,11 @@ mod bf16_gemm;
 mod decode_i8;
 pub mod dequant;
 pub mod gemm;
-pub mod plan;
 #[cfg(target_arch = "x86_64")]
 mod igemm;
 #[cfg(target_arch = "x86_64")]
 mod igemm_avx2;
+pub mod plan;
 pub mod vecdot;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx2;
@@ -254,8 +254,10 @@ pub fn matmul_shared(
         check_shapes(w, x, y, n_tokens);
     }
     let level = simd::level().min(simd::detected_level());
-    let keys: Vec<Option<SharedActs>> =
-        ws.iter().map(|w| shared_acts(pool, w, n_tokens, level)).collect();
+    let keys: Vec<Option<SharedActs>> = ws
+        .iter()
+        .map(|w| shared_acts(pool, w, n_tokens, level))
+        .collect();
     for i in 0..ws.len() {
         // the first matrix of each quantization runs its group (the later
         // ones from i on); a matrix without one runs alone (one-token
@@ -309,7 +311,9 @@ fn shared_acts(
     level: SimdLevel,
 ) -> Option<SharedActs> {
     #[cfg(target_arch = "x86_64")]
-    match plan::choose(&plan::product(pool, w.ty, w.layout, w.rows, w.cols, n_tokens, level)) {
+    match plan::choose(&plan::product(
+        pool, w.ty, w.layout, w.rows, w.cols, n_tokens, level,
+    )) {
         plan::Kernel::IntGemmAvx512 => return Some(SharedActs::Avx512(igemm::act_mode(w.ty))),
         plan::Kernel::IntGemmAvx2 => return igemm_avx2::shared_acts(w.ty).map(SharedActs::Avx2),
         _ => {}
@@ -342,7 +346,9 @@ pub fn matmul_at(
     let level = level.min(simd::detected_level());
     check_shapes(w, x, y, n_tokens);
     let single = pool.single_stream();
-    match plan::choose(&plan::product(pool, w.ty, w.layout, w.rows, w.cols, n_tokens, level)) {
+    match plan::choose(&plan::product(
+        pool, w.ty, w.layout, w.rows, w.cols, n_tokens, level,
+    )) {
         plan::Kernel::Nothing => {}
         plan::Kernel::Zeros => y.fill(0.0),
         #[cfg(target_arch = "x86_64")]
@@ -352,7 +358,9 @@ pub fn matmul_at(
         plan::Kernel::Lanes16 { gemm_from } => {
             matmul_lanes(pool, w, x, y, n_tokens, level, gemm_from)
         }
-        plan::Kernel::Dots { level: dot_level, .. } => vec_path(
+        plan::Kernel::Dots {
+            level: dot_level, ..
+        } => vec_path(
             pool,
             w,
             x,

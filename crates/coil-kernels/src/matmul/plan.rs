@@ -138,7 +138,7 @@ const fn g2(vnni: usize, no_vnni: usize, no_vnni_lanes: usize) -> Option<Avx2Gem
     })
 }
 
-use Acts::{Q8_0 as A32, Q8K as A256};
+use Acts::{Q8K as A256, Q8_0 as A32};
 use Avx2Lanes::{Batched, No as Rows, Yes as Lanes};
 use GgmlType::*;
 
@@ -205,15 +205,30 @@ pub const FORMATS: &[Format] = &[
 /// The row of formats the table does not list (decoded through
 /// `coil_gguf::quant`: IQ1–IQ3, Q8_K, …): no dot kernels, no GEMM of
 /// their own, the f32 GEMM from 4 tokens.
-const DECODED: Format = format(F32, (1, 4), None, None, None, Rows, None, None, 4, Repack::No);
+const DECODED: Format = format(
+    F32,
+    (1, 4),
+    None,
+    None,
+    None,
+    Rows,
+    None,
+    None,
+    4,
+    Repack::No,
+);
 
 /// `ty`'s row of [`FORMATS`] ([`DECODED`]'s facts for an unlisted one).
 pub fn format_of(ty: GgmlType) -> Format {
-    FORMATS.iter().find(|f| f.ty == ty).copied().unwrap_or(Format {
-        ty,
-        block: ty.block_layout(),
-        ..DECODED
-    })
+    FORMATS
+        .iter()
+        .find(|f| f.ty == ty)
+        .copied()
+        .unwrap_or(Format {
+            ty,
+            block: ty.block_layout(),
+            ..DECODED
+        })
 }
 
 /// Tokens per AVX2 rows-in-lanes pass.
@@ -662,12 +677,10 @@ pub fn describe(k: Kernel, ty: GgmlType, cols: usize, n_tokens: usize, single: b
             let l = kernel_level(ty, level, single).name();
             let fam = if lanes { " lanes" } else { "" };
             match vec_kernel(ty, level, single) {
-                Some(VecKernel::Float(_)) if n_tokens == 1 => {
-                    match float_rows_kernel(ty, level) {
-                        Some(_) => format!("{l} float pairs"),
-                        None => format!("{l} float dot"),
-                    }
-                }
+                Some(VecKernel::Float(_)) if n_tokens == 1 => match float_rows_kernel(ty, level) {
+                    Some(_) => format!("{l} float pairs"),
+                    None => format!("{l} float dot"),
+                },
                 Some(VecKernel::Float(_)) => format!("{l} float dot ×{n_tokens}"),
                 Some(VecKernel::Quant(_, _, f4)) => {
                     if n_tokens == 1 && rows_kernel(ty, level, single).is_some() {
@@ -788,11 +801,22 @@ mod tests {
                     None => None,
                 };
                 for lanes in [false, true] {
-                    assert_eq!(kind(x86_avx2::vec_kernel(f.ty, lanes)), f.acts, "{} AVX2", f.ty);
+                    assert_eq!(
+                        kind(x86_avx2::vec_kernel(f.ty, lanes)),
+                        f.acts,
+                        "{} AVX2",
+                        f.ty
+                    );
                 }
                 let k512 = kind(x86_avx512::vec_kernel(f.ty));
-                assert_eq!(f.igemm_avx512.is_some(), super::super::igemm::supported(f.ty));
-                assert_eq!(f.igemm_avx2.is_some(), super::super::igemm_avx2::supported(f.ty));
+                assert_eq!(
+                    f.igemm_avx512.is_some(),
+                    super::super::igemm::supported(f.ty)
+                );
+                assert_eq!(
+                    f.igemm_avx2.is_some(),
+                    super::super::igemm_avx2::supported(f.ty)
+                );
                 assert!(k512.is_none() || k512 == f.acts, "{} AVX-512", f.ty);
             }
         }
@@ -824,14 +848,22 @@ mod tests {
         let scalar = |n| choose(&p(Q4_K, n, SimdLevel::Scalar));
         if gemm_override().is_none() {
             assert!(matches!(scalar(3), Kernel::Dots { .. }));
-            assert_eq!(scalar(4), Kernel::F32Gemm { level: SimdLevel::Scalar });
+            assert_eq!(
+                scalar(4),
+                Kernel::F32Gemm {
+                    level: SimdLevel::Scalar
+                }
+            );
         }
         let inv = Product {
             invariant: true,
             ..p(Q4_K, 512, SimdLevel::Scalar)
         };
         assert!(matches!(choose(&inv), Kernel::Dots { .. }));
-        assert_eq!(choose(&p(IQ2_XXS, 2, SimdLevel::Scalar)), Kernel::DecodedDots);
+        assert_eq!(
+            choose(&p(IQ2_XXS, 2, SimdLevel::Scalar)),
+            Kernel::DecodedDots
+        );
         #[cfg(target_arch = "x86_64")]
         if crate::simd::available_levels().contains(&SimdLevel::Avx2)
             && !simd::avx_vnni()
