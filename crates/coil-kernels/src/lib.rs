@@ -34,6 +34,7 @@ pub mod aligned;
 pub mod denormals;
 pub mod error;
 pub mod hugepages;
+mod info;
 pub mod matmul;
 pub mod numerics;
 pub mod ops;
@@ -44,6 +45,7 @@ pub mod simd;
 pub mod testutil;
 
 pub use error::KernelError;
+pub use info::system_info;
 pub use matmul::{matmul, matmul_at, matmul_shared, repack, repacks, Layout, WeightRef};
 pub use numerics::{batch_invariant, invariant_scope};
 pub use pool::ThreadPool;

@@ -150,7 +150,7 @@ pub async fn props(State(st): State<Arc<ServerState>>) -> Json<Value> {
         "eos_token": st.template.eos_token,
         "build_info": format!("coil {}", env!("CARGO_PKG_VERSION")),
         "simd": coil_kernels::simd::level().name(),
-        "system_info": coil_kernels::simd::system_info(),
+        "system_info": coil_kernels::system_info(),
         "modalities": { "vision": false, "audio": false },
     }))
 }

@@ -122,7 +122,7 @@ fn parse_state_type(s: &str) -> Result<StateType, String> {
 /// the SIMD level the kernels use and the CPU features seen.
 pub fn simd_info() -> Result<String> {
     coil_kernels::simd::check_env()?;
-    Ok(coil_kernels::simd::system_info())
+    Ok(coil_kernels::system_info())
 }
 
 impl ModelArgs {

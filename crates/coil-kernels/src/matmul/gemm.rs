@@ -24,7 +24,9 @@
 //!   multiple of 4 KiB for the usual widths, so they all fall in the same
 //!   L1 sets — and every strip was re-read from L2 for each tile.
 
-use super::{decode_segment, SendPtr, WeightRef};
+use crate::matmul::decode::decode_segment;
+use crate::matmul::weight::WeightRef;
+use crate::pool::SendPtr;
 use crate::pool::ThreadPool;
 use crate::simd::tile::{transpose, Lanes, V16};
 use crate::simd::SimdLevel;
@@ -714,7 +716,7 @@ mod x86 {
     /// `ceil(nr / 16) · 16 · kc` values.
     #[target_feature(enable = "avx2")]
     pub unsafe fn strips_f16(
-        w: &super::WeightRef,
+        w: &crate::matmul::weight::WeightRef,
         r0: usize,
         nr: usize,
         k0: usize,

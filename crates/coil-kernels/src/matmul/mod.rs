@@ -29,50 +29,27 @@
 //! (`plan::FORMATS`) and `plan::choose`; [`matmul_at`] runs the choice.
 
 pub mod act;
-#[cfg(target_arch = "x86_64")]
-mod bf16_gemm;
-#[cfg(target_arch = "x86_64")]
-mod decode_i8;
-pub mod dequant;
+mod decode;
 pub mod gemm;
-#[cfg(target_arch = "x86_64")]
-mod igemm;
-#[cfg(target_arch = "x86_64")]
-mod igemm_avx2;
+pub(crate) mod kernel;
 pub mod plan;
-pub mod vecdot;
+pub mod scalar;
+pub(crate) mod split;
+mod weight;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx2;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx512;
 
-use crate::error::KernelError;
 use crate::pool::ThreadPool;
 use crate::simd::{self, SimdLevel};
 use act::QuantAct;
 use coil_gguf::GgmlType;
-
-/// A weight matrix as stored in a GGUF file (zero-copy).
-#[derive(Clone, Copy, Debug)]
-pub struct WeightRef<'a> {
-    pub ty: GgmlType,
-    pub data: &'a [u8],
-    pub rows: usize,
-    pub cols: usize,
-    /// How the rows' blocks are laid out in `data`.
-    pub layout: Layout,
-}
-
-/// The order of a matrix's encoded blocks.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Layout {
-    /// As in GGUF files: row after row.
-    #[default]
-    Rows,
-    /// Q4_K, Q6_K or Q8_0 rewritten by [`repack`] for the AVX-512 kernels
-    /// that keep 16 rows in the vector lanes (same size; groups of 16 rows).
-    Lanes16,
-}
+use decode::decode_segment;
+use kernel::{ActKind, FloatRows, QuantRows, TileKernel, VecKernel, PF_ROWS};
+pub use scalar::{dequant, vecdot};
+use split::{balanced_groups, rows_for};
+pub use weight::{supported, Layout, WeightRef};
 
 /// Rewrites a Q4_K, Q6_K or Q8_0 matrix in place into [`Layout::Lanes16`] when
 /// the kernels of this process would use it (the selected SIMD level is
@@ -91,7 +68,7 @@ pub fn repack(ty: GgmlType, data: &mut [u8], rows: usize, cols: usize) -> bool {
                 return true;
             }
             GgmlType::Q6_K if data.len() == rows * nb * 210 => {
-                x86_avx512::lanes_q6k::repack(data, rows, cols);
+                x86_avx512::lanes_q6_k::repack(data, rows, cols);
                 return true;
             }
             GgmlType::Q8_0 if data.len() == rows * nb * 8 * 34 => {
@@ -107,70 +84,7 @@ pub fn repack(ty: GgmlType, data: &mut [u8], rows: usize, cols: usize) -> bool {
 
 pub use plan::{has_int_gemm, repacks, set_int_gemm};
 
-impl<'a> WeightRef<'a> {
-    /// Checks that `ty` is supported, `cols` is a whole number of blocks and
-    /// `data` holds exactly `rows` encoded rows.
-    pub fn new(
-        ty: GgmlType,
-        data: &'a [u8],
-        rows: usize,
-        cols: usize,
-    ) -> Result<Self, KernelError> {
-        if !supported(ty) {
-            return Err(KernelError::UnsupportedType(ty));
-        }
-        let (bs, ts) = ty.block_layout();
-        if !cols.is_multiple_of(bs) {
-            return Err(KernelError::BadColumns {
-                ty,
-                cols,
-                block: bs,
-            });
-        }
-        let expected = (cols / bs)
-            .checked_mul(ts)
-            .and_then(|b| b.checked_mul(rows))
-            .unwrap_or(usize::MAX);
-        if data.len() != expected {
-            return Err(KernelError::BadLength {
-                ty,
-                rows,
-                cols,
-                expected,
-                got: data.len(),
-            });
-        }
-        Ok(WeightRef {
-            ty,
-            data,
-            rows,
-            cols,
-            layout: Layout::Rows,
-        })
-    }
-
-    /// Bytes per encoded row.
-    #[inline]
-    pub fn row_bytes(&self) -> usize {
-        let (bs, ts) = self.ty.block_layout();
-        self.cols / bs * ts
-    }
-
-    /// The encoded row `r`.
-    #[inline]
-    pub fn row(&self, r: usize) -> &'a [u8] {
-        let rb = self.row_bytes();
-        &self.data[r * rb..(r + 1) * rb]
-    }
-
-    /// The bytes of row `r`, columns `k0..k0+kc` (both multiples of the block size).
-    #[inline]
-    pub fn row_range(&self, r: usize, k0: usize, kc: usize) -> &'a [u8] {
-        let (bs, ts) = self.ty.block_layout();
-        let start = r * self.row_bytes() + k0 / bs * ts;
-        &self.data[start..start + kc / bs * ts]
-    }
-
+impl WeightRef<'_> {
     /// Decodes row `r` to f32 (`out.len() == cols`).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         assert_eq!(out.len(), self.cols);
@@ -181,7 +95,7 @@ impl<'a> WeightRef<'a> {
                 #[cfg(target_arch = "x86_64")]
                 match self.ty {
                     GgmlType::Q6_K => {
-                        x86_avx512::lanes_q6k::unpack_row(self.data, self.cols, r, &mut plain)
+                        x86_avx512::lanes_q6_k::unpack_row(self.data, self.cols, r, &mut plain)
                     }
                     GgmlType::Q8_0 => {
                         x86_avx512::lanes_q8_0::unpack_row(self.data, self.cols, r, &mut plain)
@@ -194,42 +108,7 @@ impl<'a> WeightRef<'a> {
     }
 }
 
-/// Whether the kernels can multiply weights of type `ty`.
-pub fn supported(ty: GgmlType) -> bool {
-    dequant::native(ty) || fallback::can_dequantize(ty)
-}
-
-/// Fallback decoding through the format layer, for formats without native code.
-mod fallback {
-    use coil_gguf::GgmlType;
-
-    pub fn can_dequantize(ty: GgmlType) -> bool {
-        coil_gguf::quant::can_dequantize(ty)
-    }
-
-    pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> bool {
-        coil_gguf::quant::dequantize_row(ty, src, dst).is_ok()
-    }
-}
-
-/// Decodes whole blocks of `ty` from `src` into `dst` (f32).
-pub(crate) fn decode_segment(ty: GgmlType, src: &[u8], dst: &mut [f32], level: SimdLevel) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if level >= SimdLevel::Avx512 && x86_avx512::decode(ty, src, dst) {
-            return;
-        }
-        if level >= SimdLevel::Avx2 && x86_avx2::decode(ty, src, dst, level) {
-            return;
-        }
-    }
-    let _ = level;
-    if !dequant::dequant_row(ty, src, dst) && !fallback::dequantize(ty, src, dst) {
-        unreachable!("WeightRef::new admits only decodable types, got {ty}");
-    }
-}
-
-pub(crate) use crate::pool::SendPtr;
+use crate::pool::SendPtr;
 
 /// `y[t, r] = sum_c w[r, c] * x[t, c]`; `x`: `[n_tokens, w.cols]`,
 /// `y`: `[n_tokens, w.rows]` (overwritten). Uses the best SIMD level.
@@ -284,8 +163,10 @@ pub fn matmul_shared(
                 .map(|(_, y)| &mut **y)
                 .collect();
             match k {
-                SharedActs::Avx512(_) => igemm::igemm_many(pool, &gw, x, &mut gy, n_tokens),
-                SharedActs::Avx2(_) => igemm_avx2::igemm_many(pool, &gw, x, &mut gy, n_tokens),
+                SharedActs::Avx512(_) => {
+                    x86_avx512::igemm::igemm_many(pool, &gw, x, &mut gy, n_tokens)
+                }
+                SharedActs::Avx2(_) => x86_avx2::igemm::igemm_many(pool, &gw, x, &mut gy, n_tokens),
             }
         }
     }
@@ -295,9 +176,9 @@ pub fn matmul_shared(
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum SharedActs {
     #[cfg(target_arch = "x86_64")]
-    Avx512(igemm::ActMode),
+    Avx512(x86_avx512::igemm::ActMode),
     #[cfg(target_arch = "x86_64")]
-    Avx2(igemm_avx2::ActKey),
+    Avx2(x86_avx2::igemm::ActKey),
 }
 
 /// [`SharedActs`] of `w`'s product with `n_tokens` tokens at `level` (as
@@ -314,8 +195,12 @@ fn shared_acts(
     match plan::choose(&plan::product(
         pool, w.ty, w.layout, w.rows, w.cols, n_tokens, level,
     )) {
-        plan::Kernel::IntGemmAvx512 => return Some(SharedActs::Avx512(igemm::act_mode(w.ty))),
-        plan::Kernel::IntGemmAvx2 => return igemm_avx2::shared_acts(w.ty).map(SharedActs::Avx2),
+        plan::Kernel::IntGemmAvx512 => {
+            return Some(SharedActs::Avx512(x86_avx512::igemm::act_mode(w.ty)))
+        }
+        plan::Kernel::IntGemmAvx2 => {
+            return x86_avx2::igemm::shared_acts(w.ty).map(SharedActs::Avx2)
+        }
         _ => {}
     }
     None
@@ -352,9 +237,9 @@ pub fn matmul_at(
         plan::Kernel::Nothing => {}
         plan::Kernel::Zeros => y.fill(0.0),
         #[cfg(target_arch = "x86_64")]
-        plan::Kernel::IntGemmAvx512 => igemm::igemm(pool, w, x, y, n_tokens),
+        plan::Kernel::IntGemmAvx512 => x86_avx512::igemm::igemm(pool, w, x, y, n_tokens),
         #[cfg(target_arch = "x86_64")]
-        plan::Kernel::IntGemmAvx2 => igemm_avx2::igemm(pool, w, x, y, n_tokens),
+        plan::Kernel::IntGemmAvx2 => x86_avx2::igemm::igemm(pool, w, x, y, n_tokens),
         plan::Kernel::Lanes16 { gemm_from } => {
             matmul_lanes(pool, w, x, y, n_tokens, level, gemm_from)
         }
@@ -373,7 +258,7 @@ pub fn matmul_at(
         ),
         plan::Kernel::DecodedDots => decode_vec_path(pool, w, x, y, n_tokens, level),
         #[cfg(target_arch = "x86_64")]
-        plan::Kernel::Bf16Gemm => bf16_gemm::gemm(pool, w, x, y, n_tokens),
+        plan::Kernel::Bf16Gemm => x86_avx512::bf16_gemm::gemm(pool, w, x, y, n_tokens),
         plan::Kernel::F32Gemm { level } => {
             gemm::gemm_shaped(pool, w, x, y, n_tokens, level, plan::f32_gemm_shape(level))
         }
@@ -400,10 +285,15 @@ fn matmul_lanes(
         w.ty
     );
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: the AVX-512 level was checked above.
-    unsafe {
-        x86_avx512::lanes::matmul_packed(pool, w, x, y, n_tokens, gemm_from)
-    };
+    {
+        if n_tokens >= gemm_from && !crate::numerics::batch_invariant() {
+            return x86_avx512::igemm::igemm(pool, w, x, y, n_tokens);
+        }
+        // SAFETY: the AVX-512 level was checked above.
+        unsafe { x86_avx512::packed::matmul_packed(pool, w, x, y, n_tokens) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (pool, x, y, n_tokens, gemm_from);
 }
 
 /// Whether prompts through BF16 weights take bf16 products at the AVX-512
@@ -414,7 +304,7 @@ fn matmul_lanes(
 pub fn bf16_products() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        bf16_gemm::available()
+        x86_avx512::bf16_gemm::available()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -427,7 +317,7 @@ pub fn bf16_products() -> bool {
 pub fn bf16_product_ratio() -> Option<f64> {
     #[cfg(target_arch = "x86_64")]
     {
-        bf16_gemm::product_ratio()
+        x86_avx512::bf16_gemm::product_ratio()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -435,100 +325,9 @@ pub fn bf16_product_ratio() -> Option<f64> {
     }
 }
 
-/// Which activation quantization a dot kernel wants.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ActKind {
-    Q8_0,
-    Q8K,
-}
-
-pub(crate) type FloatDot = fn(&[u8], &[f32]) -> f32;
-pub(crate) type QuantDot = fn(&[u8], &[i8], &[f32], &[i16]) -> f32;
-/// Four tokens at once (the weight row is unpacked once).
-pub(crate) type QuantDot4 = fn(&[u8], [&[i8]; 4], [&[f32]; 4], [&[i16]; 4]) -> [f32; 4];
-/// One token against consecutive rows: `out[i] = row i · x` for the
-/// `out.len()` rows of `row_bytes` bytes at the start of the data (decode:
-/// no call per row, constants set up once, rows prefetched ahead).
-pub(crate) type QuantRows = fn(&[u8], usize, &[i8], &[f32], &[i16], &mut [f32]);
-
-/// A few tokens (up to the kernel's maximum, at least 4) against consecutive
-/// rows: `out[t][i] = row i · token t`
-/// for the `out[t].len()` rows of `row_bytes` bytes at the start of the data
-/// (each row unpacked once for all the tokens; each token's result bit for
-/// bit the one-token kernel's).
-pub(crate) type QuantTile = fn(&[u8], usize, &act::ActPanel, &mut [&mut [f32]]);
-
-/// A few-token kernel with what it asks of its calls.
-#[derive(Clone, Copy)]
-pub(crate) struct TileKernel {
-    pub f: QuantTile,
-    /// Most tokens per call.
-    pub max_tokens: usize,
-    /// Values per interleaved chunk of the [`act::ActPanel`] it reads (one
-    /// vector's worth: 32 at AVX2, 64 at AVX-512).
-    pub chunk: usize,
-    /// Columns it handles: a multiple of this (the others go through the
-    /// dot kernels, token by token).
-    pub cols_multiple: usize,
-    /// Builds its panels when it reads other fields than
-    /// [`act::ActPanel::new`]'s (once per product).
-    pub own_panel: Option<PanelBuild>,
-}
-
-/// A tile kernel's own panel of tokens `t0..t0 + nt` of the activations.
-pub(crate) type PanelBuild = fn(&QuantAct, usize, usize) -> act::ActPanel;
-
-impl TileKernel {
-    /// The panel this kernel reads for tokens `t0..t0 + nt` of `xa`
-    /// (blocks of `block` values with `per_block` group sums).
-    pub(crate) fn panel(
-        &self,
-        xa: &QuantAct,
-        t0: usize,
-        nt: usize,
-        block: usize,
-        per_block: usize,
-    ) -> act::ActPanel {
-        match self.own_panel {
-            Some(build) => build(xa, t0, nt),
-            None => act::ActPanel::new(xa, t0, nt, block, per_block, self.chunk),
-        }
-    }
-}
-
 /// Rows the few-token path multiplies with every group of tokens before it
 /// moves on, so the later groups find them in L1/L2.
 const TILE_ROWS: usize = 32;
-
-#[derive(Clone, Copy)]
-pub(crate) enum VecKernel {
-    Float(FloatDot),
-    Quant(ActKind, QuantDot, Option<QuantDot4>),
-}
-
-/// One token's rows of a float format: `(w, x, out)`, `w` from the first
-/// of `out.len()` rows.
-pub(crate) type FloatRows = fn(&[u8], &[f32], &mut [f32]);
-
-/// Rows the decode path fetches ahead of the one it multiplies.
-pub(crate) const PF_ROWS: usize = 8;
-
-/// How far ahead (bytes) the row-prefetching decode kernels fetch.
-const PF_BYTES: usize = 4096;
-
-/// Rows of `rb` bytes fetched ahead by the decode kernels that prefetch
-/// whole rows (AVX2 IQ4_XS; AVX-512 Q8_0/Q4_0/IQ4_NL/IQ4_XS): about
-/// [`PF_BYTES`], at most [`PF_ROWS`]. Eight rows of a wide matrix (an FFN
-/// down projection's 8192 columns: 37–54 KB at Q4_K–Q6_K) overran the
-/// 32 KB L1 and evicted the rows about to be used (lfm2-1.2b-like Q4_K_M,
-/// CPU time of `coil bench -p 0 -n 64`, AVX2: 6.93–7.27 s with 8 rows,
-/// 6.60–6.77 s with 1–8 KB ahead). The AVX2 32-value and K-quant kernels
-/// and the AVX-512 K-quants went further: a prefetch per block, a fixed
-/// distance ahead (`x86_avx2::PF_STREAM`), faster again.
-#[inline]
-pub(crate) fn pf_rows(rb: usize) -> usize {
-    (PF_BYTES / rb.max(1)).clamp(1, PF_ROWS)
-}
 
 /// Prefetches the encoded rows `r0..r1` of `w`.
 #[inline]
@@ -537,53 +336,6 @@ fn prefetch_rows(w: &WeightRef, r0: usize, r1: usize) {
         let rb = w.row_bytes();
         gemm::prefetch(&w.data[r0 * rb..r1 * rb]);
     }
-}
-
-/// `n` tokens as `(first, count)` groups of at most `max`: as few groups as
-/// that allows, their counts within one of each other, larger first.
-fn balanced_groups(n: usize, max: usize) -> impl Iterator<Item = (usize, usize)> {
-    let groups = n.div_ceil(max.max(1));
-    let (base, extra) = (n / groups.max(1), n % groups.max(1));
-    (0..groups).map(move |g| (g * base + g.min(extra), base + usize::from(g < extra)))
-}
-
-/// Splits `0..rows` into chunks for the decode path and runs `f` on them
-/// over the pool. Guided: each chunk takes `1/(2·threads)` of the rows
-/// still left, but at least `rows/(4·threads)` (and 16): about 7 chunks
-/// for 2 threads. The first chunks are long contiguous
-/// ranges, which stream from memory better than many small ones, and the
-/// last are short, so no thread waits long for the other at the end.
-/// Measured, 2 threads, tg128, against the 16 chunks of at most 256 rows
-/// used before: hybrid-350m-like F16 47 -> 63 tokens/s, quantized files
-/// +5-15%. `COIL_GRAIN_DIV=d` uses `d` equal chunks per thread instead.
-fn rows_for<F>(pool: &ThreadPool, rows: usize, f: F)
-where
-    F: Fn(std::ops::Range<usize>) + Sync,
-{
-    static DIV: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let div = *DIV.get_or_init(|| {
-        std::env::var("COIL_GRAIN_DIV")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|&d| d > 0)
-    });
-    let nt = pool.n_threads();
-    if let Some(d) = div {
-        return pool.parallel_for(rows, (rows / (nt * d)).max(16), |rr, _| f(rr));
-    }
-    let min = (rows / (4 * nt)).max(16);
-    let mut bounds = vec![0usize];
-    let mut at = 0;
-    while at < rows {
-        let left = rows - at;
-        at += (left / (2 * nt)).max(min).min(left);
-        bounds.push(at);
-    }
-    pool.parallel_for(bounds.len() - 1, 1, |cr, _| {
-        for c in cr {
-            f(bounds[c]..bounds[c + 1]);
-        }
-    });
 }
 
 thread_local! {

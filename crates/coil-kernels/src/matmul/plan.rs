@@ -30,9 +30,18 @@
 //! (`0` / `noq6` / `all`: the AVX-512 repack), `COIL_BF16_DOT`
 //! (bf16 products for BF16 prompts), `COIL_SIMD` (the level).
 
+use super::gemm;
 #[cfg(target_arch = "x86_64")]
-use super::{bf16_gemm, x86_avx2, x86_avx512};
-use super::{gemm, vecdot, ActKind, FloatRows, Layout, QuantRows, TileKernel, VecKernel};
+use super::x86_avx512::bf16_gemm;
+#[cfg(target_arch = "x86_64")]
+use super::{x86_avx2, x86_avx512};
+use crate::matmul::kernel::ActKind;
+use crate::matmul::kernel::FloatRows;
+use crate::matmul::kernel::QuantRows;
+use crate::matmul::kernel::TileKernel;
+use crate::matmul::kernel::VecKernel;
+use crate::matmul::scalar::vecdot;
+use crate::matmul::weight::Layout;
 use crate::pool::ThreadPool;
 use crate::simd::{self, SimdLevel};
 use coil_gguf::GgmlType;
@@ -811,11 +820,11 @@ mod tests {
                 let k512 = kind(x86_avx512::vec_kernel(f.ty));
                 assert_eq!(
                     f.igemm_avx512.is_some(),
-                    super::super::igemm::supported(f.ty)
+                    super::super::x86_avx512::igemm::supported(f.ty)
                 );
                 assert_eq!(
                     f.igemm_avx2.is_some(),
-                    super::super::igemm_avx2::supported(f.ty)
+                    super::super::x86_avx2::igemm::supported(f.ty)
                 );
                 assert!(k512.is_none() || k512 == f.acts, "{} AVX-512", f.ty);
             }

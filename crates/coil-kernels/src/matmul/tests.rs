@@ -1,5 +1,6 @@
 use super::plan::{repack_setting_wants, vec_kernel};
 use super::*;
+use crate::error::KernelError;
 use crate::testutil::{random_weights, Rng};
 
 /// f64 reference from the scalar decoder; returns (y, sum |w||x| per output).
@@ -53,7 +54,9 @@ fn check(ty: GgmlType, rows: usize, cols: usize, n: usize, pool: &ThreadPool, se
         let tol = match ty {
             // With AVX512_BF16 prefill rounds the activations to bf16 (2^-9).
             #[cfg(target_arch = "x86_64")]
-            GgmlType::BF16 if level >= SimdLevel::Avx512 && bf16_gemm::available() => 5e-3,
+            GgmlType::BF16 if level >= SimdLevel::Avx512 && x86_avx512::bf16_gemm::available() => {
+                5e-3
+            }
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1e-5,
             _ => 2e-2,
         };
@@ -693,7 +696,7 @@ fn shared_input_products_equal_separate_ones() {
             .filter(|&i| mats[i].2 == crate::Layout::Rows)
             .collect(),
     ];
-    let levels: Vec<_> = [crate::SimdLevel::Avx512, crate::SimdLevel::Avx2]
+    let levels: Vec<_> = [crate::simd::SimdLevel::Avx512, crate::simd::SimdLevel::Avx2]
         .into_iter()
         .filter(|&l| l <= crate::simd::detected_level())
         .collect();
@@ -707,7 +710,7 @@ fn shared_input_products_equal_separate_ones() {
         for invariant in [false, true] {
             let _scope = crate::invariant_scope(invariant);
             for set in sets.iter().filter(|set| {
-                level == crate::SimdLevel::Avx512
+                level == crate::simd::SimdLevel::Avx512
                     || set.iter().all(|&i| mats[i].2 == crate::Layout::Rows)
             }) {
                 let ws: Vec<WeightRef> = set.iter().map(|&i| wref(&mats[i], rows, cols)).collect();

@@ -1,7 +1,7 @@
 //! Causal depthwise 1-D convolution with a carried window (Mamba conv1d, LFM2 short conv).
 
-use crate::matmul::SendPtr;
 use crate::multiversion;
+use crate::pool::SendPtr;
 use crate::pool::ThreadPool;
 
 /// Checks the window, weight and bias shapes of a convolution and returns

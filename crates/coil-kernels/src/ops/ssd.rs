@@ -29,7 +29,7 @@
 //! parallel), its state held transposed (`[N, P]`) in a per-thread buffer.
 
 use super::ssm::{Mamba2Dims, ScanInputs};
-use crate::matmul::SendPtr;
+use crate::pool::SendPtr;
 use crate::pool::ThreadPool;
 use crate::simd::math::exp_fast;
 use crate::simd::tile::{fma_tile, store_tile, transpose, Lanes, V16};

@@ -5,8 +5,8 @@
 //! (how GGUF stores it).
 
 use super::state_elem::{StateElem, StateMut, StateRef, StateType};
-use crate::matmul::SendPtr;
 use crate::multiversion;
+use crate::pool::SendPtr;
 use crate::pool::ThreadPool;
 use crate::simd::math::exp_fast;
 use half::bf16;

@@ -10,7 +10,7 @@
 //! sequence alone.
 
 use super::ssm::{Mamba2Dims, ScanInputs, ScanState};
-use crate::matmul::SendPtr;
+use crate::pool::SendPtr;
 use crate::pool::ThreadPool;
 
 /// One sequence's part of [`mamba2_scan_batch`]: its state `[H, P, N]`

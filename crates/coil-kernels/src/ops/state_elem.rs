@@ -220,7 +220,7 @@ impl<'a> StateMut<'a> {
                 f(d)
             }
             StateMut::Bf16(d) => {
-                let mut wide = crate::Scratch::dirty(d.len());
+                let mut wide = crate::scratch::Scratch::dirty(d.len());
                 match from {
                     Some(src) => src.widen_into(&mut wide),
                     None => widen_mv(d, &mut wide),

@@ -6,7 +6,7 @@
 //! [`check_env`] turns a `COIL_SIMD` that names no level, or a level this CPU
 //! lacks, into an error (the apps call it before loading a model; the kernels
 //! themselves never run above [`cpu_level`], whatever the environment says).
-//! [`system_info`] is the one line the apps print: level chosen and CPU
+//! `crate::system_info` is the one line the apps print: level chosen and CPU
 //! features seen.
 
 pub mod math;
@@ -179,45 +179,6 @@ pub fn cpu_features() -> Vec<(&'static str, bool)> {
     {
         Vec::new()
     }
-}
-
-/// One line saying what runs, like llama.cpp's system-info line:
-/// `simd: avx2 (cpu: avx2, no AVX-VNNI) | AVX2 = 1 | FMA = 1 | ... | AVX512F = 0 | ...`;
-/// the `COIL_SIMD` cap is named when one is set, at the AVX2 level
-/// whether its kernels use AVX-VNNI, and at AVX-512 whether BF16 weights
-/// take bf16 products for prompts (AVX512_BF16 where they pay, see
-/// `matmul::bf16_products`) or stay exact with the measured rate ratio.
-pub fn system_info() -> String {
-    let mut s = format!("simd: {} (cpu: {}", level().name(), cpu_level().name());
-    if let Some(v) = std::env::var("COIL_SIMD").ok().filter(|v| !v.is_empty()) {
-        s.push_str(&format!(", COIL_SIMD={v}"));
-    }
-    if level() == SimdLevel::Avx2 {
-        s.push_str(if avx_vnni() {
-            ", with AVX-VNNI"
-        } else {
-            ", no AVX-VNNI"
-        });
-    }
-    if level() >= SimdLevel::Avx512 && crate::matmul::bf16_products() {
-        s.push_str(", BF16 prompts in bf16 products");
-    } else if let Some(r) = crate::matmul::bf16_product_ratio() {
-        if level() >= SimdLevel::Avx512 {
-            s.push_str(&format!(
-                ", BF16 prompts exact: vdpbf16ps at {r:.1}x the f32 rate here"
-            ));
-        }
-    }
-    if level() >= SimdLevel::Avx512 && split_512() {
-        // kernel choices that differ there: Q6_K left in the file's layout,
-        // the one-token rows-in-lanes kernels without software prefetches
-        s.push_str(", 512-bit ops run as halves: Zen 4 kernel choices");
-    }
-    s.push(')');
-    for (name, has) in cpu_features() {
-        s.push_str(&format!(" | {name} = {}", u8::from(has)));
-    }
-    s
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -447,36 +408,7 @@ mod tests {
     }
 
     #[test]
-    fn system_info_names_level_and_features() {
-        let info = system_info();
-        assert!(
-            info.starts_with(&format!("simd: {}", level().name())),
-            "{info}"
-        );
-        #[cfg(target_arch = "x86_64")]
-        {
-            let avx2 = is_x86_feature_detected!("avx2");
-            assert!(
-                info.contains(&format!("AVX2 = {}", u8::from(avx2))),
-                "{info}"
-            );
-            assert!(info.contains("AVX512F = "), "{info}");
-        }
-        // BF16 prompts in bf16 products are said exactly when they run.
-        assert_eq!(
-            info.contains("bf16 products"),
-            level() >= SimdLevel::Avx512 && crate::matmul::bf16_products(),
-            "{info}"
-        );
-        // ... and exact BF16 prompts where the CPU's bf16 products were
-        // measured and not taken
-        assert_eq!(
-            info.contains("BF16 prompts exact"),
-            level() >= SimdLevel::Avx512
-                && !crate::matmul::bf16_products()
-                && crate::matmul::bf16_product_ratio().is_some(),
-            "{info}"
-        );
+    fn required_features_are_reported() {
         // The level a CPU reports needs every feature `required_features`
         // lists for it.
         let feats = cpu_features();

@@ -1,7 +1,7 @@
 //! One-token F16 / BF16 rows four at a time (decode at the AVX2 level):
 //! four rows share each load of the token's f32 activations, and each
-//! row's floating-point operations are [`super::dot_f16`]'s /
-//! [`super::dot_bf16`]'s in the same order: the same bits, grouped or not.
+//! row's floating-point operations are [`super::dots::dot_f16`]'s /
+//! [`super::dots::dot_bf16`]'s in the same order: the same bits, grouped or not.
 //!
 //! The four are row `r` of each quarter of the call's rows: four streams,
 //! each reading consecutive rows, far apart in memory, each prefetched
@@ -13,7 +13,7 @@
 //! (halves) → 96–107% (quarters); eight streams (32 accumulators, spilled)
 //! fell back to 85–95%.
 
-use super::{f16c, hsum256, PF_BYTES_16, PF_FAR};
+use super::dots::{f16c, hsum256, PF_BYTES_16, PF_FAR};
 use std::arch::x86_64::*;
 
 /// Eight 16-bit floats at `w` as f32 (bf16 when `BF16`, else f16).
@@ -119,16 +119,18 @@ unsafe fn rows<const BF16: bool>(w: &[u8], x: &[f32], out: &mut [f32]) {
     if r < n {
         let row = &w[r * rb..(r + 1) * rb];
         out[r] = if BF16 {
-            super::dot_bf16(row, x)
+            super::dots::dot_bf16(row, x)
         } else {
-            super::dot_f16(row, x)
+            super::dots::dot_f16(row, x)
         };
     }
 }
 
 /// The grouped one-token kernel of `ty` (F16 or BF16), bit for bit its dot
 /// product's results.
-pub(in crate::matmul) fn rows_kernel(ty: coil_gguf::GgmlType) -> Option<crate::matmul::FloatRows> {
+pub(in crate::matmul) fn rows_kernel(
+    ty: coil_gguf::GgmlType,
+) -> Option<crate::matmul::kernel::FloatRows> {
     // SAFETY (both): selected only at the AVX2 level, which checks the
     // CPU's features.
     match ty {

@@ -21,10 +21,12 @@
 //!   `sc` the 16 signed 6-bit scales.
 //!
 //! `Σ q·xq` is exact in integers (`vpmaddubsw`, q ≤ 7), so each block's
-//! integer sums are [`super::super::vecdot`]'s; the float sums run in eight
+//! integer sums are [`crate::matmul::scalar::vecdot`]'s; the float sums run in eight
 //! lanes (their order differs from the scalar specification's).
 
-use super::{f16_lanes, hsum256, prefetch_block, prefetch_far, q6k_scale, q6k_scale_lanes, rd16};
+use super::dots::{
+    f16_lanes, hsum256, prefetch_block, prefetch_far, q6k_scale, q6k_scale_lanes, rd16,
+};
 use std::arch::x86_64::*;
 
 /// The body of the Q2_K kernels for `T` tokens.
@@ -88,7 +90,7 @@ macro_rules! entries {
         $(#[$doc])*
         pub(in crate::matmul) mod $m {
             use super::{q2k, q3k};
-            use crate::matmul::x86_avx2::PF_STREAM;
+            use crate::matmul::x86_avx2::dots::PF_STREAM;
 
             format_entries!($feat, "Q2_K", q2k, dot_q2_k, dot4_q2_k, rows_q2_k);
             format_entries!($feat, "Q3_K", q3k, dot_q3_k, dot4_q3_k, rows_q3_k);
@@ -279,7 +281,7 @@ unsafe fn shift_bits(h: __m256i, j: usize) -> __m256i {
 }
 
 /// Q3_K's 16 signed 6-bit scales (minus 32) from the 12 bytes at `p`, as
-/// [`super::super::dequant::q3k_scales`] gives them: low nibbles of bytes
+/// [`crate::matmul::scalar::dequant::q3k_scales`] gives them: low nibbles of bytes
 /// 0..8 then their high nibbles, each with two bits of bytes 8..12 above.
 #[inline(always)]
 unsafe fn q3k_scales(p: *const u8) -> __m128i {

@@ -411,16 +411,20 @@ unsafe fn block_sums<const NT: usize>(
     part: &mut [Part],
 ) -> u64 {
     let m4 = _mm256_set1_epi8(0xF);
-    let (sc, mn) =
-        super::super::dequant::scales_mins_k4_words(std::slice::from_raw_parts(b.add(4), 12));
-    let sp = super::k4_scale_lanes(sc);
+    let (sc, mn) = crate::matmul::scalar::dequant::scales_mins_k4_words(
+        std::slice::from_raw_parts(b.add(4), 12),
+    );
+    let sp = super::dots::k4_scale_lanes(sc);
     let qs = b.add(16);
     let mut iacc = [_mm256_setzero_si256(); NT];
     for j in 0..4 {
         let q = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
         let lo = _mm256_and_si256(q, m4);
         let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        let (sl, sh) = (super::k4_scale(sp, 2 * j), super::k4_scale(sp, 2 * j + 1));
+        let (sl, sh) = (
+            super::dots::k4_scale(sp, 2 * j),
+            super::dots::k4_scale(sp, 2 * j + 1),
+        );
         for (t, acc) in iacc.iter_mut().enumerate() {
             // chunks 8i + 2j and 8i + 2j + 1 of token t
             let x0 = x.qs.add(((8 * i + 2 * j) * NT + t) * 32);
@@ -501,8 +505,8 @@ unsafe fn rows_seq<const NT: usize>(
             let row = w.add((r0 + r).min(n - 1) * rb);
             for i in 0..nb {
                 let b = row.add(BLOCK * i);
-                super::prefetch_block(b.wrapping_add(super::PF_STREAM), BLOCK);
-                super::prefetch_far(b, BLOCK);
+                super::dots::prefetch_block(b.wrapping_add(super::dots::PF_STREAM), BLOCK);
+                super::dots::prefetch_far(b, BLOCK);
                 // (unchecked: i < nb, r < 8, and the buffers hold nb blocks)
                 let p = part.get_unchecked_mut(i * NT..(i + 1) * NT);
                 let mn = block_sums::<NT>(b, x, i, r, p);

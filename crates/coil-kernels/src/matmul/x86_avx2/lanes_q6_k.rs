@@ -328,8 +328,8 @@ unsafe fn step<const NT: usize, const N: usize, const K: usize, const V: Vnni>(
     if V == NO_VNNI {
         return q6k_step::<NT, N, K>(b, lanes, c, iacc);
     }
-    let q = super::q6k_quant(b, N, K);
-    let s = super::q6k_scale(lanes, N, K);
+    let q = super::dots::q6k_quant(b, N, K);
+    let s = super::dots::q6k_scale(lanes, N, K);
     let c = c.add(32 * NT * (4 * N + K));
     for (t, acc) in iacc.iter_mut().enumerate() {
         let x = _mm256_loadu_si256(c.add(32 * t) as *const __m256i);
@@ -351,10 +351,10 @@ unsafe fn row_block<const NT: usize, const V: Vnni>(
     i: usize,
     part: &mut [__m256i; NT],
 ) {
-    super::prefetch_block(b.wrapping_add(super::PF_STREAM), BLOCK);
-    super::prefetch_far(b, BLOCK);
+    super::dots::prefetch_block(b.wrapping_add(super::dots::PF_STREAM), BLOCK);
+    super::dots::prefetch_far(b, BLOCK);
     let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(SCALES) as *const __m128i));
-    let lanes = super::q6k_scale_lanes(sc16);
+    let lanes = super::dots::q6k_scale_lanes(sc16);
     let mut iacc = [_mm256_setzero_si256(); NT];
     // the eight steps written out (as loops, LLVM chose the shifts of
     // `q6k_quant` at run time; see `tiles.rs`)
@@ -460,7 +460,7 @@ unsafe fn rows_seq<const NT: usize, const V: Vnni>(
 /// AVX-512 VNNI and VL; the AVX2 level AVX-VNNI where the CPU has it and
 /// `COIL_AVX_VNNI` is not `0`).
 fn vnni() -> Vnni {
-    if crate::simd::level() >= crate::SimdLevel::Avx512 {
+    if crate::simd::level() >= crate::simd::SimdLevel::Avx512 {
         AVX512_VNNI
     } else if crate::simd::avx_vnni() {
         AVX_VNNI

@@ -153,7 +153,7 @@ unsafe fn rows_side_plain<const NT: usize>(
 /// takes from the store queue whole — two 16-byte stores under one load
 /// cannot be forwarded and wait to retire; fewer than 8: 4 at once, past
 /// `K` zeros), the blocks' `d` into `heads`. A constant `K` keeps the blocks
-/// unrolled, with one prefetch pair per block as [`super::dot_b32`] issues
+/// unrolled, with one prefetch pair per block as [`super::dots::dot_b32`] issues
 /// them.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -170,8 +170,8 @@ unsafe fn seq_blocks<const NT: usize, const K: usize>(
     let mut p = [[_mm256_setzero_si256(); 8]; NT];
     for k in 0..K {
         let b = row.add(BLOCK * (i + k));
-        _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(super::PF_STREAM) as *const i8);
-        _mm_prefetch::<_MM_HINT_T1>(b.wrapping_add(super::PF_FAR) as *const i8);
+        _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(super::dots::PF_STREAM) as *const i8);
+        _mm_prefetch::<_MM_HINT_T1>(b.wrapping_add(super::dots::PF_FAR) as *const i8);
         let wq = _mm256_loadu_si256(b.add(2) as *const __m256i);
         let wa = _mm256_abs_epi8(wq);
         for (t, p) in p.iter_mut().enumerate() {
@@ -351,8 +351,8 @@ unsafe fn rows_far(w: *const u8, rb: usize, n: usize, nb: usize, x: Act, out: *m
             let mut p = [_mm256_setzero_si256(); ROWS];
             for r in 0..ROWS {
                 let b = rows[r].add(BLOCK * i);
-                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(super::PF_STREAM) as *const i8);
-                _mm_prefetch::<_MM_HINT_T1>(b.wrapping_add(super::PF_FAR) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(super::dots::PF_STREAM) as *const i8);
+                _mm_prefetch::<_MM_HINT_T1>(b.wrapping_add(super::dots::PF_FAR) as *const i8);
                 let wq = _mm256_loadu_si256(b.add(2) as *const __m256i);
                 let sx = _mm256_sign_epi8(xv, wq);
                 p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wq), sx), ones);

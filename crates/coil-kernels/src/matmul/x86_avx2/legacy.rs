@@ -13,7 +13,7 @@
 //! `Σ w·x = d·xd · Σ q·xq − 16·d·xd·xs` (Q5_0) or `+ m·xd·xs` (Q5_1, Q4_1).
 //! `Σ q·xq` is exact in integers (`vpmaddubsw`, q ≤ 31).
 
-use super::{dot_us, f16c, hsum256, nibbles, rd16, PF_STREAM};
+use super::dots::{dot_us, f16c, hsum256, nibbles, rd16, PF_STREAM};
 use std::arch::x86_64::*;
 
 /// Bit `k` of `bits` as `0x10` in byte `k` of a vector (the fifth bit of
@@ -54,7 +54,7 @@ unsafe fn block<const BYTES: usize, const OFFSET: bool, const FIFTH: bool, const
     // blocks of 20-24 bytes: a prefetch every other block covers each line
     if PF > 0 && i.is_multiple_of(2) {
         _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PF) as *const i8);
-        _mm_prefetch::<_MM_HINT_T1>(b.wrapping_add(super::PF_FAR) as *const i8);
+        _mm_prefetch::<_MM_HINT_T1>(b.wrapping_add(super::dots::PF_FAR) as *const i8);
     }
     let xv = _mm256_loadu_si256(xq.as_ptr().add(32 * i) as *const __m256i);
     let mut q = nibbles(b.add(qs));

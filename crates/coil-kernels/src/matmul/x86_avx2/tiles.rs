@@ -21,10 +21,9 @@
 //! token loop (it did, spilling half of it to the stack: 2.5× slower).
 
 use super::super::act::{ActPanel, PANEL_LANES};
-use super::super::dequant::scales_mins_k4_words;
-use super::{
-    dot_us, f16c, hsum256, k4_scale, k4_scale_lanes, nibbles, rd16, KVALUES_IQ4NL, PF_STREAM,
-};
+use super::dots::{dot_us, f16c, hsum256, k4_scale, k4_scale_lanes, nibbles, rd16, PF_STREAM};
+use crate::matmul::scalar::dequant::scales_mins_k4_words;
+use crate::matmul::scalar::dequant::KVALUES_IQ4NL;
 use std::arch::x86_64::*;
 
 /// Keeps each `v` in a register at this point of the program: an empty
@@ -120,7 +119,7 @@ unsafe fn b32_block<const BYTES: usize, const KIND: u8, const NT: usize>(
     let b = row.add(BYTES * i);
     if BYTES > 32 || i.is_multiple_of(2) {
         _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PF_STREAM) as *const i8);
-        _mm_prefetch::<_MM_HINT_T1>(b.wrapping_add(super::PF_FAR) as *const i8);
+        _mm_prefetch::<_MM_HINT_T1>(b.wrapping_add(super::dots::PF_FAR) as *const i8);
     }
     let mut wv = match KIND {
         0 => _mm256_loadu_si256(b.add(2) as *const __m256i),
@@ -201,8 +200,8 @@ unsafe fn rows_k45<const HIGH: bool, const NT: usize>(
         let msum = &mut msum_all[..NT.div_ceil(8)];
         for i in 0..nb {
             let b = row.add(bsz * i);
-            super::prefetch_block(b.wrapping_add(PF_STREAM), bsz);
-            super::prefetch_far(b, bsz);
+            super::dots::prefetch_block(b.wrapping_add(PF_STREAM), bsz);
+            super::dots::prefetch_far(b, bsz);
             let (sc, mn) = scales_mins_k4_words(std::slice::from_raw_parts(b.add(4), 12));
             let sp = k4_scale_lanes(sc);
             let qs = b.add(if HIGH { 48 } else { 16 });
@@ -283,8 +282,8 @@ pub(super) unsafe fn q6k_step<const NT: usize, const N: usize, const K: usize>(
     c: *const i8,
     iacc: &mut [__m256i; NT],
 ) {
-    let mut q = super::q6k_quant(b, N, K);
-    let mut s = super::q6k_scale(lanes, N, K);
+    let mut q = super::dots::q6k_quant(b, N, K);
+    let mut s = super::dots::q6k_scale(lanes, N, K);
     pin!(q, s);
     let c = c.add(32 * NT * (4 * N + K));
     for (t, acc) in iacc.iter_mut().enumerate() {
@@ -310,10 +309,10 @@ unsafe fn rows_q6_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
         let mut facc = [_mm256_setzero_ps(); NT];
         for i in 0..nb {
             let b = row.add(210 * i);
-            super::prefetch_block(b.wrapping_add(PF_STREAM), 210);
-            super::prefetch_far(b, 210);
+            super::dots::prefetch_block(b.wrapping_add(PF_STREAM), 210);
+            super::dots::prefetch_far(b, 210);
             let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
-            let lanes = super::q6k_scale_lanes(sc16);
+            let lanes = super::dots::q6k_scale_lanes(sc16);
             let mut iacc = [_mm256_setzero_si256(); NT];
             // the eight steps written out: as loops, LLVM kept the one over
             // `k` (a branch per step, `q6k_quant`'s shifts chosen at run

@@ -10,8 +10,8 @@
 //! Measured on an AMD Zen 4 (2 threads, interleaved): lfm2-1.2b-like F16
 //! decode 17.1–17.8 → 19.2–19.3 tokens/s.
 
-use super::PF_BYTES_16;
-use crate::matmul::x86_avx2::PF_FAR;
+use super::dots::PF_BYTES_16;
+use crate::matmul::x86_avx2::dots::PF_FAR;
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 
@@ -44,9 +44,9 @@ unsafe fn load<const BF16: bool>(w: *const u8, i: usize) -> __m512 {
 #[inline(always)]
 unsafe fn one<const BF16: bool>(row: &[u8], x: &[f32]) -> f32 {
     if BF16 {
-        super::dot_bf16(row, x)
+        super::dots::dot_bf16(row, x)
     } else {
-        super::dot_f16(row, x)
+        super::dots::dot_f16(row, x)
     }
 }
 
@@ -94,11 +94,11 @@ unsafe fn dot2<const BF16: bool>(a: *const u8, b: *const u8, x: &[f32]) -> (f32,
     if i < n {
         let tail = |w: *const u8| std::slice::from_raw_parts(w.add(2 * i), 2 * (n - i));
         if BF16 {
-            sa += crate::matmul::vecdot::dot_bf16(tail(a), &x[i..]);
-            sb += crate::matmul::vecdot::dot_bf16(tail(b), &x[i..]);
+            sa += crate::matmul::scalar::vecdot::dot_bf16(tail(a), &x[i..]);
+            sb += crate::matmul::scalar::vecdot::dot_bf16(tail(b), &x[i..]);
         } else {
-            sa += crate::matmul::vecdot::dot_f16(tail(a), &x[i..]);
-            sb += crate::matmul::vecdot::dot_f16(tail(b), &x[i..]);
+            sa += crate::matmul::scalar::vecdot::dot_f16(tail(a), &x[i..]);
+            sb += crate::matmul::scalar::vecdot::dot_f16(tail(b), &x[i..]);
         }
     }
     (sa, sb)
@@ -128,7 +128,7 @@ unsafe fn rows<const BF16: bool>(w: &[u8], x: &[f32], out: &mut [f32]) {
 
 /// The paired one-token kernel of `ty` (F16, BF16), bit for bit its dot
 /// product's results.
-pub(in crate::matmul) fn rows_kernel(ty: GgmlType) -> Option<crate::matmul::FloatRows> {
+pub(in crate::matmul) fn rows_kernel(ty: GgmlType) -> Option<crate::matmul::kernel::FloatRows> {
     // SAFETY (both): selected only at the AVX-512 level, which checks the
     // CPU's features.
     match ty {

@@ -267,7 +267,7 @@ unsafe fn rows_q4_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
             for j in 0..8 {
                 // the block's lines ahead, spread over its sub-blocks (see
                 // `prefetch_part`)
-                super::prefetch_part::<{ super::super::x86_avx2::PF_STREAM }>(
+                super::dots::prefetch_part::<{ super::super::x86_avx2::dots::PF_STREAM }>(
                     b,
                     PACKED_BLOCK,
                     j,
@@ -324,7 +324,7 @@ unsafe fn rows_q4_k_1<const PF: bool>(w: &[u8], rb: usize, p: &ActPanel, out: &m
                 let mut acc = [_mm512_setzero_si512(); 2];
                 for (g, v) in v.iter().enumerate() {
                     if PF {
-                        super::prefetch_part::<{ super::super::x86_avx2::PF_STREAM }>(
+                        super::dots::prefetch_part::<{ super::super::x86_avx2::dots::PF_STREAM }>(
                             b,
                             PACKED_BLOCK,
                             8 * st + g,
@@ -433,80 +433,12 @@ pub fn unpack_row(data: &[u8], cols: usize, r: usize, out: &mut [u8]) {
     }
 }
 
-/// `y = x · wᵀ` for a repacked Q4_K, Q6_K or Q8_0 matrix ([`repack`],
-/// [`super::lanes_q6k::repack`], [`super::lanes_q8_0::repack`]), `n_tokens`
-/// tokens: the rows-in-lanes kernels for up to `gemm_from − 1` tokens (or
-/// any number in batch-invariant mode), the integer GEMM (its panels read
-/// straight from this layout) from `gemm_from`.
-///
-/// # Safety
-/// The CPU has the AVX-512 level (F, BW, VL, DQ, VNNI).
-pub(in crate::matmul) unsafe fn matmul_packed(
-    pool: &crate::ThreadPool,
-    w: &super::super::WeightRef,
-    x: &[f32],
-    y: &mut [f32],
-    n_tokens: usize,
-    gemm_from: usize,
-) {
-    let (rows, cols) = (w.rows, w.cols);
-    if n_tokens >= gemm_from && !crate::numerics::batch_invariant() {
-        return super::super::igemm::igemm(pool, w, x, y, n_tokens);
-    }
-    use coil_gguf::GgmlType;
-    let ty = w.ty;
-    let xa = match ty {
-        GgmlType::Q8_0 => QuantAct::q8_0(x, cols),
-        _ => QuantAct::q8_k(x, cols),
-    };
-    let panels: Vec<ActPanel> = (0..n_tokens)
-        .step_by(MAX_TOKENS)
-        .map(|t0| {
-            let nt = MAX_TOKENS.min(n_tokens - t0);
-            match ty {
-                GgmlType::Q6_K => super::lanes_q6k::panel(&xa, t0, nt),
-                GgmlType::Q8_0 => super::lanes_q8_0::panel(&xa, t0, nt),
-                _ => panel(&xa, t0, nt),
-            }
-        })
-        .collect();
-    let rb = w.row_bytes();
-    let yp = super::super::SendPtr(y.as_mut_ptr());
-    // Groups of 16 rows, in the decode path's guided chunks: long
-    // contiguous ranges first. Work items of at most 8 groups (128 rows)
-    // broke each thread's stream every 100-200 KB; kernel bench
-    // `decode-*`, 2 threads, Intel model 167, weights streamed, weight
-    // GB/s at 1 / 8 tokens: Q6_K 29.3-32.7 / 22.0-23.0 -> 30.1-34.5 /
-    // 21.8-24.3, Q4_K 32.6-35.2 / 17.3-19.4 -> 34.8-37.8 / 18.2-20.0,
-    // Q8_0 unchanged; `coil bench --parallel 1 / 8 -p 16 -n 64`, Q4_K_M:
-    // qwen35-0.8b-like 47.4-48.0 / 196-197 -> 52.6-53.3 / 208-211 tok/s,
-    // mamba2-370m-like 104.5-105.4 / 274 -> 109.4-111.4 / 281-285.
-    let groups = rows / 16;
-    super::super::rows_for(pool, groups, |gr| {
-        let (r0, r1) = (16 * gr.start, 16 * gr.end);
-        for (pi, p) in panels.iter().enumerate() {
-            let t0 = pi * MAX_TOKENS;
-            // SAFETY: y[t0.., r0..r1] is written by this work item only.
-            let mut outs: [&mut [f32]; MAX_TOKENS] = std::array::from_fn(|k| match k < p.nt {
-                true => std::slice::from_raw_parts_mut(yp.get().add((t0 + k) * rows + r0), r1 - r0),
-                false => &mut [],
-            });
-            let wr = &w.data[r0 * rb..r1 * rb];
-            match ty {
-                GgmlType::Q6_K => super::lanes_q6k::tile_packed(wr, rb, p, &mut outs[..p.nt]),
-                GgmlType::Q8_0 => super::lanes_q8_0::tile_packed(wr, rb, p, &mut outs[..p.nt]),
-                _ => tile_packed(wr, rb, p, &mut outs[..p.nt]),
-            }
-        }
-    });
-}
-
 /// [`rows_q4_k`] over repacked rows for a panel of 1 to [`MAX_TOKENS`]
 /// tokens.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
-unsafe fn tile_packed(w: &[u8], rb: usize, p: &ActPanel, out: &mut [&mut [f32]]) {
+pub(super) unsafe fn tile_packed(w: &[u8], rb: usize, p: &ActPanel, out: &mut [&mut [f32]]) {
     match p.nt {
-        1 if super::one_token_prefetch() => rows_q4_k_1::<true>(w, rb, p, out[0]),
+        1 if super::dots::one_token_prefetch() => rows_q4_k_1::<true>(w, rb, p, out[0]),
         1 => rows_q4_k_1::<false>(w, rb, p, out[0]),
         2 => rows_q4_k::<2>(w, rb, p, out),
         3 => rows_q4_k::<3>(w, rb, p, out),
@@ -541,8 +473,10 @@ pub(in crate::matmul) unsafe fn packed_block(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::matmul::dequant::dequant_row;
-    use crate::matmul::{matmul, Layout, WeightRef};
+    use crate::matmul::matmul;
+    use crate::matmul::scalar::dequant::dequant_row;
+    use crate::matmul::weight::Layout;
+    use crate::matmul::weight::WeightRef;
     use crate::simd::{detected_level, SimdLevel};
     use crate::testutil::{random_weights, Rng};
     use coil_gguf::GgmlType;
@@ -588,10 +522,10 @@ mod tests {
                     rows_q4_k_1::<true>(&w, rb, &p, &mut on);
                     rows_q4_k_1::<false>(&w, rb, &p, &mut off);
                 } else {
-                    super::super::lanes_q6k::repack(&mut w, rows, cols);
-                    let p = super::super::lanes_q6k::panel(&xa, 0, 1);
-                    super::super::lanes_q6k::rows_q6_k_1::<true>(&w, rb, &p, &mut on);
-                    super::super::lanes_q6k::rows_q6_k_1::<false>(&w, rb, &p, &mut off);
+                    super::super::lanes_q6_k::repack(&mut w, rows, cols);
+                    let p = super::super::lanes_q6_k::panel(&xa, 0, 1);
+                    super::super::lanes_q6_k::rows_q6_k_1::<true>(&w, rb, &p, &mut on);
+                    super::super::lanes_q6_k::rows_q6_k_1::<false>(&w, rb, &p, &mut off);
                 }
             }
             assert!(on.iter().all(|v| v.is_finite()), "{ty}");

@@ -1,8 +1,10 @@
 //! The checks every rows-in-lanes format passes (Q6_K's and Q8_0's tests
 //! call [`check`]; Q4_K's, the first, spells them out in `lanes.rs`).
 use super::super::act::{ActPanel, QuantAct};
-use crate::matmul::dequant::dequant_row;
-use crate::matmul::{matmul, Layout, WeightRef};
+use crate::matmul::matmul;
+use crate::matmul::scalar::dequant::dequant_row;
+use crate::matmul::weight::Layout;
+use crate::matmul::weight::WeightRef;
 use crate::testutil::{random_weights, Rng};
 use coil_gguf::GgmlType;
 

@@ -48,7 +48,10 @@ unsafe fn rows_q8_0<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
         for i in 0..nb {
             // one stream: the group's blocks follow each other
             let b = w.as_ptr().add(r0 * rb + PACKED_BLOCK * i);
-            super::prefetch_ahead::<{ super::super::x86_avx2::PF_STREAM }>(b, PACKED_BLOCK);
+            super::dots::prefetch_ahead::<{ super::super::x86_avx2::dots::PF_STREAM }>(
+                b,
+                PACKED_BLOCK,
+            );
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(b.add(D) as *const __m256i));
             let wv: [__m512i; 8] =
                 std::array::from_fn(|g| _mm512_loadu_si512(b.add(64 * g) as *const _));

@@ -22,8 +22,8 @@
 //! does not hoist a whole block's unpacking ahead of the token loop.
 
 use super::super::act::{ActPanel, QuantAct, PANEL_LANES};
-use super::super::x86_avx2::{f16c, PF_STREAM};
-use super::{
+use super::super::x86_avx2::dots::{f16c, PF_STREAM};
+use super::dots::{
     hsum256, k45_pair_idx, k45_step, k4_scales_mins, pair_dot, prefetch_ahead, q6k_half,
     q6k_offset, q6k_pair_idx, rd16, transpose4, B32,
 };

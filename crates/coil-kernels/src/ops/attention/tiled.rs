@@ -7,7 +7,8 @@
 
 // Only the x86 SIMD levels instantiate it (see `supports`).
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-use super::{kv_block, Call, Item, Scratch, PB};
+use super::call::{Call, Item, Scratch};
+use super::kv::{kv_block, PB};
 use crate::simd::math::exp_fast;
 use crate::simd::tile::{fma_tile, store_tile, transpose, V16};
 use crate::simd::{level, SimdLevel};

@@ -27,11 +27,13 @@
 //! (16 KiB) stays in L1 while the tiles stream through (stored pass by
 //! pass: one contiguous stream per pass).
 
-use super::super::decode_i8::decode_row;
-use super::super::dequant::rd_f16;
-use super::super::{SendPtr, WeightRef};
-use super::{over_panels, quant, transpose8};
+use super::panels::{over_panels, transpose8};
+use super::quant;
 use crate::aligned::AlignedVec;
+use crate::matmul::scalar::dequant::rd_f16;
+use crate::matmul::weight::WeightRef;
+use crate::matmul::x86_avx2::decode_i8::decode_row;
+use crate::pool::SendPtr;
 use crate::pool::ThreadPool;
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
@@ -591,10 +593,10 @@ mod tests {
                 let pool = ThreadPool::new(threads);
                 let mut y = vec![f32::NAN; n * rows];
                 igemm(&pool, &w, &x, &mut y, n);
-                let a = super::super::super::act::QuantAct::q8_0(&x, cols);
+                let a = crate::matmul::act::QuantAct::q8_0(&x, cols);
                 let mut wr = vec![0f32; cols];
                 for r in 0..rows {
-                    assert!(super::super::super::dequant::dequant_row(
+                    assert!(crate::matmul::scalar::dequant::dequant_row(
                         ty,
                         w.row(r),
                         &mut wr

@@ -7,112 +7,21 @@
 //! (Q8_0, IQ4_*) use the absolute value and move the sign onto the
 //! activation.
 
-use super::dequant::{iq4xs_scales, KVALUES_IQ4NL};
-use super::x86_avx2::f16c;
-// Q2_K / Q3_K: the AVX2 level's kernels compiled for this level
-use super::x86_avx2::k23::wide as k23;
-use super::{vecdot, ActKind, QuantRows, TileKernel, VecKernel};
+use crate::matmul::scalar::dequant::{iq4xs_scales, KVALUES_IQ4NL};
+use crate::matmul::scalar::vecdot;
+use crate::matmul::x86_avx2::dots::f16c;
 use coil_gguf::GgmlType;
-use k23::{
-    dot4_q2_k as k23_dot4_q2_k, dot4_q3_k as k23_dot4_q3_k, dot_q2_k as k23_dot_q2_k,
-    dot_q3_k as k23_dot_q3_k,
-};
 use std::arch::x86_64::*;
-
-pub(super) mod float_pairs;
-pub(super) mod lanes;
-#[cfg(test)]
-mod lanes_check;
-pub(super) mod lanes_q6k;
-pub(super) mod lanes_q8_0;
-mod tiles;
-
-macro_rules! quant {
-    ($act:ident, $one:ident, $four:ident) => {
-        VecKernel::Quant(
-            ActKind::$act,
-            |r, q, d, s| unsafe { $one(r, q, d, s) },
-            Some(|r, q, d, s| unsafe { $four(r, q, d, s) }),
-        )
-    };
-}
-
-pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
-    // SAFETY (all): selected only when the CPU has the AVX-512 level.
-    Some(match ty {
-        GgmlType::F32 => VecKernel::Float(|r, x| unsafe { dot_f32(r, x) }),
-        GgmlType::F16 => VecKernel::Float(|r, x| unsafe { dot_f16(r, x) }),
-        GgmlType::BF16 => VecKernel::Float(|r, x| unsafe { dot_bf16(r, x) }),
-        GgmlType::Q8_0 => quant!(Q8_0, dot_q8_0, dot4_q8_0),
-        GgmlType::Q4_0 => quant!(Q8_0, dot_q4_0, dot4_q4_0),
-        GgmlType::IQ4_NL => quant!(Q8_0, dot_iq4_nl, dot4_iq4_nl),
-        GgmlType::Q4_K => quant!(Q8K, dot_q4_k, dot4_q4_k),
-        GgmlType::Q5_K => quant!(Q8K, dot_q5_k, dot4_q5_k),
-        GgmlType::Q6_K => quant!(Q8K, dot_q6_k, dot4_q6_k),
-        GgmlType::IQ4_XS => quant!(Q8K, dot_iq4_xs, dot4_iq4_xs),
-        GgmlType::Q2_K => quant!(Q8K, k23_dot_q2_k, k23_dot4_q2_k),
-        GgmlType::Q3_K => quant!(Q8K, k23_dot_q3_k, k23_dot4_q3_k),
-        _ => return None,
-    })
-}
-
-/// One-token kernels over a range of rows (see [`QuantRows`]).
-pub(super) fn rows_kernel(ty: GgmlType) -> Option<QuantRows> {
-    // SAFETY (all): selected only when the CPU has the AVX-512 level.
-    Some(match ty {
-        GgmlType::Q8_0 => |w, rb, q, d, s, o| unsafe { rows_q8_0(w, rb, q, d, s, o) },
-        GgmlType::Q4_0 => |w, rb, q, d, s, o| unsafe { rows_q4_0(w, rb, q, d, s, o) },
-        GgmlType::IQ4_NL => |w, rb, q, d, s, o| unsafe { rows_iq4_nl(w, rb, q, d, s, o) },
-        GgmlType::Q4_K => |w, rb, q, d, s, o| unsafe { rows_q4_k(w, rb, q, d, s, o) },
-        GgmlType::Q5_K => |w, rb, q, d, s, o| unsafe { rows_q5_k(w, rb, q, d, s, o) },
-        GgmlType::Q6_K => |w, rb, q, d, s, o| unsafe { rows_q6_k(w, rb, q, d, s, o) },
-        GgmlType::IQ4_XS => |w, rb, q, d, s, o| unsafe { rows_iq4_xs(w, rb, q, d, s, o) },
-        GgmlType::Q2_K => |w, rb, q, d, s, o| unsafe { k23::rows_q2_k(w, rb, q, d, s, o) },
-        GgmlType::Q3_K => |w, rb, q, d, s, o| unsafe { k23::rows_q3_k(w, rb, q, d, s, o) },
-        _ => return None,
-    })
-}
-
-/// The few-token row-range kernel of `ty` and the most tokens it takes per
-/// call (each token's result bit for bit the one-token kernel's; see
-/// `tiles.rs`).
-pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileKernel> {
-    // SAFETY (all): selected only when the CPU has the AVX-512 level.
-    let f: super::QuantTile = match ty {
-        GgmlType::Q4_K => |w, rb, a, o| unsafe { tiles::tile_q4_k(w, rb, a, o) },
-        GgmlType::Q5_K => |w, rb, a, o| unsafe { tiles::tile_q5_k(w, rb, a, o) },
-        GgmlType::Q6_K => |w, rb, a, o| unsafe { tiles::tile_q6_k(w, rb, a, o) },
-        GgmlType::Q8_0 => |w, rb, a, o| unsafe { tiles::tile_q8_0(w, rb, a, o) },
-        GgmlType::Q4_0 => |w, rb, a, o| unsafe { tiles::tile_q4_0(w, rb, a, o) },
-        GgmlType::IQ4_NL => |w, rb, a, o| unsafe { tiles::tile_iq4_nl(w, rb, a, o) },
-        _ => return None,
-    };
-    // the 32-value formats' tiles take whole groups of 8 blocks (the dot
-    // kernels finish a row's last nb % 8 blocks at AVX2)
-    let b32 = matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL);
-    Some(TileKernel {
-        f,
-        max_tokens: tiles::MAX_TOKENS,
-        chunk: 64,
-        cols_multiple: if b32 { 256 } else { 1 },
-        // SAFETY: as `f`.
-        own_panel: if b32 {
-            Some(|a, t0, nt| unsafe { tiles::panel_b32(a, t0, nt) })
-        } else {
-            None
-        },
-    })
-}
 
 /// Bytes ahead that the F16 / BF16 dot products prefetch (see AVX2's
 /// `PF_BYTES_16`): lfm2-1.2b-like F16 decode was slower at this level than
 /// at AVX2 with it.
-const PF_BYTES_16: usize = 1024;
+pub(in crate::matmul) const PF_BYTES_16: usize = 1024;
 
 macro_rules! float_dot {
     ($name:ident, $elt:expr, $load:expr, $scalar:path) => {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-        unsafe fn $name(row: &[u8], x: &[f32]) -> f32 {
+        pub(in crate::matmul) unsafe fn $name(row: &[u8], x: &[f32]) -> f32 {
             let n = x.len();
             debug_assert!(row.len() >= $elt * n);
             let (w, xp) = (row.as_ptr(), x.as_ptr());
@@ -127,7 +36,7 @@ macro_rules! float_dot {
                     _mm_prefetch::<_MM_HINT_T0>(
                         w.wrapping_add(2 * i + PF_BYTES_16 + 64) as *const i8
                     );
-                    super::x86_avx2::prefetch_far(w.wrapping_add(2 * i), 128);
+                    crate::matmul::x86_avx2::dots::prefetch_far(w.wrapping_add(2 * i), 128);
                 }
                 for (j, acc) in a.iter_mut().enumerate() {
                     let o = i + 16 * j;
@@ -172,15 +81,15 @@ float_dot!(
 );
 
 #[inline(always)]
-unsafe fn rd16(p: *const u8) -> u16 {
+pub(in crate::matmul) unsafe fn rd16(p: *const u8) -> u16 {
     (p as *const u16).read_unaligned()
 }
 
 /// One token's quantized activations: values, block scales, group sums.
-type Act<'a> = (&'a [i8], &'a [f32], &'a [i16]);
+pub(in crate::matmul) type Act<'a> = (&'a [i8], &'a [f32], &'a [i16]);
 
 #[inline(always)]
-unsafe fn hsum256(v: __m256) -> f32 {
+pub(in crate::matmul) unsafe fn hsum256(v: __m256) -> f32 {
     let m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let m = _mm_add_ps(m, _mm_movehl_ps(m, m));
     let m = _mm_add_ss(m, _mm_movehdup_ps(m));
@@ -188,7 +97,7 @@ unsafe fn hsum256(v: __m256) -> f32 {
 }
 
 /// Constants of the 32-value block formats' steps (see [`dot_b32`]).
-pub(super) struct B32 {
+pub(in crate::matmul) struct B32 {
     x80: __m512i,
     m4: __m256i,
     /// IQ4_NL's table plus 128, in each 128-bit lane.
@@ -203,11 +112,11 @@ pub(super) struct B32 {
 
 /// The lanes of the half-block sums that hold a block's first half (and
 /// its offset term): lanes 0–3 and 8–11.
-const FIRST_HALVES: __mmask16 = 0x0F0F;
+pub(in crate::matmul) const FIRST_HALVES: __mmask16 = 0x0F0F;
 
 impl B32 {
     #[inline(always)]
-    pub(super) unsafe fn new<const BYTES: usize, const KIND: u8>() -> B32 {
+    pub(in crate::matmul) unsafe fn new<const BYTES: usize, const KIND: u8>() -> B32 {
         let mut tblu = [0u8; 16];
         for (t, k) in tblu.iter_mut().zip(KVALUES_IQ4NL) {
             *t = (k as i16 + 128) as u8;
@@ -229,14 +138,14 @@ impl B32 {
     /// lane `4j + k` holds block `2k + j/2`'s (the layout of
     /// [`B32::halves`] and [`transpose4`]).
     #[inline(always)]
-    pub(super) unsafe fn spread(&self, v8: __m256) -> __m512 {
+    pub(in crate::matmul) unsafe fn spread(&self, v8: __m256) -> __m512 {
         _mm512_permutexvar_ps(self.lane_blk, _mm512_zextps256_ps512(v8))
     }
 
     /// The offset term `−OFFSET · Σx` of 8 blocks (`xs8` their activation
     /// sums) in the lanes of their first halves, 0 in the others.
     #[inline(always)]
-    pub(super) unsafe fn offset16(&self, xs8: __m256i) -> __m512i {
+    pub(in crate::matmul) unsafe fn offset16(&self, xs8: __m256i) -> __m512i {
         let o8 = _mm256_mullo_epi32(xs8, _mm256_set1_epi32(self.noff));
         _mm512_maskz_permutexvar_epi32(FIRST_HALVES, self.lane_blk, _mm512_zextsi256_si512(o8))
     }
@@ -247,7 +156,7 @@ impl B32 {
     /// `vpdpbusd` lanes), summed 4 lanes at a time. The few-token tiles get
     /// the same sums from steps transposed beforehand ([`transpose4`]).
     #[inline(always)]
-    pub(super) unsafe fn halves(d: [__m512i; 4]) -> __m512i {
+    pub(in crate::matmul) unsafe fn halves(d: [__m512i; 4]) -> __m512i {
         let a0 = _mm512_add_epi32(
             _mm512_unpacklo_epi32(d[0], d[1]),
             _mm512_unpackhi_epi32(d[0], d[1]),
@@ -267,13 +176,13 @@ impl B32 {
     /// result bit for bit). The sums stay below 2^24 (16 · 255 · 127 plus
     /// 128 · 32 · 127), so the conversion is exact.
     #[inline(always)]
-    pub(super) unsafe fn finish(sums: __m512i, s16: __m512, acc: &mut __m512) {
+    pub(in crate::matmul) unsafe fn finish(sums: __m512i, s16: __m512, acc: &mut __m512) {
         *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), s16, *acc);
     }
 
     /// The scales of the 8 blocks at `base`.
     #[inline(always)]
-    pub(super) unsafe fn d8(&self, base: *const u8) -> __m256 {
+    pub(in crate::matmul) unsafe fn d8(&self, base: *const u8) -> __m256 {
         let dbits = _mm256_i32gather_epi32::<1>(base as *const i32, self.gidx);
         _mm256_cvtph_ps(_mm256_cvtepi32_epi16(dbits))
     }
@@ -281,7 +190,7 @@ impl B32 {
     /// Step `k` of the 8 blocks at `base`: blocks `2k`, `2k + 1` as 64
     /// unsigned values (`w + OFFSET`).
     #[inline(always)]
-    pub(super) unsafe fn step<const BYTES: usize, const KIND: u8>(
+    pub(in crate::matmul) unsafe fn step<const BYTES: usize, const KIND: u8>(
         &self,
         base: *const u8,
         k: usize,
@@ -315,7 +224,7 @@ impl B32 {
 /// weights and of activations, `Σ_c vpdpbusd(out_w[c], out_x[c])` is
 /// [`B32::halves`] of their products.
 #[inline(always)]
-pub(super) unsafe fn transpose4(v: [__m512i; 4]) -> [__m512i; 4] {
+pub(in crate::matmul) unsafe fn transpose4(v: [__m512i; 4]) -> [__m512i; 4] {
     let t0 = _mm512_unpacklo_epi32(v[0], v[1]);
     let t1 = _mm512_unpackhi_epi32(v[0], v[1]);
     let t2 = _mm512_unpacklo_epi32(v[2], v[3]);
@@ -329,7 +238,7 @@ pub(super) unsafe fn transpose4(v: [__m512i; 4]) -> [__m512i; 4] {
 }
 
 /// The weight offset of a 32-value block format (`KIND` as in [`dot_b32`]).
-pub(super) const fn b32_offset(kind: u8) -> f32 {
+pub(in crate::matmul) const fn b32_offset(kind: u8) -> f32 {
     if kind == 1 {
         8.0
     } else {
@@ -353,7 +262,12 @@ pub(super) const fn b32_offset(kind: u8) -> f32 {
 /// latency bounds it when the weights are in cache). The few-token tiles
 /// (`tiles::rows_b32`) repeat these operations exactly, token by token.
 #[inline(always)]
-unsafe fn dot_b32<const BYTES: usize, const KIND: u8, const PF: usize, const NT: usize>(
+pub(in crate::matmul) unsafe fn dot_b32<
+    const BYTES: usize,
+    const KIND: u8,
+    const PF: usize,
+    const NT: usize,
+>(
     row: &[u8],
     xa: [Act; NT],
 ) -> [f32; NT] {
@@ -390,7 +304,12 @@ unsafe fn dot_b32<const BYTES: usize, const KIND: u8, const PF: usize, const NT:
             // values: a small MoE's expert projections) with AVX2's dot
             let (q, d, xs) = (&q[32 * i..], &d[i..], &xs[i..]);
             debug_assert!(row.len() >= BYTES * nb && q.len() >= 32 * d.len());
-            out[t] += super::x86_avx2::dot_b32::<BYTES, KIND, 0>(w.add(BYTES * i), q, d, xs);
+            out[t] += crate::matmul::x86_avx2::dots::dot_b32::<BYTES, KIND, 0>(
+                w.add(BYTES * i),
+                q,
+                d,
+                xs,
+            );
         }
     }
     out
@@ -398,7 +317,7 @@ unsafe fn dot_b32<const BYTES: usize, const KIND: u8, const PF: usize, const NT:
 
 /// i16 lane-index vector `[a x16 | b x16]`.
 #[inline(always)]
-unsafe fn idx_pair(a: i16, b: i16) -> __m512i {
+pub(in crate::matmul) unsafe fn idx_pair(a: i16, b: i16) -> __m512i {
     _mm512_inserti64x4(
         _mm512_castsi256_si512(_mm256_set1_epi16(a)),
         _mm256_set1_epi16(b),
@@ -408,7 +327,7 @@ unsafe fn idx_pair(a: i16, b: i16) -> __m512i {
 
 /// Q4_K / Q5_K: 8 scales and 8 mins (6-bit) as bytes `[sc0..7, m0..7]`.
 #[inline(always)]
-unsafe fn k4_scales_mins(sc: *const u8) -> __m128i {
+pub(in crate::matmul) unsafe fn k4_scales_mins(sc: *const u8) -> __m128i {
     const KMASK1: u32 = 0x3f3f_3f3f;
     const KMASK2: u32 = 0x0f0f_0f0f;
     const KMASK3: u32 = 0x0303_0303;
@@ -427,7 +346,11 @@ unsafe fn k4_scales_mins(sc: *const u8) -> __m128i {
 /// Q5_K's fifth bits taken from `hbits` (the block's `qh`, shifted on by two
 /// bits per step).
 #[inline(always)]
-unsafe fn k45_step<const HIGH: bool>(qs: *const u8, j: usize, hbits: &mut __m256i) -> __m512i {
+pub(in crate::matmul) unsafe fn k45_step<const HIGH: bool>(
+    qs: *const u8,
+    j: usize,
+    hbits: &mut __m256i,
+) -> __m512i {
     let m4 = _mm256_set1_epi8(0xF);
     let q = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
     let mut lo = _mm256_and_si256(q, m4);
@@ -446,7 +369,7 @@ unsafe fn k45_step<const HIGH: bool>(qs: *const u8, j: usize, hbits: &mut __m256
 /// `4L..4L + 4`, words 4–7 the second's; word `(L, k)` takes scale
 /// `group(L, k ≥ 4)`.
 #[inline(always)]
-unsafe fn pair_idx(group: impl Fn(usize, bool) -> usize) -> __m512i {
+pub(in crate::matmul) unsafe fn pair_idx(group: impl Fn(usize, bool) -> usize) -> __m512i {
     let lanes: [i16; 32] = std::array::from_fn(|w| group(w / 8, w % 8 >= 4) as i16);
     _mm512_loadu_si512(lanes.as_ptr() as *const _)
 }
@@ -455,7 +378,7 @@ unsafe fn pair_idx(group: impl Fn(usize, bool) -> usize) -> __m512i {
 /// step's i32 lanes 0–7 (128-bit lanes 0–1) are its first 32 values, group
 /// `2·step`, lanes 8–15 the next; `sm` has the eight scales in words 0–7.
 #[inline(always)]
-unsafe fn k45_pair_idx(p: usize) -> __m512i {
+pub(in crate::matmul) unsafe fn k45_pair_idx(p: usize) -> __m512i {
     pair_idx(|l, second| 2 * (2 * p + usize::from(second)) + usize::from(l >= 2))
 }
 
@@ -469,7 +392,7 @@ unsafe fn k45_pair_idx(p: usize) -> __m512i {
 /// shuffle port). The integers are exact; how they spread over the lanes
 /// is this function's, shared by the one-token kernels and the tiles.
 #[inline(always)]
-unsafe fn pair_dot(
+pub(in crate::matmul) unsafe fn pair_dot(
     acc: __m512i,
     wa: __m512i,
     wb: __m512i,
@@ -485,7 +408,7 @@ unsafe fn pair_dot(
 /// Half `n` (values `128n..128n + 128`) of the Q6_K block at `b`: its 6-bit
 /// values (stored plus 32) as `[values 0..64, values 64..128]`.
 #[inline(always)]
-unsafe fn q6k_half(b: *const u8, n: usize) -> [__m512i; 2] {
+pub(in crate::matmul) unsafe fn q6k_half(b: *const u8, n: usize) -> [__m512i; 2] {
     let m4 = _mm512_set1_epi8(0xF);
     let m3 = _mm256_set1_epi8(3);
     let l = _mm512_loadu_si512(b.add(64 * n) as *const _);
@@ -513,14 +436,14 @@ unsafe fn q6k_half(b: *const u8, n: usize) -> [__m512i; 2] {
 /// `128n..128n + 128`, scales in words 0–15 of `sc`): a vector's i32 lanes
 /// `4L..4L + 4` lie in its 16-value group `L`.
 #[inline(always)]
-unsafe fn q6k_pair_idx(n: usize) -> __m512i {
+pub(in crate::matmul) unsafe fn q6k_pair_idx(n: usize) -> __m512i {
     pair_idx(|l, second| 4 * (2 * n + usize::from(second)) + l)
 }
 
 /// Shared body of Q4_K and Q5_K (`HIGH` adds the fifth bit from `qh`) for
 /// `NT` tokens of Q8_K-style activations.
 #[inline(always)]
-unsafe fn dot_k45<const HIGH: bool, const PF: usize, const NT: usize>(
+pub(in crate::matmul) unsafe fn dot_k45<const HIGH: bool, const PF: usize, const NT: usize>(
     row: &[u8],
     xa: [Act; NT],
 ) -> [f32; NT] {
@@ -579,7 +502,10 @@ unsafe fn dot_k45<const HIGH: bool, const PF: usize, const NT: usize>(
 }
 
 #[inline(always)]
-unsafe fn dot_q6k<const PF: usize, const NT: usize>(row: &[u8], xa: [Act; NT]) -> [f32; NT] {
+pub(in crate::matmul) unsafe fn dot_q6k<const PF: usize, const NT: usize>(
+    row: &[u8],
+    xa: [Act; NT],
+) -> [f32; NT] {
     let nb = xa[0].1.len();
     let idx = [q6k_pair_idx(0), q6k_pair_idx(1)];
     let mut facc = [_mm512_setzero_ps(); NT];
@@ -619,13 +545,13 @@ unsafe fn dot_q6k<const PF: usize, const NT: usize>(row: &[u8], xa: [Act; NT]) -
 /// (`sc16` the block's sixteen scales, `bs` the token's sixteen group sums)
 /// from a block's integer sums, in the low eight lanes; exact.
 #[inline(always)]
-unsafe fn q6k_offset(iacc: __m512i, sc16: __m256i, bs: __m256i) -> __m512i {
+pub(in crate::matmul) unsafe fn q6k_offset(iacc: __m512i, sc16: __m256i, bs: __m256i) -> __m512i {
     let corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5);
     _mm512_sub_epi32(iacc, _mm512_zextsi256_si512(corr))
 }
 
 #[inline(always)]
-unsafe fn dot_iq4xs<const NT: usize>(row: &[u8], xa: [Act; NT]) -> [f32; NT] {
+pub(in crate::matmul) unsafe fn dot_iq4xs<const NT: usize>(row: &[u8], xa: [Act; NT]) -> [f32; NT] {
     let nb = xa[0].1.len();
     let mut abs = [0u8; 16];
     for (a, k) in abs.iter_mut().zip(KVALUES_IQ4NL) {
@@ -683,11 +609,11 @@ unsafe fn dot_iq4xs<const NT: usize>(row: &[u8], xa: [Act; NT]) -> [f32; NT] {
 macro_rules! entries {
     ($one:ident, $four:ident, $body:ident $(, $c:expr)*) => {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
-        unsafe fn $one(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+        pub(in crate::matmul) unsafe fn $one(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
             $body::<$($c,)* 1>(row, [(xq, xd, xs)])[0]
         }
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
-        unsafe fn $four(row: &[u8], xq: [&[i8]; 4], xd: [&[f32]; 4], xs: [&[i16]; 4]) -> [f32; 4] {
+        pub(in crate::matmul) unsafe fn $four(row: &[u8], xq: [&[i8]; 4], xd: [&[f32]; 4], xs: [&[i16]; 4]) -> [f32; 4] {
             $body::<$($c,)* 4>(row, [0, 1, 2, 3].map(|t| (xq[t], xd[t], xs[t])))
         }
     };
@@ -698,7 +624,7 @@ macro_rules! entries {
 macro_rules! rows_entry {
     ($name:ident, $body:ident $(, $c:expr)*) => {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
-        unsafe fn $name(w: &[u8], rb: usize, xq: &[i8], xd: &[f32], xs: &[i16], out: &mut [f32]) {
+        pub(in crate::matmul) unsafe fn $name(w: &[u8], rb: usize, xq: &[i8], xd: &[f32], xs: &[i16], out: &mut [f32]) {
             let n = out.len();
             debug_assert!(w.len() >= n * rb);
             let pf = |r: usize| {
@@ -708,7 +634,7 @@ macro_rules! rows_entry {
                     off += 64;
                 }
             };
-            let pfr = super::pf_rows(rb);
+            let pfr = crate::matmul::kernel::pf_rows(rb);
             for r in 0..pfr.min(n) {
                 pf(r);
             }
@@ -728,10 +654,10 @@ macro_rules! rows_entry {
 macro_rules! rows_stream {
     ($name:ident, $body:ident $(, $c:expr)*) => {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
-        unsafe fn $name(w: &[u8], rb: usize, xq: &[i8], xd: &[f32], xs: &[i16], out: &mut [f32]) {
+        pub(in crate::matmul) unsafe fn $name(w: &[u8], rb: usize, xq: &[i8], xd: &[f32], xs: &[i16], out: &mut [f32]) {
             assert!(w.len() >= out.len() * rb);
             for (r, o) in out.iter_mut().enumerate() {
-                *o = $body::<$($c,)* { super::x86_avx2::PF_STREAM }, 1>(
+                *o = $body::<$($c,)* { crate::matmul::x86_avx2::dots::PF_STREAM }, 1>(
                     &w[r * rb..(r + 1) * rb],
                     [(xq, xd, xs)],
                 )[0];
@@ -749,7 +675,7 @@ rows_stream!(rows_q6_k, dot_q6k);
 /// Prefetches the lines of the `bytes`-byte block `PF` bytes past `b`, and
 /// again `PF_FAR` past it into L2 (`PF` = 0: nothing).
 #[inline(always)]
-unsafe fn prefetch_ahead<const PF: usize>(b: *const u8, bytes: usize) {
+pub(in crate::matmul) unsafe fn prefetch_ahead<const PF: usize>(b: *const u8, bytes: usize) {
     if PF > 0 {
         let p = b.wrapping_add(PF);
         let mut off = 0;
@@ -758,7 +684,7 @@ unsafe fn prefetch_ahead<const PF: usize>(b: *const u8, bytes: usize) {
             off += 64;
         }
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(bytes - 1) as *const i8);
-        super::x86_avx2::prefetch_far(b, bytes);
+        crate::matmul::x86_avx2::dots::prefetch_far(b, bytes);
     }
 }
 rows_entry!(rows_iq4_xs, dot_iq4xs);
@@ -776,7 +702,7 @@ rows_entry!(rows_iq4_xs, dot_iq4xs);
 /// row-at-a-time kernels 10% slower without theirs). Elsewhere they do
 /// (measured on an Intel Xeon with the weights in huge pages, see
 /// [`prefetch_part`]). `COIL_LANES_PREFETCH=0` / `1` overrides.
-pub(super) fn one_token_prefetch() -> bool {
+pub(in crate::matmul) fn one_token_prefetch() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
         match std::env::var("COIL_LANES_PREFETCH")
@@ -804,11 +730,18 @@ pub(super) fn one_token_prefetch() -> bool {
 /// too (kernel bench, 2 threads: Q4_K 22.6–26.6 → 26.7–30.0 GB/s, Q6_K
 /// 25.9–27.9 → 28.1–30.7).
 #[inline(always)]
-unsafe fn prefetch_part<const PF: usize>(b: *const u8, bytes: usize, k: usize, parts: usize) {
+pub(in crate::matmul) unsafe fn prefetch_part<const PF: usize>(
+    b: *const u8,
+    bytes: usize,
+    k: usize,
+    parts: usize,
+) {
     let lines = bytes.div_ceil(64);
     for l in lines * k / parts..lines * (k + 1) / parts {
         _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PF + 64 * l) as *const i8);
-        _mm_prefetch::<_MM_HINT_T1>(b.wrapping_add(super::x86_avx2::PF_FAR + 64 * l) as *const i8);
+        _mm_prefetch::<_MM_HINT_T1>(
+            b.wrapping_add(crate::matmul::x86_avx2::dots::PF_FAR + 64 * l) as *const i8,
+        );
     }
 }
 
@@ -821,7 +754,7 @@ entries!(dot_q6_k, dot4_q6_k, dot_q6k, 0);
 entries!(dot_iq4_xs, dot4_iq4_xs, dot_iq4xs);
 
 /// AVX-512 decoding to f32 for the GEMM path; false = not handled here.
-pub(super) fn decode(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> bool {
+pub(in crate::matmul) fn decode(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> bool {
     // SAFETY: called only at the AVX-512 level; whole blocks (checked by the caller).
     unsafe {
         match ty {
@@ -847,18 +780,18 @@ pub(super) fn decode(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> bool {
 
 /// 16 u8 → 16 f32.
 #[inline(always)]
-unsafe fn u8x16_ps(v: __m128i) -> __m512 {
+pub(in crate::matmul) unsafe fn u8x16_ps(v: __m128i) -> __m512 {
     _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v))
 }
 
 /// 16 i8 → 16 f32.
 #[inline(always)]
-unsafe fn i8x16_ps(v: __m128i) -> __m512 {
+pub(in crate::matmul) unsafe fn i8x16_ps(v: __m128i) -> __m512 {
     _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v))
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn decode_k45<const HIGH: bool>(src: &[u8], dst: &mut [f32]) {
+pub(in crate::matmul) unsafe fn decode_k45<const HIGH: bool>(src: &[u8], dst: &mut [f32]) {
     let bsz = if HIGH { 176 } else { 144 };
     let m4 = _mm_set1_epi8(0xF);
     let bit4 = _mm_set1_epi8(0x10);
@@ -907,7 +840,7 @@ unsafe fn decode_k45<const HIGH: bool>(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn decode_q6_k(src: &[u8], dst: &mut [f32]) {
+pub(in crate::matmul) unsafe fn decode_q6_k(src: &[u8], dst: &mut [f32]) {
     let m4 = _mm_set1_epi8(0xF);
     let m3 = _mm_set1_epi8(3);
     let off = _mm_set1_epi8(32);
@@ -952,7 +885,7 @@ unsafe fn decode_q6_k(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn decode_q4_0_nl<const NL: bool>(src: &[u8], dst: &mut [f32]) {
+pub(in crate::matmul) unsafe fn decode_q4_0_nl<const NL: bool>(src: &[u8], dst: &mut [f32]) {
     let m4 = _mm_set1_epi8(0xF);
     let tbl = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
     let eight = _mm_set1_epi8(8);
@@ -973,7 +906,7 @@ unsafe fn decode_q4_0_nl<const NL: bool>(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn decode_iq4_xs(src: &[u8], dst: &mut [f32]) {
+pub(in crate::matmul) unsafe fn decode_iq4_xs(src: &[u8], dst: &mut [f32]) {
     let m4 = _mm_set1_epi8(0xF);
     let tbl = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
     for (bi, y) in dst.chunks_exact_mut(256).enumerate() {
@@ -995,7 +928,7 @@ unsafe fn decode_iq4_xs(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn decode_f16(src: &[u8], dst: &mut [f32]) {
+pub(in crate::matmul) unsafe fn decode_f16(src: &[u8], dst: &mut [f32]) {
     let n = dst.len();
     let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
     let mut i = 0;
@@ -1014,7 +947,7 @@ unsafe fn decode_f16(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn decode_bf16(src: &[u8], dst: &mut [f32]) {
+pub(in crate::matmul) unsafe fn decode_bf16(src: &[u8], dst: &mut [f32]) {
     let n = dst.len();
     let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
     let mut i = 0;
@@ -1038,7 +971,7 @@ unsafe fn decode_bf16(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn decode_q8_0(src: &[u8], dst: &mut [f32]) {
+pub(in crate::matmul) unsafe fn decode_q8_0(src: &[u8], dst: &mut [f32]) {
     for (bi, y) in dst.chunks_exact_mut(32).enumerate() {
         let b = src.as_ptr().add(34 * bi);
         let d = _mm512_set1_ps(f16c(rd16(b)));
@@ -1050,7 +983,7 @@ unsafe fn decode_q8_0(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn decode_q2_k(src: &[u8], dst: &mut [f32]) {
+pub(in crate::matmul) unsafe fn decode_q2_k(src: &[u8], dst: &mut [f32]) {
     let m3 = _mm_set1_epi8(3);
     for (bi, y) in dst.chunks_exact_mut(256).enumerate() {
         let b = src.as_ptr().add(84 * bi);
@@ -1079,14 +1012,14 @@ unsafe fn decode_q2_k(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn decode_q3_k(src: &[u8], dst: &mut [f32]) {
+pub(in crate::matmul) unsafe fn decode_q3_k(src: &[u8], dst: &mut [f32]) {
     let m3 = _mm_set1_epi8(3);
     let four = _mm_set1_epi8(4);
     for (bi, y) in dst.chunks_exact_mut(256).enumerate() {
         let blk = &src[110 * bi..110 * bi + 110];
         let b = blk.as_ptr();
         let d = f16c(rd16(b.add(108)));
-        let sc = super::dequant::q3k_scales(&blk[96..108]);
+        let sc = crate::matmul::scalar::dequant::q3k_scales(&blk[96..108]);
         let hm = [
             _mm_loadu_si128(b as *const __m128i),
             _mm_loadu_si128(b.add(16) as *const __m128i),
@@ -1119,7 +1052,7 @@ unsafe fn decode_q3_k(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn decode_q4_1(src: &[u8], dst: &mut [f32]) {
+pub(in crate::matmul) unsafe fn decode_q4_1(src: &[u8], dst: &mut [f32]) {
     let m4 = _mm_set1_epi8(0xF);
     for (bi, y) in dst.chunks_exact_mut(32).enumerate() {
         let b = src.as_ptr().add(20 * bi);
@@ -1135,7 +1068,7 @@ unsafe fn decode_q4_1(src: &[u8], dst: &mut [f32]) {
 
 /// Q5_0 (`MIN = false`: values − 16) and Q5_1 (`MIN = true`: plus m).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn decode_q5<const MIN: bool>(src: &[u8], dst: &mut [f32]) {
+pub(in crate::matmul) unsafe fn decode_q5<const MIN: bool>(src: &[u8], dst: &mut [f32]) {
     let m4 = _mm_set1_epi8(0xF);
     let bit4 = _mm_set1_epi8(0x10);
     let bsz = if MIN { 24 } else { 22 };

@@ -12,8 +12,9 @@
 //! bf16, so one broadcast of a token's column pair feeds both panels. The
 //! microkernel keeps [`NT`] tokens × 32 rows of `y` in registers.
 
-use super::{SendPtr, WeightRef};
 use crate::aligned::AlignedVec;
+use crate::matmul::weight::WeightRef;
+use crate::pool::SendPtr;
 use crate::pool::ThreadPool;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -321,7 +322,7 @@ mod tests {
             gemm(&pool, &w, &x, &mut y, n);
             let mut wr = vec![0f32; cols];
             for r in 0..rows {
-                assert!(super::super::dequant::dequant_row(
+                assert!(crate::matmul::scalar::dequant::dequant_row(
                     GgmlType::BF16,
                     w.row(r),
                     &mut wr

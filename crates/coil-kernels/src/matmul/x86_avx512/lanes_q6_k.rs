@@ -119,7 +119,7 @@ unsafe fn rows_q6_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
             for s in 0..16 {
                 // the block's lines ahead, spread over its sub-blocks (see
                 // `prefetch_part`)
-                super::prefetch_part::<{ super::super::x86_avx2::PF_STREAM }>(
+                super::dots::prefetch_part::<{ super::super::x86_avx2::dots::PF_STREAM }>(
                     b,
                     PACKED_BLOCK,
                     s,
@@ -160,7 +160,7 @@ unsafe fn group_1<const PF: bool, const N: usize, const LG: usize>(
     acc: &mut [__m512i; 16],
 ) {
     if PF {
-        super::prefetch_part::<{ super::super::x86_avx2::PF_STREAM }>(
+        super::dots::prefetch_part::<{ super::super::x86_avx2::dots::PF_STREAM }>(
             b,
             PACKED_BLOCK,
             8 * N + LG,
@@ -240,7 +240,7 @@ pub(super) unsafe fn rows_q6_k_1<const PF: bool>(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
 pub(super) unsafe fn tile_packed(w: &[u8], rb: usize, p: &ActPanel, out: &mut [&mut [f32]]) {
     match p.nt {
-        1 if super::one_token_prefetch() => rows_q6_k_1::<true>(w, rb, p, out[0]),
+        1 if super::dots::one_token_prefetch() => rows_q6_k_1::<true>(w, rb, p, out[0]),
         1 => rows_q6_k_1::<false>(w, rb, p, out[0]),
         2 => rows_q6_k::<2>(w, rb, p, out),
         3 => rows_q6_k::<3>(w, rb, p, out),

@@ -4,7 +4,7 @@
 //! one-scale formats widens them to i16. 128-bit integer instructions only,
 //! so both levels share it.
 
-use super::dequant::{iq4xs_scales, q3k_scales, scales_mins_k4, KVALUES_IQ4NL};
+use crate::matmul::scalar::dequant::{iq4xs_scales, q3k_scales, scales_mins_k4, KVALUES_IQ4NL};
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 
@@ -16,7 +16,7 @@ use std::arch::x86_64::*;
 /// AVX2 and F16C; `a` and `b` valid for the row's scale groups
 /// at stride `st`.
 #[target_feature(enable = "avx2,f16c")]
-pub(super) unsafe fn decode_row(
+pub(in crate::matmul) unsafe fn decode_row(
     ty: GgmlType,
     src: &[u8],
     q: &mut [i8],
@@ -27,7 +27,7 @@ pub(super) unsafe fn decode_row(
     use GgmlType::*;
     // the f16 at byte `off` of a block, converted by F16C (inlined here)
     let rd_f16 = |blk: &[u8], off: usize| {
-        super::x86_avx2::f16c(u16::from_le_bytes([blk[off], blk[off + 1]]))
+        crate::matmul::x86_avx2::dots::f16c(u16::from_le_bytes([blk[off], blk[off + 1]]))
     };
     let (bs, ts) = ty.block_layout();
     let m4 = _mm_set1_epi8(0xF);
@@ -174,7 +174,7 @@ pub(super) unsafe fn decode_row(
 /// # Safety
 /// `bp` holds a whole super-block, `qo` 256 bytes.
 #[inline(always)]
-pub(super) unsafe fn unpack_k45(bp: *const u8, high: bool, qo: *mut u8) {
+pub(in crate::matmul) unsafe fn unpack_k45(bp: *const u8, high: bool, qo: *mut u8) {
     let m4 = _mm_set1_epi8(0xF);
     let bit4 = _mm_set1_epi8(0x10);
     let qs = bp.add(if high { 48 } else { 16 });
@@ -205,7 +205,7 @@ pub(super) unsafe fn unpack_k45(bp: *const u8, high: bool, qo: *mut u8) {
 /// # Safety
 /// `bp` holds a whole super-block, `qo` 256 bytes.
 #[inline(always)]
-pub(super) unsafe fn unpack_q6k<const OFF: i8>(bp: *const u8, qo: *mut u8) {
+pub(in crate::matmul) unsafe fn unpack_q6k<const OFF: i8>(bp: *const u8, qo: *mut u8) {
     let m4 = _mm_set1_epi8(0xF);
     let m3 = _mm_set1_epi8(3);
     let off = _mm_set1_epi8(OFF);
@@ -241,7 +241,7 @@ pub(super) unsafe fn unpack_q6k<const OFF: i8>(bp: *const u8, qo: *mut u8) {
 /// # Safety
 /// `bp` holds a whole super-block, `qo` 256 bytes.
 #[inline(always)]
-pub(super) unsafe fn unpack_q2k(bp: *const u8, qo: *mut u8) {
+pub(in crate::matmul) unsafe fn unpack_q2k(bp: *const u8, qo: *mut u8) {
     let m3 = _mm_set1_epi8(3);
     for n in 0..2 {
         for h in 0..2 {
@@ -263,7 +263,7 @@ pub(super) unsafe fn unpack_q2k(bp: *const u8, qo: *mut u8) {
 /// # Safety
 /// `bp` holds a whole super-block, `qo` 256 bytes.
 #[inline(always)]
-pub(super) unsafe fn unpack_q3k<const OFF: i8>(bp: *const u8, qo: *mut u8) {
+pub(in crate::matmul) unsafe fn unpack_q3k<const OFF: i8>(bp: *const u8, qo: *mut u8) {
     let m3 = _mm_set1_epi8(3);
     let bit2 = _mm_set1_epi8(4);
     let off = _mm_set1_epi8(OFF);

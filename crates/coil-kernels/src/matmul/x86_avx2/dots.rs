@@ -1,200 +1,21 @@
 //! AVX2 (+FMA, F16C) kernels: float-format dot products and decoding.
 
-use super::dequant::{iq4xs_scales, KVALUES_IQ4NL};
-use super::{ActKind, QuantRows, SimdLevel, TileKernel, VecKernel};
+use crate::matmul::scalar::dequant::{iq4xs_scales, KVALUES_IQ4NL};
+use crate::simd::SimdLevel;
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
-
-pub(super) mod float_pairs;
-
-/// Calls `$f::<n>($args)` for the token count `n` = `$nt` (1 to 9): the
-/// rows-in-lanes kernels' few-token entries.
-macro_rules! by_token_count {
-    ($nt:expr, $f:ident, $what:literal, ($($a:expr),*)) => {
-        match $nt {
-            1 => $f::<1>($($a),*),
-            2 => $f::<2>($($a),*),
-            3 => $f::<3>($($a),*),
-            4 => $f::<4>($($a),*),
-            5 => $f::<5>($($a),*),
-            6 => $f::<6>($($a),*),
-            7 => $f::<7>($($a),*),
-            8 => $f::<8>($($a),*),
-            9 => $f::<9>($($a),*),
-            n => panic!("{} lanes tile: unsupported token count {n}", $what),
-        }
-    };
-    // up to 16 tokens
-    ($nt:expr, $f:ident, $what:literal, ($($a:expr),*), 16) => {
-        match $nt {
-            10 => $f::<10>($($a),*),
-            11 => $f::<11>($($a),*),
-            12 => $f::<12>($($a),*),
-            13 => $f::<13>($($a),*),
-            14 => $f::<14>($($a),*),
-            15 => $f::<15>($($a),*),
-            16 => $f::<16>($($a),*),
-            n => by_token_count!(n, $f, $what, ($($a),*)),
-        }
-    };
-}
-
-pub(super) mod k23;
-mod lanes;
-mod lanes_q6_k;
-mod lanes_q8_0;
-mod legacy;
-mod tiles;
-
-pub(super) fn vec_kernel(ty: GgmlType, lanes: bool) -> Option<VecKernel> {
-    use ActKind::*;
-    // SAFETY (all): selected only when the CPU has AVX2+FMA+F16C.
-    Some(match ty {
-        GgmlType::F32 => VecKernel::Float(|r, x| unsafe { dot_f32(r, x) }),
-        GgmlType::F16 => VecKernel::Float(|r, x| unsafe { dot_f16(r, x) }),
-        GgmlType::BF16 => VecKernel::Float(|r, x| unsafe { dot_bf16(r, x) }),
-        GgmlType::Q8_0 if lanes => VecKernel::Quant(
-            Q8_0,
-            |r, q, d, s| unsafe { lanes_q8_0::dot(r, q, d, s) },
-            None,
-        ),
-        GgmlType::Q8_0 => {
-            VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_q8_0(r, q, d, s) }, None)
-        }
-        GgmlType::Q4_0 => {
-            VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_q4_0(r, q, d, s) }, None)
-        }
-        GgmlType::IQ4_NL => {
-            VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_iq4_nl(r, q, d, s) }, None)
-        }
-        GgmlType::Q5_0 => VecKernel::Quant(
-            Q8_0,
-            |r, q, d, s| unsafe { legacy::dot_q5_0(r, q, d, s) },
-            None,
-        ),
-        GgmlType::Q5_1 => VecKernel::Quant(
-            Q8_0,
-            |r, q, d, s| unsafe { legacy::dot_q5_1(r, q, d, s) },
-            None,
-        ),
-        GgmlType::Q4_1 => VecKernel::Quant(
-            Q8_0,
-            |r, q, d, s| unsafe { legacy::dot_q4_1(r, q, d, s) },
-            None,
-        ),
-        GgmlType::Q2_K => VecKernel::Quant(
-            Q8K,
-            |r, q, d, s| unsafe { k23::avx2::dot_q2_k(r, q, d, s) },
-            Some(|r, q, d, s| unsafe { k23::avx2::dot4_q2_k(r, q, d, s) }),
-        ),
-        GgmlType::Q3_K => VecKernel::Quant(
-            Q8K,
-            |r, q, d, s| unsafe { k23::avx2::dot_q3_k(r, q, d, s) },
-            Some(|r, q, d, s| unsafe { k23::avx2::dot4_q3_k(r, q, d, s) }),
-        ),
-        GgmlType::Q4_K if lanes => {
-            VecKernel::Quant(Q8K, |r, q, d, s| unsafe { lanes::dot(r, q, d, s) }, None)
-        }
-        GgmlType::Q6_K if lanes => VecKernel::Quant(
-            Q8K,
-            |r, q, d, s| unsafe { lanes_q6_k::dot(r, q, d, s) },
-            None,
-        ),
-        GgmlType::Q4_K => VecKernel::Quant(
-            Q8K,
-            |r, q, d, s| unsafe { dot_k45::<false, 0>(r, q, d, s) },
-            None,
-        ),
-        GgmlType::Q5_K => VecKernel::Quant(
-            Q8K,
-            |r, q, d, s| unsafe { dot_k45::<true, 0>(r, q, d, s) },
-            None,
-        ),
-        GgmlType::Q6_K => {
-            VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_q6_k::<0>(r, q, d, s) }, None)
-        }
-        GgmlType::IQ4_XS => {
-            VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_iq4_xs(r, q, d, s) }, None)
-        }
-        _ => return None,
-    })
-}
-
-/// The few-token row-range kernel of `ty` and the most tokens it takes per
-/// call (each
-/// token's result bit for bit the one-token kernel's; see `tiles.rs`).
-pub(super) fn tile_kernel(ty: GgmlType, lanes: bool) -> Option<TileKernel> {
-    use tiles::{MAX_TOKENS_B32 as B32, MAX_TOKENS_K as K};
-    // SAFETY (all): selected only when the CPU has AVX2+FMA+F16C.
-    let (f, max_tokens): (super::QuantTile, usize) = match ty {
-        GgmlType::Q8_0 if lanes => (
-            |w, rb, a, o| unsafe { lanes_q8_0::tile(w, rb, a, o) },
-            lanes_q8_0::MAX_TOKENS,
-        ),
-        GgmlType::Q8_0 => (|w, rb, a, o| unsafe { tiles::tile_q8_0(w, rb, a, o) }, B32),
-        GgmlType::Q4_0 => (|w, rb, a, o| unsafe { tiles::tile_q4_0(w, rb, a, o) }, B32),
-        GgmlType::IQ4_NL => (
-            |w, rb, a, o| unsafe { tiles::tile_iq4_nl(w, rb, a, o) },
-            B32,
-        ),
-        GgmlType::Q4_K if lanes => (
-            |w, rb, a, o| unsafe { lanes::tile(w, rb, a, o) },
-            lanes::MAX_TOKENS,
-        ),
-        GgmlType::Q4_K => (|w, rb, a, o| unsafe { tiles::tile_q4_k(w, rb, a, o) }, K),
-        GgmlType::Q5_K => (|w, rb, a, o| unsafe { tiles::tile_q5_k(w, rb, a, o) }, K),
-        GgmlType::Q6_K if lanes => (
-            |w, rb, a, o| unsafe { lanes_q6_k::tile(w, rb, a, o) },
-            lanes_q6_k::MAX_TOKENS,
-        ),
-        GgmlType::Q6_K => (|w, rb, a, o| unsafe { tiles::tile_q6_k(w, rb, a, o) }, K),
-        _ => return None,
-    };
-    Some(TileKernel {
-        f,
-        max_tokens,
-        chunk: 32,
-        cols_multiple: 1,
-        own_panel: None,
-    })
-}
-
-/// The one-token row-range kernel of `ty` (decode: one call per chunk of
-/// rows; the dot is inlined). Q8_0/Q4_0/IQ4_NL and the K-quants prefetch
-/// [`PF_STREAM`] ahead block by block as they go, IQ4_XS whole rows
-/// [`super::pf_rows`] ahead.
-pub(super) fn rows_kernel(ty: GgmlType, lanes: bool) -> Option<QuantRows> {
-    // SAFETY (all): selected only when the CPU has AVX2+FMA+F16C.
-    Some(match ty {
-        GgmlType::Q8_0 if lanes => {
-            |w, rb, q, d, s, o| unsafe { lanes_q8_0::rows_one(w, rb, q, d, s, o) }
-        }
-        GgmlType::Q8_0 => |w, rb, q, d, s, o| unsafe { rows_b32::<34, 0>(w, rb, q, d, s, o) },
-        GgmlType::Q4_0 => |w, rb, q, d, s, o| unsafe { rows_b32::<18, 1>(w, rb, q, d, s, o) },
-        GgmlType::IQ4_NL => |w, rb, q, d, s, o| unsafe { rows_b32::<18, 2>(w, rb, q, d, s, o) },
-        GgmlType::Q5_0 => |w, rb, q, d, s, o| unsafe { legacy::rows_q5_0(w, rb, q, d, s, o) },
-        GgmlType::Q5_1 => |w, rb, q, d, s, o| unsafe { legacy::rows_q5_1(w, rb, q, d, s, o) },
-        GgmlType::Q4_1 => |w, rb, q, d, s, o| unsafe { legacy::rows_q4_1(w, rb, q, d, s, o) },
-        GgmlType::Q4_K if lanes => {
-            |w, rb, q, d, s, o| unsafe { lanes::rows_one(w, rb, q, d, s, o) }
-        }
-        GgmlType::Q4_K => |w, rb, q, d, s, o| unsafe { rows_q4_k(w, rb, q, d, s, o) },
-        GgmlType::Q5_K => |w, rb, q, d, s, o| unsafe { rows_q5_k(w, rb, q, d, s, o) },
-        GgmlType::Q6_K if lanes => {
-            |w, rb, q, d, s, o| unsafe { lanes_q6_k::rows_one(w, rb, q, d, s, o) }
-        }
-        GgmlType::Q6_K => |w, rb, q, d, s, o| unsafe { rows_q6_k(w, rb, q, d, s, o) },
-        GgmlType::Q2_K => |w, rb, q, d, s, o| unsafe { k23::avx2::rows_q2_k(w, rb, q, d, s, o) },
-        GgmlType::Q3_K => |w, rb, q, d, s, o| unsafe { k23::avx2::rows_q3_k(w, rb, q, d, s, o) },
-        GgmlType::IQ4_XS => |w, rb, q, d, s, o| unsafe { rows_iq4_xs(w, rb, q, d, s, o) },
-        _ => return None,
-    })
-}
 
 macro_rules! rows_entry {
     ($name:ident, $dot:expr) => {
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $name(w: &[u8], rb: usize, xq: &[i8], xd: &[f32], xs: &[i16], out: &mut [f32]) {
+        pub(in crate::matmul) unsafe fn $name(
+            w: &[u8],
+            rb: usize,
+            xq: &[i8],
+            xd: &[f32],
+            xs: &[i16],
+            out: &mut [f32],
+        ) {
             let n = out.len();
             debug_assert!(w.len() >= n * rb);
             let pf = |r: usize| {
@@ -204,7 +25,7 @@ macro_rules! rows_entry {
                     off += 64;
                 }
             };
-            let pfr = super::pf_rows(rb);
+            let pfr = crate::matmul::kernel::pf_rows(rb);
             for r in 0..pfr.min(n) {
                 pf(r);
             }
@@ -221,7 +42,7 @@ macro_rules! rows_entry {
 /// consecutive in memory and walked in order, each block prefetching the
 /// line [`PF_STREAM`] ahead (see [`dot_b32`]).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_b32<const BYTES: usize, const KIND: u8>(
+pub(in crate::matmul) unsafe fn rows_b32<const BYTES: usize, const KIND: u8>(
     w: &[u8],
     rb: usize,
     xq: &[i8],
@@ -245,7 +66,7 @@ macro_rules! rows_stream {
         /// AVX2, 2 threads: lfm2-1.2b-like Q4_K_M 15.9-17.2 -> 19.3-19.4
         /// tokens/s, mamba2-370m-like Q4_K_M 46.4-47.4 -> 49.6-51.1.
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $name(w: &[u8], rb: usize, xq: &[i8], xd: &[f32], xs: &[i16], out: &mut [f32]) {
+        pub(in crate::matmul) unsafe fn $name(w: &[u8], rb: usize, xq: &[i8], xd: &[f32], xs: &[i16], out: &mut [f32]) {
             assert!(w.len() >= out.len() * rb);
             for (r, o) in out.iter_mut().enumerate() {
                 // the row's slice may end before the prefetched lines: they are
@@ -261,7 +82,12 @@ rows_stream!(rows_q6_k, dot_q6_k);
 rows_entry!(rows_iq4_xs, dot_iq4_xs);
 
 /// SIMD decoding of the plain float formats and Q8_0; false = not handled.
-pub(super) fn decode(ty: GgmlType, src: &[u8], dst: &mut [f32], _level: SimdLevel) -> bool {
+pub(in crate::matmul) fn decode(
+    ty: GgmlType,
+    src: &[u8],
+    dst: &mut [f32],
+    _level: SimdLevel,
+) -> bool {
     // SAFETY: called only at level >= Avx2.
     unsafe {
         match ty {
@@ -286,7 +112,7 @@ pub(super) fn decode(ty: GgmlType, src: &[u8], dst: &mut [f32], _level: SimdLeve
 }
 
 #[inline(always)]
-unsafe fn hsum256(v: __m256) -> f32 {
+pub(in crate::matmul) unsafe fn hsum256(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -300,18 +126,18 @@ unsafe fn hsum256(v: __m256) -> f32 {
 /// accumulator), so each block's scale waited on the previous block's sums
 /// (Q2_K one token: ~28 cycles a block where its operations need ~17).
 #[inline(always)]
-pub(super) unsafe fn f16_lanes(bits: u16) -> __m256 {
+pub(in crate::matmul) unsafe fn f16_lanes(bits: u16) -> __m256 {
     _mm256_cvtph_ps(_mm_set1_epi16(bits as i16))
 }
 
 /// f16 bits → f32 with F16C.
 #[inline(always)]
-pub(super) unsafe fn f16c(bits: u16) -> f32 {
+pub(in crate::matmul) unsafe fn f16c(bits: u16) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
+pub(in crate::matmul) unsafe fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
     let n = x.len();
     debug_assert!(row.len() >= 4 * n);
     let (w, xp) = (row.as_ptr() as *const f32, x.as_ptr());
@@ -344,10 +170,10 @@ unsafe fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
 /// threads, tg64, interleaved rounds on a busy machine): mamba2-370m-like
 /// F16 1.04-1.10x, hybrid-350m-like F16 1.06-1.14x, lfm2-1.2b-like F16
 /// 1.04-1.10x; 2 KB ahead was no better than none.
-pub(super) const PF_BYTES_16: usize = 1024;
+pub(in crate::matmul) const PF_BYTES_16: usize = 1024;
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
+pub(in crate::matmul) unsafe fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
     let n = x.len();
     debug_assert!(row.len() >= 2 * n);
     let (w, xp) = (row.as_ptr(), x.as_ptr());
@@ -379,7 +205,7 @@ unsafe fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
+pub(in crate::matmul) unsafe fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
     let n = x.len();
     debug_assert!(row.len() >= 2 * n);
     let (w, xp) = (row.as_ptr(), x.as_ptr());
@@ -414,7 +240,7 @@ unsafe fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decode_f16(src: &[u8], dst: &mut [f32]) {
+pub(in crate::matmul) unsafe fn decode_f16(src: &[u8], dst: &mut [f32]) {
     let n = dst.len();
     let mut i = 0;
     while i + 8 <= n {
@@ -429,7 +255,7 @@ unsafe fn decode_f16(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2")]
-unsafe fn decode_bf16(src: &[u8], dst: &mut [f32]) {
+pub(in crate::matmul) unsafe fn decode_bf16(src: &[u8], dst: &mut [f32]) {
     let n = dst.len();
     let mut i = 0;
     while i + 8 <= n {
@@ -445,7 +271,7 @@ unsafe fn decode_bf16(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decode_q8_0(src: &[u8], dst: &mut [f32]) {
+pub(in crate::matmul) unsafe fn decode_q8_0(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(34).zip(dst.chunks_exact_mut(32)) {
         let d = _mm256_set1_ps(f16c(u16::from_le_bytes([b[0], b[1]])));
         for k in 0..4 {
@@ -459,13 +285,13 @@ unsafe fn decode_q8_0(src: &[u8], dst: &mut [f32]) {
 // ---- integer dot products (maddubs: u8 x i8 -> i16 pairs, madd -> i32) ----
 
 #[inline(always)]
-unsafe fn rd16(p: *const u8) -> u16 {
+pub(in crate::matmul) unsafe fn rd16(p: *const u8) -> u16 {
     (p as *const u16).read_unaligned()
 }
 
 /// 16 packed nibbles → 32 u8 `[lo | hi]`.
 #[inline(always)]
-unsafe fn nibbles(p: *const u8) -> __m256i {
+pub(in crate::matmul) unsafe fn nibbles(p: *const u8) -> __m256i {
     let q = _mm_loadu_si128(p as *const __m128i);
     let m = _mm_set1_epi8(0xF);
     _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m))
@@ -473,7 +299,7 @@ unsafe fn nibbles(p: *const u8) -> __m256i {
 
 /// `sum u[i]*s[i]` as 8 i32 lanes (`u` ≤ 128 unsigned so pairs fit in i16).
 #[inline(always)]
-unsafe fn dot_us(u: __m256i, s: __m256i) -> __m256i {
+pub(in crate::matmul) unsafe fn dot_us(u: __m256i, s: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
 }
 
@@ -481,7 +307,11 @@ unsafe fn dot_us(u: __m256i, s: __m256i) -> __m256i {
 /// the block) times the activations `xv`: eight i32 lane sums (Q4_0: of the
 /// unsigned nibbles, corrected by the caller).
 #[inline(always)]
-unsafe fn b32_idot<const KIND: u8>(b: *const u8, xv: __m256i, tbl: __m256i) -> __m256i {
+pub(in crate::matmul) unsafe fn b32_idot<const KIND: u8>(
+    b: *const u8,
+    xv: __m256i,
+    tbl: __m256i,
+) -> __m256i {
     match KIND {
         0 => {
             let wv = _mm256_loadu_si256(b.add(2) as *const __m256i);
@@ -497,7 +327,7 @@ unsafe fn b32_idot<const KIND: u8>(b: *const u8, xv: __m256i, tbl: __m256i) -> _
 
 /// The IQ4_NL value table in both 128-bit lanes (for [`b32_idot`]).
 #[inline(always)]
-unsafe fn iq4nl_table() -> __m256i {
+pub(in crate::matmul) unsafe fn iq4nl_table() -> __m256i {
     _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i))
 }
 
@@ -524,7 +354,7 @@ pub(in crate::matmul) const PF_FAR: usize = 4096;
 /// The far prefetch of the `bytes`-byte block at `b`: its lines
 /// [`PF_FAR`] ahead, into L2.
 #[inline(always)]
-pub(super) unsafe fn prefetch_far(b: *const u8, bytes: usize) {
+pub(in crate::matmul) unsafe fn prefetch_far(b: *const u8, bytes: usize) {
     let p = b.wrapping_add(PF_FAR);
     let mut off = 0;
     while off < bytes {
@@ -548,7 +378,7 @@ pub(super) unsafe fn prefetch_far(b: *const u8, bytes: usize) {
 /// `row` holds `xd.len()` blocks, `xq` as many 32-value chunks, `xs` (Q4_0)
 /// as many sums; AVX2, FMA and F16C are available.
 #[inline(always)]
-pub(super) unsafe fn dot_b32<const BYTES: usize, const KIND: u8, const PF: usize>(
+pub(in crate::matmul) unsafe fn dot_b32<const BYTES: usize, const KIND: u8, const PF: usize>(
     row: *const u8,
     xq: &[i8],
     xd: &[f32],
@@ -573,7 +403,7 @@ pub(super) unsafe fn dot_b32<const BYTES: usize, const KIND: u8, const PF: usize
 /// Block `i` of [`dot_b32`]: returns `acc` plus its product.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn b32_block<const BYTES: usize, const KIND: u8, const PF: usize>(
+pub(in crate::matmul) unsafe fn b32_block<const BYTES: usize, const KIND: u8, const PF: usize>(
     row: *const u8,
     xq: &[i8],
     xd: &[f32],
@@ -599,26 +429,26 @@ unsafe fn b32_block<const BYTES: usize, const KIND: u8, const PF: usize>(
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q8_0(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+pub(in crate::matmul) unsafe fn dot_q8_0(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
     assert!(row.len() >= 34 * xd.len() && xq.len() >= 32 * xd.len());
     dot_b32::<34, 0, 0>(row.as_ptr(), xq, xd, xs)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_0(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+pub(in crate::matmul) unsafe fn dot_q4_0(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
     assert!(row.len() >= 18 * xd.len() && xq.len() >= 32 * xd.len() && xs.len() >= xd.len());
     dot_b32::<18, 1, 0>(row.as_ptr(), xq, xd, xs)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_iq4_nl(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+pub(in crate::matmul) unsafe fn dot_iq4_nl(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
     assert!(row.len() >= 18 * xd.len() && xq.len() >= 32 * xd.len());
     dot_b32::<18, 2, 0>(row.as_ptr(), xq, xd, xs)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn dot_k45<const HIGH: bool, const PF: usize>(
+pub(in crate::matmul) unsafe fn dot_k45<const HIGH: bool, const PF: usize>(
     row: &[u8],
     xq: &[i8],
     xd: &[f32],
@@ -636,8 +466,9 @@ unsafe fn dot_k45<const HIGH: bool, const PF: usize>(
             prefetch_block(b.wrapping_add(PF), bsz);
             prefetch_far(b, bsz);
         }
-        let (sc, mn) =
-            super::dequant::scales_mins_k4_words(std::slice::from_raw_parts(b.add(4), 12));
+        let (sc, mn) = crate::matmul::scalar::dequant::scales_mins_k4_words(
+            std::slice::from_raw_parts(b.add(4), 12),
+        );
         let sp = k4_scale_lanes(sc);
         let x = xq.as_ptr().add(256 * i);
         let qs = b.add(if HIGH { 48 } else { 16 });
@@ -672,7 +503,7 @@ unsafe fn dot_k45<const HIGH: bool, const PF: usize>(
 
 /// Prefetches the lines of the `bytes` bytes at `p` (a block `PF` ahead).
 #[inline(always)]
-unsafe fn prefetch_block(p: *const u8, bytes: usize) {
+pub(in crate::matmul) unsafe fn prefetch_block(p: *const u8, bytes: usize) {
     let mut off = 0;
     while off < bytes {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off) as *const i8);
@@ -684,7 +515,7 @@ unsafe fn prefetch_block(p: *const u8, bytes: usize) {
 /// `_mm256_shuffle_epi8` mask byte pair picking 16-bit word `w` (0..8) of a
 /// 128-bit lane.
 #[inline(always)]
-const fn word_mask(w: usize) -> i16 {
+pub(in crate::matmul) const fn word_mask(w: usize) -> i16 {
     (((2 * w + 1) << 8) | (2 * w)) as i16
 }
 
@@ -692,7 +523,7 @@ const fn word_mask(w: usize) -> i16 {
 /// lanes, for [`k4_scale`].
 #[target_feature(enable = "avx2")]
 #[inline]
-pub(super) unsafe fn k4_scale_lanes(sc: u64) -> __m256i {
+pub(in crate::matmul) unsafe fn k4_scale_lanes(sc: u64) -> __m256i {
     _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)))
 }
 
@@ -700,7 +531,7 @@ pub(super) unsafe fn k4_scale_lanes(sc: u64) -> __m256i {
 /// of a scalar load and broadcast.
 #[target_feature(enable = "avx2")]
 #[inline]
-pub(super) unsafe fn k4_scale(lanes: __m256i, w: usize) -> __m256i {
+pub(in crate::matmul) unsafe fn k4_scale(lanes: __m256i, w: usize) -> __m256i {
     _mm256_shuffle_epi8(lanes, _mm256_set1_epi16(word_mask(w)))
 }
 
@@ -709,7 +540,7 @@ pub(super) unsafe fn k4_scale(lanes: __m256i, w: usize) -> __m256i {
 /// `[s8..s16 | s8..s16]`, for [`q6k_scale`].
 #[target_feature(enable = "avx2")]
 #[inline]
-pub(super) unsafe fn q6k_scale_lanes(sc16: __m256i) -> [__m256i; 2] {
+pub(in crate::matmul) unsafe fn q6k_scale_lanes(sc16: __m256i) -> [__m256i; 2] {
     [
         _mm256_permute2x128_si256(sc16, sc16, 0x00),
         _mm256_permute2x128_si256(sc16, sc16, 0x11),
@@ -720,7 +551,7 @@ pub(super) unsafe fn q6k_scale_lanes(sc16: __m256i) -> [__m256i; 2] {
 /// Q6_K block, `g = 8 n + 2 k`.
 #[target_feature(enable = "avx2")]
 #[inline]
-pub(super) unsafe fn q6k_scale(lanes: &[__m256i; 2], n: usize, k: usize) -> __m256i {
+pub(in crate::matmul) unsafe fn q6k_scale(lanes: &[__m256i; 2], n: usize, k: usize) -> __m256i {
     let mask = _mm256_set_m128i(
         _mm_set1_epi16(word_mask(2 * k + 1)),
         _mm_set1_epi16(word_mask(2 * k)),
@@ -733,7 +564,7 @@ pub(super) unsafe fn q6k_scale(lanes: &[__m256i; 2], n: usize, k: usize) -> __m2
 /// 16 i16), exact.
 #[target_feature(enable = "avx2")]
 #[inline]
-pub(super) unsafe fn k4_mins(mn: u64, bs: *const i16) -> i32 {
+pub(in crate::matmul) unsafe fn k4_mins(mn: u64, bs: *const i16) -> i32 {
     let m = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
     // [m0 m0 m1 m1 m2 m2 m3 m3 | m4 m4 m5 m5 m6 m6 m7 m7]
     let mdup = _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m));
@@ -748,14 +579,14 @@ pub(super) unsafe fn k4_mins(mn: u64, bs: *const i16) -> i32 {
 /// 32, the 16-groups `8n + 2k` and `8n + 2k + 1` in vector `k`.
 #[target_feature(enable = "avx2")]
 #[inline]
-pub(super) unsafe fn q6k_quants(b: *const u8, n: usize) -> [__m256i; 4] {
+pub(in crate::matmul) unsafe fn q6k_quants(b: *const u8, n: usize) -> [__m256i; 4] {
     std::array::from_fn(|k| q6k_quant(b, n, k))
 }
 
 /// Vector `k` (0..4) of [`q6k_quants`] alone.
 #[target_feature(enable = "avx2")]
 #[inline]
-pub(super) unsafe fn q6k_quant(b: *const u8, n: usize, k: usize) -> __m256i {
+pub(in crate::matmul) unsafe fn q6k_quant(b: *const u8, n: usize, k: usize) -> __m256i {
     let (m4, m3) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(3));
     // low nibbles of bytes 64n.. (k even) or 64n+32.. (k odd); k >= 2: high nibbles
     let l = _mm256_loadu_si256(b.add(64 * n + 32 * (k % 2)) as *const __m256i);
@@ -774,7 +605,12 @@ pub(super) unsafe fn q6k_quant(b: *const u8, n: usize, k: usize) -> __m256i {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn dot_q6_k<const PF: usize>(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+pub(in crate::matmul) unsafe fn dot_q6_k<const PF: usize>(
+    row: &[u8],
+    xq: &[i8],
+    xd: &[f32],
+    xs: &[i16],
+) -> f32 {
     let nb = xd.len();
     let mut facc = _mm256_setzero_ps();
     for i in 0..nb {
@@ -809,7 +645,7 @@ unsafe fn dot_q6_k<const PF: usize>(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn dot_iq4_xs(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
+pub(in crate::matmul) unsafe fn dot_iq4_xs(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
     let nb = xd.len();
     let tbl =
         _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
@@ -835,7 +671,7 @@ unsafe fn dot_iq4_xs(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
 
 /// 16 u8 → f32 at `out[0..16]`, as `v * d - m`.
 #[inline(always)]
-unsafe fn store_u8x16(out: *mut f32, v: __m128i, d: __m256, m: __m256) {
+pub(in crate::matmul) unsafe fn store_u8x16(out: *mut f32, v: __m128i, d: __m256, m: __m256) {
     let a = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
     let b = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
     _mm256_storeu_ps(out, _mm256_fmsub_ps(a, d, m));
@@ -844,7 +680,7 @@ unsafe fn store_u8x16(out: *mut f32, v: __m128i, d: __m256, m: __m256) {
 
 /// 16 i8 → f32 at `out[0..16]`, as `v * d`.
 #[inline(always)]
-unsafe fn store_i8x16(out: *mut f32, v: __m128i, d: __m256) {
+pub(in crate::matmul) unsafe fn store_i8x16(out: *mut f32, v: __m128i, d: __m256) {
     let a = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
     let b = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)));
     _mm256_storeu_ps(out, _mm256_mul_ps(a, d));
@@ -852,7 +688,7 @@ unsafe fn store_i8x16(out: *mut f32, v: __m128i, d: __m256) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decode_k45<const HIGH: bool>(src: &[u8], dst: &mut [f32]) {
+pub(in crate::matmul) unsafe fn decode_k45<const HIGH: bool>(src: &[u8], dst: &mut [f32]) {
     let bsz = if HIGH { 176 } else { 144 };
     let m4 = _mm_set1_epi8(0xF);
     let bit4 = _mm_set1_epi8(0x10);
@@ -863,7 +699,7 @@ unsafe fn decode_k45<const HIGH: bool>(src: &[u8], dst: &mut [f32]) {
         let dmin = f16c(rd16(b.add(2)));
         let mut sm = [(0u8, 0u8); 8];
         for (j, v) in sm.iter_mut().enumerate() {
-            *v = super::dequant::scale_min_k4(j, &blk[4..16]);
+            *v = crate::matmul::scalar::dequant::scale_min_k4(j, &blk[4..16]);
         }
         let qs = b.add(if HIGH { 48 } else { 16 });
         let yp = y.as_mut_ptr();
@@ -900,7 +736,7 @@ unsafe fn decode_k45<const HIGH: bool>(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decode_q6_k(src: &[u8], dst: &mut [f32]) {
+pub(in crate::matmul) unsafe fn decode_q6_k(src: &[u8], dst: &mut [f32]) {
     let m4 = _mm_set1_epi8(0xF);
     let m3 = _mm_set1_epi8(3);
     let off = _mm_set1_epi8(32);
@@ -943,7 +779,7 @@ unsafe fn decode_q6_k(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decode_q4_0_nl<const NL: bool>(src: &[u8], dst: &mut [f32]) {
+pub(in crate::matmul) unsafe fn decode_q4_0_nl<const NL: bool>(src: &[u8], dst: &mut [f32]) {
     let m4 = _mm_set1_epi8(0xF);
     let tbl = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
     let eight = _mm_set1_epi8(8);
@@ -964,7 +800,7 @@ unsafe fn decode_q4_0_nl<const NL: bool>(src: &[u8], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decode_iq4_xs(src: &[u8], dst: &mut [f32]) {
+pub(in crate::matmul) unsafe fn decode_iq4_xs(src: &[u8], dst: &mut [f32]) {
     let m4 = _mm_set1_epi8(0xF);
     let tbl = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
     for (bi, y) in dst.chunks_exact_mut(256).enumerate() {

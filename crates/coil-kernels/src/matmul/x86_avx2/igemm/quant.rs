@@ -1,5 +1,5 @@
 //! The activations' quantization for the Q8_0 integer GEMM (widened to i16), in AVX2 registers
-//! and bit for bit as [`super::super::act::QuantAct`] does it: per block
+//! and bit for bit as [`crate::matmul::act::QuantAct`] does it: per block
 //! (32 values for Q8_0, 256 for the K-quants) `dx = amax / 127` and
 //! `qx = round(x · 127 / amax)` (ties away from zero), clamped to ±127;
 //! NaN values count as 0, a block with an infinity gets `dx = ±inf` and
@@ -95,8 +95,8 @@ pub(super) unsafe fn row_i16(x: &[f32], qx: &mut [i16], dx: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::act::QuantAct;
     use super::*;
+    use crate::matmul::act::QuantAct;
     use crate::testutil::Rng;
 
     /// Values that stress the rounding and the special blocks: ties after

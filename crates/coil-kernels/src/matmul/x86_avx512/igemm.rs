@@ -34,9 +34,10 @@
 //! feeds both panels. Output rows of a token are contiguous in `y`, so
 //! results are stored as vectors.
 
-use super::decode_i8::decode_row;
-use super::{SendPtr, WeightRef};
 use crate::aligned::AlignedVec;
+use crate::matmul::weight::WeightRef;
+use crate::matmul::x86_avx2::decode_i8::decode_row;
+use crate::pool::SendPtr;
 use crate::pool::ThreadPool;
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
@@ -249,7 +250,7 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
     let st = cols + 64;
     p.dq.resize(16 * st, 0);
     let nr = 16.min(w.rows.saturating_sub(r0)); // 0: an empty panel (zeros)
-    if w.layout == super::Layout::Lanes16 && nr > 0 {
+    if w.layout == crate::matmul::weight::Layout::Lanes16 && nr > 0 {
         return pack_lanes(w, r0, p);
     }
     for r in 0..16 {
@@ -330,7 +331,7 @@ unsafe fn pack_lanes(w: &WeightRef, r0: usize, p: &mut Panel) {
     if w.ty == GgmlType::Q8_0 {
         // the quants as i8 again, `d` per block, no min
         for kb in 0..w.cols / 32 {
-            let (q, a) = super::x86_avx512::lanes_q8_0::packed_block(group, kb);
+            let (q, a) = crate::matmul::x86_avx512::lanes_q8_0::packed_block(group, kb);
             let mut ws = _mm512_setzero_si512();
             for (g, v) in q.iter().enumerate() {
                 _mm512_storeu_si512(p.q.as_mut_ptr().add(kb * 512 + 64 * g) as *mut _, *v);
@@ -349,7 +350,7 @@ unsafe fn pack_lanes(w: &WeightRef, r0: usize, p: &mut Panel) {
         // Q6_K's q − 32 as i8, a scale per 16 values and no min
         let off = _mm512_set1_epi8(32);
         for i in 0..w.cols / 256 {
-            let (q, a) = super::x86_avx512::lanes_q6k::packed_block(group, i);
+            let (q, a) = crate::matmul::x86_avx512::lanes_q6_k::packed_block(group, i);
             for (s, (qs, a)) in q.iter().zip(a).enumerate() {
                 // sub-block s: columns 16s.., the half s % 2 of block 32 s / 2
                 let (kb, h) = (8 * i + s / 2, s % 2);
@@ -379,7 +380,7 @@ unsafe fn pack_lanes(w: &WeightRef, r0: usize, p: &mut Panel) {
     // Q4_K: the kernel multiplies its unsigned nibbles by signed activations,
     // no offset to remove (`ws` unused)
     for i in 0..w.cols / 256 {
-        let (q, a, b) = super::x86_avx512::lanes::packed_block(group, i);
+        let (q, a, b) = crate::matmul::x86_avx512::lanes::packed_block(group, i);
         for j in 0..8 {
             let kb = 8 * i + j;
             for (g, v) in q[j].iter().enumerate() {
@@ -408,24 +409,23 @@ unsafe fn pack_mins(w: &WeightRef, r0: usize, p: &mut Panel) {
     p.dmin.resize(nsb * 16);
     let nr = 16.min(w.rows.saturating_sub(r0));
     for sb in 0..nsb {
-        let dm = if nr == 0 {
-            _mm512_setzero_ps()
-        } else if w.layout == super::Layout::Lanes16 {
-            let h0 = _mm512_loadu_si512(
-                w.data
-                    .as_ptr()
-                    .add(r0 * w.row_bytes() + super::x86_avx512::lanes::PACKED_BLOCK * sb)
-                    as *const _,
-            );
-            _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(h0)))
-        } else {
-            let bs = w.ty.type_size();
-            let mut v = [0f32; 16];
-            for (r, v) in v.iter_mut().enumerate().take(nr) {
-                *v = super::dequant::rd_f16(w.row(r0 + r), sb * bs + dmin_at);
-            }
-            _mm512_loadu_ps(v.as_ptr())
-        };
+        let dm =
+            if nr == 0 {
+                _mm512_setzero_ps()
+            } else if w.layout == crate::matmul::weight::Layout::Lanes16 {
+                let h0 =
+                    _mm512_loadu_si512(w.data.as_ptr().add(
+                        r0 * w.row_bytes() + crate::matmul::x86_avx512::lanes::PACKED_BLOCK * sb,
+                    ) as *const _);
+                _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(h0)))
+            } else {
+                let bs = w.ty.type_size();
+                let mut v = [0f32; 16];
+                for (r, v) in v.iter_mut().enumerate().take(nr) {
+                    *v = crate::matmul::scalar::dequant::rd_f16(w.row(r0 + r), sb * bs + dmin_at);
+                }
+                _mm512_loadu_ps(v.as_ptr())
+            };
         _mm512_storeu_ps(p.dmin.as_mut_ptr().add(sb * 16), dm);
         let ok = _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(dm, _mm512_setzero_ps())
             & _mm512_cmp_ps_mask::<_CMP_LT_OQ>(_mm512_abs_ps(dm), _mm512_set1_ps(f32::INFINITY));
@@ -697,7 +697,7 @@ fn run(pool: &ThreadPool, w: &WeightRef, acts: &Acts, y: &mut [f32], n_tokens: u
                     let next = r0 + 32;
                     if next < rows {
                         let end = (next + 32).min(rows);
-                        super::gemm::prefetch(&w.data[next * rb..end * rb]);
+                        crate::matmul::gemm::prefetch(&w.data[next * rb..end * rb]);
                     }
                     let nr = [16.min(rows - r0), 16.min(rows.saturating_sub(r0 + 16))];
                     for ts in all.chunks(NT) {
@@ -738,7 +738,7 @@ fn run(pool: &ThreadPool, w: &WeightRef, acts: &Acts, y: &mut [f32], n_tokens: u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::matmul::dequant::dequant_row;
+    use crate::matmul::scalar::dequant::dequant_row;
     use crate::simd::{detected_level, SimdLevel};
     use crate::testutil::{random_weights, Rng};
 
@@ -772,7 +772,7 @@ mod tests {
                     }
                 }
                 let mut packed = plain.clone();
-                let repacked = super::super::repack(ty, &mut packed, rows, cols);
+                let repacked = crate::matmul::repack(ty, &mut packed, rows, cols);
                 let x = rng.vec(n * cols);
                 // the reference quantization
                 let block = act_mode(ty).block;
@@ -790,11 +790,14 @@ mod tests {
                     }
                 }
                 let pool = ThreadPool::new(threads);
-                for layout in [super::super::Layout::Rows, super::super::Layout::Lanes16] {
-                    if layout == super::super::Layout::Lanes16 && !repacked {
+                for layout in [
+                    crate::matmul::weight::Layout::Rows,
+                    crate::matmul::weight::Layout::Lanes16,
+                ] {
+                    if layout == crate::matmul::weight::Layout::Lanes16 && !repacked {
                         continue;
                     }
-                    let data = if repacked && layout == super::super::Layout::Lanes16 {
+                    let data = if repacked && layout == crate::matmul::weight::Layout::Lanes16 {
                         &packed
                     } else {
                         &plain

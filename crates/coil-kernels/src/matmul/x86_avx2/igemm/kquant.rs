@@ -25,11 +25,12 @@
 //! [`PG`] panels, each token tile multiplied by all of them in turn (the
 //! tile's activations read from L2 / L3 once, then from L1).
 
-use super::super::decode_i8::{unpack_k45, unpack_q2k, unpack_q3k, unpack_q6k};
-use super::super::dequant::{q3k_scales, rd_f16, scale_min_k4};
-use super::super::{SendPtr, WeightRef};
-use super::{over_panels, store_tokens, tile_tokens, NR};
+use super::panels::{over_panels, store_tokens, tile_tokens, NR};
 use crate::aligned::AlignedVec;
+use crate::matmul::scalar::dequant::{q3k_scales, rd_f16, scale_min_k4};
+use crate::matmul::weight::WeightRef;
+use crate::matmul::x86_avx2::decode_i8::{unpack_k45, unpack_q2k, unpack_q3k, unpack_q6k};
+use crate::pool::SendPtr;
 use crate::pool::ThreadPool;
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
@@ -182,7 +183,7 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
     for b in 0..nb {
         let v: [__m256; NR] =
             std::array::from_fn(|r| _mm256_loadu_ps(src.add(r * cols + 32 * b) as *const f32));
-        for (g, t) in super::transpose8(v).into_iter().enumerate() {
+        for (g, t) in super::panels::transpose8(v).into_iter().enumerate() {
             _mm256_storeu_ps(dst.add(b * 8 + g) as *mut f32, t);
         }
     }
@@ -228,13 +229,13 @@ fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, group: usi
     });
 }
 
-/// One token, as [`super::super::act::QuantAct::q8_k`] quantizes it.
+/// One token, as [`crate::matmul::act::QuantAct::q8_k`] quantizes it.
 ///
 /// # Safety
 /// AVX2 available.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn quantize_row(x: &[f32], group: usize, qx: &mut [i8], dx: &mut [f32], pairs: &mut [i32]) {
-    super::super::act::quantize_blocks_mv(x, qx, dx, 256);
+    crate::matmul::act::quantize_blocks_mv(x, qx, dx, 256);
     for (p, g2) in pairs.iter_mut().zip(qx.chunks_exact(2 * group)) {
         let lo: i32 = g2[..group].iter().map(|&q| q as i32).sum();
         let hi: i32 = g2[group..].iter().map(|&q| q as i32).sum();
@@ -703,7 +704,9 @@ mod tests {
     /// activations' quantization, would not see one).
     #[test]
     fn gemm_is_the_dot_products_integers() {
-        use super::super::super::{act::QuantAct, dequant::dequant_row, vecdot};
+        use crate::matmul::act::QuantAct;
+        use crate::matmul::scalar::dequant::dequant_row;
+        use crate::matmul::scalar::vecdot;
         if !std::arch::is_x86_feature_detected!("avx2")
             || !std::arch::is_x86_feature_detected!("fma")
             || !std::arch::is_x86_feature_detected!("f16c")

@@ -1,0 +1,6 @@
+//! The portable level: every format's reference dot products
+//! ([`vecdot`]) and decoding to f32 ([`dequant`]), plain Rust that any CPU
+//! runs and every SIMD kernel is tested against.
+
+pub mod dequant;
+pub mod vecdot;
