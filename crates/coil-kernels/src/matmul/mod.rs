@@ -20,7 +20,7 @@
 //! * many tokens (prefill): for Q8_0/Q4_0/IQ4_NL/Q4_K/Q5_K/Q6_K/IQ4_XS on
 //!   AVX-512 VNNI, an integer GEMM (`igemm`: weights unpacked to i8 per
 //!   16-row panel, activations quantized per 32 values); on AVX2, one for
-//!   Q4_K/Q5_K/Q6_K/Q8_0 (`igemm_avx2`: `vpmaddubsw` / `vpmaddwd`, 8- and
+//!   Q4_K/Q5_K/Q6_K/Q8_0 (`x86_avx2/igemm/`: `vpmaddubsw` / `vpmaddwd`, 8- and
 //!   16-row panels); for every other format and level, [`gemm`] — weights decoded to f32 panel by panel and an
 //!   f32 register-tile GEMM. Compute-bound. (Below 4 tokens, formats without
 //!   a dot kernel decode each row once and use f32 dots.)

@@ -105,7 +105,7 @@ pub struct Format {
     pub avx2_lanes: Avx2Lanes,
     /// First token count of the AVX-512 VNNI integer GEMM (`igemm`).
     pub igemm_avx512: Option<usize>,
-    /// The AVX2 integer GEMM (`igemm_avx2`).
+    /// The AVX2 integer GEMM (`x86_avx2/igemm/`).
     pub igemm_avx2: Option<Avx2Gemm>,
     /// First token count of the f32 GEMM at the AVX2 and AVX-512 levels
     /// where there is no integer GEMM (the scalar level: 4 for all).
@@ -274,7 +274,7 @@ pub enum Kernel {
     /// The AVX-512 VNNI integer GEMM (`igemm`; it reads [`Layout::Lanes16`]
     /// panels too).
     IntGemmAvx512,
-    /// The AVX2 integer GEMM (`igemm_avx2`).
+    /// The AVX2 integer GEMM (`x86_avx2/igemm/`).
     IntGemmAvx2,
     /// A [`Layout::Lanes16`] matrix at AVX-512: its rows-in-lanes tiles,
     /// the integer GEMM from `gemm_from` tokens.

@@ -7,7 +7,7 @@
 //!
 //! Batch invariance: each token's result is computed with exactly the
 //! floating-point operations, in the same order, of the one-token kernel
-//! beside it in `x86_avx2.rs` (the integer parts are exact, so only their
+//! beside it in `dots.rs` (the integer parts are exact, so only their
 //! per-lane values matter, not the order of their additions), so a token's
 //! output does not depend on how many tokens share the call: a request
 //! decoded alone or among others, or a drafted token verified in a batch,

@@ -7,7 +7,7 @@
 //!
 //! Batch invariance: each token's result is computed with exactly the
 //! floating-point operations, in the same order and lanes, of the
-//! one-token kernel in `x86_avx512.rs` (`dot_k45`, `dot_q6k`, `dot_b32`; the integer
+//! one-token kernel in `dots.rs` (`dot_k45`, `dot_q6k`, `dot_b32`; the integer
 //! parts are exact), so a token's output does not depend on how many
 //! tokens share the call. The per-block scales of all the tokens
 //! (`d · xd`, `dmin · xd`) are formed in one vector multiply: lane by lane
