@@ -193,6 +193,7 @@ fn messages_request(st: &ServerState, body: &[u8]) -> Result<Request, ApiError> 
         n: 1,
         logprobs: None,
         stream: req.stream,
+        output: None,
     })
 }
 
@@ -240,10 +241,12 @@ fn chat(req: &MessagesRequest) -> Result<Chat, ApiError> {
     if let Some(cfg) = &req.output_config {
         output_config(cfg, &mut kwargs)?;
     }
+    let (tool_choice, one_tool_call) = tool_choice(req.tool_choice.as_ref())?;
     Ok(Chat {
         messages: api::normalise_messages(&messages)?,
         tools,
-        tool_choice: tool_choice(req.tool_choice.as_ref())?,
+        tool_choice,
+        one_tool_call,
         kwargs,
     })
 }
@@ -412,28 +415,36 @@ fn tool(i: usize, t: &Value) -> Result<Value, ApiError> {
     Ok(json!({ "type": "function", "function": f }))
 }
 
-/// `tool_choice`: `auto` and `none`; `any` and `tool` need constrained
-/// decoding, which coil does not do.
-fn tool_choice(v: Option<&Value>) -> Result<ToolChoice, ApiError> {
+/// `tool_choice`: `auto`, `none`, `any` (a tool call is forced) or
+/// `{"type": "tool", "name": ...}` (that tool's call is forced; see
+/// [`crate::structured`]); and whether `disable_parallel_tool_use` asks
+/// for exactly one call (enforced where a call is forced).
+fn tool_choice(v: Option<&Value>) -> Result<(ToolChoice, bool), ApiError> {
     let bad = |m: String| ApiError::bad_request(m).with_param("tool_choice");
     let Some(v) = v else {
-        return Ok(ToolChoice::Auto);
+        return Ok((ToolChoice::Auto, false));
     };
-    if v.get("disable_parallel_tool_use").and_then(Value::as_bool) == Some(true) {
+    let choice = match v.get("type").and_then(Value::as_str) {
+        Some("auto") => ToolChoice::Auto,
+        Some("none") => ToolChoice::None,
+        Some("any") => ToolChoice::Required,
+        Some("tool") => match v.get("name").and_then(Value::as_str) {
+            Some(n) => ToolChoice::Function(n.to_string()),
+            None => return Err(bad("tool_choice of type \"tool\" needs a \"name\"".into())),
+        },
+        other => {
+            return Err(bad(format!(
+                "tool_choice.type must be auto, any, tool or none, got {other:?}"
+            )))
+        }
+    };
+    let one = v.get("disable_parallel_tool_use").and_then(Value::as_bool) == Some(true);
+    if one && !choice.forces() {
         return Err(bad(
-            "tool_choice.disable_parallel_tool_use is not supported (a reply may make several calls)".into(),
+            "tool_choice.disable_parallel_tool_use needs type any or tool (with auto a reply may make several calls)".into(),
         ));
     }
-    match v.get("type").and_then(Value::as_str) {
-        Some("auto") => Ok(ToolChoice::Auto),
-        Some("none") => Ok(ToolChoice::None),
-        Some(t @ ("any" | "tool")) => Err(bad(format!(
-            "tool_choice type \"{t}\" is not supported (it needs constrained decoding); use \"auto\""
-        ))),
-        other => Err(bad(format!(
-            "tool_choice.type must be auto, any, tool or none, got {other:?}"
-        ))),
-    }
+    Ok((choice, one))
 }
 
 /// A tool call's id.

@@ -8,6 +8,7 @@
 
 use crate::request::ToolChoice;
 use crate::template::tool_calls::{Parsed, ToolCall};
+use coil::engine::constraint::{ConstraintError, ConstraintSpec};
 use coil::engine::dry::{DryBreakers, DryParams, DEFAULT_BREAKERS};
 use coil::engine::logprobs::TokenLogprob;
 use coil::engine::sampling::{Mirostat, SamplingParams};
@@ -417,6 +418,132 @@ pub fn logit_bias(v: &Value, tok: &Tokenizer) -> Result<Vec<(u32, f32)>, ApiErro
     Ok(out)
 }
 
+/// What the output must be: OpenAI's `response_format` (`text`,
+/// `json_object`, `json_schema`), llama-server's `grammar` (GBNF) and
+/// `json_schema` (a bare schema). At most one of them.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct OutputFields {
+    pub response_format: Option<Value>,
+    pub grammar: Option<String>,
+    pub json_schema: Option<Value>,
+}
+
+impl OutputFields {
+    /// The constraint these fields ask for (`None`: free text).
+    pub fn spec(&self) -> Result<Option<OutputSpec>, ApiError> {
+        let mut found: Vec<OutputSpec> = Vec::new();
+        if let Some(rf) = &self.response_format {
+            found.extend(response_format_spec(rf)?);
+        }
+        if let Some(g) = &self.grammar {
+            found.push(OutputSpec::new(
+                ConstraintSpec::Gbnf(g.clone()),
+                "grammar",
+                "",
+            ));
+        }
+        if let Some(s) = &self.json_schema {
+            found.push(OutputSpec::new(
+                ConstraintSpec::JsonSchema(s.clone()),
+                "json_schema",
+                "json_schema",
+            ));
+        }
+        if found.len() > 1 {
+            let names: Vec<&str> = found.iter().map(|o| o.param).collect();
+            return Err(ApiError::bad_request(format!(
+                "only one of response_format, grammar and json_schema may constrain the output, got {}",
+                names.join(" and ")
+            ))
+            .with_param(names[1]));
+        }
+        Ok(found.pop())
+    }
+}
+
+/// `response_format`: `{"type": "text"}`, `{"type": "json_object"}`
+/// (llama-server: with an optional `schema`) or `{"type": "json_schema",
+/// "json_schema": {"name", "schema", "strict"}}`.
+fn response_format_spec(rf: &Value) -> Result<Option<OutputSpec>, ApiError> {
+    let bad = |m: String| ApiError::bad_request(m).with_param("response_format");
+    if rf.is_null() {
+        return Ok(None);
+    }
+    let Some(kind) = rf.get("type").and_then(Value::as_str) else {
+        return Err(bad(
+            "response_format must be an object with a \"type\" (text, json_object or json_schema)"
+                .into(),
+        ));
+    };
+    let spec = |s: ConstraintSpec, path: &str| Some(OutputSpec::new(s, "response_format", path));
+    match kind {
+        "text" => Ok(None),
+        "json_object" => Ok(match rf.get("schema") {
+            Some(s) if !s.is_null() => spec(
+                ConstraintSpec::JsonSchema(s.clone()),
+                "response_format.schema",
+            ),
+            _ => spec(ConstraintSpec::JsonObject, "response_format"),
+        }),
+        "json_schema" => {
+            let Some(js) = rf.get("json_schema").filter(|v| v.is_object()) else {
+                return Err(bad(
+                    "response_format.json_schema must be an object with a \"schema\"".into(),
+                ));
+            };
+            match js.get("schema") {
+                Some(s) if !s.is_null() => Ok(spec(
+                    ConstraintSpec::JsonSchema(s.clone()),
+                    "response_format.json_schema.schema",
+                )),
+                _ => Err(bad("response_format.json_schema.schema is required".into())),
+            }
+        }
+        other => Err(bad(format!(
+            "response_format.type must be text, json_object or json_schema, got {other:?}"
+        ))),
+    }
+}
+
+/// A constraint a request asks for, and which field asked (for errors).
+#[derive(Clone, Debug, PartialEq)]
+pub struct OutputSpec {
+    pub spec: ConstraintSpec,
+    /// The request field (`param` of an error).
+    pub param: &'static str,
+    /// Where a JSON schema sits in the request, prefixed to the path an
+    /// error names.
+    pub path: String,
+}
+
+impl OutputSpec {
+    pub fn new(spec: ConstraintSpec, param: &'static str, path: &str) -> Self {
+        OutputSpec {
+            spec,
+            param,
+            path: path.to_string(),
+        }
+    }
+
+    /// A compile error as a 400 naming the field (and the schema path).
+    pub fn error(&self, e: ConstraintError) -> ApiError {
+        let msg = match e {
+            ConstraintError::Schema(m) if !self.path.is_empty() => {
+                // `properties.a.type must ...` → `response_format.json_schema.schema.properties.a.type must ...`
+                if m.starts_with("the schema ") {
+                    m.replacen("the schema", &self.path, 1)
+                } else if m.starts_with("invalid JSON schema") {
+                    format!("{}: {m}", self.path)
+                } else {
+                    format!("{}.{m}", self.path)
+                }
+            }
+            other => other.to_string(),
+        };
+        ApiError::bad_request(msg).with_param(self.param)
+    }
+}
+
 #[derive(Clone, Debug, Deserialize)]
 pub struct CompletionRequest {
     pub model: Option<String>,
@@ -429,10 +556,20 @@ pub struct CompletionRequest {
     pub logprobs: Option<u32>,
     #[serde(flatten)]
     pub sampling: Sampling,
+    #[serde(flatten)]
+    pub output: OutputFields,
 }
 
 /// The fields a completion request may carry beyond [`SAMPLING_FIELDS`].
-pub const COMPLETION_FIELDS: &[&str] = &["prompt", "max_tokens", "echo", "logprobs"];
+pub const COMPLETION_FIELDS: &[&str] = &[
+    "prompt",
+    "max_tokens",
+    "echo",
+    "logprobs",
+    "response_format",
+    "grammar",
+    "json_schema",
+];
 
 #[derive(Clone, Debug, Deserialize)]
 pub struct ChatRequest {
@@ -447,11 +584,8 @@ pub struct ChatRequest {
     /// `"auto"` (the default) or `"none"` (tools stay in the prompt, the
     /// output is not read for tool calls).
     pub tool_choice: Option<Value>,
-    /// Whether the model may call several tools in one reply (it may:
-    /// `true` only).
+    /// With a forced tool call: may the reply make several (default true).
     pub parallel_tool_calls: Option<bool>,
-    /// `{"type": "text"}` (the default) only.
-    pub response_format: Option<Value>,
     /// Extra variables for the chat template (`enable_thinking`, ...).
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// Passed to the template as `reasoning_effort` (for templates that
@@ -464,6 +598,8 @@ pub struct ChatRequest {
     pub top_logprobs: Option<u32>,
     #[serde(flatten)]
     pub sampling: Sampling,
+    #[serde(flatten)]
+    pub output: OutputFields,
 }
 
 impl ChatRequest {
@@ -499,6 +635,8 @@ pub const CHAT_FIELDS: &[&str] = &[
     "tool_choice",
     "parallel_tool_calls",
     "response_format",
+    "grammar",
+    "json_schema",
     "chat_template_kwargs",
     "reasoning_effort",
     "logprobs",
@@ -519,48 +657,48 @@ pub fn top_logprobs(k: u32, param: &'static str) -> Result<usize, ApiError> {
     Ok(k as usize)
 }
 
-/// `tool_choice` in OpenAI's shape: `"auto"` or `"none"`; `"required"`
-/// and a named function need constrained decoding, which coil does not do.
+/// `tool_choice` in OpenAI's shape: `"auto"`, `"none"`, `"required"` or
+/// `{"type": "function", "function": {"name": ...}}` (the Responses API's
+/// `{"type": "function", "name": ...}` too); the last two force a tool
+/// call (see [`crate::structured`]).
 pub fn tool_choice(v: Option<&Value>) -> Result<ToolChoice, ApiError> {
     let bad = |m: String| ApiError::bad_request(m).with_param("tool_choice");
     match v {
         None | Some(Value::Null) => Ok(ToolChoice::Auto),
         Some(Value::String(s)) if s == "auto" => Ok(ToolChoice::Auto),
         Some(Value::String(s)) if s == "none" => Ok(ToolChoice::None),
-        Some(Value::String(s)) if s == "required" => Err(bad(
-            "tool_choice \"required\" is not supported (it needs constrained decoding); use \"auto\"".into(),
-        )),
-        Some(Value::Object(_)) => Err(bad(
-            "tool_choice naming a function is not supported (it needs constrained decoding); use \"auto\"".into(),
-        )),
+        Some(Value::String(s)) if s == "required" => Ok(ToolChoice::Required),
+        Some(v @ Value::Object(_)) => {
+            let name = v
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .or_else(|| v.get("name"))
+                .and_then(Value::as_str);
+            match name {
+                Some(n) => Ok(ToolChoice::Function(n.to_string())),
+                None => Err(bad(format!(
+                    "tool_choice must name a function as {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {v}"
+                ))),
+            }
+        }
         Some(other) => Err(bad(format!(
-            "tool_choice must be \"auto\" or \"none\", got {other}"
+            "tool_choice must be \"auto\", \"none\", \"required\" or name a function, got {other}"
         ))),
     }
 }
 
-/// `response_format`: only `{"type": "text"}` (free text) is implemented.
-pub fn response_format(v: Option<&Value>) -> Result<(), ApiError> {
-    match v {
-        None | Some(Value::Null) => Ok(()),
-        Some(f) if f.get("type").and_then(Value::as_str) == Some("text") => Ok(()),
-        Some(f) => Err(ApiError::bad_request(format!(
-            "response_format {} is not supported (structured outputs need constrained decoding); only {{\"type\": \"text\"}}",
-            f.get("type").unwrap_or(f)
-        ))
-        .with_param("response_format")),
-    }
-}
-
-/// `parallel_tool_calls`: a reply may make several calls; `false` (at
-/// most one) is not enforced, so it is refused.
-pub fn parallel_tool_calls(v: Option<bool>) -> Result<(), ApiError> {
-    match v {
-        Some(false) => Err(ApiError::bad_request(
-            "parallel_tool_calls false is not supported (a reply may make several calls)",
+/// `parallel_tool_calls`: whether a reply may make several calls; `false`
+/// is enforced where a tool call is forced (exactly one), and refused
+/// otherwise (a free reply is not constrained to one call). Returns
+/// whether the reply must make exactly one call.
+pub fn parallel_tool_calls(v: Option<bool>, choice: &ToolChoice) -> Result<bool, ApiError> {
+    match (v, choice.forces()) {
+        (Some(false), true) => Ok(true),
+        (Some(false), false) => Err(ApiError::bad_request(
+            "parallel_tool_calls false needs a tool_choice that requires a call (\"required\" or a named function); with \"auto\" a reply may make several calls",
         )
         .with_param("parallel_tool_calls")),
-        _ => Ok(()),
+        _ => Ok(false),
     }
 }
 
@@ -1021,10 +1159,22 @@ mod tests {
         bad(br#"{"prompt":"x","logit_bias":{"99":1}}"#, "logit_bias");
         bad(br#"{"prompt":"x","logit_bias":{"1":"x"}}"#, "logit_bias");
         assert!(top_logprobs(21, "top_logprobs").is_err());
-        assert!(tool_choice(Some(&json!("required"))).is_err());
-        assert!(response_format(Some(&json!({"type": "json_object"}))).is_err());
-        assert!(response_format(Some(&json!({"type": "text"}))).is_ok());
-        assert!(parallel_tool_calls(Some(false)).is_err());
+        assert_eq!(
+            tool_choice(Some(&json!("required"))).unwrap(),
+            ToolChoice::Required
+        );
+        assert!(tool_choice(Some(&json!({"type": "function"}))).is_err());
+        assert!(tool_choice(Some(&json!(3))).is_err());
+        let f = |v: Value| OutputFields {
+            response_format: Some(v),
+            ..Default::default()
+        };
+        assert!(f(json!({"type": "text"})).spec().unwrap().is_none());
+        assert!(f(json!({"type": "json_object"})).spec().unwrap().is_some());
+        assert!(f(json!({"type": "xml"})).spec().is_err());
+        assert!(f(json!({"type": "json_schema", "json_schema": {}}))
+            .spec()
+            .is_err());
         assert!(normalise_messages(&[]).is_err());
         assert!(normalise_messages(&[json!({"content": "x"})]).is_err());
         let body = ApiError::bad_request("m").with_param("p").body();

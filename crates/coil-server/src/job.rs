@@ -10,6 +10,7 @@ use crate::scheduler::{Event, GenRequest};
 use crate::template::tool_calls::{self, Parsed, StreamParser};
 use axum::response::sse::{self, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use coil::engine::constraint::Constraint;
 use coil::engine::logprobs::TokenLogprob;
 use coil::engine::sampling::SamplingParams;
 use futures_util::stream::{self, Stream};
@@ -34,6 +35,9 @@ pub struct Job {
     /// Reads tool calls and reasoning out of a chat reply (`None`: the
     /// reply is its raw text); each choice reads with a copy.
     pub parser: Option<StreamParser>,
+    /// The output constraint, compiled, at its first position (each choice
+    /// advances a fork of it).
+    pub constraint: Option<Constraint>,
 }
 
 /// One finished choice.
@@ -109,6 +113,7 @@ pub fn submit(st: &ServerState, job: &Job, start: Instant) -> Result<Submitted, 
         marks: job.marks.clone(),
         n: job.n,
         logprobs: job.logprobs,
+        constraint: job.constraint.clone(),
         events: tx,
     });
     if !submitted {

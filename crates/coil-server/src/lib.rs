@@ -16,6 +16,8 @@
 //!   prefix cache's use of fork and rollback.
 //! - [`prefix_cache`]: the radix tree over token ids with LRU eviction.
 //! - [`metrics`]: Prometheus counters.
+//! - [`structured`]: structured outputs (JSON, schemas, grammars, forced
+//!   tool calls) compiled into the engine's output constraint.
 //! - [`reply`]: chat replies as OpenAI shapes them (content, reasoning,
 //!   tool calls; whole or streamed).
 //! - [`routes`]: the axum router.
@@ -58,6 +60,7 @@ pub mod request;
 pub mod responses;
 pub mod routes;
 pub mod scheduler;
+pub mod structured;
 pub mod template;
 pub mod ui;
 

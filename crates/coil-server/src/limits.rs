@@ -28,6 +28,9 @@ pub struct HttpOptions {
     pub request_timeout: Option<Duration>,
     /// No chat page at `/` (`--no-ui`).
     pub no_ui: bool,
+    /// A GBNF grammar constraining the output of every request that sets
+    /// no constraint of its own (`--grammar-file`); checked at startup.
+    pub grammar: Option<String>,
 }
 
 /// Seconds a client is told to wait after a 503.

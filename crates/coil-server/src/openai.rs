@@ -91,6 +91,7 @@ pub fn completion_request(st: &ServerState, body: &[u8]) -> Result<(Request, boo
             n: req.sampling.n(),
             logprobs,
             stream: req.sampling.stream,
+            output: req.output.spec()?,
         },
         req.sampling.include_usage(),
     ))
@@ -226,8 +227,6 @@ pub fn chat_request(st: &ServerState, body: &[u8]) -> Result<(Request, bool), Ap
     let req: ChatRequest = api::parse_body(body)?;
     let params = req.sampling.params(&st.sampling_context())?;
     let chat = chat_input(&req)?;
-    api::response_format(req.response_format.as_ref())?;
-    api::parallel_tool_calls(req.parallel_tool_calls)?;
     let logprobs = match (req.logprobs, req.top_logprobs) {
         (true, k) => Some(api::top_logprobs(k.unwrap_or(0), "top_logprobs")?),
         (false, Some(_)) => {
@@ -251,6 +250,7 @@ pub fn chat_request(st: &ServerState, body: &[u8]) -> Result<(Request, bool), Ap
             n: req.sampling.n(),
             logprobs,
             stream: req.sampling.stream,
+            output: req.output.spec()?,
         },
         req.sampling.include_usage(),
     ))
@@ -258,10 +258,12 @@ pub fn chat_request(st: &ServerState, body: &[u8]) -> Result<(Request, bool), Ap
 
 /// The conversation of a chat request.
 fn chat_input(req: &ChatRequest) -> Result<Chat, ApiError> {
+    let tool_choice = api::tool_choice(req.tool_choice.as_ref())?;
     Ok(Chat {
         messages: api::normalise_messages(&req.messages)?,
         tools: req.tools.clone(),
-        tool_choice: api::tool_choice(req.tool_choice.as_ref())?,
+        one_tool_call: api::parallel_tool_calls(req.parallel_tool_calls, &tool_choice)?,
+        tool_choice,
         kwargs: req.kwargs(),
     })
 }

@@ -4,7 +4,7 @@
 //! rendered with the chat template, tokenized, checked against the
 //! context and the server's limits.
 
-use crate::api::ApiError;
+use crate::api::{ApiError, OutputSpec};
 use crate::job::Job;
 use crate::routes::ServerState;
 use crate::template::tool_calls::StreamParser;
@@ -29,6 +29,10 @@ pub struct Request {
     /// Report the top `k` log-probabilities of each token (`Some(k)`).
     pub logprobs: Option<usize>,
     pub stream: bool,
+    /// What the output must be (structured outputs; see
+    /// [`crate::structured`]): JSON, a schema or a grammar. A forced tool
+    /// call is asked by [`Chat::tool_choice`] instead.
+    pub output: Option<OutputSpec>,
 }
 
 #[derive(Clone, Debug)]
@@ -53,18 +57,32 @@ pub struct Chat {
     /// OpenAI function tools (`{"type": "function", "function": {...}}`).
     pub tools: Option<Value>,
     pub tool_choice: ToolChoice,
+    /// With a forced tool call: exactly one call (else one or more).
+    pub one_tool_call: bool,
     /// Extra template variables (`enable_thinking`, `reasoning_effort`).
     pub kwargs: Map<String, Value>,
 }
 
 /// What `tool_choice` asks for.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum ToolChoice {
     /// The model decides; its tool calls are read out of the reply.
     #[default]
     Auto,
     /// Tools stay in the prompt; the reply is not read for tool calls.
     None,
+    /// The reply must be tool calls (any of the tools), in the template's
+    /// syntax ([`crate::structured`]).
+    Required,
+    /// The reply must call this function.
+    Function(String),
+}
+
+impl ToolChoice {
+    /// Whether the reply must be tool calls.
+    pub fn forces(&self) -> bool {
+        matches!(self, ToolChoice::Required | ToolChoice::Function(_))
+    }
 }
 
 impl Chat {
@@ -111,13 +129,14 @@ pub fn prepare(st: &ServerState, req: Request) -> Result<Job, ApiError> {
         ))
         .with_param("n"));
     }
-    let (prompt, marks, parser, default_max, extra_stops) = match &req.input {
+    let (prompt, marks, parser, default_max, extra_stops, output) = match &req.input {
         Input::Prompt(p) => (
             completion_prompt(st, p)?,
             Vec::new(),
             None,
             Some(16),
             Vec::new(),
+            req.output.clone().or_else(|| st.default_output()),
         ),
         Input::Chat(chat) => {
             let vars = chat.template_vars()?;
@@ -127,14 +146,40 @@ pub fn prepare(st: &ServerState, req: Request) -> Result<Job, ApiError> {
                 return Err(ApiError::bad_request("the rendered chat prompt is empty")
                     .with_param("messages"));
             }
+            let output = if chat.tool_choice.forces() {
+                if let Some(o) = &req.output {
+                    return Err(ApiError::bad_request(format!(
+                        "{} cannot be combined with a tool_choice that requires a tool call",
+                        o.param
+                    ))
+                    .with_param(o.param));
+                }
+                Some(crate::structured::tool_call_spec(
+                    st.template.output_format,
+                    &text,
+                    vars.tools.as_ref(),
+                    &chat.tool_choice,
+                    !chat.one_tool_call,
+                    &st.tokenizer,
+                )?)
+            } else {
+                req.output.clone().or_else(|| st.default_output())
+            };
             let read_tools = vars
                 .tools
                 .as_ref()
-                .filter(|_| chat.tool_choice == ToolChoice::Auto);
+                .filter(|_| chat.tool_choice != ToolChoice::None);
             let parser = StreamParser::new(st.template.output_format, &text, read_tools);
             let marks = message_ends(&st.template, &st.tokenizer, &chat.messages, &vars, &prompt);
             let parser = parser.is_active().then_some(parser);
-            (prompt, marks, parser, None, st.template.extra_stops.clone())
+            (
+                prompt,
+                marks,
+                parser,
+                None,
+                st.template.extra_stops.clone(),
+                output,
+            )
         }
     };
     if let Some(&(t, _)) = req
@@ -158,6 +203,13 @@ pub fn prepare(st: &ServerState, req: Request) -> Result<Job, ApiError> {
         param,
     )?
     .min(st.limits.max_tokens(req.max_tokens, param)?);
+    // Compiled here, where a fault is the request's 400 (the first
+    // constraint of the server also builds the vocabulary's token trie:
+    // ~0.1–0.5 s on a 248k-token vocabulary).
+    let constraint = match &output {
+        Some(o) => Some(crate::structured::compile(&*st.constraints()?, o)?),
+        None => None,
+    };
     let mut stop = req.stop;
     stop.extend(extra_stops);
     Ok(Job {
@@ -171,6 +223,7 @@ pub fn prepare(st: &ServerState, req: Request) -> Result<Job, ApiError> {
         logprobs: req.logprobs,
         stream: req.stream,
         parser,
+        constraint,
     })
 }
 

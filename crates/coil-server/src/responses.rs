@@ -156,7 +156,6 @@ fn responses_request(st: &ServerState, body: &[u8]) -> Result<(Request, Echo), A
     if let Some(text) = &req.text {
         text_options(text)?;
     }
-    api::parallel_tool_calls(req.parallel_tool_calls)?;
     let sampling = api::Sampling {
         temperature: req.temperature,
         top_p: req.top_p,
@@ -187,10 +186,12 @@ fn responses_request(st: &ServerState, body: &[u8]) -> Result<(Request, Echo), A
         }
         other => other.clone(),
     };
+    let tool_choice = api::tool_choice(tool_choice.as_ref())?;
     let chat = Chat {
         messages: api::normalise_messages(&messages(req.instructions.as_deref(), &req.input)?)?,
         tools,
-        tool_choice: api::tool_choice(tool_choice.as_ref())?,
+        one_tool_call: api::parallel_tool_calls(req.parallel_tool_calls, &tool_choice)?,
+        tool_choice,
         kwargs,
     };
     let echo = Echo {
@@ -212,6 +213,7 @@ fn responses_request(st: &ServerState, body: &[u8]) -> Result<(Request, Echo), A
         n: 1,
         logprobs: None,
         stream: req.stream,
+        output: None,
     };
     Ok((request, echo))
 }

@@ -15,7 +15,7 @@
 //! the page ([`crate::auth`]); [`crate::limits`] bounds the queue,
 //! `max_tokens` and time.
 
-use crate::api::{ApiError, ResponseMeta, SamplingContext};
+use crate::api::{ApiError, OutputSpec, ResponseMeta, SamplingContext};
 use crate::limits::Limits;
 use crate::scheduler::Scheduler;
 use crate::template::ChatTemplate;
@@ -26,6 +26,7 @@ use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use coil::engine::constraint::{ConstraintSpec, Constraints};
 use coil::engine::dry::DryBreakers;
 use coil::tokenizer::Tokenizer;
 use serde_json::{json, Value};
@@ -48,6 +49,9 @@ pub struct ServerState {
     /// DRY's default sequence breakers in this vocabulary (looked up on
     /// first use).
     dry_breakers: OnceLock<Arc<DryBreakers>>,
+    /// Compiles output constraints for the model's vocabulary; built by
+    /// the first request that asks for one.
+    constraints: OnceLock<Result<Arc<Constraints>, String>>,
 }
 
 /// Facts about the served model, taken when the server starts.
@@ -84,7 +88,42 @@ impl ServerState {
             limits: Limits::default(),
             info: ModelFacts::default(),
             dry_breakers: OnceLock::new(),
+            constraints: OnceLock::new(),
         }
+    }
+
+    /// What a request that sets no constraint of its own is constrained
+    /// to (`--grammar-file`).
+    pub fn default_output(&self) -> Option<OutputSpec> {
+        let g = self.limits.opts.grammar.as_ref()?;
+        Some(OutputSpec::new(
+            ConstraintSpec::Gbnf(g.clone()),
+            "grammar",
+            "",
+        ))
+    }
+
+    /// Compiles the server-wide constraint (`--grammar-file`), if any, so
+    /// that a bad one stops the server at startup rather than failing
+    /// every request.
+    pub fn check_default_output(&self) -> Result<(), ApiError> {
+        match self.default_output() {
+            Some(out) => crate::structured::compile(&*self.constraints()?, &out).map(|_| ()),
+            None => Ok(()),
+        }
+    }
+
+    /// The constraint compiler (built on first use: it reads the whole
+    /// vocabulary).
+    pub fn constraints(&self) -> Result<Arc<Constraints>, ApiError> {
+        self.constraints
+            .get_or_init(|| {
+                Constraints::new(self.tokenizer.clone())
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
+            })
+            .clone()
+            .map_err(ApiError::server)
     }
 
     /// What turning a request's sampling fields into settings needs.

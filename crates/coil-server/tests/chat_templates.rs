@@ -122,10 +122,10 @@ fn template_errors_are_400s_naming_the_message_and_line() {
         m.contains("messages[2].tool_calls[1].function.arguments is not valid JSON"),
         "{m}"
     );
-    // tool_choice that needs constrained decoding; reserved kwargs; tools
-    // that are not a list.
+    // tool_choice naming an absent function; reserved kwargs; tools that
+    // are not a list.
     let mut b = body(&doc, "tools");
-    b["tool_choice"] = json!("required");
+    b["tool_choice"] = json!({"type": "function", "function": {"name": "absent"}});
     let r = s.post("/v1/chat/completions", &b);
     assert_eq!(r.status, 400);
     assert_eq!(r.json()["error"]["param"], "tool_choice");

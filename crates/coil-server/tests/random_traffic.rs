@@ -58,6 +58,7 @@ fn submit(s: &Scheduler, prompt: &[u32], max_tokens: usize) -> UnboundedReceiver
         marks: Vec::new(),
         n: 1,
         logprobs: None,
+        constraint: None,
         events: tx,
     };
     assert!(s.submit(req), "the engine thread took no request");

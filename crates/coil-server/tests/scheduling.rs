@@ -53,6 +53,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, events: &UnboundedSender<Event>)
         marks: Vec::new(),
         n: 1,
         logprobs: None,
+        constraint: None,
         events: events.clone(),
     }
 }

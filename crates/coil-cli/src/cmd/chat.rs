@@ -4,7 +4,7 @@
 //! Commands: `/reset` forgets the conversation, `/exit` (or end of input)
 //! quits.
 
-use super::common::{ModelArgs, SamplingArgs};
+use super::common::{ConstraintArgs, ModelArgs, SamplingArgs};
 use anyhow::{anyhow, bail, Context, Result};
 use coil::engine::sampling::SamplingParams;
 use coil::tokenizer::Tokenizer;
@@ -28,6 +28,9 @@ pub struct Args {
     n_predict: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
+    /// Constrains every reply (a fresh constraint per reply).
+    #[command(flatten)]
+    constraint: ConstraintArgs,
     /// Also stop a reply when this text appears (repeatable).
     #[arg(long = "stop")]
     stop: Vec<String>,
@@ -64,6 +67,7 @@ pub fn run(a: Args) -> Result<()> {
         }
         None => ChatTemplate::from_gguf(&engine.file, &tokenizer)?,
     };
+    let constraint = a.constraint.compile(&tokenizer)?;
     let info = engine.model.info();
     eprintln!(
         "model: {} ({}), {} layers [{}]; chat template: {}",
@@ -156,6 +160,7 @@ pub fn run(a: Args) -> Result<()> {
             stop_at_eos: true,
             n: 1,
             logprobs: None,
+            constraint: constraint.clone(),
             events: tx,
         };
         if !sched.submit(req) {

@@ -406,6 +406,76 @@ impl SamplingArgs {
     }
 }
 
+/// Output constraint flags shared by `run` and `chat` (llama.cpp's names).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ConstraintArgs {
+    /// Constrain the output to a GBNF grammar (llama.cpp's syntax).
+    #[arg(long = "grammar", value_name = "GBNF", conflicts_with_all = ["grammar_file", "json_schema", "json_schema_file"])]
+    pub grammar: Option<String>,
+    /// Constrain the output to the GBNF grammar in FILE.
+    #[arg(long = "grammar-file", value_name = "FILE", conflicts_with_all = ["json_schema", "json_schema_file"])]
+    pub grammar_file: Option<PathBuf>,
+    /// Constrain the output to JSON valid against this JSON schema (`{}`:
+    /// any JSON value).
+    #[arg(
+        short = 'j',
+        long = "json-schema",
+        value_name = "SCHEMA",
+        conflicts_with = "json_schema_file"
+    )]
+    pub json_schema: Option<String>,
+    /// Constrain the output to JSON valid against the JSON schema in FILE.
+    #[arg(long = "json-schema-file", value_name = "FILE")]
+    pub json_schema_file: Option<PathBuf>,
+}
+
+impl ConstraintArgs {
+    /// The constraint the flags ask for, read and checked (`None`: free
+    /// text).
+    pub fn spec(&self) -> Result<Option<coil::engine::constraint::ConstraintSpec>> {
+        use coil::engine::constraint::ConstraintSpec;
+        let read = |p: &Path| {
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+        };
+        let schema = |text: &str, what: &str| -> Result<ConstraintSpec> {
+            let v =
+                serde_json::from_str(text).with_context(|| format!("{what} is not valid JSON"))?;
+            Ok(ConstraintSpec::JsonSchema(v))
+        };
+        Ok(if let Some(g) = &self.grammar {
+            Some(ConstraintSpec::Gbnf(g.clone()))
+        } else if let Some(p) = &self.grammar_file {
+            Some(ConstraintSpec::Gbnf(read(p)?))
+        } else if let Some(s) = &self.json_schema {
+            Some(schema(s, "--json-schema")?)
+        } else if let Some(p) = &self.json_schema_file {
+            Some(schema(&read(p)?, &p.display().to_string())?)
+        } else {
+            None
+        })
+    }
+
+    /// The compiled constraint for `tokenizer` (an error names what is
+    /// wrong: the schema's path, the grammar's line and column).
+    pub fn compile(
+        &self,
+        tokenizer: &std::sync::Arc<coil::tokenizer::Tokenizer>,
+    ) -> Result<Option<coil::engine::constraint::Constraint>> {
+        let Some(spec) = self.spec()? else {
+            return Ok(None);
+        };
+        let what = match spec {
+            coil::engine::constraint::ConstraintSpec::Gbnf(_) => "the grammar",
+            _ => "the JSON schema",
+        };
+        let cs = coil::engine::constraint::Constraints::new(tokenizer.clone())?;
+        let c = cs
+            .compile(&spec)
+            .with_context(|| format!("{what} cannot constrain the output"))?;
+        Ok(Some(c))
+    }
+}
+
 /// What drafts speculative decoding (`--spec`).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SpecKind {

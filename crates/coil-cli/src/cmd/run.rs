@@ -1,9 +1,9 @@
 //! `coil run -m MODEL -p PROMPT`: generate text, streamed to stdout, with
 //! prompt and generation speed on stderr.
 
-use super::common::{ModelArgs, SamplingArgs, SpecArgs};
+use super::common::{ConstraintArgs, ModelArgs, SamplingArgs, SpecArgs};
 use anyhow::{bail, Context, Result};
-use coil::engine::generate::{generate_with, GenerateOptions};
+use coil::engine::generate::{generate_constrained, GenerateOptions};
 use coil::engine::sampling::Sampler;
 use coil::memory::SequenceMemory;
 use coil::models::LogitRows;
@@ -37,6 +37,8 @@ pub struct Args {
     sampling: SamplingArgs,
     #[command(flatten)]
     spec: SpecArgs,
+    #[command(flatten)]
+    constraint: ConstraintArgs,
     /// Stop when this text appears (repeatable).
     #[arg(long = "stop")]
     stop: Vec<String>,
@@ -60,8 +62,11 @@ pub fn run(a: Args) -> Result<()> {
     }
 
     let mut engine = a.model.load(1, a.ubatch, a.spec.spec.is_some())?;
-    let tokenizer = Tokenizer::from_gguf(&engine.file)
-        .with_context(|| format!("reading the tokenizer of {}", a.model.model.display()))?;
+    let tokenizer = std::sync::Arc::new(
+        Tokenizer::from_gguf(&engine.file)
+            .with_context(|| format!("reading the tokenizer of {}", a.model.model.display()))?,
+    );
+    let mut constraint = a.constraint.compile(&tokenizer)?;
     let params = a.sampling.params(&tokenizer)?;
     let info = engine.model.info();
     eprintln!(
@@ -125,7 +130,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut out = stdout.lock();
     let _ = write!(out, "{}", a.prompt);
     let _ = out.flush();
-    let stats = generate_with(
+    let stats = generate_constrained(
         &mut engine,
         &tokenizer,
         0,
@@ -133,6 +138,7 @@ pub fn run(a: Args) -> Result<()> {
         &mut sampler,
         &opts,
         speculator.as_mut(),
+        constraint.as_mut(),
         |text| {
             // A closed stdout (e.g. `| head`) ends generation quietly.
             write!(out, "{text}").and_then(|_| out.flush()).is_ok()

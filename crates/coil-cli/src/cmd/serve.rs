@@ -72,6 +72,11 @@ pub struct Args {
         value_name = "FILE"
     )]
     chat_template: Option<std::path::PathBuf>,
+    /// Constrain the output of every request that sets no constraint of
+    /// its own (`response_format`, `grammar`, `json_schema`, a forced tool
+    /// call) to the GBNF grammar in FILE.
+    #[arg(long = "grammar-file", value_name = "FILE")]
+    grammar_file: Option<std::path::PathBuf>,
     /// No log line per request on stderr.
     #[arg(long = "quiet", short = 'q')]
     quiet: bool,
@@ -133,6 +138,13 @@ pub fn run(a: Args) -> Result<()> {
         max_tokens: a.max_tokens,
         request_timeout,
         no_ui: a.no_ui,
+        grammar: match &a.grammar_file {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("reading the grammar {}", path.display()))?,
+            ),
+            None => None,
+        },
     };
     let chat_template = match &a.chat_template {
         Some(path) => Some(
@@ -194,6 +206,10 @@ pub fn run(a: Args) -> Result<()> {
     };
     let server = Server::start(engine, cfg, model_id, chat_template.as_deref(), http)
         .context("starting the server")?;
+    server
+        .state
+        .check_default_output()
+        .map_err(|e| anyhow::anyhow!("--grammar-file: {}", e.message))?;
     let template_name = match (&a.chat_template, server.state.template.from_model) {
         (Some(path), _) => path.display().to_string(),
         (None, true) => "the model's (tokenizer.chat_template)".into(),

@@ -61,6 +61,7 @@ impl Worker {
                     stops: StopMatcher::new(&req.stop),
                     next: None,
                     spec: self.cfg.spec.map(super::speculate::speculator),
+                    constraint: req.constraint.take(),
                     usage: Usage {
                         prompt_tokens: n,
                         cached_tokens: cached,

@@ -15,6 +15,8 @@ pub(super) enum Outcome {
     Continue,
     Finished(FinishReason, bool),
     Gone,
+    /// The request failed (its output constraint); the client is told.
+    Failed,
 }
 
 impl Worker {
@@ -29,6 +31,10 @@ impl Worker {
                     Outcome::Continue => {}
                     Outcome::Finished(r, flush) => ended.push((p.active, Some((r, flush)))),
                     Outcome::Gone => ended.push((p.active, None)),
+                    Outcome::Failed => {
+                        metrics::add(&self.metrics.requests_failed, 1);
+                        ended.push((p.active, None));
+                    }
                 }
                 continue;
             }
@@ -65,10 +71,18 @@ impl Worker {
                 if p.rows == LogitRows::None {
                     continue;
                 }
-                match sample(a, &self.tok, row) {
+                let out = match sample(a, &self.tok, row, 0) {
+                    Outcome::Continue => advance(a),
+                    o => o,
+                };
+                match out {
                     Outcome::Continue => {}
                     Outcome::Finished(reason, flush) => ended.push((c, Some((reason, flush)))),
                     Outcome::Gone => ended.push((c, None)),
+                    Outcome::Failed => {
+                        metrics::add(&self.metrics.requests_failed, 1);
+                        ended.push((c, None));
+                    }
                 }
             }
         }
@@ -113,6 +127,8 @@ impl Worker {
                 stops: a.stops.clone(),
                 next: None,
                 spec: self.cfg.spec.map(super::speculate::speculator),
+                // Each choice advances a copy of the prompt's constraint.
+                constraint: a.constraint.as_ref().map(|c| c.fork()),
                 usage: Usage {
                     prompt_tokens: a.usage.prompt_tokens,
                     cached_tokens: a.usage.cached_tokens,
@@ -210,13 +226,23 @@ pub(super) fn log_request(a: &Active, end: &str) {
     );
 }
 
-/// Samples the next token of `a` from `logits` and streams its text.
-pub(super) fn sample(a: &mut Active, tok: &Tokenizer, logits: &[f32]) -> Outcome {
-    let t = a.sampler.sample(logits);
+/// Samples the next token of `a` from `logits` (position `j` of a
+/// speculative verification, 0 otherwise: under a constraint, among the
+/// tokens its mask there allows) and streams its text. The constraint is
+/// not advanced here (see [`advance`]).
+pub(super) fn sample(a: &mut Active, tok: &Tokenizer, logits: &[f32], j: usize) -> Outcome {
+    let mask = match a.constraint.as_mut().map(|c| c.mask(j)) {
+        None => None,
+        Some(Ok(m)) => Some(m),
+        Some(Err(e)) => return fail(a, &e.to_string()),
+    };
+    let t = a.sampler.sample_masked(logits, mask);
     if a.first_token.is_none() {
         a.first_token = Some(Instant::now());
     }
-    if a.stop_at_eos && tok.is_eog(t) {
+    // Under a constraint an end-of-generation token is allowed only where
+    // the output is complete, and ends it.
+    if (a.stop_at_eos || a.constraint.is_some()) && tok.is_eog(t) {
         return Outcome::Finished(FinishReason::Stop, true);
     }
     a.sampler.accept(t);
@@ -243,5 +269,27 @@ pub(super) fn sample(a: &mut Active, tok: &Tokenizer, logits: &[f32]) -> Outcome
         return Outcome::Finished(FinishReason::Length, true);
     }
     a.next = Some(t);
+    Outcome::Continue
+}
+
+/// Tells the client that its request failed.
+fn fail(a: &mut Active, msg: &str) -> Outcome {
+    let _ = a.events.send(Event::Error(msg.to_string()));
+    Outcome::Failed
+}
+
+/// Advances the constraint of `a` past its sampled token; the request ends
+/// when the constrained output is complete (only an end-of-generation
+/// token could follow).
+pub(super) fn advance(a: &mut Active) -> Outcome {
+    let (Some(c), Some(t)) = (a.constraint.as_mut(), a.next) else {
+        return Outcome::Continue;
+    };
+    if let Err(e) = c.commit(t) {
+        return fail(a, &e.to_string());
+    }
+    if c.is_finished() {
+        return Outcome::Finished(FinishReason::Stop, true);
+    }
     Outcome::Continue
 }

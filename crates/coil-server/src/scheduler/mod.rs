@@ -47,6 +47,7 @@ pub use resume::align_by_text;
 use crate::api::{FinishReason, Usage};
 use crate::metrics::{self, Metrics};
 use crate::prefix_cache::PrefixCache;
+use coil::engine::constraint::Constraint;
 use coil::engine::generate::StopMatcher;
 use coil::engine::logprobs::TokenLogprob;
 use coil::engine::sampling::{Sampler, SamplingParams};
@@ -160,6 +161,12 @@ pub struct GenRequest {
     /// Report each sampled token's log-probability and those of the `k`
     /// most likely tokens (`Some(k)`).
     pub logprobs: Option<usize>,
+    /// What the output must be (structured outputs: JSON, a grammar, a
+    /// tool call), compiled and at its first position
+    /// ([`coil::engine::constraint::Constraints::compile`]): it advances
+    /// with the request's sequence, every sampled token drawn among those
+    /// it allows, and the request ends when the output is complete.
+    pub constraint: Option<Constraint>,
     /// Where events go; when the receiver is dropped (client gone) the
     /// request is cancelled and its slot freed.
     pub events: UnboundedSender<Event>,
@@ -182,6 +189,7 @@ impl GenRequest {
             marks: Vec::new(),
             n: 1,
             logprobs: None,
+            constraint: None,
             events,
         }
     }
@@ -341,6 +349,8 @@ struct Active {
     next: Option<u32>,
     /// Drafts and their adaptive length, when speculative decoding is on.
     spec: Option<coil::engine::speculative::Speculator>,
+    /// The request's output constraint (see [`GenRequest::constraint`]).
+    constraint: Option<Constraint>,
     usage: Usage,
     /// Request number, for logs.
     id: u64,

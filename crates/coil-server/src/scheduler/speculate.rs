@@ -6,7 +6,7 @@
 //! own sequence: drafts never touch another sequence). The tokens are those
 //! it would generate without speculation.
 
-use super::finish::{sample, Outcome};
+use super::finish::{advance, sample, Outcome};
 use super::step::Planned;
 use super::{Event, Worker};
 use crate::metrics;
@@ -39,7 +39,14 @@ impl Worker {
             let Ok(history) = self.engine.mem.seq_tokens(a.seq) else {
                 continue;
             };
-            let draft = sp.draft(history, next, room.min(left.saturating_sub(1)));
+            let mut draft = sp.draft(history, next, room.min(left.saturating_sub(1)));
+            if let Some(c) = a.constraint.as_mut() {
+                // Only what the constraint allows is worth verifying; its
+                // masks for the verified positions are computed beside
+                // the pass.
+                let n = c.propose(&draft);
+                draft.truncate(n);
+            }
             if draft.is_empty() || self.engine.spec_begin(a.seq).is_err() {
                 continue;
             }
@@ -60,7 +67,7 @@ impl Worker {
         let mut keep = d.len() + 1;
         let mut out = Outcome::Continue;
         for j in 0..=d.len() {
-            match sample(a, &self.tok, &rows[j * n_vocab..(j + 1) * n_vocab]) {
+            match sample(a, &self.tok, &rows[j * n_vocab..(j + 1) * n_vocab], j) {
                 Outcome::Continue if j < d.len() && a.next == Some(d[j]) => {
                     a.next = None;
                 }
@@ -84,7 +91,18 @@ impl Worker {
                 metrics::add(&m.spec_verifications, 1);
                 metrics::add(&m.spec_drafted, d.len());
                 metrics::add(&m.spec_accepted, keep - 1);
-                out
+                // The constraint goes back to the accepted drafts, as the
+                // sequence did, then past the token sampled after them.
+                match (out, a.constraint.as_mut()) {
+                    (Outcome::Continue, Some(c)) => match c.settle(keep - 1) {
+                        Ok(()) => advance(a),
+                        Err(e) => {
+                            let _ = a.events.send(Event::Error(e.to_string()));
+                            Outcome::Failed
+                        }
+                    },
+                    (out, _) => out,
+                }
             }
             Err(e) => {
                 let a = &mut self.active[p.active];

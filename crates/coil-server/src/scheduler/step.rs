@@ -6,6 +6,7 @@
 use super::plan::{split, Need};
 use super::{Event, Worker};
 use crate::metrics;
+use coil::engine::constraint::{beside, Constraint};
 use coil::engine::{BatchEntry, BatchLogits, EngineError, Numerics};
 use coil::memory::SeqId;
 use coil::models::LogitRows;
@@ -52,7 +53,23 @@ impl Worker {
         }
         self.make_room(plan.len(), true);
         let t0 = Instant::now();
-        let result = self.forward(&plan);
+        // The constraints' next masks are computed on another thread while
+        // the pass runs (they depend on the tokens sampled so far only); a
+        // failure shows again, for its request alone, when the mask is
+        // asked for.
+        let mut held: Vec<(usize, Constraint)> = self
+            .active
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, a)| a.constraint.take().map(|c| (i, c)))
+            .collect();
+        let (result, _) = {
+            let mut cs: Vec<&mut Constraint> = held.iter_mut().map(|(_, c)| c).collect();
+            beside(&mut cs, || self.forward(&plan))
+        };
+        for (i, c) in held {
+            self.active[i].constraint = Some(c);
+        }
         let secs = t0.elapsed().as_secs_f64();
         metrics::add(&self.metrics.decode_steps, 1);
         metrics::add(&self.metrics.busy_us, (secs * 1e6) as usize);

@@ -28,6 +28,8 @@ pub enum ToolSyntax {
     None,
     /// `<tool_call>` … `</tool_call>` around JSON or `<function=…>` XML.
     ToolCallTag,
+    /// The same tags, the template writing `<function=…>` XML in them.
+    ToolCallXml,
     /// Granite 3: `<|tool_call|>` then a JSON list to the end.
     Granite3,
     /// Nemotron Nano v2: `<TOOLCALL>[…]</TOOLCALL>`.
@@ -52,6 +54,8 @@ impl OutputFormat {
             ToolSyntax::NemotronV2
         } else if source.contains("<|tool_call|>") {
             ToolSyntax::Granite3
+        } else if source.contains("<tool_call>") && source.contains("<function=") {
+            ToolSyntax::ToolCallXml
         } else if source.contains("<tool_call>") {
             ToolSyntax::ToolCallTag
         } else {
@@ -68,7 +72,9 @@ impl OutputFormat {
     fn tool_markers(self) -> Option<(&'static str, Option<&'static str>)> {
         match self.tools {
             ToolSyntax::None => None,
-            ToolSyntax::ToolCallTag => Some(("<tool_call>", Some("</tool_call>"))),
+            ToolSyntax::ToolCallTag | ToolSyntax::ToolCallXml => {
+                Some(("<tool_call>", Some("</tool_call>")))
+            }
             ToolSyntax::Granite3 => Some(("<|tool_call|>", None)),
             ToolSyntax::NemotronV2 => Some(("<TOOLCALL>", Some("</TOOLCALL>"))),
             ToolSyntax::Lfm2 => Some(("<|tool_call_start|>", Some("<|tool_call_end|>"))),
@@ -125,10 +131,7 @@ impl StreamParser {
     /// `<think>` block the output starts inside it. `tools`: the request's
     /// tools when tool calls are to be read.
     pub fn new(format: OutputFormat, prompt: &str, tools: Option<&Value>) -> Self {
-        let in_think = format.think
-            && prompt
-                .rfind(THINK_OPEN)
-                .is_some_and(|o| prompt.rfind(THINK_CLOSE).is_none_or(|c| c < o));
+        let in_think = opens_think(format, prompt);
         let mut schemas = Map::new();
         for t in tools.and_then(Value::as_array).into_iter().flatten() {
             let f = t.get("function").unwrap_or(t);
@@ -308,7 +311,7 @@ impl StreamParser {
         let body = body.trim();
         match self.format.tools {
             ToolSyntax::None => None,
-            ToolSyntax::ToolCallTag => {
+            ToolSyntax::ToolCallTag | ToolSyntax::ToolCallXml => {
                 if body.starts_with("<function=") {
                     parse_xml_call(body, &self.schemas).map(|c| vec![c])
                 } else {
@@ -326,6 +329,15 @@ impl StreamParser {
             ToolSyntax::Lfm2 => parse_python_calls(body),
         }
     }
+}
+
+/// Whether the prompt's generation prompt opened a `<think>` block (the
+/// output starts inside it).
+pub fn opens_think(format: OutputFormat, prompt: &str) -> bool {
+    format.think
+        && prompt
+            .rfind(THINK_OPEN)
+            .is_some_and(|o| prompt.rfind(THINK_CLOSE).is_none_or(|c| c < o))
 }
 
 /// The first of `markers` in `s`: its byte offset and the marker.
