@@ -68,12 +68,30 @@ pub fn random_weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> 
         Q2_K => &[(80, 0.02), (82, 0.02)],
         Q3_K => &[(108, 0.005)],
         IQ4_XS => &[(0, 0.001)],
+        IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S => &[(0, 0.01)],
+        TQ1_0 => &[(52, 0.05)],
+        TQ2_0 => &[(64, 0.05)],
         _ => &[],
     };
     for b in data.chunks_exact_mut(ts) {
         for &(off, mag) in fields {
             let v = f16::from_f32(rng.f32() * mag);
             b[off..off + 2].copy_from_slice(&v.to_le_bytes());
+        }
+        match ty {
+            // the f16 `d` in the top nibbles of the four scale words
+            IQ1_M => {
+                let d = f16::from_f32(rng.f32() * 0.01).to_bits();
+                for k in 0..4 {
+                    let at = 48 + 2 * k;
+                    let w = u16::from_le_bytes([b[at], b[at + 1]]) & 0x0fff;
+                    let w = w | (d >> (4 * k) & 0xf) << 12;
+                    b[at..at + 2].copy_from_slice(&w.to_le_bytes());
+                }
+            }
+            // an exponent of 2^-10 .. 2^-2
+            MXFP4 => b[0] = 118 + (rng.next_u64() % 9) as u8,
+            _ => {}
         }
     }
     data

@@ -21,8 +21,8 @@
 //!
 //! A single token and batch-invariant numerics always take the per-row
 //! kernels (each token's bits those of the one-token kernel). Formats with
-//! no dot kernel at all (IQ2/IQ3/…, Q8_K) decode each row once and take
-//! f32 dots below 4 tokens, the f32 GEMM from 4.
+//! no dot kernel at all (Q8_K) decode each row once and take f32 dots
+//! below 4 tokens, the f32 GEMM from 4.
 //!
 //! Run-time knobs (benchmarks, A/B checks): `COIL_GEMM_MIN_TOKENS` (every
 //! `gemm_from`), `COIL_INT_GEMM=0` / [`set_int_gemm`] (no integer GEMMs),
@@ -41,6 +41,7 @@ use crate::matmul::kernel::QuantRows;
 use crate::matmul::kernel::TileKernel;
 use crate::matmul::kernel::VecKernel;
 use crate::matmul::scalar::vecdot;
+use crate::matmul::scalar::vecdot_iq;
 use crate::matmul::weight::Layout;
 use crate::pool::ThreadPool;
 use crate::simd::{self, SimdLevel};
@@ -182,6 +183,11 @@ use GgmlType::*;
 ///   token's weights at 18–21 GB/s against 37–41 for the plain rows'
 ///   kernel, and 8 tokens' no faster ([`split_q6k_lanes`] takes its
 ///   few-token products to the AVX2 lanes there).
+/// * The lattice, ternary and MXFP4 formats (IQ1–IQ3, TQ1_0, TQ2_0,
+///   MXFP4): one-token dots at AVX2 (the AVX-512 level takes them too), no
+///   few-token tiles, so the AVX2 integer GEMM (their rows decoded to i16,
+///   `x86_avx2/decode_iq.rs`) from 8 tokens at both levels, as for the
+///   other formats without tiles.
 /// * AVX2 lanes: Q4_K, Q6_K and Q8_0 (Q5_K gained nothing). Intel Xeon
 ///   model 167 at `COIL_SIMD=avx2`, 2 threads, streamed: 8 tokens Q4_K
 ///   7.0–7.5 → 9.6–11.3 GB/s, Q8_0 8.0 → 11.3 (15.6 with AVX-VNNI); Q6_K
@@ -209,10 +215,20 @@ pub const FORMATS: &[Format] = &[
     format(Q5_K,   (256, 176),     Some(A256), Some(9), Some(9), Rows,    Some(12), g2(12, 12, 12),   24,   Repack::No),
     format(Q6_K,   (256, 210),     Some(A256), Some(9), Some(9), Lanes,   Some(12), g2(12, 19, 49),   24,   Repack::UnlessSplit512),
     format(IQ4_XS, (256, 136),     Some(A256), None,    None,    Rows,    Some(12), g2(12, 12, 12),   24,   Repack::No),
+    format(IQ2_XXS,(256, 66),      Some(A256), None,    None,    Rows,    None,     g2(8, 8, 8),      8,    Repack::No),
+    format(IQ2_XS, (256, 74),      Some(A256), None,    None,    Rows,    None,     g2(8, 8, 8),      8,    Repack::No),
+    format(IQ2_S,  (256, 82),      Some(A256), None,    None,    Rows,    None,     g2(8, 8, 8),      8,    Repack::No),
+    format(IQ3_XXS,(256, 98),      Some(A256), None,    None,    Rows,    None,     g2(8, 8, 8),      8,    Repack::No),
+    format(IQ3_S,  (256, 110),     Some(A256), None,    None,    Rows,    None,     g2(8, 8, 8),      8,    Repack::No),
+    format(IQ1_S,  (256, 50),      Some(A256), None,    None,    Rows,    None,     g2(8, 8, 8),      8,    Repack::No),
+    format(IQ1_M,  (256, 56),      Some(A256), None,    None,    Rows,    None,     g2(8, 8, 8),      8,    Repack::No),
+    format(TQ1_0,  (256, 54),      Some(A256), None,    None,    Rows,    None,     g2(8, 8, 8),      8,    Repack::No),
+    format(TQ2_0,  (256, 66),      Some(A256), None,    None,    Rows,    None,     g2(8, 8, 8),      8,    Repack::No),
+    format(MXFP4,  (32, 17),       Some(A32),  None,    None,    Rows,    None,     g2(8, 8, 8),      8,    Repack::No),
 ];
 
 /// The row of formats the table does not list (decoded through
-/// `coil_gguf::quant`: IQ1–IQ3, Q8_K, …): no dot kernels, no GEMM of
+/// `coil_gguf::quant`: Q8_K, …): no dot kernels, no GEMM of
 /// their own, the f32 GEMM from 4 tokens.
 const DECODED: Format = format(
     F32,
@@ -354,9 +370,14 @@ fn int_gemm_avx2(p: &Product) -> bool {
     avx2_igemm_at(p.ty, p.level) && p.layout == Layout::Rows && int_gemm_sized(p)
 }
 
-/// Whether `ty`'s integer GEMM at `level` is the AVX2 one.
+/// Whether `ty`'s integer GEMM at `level` is the AVX2 one: at the AVX2
+/// level, and at AVX-512 for the formats with no AVX-512 GEMM (the
+/// lattice, ternary and MXFP4 formats).
 fn avx2_igemm_at(ty: GgmlType, level: SimdLevel) -> bool {
-    cfg!(target_arch = "x86_64") && level == SimdLevel::Avx2 && format_of(ty).igemm_avx2.is_some()
+    let f = format_of(ty);
+    cfg!(target_arch = "x86_64")
+        && f.igemm_avx2.is_some()
+        && (level == SimdLevel::Avx2 || (level >= SimdLevel::Avx512 && f.igemm_avx512.is_none()))
 }
 
 /// What both integer GEMMs' choices ask beyond the format and level: not
@@ -596,6 +617,16 @@ pub(crate) fn vec_kernel(ty: GgmlType, level: SimdLevel, single: bool) -> Option
         Q5_K => VecKernel::Quant(ActKind::Q8K, vecdot::dot_q5_k, None),
         Q6_K => VecKernel::Quant(ActKind::Q8K, vecdot::dot_q6_k, None),
         IQ4_XS => VecKernel::Quant(ActKind::Q8K, vecdot::dot_iq4_xs, None),
+        IQ2_XXS => VecKernel::Quant(ActKind::Q8K, vecdot_iq::dot_iq2_xxs, None),
+        IQ2_XS => VecKernel::Quant(ActKind::Q8K, vecdot_iq::dot_iq2_xs, None),
+        IQ2_S => VecKernel::Quant(ActKind::Q8K, vecdot_iq::dot_iq2_s, None),
+        IQ3_XXS => VecKernel::Quant(ActKind::Q8K, vecdot_iq::dot_iq3_xxs, None),
+        IQ3_S => VecKernel::Quant(ActKind::Q8K, vecdot_iq::dot_iq3_s, None),
+        IQ1_S => VecKernel::Quant(ActKind::Q8K, vecdot_iq::dot_iq1_s, None),
+        IQ1_M => VecKernel::Quant(ActKind::Q8K, vecdot_iq::dot_iq1_m, None),
+        TQ1_0 => VecKernel::Quant(ActKind::Q8K, vecdot_iq::dot_tq1_0, None),
+        TQ2_0 => VecKernel::Quant(ActKind::Q8K, vecdot_iq::dot_tq2_0, None),
+        MXFP4 => VecKernel::Quant(ActKind::Q8_0, vecdot_iq::dot_mxfp4, None),
         _ => return None,
     })
 }
@@ -869,10 +900,21 @@ mod tests {
             ..p(Q4_K, 512, SimdLevel::Scalar)
         };
         assert!(matches!(choose(&inv), Kernel::Dots { .. }));
-        assert_eq!(
-            choose(&p(IQ2_XXS, 2, SimdLevel::Scalar)),
-            Kernel::DecodedDots
-        );
+        assert_eq!(choose(&p(Q8_K, 2, SimdLevel::Scalar)), Kernel::DecodedDots);
+        // the lattice formats: the AVX2 integer GEMM at the AVX-512 level
+        #[cfg(target_arch = "x86_64")]
+        if int_gemm_enabled() && gemm_override().is_none() {
+            for level in [SimdLevel::Avx2, SimdLevel::Avx512] {
+                assert_eq!(
+                    choose(&p(IQ2_XXS, 7, level)),
+                    Kernel::Dots {
+                        level,
+                        lanes: false
+                    }
+                );
+                assert_eq!(choose(&p(IQ2_XXS, 8, level)), Kernel::IntGemmAvx2);
+            }
+        }
         #[cfg(target_arch = "x86_64")]
         if crate::simd::available_levels().contains(&SimdLevel::Avx2)
             && !simd::avx_vnni()

@@ -57,7 +57,9 @@ macro_rules! by_token_count {
 }
 
 pub(super) mod decode_i8;
+pub(super) mod decode_iq;
 pub(super) mod dots;
+mod dots_iq;
 pub(super) mod float_pairs;
 pub(super) mod igemm;
 pub(super) mod k23;
@@ -66,6 +68,17 @@ mod lanes_q6_k;
 mod lanes_q8_0;
 mod legacy;
 mod tiles;
+
+/// A one-token dot of `dots_iq.rs` against activations quantized as `$acts`.
+macro_rules! iq {
+    ($acts:expr, $dot:ident) => {
+        VecKernel::Quant(
+            $acts,
+            |r, q, d, s| unsafe { dots_iq::$dot(r, q, d, s) },
+            None,
+        )
+    };
+}
 
 pub(super) fn vec_kernel(ty: GgmlType, lanes: bool) -> Option<VecKernel> {
     use ActKind::*;
@@ -137,6 +150,17 @@ pub(super) fn vec_kernel(ty: GgmlType, lanes: bool) -> Option<VecKernel> {
         GgmlType::IQ4_XS => {
             VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_iq4_xs(r, q, d, s) }, None)
         }
+        // the lattice, ternary and MXFP4 formats (`dots_iq.rs`)
+        GgmlType::IQ2_XXS => iq!(Q8K, dot_iq2_xxs),
+        GgmlType::IQ2_XS => iq!(Q8K, dot_iq2_xs),
+        GgmlType::IQ2_S => iq!(Q8K, dot_iq2_s),
+        GgmlType::IQ3_XXS => iq!(Q8K, dot_iq3_xxs),
+        GgmlType::IQ3_S => iq!(Q8K, dot_iq3_s),
+        GgmlType::IQ1_S => iq!(Q8K, dot_iq1_s),
+        GgmlType::IQ1_M => iq!(Q8K, dot_iq1_m),
+        GgmlType::TQ1_0 => iq!(Q8K, dot_tq1_0),
+        GgmlType::TQ2_0 => iq!(Q8K, dot_tq2_0),
+        GgmlType::MXFP4 => iq!(Q8_0, dot_mxfp4),
         _ => return None,
     })
 }

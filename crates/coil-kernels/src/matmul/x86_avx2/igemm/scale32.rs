@@ -1,7 +1,11 @@
 //! The formats of 32 small integers `q` with one float scale `d` per block
 //! (and for Q4_1 / Q5_1 a min `m`): Q8_0 (`q` −128..127), Q4_0 (−8..7),
 //! Q5_0 (−16..15), IQ4_NL (its table, −127..113), IQ4_XS (the same table,
-//! `d` per 32 from its 6-bit sub-scales), Q4_1 (0..15) and Q5_1 (0..31).
+//! `d` per 32 from its 6-bit sub-scales), Q4_1 (0..15) and Q5_1 (0..31);
+//! and the lattice, ternary and MXFP4 formats (IQ2_XXS, IQ2_XS, IQ2_S,
+//! IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0, MXFP4), which `decode_iq`
+//! decodes straight to i16 with their integer scales folded in (`|q|` up
+//! to 1922: a `vpmaddwd` pair stays far inside i32) and one `d` per 32.
 //! The activations are quantized as for the Q8_0 decode path (`x = dx·qx`,
 //! `qx` in −127..127, one `dx` per 32). Per row, token and block, `Σ q·qx`
 //! is exact in i32 and `y += (d·dx)·Σ` in f32 (Q4_1 / Q5_1: also
@@ -33,6 +37,7 @@ use crate::aligned::AlignedVec;
 use crate::matmul::scalar::dequant::rd_f16;
 use crate::matmul::weight::WeightRef;
 use crate::matmul::x86_avx2::decode_i8::decode_row;
+use crate::matmul::x86_avx2::decode_iq;
 use crate::pool::SendPtr;
 use crate::pool::ThreadPool;
 use coil_gguf::GgmlType;
@@ -53,7 +58,7 @@ const TILE_BLOCK: usize = 16 * NT;
 /// Whether `ty` is one of this GEMM's formats.
 pub(super) fn supported(ty: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(ty, Q8_0 | Q4_0 | Q5_0 | IQ4_NL | IQ4_XS | Q4_1 | Q5_1)
+    matches!(ty, Q8_0 | Q4_0 | Q5_0 | IQ4_NL | IQ4_XS | Q4_1 | Q5_1) || decode_iq::supported(ty)
 }
 
 /// Whether `ty` has a min per block (`w = d·q + m`): its activations carry
@@ -72,6 +77,8 @@ struct Panel {
     d: AlignedVec<f32>,
     /// The panel's rows decoded (formats other than Q8_0), `[PR][cols]`.
     row8: Vec<i8>,
+    /// The same for the formats `decode_iq` decodes to i16.
+    row16: Vec<i16>,
     /// The decoder's `b = −m` per `[block][PR]` (zero but for Q4_1 / Q5_1).
     mins: AlignedVec<f32>,
     /// Partial sums between passes, `[tile][2 · NT][8]` (rows 0–7 of the
@@ -103,17 +110,26 @@ thread_local! {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn pack_panel(w: &WeightRef, r0: usize, nr: usize, p: &mut Panel) {
     static ZEROS: [u8; 32] = [0; 32];
+    static ZEROS16: [i16; 32] = [0; 32];
     let cols = w.cols;
     let nb = cols / 32;
     p.q.resize(nb * PANEL_BLOCK);
     p.d.resize(nb * PR);
     let q8 = w.ty == GgmlType::Q8_0;
+    // the lattice / ternary / MXFP4 formats: decoded straight to i16
+    let wide = decode_iq::supported(w.ty);
     if !q8 {
-        p.row8.resize(PR * cols, 0);
+        if wide {
+            p.row16.resize(PR * cols, 0);
+        } else {
+            p.row8.resize(PR * cols, 0);
+        }
         p.mins.resize(nb * PR);
     }
-    // where row r's quants start (block b at + `step`·b), as i8
+    // where row r's quants start (block b at + `step`·b), as i8 (`wide`:
+    // as i16, in `src16`)
     let mut src = [ZEROS.as_ptr(); PR];
+    let mut src16 = [ZEROS16.as_ptr(); PR];
     let mut step = [0usize; PR];
     for r in 0..PR {
         if r >= nr {
@@ -129,6 +145,13 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, nr: usize, p: &mut Panel) {
                 p.d[b * PR + r] = rd_f16(blk, 0);
             }
             (src[r], step[r]) = (row.as_ptr().add(2), 34);
+        } else if wide {
+            let dst = &mut p.row16[r * cols..(r + 1) * cols];
+            decode_iq::decode_row(w.ty, w.row(r0 + r), dst, p.d.as_mut_ptr().add(r), PR);
+            for b in 0..nb {
+                p.mins[b * PR + r] = 0.0;
+            }
+            (src16[r], step[r]) = (dst.as_ptr(), 32);
         } else {
             let dst = &mut p.row8[r * cols..(r + 1) * cols];
             decode_row(
@@ -149,14 +172,22 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, nr: usize, p: &mut Panel) {
         for h in 0..PR / 8 {
             let v: [__m256i; 8] = std::array::from_fn(|r| {
                 let r = 8 * h + r;
-                _mm256_loadu_si256(src[r].add(step[r] * b) as *const __m256i)
+                if wide {
+                    _mm256_setzero_si256()
+                } else {
+                    _mm256_loadu_si256(src[r].add(step[r] * b) as *const __m256i)
+                }
             });
             for half in 0..2 {
-                let pairs: [__m256; 8] = std::array::from_fn(|r| {
-                    let q = if half == 0 {
-                        _mm256_castsi256_si128(v[r])
+                let pairs: [__m256; 8] = std::array::from_fn(|i| {
+                    let q = if wide {
+                        let r = 8 * h + i;
+                        let at = src16[r].add(step[r] * b + 16 * half);
+                        return _mm256_castsi256_ps(_mm256_loadu_si256(at as *const __m256i));
+                    } else if half == 0 {
+                        _mm256_castsi256_si128(v[i])
                     } else {
-                        _mm256_extracti128_si256(v[r], 1)
+                        _mm256_extracti128_si256(v[i], 1)
                     };
                     _mm256_castsi256_ps(_mm256_cvtepi8_epi16(q))
                 });
