@@ -547,10 +547,10 @@ fn ops_bench(pool: &ThreadPool, rng: &mut Rng, bw: f64) {
     }
     // A server's decode step: one token of each of N sequences through 12
     // layers (states 12 MiB per sequence, beyond the caches), each
-    // sequence's scan its own pool call, or all in one (ops/ssm_batch.rs).
+    // sequence's scan its own pool call, or all in one (ops/ssm/batch.rs).
     {
+        use coil_kernels::ops::ssm::{mamba2_scan_batch, Mamba2Seq};
         use coil_kernels::ops::ssm::{mamba2_scan_from, ScanInputs};
-        use coil_kernels::ops::ssm_batch::{mamba2_scan_batch, Mamba2Seq};
         let layers = 12;
         let ld = 32 * 64 + 2 * 128;
         let a: Vec<f32> = rng.vec(32).iter().map(|v| -v.abs()).collect();
@@ -621,7 +621,7 @@ fn ops_bench(pool: &ThreadPool, rng: &mut Rng, bw: f64) {
     }
     // A decode step through 48 layers (mamba2-370m: 48 MiB of f32 state,
     // beyond the caches) with the state stored in f32 or bf16
-    // (ops/ssm_bf16.rs): half the bytes, more arithmetic per value.
+    // (ops/ssm/bf16.rs): half the bytes, more arithmetic per value.
     {
         use coil_kernels::ops::ssm::{mamba2_scan_from, ScanInputs};
         use half::bf16;
@@ -661,9 +661,7 @@ fn ops_bench(pool: &ThreadPool, rng: &mut Rng, bw: f64) {
     // DeltaNet layers of qwen35-0.8b (16 heads of 128 × 128: 18 MiB of f32
     // state).
     {
-        use coil_kernels::ops::gated_delta::{
-            gated_delta_scan, DeltaInputs, GatedDeltaDims, HeadOrder,
-        };
+        use coil_kernels::ops::delta::{gated_delta_scan, DeltaInputs, GatedDeltaDims, HeadOrder};
         use half::bf16;
         let (layers, h, dk) = (18, 16, 128);
         let gd = GatedDeltaDims {
@@ -718,7 +716,7 @@ fn ops_bench(pool: &ThreadPool, rng: &mut Rng, bw: f64) {
         });
         // A prompt of 512 tokens through one layer, the chunked form.
         {
-            use coil_kernels::ops::gated_delta_chunk::{gated_delta_chunked, DEFAULT_CHUNK};
+            use coil_kernels::ops::delta::chunk::{gated_delta_chunked, DEFAULT_CHUNK};
             let t = 512;
             let (q, k) = (norm(rng.vec(t * h * dk)), norm(rng.vec(t * h * dk)));
             let v = rng.vec(t * h * dk);

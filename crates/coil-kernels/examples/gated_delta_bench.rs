@@ -4,10 +4,10 @@
 //!
 //!     [N=512] [CHUNK=16] [ROWS=1] [ONLY_CHUNKED=1] [REPS=40] cargo run --release -p coil-kernels --example gated_delta_bench [-- THREADS [HK HV D]]
 
-use coil_kernels::ops::gated_delta::{
+use coil_kernels::ops::delta::chunk::{gated_delta_chunked, DEFAULT_CHUNK};
+use coil_kernels::ops::delta::{
     gated_delta_scan, l2_normalize, DeltaInputs, GatedDeltaDims, HeadOrder,
 };
-use coil_kernels::ops::gated_delta_chunk::{gated_delta_chunked, DEFAULT_CHUNK};
 use coil_kernels::testutil::Rng;
 use coil_kernels::ThreadPool;
 use std::time::Instant;

@@ -5,18 +5,9 @@
 //! started. Read from the source text: `mod` declarations, `use` trees and
 //! `crate::` / `super::` / `self::` paths in code (comments, strings and
 //! test modules left out).
-//!
-//! The cycle check covers every file but those of [`CYCLES_ALLOWED_UNDER`]:
-//! there the recurrent scans' files (`ssm*.rs`, `gated_delta*.rs`) still
-//! share their dimension types both ways until they are grouped by family
-//! into folders of their own.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-
-/// The folder whose files may still name each other in a circle (not one
-/// above another: that is checked everywhere).
-const CYCLES_ALLOWED_UNDER: &str = "ops";
 
 /// A source file and the module path it defines (`["matmul", "plan"]`).
 struct File {
@@ -424,23 +415,15 @@ fn no_file_depends_on_a_module_above_it_and_no_cycles() {
     // a depth-first search for a cycle
     let mut state = vec![0u8; files.len()];
     let mut trail = Vec::new();
-    let checked: Vec<bool> = files
-        .iter()
-        .map(|f| f.module.first().map(String::as_str) != Some(CYCLES_ALLOWED_UNDER))
-        .collect();
     fn visit(
         i: usize,
         edges: &BTreeMap<usize, BTreeSet<usize>>,
-        checked: &[bool],
         state: &mut [u8],
         trail: &mut Vec<usize>,
     ) -> Option<Vec<usize>> {
         state[i] = 1;
         trail.push(i);
         for &j in edges.get(&i).into_iter().flatten() {
-            if !checked[j] {
-                continue;
-            }
             if state[j] == 1 {
                 let from = trail.iter().position(|&t| t == j).expect("on trail");
                 let mut cycle = trail[from..].to_vec();
@@ -448,7 +431,7 @@ fn no_file_depends_on_a_module_above_it_and_no_cycles() {
                 return Some(cycle);
             }
             if state[j] == 0 {
-                if let Some(c) = visit(j, edges, checked, state, trail) {
+                if let Some(c) = visit(j, edges, state, trail) {
                     return Some(c);
                 }
             }
@@ -458,8 +441,8 @@ fn no_file_depends_on_a_module_above_it_and_no_cycles() {
         None
     }
     for i in 0..files.len() {
-        if state[i] == 0 && checked[i] {
-            if let Some(c) = visit(i, &edges, &checked, &mut state, &mut trail) {
+        if state[i] == 0 {
+            if let Some(c) = visit(i, &edges, &mut state, &mut trail) {
                 let names: Vec<String> = c.into_iter().map(name).collect();
                 panic!("files in a cycle: {}", names.join(" -> "));
             }

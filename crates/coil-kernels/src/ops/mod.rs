@@ -5,24 +5,13 @@
 pub mod act;
 pub mod attention;
 pub mod conv;
-pub mod gated_delta;
-mod gated_delta_bf16;
-pub mod gated_delta_chunk;
-mod gated_delta_lanes;
-mod gated_delta_move;
-pub mod kda;
-pub mod kda_chunk;
+pub mod delta;
 pub mod norm;
 pub mod rope;
 pub mod softmax;
-pub mod ssd;
 pub mod ssm;
-pub mod ssm_batch;
-mod ssm_bf16;
-mod ssm_move;
-#[cfg(target_arch = "x86_64")]
-mod ssm_tokens;
 pub mod state_elem;
+mod state_rows;
 pub mod topk;
 
 pub use act::*;
@@ -30,8 +19,9 @@ pub use attention::{attention, KvData, KvView, KV_PAGE_ALIGN};
 pub use conv::{conv1d_causal_pool, conv1d_causal_silu_pool};
 pub use norm::{group_rms_norm_gated, rms_norm, rms_norm_inplace};
 pub use rope::{rope, rope_table, RopeStyle};
-pub use ssd::mamba2_chunked_scan;
-pub use ssm::{mamba1_scan, mamba1_step, mamba2_scan, mamba2_step, Mamba2Dims};
+pub use ssm::{
+    mamba1_scan, mamba1_step, mamba2_chunked_scan, mamba2_scan, mamba2_step, Mamba2Dims,
+};
 pub use state_elem::{StateMut, StateRef, StateType};
 pub use topk::{top_k, top_k_into};
 
@@ -46,17 +36,17 @@ mod level_tests {
     fn ops_at_every_level() {
         for level in available_levels() {
             let _cap = level_scope(Some(level));
-            super::ssm::tests::mamba2_matches_naive_and_steps();
-            super::ssd::tests::chunked_matches_sequential();
-            super::ssm::tests::mamba1_matches_naive();
-            super::ssm_bf16::tests::mamba2_bf16_is_the_f32_update_rounded_per_token();
-            super::ssm_bf16::tests::mamba1_bf16_is_the_f32_update_rounded_per_token();
+            super::ssm::scan::tests::mamba2_matches_naive_and_steps();
+            super::ssm::ssd::tests::chunked_matches_sequential();
+            super::ssm::scan::tests::mamba1_matches_naive();
+            super::ssm::bf16::tests::mamba2_bf16_is_the_f32_update_rounded_per_token();
+            super::ssm::bf16::tests::mamba1_bf16_is_the_f32_update_rounded_per_token();
             super::attention::tests::matches_naive_softmax();
             super::attention::tests::invariant_mode_queries_equal_single_query_calls();
             super::softmax::tests::sums_match_libm();
-            super::kda::tests::scan_matches_naive_and_steps();
-            super::kda::tests::bf16_is_the_f32_update_rounded_per_token();
-            super::kda_chunk::tests::chunked_matches_recurrence();
+            super::delta::kda::tests::scan_matches_naive_and_steps();
+            super::delta::kda::tests::bf16_is_the_f32_update_rounded_per_token();
+            super::delta::kda_chunk::tests::chunked_matches_recurrence();
         }
     }
 }

@@ -13,7 +13,7 @@ use super::qwen3next::load_stack;
 use super::weights::Loader;
 use super::{LayerPlan, ModelError};
 use coil_gguf::{GgufFile, Value};
-use coil_kernels::ops::gated_delta::HeadOrder;
+use coil_kernels::ops::delta::HeadOrder;
 use std::sync::Arc;
 
 /// Checks `rope.dimension_sections` (required, as in llama.cpp): up to four

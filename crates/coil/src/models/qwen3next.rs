@@ -23,7 +23,7 @@ use super::nextn::NextnBlock;
 use super::weights::Loader;
 use super::{LayerPlan, ModelError, ModelInfo};
 use coil_gguf::GgufFile;
-use coil_kernels::ops::gated_delta::HeadOrder;
+use coil_kernels::ops::delta::HeadOrder;
 use coil_kernels::ops::rope::RopeStyle;
 use std::sync::Arc;
 

@@ -10,7 +10,7 @@
 //! * `β = sigmoid(b)`, `g = −exp(A_log)·softplus(a + dt_bias)` (`ssm_a`
 //!   holds −exp(A_log));
 //! * the gated delta rule per value head (state `[d_k, d_v]`, see
-//!   `coil_kernels::ops::gated_delta`);
+//!   `coil_kernels::ops::delta`);
 //! * `RMSNorm(o)·w ⊙ silu(z)` per value head, then `ssm_out`.
 
 use super::common::{
@@ -24,11 +24,11 @@ use coil_kernels::ops::act::{mul_silu_inplace, softplus1};
 use coil_kernels::ops::conv::{
     conv1d_causal_silu_batch, conv1d_causal_silu_pool_then, ConvSeq, ConvWeights,
 };
-use coil_kernels::ops::gated_delta::{
+use coil_kernels::ops::delta::chunk::{gated_delta_chunked, DEFAULT_CHUNK};
+use coil_kernels::ops::delta::{
     gated_delta_scan_batch, gated_delta_scan_state, l2_normalize, DeltaInputs, DeltaSeq,
     DeltaState, GatedDeltaDims, HeadOrder,
 };
-use coil_kernels::ops::gated_delta_chunk::{gated_delta_chunked, DEFAULT_CHUNK};
 use coil_kernels::ops::norm::rms_norm_inplace;
 use coil_kernels::{matmul, matmul_shared, Scratch, ThreadPool, WeightRef};
 use half::bf16;

@@ -12,7 +12,7 @@
 //!   (`ssm_a` holds −exp(A_log), one per head; `ssm_dt.bias` one per
 //!   channel), `β = sigmoid(b)`;
 //! * the KDA recurrence per head (state `[d, d]`, see
-//!   `coil_kernels::ops::kda`), chunked for prompts;
+//!   `coil_kernels::ops::delta::kda`), chunked for prompts;
 //! * `RMSNorm(o)·w ⊙ sigmoid(g_b(g_a(x)))` per head (`ssm_norm` [d]), then
 //!   `attn_output`.
 
@@ -25,9 +25,9 @@ use coil_kernels::ops::act::{mul_sigmoid_inplace, softplus1};
 use coil_kernels::ops::conv::{
     conv1d_causal_silu_batch, conv1d_causal_silu_pool_then, ConvSeq, ConvWeights,
 };
-use coil_kernels::ops::gated_delta::l2_normalize;
-use coil_kernels::ops::kda::{kda_scan_batch, KdaDims, KdaInputs, KdaSeq, KdaState};
-use coil_kernels::ops::kda_chunk::{kda_chunked, DEFAULT_CHUNK};
+use coil_kernels::ops::delta::kda_chunk::{kda_chunked, DEFAULT_CHUNK};
+use coil_kernels::ops::delta::l2_normalize;
+use coil_kernels::ops::delta::{kda_scan_batch, KdaDims, KdaInputs, KdaSeq, KdaState};
 use coil_kernels::ops::norm::rms_norm_inplace;
 use coil_kernels::{matmul, matmul_shared, Scratch, ThreadPool, WeightRef};
 use half::bf16;

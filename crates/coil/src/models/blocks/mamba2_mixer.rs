@@ -21,15 +21,15 @@ use coil_kernels::ops::conv::{
     conv1d_causal_silu_batch, conv1d_causal_silu_pool, ConvSeq, ConvWeights,
 };
 use coil_kernels::ops::norm::group_rms_norm_gated;
-use coil_kernels::ops::ssd::{mamba2_chunked_scan_rows, DEFAULT_CHUNK};
+use coil_kernels::ops::ssm::ssd::{mamba2_chunked_scan_rows, DEFAULT_CHUNK};
+use coil_kernels::ops::ssm::{mamba2_scan_batch, Mamba2Seq};
 use coil_kernels::ops::ssm::{mamba2_scan_from_state, Mamba2Dims, ScanInputs, ScanState};
-use coil_kernels::ops::ssm_batch::{mamba2_scan_batch, Mamba2Seq};
 use half::bf16;
 
 /// From how many tokens of one sequence on the chunked SSD algorithm
 /// replaces the token-by-token recurrence: `COIL_SSD_MIN_TOKENS` in the
 /// environment, else the kernel's measured break-even for the SIMD level
-/// ([`coil_kernels::ops::ssd::min_tokens`]: 8 with AVX-512 or AVX2, 32 for
+/// ([`coil_kernels::ops::ssm::ssd::min_tokens`]: 8 with AVX-512 or AVX2, 32 for
 /// the portable build). Both give the same result (tests run both). On a
 /// mamba2-370m layer, one thread, from a non-zero state, SSD takes 0.61×
 /// the recurrence's CPU time at 8 tokens, 0.44× at 16 and 0.29× at 512
@@ -38,7 +38,7 @@ pub fn ssd_min_tokens() -> usize {
     std::env::var("COIL_SSD_MIN_TOKENS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or_else(coil_kernels::ops::ssd::min_tokens)
+        .unwrap_or_else(coil_kernels::ops::ssm::ssd::min_tokens)
 }
 use coil_kernels::{matmul, Scratch, ThreadPool};
 

@@ -9,118 +9,16 @@
 //! [`l2_normalize`]), β = sigmoid(b) and g ≤ 0 one scalar per value head and
 //! token. Value head j reads key head [`GatedDeltaDims::key_head`]`(j)`.
 //! [`gated_delta_scan`] runs the recurrence token by token (decode);
-//! `gated_delta_chunked` (see `gated_delta_chunk.rs`) gives the same result
+//! `gated_delta_chunked` (see `chunk.rs`) gives the same result
 //! with matrix products per chunk (prefill).
 
-use super::state_elem::{StateElem, StateMut};
+use super::dims::{DeltaInputs, GatedDeltaDims};
 use crate::denormals::FlushDenormals;
 use crate::multiversion;
+use crate::ops::state_elem::{StateElem, StateMut};
+use crate::ops::state_rows::{can_stream, fence, prefetch_rows_ahead};
 use crate::pool::{SendPtr, ThreadPool};
 use half::bf16;
-
-/// Which key head a value head reads, when there are more value heads than
-/// key heads (Hv = r·Hk).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HeadOrder {
-    /// Value head j reads key head j / r (the checkpoint's order; llama.cpp's
-    /// `qwen3next` files).
-    Grouped,
-    /// Value head j reads key head j % Hk (llama.cpp's `qwen35` files, whose
-    /// value heads the converter re-orders).
-    Tiled,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GatedDeltaDims {
-    pub n_k_head: usize,
-    pub n_v_head: usize,
-    pub d_k: usize,
-    pub d_v: usize,
-    pub order: HeadOrder,
-}
-
-impl GatedDeltaDims {
-    /// The key head value head `j` reads.
-    #[inline(always)]
-    pub fn key_head(&self, j: usize) -> usize {
-        match self.order {
-            HeadOrder::Grouped => j / (self.n_v_head / self.n_k_head),
-            HeadOrder::Tiled => j % self.n_k_head,
-        }
-    }
-
-    /// f32 elements of the state of all value heads.
-    pub fn state_len(&self) -> usize {
-        self.n_v_head * self.d_k * self.d_v
-    }
-
-    fn check(&self) {
-        assert!(
-            self.n_k_head > 0 && self.n_v_head.is_multiple_of(self.n_k_head),
-            "gated delta: value heads must be a multiple of key heads"
-        );
-        assert!(self.d_k > 0 && self.d_v > 0);
-    }
-}
-
-/// The per-token inputs, read in place from wider rows: token `i`'s q and k
-/// (`[Hk, d_k]` each) start at `q[i·ld_qk]`, `k[i·ld_qk]`, its v (`[Hv,
-/// d_v]`) at `v[i·ld_v]`; `g`, `beta`: `[n_tokens, Hv]`.
-#[derive(Clone, Copy)]
-pub struct DeltaInputs<'a> {
-    pub q: &'a [f32],
-    pub k: &'a [f32],
-    pub ld_qk: usize,
-    pub v: &'a [f32],
-    pub ld_v: usize,
-    pub g: &'a [f32],
-    pub beta: &'a [f32],
-}
-
-impl DeltaInputs<'_> {
-    pub(crate) fn check(&self, d: &GatedDeltaDims, n: usize) {
-        if n == 0 {
-            return;
-        }
-        let (kd, vd) = (d.n_k_head * d.d_k, d.n_v_head * d.d_v);
-        assert!(self.ld_qk >= kd && self.ld_v >= vd);
-        assert!(
-            self.q.len() >= (n - 1) * self.ld_qk + kd,
-            "gated delta: q too short"
-        );
-        assert!(
-            self.k.len() >= (n - 1) * self.ld_qk + kd,
-            "gated delta: k too short"
-        );
-        assert!(
-            self.v.len() >= (n - 1) * self.ld_v + vd,
-            "gated delta: v too short"
-        );
-        assert_eq!(
-            self.g.len(),
-            n * d.n_v_head,
-            "gated delta: g is not [n, Hv]"
-        );
-        assert_eq!(
-            self.beta.len(),
-            n * d.n_v_head,
-            "gated delta: beta is not [n, Hv]"
-        );
-    }
-
-    #[inline(always)]
-    pub(crate) fn q_at(&self, d: &GatedDeltaDims, i: usize, kh: usize) -> &[f32] {
-        &self.q[i * self.ld_qk + kh * d.d_k..][..d.d_k]
-    }
-    #[inline(always)]
-    pub(crate) fn k_at(&self, d: &GatedDeltaDims, i: usize, kh: usize) -> &[f32] {
-        &self.k[i * self.ld_qk + kh * d.d_k..][..d.d_k]
-    }
-    #[inline(always)]
-    pub(crate) fn v_at(&self, d: &GatedDeltaDims, i: usize, j: usize) -> &[f32] {
-        &self.v[i * self.ld_v + j * d.d_v..][..d.d_v]
-    }
-}
 
 /// `x ← scale · x / sqrt(Σx² + eps)` over each `dim`-wide row of `x`
 /// (transformers' / fla's `l2norm` with eps 1e-6, then the query scale).
@@ -274,7 +172,7 @@ pub fn gated_delta_scan_batch<S: DeltaState>(
             if let Some(f) = pt.from {
                 let src = &f[j * hs..(j + 1) * hs];
                 // One token (a decode step): read the old head, stream the
-                // new one (`gated_delta_move`).
+                // new one (`moving.rs`).
                 // SAFETY: head j's output row belongs to this call alone.
                 let moved = pt.n_tokens == 1
                     && unsafe { S::move_step(&dims, j, src, s, &pt.inputs, pt.out.get(), &mut kv) };
@@ -291,7 +189,7 @@ pub fn gated_delta_scan_batch<S: DeltaState>(
         }
         if streamed {
             // The streamed stores are ordered before the hand-back.
-            super::ssm_move::fence();
+            fence();
         }
     });
 }
@@ -318,7 +216,7 @@ fn head_scan(
             if i == 0 {
                 // the state comes from memory on the first token: rows
                 // prefetched ahead as the decode kernels stream weights
-                super::ssm::prefetch_rows_ahead(s.as_ptr().wrapping_add(ri * dv), dv);
+                prefetch_rows_ahead(s.as_ptr().wrapping_add(ri * dv), dv);
             }
             for (a, &x) in kv.iter_mut().zip(r) {
                 *a += kr * x;
@@ -347,7 +245,7 @@ multiversion!(fn head_scan_mv(
 
 /// The state types the delta rule takes (f32, bf16): which compiled head
 /// loop runs for each. A bf16 head is computed in f32 and rounded once per
-/// token when stored (`gated_delta_bf16`).
+/// token when stored (`bf16.rs`).
 pub trait DeltaState: StateElem {
     #[doc(hidden)]
     fn head_scan(
@@ -361,7 +259,7 @@ pub trait DeltaState: StateElem {
     );
 
     /// One token of head `j` with its state moving from `src` to `dst`,
-    /// the new state streamed (`gated_delta_move`); `false` (nothing
+    /// the new state streamed (`moving.rs`); `false` (nothing
     /// done) where that path does not run: the caller copies and scans.
     ///
     /// # Safety
@@ -404,12 +302,12 @@ impl DeltaState for f32 {
         out: *mut f32,
         kv: &mut [f32],
     ) -> bool {
-        if !super::gated_delta_move::usable(dst, d.d_v) {
+        if !can_stream(dst, d.d_v) {
             return false;
         }
         // SAFETY: `usable` checked AVX2, the row width and the alignment;
         // the caller owns head j's state and output row.
-        super::gated_delta_move::move_step(d, j, src, dst, inp, out, kv);
+        super::moving::move_step(d, j, src, dst, inp, out, kv);
         true
     }
 }
@@ -425,13 +323,14 @@ impl DeltaState for bf16 {
         kv: &mut [f32],
         n: usize,
     ) {
-        super::gated_delta_bf16::head_scan_bf16_mv(d, j, s, inp, SendPtr(out), kv, n)
+        super::bf16::head_scan_bf16_mv(d, j, s, inp, SendPtr(out), kv, n)
     }
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::ops::delta::HeadOrder;
     use crate::testutil::Rng;
 
     /// The textbook recurrence in f64, per value head (key head by `order`).
@@ -579,7 +478,7 @@ pub(crate) mod tests {
     }
 
     /// Odd sequences move off a checkpoint; with value rows of 32 their
-    /// one-token steps take the streamed path (`gated_delta_move`), with
+    /// one-token steps take the streamed path (`moving.rs`), with
     /// rows of 4 the copy-then-update one: the same bits as each sequence
     /// scanned alone in place.
     #[test]

@@ -1,6 +1,6 @@
 //! The chunked gated delta rule with one token per vector lane: chunks of
 //! `L` = 16 tokens in `zmm` registers at AVX-512, 8 in `ymm` at AVX2. Every
-//! small `L × L` matrix of [`super::gated_delta_chunk`]'s form is a row of
+//! small `L × L` matrix of [`super::chunk`]'s form is a row of
 //! registers, and every product reads its broadcast operand from one
 //! contiguous row (`Qᵀ`, `Kᵀ`, `Wᵀ`, `Kdᵀ`: `[d_k, L]`). The state is walked
 //! in column blocks of `L` (`S[:, c..c+L]`, at most 8 KB at d_k = 128,
@@ -21,7 +21,7 @@
 //! sums); rows past a short last chunk are zeros (β = 0, g = 0), which add
 //! nothing.
 
-use super::gated_delta::{DeltaInputs, GatedDeltaDims};
+use super::dims::{DeltaInputs, GatedDeltaDims};
 use crate::pool::SendPtr;
 use crate::simd::math::exp_fast;
 

@@ -8,7 +8,7 @@
 //! y         = Y_diag + Y_off + D · x
 //! ```
 //!
-//! The same result as the token-by-token recurrence ([`super::ssm::mamba2_scan`])
+//! The same result as the token-by-token recurrence ([`super::scan::mamba2_scan`])
 //! up to f32 rounding, with the state read and written once per chunk
 //! instead of once per token and `C·Bᵀ` shared by the heads of a group.
 //!
@@ -28,7 +28,7 @@
 //! the window (in parallel), then every head over the window's chunks (in
 //! parallel), its state held transposed (`[N, P]`) in a per-thread buffer.
 
-use super::ssm::{Mamba2Dims, ScanInputs};
+use super::dims::{Mamba2Dims, ScanInputs};
 use crate::pool::SendPtr;
 use crate::pool::ThreadPool;
 use crate::simd::math::exp_fast;
@@ -44,7 +44,7 @@ use std::ops::Range;
 pub const DEFAULT_CHUNK: usize = 64;
 
 /// Tokens of one sequence from which [`mamba2_chunked_scan`] is faster
-/// than the token-by-token [`super::ssm::mamba2_scan`] at the current SIMD
+/// than the token-by-token [`super::scan::mamba2_scan`] at the current SIMD
 /// level. Measured on a mamba2-370m layer (32 heads × 64, d_state 128) from
 /// a non-zero state, CPU time of one thread, SSD ÷ recurrence:
 ///
@@ -544,7 +544,7 @@ fn with_local<T: Default, R>(
 }
 
 /// Mamba-2 over `n_tokens` tokens with the chunked SSD algorithm; same
-/// arguments and result as [`super::ssm::mamba2_scan`]:
+/// arguments and result as [`super::scan::mamba2_scan`]:
 ///
 /// * `state`: `[n_head, head_dim, d_state]`, updated in place
 /// * `x`: `[n_tokens, n_head, head_dim]`; `dt`: `[n_tokens, n_head]` (activated)

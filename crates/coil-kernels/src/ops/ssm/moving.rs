@@ -6,30 +6,13 @@
 //! Streaming stores make keeping the old state as a checkpoint cost the
 //! same traffic as updating it in place: one read and one write.
 //!
-//! Same arithmetic, in the same order, as the row loop of `ssm::m2_head`
+//! Same arithmetic, in the same order, as the row loop of `scan.rs`'s `m2_head`
 //! (16 partial sums, added in order), so the result is bit for bit the
-//! in-place update's. (A bf16 state streams its rows in `ssm_bf16`.)
-
-/// Whether [`move_row`] can run: AVX2, rows a whole number of 16-lane
-/// steps, the destination 16-byte aligned.
-#[inline]
-pub(crate) fn usable(dst: &[f32], n: usize) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        n.is_multiple_of(16)
-            && (dst.as_ptr() as usize).is_multiple_of(16)
-            && std::arch::is_x86_feature_detected!("avx2")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (dst, n);
-        false
-    }
-}
+//! in-place update's. (A bf16 state streams its rows in `bf16.rs`.)
 
 /// `dst[i] = src[i]·da + xdt·b[i]` (streamed), returns `Σ dst[i]·c[i]`
-/// summed as `m2_head` sums it. Call [`fence`] before another thread reads
-/// `dst`. Requires [`usable`].
+/// summed as `m2_head` sums it. Call `state_rows::fence` before another thread
+/// reads `dst`. Requires `state_rows::can_stream`.
 ///
 /// # Safety
 /// The CPU has AVX2; `dst`, `src`, `b`, `c` hold `n` values, `n` a multiple
@@ -77,14 +60,4 @@ pub(crate) unsafe fn move_row(
     _xdt: f32,
 ) -> f32 {
     unreachable!("usable() is false off x86-64")
-}
-
-/// Orders the streamed stores before what follows (the pool's hand-back).
-#[inline]
-pub(crate) fn fence() {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: SSE is part of x86-64.
-    unsafe {
-        std::arch::x86_64::_mm_sfence()
-    };
 }

@@ -1,7 +1,7 @@
 //! The chunked gated delta rule (the WY / UT form of Yang et al.'s
 //! DeltaNet and Gated DeltaNet papers, as flash-linear-attention's chunked
 //! kernels compute it): the same result as the token-by-token recurrence
-//! of [`super::gated_delta`], mostly in matrix products. Per value head and
+//! of [`super::gated`], mostly in matrix products. Per value head and
 //! chunk of L tokens, from the state S (`[d_k, d_v]`) at its start:
 //!
 //! ```text
@@ -17,12 +17,12 @@
 //!
 //! Chunks made of whole vectors (16 tokens at AVX-512, 8 at AVX2) with
 //! `d_k`, `d_v` multiples of the vector (every Qwen3.5 / Qwen3-Next layer)
-//! take [`super::gated_delta_lanes`]: the same algebra with one token per
+//! take [`super::chunk_lanes`]: the same algebra with one token per
 //! vector lane (a 512-token Qwen3.5-0.8B layer, one thread, on a Zen 4:
 //! 13.5–13.9 → 11.7 ms at AVX-512).
 
-use super::gated_delta::{DeltaInputs, GatedDeltaDims};
-use super::gated_delta_lanes as lanes;
+use super::chunk_lanes as lanes;
+use super::dims::{DeltaInputs, GatedDeltaDims};
 use crate::denormals::FlushDenormals;
 use crate::multiversion;
 use crate::pool::{SendPtr, ThreadPool};
@@ -322,7 +322,7 @@ impl Work {
 /// The gated delta rule over `n_tokens` tokens in chunks of `chunk`,
 /// from and into `state` (`[Hv, d_k, d_v]`), heads spread over `pool`;
 /// `out`: `[n_tokens, Hv, d_v]`. Same inputs and result as
-/// [`super::gated_delta::gated_delta_scan`] (to f32 rounding).
+/// [`super::gated::gated_delta_scan`] (to f32 rounding).
 pub fn gated_delta_chunked(
     pool: &ThreadPool,
     dims: GatedDeltaDims,
@@ -603,9 +603,9 @@ fn chunk_mv(
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use super::super::gated_delta::tests::{naive, random_inputs, Case};
-    use super::super::gated_delta::{gated_delta_scan, HeadOrder};
     use super::*;
+    use crate::ops::delta::gated::tests::{naive, random_inputs, Case};
+    use crate::ops::delta::{gated_delta_scan, HeadOrder};
     use crate::testutil::Rng;
 
     /// Every tile path of the chunk's products (AVX-512 8 × 32, the 4 × 16

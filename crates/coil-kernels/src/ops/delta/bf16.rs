@@ -1,4 +1,4 @@
-//! The gated delta rule (`gated_delta::head_scan`) over a value head's
+//! The gated delta rule (`gated.rs`'s `head_scan`) over a value head's
 //! state stored in bf16: the same two passes over the state rows (`d_v`
 //! values each) as the f32 kernel, each row widened to f32 in a work row
 //! as it is read and, in the second pass, rounded back to bf16 (nearest
@@ -6,9 +6,10 @@
 //! depend on how many tokens share the call. Same arithmetic in the same
 //! order as the f32 kernel; half the state bytes go to and from memory.
 
-use super::gated_delta::{DeltaInputs, GatedDeltaDims};
-use super::state_elem::{round_row, widen_row};
+use super::dims::{DeltaInputs, GatedDeltaDims};
 use crate::multiversion;
+use crate::ops::state_elem::{round_row, widen_row};
+use crate::ops::state_rows::prefetch_rows_ahead;
 use crate::pool::SendPtr;
 use half::bf16;
 
@@ -36,7 +37,7 @@ fn head_scan_bf16(
                 // from memory on the first token: rows prefetched ahead as
                 // the f32 scan does (dv bf16 are the bytes of dv / 2 f32)
                 let at = s.as_ptr().wrapping_add(ri * dv) as *const f32;
-                super::ssm::prefetch_rows_ahead(at, dv.div_ceil(2));
+                prefetch_rows_ahead(at, dv.div_ceil(2));
             }
             widen_row(r, &mut row);
             for (a, &x) in kv.iter_mut().zip(&row) {
@@ -69,8 +70,8 @@ multiversion!(pub(crate) fn head_scan_bf16_mv(
 
 #[cfg(test)]
 mod tests {
-    use crate::ops::gated_delta::tests::{random_inputs, Case};
-    use crate::ops::gated_delta::{
+    use crate::ops::delta::gated::tests::{random_inputs, Case};
+    use crate::ops::delta::{
         gated_delta_scan, gated_delta_scan_batch, DeltaInputs, DeltaSeq, GatedDeltaDims, HeadOrder,
     };
     use crate::ops::state_elem::{round_bf16, widen_bf16};

@@ -5,11 +5,11 @@
 //! L1) is read and written once per call instead of once per token.
 //!
 //! Each value goes through exactly the operations of the one-token loop in
-//! `ssm.rs` (`s = s·dA + (x·dt)·B`, `acc[i] += s·C` into the same sixteen
+//! `scan.rs` (`s = s·dA + (x·dt)·B`, `acc[i] += s·C` into the same sixteen
 //! accumulator lanes in the same order, the same final sum), so the outputs
 //! and the state are bit for bit those of feeding the tokens one at a time.
 
-use super::ssm::Mamba2Dims;
+use super::dims::Mamba2Dims;
 use crate::simd::math::exp_fast;
 use crate::simd::{self, SimdLevel};
 use std::arch::x86_64::*;
@@ -22,7 +22,7 @@ pub(super) fn usable(dims: &Mamba2Dims) -> bool {
     simd::level() >= SimdLevel::Avx2 && dims.d_state.is_multiple_of(SPAN)
 }
 
-/// One head `h` over `n_tokens` tokens, as `ssm.rs`'s `m2_head` (same
+/// One head `h` over `n_tokens` tokens, as `scan.rs`'s `m2_head` (same
 /// arguments; `from`: the head's state to start from instead of `state`'s).
 ///
 /// # Safety
@@ -95,7 +95,7 @@ pub(super) unsafe fn head(
 
 #[cfg(test)]
 mod tests {
-    use super::super::ssm::{mamba2_scan_from, Mamba2Dims, ScanInputs};
+    use crate::ops::ssm::{mamba2_scan_from, Mamba2Dims, ScanInputs};
     use crate::pool::ThreadPool;
     use crate::simd::{detected_level, SimdLevel};
     use crate::testutil::Rng;

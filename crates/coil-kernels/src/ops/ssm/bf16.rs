@@ -1,4 +1,4 @@
-//! The Mamba-2 recurrence (`ssm::m2_head`) over a state stored in bf16:
+//! The Mamba-2 recurrence (`scan.rs`'s `m2_head`) over a state stored in bf16:
 //! each state row (`d_state` values) is widened to f32, updated with the
 //! f32 kernel's arithmetic in the same order, and rounded back to bf16
 //! (nearest even) when stored — after every token, so that a token's
@@ -14,14 +14,14 @@
 //! on mamba2-370m the state is ~50 MB, a third of a Q4_K_M decode step's
 //! memory traffic in f32.
 
-use super::ssm::Mamba2Dims;
-use super::ssm_move;
-use super::state_elem::{round_row, widen_row};
+use super::dims::Mamba2Dims;
 use crate::multiversion;
+use crate::ops::state_elem::{round_row, widen_row};
+use crate::ops::state_rows::{fence, prefetch_rows_ahead};
 use crate::simd::math::exp_fast;
 use half::bf16;
 
-/// One head over `n_tokens` tokens (see `ssm::m2_head`); `row` is a work
+/// One head over `n_tokens` tokens (see `scan.rs`'s `m2_head`); `row` is a work
 /// row of `d_state` f32. With `fused` (AVX2, `d_state` a multiple of 16),
 /// each row is widened, updated and rounded in registers ([`avx2::row`],
 /// or with `wide` [`avx512::row`], the same bits 16 values an instruction);
@@ -57,14 +57,14 @@ fn m2_head_bf16(
         let dh = d.map_or(0.0, |d| d[h]);
         let src = if t == 0 { from } else { None };
         // One token moving the state to a new buffer: stream the new rows
-        // there (see `ssm_move`; rows of 16-byte multiples).
+        // there (see `moving.rs`; rows of 16-byte multiples).
         let stream =
             src.is_some() && n_tokens == 1 && (state.as_ptr() as usize).is_multiple_of(16) && fused;
-        // the rows this pass reads, prefetched ahead as `ssm::m2_head`
+        // the rows this pass reads, prefetched ahead as `scan.rs`'s `m2_head`
         // does (a row of n bf16 is the bytes of n / 2 f32)
         let rows = src.unwrap_or(state).as_ptr();
         for p in 0..p_dim {
-            super::ssm::prefetch_rows_ahead(rows.wrapping_add(p * n) as *const f32, n.div_ceil(2));
+            prefetch_rows_ahead(rows.wrapping_add(p * n) as *const f32, n.div_ceil(2));
             let xv = x[t * ldx + h * p_dim + p];
             let xdt = xv * dth;
             let s = &mut state[p * n..(p + 1) * n];
@@ -121,7 +121,7 @@ fn m2_head_bf16(
     }
 }
 
-/// Heads `h0..h1` (see `ssm::m2_heads`).
+/// Heads `h0..h1` (see `scan.rs`'s `m2_heads`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn m2_heads_bf16(
@@ -154,7 +154,7 @@ fn m2_heads_bf16(
         );
     }
     if from.is_some() {
-        ssm_move::fence();
+        fence();
     }
 }
 
@@ -178,9 +178,9 @@ mod avx2 {
 
     /// `dst[i] = bf16(src[i]·da + xdt·b[i])` for the `b.len()` values of a
     /// row, returning `Σ (src[i]·da + xdt·b[i])·c[i]` (unrounded) summed as
-    /// `ssm::m2_head` sums it (16 lanes, added in order). `stream`: store
+    /// `scan.rs`'s `m2_head` sums it (16 lanes, added in order). `stream`: store
     /// with non-temporal stores (`dst` 16-byte aligned; call
-    /// `ssm_move::fence` before another thread reads it).
+    /// `state_rows::fence` before another thread reads it).
     ///
     /// # Safety
     /// AVX2 ([`usable`]); `b`, `c` hold n values, n a multiple of 16;
@@ -496,7 +496,7 @@ pub(crate) mod tests {
                     super::avx2::row(dst, zeros.as_ptr(), &b, &c, 1.0, 1.0, stream);
                 }
             }
-            crate::ops::ssm_move::fence();
+            crate::ops::state_rows::fence();
             // SAFETY: the u128 buffer holds 64 bf16.
             let got = unsafe { std::slice::from_raw_parts(dst, 64) };
             for (g, &x) in got.iter().zip(&b) {

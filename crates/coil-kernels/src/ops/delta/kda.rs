@@ -1,5 +1,5 @@
 //! Kimi Delta Attention (KDA; Kimi Team, "Kimi Linear", 2025): the gated
-//! delta rule of [`super::gated_delta`] with a *per-channel* decay. One
+//! delta rule of [`super::gated`] with a *per-channel* decay. One
 //! state `S` (`[d_k, d_v]`) per head; per token, with `g` a `d_k`-vector of
 //! log decays (≤ 0):
 //!
@@ -18,9 +18,10 @@
 //! k_r δ` and accumulates `o`. A bf16 state (`--state-type bf16`) is
 //! widened a row at a time and rounded once per token when stored.
 
-use super::state_elem::{round_row, widen_row, StateElem, StateMut};
 use crate::denormals::FlushDenormals;
 use crate::multiversion;
+use crate::ops::state_elem::{round_row, widen_row, StateElem, StateMut};
+use crate::ops::state_rows::prefetch_rows_ahead;
 use crate::pool::{SendPtr, ThreadPool};
 use half::bf16;
 
@@ -217,7 +218,7 @@ fn head_scan<S: KdaState>(
         for (r, &kr) in s.chunks_exact(dv).zip(&w.ke) {
             if i == 0 && S::TYPE == f32::TYPE {
                 // the state comes from memory on the first token
-                super::ssm::prefetch_rows_ahead(r.as_ptr() as *const f32, dv);
+                prefetch_rows_ahead(r.as_ptr() as *const f32, dv);
             }
             let row = S::read_row(r, &mut w.row);
             for (a, &x) in w.kv.iter_mut().zip(row) {
@@ -359,7 +360,7 @@ pub fn kda_scan_batch<S: KdaState>(pool: &ThreadPool, dims: KdaDims, seqs: &mut 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::ops::gated_delta::l2_normalize;
+    use crate::ops::delta::l2_normalize;
     use crate::ops::state_elem::{round_bf16, widen_bf16};
     use crate::testutil::Rng;
 

@@ -4,75 +4,14 @@
 //! caller to the model's time-step limits) and `a` already as `A = −exp(A_log)`
 //! (how GGUF stores it).
 
-use super::state_elem::{StateElem, StateMut, StateRef, StateType};
+use super::dims::{Mamba2Dims, ScanInputs};
 use crate::multiversion;
+use crate::ops::state_elem::{StateElem, StateMut, StateRef, StateType};
+use crate::ops::state_rows::{can_stream, fence, prefetch_rows_ahead};
 use crate::pool::SendPtr;
 use crate::pool::ThreadPool;
 use crate::simd::math::exp_fast;
 use half::bf16;
-
-/// Mamba-2 sizes: `n_head` heads of `head_dim` channels, `n_group` groups of
-/// B/C with `d_state` each; head `h` uses group `h / (n_head / n_group)`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Mamba2Dims {
-    pub n_head: usize,
-    pub head_dim: usize,
-    pub n_group: usize,
-    pub d_state: usize,
-}
-
-/// x, B and C of a Mamba-2 scan: token `t`'s x `[H, P]` is `x[t·ldx ..]`,
-/// its B and C `[G, N]` are `b[t·ldbc ..]` and `c[t·ldbc ..]`, so all three
-/// can be read in place from the rows of one buffer (the convolution's
-/// output `[x | B | C]`), or from three dense arrays ([`ScanInputs::dense`]).
-#[derive(Clone, Copy)]
-pub struct ScanInputs<'a> {
-    pub x: &'a [f32],
-    pub ldx: usize,
-    pub b: &'a [f32],
-    pub c: &'a [f32],
-    pub ldbc: usize,
-}
-
-impl<'a> ScanInputs<'a> {
-    /// x `[n_tokens, H, P]`, B and C `[n_tokens, G, N]`, each dense (and
-    /// exactly that long).
-    pub fn dense(
-        dims: &Mamba2Dims,
-        x: &'a [f32],
-        b: &'a [f32],
-        c: &'a [f32],
-        n_tokens: usize,
-    ) -> Self {
-        let (ldx, ldbc) = (dims.n_head * dims.head_dim, dims.n_group * dims.d_state);
-        assert_eq!(x.len(), n_tokens * ldx, "mamba2: x is not [n_tokens, H, P]");
-        assert!(
-            b.len() == n_tokens * ldbc && c.len() == b.len(),
-            "mamba2: B or C is not [n_tokens, G, N]"
-        );
-        ScanInputs { x, ldx, b, c, ldbc }
-    }
-
-    /// Panics unless the rows of `n_tokens` tokens lie within the slices.
-    pub(crate) fn check(&self, dims: &Mamba2Dims, n_tokens: usize) {
-        let (row_x, row_bc) = (dims.n_head * dims.head_dim, dims.n_group * dims.d_state);
-        assert!(
-            self.ldx >= row_x && self.ldbc >= row_bc,
-            "mamba2: row strides shorter than rows"
-        );
-        if n_tokens > 0 {
-            let need = |ld: usize, w: usize| (n_tokens - 1) * ld + w;
-            assert!(
-                self.x.len() >= need(self.ldx, row_x),
-                "mamba2: x is shorter than its rows"
-            );
-            assert!(
-                self.b.len() >= need(self.ldbc, row_bc) && self.c.len() >= need(self.ldbc, row_bc),
-                "mamba2: B or C is shorter than its rows"
-            );
-        }
-    }
-}
 
 /// One Mamba-2 head over `n_tokens` tokens. With `from`, the first token
 /// reads the head's state from there and writes it to `state` (moving a
@@ -105,8 +44,8 @@ fn m2_head(
         let dh = d.map_or(0.0, |d| d[h]);
         let src = if t == 0 { from } else { None };
         // One token moving the state to a new buffer: stream the new rows
-        // there (no read of the uncached destination; see `ssm_move`).
-        let stream = src.is_some() && n_tokens == 1 && super::ssm_move::usable(state, n);
+        // there (no read of the uncached destination; see `moving.rs`).
+        let stream = src.is_some() && n_tokens == 1 && can_stream(state, n);
         // the rows this pass reads, in memory order (the heads' rows follow
         // each other): prefetched ahead as the dot kernels stream weights
         let rows = src.unwrap_or(state).as_ptr();
@@ -117,9 +56,8 @@ fn m2_head(
             let s = &mut state[p * n..(p + 1) * n];
             if let (true, Some(f)) = (stream, src) {
                 // SAFETY: `usable` checked AVX2, the row length and alignment.
-                let sum = unsafe {
-                    super::ssm_move::move_row(s, &f[p * n..(p + 1) * n], bt, ct, da, xdt)
-                };
+                let sum =
+                    unsafe { super::moving::move_row(s, &f[p * n..(p + 1) * n], bt, ct, da, xdt) };
                 let yv = sum + 0f32 + dh * xv;
                 // SAFETY: (t, h, p) belongs to this head only.
                 unsafe { *y.add((t * hn + h) * p_dim + p) = yv };
@@ -156,31 +94,6 @@ fn m2_head(
     }
 }
 
-/// Prefetches the state values 2 KB past the `n`-value row at `row` into L1
-/// and 4 KB past it into L2 (as the decode dot kernels do with weights: a
-/// state of tens of MB streams from memory every token, and one core's
-/// share of the bandwidth needs requests started that early). Prefetching
-/// past the end of the state is harmless.
-#[inline(always)]
-pub(crate) fn prefetch_rows_ahead(row: *const f32, n: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
-        let b = row as *const i8;
-        let mut off = 0;
-        while off < 4 * n {
-            // SAFETY: prefetches never fault, whatever the address.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(2048 + off));
-                _mm_prefetch::<_MM_HINT_T1>(b.wrapping_add(4096 + off));
-            }
-            off += 64;
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (row, n);
-}
-
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn m2_heads(
@@ -208,18 +121,18 @@ fn m2_heads(
         // before each row is updated, so the update finds it in L1.
         let f = from.map(|f| &f[h * hs..(h + 1) * hs]);
         #[cfg(target_arch = "x86_64")]
-        if n_tokens > 1 && super::ssm_tokens::usable(dims) {
+        if n_tokens > 1 && super::tokens::usable(dims) {
             // SAFETY: `usable` checked AVX2; (·, h, ·) of y is this head's.
             unsafe {
-                super::ssm_tokens::head(dims, h, f, st, x, ldx, b, c, ldbc, dt, a, d, y, n_tokens)
+                super::tokens::head(dims, h, f, st, x, ldx, b, c, ldbc, dt, a, d, y, n_tokens)
             };
             continue;
         }
         m2_head(dims, h, f, st, x, ldx, b, c, ldbc, dt, a, d, y, n_tokens);
     }
     if from.is_some() {
-        // Streamed stores (see `ssm_move`) are ordered before the hand-back.
-        super::ssm_move::fence();
+        // Streamed stores (see `moving.rs`) are ordered before the hand-back.
+        fence();
     }
 }
 
@@ -431,7 +344,7 @@ fn m1_channels<S: StateElem>(
         // A state stored rounded is rounded after every token (as decoding
         // one token per call does); the last rounding is the store below.
         if S::TYPE != StateType::F32 && t + 1 < n_tokens {
-            super::state_elem::round_through_bf16(&mut ht);
+            crate::ops::state_elem::round_through_bf16(&mut ht);
         }
     }
     for i in 0..len {
@@ -455,7 +368,7 @@ multiversion!(fn m1_channels_bf16_mv(
 
 /// The state types the Mamba scans take (f32, bf16): which compiled head
 /// and channel loops run for each. bf16 states are computed in f32 and
-/// rounded once per token when stored (`ssm_bf16`).
+/// rounded once per token when stored (`bf16.rs`).
 pub trait ScanState: StateElem {
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
@@ -557,7 +470,7 @@ impl ScanState for bf16 {
         y: *mut f32,
         n_tokens: usize,
     ) {
-        super::ssm_bf16::m2_heads_bf16_mv(
+        super::bf16::m2_heads_bf16_mv(
             dims, h0, h1, from, state, x, ldx, b, c, ldbc, dt, a, d, y, n_tokens,
         )
     }
@@ -689,7 +602,7 @@ pub(crate) mod tests {
         let pool = ThreadPool::new(2);
         let mut rng = Rng::new(11);
         // The last two: one token, rows of whole 16-lane steps (the state
-        // moving to a new buffer with streaming stores, `ssm_move`).
+        // moving to a new buffer with streaming stores, `moving.rs`).
         for &(hn, p, g, n, t) in &[
             (4, 3, 2, 5, 7),
             (6, 16, 3, 32, 3),

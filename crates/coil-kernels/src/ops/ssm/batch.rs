@@ -5,17 +5,18 @@
 //! (sequence, head) pairs, handed out over the pool's threads in one call,
 //! so N updates cost one dispatch and both cores share them evenly.
 //!
-//! Each head runs exactly the code of [`super::ssm::mamba2_scan_from`]
+//! Each head runs exactly the code of [`super::scan::mamba2_scan_from`]
 //! (`m2_heads`), so the results are bit for bit those of updating each
 //! sequence alone.
 
-use super::ssm::{Mamba2Dims, ScanInputs, ScanState};
+use super::dims::{Mamba2Dims, ScanInputs};
+use super::scan::ScanState;
 use crate::pool::SendPtr;
 use crate::pool::ThreadPool;
 
 /// One sequence's part of [`mamba2_scan_batch`]: its state `[H, P, N]`
 /// (started from `from` when the state moves to a new buffer, as in
-/// [`super::ssm::mamba2_scan_from`]), inputs, activated `dt` `[n_tokens,
+/// [`super::scan::mamba2_scan_from`]), inputs, activated `dt` `[n_tokens,
 /// H]` and output `y` `[n_tokens, H, P]`. The state is f32 or bf16 (see
 /// [`ScanState`]).
 pub struct Mamba2Seq<'a, S: ScanState = f32> {
@@ -39,7 +40,7 @@ struct Part<'a, S> {
     n_tokens: usize,
 }
 
-/// [`super::ssm::mamba2_scan_from`] for every sequence of `seqs` at once
+/// [`super::scan::mamba2_scan_from`] for every sequence of `seqs` at once
 /// (same `a`, `d` and sizes: one layer), with the (sequence, head) pairs
 /// spread over `pool` in a single parallel call.
 pub fn mamba2_scan_batch<S: ScanState>(

@@ -5,27 +5,20 @@
 //! head over first and updating it in place made the new buffer's lines
 //! come from memory before being overwritten (read-for-ownership): three
 //! passes of memory traffic over the state per token instead of two (see
-//! `ssm_move`, the same for Mamba-2).
+//! `ssm/moving.rs`, the same for Mamba-2).
 //!
-//! Same arithmetic, in the same order, as `gated_delta::head_scan` for one
+//! Same arithmetic, in the same order, as `gated.rs`'s `head_scan` for one
 //! token (every operation is per element; none is fused), so the result is
 //! bit for bit the copy-then-update one.
 
-use super::gated_delta::{DeltaInputs, GatedDeltaDims};
-
-/// Whether [`move_step`] can run: AVX2, value rows a whole number of
-/// 16-lane steps, `dst` 16-byte aligned.
-#[inline]
-pub(crate) fn usable(dst: &[f32], d_v: usize) -> bool {
-    super::ssm_move::usable(dst, d_v)
-}
+use super::dims::{DeltaInputs, GatedDeltaDims};
 
 /// Head `j`'s state `src` (`[d_k, d_v]`) after token 0 of `inp`, streamed
 /// into `dst`; its output row into `out` (`[Hv, d_v]`); `kv`: `d_v` values
-/// of scratch. Call `ssm_move::fence` before another thread reads `dst`.
+/// of scratch. Call `state_rows::fence` before another thread reads `dst`.
 ///
 /// # Safety
-/// Requires [`usable`]`(dst, d.d_v)`; `src` and `dst` hold `d_k · d_v`
+/// Requires `state_rows::can_stream(dst, d.d_v)`; `src` and `dst` hold `d_k · d_v`
 /// values; `out` holds `Hv · d_v` values of which this call alone writes
 /// row `j`.
 #[cfg(target_arch = "x86_64")]
@@ -49,7 +42,7 @@ pub(crate) unsafe fn move_step(
     // kv = Sᵀk over the old state (its first touch: rows prefetched ahead).
     kv.fill(0.0);
     for (ri, (r, &kr)) in src.chunks_exact(dv).zip(k).enumerate() {
-        super::ssm::prefetch_rows_ahead(src.as_ptr().wrapping_add(ri * dv), dv);
+        crate::ops::state_rows::prefetch_rows_ahead(src.as_ptr().wrapping_add(ri * dv), dv);
         for (a, &x) in kv.iter_mut().zip(r) {
             *a += kr * x;
         }
@@ -89,5 +82,5 @@ pub(crate) unsafe fn move_step(
     _out: *mut f32,
     _kv: &mut [f32],
 ) {
-    unreachable!("usable() is false off x86-64")
+    unreachable!("can_stream() is false off x86-64")
 }

@@ -1,7 +1,7 @@
 //! The chunked form of Kimi Delta Attention (flash-linear-attention's
 //! `chunk_kda`): the same result as the token-by-token recurrence of
 //! [`super::kda`], mostly in matrix products. It is the chunked gated delta
-//! rule of [`super::gated_delta_chunk`] with the decay inside the products,
+//! rule of [`super::chunk`] with the decay inside the products,
 //! one cumulative log decay per key channel. Per head and chunk of L tokens,
 //! from the state S (`[d_k, d_v]`) at its start, with `Γ = cumsum(g)`
 //! (`[L, d_k]`, within the chunk):
@@ -22,7 +22,7 @@
 //! fast a channel decays; fla splits chunks into sub-chunks for the same
 //! reason).
 
-use super::gated_delta_chunk::{gemm_acc, madd, Tri};
+use super::chunk::{gemm_acc, madd, Tri};
 use super::kda::{KdaDims, KdaInputs};
 use crate::denormals::FlushDenormals;
 use crate::multiversion;
@@ -324,9 +324,9 @@ fn chunk_mv(
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use super::super::kda::tests::{naive, random_inputs};
-    use super::super::kda::{kda_scan, KdaInputs};
     use super::*;
+    use crate::ops::delta::kda::tests::{naive, random_inputs};
+    use crate::ops::delta::kda::{kda_scan, KdaInputs};
     use crate::testutil::Rng;
 
     /// Within 1e-4 (of the largest value) of the f64 recurrence and of the
