@@ -6,6 +6,7 @@ pub mod cuts;
 pub mod draft;
 pub mod dry;
 pub mod generate;
+pub mod kld;
 pub mod logprobs;
 pub mod nucleus;
 pub mod sampling;
