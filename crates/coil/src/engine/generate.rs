@@ -277,7 +277,7 @@ pub fn generate_constrained(
                 // No point drafting past the token limit.
                 let left = opts.max_tokens - out.tokens.len();
                 let room = engine.spec_room(seq)?.min(left.saturating_sub(1));
-                sp.draft(engine.mem.seq_tokens(seq)?, tok, room)
+                sp.draft(engine, seq, tok, room)?
             }
             None => Vec::new(),
         };

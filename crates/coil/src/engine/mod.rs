@@ -4,6 +4,7 @@
 pub mod constraint;
 pub mod cuts;
 pub mod draft;
+mod draft_model;
 pub mod dry;
 pub mod generate;
 pub mod kld;
@@ -120,6 +121,12 @@ pub struct EngineOptions {
     /// with and without `--spec`, so speculation cannot change a sampled
     /// token through them.
     pub batched_layout: bool,
+    /// Also keep the memory the model's first NextN / MTP block drafts
+    /// from ([`crate::models::Model::new_memory_nextn`]): every pass then
+    /// writes the block's attention cells too, and [`Engine::draft_nextn`]
+    /// drafts (`--spec mtp`). Loading fails with a clear error on a model
+    /// without such a block.
+    pub nextn: bool,
 }
 
 impl Default for EngineOptions {
@@ -132,6 +139,7 @@ impl Default for EngineOptions {
             checkpoints: CheckpointPolicy::default(),
             weights: WeightMemory::default(),
             batched_layout: true,
+            nextn: false,
         }
     }
 }
@@ -145,6 +153,21 @@ pub struct Engine {
     /// A logits buffer handed back by [`Engine::recycle`], written by the
     /// next pass instead of a fresh one.
     spare: Vec<f32>,
+}
+
+/// The memory `opts` ask of `model` (with the NextN block's or without),
+/// its checkpoint policy set.
+fn new_memory(model: &dyn Model, opts: &EngineOptions) -> Result<Memory, EngineError> {
+    let mut mem = match opts.nextn {
+        false => model.new_memory(opts.n_seq_max, opts.n_ctx),
+        true => model
+            .new_memory_nextn(opts.n_seq_max, opts.n_ctx)
+            .ok_or(ModelError::NoNextn)?,
+    };
+    if let Some(r) = &mut mem.recurrent {
+        r.policy = opts.checkpoints;
+    }
+    Ok(mem)
 }
 
 /// Logits buffers up to this many values are kept for reuse (64 MB: an
@@ -215,10 +238,7 @@ impl Engine {
             ));
         }
         let model = models::load(file.clone())?;
-        let mut mem = model.new_memory(opts.n_seq_max, opts.n_ctx);
-        if let Some(r) = &mut mem.recurrent {
-            r.policy = opts.checkpoints;
-        }
+        let mem = new_memory(model.as_ref(), &opts)?;
         let pool = ThreadPool::new(opts.n_threads);
         pool.set_single_stream(!opts.batched_layout || opts.n_seq_max == 1);
         Ok(Engine {
@@ -253,11 +273,33 @@ impl Engine {
         if n_ctx == 0 {
             return Err(EngineError::Invalid("context must be at least 1".into()));
         }
+        self.remake_memory(EngineOptions {
+            n_ctx,
+            ..self.opts.clone()
+        })
+    }
+
+    /// Keeps (or drops) the memory the model's NextN / MTP block drafts
+    /// from from now on ([`EngineOptions::nextn`]); the state and cache
+    /// types and the checkpoint policy stay. Forgets every sequence.
+    pub fn set_nextn(&mut self, on: bool) -> Result<(), EngineError> {
+        if on == self.opts.nextn {
+            return Ok(());
+        }
+        self.remake_memory(EngineOptions {
+            nextn: on,
+            ..self.opts.clone()
+        })
+    }
+
+    /// A new memory for `opts`, with the state and cell types and the
+    /// checkpoint policy of the one it replaces.
+    fn remake_memory(&mut self, opts: EngineOptions) -> Result<(), EngineError> {
         let state = self.mem.recurrent.as_ref().map(|r| r.state_type());
         let cells = self.mem.kv.as_ref().map(|k| k.cache_type());
-        let mut mem = self.model.new_memory(self.opts.n_seq_max, n_ctx);
-        if let Some(r) = &mut mem.recurrent {
-            r.policy = self.opts.checkpoints;
+        let mut mem = new_memory(self.model.as_ref(), &opts)?;
+        if let (Some(r), Some(old)) = (&mut mem.recurrent, &self.mem.recurrent) {
+            r.policy = old.policy;
         }
         if let Some(ty) = state.filter(|&t| t != StateType::F32) {
             mem = mem.with_state_type(ty);
@@ -266,7 +308,7 @@ impl Engine {
             mem = mem.with_cache_type(ty);
         }
         self.mem = mem;
-        self.opts.n_ctx = n_ctx;
+        self.opts = opts;
         Ok(())
     }
 
@@ -568,6 +610,21 @@ impl Engine {
         let f = std::fs::File::open(path)?;
         let id = self.model_identity();
         session::load(&mut self.mem, seq, id, &mut std::io::BufReader::new(f))
+    }
+
+    /// Greedy drafts of the model's first NextN / MTP block (the engine
+    /// loaded with [`EngineOptions::nextn`]): for each `(seq, token, k)`
+    /// with `token` just sampled for `seq` and not yet fed, up to `k`
+    /// tokens that may follow it, all sequences side by side. Nothing of
+    /// the sequences changes.
+    pub fn draft_nextn(
+        &mut self,
+        seqs: &[(SeqId, u32, usize)],
+    ) -> Result<Vec<Vec<u32>>, EngineError> {
+        if seqs.iter().all(|s| s.2 == 0) {
+            return Ok(vec![Vec::new(); seqs.len()]);
+        }
+        Ok(self.model.draft_nextn(&self.pool, &mut self.mem, seqs)?)
     }
 
     /// Forgets sequence `seq`.

@@ -46,6 +46,7 @@
 //! tokens come out as without speculation.
 
 use super::draft::{AdaptiveLen, Drafter};
+pub use super::draft_model::DraftModel;
 use super::{BatchEntry, Engine, EngineError};
 use crate::memory::{SeqId, SequenceMemory};
 use crate::models::LogitRows;
@@ -209,36 +210,87 @@ fn force_replay() -> bool {
     *ON.get_or_init(|| std::env::var("COIL_SPEC_REPLAY").is_ok_and(|v| v == "1"))
 }
 
+/// Where drafts come from.
+pub enum DraftSource {
+    /// A drafter over the sequence's tokens (n-gram lookup).
+    Tokens(Box<dyn Drafter + Send>),
+    /// The model's own first NextN / MTP block ([`Engine::draft_nextn`];
+    /// the engine keeps the block's memory: [`EngineOptions::nextn`]).
+    ///
+    /// [`EngineOptions::nextn`]: super::EngineOptions::nextn
+    Nextn,
+    /// A smaller model with the same vocabulary ([`DraftModel`]).
+    Model(Box<DraftModel>),
+}
+
 /// A drafter and its adaptive length, with counters: what a generation
 /// loop needs to speculate.
 pub struct Speculator {
-    pub drafter: Box<dyn Drafter + Send>,
+    pub source: DraftSource,
     pub len: AdaptiveLen,
     pub counts: SpecCounts,
 }
 
 impl Speculator {
+    /// Drafts from `drafter` over the sequence's tokens.
     pub fn new(drafter: Box<dyn Drafter + Send>, draft_max: usize) -> Self {
+        Self::with_source(DraftSource::Tokens(drafter), draft_max)
+    }
+
+    pub fn with_source(source: DraftSource, draft_max: usize) -> Self {
         Speculator {
-            drafter,
+            source,
             len: AdaptiveLen::new(draft_max),
             counts: SpecCounts::default(),
         }
     }
 
-    /// The draft for the token `next` after `history`, at most `room`
-    /// tokens (empty: decode `next` plainly).
-    pub fn draft(&mut self, history: &[u32], next: u32, room: usize) -> Vec<u32> {
-        let k = self.len.take().min(room);
+    /// How many tokens to draft now, at most `room` (0: decode plainly).
+    pub fn want(&mut self, room: usize) -> usize {
+        self.len.take().min(room)
+    }
+
+    /// The draft for the token `next` just sampled for `seq` of `engine`,
+    /// at most `room` tokens (empty: decode `next` plainly).
+    pub fn draft(
+        &mut self,
+        engine: &mut Engine,
+        seq: SeqId,
+        next: u32,
+        room: usize,
+    ) -> Result<Vec<u32>, EngineError> {
+        let k = self.want(room);
+        self.draft_k(engine, seq, next, k)
+    }
+
+    /// [`Speculator::draft`] of exactly up to `k` tokens (the length
+    /// already taken by [`Speculator::want`]).
+    pub fn draft_k(
+        &mut self,
+        engine: &mut Engine,
+        seq: SeqId,
+        next: u32,
+        k: usize,
+    ) -> Result<Vec<u32>, EngineError> {
         if k == 0 {
-            return Vec::new();
+            return Ok(Vec::new());
         }
-        let mut h = Vec::with_capacity(history.len() + 1);
-        h.extend_from_slice(history);
-        h.push(next);
-        let mut d = self.drafter.propose(&h, k);
+        let mut d = match &mut self.source {
+            DraftSource::Tokens(drafter) => {
+                let history = engine.mem.seq_tokens(seq)?;
+                let mut h = Vec::with_capacity(history.len() + 1);
+                h.extend_from_slice(history);
+                h.push(next);
+                drafter.propose(&h, k)
+            }
+            DraftSource::Nextn => engine
+                .draft_nextn(&[(seq, next, k)])?
+                .pop()
+                .unwrap_or_default(),
+            DraftSource::Model(m) => m.draft(engine.mem.seq_tokens(seq)?, next, k)?,
+        };
         d.truncate(k);
-        d
+        Ok(d)
     }
 
     /// Records a verification of `drafted` tokens of which `accepted` were.

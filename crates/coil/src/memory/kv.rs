@@ -356,13 +356,19 @@ impl KvMemory {
         }
     }
 
-    /// Appends the keys and values of new positions (`[n, row]` each; `v`
-    /// is ignored for a latent layer) of `s` in `layer`. They become visible to [`KvMemory::view`] at once;
-    /// the sequence length advances with [`KvMemory::advance`].
+    /// Writes the keys and values of positions `pos..` (`[n, row]` each;
+    /// `v` is ignored for a latent layer) of `s` in `layer`, dropping what
+    /// the layer held from `pos` on. They become visible to
+    /// [`KvMemory::view`] at once; the sequence length advances with
+    /// [`KvMemory::advance`]. `pos` is the committed length in a forward
+    /// pass (anything a failed pass left behind is dropped); a draft writes
+    /// past it, each step behind the one before (positions `len..pos` must
+    /// be held), and the next pass at `len` drops the draft's cells.
     pub fn append(
         &mut self,
         layer: usize,
         s: SeqId,
+        pos: usize,
         k: &[f32],
         v: &[f32],
     ) -> Result<(), MemoryError> {
@@ -373,10 +379,19 @@ impl KvMemory {
         debug_assert_eq!(k.len() % shape.row(), 0);
         let ps = self.page_shape(shape);
         let ty = self.cache_type;
+        let n_ctx = self.n_ctx;
         let cells = &mut self.seqs[s];
-        // Drop anything a failed pass left behind past the committed length.
-        cells.k[layer].truncate(cells.len, ps);
-        cells.v[layer].truncate(cells.len, ps);
+        let held = cells.k[layer].n_pos();
+        let n_new = k.len() / shape.row().max(1);
+        if pos < cells.len || pos > held || pos + n_new > n_ctx {
+            return Err(MemoryError::PositionMismatch {
+                seq: s,
+                have: cells.len,
+                want: pos,
+            });
+        }
+        cells.k[layer].truncate(pos, ps);
+        cells.v[layer].truncate(pos, ps);
         match ty {
             CacheType::F32 => cells.k[layer].append(k, ps),
             CacheType::F16 => cells.k[layer].append(&encode(ty, shape.row(), k), ps),
@@ -592,9 +607,9 @@ mod tests {
         let sh = KvLayerShape::heads(1, 2);
         let mut m = KvMemory::new(vec![None, Some(sh)], 2, 10);
         assert_eq!(m.bytes_per_token(), 16);
-        m.append(1, 0, &[1., 2., 3., 4.], &[5., 6., 7., 8.])
+        m.append(1, 0, 0, &[1., 2., 3., 4.], &[5., 6., 7., 8.])
             .unwrap();
-        m.append(0, 0, &[9.], &[9.]).unwrap();
+        m.append(0, 0, 0, &[9.], &[9.]).unwrap();
         assert!(m.view(0, 0).unwrap().is_none());
         assert_eq!(m.view(1, 0).unwrap().unwrap().n_pos, 2);
         m.advance(0, 2).unwrap();
@@ -604,8 +619,16 @@ mod tests {
         assert_eq!(m.view(1, 0).unwrap().unwrap().n_pos, 1);
         assert_eq!(m.view(1, 1).unwrap().unwrap().n_pos, 2);
         // An append after a failed (un-advanced) pass replaces the leftovers.
-        m.append(1, 1, &[0.; 2], &[0.; 2]).unwrap();
-        m.append(1, 1, &[0.; 2], &[0.; 2]).unwrap();
+        m.append(1, 1, 2, &[0.; 2], &[0.; 2]).unwrap();
+        m.append(1, 1, 2, &[0.; 2], &[0.; 2]).unwrap();
+        assert_eq!(m.view(1, 1).unwrap().unwrap().n_pos, 3);
+        // A draft writes past the committed length, each step behind the
+        // one before; the next pass at the length drops it.
+        m.append(1, 1, 3, &[1.; 2], &[1.; 2]).unwrap();
+        assert_eq!(m.view(1, 1).unwrap().unwrap().n_pos, 4);
+        assert!(m.append(1, 1, 5, &[1.; 2], &[1.; 2]).is_err(), "a gap");
+        assert!(m.append(1, 1, 1, &[1.; 2], &[1.; 2]).is_err(), "committed");
+        m.append(1, 1, 2, &[0.; 2], &[0.; 2]).unwrap();
         assert_eq!(m.view(1, 1).unwrap().unwrap().n_pos, 3);
         m.seq_keep(1).unwrap();
         assert_eq!(m.seq_len(0), Ok(0));
@@ -624,7 +647,7 @@ mod tests {
         assert_eq!(m.bytes_per_token(), 2 * 2 * 4, "3 f16 padded to 2 words");
         let k = [1.0f32, 1.0 + 1.0 / 4096.0, -3.5, 65504.0, 1e-8, 0.1];
         let v = [0.5f32; 6];
-        m.append(0, 0, &k, &v).unwrap();
+        m.append(0, 0, 0, &k, &v).unwrap();
         m.advance(0, 2).unwrap();
         m.seq_fork(0, 1).unwrap();
         m.seq_truncate(0, 1).unwrap();
@@ -670,7 +693,7 @@ mod tests {
         let data =
             |n: usize, base: f32| -> Vec<f32> { (0..n * row).map(|i| base + i as f32).collect() };
         for l in [0, 2] {
-            m.append(l, 0, &data(70, 0.0), &data(70, 1e4)).unwrap();
+            m.append(l, 0, 0, &data(70, 0.0), &data(70, 1e4)).unwrap();
         }
         m.advance(0, 70).unwrap();
         let (a0, a2) = (cells(&m, 0, 0), cells(&m, 2, 0));
@@ -687,7 +710,7 @@ mod tests {
         // source's cells do not change.
         m.seq_truncate(1, 40).unwrap();
         for l in [0, 2] {
-            m.append(l, 1, &data(5, -7.0), &data(5, -9.0)).unwrap();
+            m.append(l, 1, 40, &data(5, -7.0), &data(5, -9.0)).unwrap();
         }
         m.advance(1, 5).unwrap();
         assert_eq!(cells(&m, 0, 0), a0);
@@ -704,7 +727,7 @@ mod tests {
         // The source appends into a page its fork holds: copy, not overwrite.
         m.seq_fork(0, 2).unwrap();
         for l in [0, 2] {
-            m.append(l, 0, &data(1, 5e5), &data(1, 6e5)).unwrap();
+            m.append(l, 0, 70, &data(1, 5e5), &data(1, 6e5)).unwrap();
         }
         m.advance(0, 1).unwrap();
         assert_eq!(cells(&m, 2, 2), a2);

@@ -515,6 +515,22 @@ impl RecurrentMemory {
         Ok(Some(out.into_iter().flatten().collect()))
     }
 
+    /// The conv region of `layer` for `s` as it stands, read without
+    /// moving the slot off a shared state (empty for a layer without one).
+    pub fn conv_of(&self, layer: usize, s: SeqId) -> Result<&[f32], MemoryError> {
+        self.check(s)?;
+        let Some(shape) = self.shapes.get(layer).copied().flatten() else {
+            return Ok(&[]);
+        };
+        let at = self.offsets[layer].conv;
+        let slot = &self.slots[s];
+        let from = match &slot.pending {
+            Some(p) if !p.copied[layer] => &p.from,
+            _ => &slot.state,
+        };
+        Ok(&from[at..at + shape.conv])
+    }
+
     /// The whole flat state of `s` (all layers).
     pub fn flat_state(&self, s: SeqId) -> Result<Cow<'_, [f32]>, MemoryError> {
         self.check(s)?;

@@ -366,7 +366,7 @@ mod tests {
         let v: Vec<f32> = (0..n * 3).map(|i| -(i as f32)).collect();
         let tokens: Vec<u32> = (0..n as u32).collect();
         if let Some(kv) = &mut mem.kv {
-            kv.append(0, 0, &k, &v).unwrap();
+            kv.append(0, 0, 0, &k, &v).unwrap();
         }
         mem.advance(0, &tokens).unwrap();
         let mut got = Vec::new();

@@ -51,6 +51,10 @@ pub enum ModelError {
     Memory(#[from] MemoryError),
     #[error("token id {token} is outside the vocabulary of {n_vocab}")]
     BadToken { token: u32, n_vocab: usize },
+    #[error("this model has no NextN / MTP layers to draft with (its file carries no `blk.N.nextn.*` tensors: convert the checkpoint with them, or use another --spec kind)")]
+    NoNextn,
+    #[error("drafting with the NextN block needs the memory made for it (Model::new_memory_nextn)")]
+    NextnMemory,
 }
 
 /// Which rows of a chunk need logits.
@@ -175,6 +179,30 @@ pub trait Model: Send + Sync {
 
     /// Memory for `n_seq_max` sequences of up to `n_ctx` tokens each.
     fn new_memory(&self, n_seq_max: usize, n_ctx: usize) -> Memory;
+
+    /// [`Model::new_memory`] that also keeps what the first NextN block
+    /// needs to draft ([`Model::draft_nextn`]): its own attention cells and
+    /// the hidden state it reads next, which every forward pass then
+    /// writes (see [`nextn`]). `None` for a model without NextN blocks.
+    fn new_memory_nextn(&self, _n_seq_max: usize, _n_ctx: usize) -> Option<Memory> {
+        None
+    }
+
+    /// Greedy drafts of the first NextN block for each `(seq, token, k)`:
+    /// up to `k` tokens after `token`, the one just sampled for `seq` (not
+    /// yet fed to the model). The sequences draft side by
+    /// side, one token each per step. The memory must come from
+    /// [`Model::new_memory_nextn`]; the drafts' attention cells lie past
+    /// each sequence's length (the next pass drops them) and nothing else
+    /// changes.
+    fn draft_nextn(
+        &self,
+        _pool: &ThreadPool,
+        _mem: &mut Memory,
+        _seqs: &[(SeqId, u32, usize)],
+    ) -> Result<Vec<Vec<u32>>, ModelError> {
+        Err(ModelError::NoNextn)
+    }
 
     /// Runs the micro-batch and writes the wanted logits rows into
     /// `logits`, stacked in chunk order: `[Σ n_logit_rows, n_vocab]` (its

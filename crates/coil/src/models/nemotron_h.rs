@@ -9,7 +9,7 @@ use super::blocks::ffn::{Activation, DenseFfn, Experts, Gating, Moe};
 use super::blocks::mamba2_mixer::{Mamba2Mixer, Mamba2Params};
 use super::blocks::stack::{DecoderStack, FfnBlock, MixerBlock, Scales, StackLayer};
 use super::hparams::{attention_params, base_info, n_ff, norm_eps};
-use super::nextn::NextnBlock;
+use super::nextn::{HeadNorm, NextnBlock};
 use super::plan::Mixer;
 use super::weights::Loader;
 use super::{LayerPlan, ModelError, ModelInfo};
@@ -141,6 +141,6 @@ pub fn load(file: Arc<GgufFile>, plan: LayerPlan) -> Result<DecoderStack, ModelE
     let layers = (info.plan.layers.iter().enumerate())
         .map(|(l, kind)| trunk_layer(&ld, &info, l, kind.mixer, eps))
         .collect::<Result<Vec<_>, _>>()?;
-    let nextn = NextnBlock::load_tail(&ld, &info, |l| nextn_layer(&ld, &info, l))?;
+    let nextn = NextnBlock::load_tail(&ld, &info, HeadNorm::Layer, |l| nextn_layer(&ld, &info, l))?;
     Ok(DecoderStack::build(file.clone(), info, layers, eps, Scales::default())?.with_nextn(nextn))
 }

@@ -19,7 +19,7 @@ use super::blocks::gated_delta_mixer::{GatedDeltaMixer, GatedDeltaParams};
 use super::blocks::stack::{DecoderStack, FfnBlock, MixerBlock, Scales, StackLayer};
 use super::hparams::{attention_params, base_info, n_ff, norm_eps};
 use super::jamba::swiglu_moe;
-use super::nextn::NextnBlock;
+use super::nextn::{HeadNorm, NextnBlock};
 use super::weights::Loader;
 use super::{LayerPlan, ModelError, ModelInfo};
 use coil_gguf::GgufFile;
@@ -91,7 +91,7 @@ pub(crate) fn load_stack(
     let layers = (info.plan.layers.iter().enumerate())
         .map(|(l, kind)| layer(l, kind.mixer.has_attention()))
         .collect::<Result<Vec<_>, _>>()?;
-    let nextn = NextnBlock::load_tail(&ld, &info, |l| layer(l, true))?;
+    let nextn = NextnBlock::load_tail(&ld, &info, HeadNorm::Rms, |l| layer(l, true))?;
     Ok(DecoderStack::build(file.clone(), info, layers, eps, Scales::default())?.with_nextn(nextn))
 }
 

@@ -238,7 +238,7 @@ pub(super) fn attend(
             true => &[][..],
             false => &v[r.rows.start * kvd..r.rows.end * kvd],
         };
-        kv.append(layer, r.seq, ks, vs)?;
+        kv.append(layer, r.seq, r.pos, ks, vs)?;
         if qs.is_empty() {
             continue;
         }

@@ -11,3 +11,4 @@ pub mod mamba2_mixer;
 pub mod mla;
 pub mod short_conv;
 pub mod stack;
+mod stack_nextn;

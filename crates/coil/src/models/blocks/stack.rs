@@ -170,7 +170,7 @@ impl DecoderStack {
     /// others' outputs (attention: their queries are never needed). Returns
     /// whether `out` holds only the `q_rows` rows.
     #[allow(clippy::too_many_arguments)]
-    fn mixer(
+    pub(super) fn mixer(
         &self,
         pool: &ThreadPool,
         l: usize,
@@ -180,8 +180,25 @@ impl DecoderStack {
         q_rows: Option<&[usize]>,
         out: &mut [f32],
     ) -> Result<bool, ModelError> {
+        self.run_mixer(&self.layers[l], l, pool, rows, mem, h, q_rows, out)
+    }
+
+    /// [`DecoderStack::mixer`] of `layer`, whose memory is layer `l`'s (a
+    /// trunk layer, or a NextN block's past the trunk).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run_mixer(
+        &self,
+        layer: &StackLayer,
+        l: usize,
+        pool: &ThreadPool,
+        rows: &[Rows],
+        mem: &mut Memory,
+        h: &[f32],
+        q_rows: Option<&[usize]>,
+        out: &mut [f32],
+    ) -> Result<bool, ModelError> {
         let file = &self.file;
-        match &self.layers[l].mixer {
+        match &layer.mixer {
             MixerBlock::None => out.fill(0.0),
             MixerBlock::Attention(a) => {
                 a.forward(file, pool, l, rows, mem, h, q_rows, out)?;
@@ -221,12 +238,95 @@ impl Model for DecoderStack {
     }
 
     fn new_memory(&self, n_seq_max: usize, n_ctx: usize) -> Memory {
-        let rec: Vec<Option<RecurrentLayerShape>> = self
+        self.memory_with(None, n_seq_max, n_ctx)
+    }
+
+    /// One more layer past the trunk: the first NextN block's attention
+    /// cells, and as its recurrent state the hidden state it reads next
+    /// (`d` values, f32 whatever the state type).
+    fn new_memory_nextn(&self, n_seq_max: usize, n_ctx: usize) -> Option<Memory> {
+        let kv = self.nextn.first()?.layer.kv_shape()?;
+        let h = RecurrentLayerShape {
+            conv: self.info.n_embd,
+            ssm: 0,
+        };
+        Some(self.memory_with(Some((h, kv)), n_seq_max, n_ctx))
+    }
+
+    fn draft_nextn(
+        &self,
+        pool: &ThreadPool,
+        mem: &mut Memory,
+        seqs: &[(SeqId, u32, usize)],
+    ) -> Result<Vec<Vec<u32>>, ModelError> {
+        self.draft(pool, mem, seqs)
+    }
+
+    fn forward(
+        &self,
+        pool: &ThreadPool,
+        ub: &UBatch,
+        mem: &mut Memory,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        self.forward_stack(pool, ub, mem, logits)
+    }
+
+    /// Refolds where every recurrent layer is a Mamba-2 mixer (alone or
+    /// beside attention) or a Gated DeltaNet; the other recurrent mixers
+    /// (Mamba-1, LFM2's short convolution) replay. The NextN block's hidden
+    /// state (with its memory on) is the verification's row of the last
+    /// kept token.
+    fn refold(
+        &self,
+        pool: &ThreadPool,
+        mem: &mut Memory,
+        seq: SeqId,
+        n: usize,
+    ) -> Result<bool, ModelError> {
+        let can = |l: &StackLayer| match &l.mixer {
+            MixerBlock::Mamba2(_) | MixerBlock::Parallel(..) | MixerBlock::GatedDeltaNet(_) => true,
+            _ => l.recurrent_shape().is_none(),
+        };
+        if !self.layers.iter().all(can) {
+            return Ok(false);
+        }
+        for (i, l) in self.layers.iter().enumerate() {
+            match &l.mixer {
+                MixerBlock::Mamba2(m) | MixerBlock::Parallel(_, m) => {
+                    m.refold(pool, i, seq, mem, n)?
+                }
+                MixerBlock::GatedDeltaNet(m) => m.refold(pool, i, seq, mem, n)?,
+                _ => {}
+            }
+        }
+        if self.nextn_on(mem) {
+            self.refold_nextn(mem, seq, n)?;
+        }
+        Ok(true)
+    }
+}
+
+impl DecoderStack {
+    /// Memory for the trunk, plus the NextN block's layer `(hidden state,
+    /// attention cells)` when given.
+    fn memory_with(
+        &self,
+        nextn: Option<(RecurrentLayerShape, KvLayerShape)>,
+        n_seq_max: usize,
+        n_ctx: usize,
+    ) -> Memory {
+        let mut rec: Vec<Option<RecurrentLayerShape>> = self
             .layers
             .iter()
             .map(StackLayer::recurrent_shape)
             .collect();
-        let kv: Vec<Option<KvLayerShape>> = self.layers.iter().map(StackLayer::kv_shape).collect();
+        let mut kv: Vec<Option<KvLayerShape>> =
+            self.layers.iter().map(StackLayer::kv_shape).collect();
+        if let Some((h, cells)) = nextn {
+            rec.push(Some(h));
+            kv.push(Some(cells));
+        }
         let recurrent = rec
             .iter()
             .any(Option::is_some)
@@ -238,7 +338,7 @@ impl Model for DecoderStack {
         Memory::new(recurrent, kv, n_seq_max, n_ctx)
     }
 
-    fn forward(
+    fn forward_stack(
         &self,
         pool: &ThreadPool,
         ub: &UBatch,
@@ -271,14 +371,28 @@ impl Model for DecoderStack {
         // token's query and output alone.
         let out_rows = ub.logit_rows();
         let last = self.layers.len().saturating_sub(1);
+        // With the NextN block's memory on, the block reads every row's
+        // final hidden state: what the last layer leaves out here is
+        // computed after the loop (`LastRows`), the rows asked for staying
+        // exactly as without the block.
+        let nextn = self.nextn_on(mem);
+        let mut rest: Option<LastRows> = None;
         let mut m = n; // rows of x
         for (l, layer) in self.layers.iter().enumerate() {
             let narrow = (l == last && out_rows.len() < m).then_some(&out_rows[..]);
+            if nextn && narrow.is_some() {
+                rest = Some(LastRows {
+                    x: copy_of(&x),
+                    mixed: None,
+                });
+            }
             if !matches!(layer.mixer, MixerBlock::None) {
                 norm_rows(pool, &x, &layer.norm, self.eps, &mut h, d);
                 if self.mixer(pool, l, &rows, mem, &h, narrow, &mut o)? {
                     x = gather_rows(&x, &out_rows, d);
                     m = out_rows.len();
+                } else if let Some(r) = &mut rest {
+                    r.mixed = Some(copy_of(&o));
                 }
                 add_scaled_rows(pool, &mut x, rs, &o[..m * d], d);
             }
@@ -286,18 +400,11 @@ impl Model for DecoderStack {
                 x = gather_rows(&x, &out_rows, d);
                 m = out_rows.len();
             }
-            if !matches!(layer.ffn, FfnBlock::None) && m > 0 {
-                let w = layer.ffn_norm.as_ref().unwrap_or(&layer.norm);
-                let (h, o) = (&mut h[..m * d], &mut o[..m * d]);
-                norm_rows(pool, &x, w, self.eps, h, d);
-                match &layer.ffn {
-                    FfnBlock::Dense(f) => f.forward(&self.file, pool, h, o),
-                    FfnBlock::Moe(f) => f.forward(&self.file, pool, h, o),
-                    FfnBlock::MoeGatedShared(f) => f.forward(&self.file, pool, h, o),
-                    FfnBlock::None => {}
-                }
-                add_scaled_rows(pool, &mut x, rs, o, d);
-            }
+            self.ffn_rows(pool, layer, &mut x, &mut h, &mut o, m);
+        }
+        if nextn {
+            let hidden = self.final_hidden(pool, &rows, mem, &out_rows, &x, rest)?;
+            self.nextn_cells(pool, &rows, mem, &tokens, &hidden)?;
         }
         for c in &ub.chunks {
             mem.advance(c.seq, c.tokens)?;
@@ -311,45 +418,59 @@ impl Model for DecoderStack {
         Ok(())
     }
 
-    /// Refolds where every recurrent layer is a Mamba-2 mixer (alone or
-    /// beside attention) or a Gated DeltaNet; the other recurrent mixers
-    /// (Mamba-1, LFM2's short convolution) replay.
-    fn refold(
+    /// `x += s·ffn(norm(x))` for the first `m` rows of `x` (`h`, `o`:
+    /// scratch of at least as many rows).
+    pub(super) fn ffn_rows(
         &self,
         pool: &ThreadPool,
-        mem: &mut Memory,
-        seq: SeqId,
-        n: usize,
-    ) -> Result<bool, ModelError> {
-        let can = |l: &StackLayer| match &l.mixer {
-            MixerBlock::Mamba2(_) | MixerBlock::Parallel(..) | MixerBlock::GatedDeltaNet(_) => true,
-            _ => l.recurrent_shape().is_none(),
-        };
-        if !self.layers.iter().all(can) {
-            return Ok(false);
+        layer: &StackLayer,
+        x: &mut [f32],
+        h: &mut [f32],
+        o: &mut [f32],
+        m: usize,
+    ) {
+        let d = self.info.n_embd;
+        if matches!(layer.ffn, FfnBlock::None) || m == 0 {
+            return;
         }
-        for (i, l) in self.layers.iter().enumerate() {
-            match &l.mixer {
-                MixerBlock::Mamba2(m) | MixerBlock::Parallel(_, m) => {
-                    m.refold(pool, i, seq, mem, n)?
-                }
-                MixerBlock::GatedDeltaNet(m) => m.refold(pool, i, seq, mem, n)?,
-                _ => {}
-            }
+        let w = layer.ffn_norm.as_ref().unwrap_or(&layer.norm);
+        let (h, o) = (&mut h[..m * d], &mut o[..m * d]);
+        norm_rows(pool, x, w, self.eps, h, d);
+        match &layer.ffn {
+            FfnBlock::Dense(f) => f.forward(&self.file, pool, h, o),
+            FfnBlock::Moe(f) => f.forward(&self.file, pool, h, o),
+            FfnBlock::MoeGatedShared(f) => f.forward(&self.file, pool, h, o),
+            FfnBlock::None => {}
         }
-        Ok(true)
+        add_scaled_rows(pool, &mut x[..m * d], self.scales.residual, o, d);
     }
 }
 
+/// What the last layer of a pass that computed only some rows (a prompt's
+/// logits row) needs to compute the others: its input, and its mixer's
+/// output of every row where the mixer computed them all (recurrent
+/// mixers; attention computes the asked rows only and runs again).
+pub(super) struct LastRows {
+    pub x: Scratch,
+    pub mixed: Option<Scratch>,
+}
+
+/// A scratch copy of `x`.
+fn copy_of(x: &[f32]) -> Scratch {
+    let mut s = Scratch::dirty(x.len());
+    s.copy_from_slice(x);
+    s
+}
+
 /// `h = RMSNorm(x)·w` row by row (`[n, d]`), rows spread over the pool.
-fn norm_rows(pool: &ThreadPool, x: &[f32], w: &[f32], eps: f32, h: &mut [f32], d: usize) {
+pub(super) fn norm_rows(pool: &ThreadPool, x: &[f32], w: &[f32], eps: f32, h: &mut [f32], d: usize) {
     pool.rows_mut(h, d, 16, |r0, part| {
         rms_norm(&x[r0 * d..r0 * d + part.len()], Some(w), eps, part, d)
     });
 }
 
 /// `x += s·o` (`[n, d]`), rows spread over the pool.
-fn add_scaled_rows(pool: &ThreadPool, x: &mut [f32], s: f32, o: &[f32], d: usize) {
+pub(super) fn add_scaled_rows(pool: &ThreadPool, x: &mut [f32], s: f32, o: &[f32], d: usize) {
     pool.rows_mut(x, d, 16, |r0, part| {
         part.iter_mut()
             .zip(&o[r0 * d..])
