@@ -31,7 +31,10 @@ For each fixture this script
 3. converts the checkpoint twice with llama.cpp's converter, with the block
    (-> tests/fixtures/nextn/<name>/model.gguf) and with `--no-mtp`, and
    checks that the `--no-mtp` file is byte for byte the committed trunk-only
-   GGUF, so that the two files are the same model with and without the tail.
+   GGUF, so that the two files are the same model with and without the tail;
+4. saves the block's tensors alone as tests/fixtures/nextn/<name>/
+   mtp.safetensors (the checkpoint is the trunk's folder plus these and the
+   config key: coil convert's tests convert it and compare with model.gguf).
 
 The converter runs in `--converter-python` (llama.cpp's converter is made
 for transformers 4.57: a venv with `pip install transformers==4.57.*`,
@@ -185,6 +188,10 @@ def main() -> None:
             model_name = None if family == "nemotron" else source
             dest = args.out / name
             dest.mkdir(parents=True, exist_ok=True)
+            # The block's tensors alone: with the trunk's checkpoint
+            # (tests/fixtures/hf/<source>) and the config key above, the
+            # checkpoint converted here (coil convert's tests rebuild it).
+            save_file(extra, dest / "mtp.safetensors", metadata={"format": "pt"})
             convert(args.converter_python, args.llama_cpp, hf, dest / "model.gguf", outtype, model_name, no_mtp=False)
             no_mtp = Path(tmp) / "no-mtp.gguf"
             convert(args.converter_python, args.llama_cpp, hf, no_mtp, outtype, model_name, no_mtp=True)

@@ -1,4 +1,6 @@
-"""Qwen3.5's multi-token-prediction (MTP) block in torch, for training it.
+"""Qwen3.5's multi-token-prediction (MTP) block in torch, for training it,
+and `tools/train_demo.py --model qwen35-mtp`: a small Qwen3.5 model trained
+with it on Tiny Shakespeare (see `main` for what it writes).
 
 transformers runs a Qwen3.5 checkpoint's trunk and ignores its `mtp.*`
 tensors; this module is that block, named as the checkpoint names it, so
@@ -26,9 +28,28 @@ token after the one it just proposed.
 from __future__ import annotations
 
 import copy
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import torch
 from torch import nn
+
+REPO = Path(__file__).resolve().parent.parent
+# The fixture tokenizer (GPT-NeoX's BPE cut to 4096 ids): both coil convert
+# and llama.cpp's converter (pre-tokenizer "olmo", as for the fixtures) take it.
+TOKENIZER = REPO / "tests/fixtures/hf/mamba2"
+FIXTURE = REPO / "tests/fixtures/mtp"
+SEQ = 64
+VOCAB = 4096
+# Reference cases: drafts of K tokens after the first L + 1 tokens of the prompt.
+REF_LENGTHS = [8, 24, 39]
+REF_K = 3
 
 
 def shifted_hidden(h: torch.Tensor) -> torch.Tensor:
@@ -129,3 +150,213 @@ class Qwen35WithMtp(nn.Module):
             toks.append(t)
             hid = torch.cat([hid, m[:, -1:]], dim=1)
         return out, rows
+
+
+# --------------------------------------------------------------------------
+# The model trained by `train_demo.py --model qwen35-mtp`
+
+
+def model_config():
+    """Qwen3.5 (dense), 8 layers (Gated DeltaNet ×3, gated attention) ×2,
+    d_model 128: deep and narrow, so that the one-layer MTP block costs a
+    small part of a decode step."""
+    import transformers
+
+    d = 128
+    return transformers.Qwen3_5TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=d,
+        num_hidden_layers=8,
+        layer_types=["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        linear_num_key_heads=4,
+        linear_num_value_heads=4,
+        linear_key_head_dim=32,
+        linear_value_head_dim=32,
+        linear_conv_kernel_dim=4,
+        intermediate_size=384,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+        rope_parameters=dict(
+            rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25, mrope_section=[2, 1, 1], mrope_interleaved=True
+        ),
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=1,
+    )
+
+
+def mtp_loss(model, x):
+    loss, lt, lm = model.loss(x)
+    return loss, dict(trunk=lt.item(), mtp=lm.item())
+
+
+@torch.no_grad()
+def agreement(model, ids: list[int], n_win: int = 16) -> dict:
+    """On held-out windows: how often the MTP block's argmax at position p
+    (from t_p and h_{p−1}) equals the trunk's at p (what greedy drafting
+    needs), and how often each predicts the text's next token."""
+    model.eval()
+    same = hit_t = hit_m = n = 0
+    for i in range(min(n_win, (len(ids) - 1) // SEQ)):
+        x = torch.tensor([ids[i * SEQ : (i + 1) * SEQ + 1]])
+        logits, mtp = model(x[:, :-1])
+        a, b = logits[0].argmax(-1), mtp[0].argmax(-1)
+        y = x[0, 1:]
+        # position 0 reads no hidden state: left out
+        same += (a[1:] == b[1:]).sum().item()
+        hit_t += (a[1:] == y[1:]).sum().item()
+        hit_m += (b[1:] == y[1:]).sum().item()
+        n += SEQ - 1
+    return dict(mtp_equals_trunk=same / n, trunk_top1=hit_t / n, mtp_top1=hit_m / n, positions=n)
+
+
+def round_to_f16(model) -> None:
+    """Every parameter to its nearest f16 value (kept in f32): the F16 GGUF
+    is then this model exactly."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.half().float())
+
+
+def save_checkpoint(model, tok_dir: Path, out: Path) -> None:
+    """The Hugging Face checkpoint: transformers' files for the trunk, the
+    MTP block's tensors added under `mtp.` and `mtp_num_hidden_layers` in
+    the config (as released Qwen3.5 checkpoints carry them)."""
+    from safetensors.torch import load_file, save_file
+
+    model.lm.config.architectures = ["Qwen3_5ForCausalLM"]
+    model.lm.save_pretrained(out, safe_serialization=True)
+    st = out / "model.safetensors"
+    tensors = load_file(st)
+    for name, p in model.mtp.state_dict().items():
+        tensors[f"mtp.{name}"] = p.detach().clone().contiguous()
+    save_file(tensors, st, metadata={"format": "pt"})
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["mtp_num_hidden_layers"] = 1
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tok_dir / f, out / f)
+
+
+def load_checkpoint(hf: Path):
+    import transformers
+    from safetensors.torch import load_file
+
+    lm = transformers.Qwen3_5ForCausalLM.from_pretrained(hf, dtype="float32")
+    model = Qwen35WithMtp(lm, 1.0)
+    t = load_file(hf / "model.safetensors")
+    model.mtp.load_state_dict({k[4:]: v for k, v in t.items() if k.startswith("mtp.")})
+    return model.eval()
+
+
+@torch.no_grad()
+def write_reference(model, ids: list[int], out: Path) -> None:
+    """The trunk's logits of `ids` (every position) and, for each L of
+    REF_LENGTHS, the MTP block's REF_K greedy drafts after ids[:L + 1] with
+    each step's logits: reference.json + reference_logits.npy
+    [len(REF_LENGTHS) · REF_K, V] + logits.npy [len(ids), V]."""
+    import numpy as np
+
+    model.eval()
+    x = torch.tensor([ids])
+    logits, _ = model(x)
+    cases, rows = [], []
+    for L in REF_LENGTHS:
+        d, r = model.draft(ids[: L + 1], REF_K)
+        cases.append(dict(fed=L, next=ids[L], drafts=d))
+        rows.extend(t.numpy() for t in r)
+    np.save(out / "logits.npy", logits[0].numpy().astype(np.float32))
+    np.save(out / "reference_logits.npy", np.stack(rows).astype(np.float32))
+    ref = dict(
+        tokens=ids,
+        cases=cases,
+        k=REF_K,
+        source="tools/qwen35_mtp.py: Qwen35WithMtp (transformers Qwen3_5ForCausalLM + the MTP block), float32, f16-exact weights",
+    )
+    (out / "reference.json").write_text(json.dumps(ref, indent=1) + "\n")
+
+
+def main(args) -> None:
+    """Trains the model (or, with --export-only, reuses OUT/hf) and writes:
+    OUT/hf/ (the checkpoint with mtp.*), tests/fixtures/mtp/model.gguf
+    (`coil convert --type f16`, MTP block kept), tests/fixtures/mtp/
+    {reference.json, reference_logits.npy, logits.npy, metrics.json}, and
+    with --llama-cpp OUT/llama-f16.gguf (llama.cpp's converter, with the
+    block; compared byte for byte with coil's)."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    sys.path.insert(0, str(REPO / "tools"))
+    import train_demo as td
+
+    torch.set_num_threads(args.threads)
+    torch.use_deterministic_algorithms(True)
+    out = args.out if args.out != REPO / "target/demo" else REPO / "target/demo-mtp"
+    hf = out / "hf"
+    out.mkdir(parents=True, exist_ok=True)
+    text = args.data.read_text(encoding="utf-8")
+    train_text, val_text = td.split_text(text)
+    tok = Tokenizer.from_file(str(TOKENIZER / "tokenizer.json"))
+    train_ids = tok.encode(train_text).ids
+    val_ids = tok.encode(val_text).ids
+    print(f"tokens: train {len(train_ids):,}  val {len(val_ids):,}  vocab {VOCAB}", flush=True)
+    if args.export_only:
+        model = load_checkpoint(hf)
+        metrics = json.loads((out / "metrics.json").read_text())
+    else:
+        torch.manual_seed(args.seed)
+        import transformers
+
+        lm = transformers.Qwen3_5ForCausalLM(model_config()).float()
+        model = Qwen35WithMtp(lm, 1.0)
+        model, n_param, secs, log = td.train(args, model, train_ids, val_ids, loss_of=mtp_loss, seq=SEQ)
+        model.eval()
+        round_to_f16(model)
+        save_checkpoint(model, TOKENIZER, hf)
+        model = load_checkpoint(hf)
+        metrics = dict(
+            seed=args.seed,
+            steps=args.steps,
+            batch=args.batch,
+            seq=SEQ,
+            lr=args.lr,
+            threads=args.threads,
+            mtp_weight=1.0,
+            parameters=n_param,
+            train_seconds=round(secs),
+            train_tokens=len(train_ids),
+            val_tokens=len(val_ids),
+            log=log,
+        )
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    metrics["held_out"] = agreement(model, val_ids)
+    print(json.dumps({k: v for k, v in metrics.items() if k != "log"}, indent=1), flush=True)
+    FIXTURE.mkdir(parents=True, exist_ok=True)
+    (FIXTURE / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    # the reference prompt: the start of the held-out text
+    write_reference(model, val_ids[:40], FIXTURE)
+
+    gguf = FIXTURE / "model.gguf"
+    subprocess.run(
+        [str(td.coil_bin()), "convert", str(hf), "-o", str(gguf), "--type", "f16", "--name", "Shakespeare Qwen3.5 MTP", "--quiet"],
+        check=True,
+    )
+    print(f"wrote {gguf} ({gguf.stat().st_size / 1e6:.1f} MB)")
+    if args.llama_cpp:
+        shim = (
+            "import sys\nsys.path.insert(0, {llama!r})\nimport convert_hf_to_gguf as c\n"
+            "from conversion import base\nbase.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'olmo'\nc.main()\n"
+        ).format(llama=str(args.llama_cpp))
+        theirs = out / "llama-f16.gguf"
+        env = dict(os.environ, PYTHONPATH=f"{args.llama_cpp / 'gguf-py'}:{args.llama_cpp}")
+        subprocess.run(
+            [args.converter_python, "-c", shim, str(hf), "--outtype", "f16", "--outfile", str(theirs), "--model-name", "Shakespeare Qwen3.5 MTP"],
+            check=True,
+            env=env,
+        )
+        same = theirs.read_bytes() == gguf.read_bytes()
+        print(f"llama.cpp's converter: {theirs} ({'byte for byte coil convert' if same else 'differs from coil convert'})")

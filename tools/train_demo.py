@@ -29,6 +29,11 @@ What it does, reproducibly for a given seed and thread count:
    `coil quantize` into models/shakespeare-hybrid-q8_0.gguf.
 
 `--export-only` skips training and redoes steps 4-5 from OUT/hf/.
+
+`--model qwen35-mtp` trains instead a small Qwen3.5 model *with* a
+multi-token-prediction head (the MTP module in tools/qwen35_mtp.py, trained
+jointly), for measuring speculative decoding with the model's own draft
+head; see tools/qwen35_mtp.py for what it writes.
 """
 
 from __future__ import annotations
@@ -152,14 +157,28 @@ def llama_perplexity(model, ids: list[int], n_ctx: int) -> dict:
 # Training
 
 
-def train(args, train_ids, val_ids, vocab: int):
+def granite_model(args, vocab: int):
     import torch
     import transformers
 
     torch.manual_seed(args.seed)
     cfg = transformers.GraniteMoeHybridConfig(**model_config(vocab))
     cfg.architectures = ["GraniteMoeHybridForCausalLM"]
-    model = transformers.GraniteMoeHybridForCausalLM(cfg).float()
+    return transformers.GraniteMoeHybridForCausalLM(cfg).float()
+
+
+def lm_loss(model, x):
+    """Mean next-token cross entropy of a transformers causal LM on [B, T]
+    windows (labels shifted inside), and the parts to log."""
+    loss = model(x, labels=x, use_cache=False).loss
+    return loss, {}
+
+
+def train(args, model, train_ids, val_ids, loss_of=lm_loss, seq: int = SEQ):
+    """AdamW on random `seq`-token windows; `loss_of(model, x)` gives the
+    loss to minimise and named parts (floats) to log beside it."""
+    import torch
+
     n_param = sum(p.numel() for p in model.parameters())
     print(f"parameters: {n_param:,}", flush=True)
 
@@ -184,16 +203,17 @@ def train(args, train_ids, val_ids, vocab: int):
 
     def val_loss(n_win=8):
         model.eval()
-        tot = 0.0
-        n = min(n_win, (len(val) - 1) // SEQ)
+        tot, parts = 0.0, {}
+        n = min(n_win, (len(val) - 1) // seq)
         with torch.no_grad():
             for i in range(n):
-                x = val[i * SEQ : (i + 1) * SEQ + 1]
-                out = model(x[None, :-1], labels=x[None, :-1], use_cache=False)
-                # labels shifted inside: loss over SEQ-1 predictions
-                tot += out.loss.item()
+                x = val[i * seq : (i + 1) * seq]
+                loss, more = loss_of(model, x[None])
+                tot += loss.item()
+                for k, v in more.items():
+                    parts[k] = parts.get(k, 0.0) + v / n
         model.train()
-        return tot / n
+        return tot / n, parts
 
     model.train()
     t0 = time.time()
@@ -201,28 +221,31 @@ def train(args, train_ids, val_ids, vocab: int):
     for step in range(args.steps):
         for grp in opt.param_groups:
             grp["lr"] = lr_at(step)
-        starts = torch.randint(0, len(data) - SEQ - 1, (args.batch,), generator=g)
-        x = torch.stack([data[s : s + SEQ] for s in starts])
-        out = model(x, labels=x, use_cache=False)
+        starts = torch.randint(0, len(data) - seq - 1, (args.batch,), generator=g)
+        x = torch.stack([data[s : s + seq] for s in starts])
+        loss, parts = loss_of(model, x)
         opt.zero_grad(set_to_none=True)
-        out.loss.backward()
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        stop = None
         if args.stop_after and step + 1 >= args.stop_after:
-            print(f"stopping after step {step}: --stop-after {args.stop_after}", flush=True)
-            log.append(dict(step=step, train=out.loss.item(), val=val_loss(), seconds=time.time() - t0, stopped=True))
-            break
-        if args.max_minutes and time.time() - t0 > args.max_minutes * 60:
-            print(f"stopping after step {step}: --max-minutes {args.max_minutes} reached", flush=True)
-            log.append(dict(step=step, train=out.loss.item(), val=val_loss(), seconds=time.time() - t0, stopped=True))
+            stop = f"--stop-after {args.stop_after}"
+        elif args.max_minutes and time.time() - t0 > args.max_minutes * 60:
+            stop = f"--max-minutes {args.max_minutes} reached"
+        if stop:
+            print(f"stopping after step {step}: {stop}", flush=True)
+            vl, vp = val_loss()
+            log.append(dict(step=step, train=loss.item(), val=vl, seconds=time.time() - t0, stopped=True, **parts, **{f"val_{k}": v for k, v in vp.items()}))
             break
         if step % 25 == 0 or step == args.steps - 1:
             el = time.time() - t0
-            msg = f"step {step:5d}  loss {out.loss.item():.4f}  lr {lr_at(step):.2e}  {el:7.0f}s  {(step + 1) / el:.3f} steps/s"
+            more = "".join(f"  {k} {v:.4f}" for k, v in parts.items())
+            msg = f"step {step:5d}  loss {loss.item():.4f}{more}  lr {lr_at(step):.2e}  {el:7.0f}s  {(step + 1) / el:.3f} steps/s"
             if step % 250 == 0 or step == args.steps - 1:
-                vl = val_loss()
-                msg += f"  val {vl:.4f}"
-                log.append(dict(step=step, train=out.loss.item(), val=vl, seconds=el))
+                vl, vp = val_loss()
+                msg += f"  val {vl:.4f}" + "".join(f" {k} {v:.4f}" for k, v in vp.items())
+                log.append(dict(step=step, train=loss.item(), val=vl, seconds=el, **parts, **{f"val_{k}": v for k, v in vp.items()}))
             print(msg, flush=True)
     return model, n_param, time.time() - t0, log
 
@@ -321,7 +344,20 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=SEQ, help="perplexity window")
     ap.add_argument("--export-only", action="store_true", help="reuse OUT/hf, skip training")
+    ap.add_argument(
+        "--model",
+        choices=["hybrid", "qwen35-mtp"],
+        default="hybrid",
+        help="hybrid: the bundled demo model; qwen35-mtp: a Qwen3.5 model with an MTP head (tools/qwen35_mtp.py)",
+    )
+    ap.add_argument("--llama-cpp", type=Path, help="qwen35-mtp: llama.cpp source tree (its converter writes a second GGUF)")
+    ap.add_argument("--converter-python", default=sys.executable, help="qwen35-mtp: python with transformers 4.57 for llama.cpp's converter")
     args = ap.parse_args()
+    if args.model == "qwen35-mtp":
+        sys.path.insert(0, str(REPO / "tools"))
+        import qwen35_mtp
+
+        return qwen35_mtp.main(args)
 
     import torch
     import transformers
@@ -346,7 +382,7 @@ def main() -> None:
         train_ids = tok.encode(train_text).ids
         val_ids = tok.encode(val_text).ids
         print(f"tokens: train {len(train_ids):,}  val {len(val_ids):,}  vocab {vocab}", flush=True)
-        model, n_param, secs, log = train(args, train_ids, val_ids, VOCAB)
+        model, n_param, secs, log = train(args, granite_model(args, VOCAB), train_ids, val_ids)
         model.eval()
         model.save_pretrained(hf_dir, safe_serialization=True)
         fast = transformers.PreTrainedTokenizerFast(

@@ -55,19 +55,29 @@ enum Command {
 
 /// llama.cpp's multi-letter short flags, as the long flags coil spells them
 /// (clap's short flags are one letter).
-const LLAMA_CPP_FLAGS: [(&str, &str); 1] = [("-np", "--parallel")];
+const LLAMA_CPP_FLAGS: [(&str, &str); 2] = [("-np", "--parallel"), ("-md", "--model-draft")];
+
+/// The command line with llama.cpp's multi-letter short flags spelt long
+/// (`-md FILE` and `-md=FILE` alike).
+fn llama_style_args() -> Vec<std::ffi::OsString> {
+    std::env::args_os()
+        .map(|a| {
+            let Some(s) = a.to_str() else { return a };
+            for (short, long) in LLAMA_CPP_FLAGS {
+                if s == short {
+                    return long.into();
+                }
+                if let Some(v) = s.strip_prefix(short).and_then(|r| r.strip_prefix('=')) {
+                    return format!("{long}={v}").into();
+                }
+            }
+            a
+        })
+        .collect()
+}
 
 fn main() -> ExitCode {
-    let args = std::env::args_os().map(|a| {
-        match LLAMA_CPP_FLAGS
-            .iter()
-            .find(|(short, _)| a.to_str() == Some(short))
-        {
-            Some((_, long)) => (*long).into(),
-            None => a,
-        }
-    });
-    let cli = Cli::parse_from(args);
+    let cli = Cli::parse_from(llama_style_args());
     let result = match cli.command {
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Run(a) => cmd::run::run(a),

@@ -63,6 +63,10 @@ pub struct ConvertOptions {
     /// parts (`OUT-00001-of-0000n.gguf`, …) of at most this much tensor
     /// data / this many tensors each.
     pub split: SplitLimits,
+    /// Leave out the multi-token-prediction (NextN / MTP) layers a
+    /// checkpoint carries (llama.cpp's `--no-mtp`); by default they are
+    /// written after the trunk as `blk.N.nextn.*` blocks.
+    pub no_mtp: bool,
 }
 
 impl Default for ConvertOptions {
@@ -72,6 +76,7 @@ impl Default for ConvertOptions {
             name: None,
             progress: false,
             split: SplitLimits::default(),
+            no_mtp: false,
         }
     }
 }
@@ -263,6 +268,7 @@ pub fn convert(dir: &Path, out: &Path, opts: &ConvertOptions) -> Result<ConvertR
         ck: &ck,
         file_type: opts.out_type.file_type(),
         mistral,
+        no_mtp: opts.no_mtp,
     };
     let mut conv = arch::for_arch(&hf_arch, &ctx)?;
     let mut plan: Vec<OutTensor> = Vec::new();

@@ -199,6 +199,86 @@ fn qwen3next() {
     check_f32_parity("qwen3next_tiny");
 }
 
+/// A Gated DeltaNet hybrid's checkpoint with its multi-token-prediction
+/// block (tests/fixtures/hf/<source> plus tests/fixtures/nextn/<name>/
+/// mtp.safetensors and `mtp_num_hidden_layers` in the config, as
+/// tools/make_fixtures_nextn.py made it) against llama.cpp's conversion of
+/// it with the block (tests/fixtures/nextn/<name>/model.gguf), byte for
+/// byte; `--no-mtp` gives the trunk-only file.
+fn check_mtp(name: &str, source: &str, config_key: Option<&str>) {
+    let dir = TempPath::dir("coil-convert-test", &format!("{name}-mtp"));
+    for f in std::fs::read_dir(root().join("hf").join(source)).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    std::fs::copy(
+        root().join("nextn").join(name).join("mtp.safetensors"),
+        dir.join("model_mtp.safetensors"),
+    )
+    .unwrap();
+    if let Some(key) = config_key {
+        let path = dir.join("config.json");
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        cfg[key] = 1.into();
+        std::fs::write(&path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
+    }
+    for (no_mtp, want) in [
+        (false, root().join("nextn").join(name).join("model.gguf")),
+        (true, root().join("parity").join(source).join("model.gguf")),
+    ] {
+        let out = tmp(&format!("{name}-mtp-{no_mtp}.gguf"));
+        let opts = ConvertOptions {
+            out_type: OutType::F32,
+            name: Some(source.into()),
+            progress: false,
+            no_mtp,
+            ..Default::default()
+        };
+        convert(&dir, &out, &opts).unwrap();
+        let d = diff(
+            &GgufFile::open(&out).unwrap(),
+            &GgufFile::open(&want).unwrap(),
+            &[],
+            &[],
+        );
+        assert!(
+            d.is_empty(),
+            "{name} (no_mtp {no_mtp}): {} differences:\n{}",
+            d.len(),
+            d.join("\n")
+        );
+        let order =
+            |f: &GgufFile| -> Vec<String> { f.tensors().iter().map(|t| t.name.clone()).collect() };
+        assert_eq!(
+            order(&GgufFile::open(&out).unwrap()),
+            order(&GgufFile::open(&want).unwrap()),
+            "{name} (no_mtp {no_mtp}): tensor order"
+        );
+        assert!(
+            std::fs::read(&out).unwrap() == std::fs::read(&want).unwrap(),
+            "{name} (no_mtp {no_mtp}): same content but not the same bytes"
+        );
+    }
+}
+
+#[test]
+fn qwen35_mtp() {
+    check_mtp("qwen35", "qwen35_tiny", Some("mtp_num_hidden_layers"));
+}
+
+#[test]
+fn qwen35moe_mtp() {
+    check_mtp("qwen35moe", "qwen35moe_tiny", Some("mtp_num_hidden_layers"));
+}
+
+/// Qwen3-Next's config has no `mtp_num_hidden_layers`: the checkpoint's
+/// `mtp.layers.N` say how many.
+#[test]
+fn qwen3next_mtp() {
+    check_mtp("qwen3next", "qwen3next_tiny", None);
+}
+
 /// Kimi-Linear (KDA + MLA), with a plain query projection and with a
 /// query LoRA: per-head `attn_k_b` / `attn_v_b` split from `kv_b_proj`,
 /// the KDA convs reshaped, A stored as −exp(A_log), experts stacked.

@@ -100,6 +100,7 @@ fn run(arch: &str, seed: u64) -> (usize, usize) {
         spec: (rng.below(2) == 1).then(|| SpecParams {
             draft_max: 1 + rng.below(8),
             ngram_max: 1 + rng.below(4),
+            ..Default::default()
         }),
         batch_invariant: true,
         log_requests: false,

@@ -5,7 +5,7 @@
 
 mod common;
 
-use coil::engine::draft::SpecParams;
+use coil::engine::draft::{SpecKind, SpecParams};
 use coil::engine::{Engine, EngineOptions};
 use coil_server::scheduler::SchedulerConfig;
 use common::{start_engine_cfg, TestServer};
@@ -21,12 +21,18 @@ fn path(name: &str) -> PathBuf {
 }
 
 fn server(name: &str, spec: Option<SpecParams>) -> TestServer {
+    server_of(path(name), spec)
+}
+
+fn server_of(path: PathBuf, spec: Option<SpecParams>) -> TestServer {
+    let nextn = spec.is_some_and(|p| p.kind == SpecKind::Nextn);
     let engine = Engine::load(
-        path(name),
+        path,
         EngineOptions {
             n_threads: 1,
             n_seq_max: 5,
             n_ctx: 512,
+            nextn,
             ..Default::default()
         },
     )
@@ -83,6 +89,7 @@ fn speculating_requests_get_the_plain_text() {
             Some(SpecParams {
                 draft_max: 5,
                 ngram_max: 3,
+                ..Default::default()
             }),
         );
         let got = all_at_once(&spec, &prompts);
@@ -110,5 +117,45 @@ fn speculating_requests_get_the_plain_text() {
         );
         assert!(m["coil_spec_verifications_total"] > 0.0);
         assert_eq!(plain.metrics()["coil_spec_draft_tokens_total"], 0.0);
+    }
+}
+
+/// `--spec mtp`: the model's own MTP block drafts for every speculating
+/// request of a step side by side; each gets the plain text, alone or
+/// beside others, and again from the prefix cache.
+#[test]
+fn mtp_requests_get_the_plain_text() {
+    let prompts: Vec<String> = [
+        "one two three one two three",
+        "the cat sat on the mat",
+        "Call me",
+        "a b c d a b",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/nextn");
+    for name in ["qwen35", "nemotron_h_moe"] {
+        let file = root.join(name).join("model.gguf");
+        let plain = server_of(file.clone(), None);
+        let want: Vec<Value> = prompts.iter().map(|p| complete(&plain, p)).collect();
+        let spec = server_of(
+            file,
+            Some(SpecParams {
+                kind: SpecKind::Nextn,
+                draft_max: 3,
+                ngram_max: 1,
+            }),
+        );
+        for round in 0..2 {
+            let got = all_at_once(&spec, &prompts);
+            for (g, w) in got.iter().zip(&want) {
+                let what = format!("{name}, round {round}");
+                assert_eq!(g["choices"][0]["text"], w["choices"][0]["text"], "{what}");
+            }
+        }
+        let m = spec.metrics();
+        assert!(m["coil_spec_draft_tokens_total"] > 0.0, "{name}: nothing drafted");
+        assert!(m["coil_spec_verifications_total"] > 0.0);
     }
 }

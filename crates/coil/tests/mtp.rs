@@ -112,9 +112,16 @@ fn greedy_output_is_the_same_with_the_blocks_drafts() {
             let mut sp = Speculator::with_source(DraftSource::Nextn, k);
             sp.len = coil::engine::draft::AdaptiveLen::fixed(k);
             let mut s = Sampler::new(SamplingParams::greedy());
-            let st = generate_with(&mut e, &tok, 0, &p, &mut s, &greedy(40), Some(&mut sp), |_| {
-                true
-            })
+            let st = generate_with(
+                &mut e,
+                &tok,
+                0,
+                &p,
+                &mut s,
+                &greedy(40),
+                Some(&mut sp),
+                |_| true,
+            )
             .unwrap();
             assert_eq!(st.tokens, plain, "{name}: k = {k}");
             let c = st.spec.unwrap();
@@ -174,19 +181,22 @@ fn the_blocks_memory_after_verifications_is_that_of_plain_decoding() {
             sp.len = coil::engine::draft::AdaptiveLen::fixed(4);
             let mut s = Sampler::new(SamplingParams::greedy());
             // n + 1 tokens: the last is generated, not fed; feed it too.
-            let st = generate_with(&mut b, &tok, 0, &p, &mut s, &greedy(n), Some(&mut sp), |_| {
-                true
-            })
+            let st = generate_with(
+                &mut b,
+                &tok,
+                0,
+                &p,
+                &mut s,
+                &greedy(n),
+                Some(&mut sp),
+                |_| true,
+            )
             .unwrap();
             assert_eq!(st.tokens, want, "{name}: {wrong:?}");
             b.eval(0, &want[n - 1..], LogitRows::Last, 1).unwrap();
             let what = format!("{name}: drafts wrong at {wrong:?}");
             assert_bitwise(&what, &block_memory(&b, 0), &plain_mem);
-            assert_eq!(
-                b.draft_nextn(&[(0, 1, 4)]).unwrap(),
-                plain_drafts,
-                "{what}"
-            );
+            assert_eq!(b.draft_nextn(&[(0, 1, 4)]).unwrap(), plain_drafts, "{what}");
         }
     }
 }
@@ -204,7 +214,11 @@ fn drafts_do_not_depend_on_how_the_context_was_fed() {
             let d = e.draft_nextn(&[(0, 3, 5)]).unwrap();
             // Drafting changes nothing: again, the same.
             assert_eq!(e.draft_nextn(&[(0, 3, 5)]).unwrap(), d, "{name}");
-            assert_bitwise(&format!("{name}: after drafting"), &block_memory(&e, 0), &mem);
+            assert_bitwise(
+                &format!("{name}: after drafting"),
+                &block_memory(&e, 0),
+                &mem,
+            );
             match &want {
                 None => want = Some((mem, d)),
                 Some((m, w)) => {
@@ -246,7 +260,12 @@ fn rollback_forks_and_sessions_carry_the_blocks_memory() {
         e.seq_fork(0, 1).unwrap();
         let whole = block_memory(&e, 0);
         e.seq_truncate(0, cut).unwrap();
-        assert_close(&format!("{name}: rollback"), &block_memory(&e, 0), &want, 1e-5);
+        assert_close(
+            &format!("{name}: rollback"),
+            &block_memory(&e, 0),
+            &want,
+            1e-5,
+        );
         assert_eq!(e.draft_nextn(&[(0, 5, 4)]).unwrap(), want_d, "{name}");
         assert_bitwise(&format!("{name}: fork"), &block_memory(&e, 1), &whole);
 

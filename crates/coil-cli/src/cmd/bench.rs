@@ -19,7 +19,7 @@
 //!   (see [`super::bench_parallel`]).
 
 use super::common::ModelArgs;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use coil::engine::{BatchEntry, Engine, Numerics};
 use coil::memory::SeqId;
 use coil::models::LogitRows;
@@ -63,10 +63,18 @@ pub struct Args {
     /// Speculative decoding (greedy, `-n` tokens after a `-p`-token random
     /// prompt, plain and speculative interleaved): `right` drafts the
     /// model's own continuation (upper bound), `wrong` drafts that always
-    /// fail (lower bound), `ngram` prompt lookup; `verify` times one
+    /// fail (lower bound), `ngram` prompt lookup, `mtp` the model's own MTP
+    /// layers, `draft` a draft model (--model-draft); `verify` times one
     /// verification of k + 1 tokens against one decode step.
     #[arg(long = "spec", value_enum, value_name = "MODE")]
     spec: Option<super::bench_spec::BenchSpec>,
+    /// The draft model of `--spec draft` (`-md`).
+    #[arg(long = "model-draft", value_name = "FILE")]
+    model_draft: Option<std::path::PathBuf>,
+    /// With --spec (not verify): the prompt is this file's text (its
+    /// tokens; `-p` is ignored) instead of random tokens.
+    #[arg(long = "prompt-file", value_name = "FILE")]
+    prompt_file: Option<std::path::PathBuf>,
     /// Draft lengths k for --spec, e.g. `1,2,4,8,16`.
     #[arg(long = "draft-max", value_delimiter = ',', default_value = "8")]
     draft_max: Vec<usize>,
@@ -285,6 +293,14 @@ pub fn run(a: Args) -> Result<()> {
             reps: a.reps,
             seed: a.seed,
             json: a.json,
+            model_draft: a.model_draft.as_deref(),
+            prompt_text: match &a.prompt_file {
+                Some(p) => Some(
+                    std::fs::read_to_string(p)
+                        .with_context(|| format!("reading {}", p.display()))?,
+                ),
+                None => None,
+            },
         };
         return super::bench_spec::run(&b, &a.model);
     }

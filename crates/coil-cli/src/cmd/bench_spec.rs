@@ -6,13 +6,16 @@
 //!   rejected at once (the state is then refolded, or replayed where the
 //!   model cannot refold). The three are timed interleaved, `-n` times each
 //!   per repetition, from a context of `-p` random tokens.
-//! - `right`, `wrong`, `ngram`: greedy generation of `-n` tokens after a
-//!   prompt of `-p` random tokens, plainly and with speculation, one after
-//!   the other in each repetition. `right` drafts the model's own greedy
-//!   continuation (every draft accepted: the upper bound), `wrong` drafts
-//!   tokens that always differ from it (the lower bound), `ngram` looks the
-//!   last tokens up in the prompt and the output (random prompts rarely
-//!   repeat, but random-weight models do). The adaptive draft length applies
+//! - `right`, `wrong`, `ngram`, `mtp`, `draft`: greedy generation of `-n`
+//!   tokens after a prompt of `-p` random tokens (or `--prompt-file`'s
+//!   text), plainly and with speculation, one after the other in each
+//!   repetition. `right` drafts the model's own greedy continuation (every
+//!   draft accepted: the upper bound), `wrong` drafts tokens that always
+//!   differ from it (the lower bound), `ngram` looks the last tokens up in
+//!   the prompt and the output (random prompts rarely repeat, but
+//!   random-weight models do), `mtp` asks the model's own MTP layers (plain
+//!   decoding then runs without their memory, as `coil run` does), `draft`
+//!   a draft model (`--model-draft`). The adaptive draft length applies
 //!   unless `--draft-fixed`. Reported: tokens/s of both, their ratio, the
 //!   acceptance, and whether the tokens were identical (they must be).
 
@@ -21,7 +24,7 @@ use anyhow::{bail, Context, Result};
 use coil::engine::draft::{Drafter, NgramDrafter};
 use coil::engine::generate::{generate_with, GenerateOptions};
 use coil::engine::sampling::{Sampler, SamplingParams};
-use coil::engine::speculative::{SpecCounts, Speculator};
+use coil::engine::speculative::{DraftModel, DraftSource, SpecCounts, Speculator};
 use coil::engine::Engine;
 use coil::models::LogitRows;
 use coil::tokenizer::Tokenizer;
@@ -37,6 +40,10 @@ pub enum BenchSpec {
     Wrong,
     /// Prompt-lookup drafts.
     Ngram,
+    /// The model's own MTP (NextN) layers.
+    Mtp,
+    /// A draft model (`--model-draft`).
+    Draft,
     /// The cost of verifying k + 1 tokens against decoding one.
     Verify,
 }
@@ -52,6 +59,10 @@ pub struct SpecBench<'a> {
     pub reps: usize,
     pub seed: u64,
     pub json: bool,
+    /// The draft model of `draft`.
+    pub model_draft: Option<&'a std::path::Path>,
+    /// A text whose tokens are the prompt (instead of random ones).
+    pub prompt_text: Option<String>,
 }
 
 /// The model's greedy continuation (or, `wrong`, always something else).
@@ -107,14 +118,31 @@ pub fn run(b: &SpecBench, margs: &ModelArgs) -> Result<()> {
         _ => b.n_prompt.max(1) + b.n_gen + kmax + 2,
     };
     margs.ctx_at_least(need);
-    let mut engine = margs.load(1, 512, true)?;
+    if b.mode == BenchSpec::Draft && b.model_draft.is_none() {
+        bail!("--spec draft needs --model-draft FILE");
+    }
+    let mut engine = margs.load_with(1, 512, true, b.mode == BenchSpec::Mtp)?;
     let system = super::common::simd_info()?;
     eprintln!("system: {system}");
     eprintln!("memory: {}", engine.mem.describe());
     let name = format!("{}", margs.model.display());
+    let mut draft = match (b.mode, b.model_draft) {
+        (BenchSpec::Draft, Some(path)) => {
+            let mut dargs = margs.clone();
+            dargs.model = path.to_path_buf();
+            let d = dargs
+                .load(1, 512, true)
+                .with_context(|| format!("loading the draft model {}", path.display()))?;
+            Some(
+                DraftModel::new(d, &engine)
+                    .with_context(|| format!("the draft model {}", path.display()))?,
+            )
+        }
+        _ => None,
+    };
     match b.mode {
         BenchSpec::Verify => verify_cost(&mut engine, b, &name),
-        _ => generation(&mut engine, b, &name),
+        _ => generation(&mut engine, &mut draft, b, &name),
     }
 }
 
@@ -192,7 +220,12 @@ fn verify_cost(engine: &mut Engine, b: &SpecBench, name: &str) -> Result<()> {
 }
 
 /// `--spec right|wrong|ngram`.
-fn generation(engine: &mut Engine, b: &SpecBench, name: &str) -> Result<()> {
+fn generation(
+    engine: &mut Engine,
+    draft: &mut Option<DraftModel>,
+    b: &SpecBench,
+    name: &str,
+) -> Result<()> {
     let tok = Tokenizer::from_gguf(&engine.file)
         .with_context(|| format!("reading the tokenizer of {name} (needed by --spec)"))?;
     let n_vocab = engine.n_vocab();
@@ -205,8 +238,14 @@ fn generation(engine: &mut Engine, b: &SpecBench, name: &str) -> Result<()> {
     let mode = match b.mode {
         BenchSpec::Right => "right",
         BenchSpec::Wrong => "wrong",
+        BenchSpec::Mtp => "mtp",
+        BenchSpec::Draft => "draft model",
         _ => "ngram",
     };
+    let text_prompt = b.prompt_text.as_ref().map(|t| tok.encode(t, true));
+    // `mtp`: plain decoding without the MTP block's memory (as `coil run`
+    // without --spec), speculation with it.
+    let mtp = b.mode == BenchSpec::Mtp;
     let mut rows = Vec::new();
     println!("| model | drafts | k | plain t/s | spec t/s | ratio | CPU-time ratio | accepted / drafted | verifications | identical |");
     println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
@@ -219,25 +258,35 @@ fn generation(engine: &mut Engine, b: &SpecBench, name: &str) -> Result<()> {
         let mut identical = true;
         let mut ratios = Vec::new();
         for r in 0..=b.reps {
-            let prompt = random_tokens(&mut seed, b.n_prompt.max(1), n_vocab);
+            let prompt = match &text_prompt {
+                Some(p) => p.clone(),
+                None => random_tokens(&mut seed, b.n_prompt.max(1), n_vocab),
+            };
+            engine.set_nextn(false)?;
             engine.seq_clear(0)?;
             let mut s = Sampler::new(SamplingParams::greedy());
             let c0 = cpu();
             let plain = generate_with(engine, &tok, 0, &prompt, &mut s, &opts, None, |_| true)?;
             let plain_c = cpu() - c0;
-            let drafter: Box<dyn Drafter + Send> = match b.mode {
-                BenchSpec::Ngram => Box::new(NgramDrafter::new(b.ngram)),
-                _ => Box::new(Oracle {
+            let source = match b.mode {
+                BenchSpec::Ngram => DraftSource::Tokens(Box::new(NgramDrafter::new(b.ngram))),
+                BenchSpec::Mtp => DraftSource::Nextn,
+                BenchSpec::Draft => match draft.take() {
+                    Some(d) => DraftSource::Model(Box::new(d)),
+                    None => bail!("--spec draft needs --model-draft FILE"),
+                },
+                _ => DraftSource::Tokens(Box::new(Oracle {
                     prompt_len: prompt.len(),
                     want: plain.tokens.clone(),
                     wrong: b.mode == BenchSpec::Wrong,
                     n_vocab: n_vocab as u32,
-                }),
+                })),
             };
-            let mut sp = Speculator::new(drafter, k);
+            let mut sp = Speculator::with_source(source, k);
             if b.fixed {
                 sp.len = coil::engine::draft::AdaptiveLen::fixed(k);
             }
+            engine.set_nextn(mtp)?;
             engine.seq_clear(0)?;
             let mut s = Sampler::new(SamplingParams::greedy());
             let c0 = cpu();
@@ -252,6 +301,10 @@ fn generation(engine: &mut Engine, b: &SpecBench, name: &str) -> Result<()> {
                 |_| true,
             )?;
             let spec_c = cpu() - c0;
+            if let DraftSource::Model(d) = sp.source {
+                *draft = Some(*d);
+            }
+            engine.set_nextn(false)?;
             // Every other round times plain decoding after the speculative
             // run instead of before it (the plain run above is then only the
             // drafts' reference), so neither gains from going second.

@@ -31,6 +31,8 @@ pub struct Args {
     /// Constrains every reply (a fresh constraint per reply).
     #[command(flatten)]
     constraint: ConstraintArgs,
+    #[command(flatten)]
+    spec: super::common::SpecArgs,
     /// Also stop a reply when this text appears (repeatable).
     #[arg(long = "stop")]
     stop: Vec<String>,
@@ -51,8 +53,11 @@ pub fn run(a: Args) -> Result<()> {
     if a.ubatch == 0 {
         bail!("--ubatch must be at least 1");
     }
+    let spec = a.spec.server_params("coil chat")?;
     // One slot for the reply being generated, one keeping the conversation.
-    let engine = a.model.load(2, a.ubatch, false)?;
+    let engine = a
+        .model
+        .load_with(2, a.ubatch, spec.is_some(), a.spec.nextn())?;
     let tokenizer = Arc::new(
         Tokenizer::from_gguf(&engine.file)
             .with_context(|| format!("reading the tokenizer of {}", a.model.model.display()))?,
@@ -85,6 +90,7 @@ pub fn run(a: Args) -> Result<()> {
     );
     let mut cfg = SchedulerConfig {
         parallel: 1,
+        spec,
         ..Default::default()
     };
     if let Some(n) = a.model.checkpoint_spacing {

@@ -131,6 +131,19 @@ impl ModelArgs {
     /// verification, or prompts only), so the weights take the layout of
     /// the few-token kernels ([`EngineOptions::batched_layout`]).
     pub fn load(&self, n_seq_max: usize, n_ubatch: usize, batched: bool) -> Result<Engine> {
+        self.load_with(n_seq_max, n_ubatch, batched, false)
+    }
+
+    /// [`ModelArgs::load`], the engine keeping the memory of the model's
+    /// NextN / MTP block when `nextn` (`--spec mtp`; an error for a model
+    /// without one).
+    pub fn load_with(
+        &self,
+        n_seq_max: usize,
+        n_ubatch: usize,
+        batched: bool,
+        nextn: bool,
+    ) -> Result<Engine> {
         coil_kernels::simd::check_env()?;
         let threads = self
             .threads
@@ -155,6 +168,7 @@ impl ModelArgs {
                 ..Default::default()
             },
             batched_layout: batched,
+            nextn,
             weights: if self.mmap {
                 WeightMemory::Mapped
             } else {
@@ -482,39 +496,112 @@ pub enum SpecKind {
     /// Prompt lookup: the continuation of the last n tokens' earlier
     /// occurrence in the prompt or the text generated so far.
     Ngram,
+    /// The model's own multi-token-prediction (NextN / MTP) layers
+    /// (Qwen3.5 / Qwen3.6, Qwen3-Next, Nemotron-3 files that carry them).
+    Mtp,
+    /// A smaller model with the same vocabulary (`--model-draft`).
+    Draft,
 }
 
-/// Speculative decoding flags shared by `run` and `serve`.
+/// Speculative decoding flags shared by `run`, `chat`, `serve` and `bench`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct SpecArgs {
     /// Speculative decoding: draft tokens (`ngram`: looked up in the prompt
-    /// and the text so far) and verify them in one pass. The output is the
-    /// same as without it.
+    /// and the text so far; `mtp`: the model's own MTP layers; `draft`: a
+    /// smaller model, --model-draft) and verify them in one pass. The
+    /// output is the same as without it.
     #[arg(long = "spec", value_enum, value_name = "KIND")]
     pub spec: Option<SpecKind>,
-    /// Most draft tokens per verification (adapted down as drafts fail).
-    #[arg(long = "draft-max", value_name = "K", default_value_t = 8)]
-    pub draft_max: usize,
+    /// Most draft tokens per verification, adapted down as drafts fail
+    /// (default: 8 with ngram, 3 with mtp and a draft model).
+    #[arg(long = "draft-max", value_name = "K")]
+    pub draft_max: Option<usize>,
     /// Longest n-gram looked up (the shortest is 2).
     #[arg(long = "ngram", value_name = "N", default_value_t = 4)]
     pub ngram: usize,
+    /// A draft model (`-md`): a smaller model with the same vocabulary
+    /// whose greedy continuation is verified (implies `--spec draft`).
+    #[arg(long = "model-draft", value_name = "FILE")]
+    pub model_draft: Option<std::path::PathBuf>,
 }
 
 impl SpecArgs {
-    /// The checked settings, or `None` without `--spec` (a notice when
+    /// What drafts (`--model-draft` alone means a draft model).
+    pub fn kind(&self) -> Result<Option<SpecKind>> {
+        match (self.spec, &self.model_draft) {
+            (None, Some(_)) | (Some(SpecKind::Draft), Some(_)) => Ok(Some(SpecKind::Draft)),
+            (Some(SpecKind::Draft), None) => bail!("--spec draft needs --model-draft FILE"),
+            (Some(k), Some(_)) => bail!(
+                "--model-draft drafts by itself: it does not go with --spec {}",
+                if k == SpecKind::Mtp { "mtp" } else { "ngram" }
+            ),
+            (k, None) => Ok(k),
+        }
+    }
+
+    /// Whether the engine must keep the MTP block's memory.
+    pub fn nextn(&self) -> bool {
+        self.spec == Some(SpecKind::Mtp)
+    }
+
+    /// The checked settings, or `None` without speculation (a notice when
     /// draft flags were given without it).
     pub fn params(&self) -> Result<Option<coil::engine::draft::SpecParams>> {
-        let p = coil::engine::draft::SpecParams::new(self.draft_max, self.ngram)
-            .map_err(anyhow::Error::msg)?;
-        match self.spec {
-            Some(SpecKind::Ngram) => Ok(Some(p)),
+        use coil::engine::draft::SpecKind as Lib;
+        let kind = self.kind()?;
+        let default_k = match kind {
+            Some(SpecKind::Ngram) | None => 8,
+            Some(SpecKind::Mtp | SpecKind::Draft) => 3,
+        };
+        let p =
+            coil::engine::draft::SpecParams::new(self.draft_max.unwrap_or(default_k), self.ngram)
+                .map_err(anyhow::Error::msg)?;
+        match kind {
+            Some(SpecKind::Ngram | SpecKind::Draft) => Ok(Some(p)),
+            Some(SpecKind::Mtp) => Ok(Some(p.with_kind(Lib::Nextn))),
             None => {
-                if p != coil::engine::draft::SpecParams::default() {
-                    eprintln!("note: --draft-max / --ngram have no effect without --spec ngram");
+                if self.draft_max.is_some() || self.ngram != 4 {
+                    eprintln!("note: --draft-max / --ngram have no effect without --spec");
                 }
                 Ok(None)
             }
         }
+    }
+
+    /// [`SpecArgs::params`] for the server's scheduler (`coil serve`,
+    /// `coil chat`), which drafts with n-grams or the MTP layers.
+    pub fn server_params(&self, cmd: &str) -> Result<Option<coil::engine::draft::SpecParams>> {
+        if self.kind()? == Some(SpecKind::Draft) {
+            bail!("{cmd} does not take a draft model (yet): use --spec mtp or --spec ngram");
+        }
+        self.params()
+    }
+
+    /// The speculator for `engine` (loaded with [`SpecArgs::nextn`]) of
+    /// checked settings; a draft model is loaded here, as `margs` loads the
+    /// target, and checked against it.
+    pub fn speculator(
+        &self,
+        p: coil::engine::draft::SpecParams,
+        engine: &Engine,
+        margs: &ModelArgs,
+    ) -> Result<coil::engine::speculative::Speculator> {
+        use coil::engine::speculative::{DraftModel, DraftSource, Speculator};
+        Ok(match (self.kind()?, &self.model_draft) {
+            (Some(SpecKind::Draft), Some(path)) => {
+                let mut dargs = margs.clone();
+                dargs.model = path.clone();
+                dargs.checkpoint_every_token = false;
+                let draft = dargs
+                    .load(1, 512, true)
+                    .with_context(|| format!("loading the draft model {}", path.display()))?;
+                let dm = DraftModel::new(draft, engine)
+                    .with_context(|| format!("the draft model {}", path.display()))?;
+                Speculator::with_source(DraftSource::Model(Box::new(dm)), p.draft_max)
+            }
+            (Some(SpecKind::Mtp), _) => Speculator::with_source(DraftSource::Nextn, p.draft_max),
+            _ => ngram_speculator(p),
+        })
     }
 }
 

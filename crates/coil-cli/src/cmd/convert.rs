@@ -25,6 +25,10 @@ pub struct Args {
     quiet: bool,
     #[command(flatten)]
     split: super::split_args::SplitArgs,
+    /// Leave out the model's multi-token-prediction (MTP / NextN) layers
+    /// (kept by default: `--spec mtp` drafts with them).
+    #[arg(long = "no-mtp")]
+    no_mtp: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -36,6 +40,7 @@ pub fn run(a: Args) -> Result<()> {
         name: a.name,
         progress: !a.quiet && std::io::stderr().is_terminal(),
         split: a.split.limits(),
+        no_mtp: a.no_mtp,
     };
     let r = convert(&a.dir, &a.output, &opts)
         .with_context(|| format!("converting {}", a.dir.display()))?;

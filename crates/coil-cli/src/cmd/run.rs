@@ -54,14 +54,19 @@ pub fn run(a: Args) -> Result<()> {
     if a.ubatch == 0 {
         bail!("--ubatch must be at least 1");
     }
-    let mut speculator = a.spec.params()?.map(super::common::ngram_speculator);
-    if speculator.is_some() && a.model.checkpoint_interval == 1 {
+    let mut spec = a.spec.params()?;
+    if spec.is_some() && a.model.checkpoint_interval == 1 {
         // A verification never runs past a periodic checkpoint position.
         eprintln!("note: --spec has no effect with --checkpoint-interval 1; decoding plainly");
-        speculator = None;
+        spec = None;
     }
 
-    let mut engine = a.model.load(1, a.ubatch, a.spec.spec.is_some())?;
+    let nextn = spec.is_some() && a.spec.nextn();
+    let mut engine = a.model.load_with(1, a.ubatch, spec.is_some(), nextn)?;
+    let mut speculator = match spec {
+        Some(p) => Some(a.spec.speculator(p, &engine, &a.model)?),
+        None => None,
+    };
     let tokenizer = std::sync::Arc::new(
         Tokenizer::from_gguf(&engine.file)
             .with_context(|| format!("reading the tokenizer of {}", a.model.model.display()))?,

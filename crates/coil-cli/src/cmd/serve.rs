@@ -153,10 +153,12 @@ pub fn run(a: Args) -> Result<()> {
         ),
         None => None,
     };
-    let mut engine = a.model.load(
+    let spec = a.spec.server_params("coil serve")?;
+    let mut engine = a.model.load_with(
         a.parallel + a.cache_slots,
         a.ubatch,
-        a.parallel > 1 || a.spec.spec.is_some(),
+        a.parallel > 1 || spec.is_some(),
+        a.spec.nextn(),
     )?;
     // Generation is checkpointed (every `--checkpoint-spacing` tokens): the
     // running sequences' states move through reserved buffers, which the
@@ -194,7 +196,7 @@ pub fn run(a: Args) -> Result<()> {
         prefill_chunk: a.prefill_chunk,
         reuse_by_text: !a.exact_tokens,
         log_requests: !a.quiet,
-        spec: a.spec.params()?,
+        spec,
         batch_invariant: a.batch_invariant,
         checkpoint_spacing: a
             .model

@@ -65,6 +65,8 @@ pub struct Ctx<'a> {
     pub file_type: u32,
     /// Mistral's native layout (`params.json`, `consolidated.safetensors`).
     pub mistral: bool,
+    /// Leave out the multi-token-prediction layers (`--no-mtp`).
+    pub no_mtp: bool,
 }
 
 /// One architecture's converter.

@@ -19,9 +19,15 @@
 //!   conv and the columns of `ssm_out`;
 //! - experts stacked (or split from a fused `gate_up_proj`).
 //!
-//! Multi-token-prediction tensors (`mtp.*`) and a vision tower are not
-//! converted: the output is what llama.cpp's converter writes with
-//! `--no-mtp`.
+//! - the multi-token-prediction block (`mtp.*`, `mtp_num_hidden_layers`
+//!   of them, or as many `mtp.layers.N` as the checkpoint has) appended
+//!   after the trunk as blocks `n_layer..`: `mtp.fc` → `nextn.eh_proj`,
+//!   `mtp.pre_fc_norm_embedding` / `_hidden` → `nextn.enorm` / `hnorm`,
+//!   `mtp.norm` → `nextn.shared_head_norm` (all three `1 + w`), the
+//!   block's decoder layer named as a trunk attention layer;
+//!   `nextn_predict_layers` says how many (`--no-mtp`: left out).
+//!
+//! A vision tower is not converted.
 
 use super::llama::{rope_params, text_params, TextOpts};
 use super::{block_id, expect_numel, Arch, Ctx, ExpertBuf, Kv, VocabSpec, VocabStyle};
@@ -78,6 +84,42 @@ pub(crate) struct GatedDeltaHybrid<'a> {
     heads: Heads,
     n_experts: usize,
     experts: ExpertBuf,
+    /// Multi-token-prediction blocks written after the trunk.
+    n_mtp: usize,
+}
+
+/// The MTP blocks of a checkpoint: `mtp_num_hidden_layers`, else (Qwen3-Next
+/// configs lack the key) the `mtp.layers.N` it holds.
+fn mtp_layers(ctx: &Ctx) -> Result<usize> {
+    if ctx.no_mtp {
+        return Ok(0);
+    }
+    if let Some(n) = ctx.cfg.uint(&["mtp_num_hidden_layers"])? {
+        check_range("mtp_num_hidden_layers", n, 0, 64)?;
+        return Ok(n as usize);
+    }
+    Ok(ctx
+        .ck
+        .tensors()
+        .iter()
+        .filter_map(|t| {
+            mtp_name(&t.name)?
+                .strip_prefix("layers.")?
+                .split('.')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .map(|i| i + 1)
+        .max()
+        .unwrap_or(0))
+}
+
+/// The part of an MTP tensor's name after `mtp.`.
+fn mtp_name(name: &str) -> Option<&str> {
+    name.strip_prefix("mtp.")
+        .or_else(|| name.strip_prefix("model.mtp."))
+        .or_else(|| name.strip_prefix("model.language_model.mtp."))
 }
 
 impl<'a> GatedDeltaHybrid<'a> {
@@ -142,7 +184,13 @@ impl<'a> GatedDeltaHybrid<'a> {
             heads,
             n_experts,
             experts: ExpertBuf::default(),
+            n_mtp: mtp_layers(ctx)?,
         })
+    }
+
+    /// Blocks in the file: the trunk, then the MTP blocks.
+    fn n_blocks(&self) -> usize {
+        self.recurrent.len() + self.n_mtp
     }
 
     /// Whether value heads go to llama.cpp's tiled order (Qwen3.5).
@@ -365,7 +413,7 @@ impl Arch for GatedDeltaHybrid<'_> {
         text_params(
             self.ctx,
             kv,
-            self.recurrent.len(),
+            self.n_blocks(),
             TextOpts {
                 moe: true,
                 head_dim: true,
@@ -378,13 +426,19 @@ impl Arch for GatedDeltaHybrid<'_> {
         if let Some(n) = c.uint(&["shared_expert_intermediate_size"])? {
             kv.u32("expert_shared_feed_forward_length", n)?;
         }
+        if self.n_mtp > 0 {
+            kv.u32("nextn_predict_layers", self.n_mtp as u64)?;
+        }
         kv.u32("ssm.conv_kernel", c.req_uint(&["linear_conv_kernel_dim"])?)?;
         kv.u32("ssm.state_size", h.d_k as u64)?;
         kv.u32("ssm.group_count", h.n_k as u64)?;
         kv.u32("ssm.time_step_rank", h.n_v as u64)?;
         kv.u32("ssm.inner_size", (h.d_v * h.n_v) as u64)?;
         if c.contains("layer_types") {
-            kv.bools("attention.recurrent_layers", &self.recurrent);
+            // The MTP blocks are attention layers.
+            let mut rec = self.recurrent.clone();
+            rec.resize(self.n_blocks(), false);
+            kv.bools("attention.recurrent_layers", &rec);
         }
         kv.u32(
             "full_attention_interval",
@@ -416,7 +470,7 @@ impl Arch for GatedDeltaHybrid<'_> {
         out: &mut Vec<OutTensor>,
     ) -> Result<()> {
         let name = text_name(&t.name);
-        if name.starts_with("mtp.") || name.starts_with("model.mtp.") || name.contains("visual.") {
+        if name.contains("visual.") {
             return Ok(());
         }
         let zero_centred =
@@ -428,6 +482,37 @@ impl Arch for GatedDeltaHybrid<'_> {
                 o
             }
         };
+        // The MTP block: its own tensors, then a decoder layer at block n + j.
+        let mut bid = bid;
+        if let Some(rest) = mtp_name(&t.name) {
+            if self.n_mtp == 0 {
+                return Ok(());
+            }
+            let n = self.recurrent.len();
+            let own = match rest {
+                "fc.weight" => Some("nextn.eh_proj.weight"),
+                "pre_fc_norm_embedding.weight" => Some("nextn.enorm.weight"),
+                "pre_fc_norm_hidden.weight" => Some("nextn.hnorm.weight"),
+                "norm.weight" => Some("nextn.shared_head_norm.weight"),
+                _ => None,
+            };
+            if let Some(gg) = own {
+                let o = OutTensor::one(format!("blk.{n}.{gg}"), &t.name, &t.shape);
+                out.push(if gg.ends_with("norm.weight") {
+                    o.with(Op::Add(1.0))
+                } else {
+                    o
+                });
+                return Ok(());
+            }
+            let j = rest
+                .strip_prefix("layers.")
+                .and_then(|r| r.split('.').next())
+                .and_then(|i| i.parse::<usize>().ok())
+                .filter(|&j| j < self.n_mtp)
+                .ok_or_else(|| unused(t, self.arch()))?;
+            bid = Some(n + j);
+        }
         match name.as_str() {
             "model.embed_tokens.weight" => {
                 out.push(OutTensor::one("token_embd.weight", &t.name, &t.shape));
@@ -450,13 +535,20 @@ impl Arch for GatedDeltaHybrid<'_> {
         let b = bid
             .or_else(|| block_id(&name))
             .ok_or_else(|| unused(t, self.arch()))?;
-        if b >= self.recurrent.len() {
+        if b >= self.n_blocks() {
             return Err(unused(t, self.arch()));
         }
-        let marker = format!("layers.{b}.");
+        // A trunk layer's `layers.{b}.`, or an MTP layer's `layers.{j}.`.
+        let marker = match b.checked_sub(self.recurrent.len()) {
+            Some(j) => format!("mtp.layers.{j}."),
+            None => format!("layers.{b}."),
+        };
         let at = t.name.find(&marker).ok_or_else(|| unused(t, self.arch()))? + marker.len();
         let (prefix, rest) = t.name.split_at(at);
         if let Some(r) = rest.strip_prefix("linear_attn.") {
+            if b >= self.recurrent.len() {
+                return Err(unused(t, self.arch()));
+            }
             return self.delta_tensor(t, b, r, out);
         }
         if let Some(r) = rest.strip_prefix("mlp.") {
@@ -518,11 +610,19 @@ impl Arch for GatedDeltaHybrid<'_> {
             "attn_k_norm.weight",
             "post_attention_norm.weight",
         ];
+        const NEXTN: &[&str] = &[
+            "nextn.eh_proj.weight",
+            "nextn.enorm.weight",
+            "nextn.hnorm.weight",
+        ];
+        let n = self.recurrent.len();
+        let mtp = (n..self.n_blocks()).flat_map(|b| [(b, ATTN), (b, NEXTN)]);
         super::required_names(
             self.recurrent
                 .iter()
                 .enumerate()
-                .map(|(b, &r)| (b, if r { DELTA } else { ATTN })),
+                .map(|(b, &r)| (b, if r { DELTA } else { ATTN }))
+                .chain(mtp),
         )
     }
 

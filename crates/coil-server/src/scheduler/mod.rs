@@ -82,8 +82,9 @@ pub struct SchedulerConfig {
     pub reuse_by_text: bool,
     /// A line on stderr per finished request.
     pub log_requests: bool,
-    /// Speculative decoding with n-gram drafts, per request (see
-    /// `speculate`); `None`: off.
+    /// Speculative decoding, per request (n-gram drafts or the NextN block; see
+    /// `speculate`; with [`coil::engine::draft::SpecKind::Nextn`] the
+    /// engine must keep the NextN block's memory); `None`: off.
     pub spec: Option<coil::engine::draft::SpecParams>,
     /// Prompts too through the batch-invariant kernels: every output is
     /// then bit for bit that of the request alone, whatever the load and
@@ -135,6 +136,8 @@ pub enum SchedulerError {
     },
     #[error("the prefill chunk must be at least 1 token")]
     NoChunk,
+    #[error("speculation with the model's NextN / MTP block needs an engine loaded with its memory (EngineOptions::nextn)")]
+    NoNextnMemory,
     #[error("cannot start the engine thread: {0}")]
     Thread(#[from] std::io::Error),
 }
@@ -263,6 +266,10 @@ impl Scheduler {
         }
         if cfg.prefill_chunk == 0 {
             return Err(SchedulerError::NoChunk);
+        }
+        let nextn = cfg.spec.map(|p| p.kind) == Some(coil::engine::draft::SpecKind::Nextn);
+        if nextn && !engine.opts.nextn {
+            return Err(SchedulerError::NoNextnMemory);
         }
         let have = engine.mem.n_seq_max();
         if have < cfg.parallel {

@@ -1,32 +1,41 @@
 //! Speculative decoding inside continuous batching (`coil serve --spec
-//! ngram`): a generating request whose n-gram lookup finds a draft feeds
-//! its next token *and* the drafts in the step's one batched pass, beside
-//! every other request's rows; then it samples position by position and
-//! keeps what the draws confirm (`Engine::spec_commit` cuts the rest of its
-//! own sequence: drafts never touch another sequence). The tokens are those
-//! it would generate without speculation.
+//! ngram|mtp`): a generating request that has a draft feeds its next token
+//! *and* the drafts in the step's one batched pass, beside every other
+//! request's rows; then it samples position by position and keeps what the
+//! draws confirm (`Engine::spec_commit` cuts the rest of its own sequence:
+//! drafts never touch another sequence). The tokens are those it would
+//! generate without speculation. With `mtp` the model's own NextN block
+//! drafts for every speculating request of the step side by side (one
+//! row per request per draft step).
 
 use super::finish::{advance, sample, Outcome};
 use super::step::Planned;
 use super::{Event, Worker};
 use crate::metrics;
-use coil::engine::draft::SpecParams;
-use coil::engine::speculative::Speculator;
+use coil::engine::draft::{SpecKind, SpecParams};
+use coil::engine::speculative::{DraftSource, Speculator};
 use coil::models::LogitRows;
 
-/// A request's speculator: n-gram drafts, adaptive length.
+/// A request's speculator: n-gram drafts or the model's NextN block,
+/// adaptive length.
 pub(super) fn speculator(p: SpecParams) -> Speculator {
-    Speculator::new(
-        Box::new(coil::engine::draft::NgramDrafter::new(p.ngram_max)),
-        p.draft_max,
-    )
+    match p.kind {
+        SpecKind::Ngram => Speculator::new(
+            Box::new(coil::engine::draft::NgramDrafter::new(p.ngram_max)),
+            p.draft_max,
+        ),
+        SpecKind::Nextn => Speculator::with_source(DraftSource::Nextn, p.draft_max),
+    }
 }
 
 impl Worker {
     /// Adds drafts behind the generated token of each speculating request
     /// that has one, and starts its verification.
     pub(super) fn add_drafts(&mut self, plan: &mut [Planned]) {
-        for p in plan.iter_mut().filter(|p| !p.is_prompt) {
+        // (plan index, sequence, next token, draft length) of the requests
+        // the NextN block drafts for, together.
+        let mut nextn = Vec::new();
+        for (i, p) in plan.iter_mut().enumerate().filter(|(_, p)| !p.is_prompt) {
             let a = &mut self.active[p.active];
             let (Some(sp), Some(&next)) = (a.spec.as_mut(), p.tokens.first()) else {
                 continue;
@@ -36,24 +45,49 @@ impl Worker {
             let Ok(room) = self.engine.spec_room(a.seq) else {
                 continue;
             };
-            let Ok(history) = self.engine.mem.seq_tokens(a.seq) else {
+            let k = sp.want(room.min(left.saturating_sub(1)));
+            if k == 0 {
+                continue;
+            }
+            if matches!(sp.source, DraftSource::Nextn) {
+                nextn.push((i, a.seq, next, k));
+                continue;
+            }
+            let seq = a.seq;
+            let Ok(draft) = sp.draft_k(&mut self.engine, seq, next, k) else {
                 continue;
             };
-            let mut draft = sp.draft(history, next, room.min(left.saturating_sub(1)));
-            if let Some(c) = a.constraint.as_mut() {
-                // Only what the constraint allows is worth verifying; its
-                // masks for the verified positions are computed beside
-                // the pass.
-                let n = c.propose(&draft);
-                draft.truncate(n);
-            }
-            if draft.is_empty() || self.engine.spec_begin(a.seq).is_err() {
-                continue;
-            }
-            p.tokens.extend_from_slice(&draft);
-            p.rows = LogitRows::All;
-            p.draft = draft;
+            self.start_verification(p, draft);
         }
+        if nextn.is_empty() {
+            return;
+        }
+        let seqs: Vec<_> = nextn.iter().map(|&(_, s, t, k)| (s, t, k)).collect();
+        // A failed draft is no draft: those requests decode plainly.
+        let Ok(drafts) = self.engine.draft_nextn(&seqs) else {
+            return;
+        };
+        for ((i, ..), draft) in nextn.into_iter().zip(drafts) {
+            self.start_verification(&mut plan[i], draft);
+        }
+    }
+
+    /// Puts `draft` behind a request's next token and starts its
+    /// verification (nothing for an empty draft).
+    fn start_verification(&mut self, p: &mut Planned, mut draft: Vec<u32>) {
+        let a = &mut self.active[p.active];
+        if let Some(c) = a.constraint.as_mut() {
+            // Only what the constraint allows is worth verifying; its masks
+            // for the verified positions are computed beside the pass.
+            let n = c.propose(&draft);
+            draft.truncate(n);
+        }
+        if draft.is_empty() || self.engine.spec_begin(a.seq).is_err() {
+            return;
+        }
+        p.tokens.extend_from_slice(&draft);
+        p.rows = LogitRows::All;
+        p.draft = draft;
     }
 
     /// A request that verified drafts: samples from each position's logits

@@ -24,9 +24,20 @@ pub const MAX_DRAFT: usize = 64;
 /// Longest n-gram looked up (`--ngram`).
 pub const MAX_NGRAM: usize = 16;
 
-/// Settings of n-gram speculation, checked.
+/// What drafts, among the drafters an engine runs by itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SpecKind {
+    /// Prompt lookup ([`NgramDrafter`]).
+    #[default]
+    Ngram,
+    /// The model's own NextN / MTP block (the engine keeps its memory).
+    Nextn,
+}
+
+/// Settings of speculation, checked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SpecParams {
+    pub kind: SpecKind,
     /// Most draft tokens per verification (k).
     pub draft_max: usize,
     /// Longest n-gram matched (N); the shortest is min(2, N).
@@ -36,6 +47,7 @@ pub struct SpecParams {
 impl Default for SpecParams {
     fn default() -> Self {
         SpecParams {
+            kind: SpecKind::Ngram,
             draft_max: 8,
             ngram_max: 4,
         }
@@ -43,7 +55,7 @@ impl Default for SpecParams {
 }
 
 impl SpecParams {
-    /// Checks the ranges; the message names the flag.
+    /// Checks the ranges of n-gram speculation; the message names the flag.
     pub fn new(draft_max: usize, ngram_max: usize) -> Result<Self, String> {
         if !(1..=MAX_DRAFT).contains(&draft_max) {
             return Err(format!(
@@ -56,9 +68,15 @@ impl SpecParams {
             ));
         }
         Ok(SpecParams {
+            kind: SpecKind::Ngram,
             draft_max,
             ngram_max,
         })
+    }
+
+    /// The same settings with drafts from `kind`.
+    pub fn with_kind(self, kind: SpecKind) -> Self {
+        SpecParams { kind, ..self }
     }
 }
 

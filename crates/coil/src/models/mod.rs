@@ -53,7 +53,9 @@ pub enum ModelError {
     BadToken { token: u32, n_vocab: usize },
     #[error("this model has no NextN / MTP layers to draft with (its file carries no `blk.N.nextn.*` tensors: convert the checkpoint with them, or use another --spec kind)")]
     NoNextn,
-    #[error("drafting with the NextN block needs the memory made for it (Model::new_memory_nextn)")]
+    #[error(
+        "drafting with the NextN block needs the memory made for it (Model::new_memory_nextn)"
+    )]
     NextnMemory,
 }
 

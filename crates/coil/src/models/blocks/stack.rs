@@ -463,7 +463,14 @@ fn copy_of(x: &[f32]) -> Scratch {
 }
 
 /// `h = RMSNorm(x)·w` row by row (`[n, d]`), rows spread over the pool.
-pub(super) fn norm_rows(pool: &ThreadPool, x: &[f32], w: &[f32], eps: f32, h: &mut [f32], d: usize) {
+pub(super) fn norm_rows(
+    pool: &ThreadPool,
+    x: &[f32],
+    w: &[f32],
+    eps: f32,
+    h: &mut [f32],
+    d: usize,
+) {
     pool.rows_mut(h, d, 16, |r0, part| {
         rms_norm(&x[r0 * d..r0 * d + part.len()], Some(w), eps, part, d)
     });

@@ -27,7 +27,10 @@ impl DecoderStack {
     /// [`crate::models::Model::new_memory_nextn`]).
     pub(super) fn nextn_on(&self, mem: &Memory) -> bool {
         !self.nextn.is_empty()
-            && mem.kv.as_ref().is_some_and(|k| k.n_layer() > self.nextn_at())
+            && mem
+                .kv
+                .as_ref()
+                .is_some_and(|k| k.n_layer() > self.nextn_at())
             && mem
                 .recurrent
                 .as_ref()
