@@ -155,7 +155,10 @@ fn mtp_requests_get_the_plain_text() {
             }
         }
         let m = spec.metrics();
-        assert!(m["coil_spec_draft_tokens_total"] > 0.0, "{name}: nothing drafted");
+        assert!(
+            m["coil_spec_draft_tokens_total"] > 0.0,
+            "{name}: nothing drafted"
+        );
         assert!(m["coil_spec_verifications_total"] > 0.0);
     }
 }

@@ -131,6 +131,48 @@ fn greedy_output_is_the_same_with_the_blocks_drafts() {
     }
 }
 
+/// Sampling (temperature, no truncation) with the same seed gives the same
+/// tokens with and without the block's drafts: each emitted token is drawn
+/// from its position's logits in order, a draft kept when the draw equals
+/// it (the speculative sampling rule for a point-mass draft), so the draws
+/// are plain decoding's one for one and the output distribution is the
+/// model's.
+#[test]
+fn sampling_draws_the_same_tokens_with_the_blocks_drafts() {
+    let params = SamplingParams {
+        temperature: 0.9,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: 11,
+        ..Default::default()
+    };
+    for name in CASES {
+        let tok = tokenizer(name);
+        let p = prompt(name);
+        let mut e = engine(name, false, CheckpointPolicy::default());
+        let mut s = Sampler::new(params.clone());
+        let plain = generate_with(&mut e, &tok, 0, &p, &mut s, &greedy(40), None, |_| true)
+            .unwrap()
+            .tokens;
+        let mut e = engine(name, true, CheckpointPolicy::default());
+        let mut sp = Speculator::with_source(DraftSource::Nextn, 3);
+        let mut s = Sampler::new(params.clone());
+        let st = generate_with(
+            &mut e,
+            &tok,
+            0,
+            &p,
+            &mut s,
+            &greedy(40),
+            Some(&mut sp),
+            |_| true,
+        )
+        .unwrap();
+        assert_eq!(st.tokens, plain, "{name}");
+    }
+}
+
 /// The model's own greedy continuation with the token at `wrong` of each
 /// draft replaced (`None`: drafts accepted whole).
 struct Oracle {

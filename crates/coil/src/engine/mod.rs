@@ -627,6 +627,19 @@ impl Engine {
         Ok(self.model.draft_nextn(&self.pool, &mut self.mem, seqs)?)
     }
 
+    /// [`Engine::draft_nextn`] of one sequence, with the logits each draft
+    /// came from (`[drafts, n_vocab]`).
+    pub fn draft_nextn_logits(
+        &mut self,
+        seq: SeqId,
+        token: u32,
+        k: usize,
+    ) -> Result<(Vec<u32>, Vec<f32>), EngineError> {
+        Ok(self
+            .model
+            .draft_nextn_logits(&self.pool, &mut self.mem, seq, token, k)?)
+    }
+
     /// Forgets sequence `seq`.
     pub fn seq_clear(&mut self, seq: SeqId) -> Result<(), EngineError> {
         Ok(self.mem.seq_clear(seq)?)

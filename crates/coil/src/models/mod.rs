@@ -206,6 +206,20 @@ pub trait Model: Send + Sync {
         Err(ModelError::NoNextn)
     }
 
+    /// [`Model::draft_nextn`] of one sequence, with the logits each step
+    /// drafted from (`[drafts, n_vocab]`): for checking the block against
+    /// a reference.
+    fn draft_nextn_logits(
+        &self,
+        _pool: &ThreadPool,
+        _mem: &mut Memory,
+        _seq: SeqId,
+        _token: u32,
+        _k: usize,
+    ) -> Result<(Vec<u32>, Vec<f32>), ModelError> {
+        Err(ModelError::NoNextn)
+    }
+
     /// Runs the micro-batch and writes the wanted logits rows into
     /// `logits`, stacked in chunk order: `[Σ n_logit_rows, n_vocab]` (its
     /// length set to that; a buffer reused from an earlier pass is

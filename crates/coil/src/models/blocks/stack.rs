@@ -259,7 +259,20 @@ impl Model for DecoderStack {
         mem: &mut Memory,
         seqs: &[(SeqId, u32, usize)],
     ) -> Result<Vec<Vec<u32>>, ModelError> {
-        self.draft(pool, mem, seqs)
+        self.draft(pool, mem, seqs, None)
+    }
+
+    fn draft_nextn_logits(
+        &self,
+        pool: &ThreadPool,
+        mem: &mut Memory,
+        seq: SeqId,
+        token: u32,
+        k: usize,
+    ) -> Result<(Vec<u32>, Vec<f32>), ModelError> {
+        let mut logits = Vec::new();
+        let mut d = self.draft(pool, mem, &[(seq, token, k)], Some(&mut logits))?;
+        Ok((d.pop().unwrap_or_default(), logits))
     }
 
     fn forward(

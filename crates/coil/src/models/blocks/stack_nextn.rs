@@ -188,11 +188,13 @@ impl DecoderStack {
     /// L sits at position L + i, reads the token before (the sampled one,
     /// then its own drafts) and the hidden state (the kept one, then the
     /// block's own output), and attends over the block's cells up to it.
+    /// `sink` gets the first sequence's logits of every step.
     pub(super) fn draft(
         &self,
         pool: &ThreadPool,
         mem: &mut Memory,
         seqs: &[(SeqId, u32, usize)],
+        mut sink: Option<&mut Vec<f32>>,
     ) -> Result<Vec<Vec<u32>>, ModelError> {
         if !self.nextn_on(mem) {
             return Err(if self.nextn.is_empty() {
@@ -262,7 +264,11 @@ impl DecoderStack {
             matmul(pool, &head.get(&self.file), &m, &mut logits, a);
             let mut next = Vec::with_capacity(a);
             for (j, &i) in live.iter().enumerate() {
-                let t = argmax(&logits[j * n_vocab..(j + 1) * n_vocab]) as u32;
+                let row = &logits[j * n_vocab..(j + 1) * n_vocab];
+                if let (0, Some(s)) = (i, sink.as_deref_mut()) {
+                    s.extend_from_slice(row);
+                }
+                let t = argmax(row) as u32;
                 out[i].push(t);
                 tokens[i] = t;
                 hid[i * d..(i + 1) * d].copy_from_slice(&m[j * d..(j + 1) * d]);
