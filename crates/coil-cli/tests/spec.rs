@@ -234,3 +234,95 @@ fn bench_spec_modes_report_identical_tokens() {
     let (ok, _, err) = coil(&["bench", "-m", &m, "--spec", "right", "--draft-max", "0"]);
     assert!(!ok && err.contains("--draft-max"), "{err}");
 }
+
+/// `--spec mtp` (the Qwen3.5 fixture with an MTP block) and `-md` (a draft
+/// model of the same vocabulary) in `coil run`: the text of plain
+/// decoding, greedy and sampled with a seed; and the bad inputs as clear
+/// errors at start.
+#[test]
+fn run_with_mtp_and_a_draft_model_prints_the_same_text() {
+    let nextn = repo()
+        .join("tests/fixtures/nextn/qwen35/model.gguf")
+        .to_string_lossy()
+        .into_owned();
+    let (granite, mamba2) = (model("granitemoehybrid"), model("mamba2"));
+    let md_eq = format!("-md={mamba2}");
+    let runs: [(&str, Vec<&str>); 4] = [
+        (&nextn, vec!["--spec", "mtp", "--draft-max", "3"]),
+        (&granite, vec!["-md", &mamba2]),
+        (&granite, vec!["--spec", "draft", "--model-draft", &granite]),
+        (&granite, vec![&md_eq]),
+    ];
+    for (m, flags) in &runs {
+        for temp in ["0", "0.8"] {
+            let base = [
+                "run",
+                "-m",
+                m,
+                "-p",
+                "one two three",
+                "-n",
+                "24",
+                "--temp",
+                temp,
+                "--seed",
+                "3",
+                "-t",
+                "2",
+                "--ignore-eos",
+            ];
+            let (ok, plain, err) = coil(&base);
+            assert!(ok, "{err}");
+            let mut args = base.to_vec();
+            args.extend(flags.iter().copied());
+            let (ok, spec, err) = coil(&args);
+            let what = format!("{m} {flags:?} at {temp}");
+            assert!(ok, "{what}: {err}");
+            assert_eq!(spec, plain, "{what}: speculation changed the output");
+            assert!(count(&err, "drafted") > 0, "{what}: {err}");
+        }
+    }
+    let qwen_vocab = repo()
+        .join("tests/fixtures/parity/qwen35_tiny/model.gguf")
+        .to_string_lossy()
+        .into_owned();
+    for (args, want) in [
+        (
+            vec!["run", "-m", &granite, "--spec", "mtp"],
+            "no NextN / MTP layers",
+        ),
+        (
+            vec!["run", "-m", &granite, "-md", &qwen_vocab],
+            "vocabulary",
+        ),
+        (
+            vec!["run", "-m", &granite, "-md", &granite, "--spec", "mtp"],
+            "--model-draft",
+        ),
+        (
+            vec!["run", "-m", &granite, "--spec", "draft"],
+            "--model-draft FILE",
+        ),
+        (
+            vec!["serve", "-m", &granite, "-md", &qwen_vocab],
+            "vocabulary",
+        ),
+        (
+            vec!["chat", "-m", &granite, "--spec", "mtp"],
+            "no NextN / MTP layers",
+        ),
+        (
+            vec!["bench", "-m", &granite, "--spec", "mtp", "-n", "4"],
+            "no NextN / MTP layers",
+        ),
+    ] {
+        let mut a = args.clone();
+        if a[0] == "run" {
+            a.extend(["-p", "hello", "-n", "2"]);
+        }
+        let (ok, _, err) = coil(&a);
+        assert!(!ok, "{args:?} should fail");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}

@@ -153,6 +153,19 @@ impl Server {
         chat_template: Option<&str>,
         http: HttpOptions,
     ) -> Result<Self, ServerError> {
+        Self::start_with_draft(engine, None, cfg, model_id, chat_template, http)
+    }
+
+    /// [`Server::start`] with a draft model for speculation
+    /// ([`Scheduler::start_with_draft`]).
+    pub fn start_with_draft(
+        engine: Engine,
+        draft: Option<coil::engine::speculative::DraftModel>,
+        cfg: SchedulerConfig,
+        model_id: String,
+        chat_template: Option<&str>,
+        http: HttpOptions,
+    ) -> Result<Self, ServerError> {
         let tokenizer = Arc::new(Tokenizer::from_gguf(&engine.file)?);
         let template = match chat_template {
             Some(source) => ChatTemplate::new(Some(source), &tokenizer)?,
@@ -160,7 +173,8 @@ impl Server {
         };
         let (parallel, cache_bytes) = (cfg.parallel, cfg.cache_bytes);
         let info = model_facts(&engine);
-        let (scheduler, engine_thread) = Scheduler::start(engine, tokenizer.clone(), cfg)?;
+        let (scheduler, engine_thread) =
+            Scheduler::start_with_draft(engine, draft, tokenizer.clone(), cfg)?;
         (scheduler.metrics.http.cache_limit_bytes).store(cache_bytes as u64, Ordering::Relaxed);
         let mut state = ServerState::new(scheduler, tokenizer, template, model_id);
         state.limits = Limits::new(http, parallel);

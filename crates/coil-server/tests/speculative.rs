@@ -8,7 +8,7 @@ mod common;
 use coil::engine::draft::{SpecKind, SpecParams};
 use coil::engine::{Engine, EngineOptions};
 use coil_server::scheduler::SchedulerConfig;
-use common::{start_engine_cfg, TestServer};
+use common::{start_engine_cfg, start_engine_draft, TestServer};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
@@ -160,5 +160,72 @@ fn mtp_requests_get_the_plain_text() {
             "{name}: nothing drafted"
         );
         assert!(m["coil_spec_verifications_total"] > 0.0);
+    }
+}
+
+/// `-md`: a draft model drafts for every speculating request, each in the
+/// draft model's sequence of its own id; concurrent requests get the plain
+/// text, again from the prefix cache, whether the drafts are kept (the
+/// target drafting for itself) or mostly not (Mamba-2's random weights).
+#[test]
+fn draft_model_requests_get_the_plain_text() {
+    let prompts: Vec<String> = [
+        "one two three one two three",
+        "the cat sat on the mat",
+        "Call me",
+        "a b c d a b",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let load = |name: &str| {
+        Engine::load(
+            path(name),
+            EngineOptions {
+                n_threads: 1,
+                n_seq_max: 5,
+                n_ctx: 512,
+                ..Default::default()
+            },
+        )
+        .expect("load")
+    };
+    let plain = server("granitemoehybrid", None);
+    let want: Vec<Value> = prompts.iter().map(|p| complete(&plain, p)).collect();
+    for draft in ["granitemoehybrid", "mamba2"] {
+        let engine = load("granitemoehybrid");
+        let dm = coil::engine::speculative::DraftModel::new(load(draft), &engine).unwrap();
+        let spec = start_engine_draft(
+            engine,
+            dm,
+            SchedulerConfig {
+                parallel: 3,
+                prefill_chunk: 64,
+                spec: Some(SpecParams {
+                    kind: SpecKind::Model,
+                    draft_max: 3,
+                    ngram_max: 1,
+                }),
+                ..Default::default()
+            },
+        );
+        for round in 0..2 {
+            let got = all_at_once(&spec, &prompts);
+            for (g, w) in got.iter().zip(&want) {
+                let what = format!("{draft}, round {round}");
+                assert_eq!(g["choices"][0]["text"], w["choices"][0]["text"], "{what}");
+            }
+        }
+        let m = spec.metrics();
+        assert!(
+            m["coil_spec_draft_tokens_total"] > 0.0,
+            "{draft}: nothing drafted"
+        );
+        if draft == "granitemoehybrid" {
+            assert_eq!(
+                m["coil_spec_accepted_tokens_total"], m["coil_spec_draft_tokens_total"],
+                "the target drafting for itself"
+            );
+        }
     }
 }

@@ -53,11 +53,15 @@ pub fn run(a: Args) -> Result<()> {
     if a.ubatch == 0 {
         bail!("--ubatch must be at least 1");
     }
-    let spec = a.spec.server_params("coil chat")?;
+    let spec = a.spec.params()?;
     // One slot for the reply being generated, one keeping the conversation.
     let engine = a
         .model
         .load_with(2, a.ubatch, spec.is_some(), a.spec.nextn())?;
+    let draft = match spec {
+        Some(_) => a.spec.draft_model(&engine, &a.model)?,
+        None => None,
+    };
     let tokenizer = Arc::new(
         Tokenizer::from_gguf(&engine.file)
             .with_context(|| format!("reading the tokenizer of {}", a.model.model.display()))?,
@@ -96,7 +100,8 @@ pub fn run(a: Args) -> Result<()> {
     if let Some(n) = a.model.checkpoint_spacing {
         cfg.checkpoint_spacing = n as usize;
     }
-    let (sched, _engine_thread) = Scheduler::start(engine, tokenizer.clone(), cfg)?;
+    let (sched, _engine_thread) =
+        Scheduler::start_with_draft(engine, draft, tokenizer.clone(), cfg)?;
     let n_ctx = sched.n_ctx;
 
     let stdin = std::io::stdin();

@@ -557,8 +557,9 @@ impl SpecArgs {
             coil::engine::draft::SpecParams::new(self.draft_max.unwrap_or(default_k), self.ngram)
                 .map_err(anyhow::Error::msg)?;
         match kind {
-            Some(SpecKind::Ngram | SpecKind::Draft) => Ok(Some(p)),
+            Some(SpecKind::Ngram) => Ok(Some(p)),
             Some(SpecKind::Mtp) => Ok(Some(p.with_kind(Lib::Nextn))),
+            Some(SpecKind::Draft) => Ok(Some(p.with_kind(Lib::Model))),
             None => {
                 if self.draft_max.is_some() || self.ngram != 4 {
                     eprintln!("note: --draft-max / --ngram have no effect without --spec");
@@ -568,38 +569,51 @@ impl SpecArgs {
         }
     }
 
-    /// [`SpecArgs::params`] for the server's scheduler (`coil serve`,
-    /// `coil chat`), which drafts with n-grams or the MTP layers.
-    pub fn server_params(&self, cmd: &str) -> Result<Option<coil::engine::draft::SpecParams>> {
-        if self.kind()? == Some(SpecKind::Draft) {
-            bail!("{cmd} does not take a draft model (yet): use --spec mtp or --spec ngram");
-        }
-        self.params()
+    /// The draft model for `engine` (`--model-draft`), loaded as `margs`
+    /// loads the target, with as many sequences, and checked against it
+    /// (vocabulary, context); `None` without one.
+    pub fn draft_model(
+        &self,
+        engine: &Engine,
+        margs: &ModelArgs,
+    ) -> Result<Option<coil::engine::speculative::DraftModel>> {
+        let Some(path) = &self.model_draft else {
+            return Ok(None);
+        };
+        let mut dargs = margs.clone();
+        dargs.model = path.clone();
+        dargs.checkpoint_every_token = false;
+        dargs.ctx_at_least(engine.mem.n_ctx());
+        let draft = dargs
+            .load(engine.opts.n_seq_max, 512, true)
+            .with_context(|| format!("loading the draft model {}", path.display()))?;
+        let dm = coil::engine::speculative::DraftModel::new(draft, engine)
+            .with_context(|| format!("the draft model {}", path.display()))?;
+        eprintln!(
+            "draft model: {} ({}), {} layers",
+            path.display(),
+            dm.engine.model.info().arch,
+            dm.engine.model.info().plan.layers.len()
+        );
+        Ok(Some(dm))
     }
 
     /// The speculator for `engine` (loaded with [`SpecArgs::nextn`]) of
-    /// checked settings; a draft model is loaded here, as `margs` loads the
-    /// target, and checked against it.
+    /// checked settings; a draft model is loaded here
+    /// ([`SpecArgs::draft_model`]).
     pub fn speculator(
         &self,
         p: coil::engine::draft::SpecParams,
         engine: &Engine,
         margs: &ModelArgs,
     ) -> Result<coil::engine::speculative::Speculator> {
-        use coil::engine::speculative::{DraftModel, DraftSource, Speculator};
-        Ok(match (self.kind()?, &self.model_draft) {
-            (Some(SpecKind::Draft), Some(path)) => {
-                let mut dargs = margs.clone();
-                dargs.model = path.clone();
-                dargs.checkpoint_every_token = false;
-                let draft = dargs
-                    .load(1, 512, true)
-                    .with_context(|| format!("loading the draft model {}", path.display()))?;
-                let dm = DraftModel::new(draft, engine)
-                    .with_context(|| format!("the draft model {}", path.display()))?;
-                Speculator::with_source(DraftSource::Model(Box::new(dm)), p.draft_max)
-            }
-            (Some(SpecKind::Mtp), _) => Speculator::with_source(DraftSource::Nextn, p.draft_max),
+        use coil::engine::speculative::{DraftSource, Speculator};
+        Ok(match self.kind()? {
+            Some(SpecKind::Draft) => match self.draft_model(engine, margs)? {
+                Some(dm) => Speculator::with_source(DraftSource::Model(Box::new(dm)), p.draft_max),
+                None => bail!("--spec draft needs --model-draft FILE"),
+            },
+            Some(SpecKind::Mtp) => Speculator::with_source(DraftSource::Nextn, p.draft_max),
             _ => ngram_speculator(p),
         })
     }

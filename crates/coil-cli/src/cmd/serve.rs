@@ -153,7 +153,7 @@ pub fn run(a: Args) -> Result<()> {
         ),
         None => None,
     };
-    let spec = a.spec.server_params("coil serve")?;
+    let spec = a.spec.params()?;
     let mut engine = a.model.load_with(
         a.parallel + a.cache_slots,
         a.ubatch,
@@ -170,6 +170,10 @@ pub fn run(a: Args) -> Result<()> {
             (reserve * r.bytes_per_seq()) as f64 / (1 << 20) as f64
         );
     }
+    let draft = match spec {
+        Some(_) => a.spec.draft_model(&engine, &a.model)?,
+        None => None,
+    };
     let info = engine.model.info();
     eprintln!(
         "model: {} ({}), {} layers [{}], vocab {}, {} threads",
@@ -206,8 +210,9 @@ pub fn run(a: Args) -> Result<()> {
             }),
         reserve_state_buffers: reserve,
     };
-    let server = Server::start(engine, cfg, model_id, chat_template.as_deref(), http)
-        .context("starting the server")?;
+    let server =
+        Server::start_with_draft(engine, draft, cfg, model_id, chat_template.as_deref(), http)
+            .context("starting the server")?;
     server
         .state
         .check_default_output()

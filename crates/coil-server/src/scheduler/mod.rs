@@ -51,6 +51,7 @@ use coil::engine::constraint::Constraint;
 use coil::engine::generate::StopMatcher;
 use coil::engine::logprobs::TokenLogprob;
 use coil::engine::sampling::{Sampler, SamplingParams};
+use coil::engine::speculative::DraftModel;
 use coil::engine::Engine;
 use coil::memory::{Checkpoint, SeqId, SequenceMemory};
 use coil::tokenizer::{StreamDecoder, Tokenizer};
@@ -82,9 +83,12 @@ pub struct SchedulerConfig {
     pub reuse_by_text: bool,
     /// A line on stderr per finished request.
     pub log_requests: bool,
-    /// Speculative decoding, per request (n-gram drafts or the NextN block; see
-    /// `speculate`; with [`coil::engine::draft::SpecKind::Nextn`] the
-    /// engine must keep the NextN block's memory); `None`: off.
+    /// Speculative decoding, per request (n-gram drafts, the NextN block
+    /// or a draft model; see `speculate`; with
+    /// [`coil::engine::draft::SpecKind::Nextn`] the engine must keep the
+    /// NextN block's memory, with [`coil::engine::draft::SpecKind::Model`]
+    /// the scheduler starts with a draft model,
+    /// [`Scheduler::start_with_draft`]); `None`: off.
     pub spec: Option<coil::engine::draft::SpecParams>,
     /// Prompts too through the batch-invariant kernels: every output is
     /// then bit for bit that of the request alone, whatever the load and
@@ -138,6 +142,10 @@ pub enum SchedulerError {
     NoChunk,
     #[error("speculation with the model's NextN / MTP block needs an engine loaded with its memory (EngineOptions::nextn)")]
     NoNextnMemory,
+    #[error("speculation with a draft model needs the draft model (Scheduler::start_with_draft)")]
+    NoDraftModel,
+    #[error("a draft model was given, but speculation is not set to draft with it")]
+    UnusedDraftModel,
     #[error("cannot start the engine thread: {0}")]
     Thread(#[from] std::io::Error),
 }
@@ -248,7 +256,20 @@ impl Scheduler {
     /// `cfg.parallel` sequences; those beyond `parallel` are room for the
     /// prefix cache.
     pub fn start(
+        engine: Engine,
+        tokenizer: Arc<Tokenizer>,
+        cfg: SchedulerConfig,
+    ) -> Result<(Scheduler, std::thread::JoinHandle<()>), SchedulerError> {
+        Self::start_with_draft(engine, None, tokenizer, cfg)
+    }
+
+    /// [`Scheduler::start`] with a draft model that drafts for every
+    /// speculating request (`cfg.spec` of kind
+    /// [`coil::engine::draft::SpecKind::Model`]; its sequences follow the
+    /// engine's of the same ids).
+    pub fn start_with_draft(
         mut engine: Engine,
+        draft: Option<DraftModel>,
         tokenizer: Arc<Tokenizer>,
         cfg: SchedulerConfig,
     ) -> Result<(Scheduler, std::thread::JoinHandle<()>), SchedulerError> {
@@ -270,6 +291,12 @@ impl Scheduler {
         let nextn = cfg.spec.map(|p| p.kind) == Some(coil::engine::draft::SpecKind::Nextn);
         if nextn && !engine.opts.nextn {
             return Err(SchedulerError::NoNextnMemory);
+        }
+        let with_model = cfg.spec.map(|p| p.kind) == Some(coil::engine::draft::SpecKind::Model);
+        match (with_model, draft.is_some()) {
+            (true, false) => return Err(SchedulerError::NoDraftModel),
+            (false, true) => return Err(SchedulerError::UnusedDraftModel),
+            _ => {}
         }
         let have = engine.mem.n_seq_max();
         if have < cfg.parallel {
@@ -300,6 +327,7 @@ impl Scheduler {
         let worker = Worker {
             busy: vec![false; have],
             engine,
+            draft,
             tok: tokenizer,
             cfg,
             metrics,
@@ -395,6 +423,9 @@ struct Rates {
 
 struct Worker {
     engine: Engine,
+    /// The draft model of [`coil::engine::draft::SpecKind::Model`]
+    /// speculation.
+    draft: Option<DraftModel>,
     tok: Arc<Tokenizer>,
     cfg: SchedulerConfig,
     metrics: Arc<Metrics>,

@@ -1,12 +1,13 @@
 //! Speculative decoding inside continuous batching (`coil serve --spec
-//! ngram|mtp`): a generating request that has a draft feeds its next token
+//! ngram|mtp|draft`): a generating request that has a draft feeds its next token
 //! *and* the drafts in the step's one batched pass, beside every other
 //! request's rows; then it samples position by position and keeps what the
 //! draws confirm (`Engine::spec_commit` cuts the rest of its own sequence:
 //! drafts never touch another sequence). The tokens are those it would
 //! generate without speculation. With `mtp` the model's own NextN block
 //! drafts for every speculating request of the step side by side (one
-//! row per request per draft step).
+//! row per request per draft step); with a draft model (`-md`) it drafts
+//! for each in turn, in the draft model's sequence of the same id.
 
 use super::finish::{advance, sample, Outcome};
 use super::step::Planned;
@@ -16,8 +17,8 @@ use coil::engine::draft::{SpecKind, SpecParams};
 use coil::engine::speculative::{DraftSource, Speculator};
 use coil::models::LogitRows;
 
-/// A request's speculator: n-gram drafts or the model's NextN block,
-/// adaptive length.
+/// A request's speculator: n-gram drafts, the model's NextN block or the
+/// scheduler's draft model, adaptive length.
 pub(super) fn speculator(p: SpecParams) -> Speculator {
     match p.kind {
         SpecKind::Ngram => Speculator::new(
@@ -25,6 +26,7 @@ pub(super) fn speculator(p: SpecParams) -> Speculator {
             p.draft_max,
         ),
         SpecKind::Nextn => Speculator::with_source(DraftSource::Nextn, p.draft_max),
+        SpecKind::Model => Speculator::with_source(DraftSource::SharedModel, p.draft_max),
     }
 }
 
@@ -54,7 +56,15 @@ impl Worker {
                 continue;
             }
             let seq = a.seq;
-            let Ok(draft) = sp.draft_k(&mut self.engine, seq, next, k) else {
+            let draft = match (&sp.source, self.draft.as_mut()) {
+                (DraftSource::SharedModel, Some(m)) => match self.engine.mem.seq_tokens(seq) {
+                    Ok(history) => m.draft(seq, history, next, k),
+                    Err(e) => Err(e.into()),
+                },
+                _ => sp.draft_k(&mut self.engine, seq, next, k),
+            };
+            // A failed draft is no draft: the request decodes plainly.
+            let Ok(draft) = draft else {
                 continue;
             };
             self.start_verification(p, draft);

@@ -194,6 +194,24 @@ pub fn start_engine_cfg(engine: Engine, cfg: SchedulerConfig) -> TestServer {
     serve(server)
 }
 
+/// `engine` served with `draft` drafting for it (`coil serve -md`).
+pub fn start_engine_draft(
+    engine: Engine,
+    draft: coil::engine::speculative::DraftModel,
+    cfg: SchedulerConfig,
+) -> TestServer {
+    let server = Server::start_with_draft(
+        engine,
+        Some(draft),
+        cfg,
+        "fixture".into(),
+        None,
+        Default::default(),
+    )
+    .expect("start the server");
+    serve(server)
+}
+
 /// The Granite fixture served with `chat_template` in place of its own
 /// (`coil serve --chat-template`).
 pub fn start_with_template_override(chat_template: &str, ctx: usize) -> TestServer {

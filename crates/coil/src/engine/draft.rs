@@ -24,7 +24,7 @@ pub const MAX_DRAFT: usize = 64;
 /// Longest n-gram looked up (`--ngram`).
 pub const MAX_NGRAM: usize = 16;
 
-/// What drafts, among the drafters an engine runs by itself.
+/// What drafts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SpecKind {
     /// Prompt lookup ([`NgramDrafter`]).
@@ -32,6 +32,9 @@ pub enum SpecKind {
     Ngram,
     /// The model's own NextN / MTP block (the engine keeps its memory).
     Nextn,
+    /// A smaller model with the same vocabulary
+    /// ([`super::speculative::DraftModel`]), which the caller loads.
+    Model,
 }
 
 /// Settings of speculation, checked.

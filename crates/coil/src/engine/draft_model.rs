@@ -2,8 +2,8 @@
 //! (`--model-draft`): it follows the target's sequence token for token and
 //! proposes its own greedy continuation.
 //!
-//! The draft model keeps one sequence, brought to the target's tokens
-//! before each draft: the tokens fed since (a prompt, the target's
+//! The draft model keeps a sequence for each of the target's (the same
+//! ids), brought to the target's tokens before each draft: the tokens fed since (a prompt, the target's
 //! corrections) go through it as a prompt; then the token just sampled and
 //! the drafts are fed one at a time under a speculative verification of
 //! the draft model's own, so that the next draft keeps exactly the prefix
@@ -13,25 +13,23 @@
 
 use super::sampling::argmax;
 use super::{Engine, EngineError};
-use crate::memory::SequenceMemory;
+use crate::memory::{SeqId, SequenceMemory};
 use crate::models::LogitRows;
 use coil_gguf::{GgufFile, Value};
 
-/// A draft model's engine, following one target sequence.
+/// A draft model's engine, following the target's sequences.
 pub struct DraftModel {
     pub engine: Engine,
     /// Tokens the target's vocabulary has: drafting stops at any other.
     target_vocab: usize,
 }
 
-/// The sequence the draft model keeps.
-const SEQ: usize = 0;
-
 impl DraftModel {
     /// The draft model `draft` for `target`: checks that they share the
     /// vocabulary (every token of the smaller one spelled the same in the
     /// other) and that the draft model was trained for at least the
-    /// context the target runs at (or its own training context, if less).
+    /// context the target runs at (or its own training context, if less),
+    /// and that it holds as many sequences as the target.
     pub fn new(draft: Engine, target: &Engine) -> Result<Self, EngineError> {
         if let Some(why) = vocab_mismatch(&target.file, &draft.file) {
             return Err(EngineError::Invalid(format!(
@@ -53,41 +51,55 @@ impl DraftModel {
                 draft.opts.n_ctx, target.opts.n_ctx
             )));
         }
+        let (tn, dn) = (target.mem.n_seq_max(), draft.mem.n_seq_max());
+        if dn < tn {
+            return Err(EngineError::Invalid(format!(
+                "the draft model holds {dn} sequences, the target {tn}"
+            )));
+        }
         Ok(DraftModel {
             target_vocab: target.n_vocab(),
             engine: draft,
         })
     }
 
-    /// Up to `k` greedy drafts after `history` (the target sequence's
-    /// tokens) and `next` (the token just sampled for it).
-    pub fn draft(&mut self, history: &[u32], next: u32, k: usize) -> Result<Vec<u32>, EngineError> {
+    /// Up to `k` greedy drafts after `history` (the tokens of the target's
+    /// sequence `seq`) and `next` (the token just sampled for it). The draft
+    /// model's sequence `seq` follows whatever the target's held before:
+    /// only the common prefix is kept.
+    pub fn draft(
+        &mut self,
+        seq: SeqId,
+        history: &[u32],
+        next: u32,
+        k: usize,
+    ) -> Result<Vec<u32>, EngineError> {
         let e = &mut self.engine;
         if (next as usize) >= e.n_vocab() {
             return Ok(Vec::new());
         }
         // End the last draft's verification at the prefix the target kept.
-        if let Some(base) = e.mem.spec_base(SEQ) {
-            let have = e.mem.seq_tokens(SEQ)?;
+        if let Some(base) = e.mem.spec_base(seq) {
+            let have = e.mem.seq_tokens(seq)?;
             let p = common_prefix(have, history);
-            e.spec_commit(SEQ, p.clamp(base, have.len()) - base)?;
+            e.spec_commit(seq, p.clamp(base, have.len()) - base)?;
         }
-        let p = common_prefix(e.mem.seq_tokens(SEQ)?, history);
-        if p < e.mem.seq_len(SEQ)? {
-            e.seq_truncate(SEQ, p)?;
+        let p = common_prefix(e.mem.seq_tokens(seq)?, history);
+        if p < e.mem.seq_len(seq)? {
+            e.seq_truncate(seq, p)?;
         }
         if p < history.len() {
-            e.eval(SEQ, &history[p..], LogitRows::None, 0)?;
+            e.eval(seq, &history[p..], LogitRows::None, 0)?;
         }
-        let k = k.min(e.spec_room(SEQ)? + 1);
+        let k = k.min(e.spec_room(seq)? + 1);
         let mut out = Vec::with_capacity(k);
         if k == 0 {
             return Ok(out);
         }
-        e.spec_begin(SEQ)?;
+        e.spec_begin(seq)?;
         let mut t = next;
         while out.len() < k {
-            let logits = e.eval(SEQ, &[t], LogitRows::Last, 1)?;
+            let logits = e.eval(seq, &[t], LogitRows::Last, 1)?;
             let d = argmax(&logits) as u32;
             if d as usize >= self.target_vocab {
                 break;

@@ -221,6 +221,11 @@ pub enum DraftSource {
     Nextn,
     /// A smaller model with the same vocabulary ([`DraftModel`]).
     Model(Box<DraftModel>),
+    /// A draft model shared by every sequence, which the caller holds and
+    /// drafts with ([`DraftModel::draft`]; `coil serve`'s scheduler, one
+    /// draft model for all its requests): [`Speculator::draft`] has no
+    /// drafts of its own for it.
+    SharedModel,
 }
 
 /// A drafter and its adaptive length, with counters: what a generation
@@ -287,7 +292,8 @@ impl Speculator {
                 .draft_nextn(&[(seq, next, k)])?
                 .pop()
                 .unwrap_or_default(),
-            DraftSource::Model(m) => m.draft(engine.mem.seq_tokens(seq)?, next, k)?,
+            DraftSource::Model(m) => m.draft(seq, engine.mem.seq_tokens(seq)?, next, k)?,
+            DraftSource::SharedModel => Vec::new(),
         };
         d.truncate(k);
         Ok(d)
