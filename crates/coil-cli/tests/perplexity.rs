@@ -234,3 +234,38 @@ fn kl_divergence_names_a_bad_base_file() {
     assert!(err.contains("ends early"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// With --kl-divergence the base file holds the text and the window: a text
+/// or another window is refused, not ignored.
+#[test]
+fn kl_divergence_refuses_a_text_or_another_window() {
+    let out = coil()
+        .args(["perplexity", "-m"])
+        .arg(demo_model())
+        .args(["--kl-divergence", "--kl-divergence-base"])
+        .arg(data("demo_base_llama.kld"))
+        .arg("-f")
+        .arg(data("shakespeare_val_slice.txt"))
+        .output()
+        .expect("run coil");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--file") && err.contains("--kl-divergence"),
+        "{err}"
+    );
+    let out = coil()
+        .args(["perplexity", "-m"])
+        .arg(demo_model())
+        .args(["--kl-divergence", "--kl-divergence-base"])
+        .arg(data("demo_base_llama.kld"))
+        .args(["-c", "128"])
+        .output()
+        .expect("run coil");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("windows of 64 tokens") && err.contains("-c 128"),
+        "{err}"
+    );
+}

@@ -33,7 +33,12 @@ pub struct Args {
     model: ModelArgs,
     /// The text file (not with --kl-divergence: the base file holds the
     /// tokens).
-    #[arg(short = 'f', long = "file", required_unless_present = "kl")]
+    #[arg(
+        short = 'f',
+        long = "file",
+        required_unless_present = "kl",
+        conflicts_with = "kl"
+    )]
     file: Option<PathBuf>,
     /// Stop after this many windows (default: all that fit).
     #[arg(long = "chunks")]
@@ -205,6 +210,12 @@ fn divergence(a: Args) -> Result<()> {
     let mut r = BufReader::new(f);
     let base = BaseHeader::read(&mut r).with_context(|| format!("reading {}", path.display()))?;
     let n_ctx = base.n_ctx;
+    if let Some(c) = a.model.ctx.filter(|&c| c != n_ctx) {
+        bail!(
+            "{} holds windows of {n_ctx} tokens; -c {c} cannot change them (leave -c out)",
+            path.display()
+        );
+    }
     let mut model = a.model.clone();
     model.ctx = Some(n_ctx);
     let ubatch = (a.ubatch as usize).min(n_ctx);
