@@ -11,7 +11,8 @@ defaults to tests/fixtures/templates/ under the repository root.
 
 For every template of the families coil runs or is adding (Granite 3.x /
 4.x, Nemotron Nano v2 / 3, Qwen2.5 / Qwen3 / QwQ / Qwen3.5 / Qwen3-Coder,
-LFM2 / LFM2.5; llama.cpp has none for Falcon-H1 or Jamba) this script
+LFM2 / LFM2.5, Ling 3.0 (Bailing-Hybrid); llama.cpp has none for Falcon-H1,
+Jamba or Kimi-Linear) this script
 
 1. copies the template into `--out` (`<name>.jinja`);
 2. renders every case of CASES below with transformers' own chat-template
@@ -65,6 +66,8 @@ TEMPLATES = [
     ("LFM2-8B-A1B", "<|startoftext|>", "<|im_end|>"),
     ("LFM2.5-8B-A1B", "<|startoftext|>", "<|im_end|>"),
     ("LFM2.5-Instruct", "<|startoftext|>", "<|im_end|>"),
+    # Bailing-Hybrid (Ling 3.0): the template reads neither token.
+    ("inclusionai-ling-3.0-flash", "", ""),
 ]
 
 SYSTEM = {"role": "system", "content": "You are a concise assistant."}

@@ -18,7 +18,12 @@ use std::path::PathBuf;
 use std::sync::{LazyLock, Mutex};
 
 /// The parity fixtures besides the demo model (`tests/fixtures/parity/NAME`).
-const FIXTURES: [&str; 3] = ["qwen35_tiny", "lfm2_small", "jamba_small"];
+const FIXTURES: [&str; 4] = [
+    "qwen35_tiny",
+    "lfm2_small",
+    "jamba_small",
+    "kimi_linear_tiny",
+];
 
 static ENGINES: LazyLock<Vec<Mutex<Engine>>> = LazyLock::new(|| {
     let mut v = vec![Mutex::new(common::demo_engine())];

@@ -124,10 +124,10 @@ pub fn run(model: &Path, bytes: &[u8], scratch: &Path) -> Result<Stats, String> 
     )
     .map_err(|e| format!("load: {e}"))?;
     // the light types in both engines: f16 cells, and bf16 states except on
-    // the Gated DeltaNet models (see TOL_LIGHT)
+    // the delta-rule models, Gated DeltaNet and KDA (see TOL_LIGHT)
     let delta_net = matches!(
         e.file.metadata().get_str("general.architecture"),
-        Some("qwen35" | "qwen35moe" | "qwen3next")
+        Some("qwen35" | "qwen35moe" | "qwen3next" | "kimi-linear")
     );
     let light = (a1 >> 5) % 2 == 1;
     if light {

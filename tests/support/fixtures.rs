@@ -21,12 +21,14 @@ pub const CONVERTED: [&str; 9] = [
 
 /// Made by `tools/make_fixtures_*.py` (transformers' reference logits
 /// beside them): `parity/<name>/model.gguf`.
-pub const PARITY: [&str; 5] = [
+pub const PARITY: [&str; 7] = [
     "qwen35_tiny",
     "qwen35moe_tiny",
     "qwen3next_tiny",
     "lfm2_small",
     "lfm2moe_small",
+    "kimi_linear_tiny",
+    "kimi_linear_qlora",
 ];
 
 /// The model file of fixture `name` under `root` (the repository's

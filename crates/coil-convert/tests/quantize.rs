@@ -86,77 +86,139 @@ fn k_mixtures_quantize_wide_tensors() {
     }
 }
 
-/// `coil quantize` on the LFM2 / LFM2-MoE fixtures (llama.cpp's F32
-/// conversions): the short-conv kernels, norms, router and expert bias stay
-/// F32, the matrices are quantized, and the quantized model still follows
-/// transformers' logits closely (Q8_0; an expert choice flipped by rounding moves the MoE by ~8e-2) or roughly (Q4_K_M, which falls back
-/// to Q5_0 / Q8_0 on these narrow rows) with the same argmax at most positions.
-#[test]
-fn lfm2_fixtures_quantize_and_run() {
+/// `coil quantize` of a parity fixture (llama.cpp's F32 conversion) with
+/// Q8_0 and Q4_K_M: the tensors `keep` names stay F32, those `quantized`
+/// names do not, and the quantized model still follows transformers'
+/// logits within `tol` (Q8_0, Q4_K_M) of the largest logit with the same
+/// argmax at `min_argmax` (Q8_0, Q4_K_M) of the positions.
+fn quantize_and_run(
+    name: &str,
+    keep: impl Fn(&str) -> bool,
+    quantized: impl Fn(&str) -> bool,
+    tol: [f32; 2],
+    min_argmax: [f32; 2],
+) {
     use coil::engine::{Engine, EngineOptions};
     use coil::models::LogitRows;
     let root =
         std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/parity");
-    let d = TempPath::dir("coil-convert-q", "lfm2");
-    for name in ["lfm2_small", "lfm2moe_small"] {
-        let dir = root.join(name);
-        let text = std::fs::read_to_string(dir.join("tokens.json")).unwrap();
-        let tokens: Vec<u32> = text
-            .trim()
-            .trim_matches(|c| c == '[' || c == ']')
-            .split(',')
-            .map(|t| t.trim().parse().unwrap())
-            .collect();
-        let want = coil_gguf::npy::parse_f32(&std::fs::read(dir.join("logits.npy")).unwrap())
-            .unwrap()
-            .data;
-        let n_vocab = want.len() / tokens.len();
-        let max = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-        for (mix, tol, min_argmax) in [(QuantMix::Q8_0, 0.15, 0.9), (QuantMix::Q4_K_M, 0.5, 0.6)] {
-            let out = d.join(format!("{name}.{}.gguf", mix.name()));
-            quantize(&dir.join("model.gguf"), &out, &QuantizeOptions::new(mix)).unwrap();
-            let f = GgufFile::open(&out).unwrap();
-            for t in f.tensors() {
-                let keep = t.name.contains("shortconv.conv")
-                    || t.name.ends_with("_norm.weight")
-                    || t.name.contains("ffn_gate_inp")
-                    || t.name.ends_with(".bias");
-                if keep {
-                    assert_eq!(t.ty, GgmlType::F32, "{name} {}: {}", mix.name(), t.name);
-                } else if t.name.contains("shortconv.in_proj") || t.name.contains("ffn_up") {
-                    assert_ne!(t.ty, GgmlType::F32, "{name} {}: {}", mix.name(), t.name);
-                }
+    let d = TempPath::dir("coil-convert-q", name);
+    let dir = root.join(name);
+    let text = std::fs::read_to_string(dir.join("tokens.json")).unwrap();
+    let tokens: Vec<u32> = text
+        .trim()
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(',')
+        .map(|t| t.trim().parse().unwrap())
+        .collect();
+    let want = coil_gguf::npy::parse_f32(&std::fs::read(dir.join("logits.npy")).unwrap())
+        .unwrap()
+        .data;
+    let n_vocab = want.len() / tokens.len();
+    let max = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let mixes = [(QuantMix::Q8_0, 0), (QuantMix::Q4_K_M, 1)];
+    for (mix, i) in mixes {
+        let out = d.join(format!("{name}.{}.gguf", mix.name()));
+        quantize(&dir.join("model.gguf"), &out, &QuantizeOptions::new(mix)).unwrap();
+        let f = GgufFile::open(&out).unwrap();
+        for t in f.tensors() {
+            if keep(&t.name) {
+                assert_eq!(t.ty, GgmlType::F32, "{name} {}: {}", mix.name(), t.name);
+            } else if quantized(&t.name) {
+                assert_ne!(t.ty, GgmlType::F32, "{name} {}: {}", mix.name(), t.name);
             }
-            let mut e = Engine::load(&out, EngineOptions::default()).unwrap();
-            let got = e.eval(0, &tokens, LogitRows::All, 0).unwrap();
-            let diff = got
-                .iter()
-                .zip(&want)
-                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-            let argmax = |r: &[f32]| {
-                r.iter()
-                    .enumerate()
-                    .fold(0, |b, (i, &v)| if v > r[b] { i } else { b })
-            };
-            let same = got
-                .chunks(n_vocab)
-                .zip(want.chunks(n_vocab))
-                .filter(|(g, w)| argmax(g) == argmax(w))
-                .count() as f32
-                / tokens.len() as f32;
-            eprintln!(
-                "{name} {}: max rel {:.2e}, argmax {same:.2}",
-                mix.name(),
-                diff / max
-            );
-            assert!(
-                diff / max < tol,
-                "{name} {}: max rel {}",
-                mix.name(),
-                diff / max
-            );
-            assert!(same >= min_argmax, "{name} {}: argmax {same}", mix.name());
-            let _ = std::fs::remove_file(&out);
         }
+        let mut e = Engine::load(&out, EngineOptions::default()).unwrap();
+        let got = e.eval(0, &tokens, LogitRows::All, 0).unwrap();
+        let diff = got
+            .iter()
+            .zip(&want)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        let argmax = |r: &[f32]| {
+            r.iter()
+                .enumerate()
+                .fold(0, |b, (i, &v)| if v > r[b] { i } else { b })
+        };
+        let same = got
+            .chunks(n_vocab)
+            .zip(want.chunks(n_vocab))
+            .filter(|(g, w)| argmax(g) == argmax(w))
+            .count() as f32
+            / tokens.len() as f32;
+        eprintln!(
+            "{name} {}: max rel {:.2e}, argmax {same:.2}",
+            mix.name(),
+            diff / max
+        );
+        assert!(
+            diff / max < tol[i],
+            "{name} {}: max rel {}",
+            mix.name(),
+            diff / max
+        );
+        assert!(
+            same >= min_argmax[i],
+            "{name} {}: argmax {same}",
+            mix.name()
+        );
+        let _ = std::fs::remove_file(&out);
+    }
+}
+
+/// `coil quantize` on the LFM2 / LFM2-MoE fixtures: the short-conv kernels,
+/// norms, router and expert bias stay F32, the matrices are quantized, and
+/// the quantized model still follows transformers' logits closely (Q8_0;
+/// an expert choice flipped by rounding moves the MoE by ~8e-2) or roughly
+/// (Q4_K_M, which falls back to Q5_0 / Q8_0 on these narrow rows) with the
+/// same argmax at most positions.
+#[test]
+fn lfm2_fixtures_quantize_and_run() {
+    for name in ["lfm2_small", "lfm2moe_small"] {
+        quantize_and_run(
+            name,
+            |t| {
+                t.contains("shortconv.conv")
+                    || t.ends_with("_norm.weight")
+                    || t.contains("ffn_gate_inp")
+                    || t.ends_with(".bias")
+            },
+            |t| t.contains("shortconv.in_proj") || t.contains("ffn_up"),
+            [0.15, 0.5],
+            [0.9, 0.6],
+        );
+    }
+}
+
+/// `coil quantize` on the Kimi-Linear fixtures: the KDA convs, decay rates
+/// and biases, the norms and the router stay F32; the projections (KDA's
+/// q / k / v and gates, MLA's latent and per-head matrices, the experts)
+/// are quantized (most of these narrow rows fall back to F16), and the
+/// quantized model runs close to transformers. Loose bounds: in
+/// kimi_linear_tiny's Q8_0 file (only the KDA output projections and the
+/// dense down projection are whole 32-blocks wide) the logits stay within
+/// 1e-2 of the largest up to position 19, then one expert choice flips at
+/// position 20 (0.5 there), and the difference fades through the KDA state
+/// (3e-2 by position 33) — the same on the file's own dequantized-F32
+/// weights, so not the kernels.
+#[test]
+fn kimi_linear_fixtures_quantize_and_run() {
+    for name in ["kimi_linear_tiny", "kimi_linear_qlora"] {
+        quantize_and_run(
+            name,
+            |t| {
+                t.contains("ssm_conv1d")
+                    || t.ends_with(".ssm_a")
+                    || t.ends_with("_norm.weight")
+                    || t.contains("ffn_gate_inp")
+                    || t.ends_with(".bias")
+            },
+            |t| {
+                ["attn_q", "attn_kv_a_mqa", "attn_k_b", "ssm_f_b", "ffn_up"]
+                    .iter()
+                    .any(|p| t.contains(p))
+            },
+            [0.6, 0.8],
+            [0.85, 0.6],
+        );
     }
 }

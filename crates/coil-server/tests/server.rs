@@ -577,7 +577,8 @@ fn chat_uses_the_models_template() {
 
 /// Continuous batching and prefix reuse on other memory kinds: recurrent
 /// only (Mamba-1, Mamba-2), attention only (Llama), Jamba's hybrid, LFM2's
-/// short-conv hybrids (dense and MoE).
+/// short-conv hybrids (dense and MoE), Kimi-Linear's KDA beside MLA's
+/// compressed cache.
 #[test]
 fn batched_and_cached_requests_match_on_every_memory_kind() {
     for arch in [
@@ -587,6 +588,7 @@ fn batched_and_cached_requests_match_on_every_memory_kind() {
         "jamba",
         "lfm2_small",
         "lfm2moe_small",
+        "kimi_linear_tiny",
     ] {
         let prompts = [
             "Once upon a time there was",
@@ -930,6 +932,8 @@ fn sixteen_concurrent_clients_match_requests_alone_on_every_architecture() {
         "qwen35_tiny",
         "qwen35moe_tiny",
         "qwen3next_tiny",
+        "kimi_linear_tiny",
+        "kimi_linear_qlora",
     ] {
         let alone_server = start_any(arch, 1, 0, 256);
         let alone: Vec<String> = prompts

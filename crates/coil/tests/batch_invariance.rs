@@ -241,6 +241,12 @@ fn gated_delta_net() {
     tool("qwen3next_tiny");
 }
 
+#[test]
+fn kimi_delta_attention_and_mla() {
+    tool("kimi_linear_tiny");
+    tool("kimi_linear_qlora");
+}
+
 /// The bundled demo model: Q8_0 weights (the integer dot kernels, one and
 /// four tokens at a time), Mamba-2 and attention.
 #[test]

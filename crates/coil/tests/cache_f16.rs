@@ -13,7 +13,7 @@ mod common;
 use common::{llama_cpp_fixture, max_rel_diff, tool_fixture};
 
 /// The fixtures with attention layers.
-const ATTENTION: [&str; 7] = [
+const ATTENTION: [&str; 9] = [
     "llama",
     "jamba",
     "bamba",
@@ -21,10 +21,12 @@ const ATTENTION: [&str; 7] = [
     "falcon_h1",
     "nemotron_h",
     "qwen35_tiny",
+    "kimi_linear_tiny",
+    "kimi_linear_qlora",
 ];
 
 fn fixture(arch: &str) -> (PathBuf, Vec<u32>) {
-    if arch.ends_with("_tiny") {
+    if arch.ends_with("_tiny") || arch.starts_with("kimi_linear") {
         let f = tool_fixture(arch);
         let tokens = f.tokens.iter().cycle().take(64).copied().collect();
         return (f.model, tokens);

@@ -21,6 +21,9 @@ const ATTENTION_LAST: [&str; 2] = ["jamba_small", "bamba_partial_rope"];
 /// Fixtures whose second layer is a gated attention mixer: their first
 /// two layers make a model that ends in one.
 const GATED_SECOND: [&str; 3] = ["qwen35_tiny", "qwen35moe_tiny", "qwen3next_tiny"];
+/// Fixtures with a latent-attention (MLA) layer at the given place: their
+/// layers up to it make a model that ends in one.
+const MLA_AT: [(&str, usize); 2] = [("kimi_linear_tiny", 1), ("kimi_linear_qlora", 0)];
 
 /// `src` cut to its first `n` layers (`{arch}.block_count` and the per-layer
 /// arrays shortened, later layers' tensors dropped), written to `dst`.
@@ -81,11 +84,20 @@ fn last_row_logits_equal_the_full_computation() {
         first_layers(&f.model, 2, &cut);
         models.push((format!("{name} (2 layers)"), cut, f.tokens));
     }
+    for (name, at) in MLA_AT {
+        let f = common::tool_fixture(name);
+        let cut = dir.join(format!("{name}-{}.gguf", at + 1));
+        first_layers(&f.model, at + 1, &cut);
+        models.push((format!("{name} ({} layers)", at + 1), cut, f.tokens));
+    }
     for (name, model, tokens) in &models {
         let mut e = engine(model);
         let v = e.n_vocab();
         let last_layer = e.model.info().plan.layers.last().unwrap().mixer;
-        assert_eq!(last_layer, Mixer::Attention, "{name}: last layer");
+        assert!(
+            matches!(last_layer, Mixer::Attention | Mixer::Mla),
+            "{name}: last layer {last_layer:?}"
+        );
         let (prompt, next) = tokens.split_at(tokens.len() - 3);
         let all = e.eval(0, prompt, LogitRows::All, 0).unwrap();
         let then_all = e.eval(0, next, LogitRows::All, 0).unwrap();

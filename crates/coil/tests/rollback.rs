@@ -1,6 +1,6 @@
 //! Exact rollback, forks and their independence, for every architecture
-//! (the llama.cpp-converted fixtures, the Gated DeltaNet hybrids, LFM2 and
-//! LFM2-MoE):
+//! (the llama.cpp-converted fixtures, the Gated DeltaNet hybrids, LFM2,
+//! LFM2-MoE and Kimi-Linear):
 //! (prefill n → truncate to p → decode m) equals (prefill p → decode m)
 //! within 1e-6 relative, at random positions.
 
@@ -23,12 +23,15 @@ const GATED_DELTA: [&str; 3] = ["qwen35_tiny", "qwen35moe_tiny", "qwen3next_tiny
 /// LFM2 / LFM2-MoE (tools/make_fixtures_lfm2.py).
 const LFM2: [&str; 2] = ["lfm2_small", "lfm2moe_small"];
 
+/// Kimi-Linear: KDA and MLA (tools/make_fixtures_kimi.py).
+const KDA: [&str; 2] = ["kimi_linear_tiny", "kimi_linear_qlora"];
+
 fn all_archs() -> impl Iterator<Item = &'static str> {
-    ARCHS.into_iter().chain(GATED_DELTA).chain(LFM2)
+    ARCHS.into_iter().chain(GATED_DELTA).chain(LFM2).chain(KDA)
 }
 
 fn fixture(arch: &str) -> (PathBuf, Vec<u32>) {
-    if GATED_DELTA.contains(&arch) || LFM2.contains(&arch) {
+    if GATED_DELTA.contains(&arch) || LFM2.contains(&arch) || KDA.contains(&arch) {
         // 37 tokens: repeated to the 64 the tests index (no logits needed).
         let f = tool_fixture(arch);
         let tokens = f.tokens.iter().cycle().take(64).copied().collect();

@@ -18,12 +18,14 @@ mod common;
 
 use common::{llama_cpp_fixture, tool_fixture, ARCHS};
 
-const TOOL_FIXTURES: [&str; 5] = [
+const TOOL_FIXTURES: [&str; 7] = [
     "qwen35_tiny",
     "qwen35moe_tiny",
     "qwen3next_tiny",
     "lfm2_small",
     "lfm2moe_small",
+    "kimi_linear_tiny",
+    "kimi_linear_qlora",
 ];
 
 fn all_archs() -> impl Iterator<Item = &'static str> {
