@@ -135,11 +135,26 @@ pub fn apply(md: &mut Metadata, tensors: &mut Vec<(TensorSpec, Vec<u8>)>, rec: &
                 }
             }
         }
-        // a float value (norm epsilons, rope bases, scales): any bits
-        2 => {
+        // a float value (norm epsilons, rope bases, scales, the KDA gate's
+        // lower bound), or one element of a float array (per-layer SwiGLU
+        // limits): any bits
+        2 if b & 1 == 0 => {
             let k = keys(md, |v| matches!(v, Value::F32(_)));
             if let Some(key) = k.get(a % k.len().max(1)) {
                 md.insert(key.clone(), Value::F32(f32::from_bits(v)));
+            }
+        }
+        2 => {
+            let k = keys(md, |v| {
+                v.as_array()
+                    .is_some_and(|a| matches!(a.first(), Some(Value::F32(_))))
+            });
+            if let Some(key) = k.get(a % k.len().max(1)) {
+                if let Some(Value::Array(ty, mut items)) = md.get(key).cloned() {
+                    let i = (b >> 1) as usize % items.len();
+                    items[i] = Value::F32(f32::from_bits(v));
+                    md.insert(key.clone(), Value::Array(ty, items));
+                }
             }
         }
         // a key removed

@@ -18,11 +18,12 @@ use std::path::PathBuf;
 use std::sync::{LazyLock, Mutex};
 
 /// The parity fixtures besides the demo model (`tests/fixtures/parity/NAME`).
-const FIXTURES: [&str; 4] = [
+const FIXTURES: [&str; 5] = [
     "qwen35_tiny",
     "lfm2_small",
     "jamba_small",
     "kimi_linear_tiny",
+    "bailing_hybrid_tiny",
 ];
 
 static ENGINES: LazyLock<Vec<Mutex<Engine>>> = LazyLock::new(|| {

@@ -21,7 +21,7 @@ pub const CONVERTED: [&str; 9] = [
 
 /// Made by `tools/make_fixtures_*.py` (transformers' reference logits
 /// beside them): `parity/<name>/model.gguf`.
-pub const PARITY: [&str; 7] = [
+pub const PARITY: [&str; 9] = [
     "qwen35_tiny",
     "qwen35moe_tiny",
     "qwen3next_tiny",
@@ -29,6 +29,8 @@ pub const PARITY: [&str; 7] = [
     "lfm2moe_small",
     "kimi_linear_tiny",
     "kimi_linear_qlora",
+    "bailing_hybrid_tiny",
+    "bailing_hybrid_qlora",
 ];
 
 /// The model file of fixture `name` under `root` (the repository's

@@ -45,6 +45,8 @@ pub enum Source {
 pub enum Op {
     /// `A = −exp(A_log)`.
     NegExp,
+    /// `exp(A_log)`.
+    Exp,
     /// Multiply everything by a constant.
     Scale(f64),
     /// Add a constant to everything (zero-centred RMSNorm weights, `w + 1`).
@@ -249,11 +251,12 @@ impl OutTensor {
         let have_rows = data.len().checked_div(row_len).unwrap_or(0);
         for op in &self.ops {
             match *op {
-                Op::NegExp => {
+                Op::NegExp | Op::Exp => {
+                    let sign = if matches!(*op, Op::NegExp) { -1.0 } else { 1.0 };
                     for x in data.iter_mut() {
                         // exp in f64, rounded once: the correctly rounded f32
                         // result on every platform.
-                        *x = -((*x as f64).exp() as f32);
+                        *x = sign * ((*x as f64).exp() as f32);
                     }
                     round(data);
                 }

@@ -288,6 +288,16 @@ fn kimi_linear() {
     check_f32_parity("kimi_linear_qlora");
 }
 
+/// The Bailing-Hybrid (Ling 3.0) fixtures against llama.cpp's `bailingmoe3`
+/// conversion: KDA layers with full-rank gates and A stored as exp(A_log),
+/// MLA layers with a per-head output gate, group-limited experts with
+/// per-layer SwiGLU limits; one with a query LoRA.
+#[test]
+fn bailing_hybrid() {
+    check_f32_parity("bailing_hybrid_tiny");
+    check_f32_parity("bailing_hybrid_qlora");
+}
+
 /// The LFM2 parity fixtures (tests/fixtures/parity/<name>/): `hf/` converted
 /// to F32 against llama.cpp's `convert_hf_to_gguf.py --outtype f32` of it
 /// (`model.gguf`, made by tools/make_fixtures_lfm2.py).

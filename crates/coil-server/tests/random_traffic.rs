@@ -240,6 +240,7 @@ fn much_random_traffic_gives_every_request_its_output_alone() {
         "lfm2moe_small",
         "kimi_linear_tiny",
         "kimi_linear_qlora",
+        "bailing_hybrid_tiny",
     ]
     .into_iter()
     .enumerate()

@@ -934,6 +934,7 @@ fn sixteen_concurrent_clients_match_requests_alone_on_every_architecture() {
         "qwen3next_tiny",
         "kimi_linear_tiny",
         "kimi_linear_qlora",
+        "bailing_hybrid_tiny",
     ] {
         let alone_server = start_any(arch, 1, 0, 256);
         let alone: Vec<String> = prompts

@@ -245,6 +245,7 @@ fn gated_delta_net() {
 fn kimi_delta_attention_and_mla() {
     tool("kimi_linear_tiny");
     tool("kimi_linear_qlora");
+    tool("bailing_hybrid_tiny");
 }
 
 /// The bundled demo model: Q8_0 weights (the integer dot kernels, one and

@@ -1,13 +1,13 @@
-//! A `kimi-linear` GGUF whose MLA ranks or KDA head layout do not match its
-//! tensors, or with a tensor missing or mis-shaped, loads with an error
-//! naming the key or tensor — never a panic. Each case edits a copy of a
-//! parity fixture in memory.
+//! A `kimi-linear` or `bailingmoe3` GGUF whose MLA ranks or KDA head layout
+//! do not match its tensors, or with a tensor missing or mis-shaped, loads
+//! with an error naming the key or tensor — never a panic. Each case edits
+//! a copy of a parity fixture in memory.
 
 mod common;
 
 use coil::models;
 use coil_gguf::gguf::encode_header;
-use coil_gguf::{GgufFile, Metadata, TensorSpec, Value};
+use coil_gguf::{GgufFile, Metadata, TensorSpec, Value, ValueType};
 use std::sync::Arc;
 
 /// Loads fixture `name` with its metadata and tensor list edited (a
@@ -180,4 +180,97 @@ fn missing_tensors_and_bad_moe_keys_are_named() {
         |_| {},
     );
     expect_error("groups", got, "kimi-linear.expert_group_count");
+}
+
+/// Ling 3.0's `bailingmoe3`: the bounded KDA gate's keys, the full-rank
+/// gates, MLA's head gate and RoPE, the per-layer clipping limits and the
+/// expert groups.
+#[test]
+fn bailing_hybrid_files_that_do_not_match_are_named() {
+    let t = "bailing_hybrid_tiny";
+    edited(t, |_| {}, |_| {}).unwrap();
+    edited("bailing_hybrid_qlora", |_| {}, |_| {}).unwrap();
+    let got = edited(
+        t,
+        |m| {
+            m.remove("bailingmoe3.kda.gate_lower_bound");
+        },
+        |_| {},
+    );
+    expect_error("no lower bound", got, "bailingmoe3.kda.gate_lower_bound");
+    let got = edited(
+        t,
+        |m| m.insert("bailingmoe3.kda.gate_lower_bound", Value::F32(2.0)),
+        |_| {},
+    );
+    expect_error("positive bound", got, "bailingmoe3.kda.gate_lower_bound");
+    let got = edited(
+        t,
+        |m| m.insert("bailingmoe3.kda.safe_gate", Value::Bool(false)),
+        |_| {},
+    );
+    expect_error("unbounded gate", got, "bailingmoe3.kda.safe_gate");
+    let got = edited(t, set("bailingmoe3.kda.head_dim", 8), |_| {});
+    expect_error("kda.head_dim", got, "blk.0.attn_q.weight");
+    for tensor in [
+        "blk.0.ssm_f_a.weight",
+        "blk.1.ssm_g_a.weight",
+        "blk.2.attn_gate.weight",
+        "blk.4.ffn_up_shexp.weight",
+    ] {
+        let got = edited(t, |_| {}, |s| s.retain(|x| x.name != tensor));
+        expect_error(&format!("without {tensor}"), got, tensor);
+    }
+    // A low-rank forget gate's shape where the full-rank one belongs.
+    let got = edited(
+        t,
+        |_| {},
+        |s| {
+            for x in s.iter_mut().filter(|x| x.name == "blk.0.ssm_f_a.weight") {
+                x.dims = vec![48, 16];
+            }
+        },
+    );
+    expect_error("low-rank f", got, "blk.0.ssm_f_a.weight");
+    let got = edited(
+        t,
+        |m| {
+            m.insert("bailingmoe3.attention.kv_lora_rank", Value::U32(20));
+            m.insert("bailingmoe3.attention.key_length", Value::U32(28));
+        },
+        |_| {},
+    );
+    expect_error("kv_lora_rank", got, "blk.2.attn_kv_a_mqa.weight");
+    let got = edited(
+        t,
+        |m| {
+            m.insert(
+                "bailingmoe3.rope.dimension_sections",
+                Value::Array(ValueType::I32, vec![Value::I32(2); 4]),
+            )
+        },
+        |_| {},
+    );
+    expect_error("mrope", got, "bailingmoe3.rope.dimension_sections");
+    let got = edited(
+        t,
+        |m| {
+            m.insert(
+                "bailingmoe3.swiglu_clamp_exp",
+                Value::Array(ValueType::F32, vec![Value::F32(1.0); 3]),
+            )
+        },
+        |_| {},
+    );
+    expect_error("short limits", got, "bailingmoe3.swiglu_clamp_exp");
+    // 3 experts per token from 1 group of 2.
+    let got = edited(
+        t,
+        |m| {
+            m.insert("bailingmoe3.expert_used_count", Value::U32(3));
+            m.insert("bailingmoe3.expert_group_used_count", Value::U32(1));
+        },
+        |_| {},
+    );
+    expect_error("groups too few", got, "bailingmoe3.expert_group_used_count");
 }

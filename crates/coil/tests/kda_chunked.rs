@@ -14,7 +14,12 @@ fn chunked_prefill_matches_recurrence_and_reference() {
     // engines it loads.
     std::env::set_var("COIL_KDA_MIN_TOKENS", "2");
     std::env::set_var("COIL_KDA_CHUNK", "8");
-    for name in ["kimi_linear_tiny", "kimi_linear_qlora"] {
+    for name in [
+        "kimi_linear_tiny",
+        "kimi_linear_qlora",
+        "bailing_hybrid_tiny",
+        "bailing_hybrid_qlora",
+    ] {
         let f = common::tool_fixture(name);
         let mut e = Engine::load(&f.model, EngineOptions::default()).unwrap();
         let chunked = e.eval(0, &f.tokens, LogitRows::All, 0).unwrap();

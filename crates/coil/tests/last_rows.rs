@@ -23,7 +23,11 @@ const ATTENTION_LAST: [&str; 2] = ["jamba_small", "bamba_partial_rope"];
 const GATED_SECOND: [&str; 3] = ["qwen35_tiny", "qwen35moe_tiny", "qwen3next_tiny"];
 /// Fixtures with a latent-attention (MLA) layer at the given place: their
 /// layers up to it make a model that ends in one.
-const MLA_AT: [(&str, usize); 2] = [("kimi_linear_tiny", 1), ("kimi_linear_qlora", 0)];
+const MLA_AT: [(&str, usize); 3] = [
+    ("kimi_linear_tiny", 1),
+    ("kimi_linear_qlora", 0),
+    ("bailing_hybrid_qlora", 1),
+];
 
 /// `src` cut to its first `n` layers (`{arch}.block_count` and the per-layer
 /// arrays shortened, later layers' tensors dropped), written to `dst`.

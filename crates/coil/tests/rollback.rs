@@ -23,8 +23,13 @@ const GATED_DELTA: [&str; 3] = ["qwen35_tiny", "qwen35moe_tiny", "qwen3next_tiny
 /// LFM2 / LFM2-MoE (tools/make_fixtures_lfm2.py).
 const LFM2: [&str; 2] = ["lfm2_small", "lfm2moe_small"];
 
-/// Kimi-Linear: KDA and MLA (tools/make_fixtures_kimi.py).
-const KDA: [&str; 2] = ["kimi_linear_tiny", "kimi_linear_qlora"];
+/// Kimi-Linear and Bailing-Hybrid: KDA and MLA (tools/make_fixtures_kimi.py,
+/// tools/make_fixtures_bailing.py).
+const KDA: [&str; 3] = [
+    "kimi_linear_tiny",
+    "kimi_linear_qlora",
+    "bailing_hybrid_tiny",
+];
 
 fn all_archs() -> impl Iterator<Item = &'static str> {
     ARCHS.into_iter().chain(GATED_DELTA).chain(LFM2).chain(KDA)

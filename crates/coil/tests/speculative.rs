@@ -18,7 +18,7 @@ mod common;
 
 use common::{llama_cpp_fixture, tool_fixture, ARCHS};
 
-const TOOL_FIXTURES: [&str; 7] = [
+const TOOL_FIXTURES: [&str; 8] = [
     "qwen35_tiny",
     "qwen35moe_tiny",
     "qwen3next_tiny",
@@ -26,6 +26,7 @@ const TOOL_FIXTURES: [&str; 7] = [
     "lfm2moe_small",
     "kimi_linear_tiny",
     "kimi_linear_qlora",
+    "bailing_hybrid_tiny",
 ];
 
 fn all_archs() -> impl Iterator<Item = &'static str> {

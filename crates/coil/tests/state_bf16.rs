@@ -19,8 +19,13 @@ use temp_path::TempPath;
 /// Gated DeltaNet hybrids (tools/make_fixtures_qwen35.py).
 const GATED_DELTA: [&str; 3] = ["qwen35_tiny", "qwen35moe_tiny", "qwen3next_tiny"];
 
-/// Kimi-Linear's KDA (tools/make_fixtures_kimi.py).
-const KDA: [&str; 2] = ["kimi_linear_tiny", "kimi_linear_qlora"];
+/// Kimi-Linear's and Bailing-Hybrid's KDA (tools/make_fixtures_kimi.py,
+/// tools/make_fixtures_bailing.py).
+const KDA: [&str; 3] = [
+    "kimi_linear_tiny",
+    "kimi_linear_qlora",
+    "bailing_hybrid_tiny",
+];
 
 /// Every fixture with a recurrent SSM / delta-rule state (llama has none;
 /// LFM2's short convolution keeps only a conv window, stored in f32).
@@ -82,9 +87,14 @@ fn argmax(r: &[f32]) -> usize {
 /// their rounding errors, worst 1.2e-3 (mamba2, token by token); the gated
 /// delta rule's state barely decays in the tiny fixtures and accumulates
 /// them, worst 3.5e-2 (qwen35moe_tiny, 64 tokens one by one). Argmax
-/// agreement measured 1149 of 1152 positions.
+/// agreement measured 1149 of 1152 positions. Bailing-Hybrid's bounded
+/// gate keeps its fixture's KDA state longest: a bf16 session continued in
+/// an f32 memory lands 0.18 from the same session continued in bf16 (the
+/// state rounded after each of the 6 tokens there, once here).
 fn max_rel_deviation(arch: &str) -> f32 {
-    if GATED_DELTA.contains(&arch) || KDA.contains(&arch) {
+    if arch == "bailing_hybrid_tiny" {
+        2.5e-1
+    } else if GATED_DELTA.contains(&arch) || KDA.contains(&arch) {
         1e-1
     } else {
         1e-2

@@ -132,43 +132,6 @@ impl<'a> KimiLinear<'a> {
         }
     }
 
-    /// `kv_b_proj` (`[H·(d_nope + d_v), r]`) split into `attn_k_b` and
-    /// `attn_v_b`.
-    fn kv_b(&self, t: &SrcTensor, b: usize, out: &mut Vec<OutTensor>) -> Result<()> {
-        let (h, nope, dv) = (self.n_head_kv, self.d_nope, self.d_v);
-        let per = nope + dv;
-        if t.shape.len() != 2 || t.shape[0] != h * per {
-            return Err(ConvertError::Shape {
-                name: t.name.clone(),
-                actual: t.shape.clone(),
-                expected: vec![h * per, t.shape.get(1).copied().unwrap_or(0)],
-            });
-        }
-        let r = t.shape[1];
-        out.push(OutTensor {
-            name: format!("blk.{b}.attn_k_b.weight"),
-            shape: vec![h, r, nope],
-            src: Source::HeadRowsTransposed {
-                name: t.name.clone(),
-                n_head: h,
-                first: 0,
-                n_rows: nope,
-            },
-            ops: Vec::new(),
-        });
-        out.push(OutTensor {
-            name: format!("blk.{b}.attn_v_b.weight"),
-            shape: vec![h, dv, r],
-            src: Source::Gather {
-                name: t.name.clone(),
-                rows: Some((0..h).flat_map(|x| x * per + nope..(x + 1) * per).collect()),
-                cols: None,
-            },
-            ops: Vec::new(),
-        });
-        Ok(())
-    }
-
     /// Experts: stacked once every expert of layer `b` has been seen.
     fn expert(&mut self, t: &SrcTensor, b: usize, out: &mut Vec<OutTensor>) -> Result<()> {
         if !self.experts.add(b, &t.name, self.n_experts * 3) {
@@ -195,6 +158,50 @@ impl<'a> KimiLinear<'a> {
         }
         Ok(())
     }
+}
+
+/// `kv_b_proj` (`[H·(d_nope + d_v), r]`) of layer `b` split into
+/// `attn_k_b` (the no-RoPE key rows, transposed: `[H, r, d_nope]`) and
+/// `attn_v_b` (`[H, d_v, r]`).
+pub(super) fn split_kv_b(
+    t: &SrcTensor,
+    b: usize,
+    h: usize,
+    nope: usize,
+    dv: usize,
+    out: &mut Vec<OutTensor>,
+) -> Result<()> {
+    let per = nope + dv;
+    if t.shape.len() != 2 || t.shape[0] != h * per {
+        return Err(ConvertError::Shape {
+            name: t.name.clone(),
+            actual: t.shape.clone(),
+            expected: vec![h * per, t.shape.get(1).copied().unwrap_or(0)],
+        });
+    }
+    let r = t.shape[1];
+    out.push(OutTensor {
+        name: format!("blk.{b}.attn_k_b.weight"),
+        shape: vec![h, r, nope],
+        src: Source::HeadRowsTransposed {
+            name: t.name.clone(),
+            n_head: h,
+            first: 0,
+            n_rows: nope,
+        },
+        ops: Vec::new(),
+    });
+    out.push(OutTensor {
+        name: format!("blk.{b}.attn_v_b.weight"),
+        shape: vec![h, dv, r],
+        src: Source::Gather {
+            name: t.name.clone(),
+            rows: Some((0..h).flat_map(|x| x * per + nope..(x + 1) * per).collect()),
+            cols: None,
+        },
+        ops: Vec::new(),
+    });
+    Ok(())
 }
 
 /// GGUF name (after `blk.N.`) of a Kimi-Linear layer tensor.
@@ -300,7 +307,7 @@ impl Arch for KimiLinear<'_> {
                 return self.expert(t, b, out);
             }
             if t.name.ends_with(".self_attn.kv_b_proj.weight") {
-                return self.kv_b(t, b, out);
+                return split_kv_b(t, b, self.n_head_kv, self.d_nope, self.d_v, out);
             }
         }
         let rest = super::layer_rest(&t.name);

@@ -2,6 +2,7 @@
 //! llama.cpp's order) and the tensor plan (HF name → GGUF name, shape and
 //! transforms).
 
+mod bailing_hybrid;
 mod falcon_h1;
 mod granite;
 mod jamba;
@@ -38,6 +39,8 @@ pub const SUPPORTED: &[&str] = &[
     "Lfm2ForCausalLM",
     "Lfm2MoeForCausalLM",
     "KimiLinearForCausalLM",
+    "BailingHybridForCausalLM",
+    "BailingMoeV3ForCausalLM",
 ];
 
 /// How the vocabulary is written.
@@ -168,6 +171,9 @@ pub(crate) fn for_arch<'a>(hf_arch: &str, ctx: &'a Ctx<'a>) -> Result<Box<dyn Ar
         "Lfm2ForCausalLM" | "LFM2ForCausalLM" => Box::new(lfm2::Lfm2::new(ctx, false)?),
         "Lfm2MoeForCausalLM" => Box::new(lfm2::Lfm2::new(ctx, true)?),
         "KimiLinearForCausalLM" | "KimiLinearModel" => Box::new(kimi_linear::KimiLinear::new(ctx)?),
+        "BailingHybridForCausalLM" | "BailingMoeV3ForCausalLM" => {
+            Box::new(bailing_hybrid::BailingHybrid::new(ctx)?)
+        }
         other => {
             return Err(ConvertError::UnsupportedArch {
                 arch: other.to_string(),
@@ -218,6 +224,12 @@ impl Kv {
         let key = self.key(k);
         let items = v.iter().map(|&b| Value::Bool(b)).collect();
         self.md.insert(key, Value::Array(ValueType::Bool, items));
+    }
+
+    pub fn f32s(&mut self, k: &str, v: &[f64]) {
+        let key = self.key(k);
+        let items = v.iter().map(|&x| Value::F32(x as f32)).collect();
+        self.md.insert(key, Value::Array(ValueType::F32, items));
     }
 
     pub fn i32s(&mut self, k: &str, v: &[u64]) -> Result<()> {

@@ -91,6 +91,21 @@ pub fn swiglu_inplace(gate: &mut [f32], up: &[f32]) {
 }
 
 #[inline(always)]
+fn swiglu_clamped_slice(gate: &mut [f32], up: &[f32], limit: f32) {
+    gate.iter_mut()
+        .zip(up)
+        .for_each(|(g, u)| *g = silu_fast(*g).min(limit) * u.clamp(-limit, limit));
+}
+multiversion!(fn swiglu_clamped_slice_mv(gate: &mut [f32], up: &[f32], limit: f32) => swiglu_clamped_slice);
+
+/// SwiGLU with its two halves clipped (Step-3.5, Ling 3.0):
+/// `gate = min(silu(gate), limit) * clamp(up, −limit, limit)` in place.
+pub fn swiglu_clamped_inplace(gate: &mut [f32], up: &[f32], limit: f32) {
+    assert_eq!(gate.len(), up.len());
+    swiglu_clamped_slice_mv(gate, up, limit);
+}
+
+#[inline(always)]
 fn softplus_slice(x: &mut [f32]) {
     x.iter_mut().for_each(|v| *v = softplus_fast(*v));
 }

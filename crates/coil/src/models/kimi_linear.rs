@@ -34,7 +34,7 @@ use coil_gguf::GgufFile;
 use std::sync::Arc;
 
 /// The heads of layer `l` (`attention.head_count`, scalar or per layer).
-fn n_head(ld: &Loader, info: &ModelInfo, l: usize) -> Result<usize, ModelError> {
+pub(crate) fn n_head(ld: &Loader, info: &ModelInfo, l: usize) -> Result<usize, ModelError> {
     let key = format!("{}.attention.head_count", ld.arch);
     let heads = per_layer_u64(ld.file, &key, info.plan.layers.len())?
         .ok_or_else(|| ModelError::MissingKey(key.clone()))?;
@@ -104,19 +104,33 @@ pub(crate) fn mla_params(
         scale: 1.0 / (k_mla as f32).sqrt(),
         rope: None,
         eps,
+        head_gate: false,
     })
+}
+
+/// What differs between the DeepSeek-style mixtures of experts.
+pub(crate) struct MoeStyle {
+    /// Width of the shared experts together.
+    pub shared_ff: usize,
+    /// Renormalise the chosen experts' weights.
+    pub norm_weights: bool,
+    pub act: Activation,
+    pub shared_act: Activation,
 }
 
 /// The DeepSeek-style mixture of experts of layer `l`: SwiGLU experts
 /// (`expert_feed_forward_length`), the gating function llama.cpp records
 /// (`expert_gating_func`: 1 softmax, 2 sigmoid), the selection bias
-/// `exp_probs_b`, weights renormalised (as llama.cpp's graph always does)
-/// and scaled by `expert_weights_scale`, group-limited where
-/// `expert_group_count` > 1, plus `expert_shared_count` shared experts of
-/// the same width as one dense FFN.
-pub(crate) fn deepseek_moe(ld: &Loader, info: &ModelInfo, l: usize) -> Result<Moe, ModelError> {
+/// `exp_probs_b`, weights scaled by `expert_weights_scale`, group-limited
+/// where `expert_group_count` > 1, plus `expert_shared_count` shared
+/// experts (`style`: their width, renormalisation, activations).
+pub(crate) fn deepseek_moe(
+    ld: &Loader,
+    l: usize,
+    d: usize,
+    style: impl FnOnce(usize) -> Result<MoeStyle, ModelError>,
+) -> Result<Moe, ModelError> {
     let key = |s: &str| format!("{}.{s}", ld.arch);
-    let d = info.n_embd;
     let n_expert = ld.u_in("expert_count", 1, 1 << 16)?;
     let n_used = ld.u_in("expert_used_count", 1, n_expert)?;
     let ff = ld.u_in("expert_feed_forward_length", 1, 1 << 20)?;
@@ -140,6 +154,14 @@ pub(crate) fn deepseek_moe(ld: &Loader, info: &ModelInfo, l: usize) -> Result<Mo
                     reason: format!("{g} groups do not divide {n_expert} experts"),
                 });
             }
+            if n_expert / g * used < n_used {
+                return Err(ModelError::BadKey {
+                    key: key("expert_group_used_count"),
+                    reason: format!(
+                        "{used} of {g} groups hold fewer than the {n_used} experts each token uses"
+                    ),
+                });
+            }
             Some(ExpertGroups {
                 n_group: g,
                 n_used: used,
@@ -147,16 +169,17 @@ pub(crate) fn deepseek_moe(ld: &Loader, info: &ModelInfo, l: usize) -> Result<Mo
         }
     };
     let n_shared = ld.u_opt("expert_shared_count")?.unwrap_or(0);
+    let style = style(ff)?;
     let n = |t: &str| format!("blk.{l}.ffn_{t}.weight");
     let shared = match n_shared {
         0 => None,
-        s => Some(DenseFfn::load(
+        _ => Some(DenseFfn::load(
             ld,
             l,
             "_shexp",
             d,
-            ff * s,
-            Activation::SwiGlu,
+            style.shared_ff,
+            style.shared_act,
         )?),
     };
     Ok(Moe {
@@ -168,10 +191,24 @@ pub(crate) fn deepseek_moe(ld: &Loader, info: &ModelInfo, l: usize) -> Result<Mo
         select_bias: Some(ld.vector(&format!("blk.{l}.exp_probs_b.bias"), &[n_expert])?),
         groups,
         n_used,
-        norm_weights: true,
+        norm_weights: style.norm_weights,
         weights_scale: ld.f32_opt("expert_weights_scale")?.unwrap_or(0.0),
-        act: Activation::SwiGlu,
+        act: style.act,
         shared,
+    })
+}
+
+/// Kimi-Linear's experts: weights always renormalised (as llama.cpp's
+/// graph does), `expert_shared_count` shared experts as wide as one.
+fn kimi_moe(ld: &Loader, l: usize, d: usize) -> Result<Moe, ModelError> {
+    let n_shared = ld.u_opt("expert_shared_count")?.unwrap_or(0);
+    deepseek_moe(ld, l, d, |ff| {
+        Ok(MoeStyle {
+            shared_ff: ff * n_shared,
+            norm_weights: true,
+            act: Activation::SwiGlu,
+            shared_act: Activation::SwiGlu,
+        })
     })
 }
 
@@ -210,7 +247,7 @@ pub fn load(file: Arc<GgufFile>, plan: LayerPlan) -> Result<DecoderStack, ModelE
                 Activation::SwiGlu,
             )?))
         } else {
-            FfnBlock::Moe(Box::new(deepseek_moe(&ld, &info, l)?))
+            FfnBlock::Moe(Box::new(kimi_moe(&ld, l, d)?))
         };
         layers.push(StackLayer {
             norm: ld.vector(&format!("blk.{l}.attn_norm.weight"), &[d])?,

@@ -3,6 +3,7 @@
 //! the memory, run the layers and return logits. Models never allocate
 //! per-sequence state and never know how many sequences exist.
 
+pub mod bailing_hybrid;
 pub mod blocks;
 pub mod falcon_h1;
 pub mod granite_hybrid;
@@ -264,6 +265,7 @@ pub fn load(file: Arc<GgufFile>) -> Result<Box<dyn Model>, ModelError> {
         "qwen3next" => qwen3next::load(file, plan)?,
         "lfm2" | "lfm2moe" => lfm2::load(file, plan)?,
         "kimi-linear" => kimi_linear::load(file, plan)?,
+        "bailingmoe3" => bailing_hybrid::load(file, plan)?,
         other => return Err(ModelError::NotImplemented(other.to_string())),
     };
     Ok(Box::new(stack))

@@ -110,7 +110,7 @@ pub enum PlanError {
 }
 
 /// GGUF architectures coil knows.
-pub const SUPPORTED_ARCHS: [&str; 14] = [
+pub const SUPPORTED_ARCHS: [&str; 15] = [
     "mamba",
     "mamba2",
     "jamba",
@@ -125,6 +125,7 @@ pub const SUPPORTED_ARCHS: [&str; 14] = [
     "lfm2",
     "lfm2moe",
     "kimi-linear",
+    "bailingmoe3",
 ];
 
 /// A per-layer integer hyper-parameter: either one value for all layers or
@@ -288,8 +289,8 @@ impl LayerPlan {
                     "granitehybrid" => Mixer::Mamba2,
                     "lfm2" | "lfm2moe" if kv_at(i) > 0 => Mixer::Attention,
                     "lfm2" | "lfm2moe" => Mixer::ShortConv,
-                    "kimi-linear" if kv_at(i) > 0 => Mixer::Mla,
-                    "kimi-linear" => Mixer::Kda,
+                    "kimi-linear" | "bailingmoe3" if kv_at(i) > 0 => Mixer::Mla,
+                    "kimi-linear" | "bailingmoe3" => Mixer::Kda,
                     _ if gated_delta => match recurrent.as_ref().is_some_and(|r| r[i]) {
                         true => Mixer::GatedDeltaNet,
                         false => Mixer::Attention,

@@ -3,7 +3,7 @@
 //! range of the memory map); small vectors are widened to f32 at load.
 
 use super::ModelError;
-use coil_gguf::{GgmlType, GgufFile, TensorInfo};
+use coil_gguf::{GgmlType, GgufFile, TensorInfo, Value};
 use coil_kernels::{Layout, WeightRef};
 use std::ops::Range;
 
@@ -120,6 +120,39 @@ impl<'a> Loader<'a> {
                 key,
                 reason: format!("{v} is not a number"),
             }),
+        }
+    }
+
+    /// A per-layer float (one number for every layer, or an array with at
+    /// least `n_layer` entries), where the file has it.
+    pub fn f32_per_layer_opt(
+        &self,
+        suffix: &str,
+        n_layer: usize,
+    ) -> Result<Option<Vec<f32>>, ModelError> {
+        let key = self.key(suffix);
+        let bad = |reason: String| ModelError::BadKey {
+            key: key.clone(),
+            reason,
+        };
+        match self.file.metadata().get(&key) {
+            None => Ok(None),
+            Some(Value::Array(_, items)) if items.len() >= n_layer => items[..n_layer]
+                .iter()
+                .map(|v| {
+                    v.as_f32()
+                        .ok_or_else(|| bad(format!("entry {v} is not a number")))
+                })
+                .collect::<Result<Vec<f32>, _>>()
+                .map(Some),
+            Some(Value::Array(_, items)) => Err(bad(format!(
+                "has {} entries for {n_layer} layers",
+                items.len()
+            ))),
+            Some(v) => match v.as_f32() {
+                Some(x) => Ok(Some(vec![x; n_layer])),
+                None => Err(bad(format!("{v} is not a number"))),
+            },
         }
     }
 

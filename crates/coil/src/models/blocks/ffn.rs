@@ -6,16 +6,40 @@
 use crate::models::weights::{Loader, Matrix};
 use crate::models::ModelError;
 use coil_gguf::GgufFile;
-use coil_kernels::ops::act::{add_bias_rows, relu2_inplace, swiglu_inplace};
+use coil_kernels::ops::act::{
+    add_bias_rows, relu2_inplace, swiglu_clamped_inplace, swiglu_inplace,
+};
 use coil_kernels::ops::topk::top_k;
 use coil_kernels::{matmul, matmul_shared, Scratch, ThreadPool, WeightRef};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Activation {
     /// `silu(gate·x) ⊙ up·x`
     SwiGlu,
+    /// `min(silu(gate·x), limit) ⊙ clamp(up·x, −limit, limit)` (llama.cpp's
+    /// `swiglu_clamp_exp` / `swiglu_clamp_shexp`).
+    SwiGluClamped(f32),
     /// `relu(up·x)²`
     Relu2,
+}
+
+impl Activation {
+    /// SwiGLU, clipped at `limit` where it is positive (0: none).
+    pub fn swiglu_limit(limit: f32) -> Self {
+        if limit > 0.0 {
+            Activation::SwiGluClamped(limit)
+        } else {
+            Activation::SwiGlu
+        }
+    }
+
+    /// `gate ← act(gate, up)` for the gated activations.
+    fn gated(self, gate: &mut [f32], up: &[f32]) {
+        match self {
+            Activation::SwiGluClamped(limit) => swiglu_clamped_inplace(gate, up, limit),
+            _ => swiglu_inplace(gate, up),
+        }
+    }
 }
 
 pub struct DenseFfn {
@@ -48,7 +72,9 @@ impl DenseFfn {
             }
         };
         let gate = match act {
-            Activation::SwiGlu => Some(ld.matrix(&n("gate"), n_ff, d_model)?),
+            Activation::SwiGlu | Activation::SwiGluClamped(_) => {
+                Some(ld.matrix(&n("gate"), n_ff, d_model)?)
+            }
             Activation::Relu2 => None,
         };
         Ok(DenseFfn {
@@ -85,8 +111,9 @@ impl DenseFfn {
                     add_bias_rows(&mut gate, b);
                 }
                 // element-wise, token rows spread over the pool
+                let act = self.act;
                 pool.rows_mut(&mut gate, n_ff, 4, |r0, part| {
-                    swiglu_inplace(part, &up[r0 * n_ff..r0 * n_ff + part.len()])
+                    act.gated(part, &up[r0 * n_ff..r0 * n_ff + part.len()])
                 });
                 up = gate;
             }
@@ -333,7 +360,7 @@ impl Moe {
                     &mut [&mut up, &mut gate],
                     m,
                 );
-                swiglu_inplace(&mut gate, &up);
+                self.act.gated(&mut gate, &up);
                 up = gate;
             }
             None => {

@@ -2,15 +2,19 @@
 //! transformers' torch path computes it:
 //!
 //! * projections q, k, v (`attn_q` / `attn_k` / `attn_v`, or a fused
-//!   `attn_qkv`; H·d each), β (`ssm_beta`, one per head), and two low-rank
-//!   pairs: the forget gate `f_b(f_a(x))` (`ssm_f_a` [d], `ssm_f_b` [H·d])
-//!   and the output gate `g_b(g_a(x))` (`ssm_g_a`, `ssm_g_b`);
+//!   `attn_qkv`; H·d each), β (`ssm_beta`, one per head), and the forget
+//!   and output gates' projections: low-rank pairs in Kimi-Linear
+//!   (`f_b(f_a(x))`: `ssm_f_a` [d], `ssm_f_b` [H·d]; `g_b(g_a(x))`:
+//!   `ssm_g_a`, `ssm_g_b`), full-rank in Ling 3.0 / GLM-5-Next (`ssm_f_a`,
+//!   `ssm_g_a` [H·d] alone);
 //! * a causal depthwise conv of window K (no bias) + SiLU on each of q, k, v
 //!   (`ssm_conv1d_q` / `_k` / `_v`), run here as one conv over `[q | k | v]`;
 //! * q, k L2-normalised per head, q scaled by 1/√d;
-//! * the per-channel decay `g = −exp(A_log)·softplus(f_b(f_a(x)) + dt_bias)`
-//!   (`ssm_a` holds −exp(A_log), one per head; `ssm_dt.bias` one per
-//!   channel), `β = sigmoid(b)`;
+//! * the per-channel decay `g = −exp(A_log)·softplus(f + dt_bias)`
+//!   (Kimi-Linear: `ssm_a` holds −exp(A_log), one per head) or the bounded
+//!   ("safe") gate `g = lower·sigmoid(exp(A_log)·(f + dt_bias))` (Ling 3.0:
+//!   `ssm_a` holds exp(A_log), `kda.gate_lower_bound` < 0), f the forget
+//!   gate's projection, `ssm_dt.bias` one per channel; `β = sigmoid(b)`;
 //! * the KDA recurrence per head (state `[d, d]`, see
 //!   `coil_kernels::ops::delta::kda`), chunked for prompts;
 //! * `RMSNorm(o)·w ⊙ sigmoid(g_b(g_a(x)))` per head (`ssm_norm` [d]), then
@@ -54,6 +58,16 @@ pub fn chunk_len() -> usize {
         .unwrap_or(DEFAULT_CHUNK)
 }
 
+/// How the forget gate's projection f becomes the log decay g.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum KdaGate {
+    /// `g = a·softplus(f + dt_bias)`, `a` = −exp(A_log) (Kimi-Linear).
+    Softplus,
+    /// `g = lower_bound·sigmoid(a·(f + dt_bias))`, `a` = exp(A_log): every
+    /// decay within `[e^lower_bound, 1]` (Ling 3.0's `kda_safe_gate`).
+    Bounded { lower_bound: f32 },
+}
+
 /// Hyper-parameters, from llama.cpp's keys: `attention.head_count` = H (the
 /// KDA heads, as llama.cpp reads them), `kda.head_dim` = d (keys and values
 /// alike), `ssm.conv_kernel` = K.
@@ -64,6 +78,10 @@ pub struct KdaParams {
     pub d_conv: usize,
     /// The gated output norm's epsilon.
     pub eps: f32,
+    pub gate: KdaGate,
+    /// Low-rank gate projections (`ssm_f_a` → `ssm_f_b`, `ssm_g_a` →
+    /// `ssm_g_b`, rank d) rather than full-rank `ssm_f_a` / `ssm_g_a`.
+    pub low_rank_gates: bool,
     pub chunk_min_tokens: usize,
     pub chunk: usize,
 }
@@ -79,6 +97,8 @@ impl KdaParams {
             },
             d_conv,
             eps,
+            gate: KdaGate::Softplus,
+            low_rank_gates: true,
             chunk_min_tokens: chunk_min_tokens(),
             chunk: chunk_len(),
         }
@@ -108,20 +128,48 @@ pub enum QkvProj {
     Fused(Matrix),
 }
 
+/// A gate's projection to H·d channels: `b(a(x))` through rank d, or `a(x)`.
+pub enum GateProj {
+    LowRank { a: Matrix, b: Matrix },
+    Full(Matrix),
+}
+
+impl GateProj {
+    /// `ssm_{f,g}_a` (and `_b` where low-rank) of `layer`.
+    fn load(ld: &Loader, layer: usize, which: char, p: &KdaParams) -> Result<Self, ModelError> {
+        let n = |part: char| format!("blk.{layer}.ssm_{which}_{part}.weight");
+        Ok(match p.low_rank_gates {
+            true => GateProj::LowRank {
+                a: ld.matrix(&n('a'), p.dims.d_k, p.d_model)?,
+                b: ld.matrix(&n('b'), p.inner(), p.dims.d_k)?,
+            },
+            false => GateProj::Full(ld.matrix(&n('a'), p.inner(), p.d_model)?),
+        })
+    }
+
+    /// The matrix applied to the input.
+    fn first(&self) -> &Matrix {
+        match self {
+            GateProj::LowRank { a, .. } | GateProj::Full(a) => a,
+        }
+    }
+}
+
 pub struct KdaMixer {
     pub p: KdaParams,
     pub qkv: QkvProj,
-    pub f_a: Matrix,
-    pub f_b: Matrix,
-    pub g_a: Matrix,
-    pub g_b: Matrix,
+    /// The forget gate's projection f.
+    pub f: GateProj,
+    /// The output gate's projection.
+    pub g: GateProj,
     pub beta: Matrix,
     /// `[3·H·d, K]`: the q, k and v kernels stacked.
     pub conv_w: Vec<f32>,
     pub conv_wt: ConvWeights,
     /// `[H·d]`
     pub dt_bias: Vec<f32>,
-    /// −exp(A_log), `[H]`.
+    /// `[H]`: −exp(A_log) ([`KdaGate::Softplus`]) or exp(A_log)
+    /// ([`KdaGate::Bounded`]).
     pub a: Vec<f32>,
     /// `[d]`, shared by the heads.
     pub norm: Vec<f32>,
@@ -162,10 +210,8 @@ impl KdaMixer {
         };
         Ok(KdaMixer {
             qkv,
-            f_a: ld.matrix(&n("ssm_f_a.weight"), d, dm)?,
-            f_b: ld.matrix(&n("ssm_f_b.weight"), inner, d)?,
-            g_a: ld.matrix(&n("ssm_g_a.weight"), d, dm)?,
-            g_b: ld.matrix(&n("ssm_g_b.weight"), inner, d)?,
+            f: GateProj::load(ld, layer, 'f', &p)?,
+            g: GateProj::load(ld, layer, 'g', &p)?,
             beta: ld.matrix(&n("ssm_beta.weight"), nh, dm)?,
             conv_wt: ConvWeights::new(&conv_w, 3 * inner, k),
             conv_w,
@@ -193,8 +239,13 @@ impl KdaMixer {
         n: usize,
     ) {
         let (inner, d, nh) = (self.p.inner(), self.p.dims.d_k, self.p.dims.n_head);
-        let mut fa = Scratch::dirty(n * d);
-        let mut ga = Scratch::dirty(n * d);
+        // The low-rank gates' rank-d intermediates (empty when full-rank).
+        let rank = |gp: &GateProj| match gp {
+            GateProj::LowRank { .. } => n * d,
+            GateProj::Full(_) => 0,
+        };
+        let mut fa = Scratch::dirty(rank(&self.f));
+        let mut ga = Scratch::dirty(rank(&self.g));
         {
             // one activation quantization for every product of `h`
             let (mut q, mut k, mut v) = match self.qkv {
@@ -221,8 +272,20 @@ impl KdaMixer {
                     ys.push(&mut *qkv);
                 }
             }
-            ws.extend([self.f_a.get(file), self.g_a.get(file), self.beta.get(file)]);
-            ys.extend([&mut fa[..], &mut ga[..], &mut *beta]);
+            ws.extend([
+                self.f.first().get(file),
+                self.g.first().get(file),
+                self.beta.get(file),
+            ]);
+            let f_out: &mut [f32] = match self.f {
+                GateProj::LowRank { .. } => &mut fa,
+                GateProj::Full(_) => &mut *g,
+            };
+            let g_out: &mut [f32] = match self.g {
+                GateProj::LowRank { .. } => &mut ga,
+                GateProj::Full(_) => &mut *gate,
+            };
+            ys.extend([f_out, g_out, &mut *beta]);
             let wr: Vec<&WeightRef> = ws.iter().collect();
             matmul_shared(pool, &wr, h, &mut ys, n);
             drop(ys);
@@ -235,14 +298,24 @@ impl KdaMixer {
                 }
             }
         }
-        matmul(pool, &self.f_b.get(file), &fa, g, n);
-        matmul(pool, &self.g_b.get(file), &ga, gate, n);
-        // g = −exp(A_log)·softplus(f + dt_bias) per channel, β = sigmoid(b).
+        if let GateProj::LowRank { b, .. } = &self.f {
+            matmul(pool, &b.get(file), &fa, g, n);
+        }
+        if let GateProj::LowRank { b, .. } = &self.g {
+            matmul(pool, &b.get(file), &ga, gate, n);
+        }
+        // The log decays per channel (see [`KdaGate`]), β = sigmoid(b).
+        let form = self.p.gate;
         for row in g.chunks_exact_mut(inner) {
             for ((hd, &a), x) in row.chunks_exact_mut(d).zip(&self.a).zip(0..) {
                 let bias = &self.dt_bias[x * d..(x + 1) * d];
                 for (v, &b) in hd.iter_mut().zip(bias) {
-                    *v = a * softplus1(*v + b);
+                    *v = match form {
+                        KdaGate::Softplus => a * softplus1(*v + b),
+                        KdaGate::Bounded { lower_bound } => {
+                            lower_bound / (1.0 + (-a * (*v + b)).exp())
+                        }
+                    };
                 }
             }
         }

@@ -16,7 +16,9 @@
 //! per head, and `W_uv_h` maps it to the head's value, then `attn_output`.
 //! `attn_k_b` holds `W_uk_hᵀ` (`[H][r, d_nope]`) and `attn_v_b` `W_uv_h`
 //! (`[H][d_v, r]`), as llama.cpp's converter splits `kv_b_proj`. RoPE, where
-//! the model has it, rotates q_rope and k_r; Kimi-Linear has none.
+//! the model has it, rotates q_rope and k_r; Kimi-Linear has none. Ling 3.0
+//! (Bailing-Hybrid) scales each head's output by `sigmoid(W_g x)_h`
+//! (`attn_gate`, one row per head) before `attn_output`.
 
 use super::attention::{attend, AttentionParams, Rope};
 use super::common::gather_rows;
@@ -46,6 +48,8 @@ pub struct MlaParams {
     pub rope: Option<Rope>,
     /// Epsilon of the latent norms.
     pub eps: f32,
+    /// A per-head sigmoid output gate (`attn_gate`: `[H, d_model]`).
+    pub head_gate: bool,
 }
 
 impl MlaParams {
@@ -86,6 +90,8 @@ pub struct Mla {
     pub k_b: Experts,
     /// `attn_v_b`: per head `[d_v, r]` (W_uv).
     pub v_b: Experts,
+    /// `attn_gate`: `[H, d_model]`, where the heads are gated.
+    pub gate: Option<Matrix>,
     pub wo: Matrix,
 }
 
@@ -122,6 +128,10 @@ impl Mla {
             kv_a_norm: ld.vector(&n("attn_kv_a_norm.weight"), &[r])?,
             k_b: Experts::load(ld, &n("attn_k_b.weight"), h, r, p.d_nope)?,
             v_b: Experts::load(ld, &n("attn_v_b.weight"), h, p.d_v, r)?,
+            gate: match p.head_gate {
+                true => Some(ld.matrix(&n("attn_gate.weight"), h, dm)?),
+                false => None,
+            },
             wo: ld.matrix(&n("attn_output.weight"), dm, h * p.d_v)?,
             p,
         })
@@ -238,6 +248,15 @@ impl Mla {
                     let at = (t * nh + hd) * p.d_v;
                     o[at..at + p.d_v].copy_from_slice(&y[t * p.d_v..(t + 1) * p.d_v]);
                 }
+            }
+        }
+        if let Some(g) = &self.gate {
+            // o_h ← o_h · sigmoid(W_g x)_h
+            let mut gh = Scratch::dirty(nq * nh);
+            matmul(pool, &g.get(file), xq, &mut gh, nq);
+            for (oh, &z) in o.chunks_exact_mut(p.d_v).zip(gh.iter()) {
+                let s = 1.0 / (1.0 + (-z).exp());
+                oh.iter_mut().for_each(|v| *v *= s);
             }
         }
         matmul(pool, &self.wo.get(file), &o, &mut out[..nq * p.d_model], nq);
