@@ -131,3 +131,31 @@ fn kernels_are_named_per_matrix_and_token_count() {
         "{t}"
     );
 }
+
+/// The memory of the KDA layers (delta-rule state and conv tails, per
+/// sequence) and of the MLA layers (the compressed latent row per token,
+/// no K/V rows) is listed by kind.
+#[test]
+fn kda_state_and_mla_latent_cells_are_accounted() {
+    // kimi_linear_tiny: 3 KDA layers of 4 heads × 16 × 16 with conv tails
+    // of 3 × 192, one MLA layer caching kv_lora_rank 24 + RoPE 8 lanes.
+    // bailing_hybrid_tiny: 4 KDA layers, 2 MLA layers of the same widths.
+    for (name, kda, mla) in [
+        (
+            "kimi_linear_tiny",
+            "kda: 3 layer(s), state 18.8 KiB per sequence (3072 state + 1728 conv-tail f32 values)",
+            "mla: 1 layer(s), 128 bytes of compressed latent cells per token (0.5 MiB at 4096 tokens)",
+        ),
+        (
+            "bailing_hybrid_tiny",
+            "kda: 4 layer(s), state 25.0 KiB per sequence (4096 state + 2304 conv-tail f32 values)",
+            "mla: 2 layer(s), 256 bytes of compressed latent cells per token (1.0 MiB at 4096 tokens)",
+        ),
+    ] {
+        let p = repo().join(format!("tests/fixtures/parity/{name}/model.gguf"));
+        let (ok, out, err) = coil(&["inspect", p.to_str().unwrap()]);
+        assert!(ok, "{name}: {err}");
+        assert!(out.contains(kda), "{name}:\n{out}");
+        assert!(out.contains(mla), "{name}:\n{out}");
+    }
+}

@@ -181,6 +181,7 @@ fn memory_summary(file: &Arc<GgufFile>) -> String {
     };
     let mem = model.new_memory(1, 4096);
     let mut out = format!("memory: {}", mem.describe());
+    out.push_str(&per_kind(&model.info().plan, &mem));
     if let Some(r) = &mem.recurrent {
         let p = CheckpointPolicy::default();
         let per = r.bytes_per_seq();
@@ -199,6 +200,52 @@ fn memory_summary(file: &Arc<GgufFile>) -> String {
             n,
             p.interval
         ));
+    }
+    out
+}
+
+/// The memory of each kind of mixer, per sequence: the recurrent state of
+/// its layers (SSM / delta-rule state and conv tail) and the attention
+/// cells per token (K and V rows, or MLA's compressed latent row alone).
+fn per_kind(plan: &LayerPlan, mem: &coil::memory::Memory) -> String {
+    // kind → (layers, state elements, conv elements, cell bytes per token, latent)
+    let mut kinds: BTreeMap<&str, (usize, usize, usize, usize, bool)> = BTreeMap::new();
+    for (l, kind) in plan.layers.iter().enumerate() {
+        let e = kinds.entry(kind.mixer.name()).or_default();
+        e.0 += 1;
+        if let Some(sh) = mem.recurrent.as_ref().and_then(|r| r.shapes()[l]) {
+            e.1 += sh.ssm;
+            e.2 += sh.conv;
+        }
+        if let Some(k) = &mem.kv {
+            e.3 += k.layer_bytes_per_token(l);
+            e.4 |= kind.mixer.name() == "mla";
+        }
+    }
+    let kib = |b: usize| b as f64 / 1024.0;
+    let mut out = String::new();
+    for (name, (n, ssm, conv, per_tok, latent)) in kinds {
+        let mut parts = Vec::new();
+        if ssm + conv > 0 {
+            parts.push(format!(
+                "state {:.1} KiB per sequence ({ssm} state + {conv} conv-tail f32 values)",
+                kib(4 * (ssm + conv))
+            ));
+        }
+        if per_tok > 0 {
+            parts.push(format!(
+                "{per_tok} bytes of {} per token ({:.1} MiB at 4096 tokens)",
+                if latent {
+                    "compressed latent cells"
+                } else {
+                    "K/V cells"
+                },
+                (per_tok * 4096) as f64 / (1024.0 * 1024.0)
+            ));
+        }
+        if !parts.is_empty() {
+            out.push_str(&format!("\n  {name}: {n} layer(s), {}", parts.join(", ")));
+        }
     }
     out
 }

@@ -334,6 +334,13 @@ impl KvMemory {
             .sum()
     }
 
+    /// Bytes of cells one position takes in `layer` (0 for a layer without
+    /// attention).
+    pub fn layer_bytes_per_token(&self, layer: usize) -> usize {
+        self.shape(layer)
+            .map_or(0, |s| s.stored_rows() * self.cache_type.words(s.row()) * 4)
+    }
+
     /// The attention layers whose cells are a latent row (MLA).
     pub fn n_latent_layers(&self) -> usize {
         self.shapes.iter().flatten().filter(|s| s.latent).count()
