@@ -99,7 +99,10 @@ pub fn load(file: Arc<GgufFile>, plan: LayerPlan) -> Result<DecoderStack, ModelE
     let clamp_shexp = ld.f32_per_layer_opt("swiglu_clamp_shexp", n_blocks)?;
     let limit = |c: &Option<Vec<f32>>, l: usize| c.as_ref().map_or(0.0, |c| c[l]);
     let n_shared = ld.u_opt("expert_shared_count")?.unwrap_or(0);
-    let shared_ff = ld.u_opt("expert_shared_feed_forward_length")?;
+    // (0 or absent: the experts' width times their count, as llama.cpp reads it)
+    let shared_ff = ld
+        .u_opt("expert_shared_feed_forward_length")?
+        .filter(|&f| f > 0);
     let mut layers = Vec::new();
     for (l, kind) in info.plan.layers.iter().enumerate() {
         let mixer = if kind.mixer.has_attention() {
