@@ -127,7 +127,7 @@ pub fn run(model: &Path, bytes: &[u8], scratch: &Path) -> Result<Stats, String> 
     // the delta-rule models, Gated DeltaNet and KDA (see TOL_LIGHT)
     let delta_net = matches!(
         e.file.metadata().get_str("general.architecture"),
-        Some("qwen35" | "qwen35moe" | "qwen3next" | "kimi-linear")
+        Some("qwen35" | "qwen35moe" | "qwen3next" | "kimi-linear" | "bailingmoe3")
     );
     let light = (a1 >> 5) % 2 == 1;
     if light {
