@@ -9,7 +9,7 @@ import { setApiKey } from "./api.js";
 import { generate } from "./generate.js";
 import { askKey, loadModel, wireKey } from "./key.js";
 import { download, finishRename, importFile, newConversation, onListClick, openConversation } from "./list.js";
-import { autosize, checkSettings, renderComposer } from "./page.js";
+import { autosize, checkSettings, renderComposer, renderSettings } from "./page.js";
 import { FIELDS } from "./request.js";
 import { notice, save, state } from "./state.js";
 import * as store from "./store.js";
@@ -197,7 +197,8 @@ function wire() {
       state.conv.settings[f] = e.target.value;
       save(state.conv, false);
       store.savePref("defaults", state.conv.settings);
-      checkSettings();
+      if (f === "format") renderSettings();
+      else checkSettings();
     });
   }
 

@@ -66,7 +66,7 @@ export function renderMessages() {
         "div.empty",
         {},
         h("p", {}, "Ask something. Replies stream here; under each one, how much of the prompt the server reused from its cache."),
-        h("p.hint", {}, "Conversations stay in this browser. Settings (⚙): system prompt, sampling, tools."),
+        h("p.hint", {}, "Conversations stay in this browser. Settings (⚙): system prompt, sampling, tools, response format."),
       ),
     );
   }
@@ -89,6 +89,13 @@ export function renderSettings() {
     const el = $(`s-${f}`);
     if (document.activeElement !== el) el.value = state.conv.settings[f] ?? "";
   }
+  // The schema or grammar box, for the formats that take one.
+  const format = state.conv.settings.format || "";
+  const spec = format === "json_schema" || format === "grammar";
+  $("s-format_spec-label").hidden = !spec;
+  $("s-format_spec-name").textContent = format === "grammar" ? "GBNF grammar" : "JSON schema";
+  $("s-format_spec").placeholder =
+    format === "grammar" ? 'root ::= "yes" | "no"' : '{"type": "object", "properties": {…}, "required": […]}';
   checkSettings();
 }
 

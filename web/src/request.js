@@ -1,9 +1,12 @@
 // A conversation as a chat request: its messages in OpenAI's shape and the
-// sampling fields its settings ask for.
+// sampling and structured-output fields its settings ask for.
 
 import { withAttachments } from "./view.js";
 
-export const FIELDS = ["system", "temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "tools"];
+export const FIELDS = ["system", "temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "tools", "format", "format_spec"];
+
+/** The output formats a conversation may ask for (the settings' `format`). */
+export const FORMATS = ["", "json_object", "json_schema", "grammar"];
 
 /** The sampling fields of a request, or an Error naming the bad one. */
 export function requestSettings(s) {
@@ -34,7 +37,32 @@ export function requestSettings(s) {
     if (!Array.isArray(v)) throw new Error("tools must be a JSON array of tools");
     if (v.length) out.tools = v;
   }
+  Object.assign(out, outputFormat(s.format || "", String(s.format_spec || "")));
   return out;
+}
+
+/** `response_format` or `grammar` for the structured-output settings. */
+function outputFormat(format, spec) {
+  if (!FORMATS.includes(format)) throw new Error(`unknown response format "${format}"`);
+  if (format === "json_object") return { response_format: { type: "json_object" } };
+  if (format === "json_schema") {
+    if (!spec.trim()) throw new Error("JSON schema: write the schema the reply must follow");
+    let schema;
+    try {
+      schema = JSON.parse(spec);
+    } catch (e) {
+      throw new Error(`JSON schema is not JSON: ${e.message}`);
+    }
+    if (schema === null || typeof schema !== "object" || Array.isArray(schema)) {
+      throw new Error("JSON schema must be a JSON object");
+    }
+    return { response_format: { type: "json_schema", json_schema: { name: "reply", schema, strict: true } } };
+  }
+  if (format === "grammar") {
+    if (!spec.trim()) throw new Error("GBNF grammar: write the grammar the reply must follow (root ::= …)");
+    return { grammar: spec };
+  }
+  return {};
 }
 
 export function requestMessages(conv, upto) {

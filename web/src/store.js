@@ -18,6 +18,10 @@ export const DEFAULT_SETTINGS = {
   max_tokens: "",
   seed: "",
   tools: "",
+  // Structured output: "" (free text), "json_object", "json_schema" or
+  // "grammar"; `format_spec` holds the schema (JSON) or the GBNF grammar.
+  format: "",
+  format_spec: "",
 };
 
 const cache = new Map();

@@ -4,9 +4,10 @@ model (with an API key) and drives headless Chromium through what a person
 does — enter the key, send, watch the reply stream, stop it, edit the first
 message and see the conversation resume from the cache, regenerate, switch
 conversations, reload and find the history, attach a file, export and
-import — and what must not happen: HTML in a reply that runs, a server error
+import, ask for a JSON schema or a GBNF grammar per conversation — and what
+must not happen: HTML in a reply that runs, a server error
 or a dropped stream that loses what was typed. Writes screenshots (light,
-dark, narrow) to --out.
+dark, narrow, resumed, structured output) to --out.
 
 Needs Chromium (Debian: `apt-get install chromium`) and Playwright for
 Python (`pip install playwright`; its own browser download is not used),
@@ -163,7 +164,10 @@ def settings(page, **values):
     if page.locator("#settings").is_hidden():
         page.click("#settings-button")
     for k, v in values.items():
-        page.fill(f"#s-{k}", str(v))
+        if k == "format":
+            page.select_option("#s-format", str(v))
+        else:
+            page.fill(f"#s-{k}", str(v))
     page.click("#settings-close")
 
 
@@ -487,6 +491,69 @@ def run(ctx, url, c, out):
     page.screenshot(path=str(out / "chat-narrow-list.png"))
     page.click("#scrim", position={"x": 370, "y": 400})
     page.set_viewport_size({"width": 1280, "height": 820})
+
+    # ---- structured output per conversation: a JSON schema, a bad schema's
+    # 400, a GBNF grammar (the real server constrains the reply)
+    page.click("#new-chat")
+    person = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    page.click("#settings-button")
+    c.check("the schema box is hidden for free text", page.locator("#s-format_spec").is_hidden())
+    page.select_option("#s-format", "json_schema")
+    c.check("choosing JSON schema shows the schema box", page.locator("#s-format_spec").is_visible() and page.inner_text("#s-format_spec-name") == "JSON schema")
+    page.fill("#s-format_spec", "{not json")
+    c.check("a schema that is not JSON is named in the settings", page.locator("#s-error").is_visible() and "not JSON" in page.inner_text("#s-error"), page.inner_text("#s-error"))
+    settings(page, format_spec=json.dumps(person), temperature=0, max_tokens=120)
+    with page.expect_request("**/v1/chat/completions") as req:
+        send(page, "Who art thou? Answer as JSON.")
+    body = json.loads(req.value.post_data)
+    wait_idle(page)
+    rf = body.get("response_format") or {}
+    c.check("the JSON schema goes with the request", rf.get("type") == "json_schema" and rf.get("json_schema", {}).get("schema") == person, rf)
+    # (the stored text: Markdown rendering may change what is shown)
+    stored = "() => JSON.parse(localStorage.getItem('coil.conv.' + JSON.parse(localStorage.getItem('coil.current')))).messages.at(-1).content"
+    text = page.evaluate(stored)
+    try:
+        v = json.loads(text)
+        ok = isinstance(v, dict) and set(v) == {"name", "age"} and isinstance(v["age"], int) and len(v["name"]) <= 12
+    except ValueError:
+        ok = False
+    c.check("the reply follows the JSON schema", ok, text)
+    bad = {"type": "object", "properties": {"age": {"type": "integr"}}}
+    settings(page, format_spec=json.dumps(bad))
+    send(page, "And thy age?")
+    wait_idle(page)
+    err = last_reply(page).locator(".error").inner_text()
+    c.check("an invalid schema's 400 is shown readably, naming the path", "400" in err and "response_format.json_schema.schema.properties.age.type" in err, err)
+    page.click("#settings-button")
+    page.screenshot(path=str(out / "chat-structured.png"))
+    page.click("#settings-close")
+    settings(page, format="grammar")
+    c.check("choosing a grammar relabels the box", page.inner_text("#s-format_spec-name") == "GBNF grammar")
+    settings(page, format_spec='root ::= ("yea" | "nay") "."')
+    with page.expect_request("**/v1/chat/completions") as req:
+        send(page, "Wilt thou come?")
+    body = json.loads(req.value.post_data)
+    wait_idle(page)
+    text = page.evaluate(stored)
+    c.check("the grammar goes with the request (and no response_format)", body.get("grammar", "").startswith("root ::=") and "response_format" not in body, body)
+    c.check("the reply follows the grammar", text in ("yea.", "nay."), text)
+    structured_title = page.inner_text("#title")
+    page.locator("#conversations li", has_text="Balcony scene").click()
+    page.click("#settings-button")
+    c.check("another conversation keeps its own format (free text)", page.input_value("#s-format") == "" and page.locator("#s-format_spec").is_hidden())
+    page.click("#settings-close")
+    page.reload()
+    page.wait_for_selector("article.msg")
+    page.locator("#conversations li", has_text=structured_title).click()
+    page.click("#settings-button")
+    c.check("the format is kept across a reload", page.input_value("#s-format") == "grammar" and page.input_value("#s-format_spec").startswith("root ::="))
+    page.select_option("#s-format", "")
+    page.click("#settings-close")
 
     # The browser logs the refused requests (401, 503) it was made to send.
     errors = [e for e in errors if not e.startswith("Failed to load resource")]

@@ -5,11 +5,13 @@
 //! reply comes back as content blocks (`thinking` from the model's
 //! reasoning, `text`, `tool_use`), whole or streamed with Anthropic's
 //! events (`message_start`, `content_block_start` / `_delta` / `_stop`,
-//! `message_delta`, `message_stop`). Errors are Anthropic's
+//! `message_delta`, `message_stop`). Structured outputs
+//! (`output_config.format`, a JSON schema) constrain the reply as OpenAI's
+//! `response_format` does. Errors are Anthropic's
 //! `{"type": "error", "error": {"type", "message"}}` (see
 //! [`crate::errors`]).
 
-use crate::api::{self, ApiError, FinishReason, ResponseMeta, Stop, Usage};
+use crate::api::{self, ApiError, FinishReason, OutputSpec, ResponseMeta, Stop, Usage};
 use crate::fields;
 use crate::job::{self, Render};
 use crate::request::{self, Chat, Input, Request, ToolChoice};
@@ -20,6 +22,7 @@ use axum::extract::State;
 use axum::response::sse;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use coil::engine::constraint::ConstraintSpec;
 use coil::engine::logprobs::TokenLogprob;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -42,6 +45,7 @@ const FIELDS: &[&str] = &[
     "tool_choice",
     "thinking",
     "output_config",
+    "output_format",
 ];
 
 /// Anthropic's metadata, accepted without effect on the output: prompt
@@ -72,6 +76,8 @@ struct MessagesRequest {
     tool_choice: Option<Value>,
     thinking: Option<Value>,
     output_config: Option<Value>,
+    /// The structured-outputs beta's spelling of `output_config.format`.
+    output_format: Option<Value>,
 }
 
 /// Anthropic's error body for an HTTP status and message.
@@ -183,6 +189,7 @@ fn messages_request(st: &ServerState, body: &[u8]) -> Result<Request, ApiError> 
         ..Default::default()
     };
     let params = sampling.params(&st.sampling_context())?;
+    let output = output_format(&req)?;
     Ok(Request {
         input: Input::Chat(chat(&req)?),
         params,
@@ -193,7 +200,7 @@ fn messages_request(st: &ServerState, body: &[u8]) -> Result<Request, ApiError> 
         n: 1,
         logprobs: None,
         stream: req.stream,
-        output: None,
+        output,
     })
 }
 
@@ -252,8 +259,7 @@ fn chat(req: &MessagesRequest) -> Result<Chat, ApiError> {
 }
 
 /// `output_config`: `effort` goes to the template as `reasoning_effort`;
-/// `format` (structured outputs) needs constrained decoding, which coil
-/// does not do.
+/// `format` is read by [`output_format`].
 fn output_config(cfg: &Value, kwargs: &mut Map<String, Value>) -> Result<(), ApiError> {
     let Some(obj) = cfg.as_object() else {
         return Err(
@@ -265,17 +271,67 @@ fn output_config(cfg: &Value, kwargs: &mut Map<String, Value>) -> Result<(), Api
             "effort" if v.is_string() => {
                 kwargs.insert("reasoning_effort".into(), v.clone());
             }
-            "effort" | "format" if v.is_null() => {}
-            "format" => {
-                return Err(ApiError::bad_request(
-                    "output_config.format is not supported (structured outputs need constrained decoding)",
-                )
-                .with_param("output_config"))
-            }
+            "effort" if v.is_null() => {}
+            "format" => {}
             other => return Err(fields::unsupported(&format!("output_config.{other}"))),
         }
     }
     Ok(())
+}
+
+/// Structured outputs: `output_config.format` (or the beta's top-level
+/// `output_format`), `{"type": "json_schema", "schema": {...}}`, is the
+/// same constraint as OpenAI's `response_format` (see
+/// [`crate::structured`]).
+fn output_format(req: &MessagesRequest) -> Result<Option<OutputSpec>, ApiError> {
+    let in_config = req
+        .output_config
+        .as_ref()
+        .and_then(|c| c.get("format"))
+        .filter(|f| !f.is_null());
+    let top = req.output_format.as_ref().filter(|f| !f.is_null());
+    let (f, at, param) = match (in_config, top) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad_request(
+                "give either output_config.format or output_format, not both",
+            )
+            .with_param("output_format"))
+        }
+        (Some(f), None) => (f, "output_config.format", "output_config"),
+        (None, Some(f)) => (f, "output_format", "output_format"),
+        (None, None) => return Ok(None),
+    };
+    let bad = |m: String| ApiError::bad_request(m).with_param(param);
+    let Some(obj) = f.as_object() else {
+        return Err(bad(format!(
+            "{at} must be an object {{\"type\": \"json_schema\", \"schema\": {{...}}}}"
+        )));
+    };
+    match obj.get("type").and_then(Value::as_str) {
+        Some("json_schema") => {}
+        _ => {
+            return Err(bad(format!(
+                "{at}.type must be \"json_schema\", got {}",
+                obj.get("type").unwrap_or(&Value::Null)
+            )))
+        }
+    }
+    if let Some(k) = obj
+        .keys()
+        .find(|k| !matches!(k.as_str(), "type" | "schema"))
+    {
+        return Err(fields::unsupported(&format!("{at}.{k}")));
+    }
+    match obj.get("schema") {
+        Some(s) if s.is_object() || s.is_boolean() => Ok(Some(OutputSpec::new(
+            ConstraintSpec::JsonSchema(s.clone()),
+            param,
+            &format!("{at}.schema"),
+        ))),
+        _ => Err(bad(format!(
+            "{at}.schema: Field required (a JSON schema object)"
+        ))),
+    }
 }
 
 fn bad(m: String) -> ApiError {

@@ -7,9 +7,11 @@
 //! whole or streamed with the API's events (`response.created`,
 //! `response.output_item.added`, `response.output_text.delta`,
 //! `response.function_call_arguments.delta`, …, `response.completed`).
-//! Nothing is stored: `previous_response_id` is refused.
+//! `text.format` (`json_object`, `json_schema`) constrains the output as
+//! chat's `response_format` does. Nothing is stored:
+//! `previous_response_id` is refused.
 
-use crate::api::{self, ApiError, FinishReason, ResponseMeta, Usage};
+use crate::api::{self, ApiError, FinishReason, OutputSpec, ResponseMeta, Usage};
 use crate::fields;
 use crate::job::{self, Render};
 use crate::request::{self, Chat, Input, Request};
@@ -20,6 +22,7 @@ use axum::extract::State;
 use axum::response::sse;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use coil::engine::constraint::ConstraintSpec;
 use coil::engine::logprobs::TokenLogprob;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -129,6 +132,8 @@ struct Echo {
     top_p: Option<f32>,
     max_output_tokens: Option<u64>,
     reasoning: Value,
+    /// `text.format` as asked (`{"type": "text"}` when absent).
+    format: Value,
 }
 
 /// A Responses request as the internal request.
@@ -153,9 +158,10 @@ fn responses_request(st: &ServerState, body: &[u8]) -> Result<(Request, Echo), A
         ))
         .with_param("truncation"));
     }
-    if let Some(text) = &req.text {
-        text_options(text)?;
-    }
+    let (output, format) = match &req.text {
+        Some(text) => text_options(text)?,
+        None => (None, json!({"type": "text"})),
+    };
     let sampling = api::Sampling {
         temperature: req.temperature,
         top_p: req.top_p,
@@ -202,6 +208,7 @@ fn responses_request(st: &ServerState, body: &[u8]) -> Result<(Request, Echo), A
         top_p: req.top_p,
         max_output_tokens: req.max_output_tokens,
         reasoning: req.reasoning.clone().unwrap_or(json!({})),
+        format,
     };
     let request = Request {
         input: Input::Chat(chat),
@@ -213,31 +220,73 @@ fn responses_request(st: &ServerState, body: &[u8]) -> Result<(Request, Echo), A
         n: 1,
         logprobs: None,
         stream: req.stream,
-        output: None,
+        output,
     };
     Ok((request, echo))
 }
 
-/// `text`: `format` `{"type": "text"}` only (structured outputs need
-/// constrained decoding); `verbosity` is a hint to models trained for it.
-fn text_options(text: &Value) -> Result<(), ApiError> {
+/// `text`: `format` is `{"type": "text"}`, `{"type": "json_object"}` or
+/// `{"type": "json_schema", "name", "schema", "strict", "description"}`
+/// (structured outputs: the same constraint as chat's `response_format`,
+/// see [`crate::structured`]). Returns the constraint and the format to
+/// echo in the response.
+fn text_options(text: &Value) -> Result<(Option<OutputSpec>, Value), ApiError> {
     let bad = |m: String| ApiError::bad_request(m).with_param("text");
     let Some(obj) = text.as_object() else {
         return Err(bad("text must be an object".into()));
     };
+    let mut out = (None, json!({"type": "text"}));
     for (k, v) in obj {
         match k.as_str() {
-            "format" if v.get("type").and_then(Value::as_str) == Some("text") => {}
-            "format" => {
-                return Err(bad(format!(
-                    "text.format {} is not supported (structured outputs need constrained decoding); only {{\"type\": \"text\"}}",
-                    v.get("type").unwrap_or(v)
-                )))
-            }
+            "format" if v.is_null() => {}
+            "format" => out = (text_format(v)?, v.clone()),
             other => return Err(fields::unsupported(&format!("text.{other}"))),
         }
     }
-    Ok(())
+    Ok(out)
+}
+
+/// `text.format` as a constraint (`None`: free text).
+fn text_format(f: &Value) -> Result<Option<OutputSpec>, ApiError> {
+    let bad = |m: String| ApiError::bad_request(m).with_param("text.format");
+    let Some(obj) = f.as_object() else {
+        return Err(bad("text.format must be an object with a \"type\"".into()));
+    };
+    let kind = obj.get("type").and_then(Value::as_str);
+    let allowed: &[&str] = match kind {
+        Some("text") | Some("json_object") => &["type"],
+        Some("json_schema") => &["type", "name", "schema", "strict", "description"],
+        _ => {
+            return Err(bad(format!(
+                "text.format.type must be text, json_object or json_schema, got {}",
+                obj.get("type").unwrap_or(&Value::Null)
+            )))
+        }
+    };
+    if let Some(k) = obj.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(fields::unsupported(&format!("text.format.{k}")));
+    }
+    Ok(match kind {
+        Some("json_object") => Some(OutputSpec::new(
+            ConstraintSpec::JsonObject,
+            "text.format",
+            "text.format",
+        )),
+        Some("json_schema") => {
+            match obj.get("schema") {
+                Some(s) if s.is_object() || s.is_boolean() => Some(OutputSpec::new(
+                    ConstraintSpec::JsonSchema(s.clone()),
+                    "text.format",
+                    "text.format.schema",
+                )),
+                _ => return Err(bad(
+                    "text.format.schema is required (a JSON schema object) with type json_schema"
+                        .into(),
+                )),
+            }
+        }
+        _ => None,
+    })
 }
 
 /// A function tool (`{"type": "function", "name", "description",
@@ -505,7 +554,7 @@ fn response(
         "max_output_tokens": echo.max_output_tokens,
         "previous_response_id": null,
         "reasoning": echo.reasoning,
-        "text": { "format": { "type": "text" } },
+        "text": { "format": echo.format },
         "truncation": "disabled",
         "store": false,
         "metadata": {},

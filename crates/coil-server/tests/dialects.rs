@@ -512,7 +512,11 @@ fn responses_whole_streamed_and_items() {
         ),
         (
             json!({"input": "x", "text": {"format": {"type": "json_schema"}}}),
-            "text",
+            "text.format",
+        ),
+        (
+            json!({"input": "x", "text": {"verbosity": "low"}}),
+            "text.verbosity",
         ),
         (json!({"input": [{"type": "input_image"}]}), "input"),
         (

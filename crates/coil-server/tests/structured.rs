@@ -379,3 +379,172 @@ fn forced_tool_calls_in_every_template_syntax() {
         }
     }
 }
+
+/// The text of a whole Responses reply (its message items).
+fn responses_text(v: &Value) -> String {
+    v["output"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"))
+        .iter()
+        .filter(|o| o["type"] == "message")
+        .flat_map(|o| o["content"].as_array().cloned().unwrap_or_default())
+        .filter_map(|c| c["text"].as_str().map(String::from))
+        .collect()
+}
+
+/// OpenAI Responses' `text.format` and Anthropic's `output_config.format`
+/// (and the beta's `output_format`) constrain the reply as chat's
+/// `response_format` does, whole and streamed.
+#[test]
+fn responses_and_messages_structured_outputs() {
+    let s = demo(2, None);
+    let input = "Who art thou?";
+    let format =
+        json!({"type": "json_schema", "name": "person", "schema": person_schema(), "strict": true});
+    let body = json!({"input": input, "max_output_tokens": 120, "temperature": 0,
+                      "text": {"format": format}});
+    let r = s.post("/v1/responses", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["status"], "completed", "{v}");
+    assert_eq!(v["text"]["format"], format);
+    check_person(&responses_text(&v));
+    let mut streamed_body = body.clone();
+    streamed_body["stream"] = json!(true);
+    let r = s.post("/v1/responses", &streamed_body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let mut text = String::new();
+    let mut last = Value::Null;
+    for e in r.events() {
+        let v: Value = serde_json::from_str(&e).unwrap();
+        if v["type"] == "response.output_text.delta" {
+            text.push_str(v["delta"].as_str().unwrap());
+        }
+        last = v;
+    }
+    assert_eq!(last["type"], "response.completed", "{last}");
+    assert_eq!(last["response"]["text"]["format"]["type"], "json_schema");
+    check_person(&text);
+    // json_object: any JSON object.
+    let r = s.post(
+        "/v1/responses",
+        &json!({"input": input, "max_output_tokens": 200, "temperature": 0,
+                "text": {"format": {"type": "json_object"}}}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    if v["status"] == "completed" {
+        let t = responses_text(&v);
+        assert!(
+            serde_json::from_str::<Value>(&t).unwrap().is_object(),
+            "{t}"
+        );
+    }
+
+    // Anthropic: output_config.format, and the beta's output_format.
+    for field in [
+        json!({"output_config": {"format": {"type": "json_schema", "schema": person_schema()}}}),
+        json!({"output_format": {"type": "json_schema", "schema": person_schema()}}),
+    ] {
+        let mut body = json!({"max_tokens": 120, "temperature": 0,
+                              "messages": [{"role": "user", "content": input}]});
+        for (k, v) in field.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let r = s.post("/v1/messages", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        assert_eq!(v["stop_reason"], "end_turn", "{v}");
+        assert_eq!(v["content"][0]["type"], "text", "{v}");
+        check_person(v["content"][0]["text"].as_str().unwrap());
+        body["stream"] = json!(true);
+        let r = s.post("/v1/messages", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let mut text = String::new();
+        for e in r.events() {
+            let v: Value = serde_json::from_str(&e).unwrap();
+            if v["type"] == "content_block_delta" {
+                text.push_str(v["delta"]["text"].as_str().unwrap());
+            }
+        }
+        check_person(&text);
+    }
+}
+
+/// A bad `text.format` or `output_config.format` is a 400 in the
+/// dialect's error shape naming the field and the schema's path.
+#[test]
+fn bad_responses_and_messages_formats_are_400s() {
+    let s = demo(1, None);
+    let bad_schema = json!({"type": "object", "properties": {"age": {"type": "integr"}}});
+    let openai_error = |body: Value| {
+        let mut b = json!({"input": "Hello", "max_output_tokens": 8});
+        for (k, v) in body.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let r = s.post("/v1/responses", &b);
+        assert_eq!(r.status, 400, "{}", r.text());
+        let e = r.json()["error"].clone();
+        assert_eq!(e["type"], "invalid_request_error", "{e}");
+        (
+            e["message"].as_str().unwrap().to_string(),
+            e["param"].clone(),
+        )
+    };
+    let (m, p) = openai_error(
+        json!({"text": {"format": {"type": "json_schema", "name": "x", "schema": bad_schema}}}),
+    );
+    assert!(
+        m.starts_with("text.format.schema.properties.age.type"),
+        "{m}"
+    );
+    assert_eq!(p, "text.format");
+    let (m, p) = openai_error(json!({"text": {"format": {"type": "json_schema", "name": "x"}}}));
+    assert!(m.contains("text.format.schema is required"), "{m}");
+    assert_eq!(p, "text.format");
+    let (m, _) = openai_error(json!({"text": {"format": {"type": "xml"}}}));
+    assert!(m.contains("json_schema"), "{m}");
+    let (m, p) = openai_error(
+        json!({"text": {"format": {"type": "json_object", "schema": {"type": "object"}}}}),
+    );
+    assert!(m.contains("unsupported field"), "{m}");
+    assert_eq!(p, "text.format.schema");
+
+    let anthropic_error = |body: Value| {
+        let mut b = json!({"max_tokens": 8, "messages": [{"role": "user", "content": "Hello"}]});
+        for (k, v) in body.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let r = s.post("/v1/messages", &b);
+        assert_eq!(r.status, 400, "{}", r.text());
+        let v = r.json();
+        assert_eq!(v["type"], "error", "{v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        v["error"]["message"].as_str().unwrap().to_string()
+    };
+    let m = anthropic_error(
+        json!({"output_config": {"format": {"type": "json_schema", "schema": bad_schema}}}),
+    );
+    assert!(
+        m.starts_with("output_config.format.schema.properties.age.type"),
+        "{m}"
+    );
+    let m =
+        anthropic_error(json!({"output_format": {"type": "json_schema", "schema": bad_schema}}));
+    assert!(
+        m.starts_with("output_format.schema.properties.age.type"),
+        "{m}"
+    );
+    let m = anthropic_error(json!({"output_config": {"format": {"type": "json_object"}}}));
+    assert!(m.contains("output_config.format.type"), "{m}");
+    let m = anthropic_error(json!({"output_config": {"format": {"type": "json_schema"}}}));
+    assert!(m.contains("output_config.format.schema"), "{m}");
+    let both = json!({"type": "json_schema", "schema": person_schema()});
+    let m = anthropic_error(json!({"output_config": {"format": both}, "output_format": both}));
+    assert!(m.contains("not both"), "{m}");
+    let m = anthropic_error(
+        json!({"output_config": {"format": {"type": "json_schema", "schema":
+        {"type": "integer", "minimum": 10, "maximum": 2}}}}),
+    );
+    assert!(m.contains("no output satisfies"), "{m}");
+}
