@@ -39,8 +39,8 @@ mod level_tests {
             super::ssm::scan::tests::mamba2_matches_naive_and_steps();
             super::ssm::ssd::tests::chunked_matches_sequential();
             super::ssm::scan::tests::mamba1_matches_naive();
-            super::ssm::bf16::tests::mamba2_bf16_is_the_f32_update_rounded_per_token();
-            super::ssm::bf16::tests::mamba1_bf16_is_the_f32_update_rounded_per_token();
+            super::ssm::scan::tests::mamba2_bf16_is_the_f32_update_rounded_per_token();
+            super::ssm::scan::tests::mamba1_bf16_is_the_f32_update_rounded_per_token();
             super::attention::tests::matches_naive_softmax();
             super::attention::tests::invariant_mode_queries_equal_single_query_calls();
             super::softmax::tests::sums_match_libm();

@@ -338,10 +338,30 @@ pub fn available_levels() -> Vec<SimdLevel> {
 
 /// Defines `$name` that runs the `#[inline(always)]` function `$body` with
 /// its arguments compiled for AVX-512 or AVX2 (so the compiler vectorizes it
-/// for that level) or plain, by `level()`.
+/// for that level) or plain, by `level()`. With one type parameter
+/// (`fn name<T: Bound>(..) => body`), each type gets its own compiled
+/// levels of `body::<T>` (a state of f32 or bf16 elements: one source).
 #[macro_export]
 #[doc(hidden)]
 macro_rules! multiversion {
+    ($vis:vis fn $name:ident<$t:ident : $bound:path>($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? => $body:ident) => {
+        $vis fn $name<$t: $bound>($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+                unsafe fn v512<$t: $bound>($($arg: $ty),*) $(-> $ret)? { $body::<$t>($($arg),*) }
+                #[target_feature(enable = "avx2,fma,f16c")]
+                unsafe fn v256<$t: $bound>($($arg: $ty),*) $(-> $ret)? { $body::<$t>($($arg),*) }
+                match $crate::simd::level() {
+                    // SAFETY: level() only reports features the CPU has.
+                    $crate::simd::SimdLevel::Avx512 => return unsafe { v512::<$t>($($arg),*) },
+                    $crate::simd::SimdLevel::Avx2 => return unsafe { v256::<$t>($($arg),*) },
+                    $crate::simd::SimdLevel::Scalar => {}
+                }
+            }
+            $body::<$t>($($arg),*)
+        }
+    };
     ($vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? => $body:path) => {
         $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]

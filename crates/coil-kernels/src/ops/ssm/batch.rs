@@ -50,31 +50,12 @@ pub fn mamba2_scan_batch<S: ScanState>(
     a: &[f32],
     d: Option<&[f32]>,
 ) {
-    let Mamba2Dims {
-        n_head: hn,
-        head_dim: p,
-        n_group: g,
-        d_state: n,
-    } = dims;
-    assert!(
-        g > 0 && hn.is_multiple_of(g),
-        "mamba2: n_head must be a multiple of n_group"
-    );
-    assert_eq!(a.len(), hn);
-    if let Some(d) = d {
-        assert_eq!(d.len(), hn);
-    }
+    let (hn, p) = (dims.n_head, dims.head_dim);
+    dims.check_heads(a, d);
     let parts: Vec<Part<S>> = seqs
         .iter_mut()
         .map(|s| {
-            assert_eq!(s.state.len(), hn * p * n, "mamba2: state is not [H, P, N]");
-            if let Some(f) = s.from {
-                assert_eq!(
-                    f.len(),
-                    s.state.len(),
-                    "mamba2: source state is not [H, P, N]"
-                );
-            }
+            dims.check_state(s.state.len(), s.from.map(|f| f.len()));
             s.inputs.check(&dims, s.n_tokens);
             assert_eq!(s.y.len(), s.n_tokens * hn * p);
             assert_eq!(s.dt.len(), s.n_tokens * hn);
@@ -99,7 +80,7 @@ pub fn mamba2_scan_batch<S: ScanState>(
             let (s, h0) = (i / hn, i % hn);
             let h1 = (h0 + (r.end - i)).min(hn);
             let pt = &parts[s];
-            S::m2_heads(
+            super::scan::m2_heads_mv(
                 &dims,
                 h0,
                 h1,

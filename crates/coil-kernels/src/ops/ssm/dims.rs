@@ -10,6 +10,32 @@ pub struct Mamba2Dims {
     pub d_state: usize,
 }
 
+impl Mamba2Dims {
+    /// Panics unless the heads split evenly over the groups and `a` (and
+    /// `d`, when given) hold one value per head: what every Mamba-2 scan of
+    /// a layer checks first.
+    pub(crate) fn check_heads(&self, a: &[f32], d: Option<&[f32]>) {
+        assert!(
+            self.n_group > 0 && self.n_head.is_multiple_of(self.n_group),
+            "mamba2: n_head must be a multiple of n_group"
+        );
+        assert_eq!(a.len(), self.n_head, "mamba2: A is not [n_head]");
+        if let Some(d) = d {
+            assert_eq!(d.len(), self.n_head, "mamba2: D is not [n_head]");
+        }
+    }
+
+    /// Panics unless a state of `len` values (and the one it moves from,
+    /// `from` values) is `[H, P, N]`.
+    pub(crate) fn check_state(&self, len: usize, from: Option<usize>) {
+        let want = self.n_head * self.head_dim * self.d_state;
+        assert_eq!(len, want, "mamba2: state is not [H, P, N]");
+        if let Some(f) = from {
+            assert_eq!(f, want, "mamba2: source state is not [H, P, N]");
+        }
+    }
+}
+
 /// x, B and C of a Mamba-2 scan: token `t`'s x `[H, P]` is `x[t·ldx ..]`,
 /// its B and C `[G, N]` are `b[t·ldbc ..]` and `c[t·ldbc ..]`, so all three
 /// can be read in place from the rows of one buffer (the convolution's

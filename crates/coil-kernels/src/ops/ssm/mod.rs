@@ -5,9 +5,11 @@
 //!
 //! * `dims.rs`: [`Mamba2Dims`], [`ScanInputs`] (x, B, C read in place)
 //! * `scan.rs`: token by token, the reference every other file equals bit
-//!   for bit: [`mamba2_scan_from`], [`mamba1_scan`] and their wrappers
-//! * `bf16.rs`: the Mamba-2 row update on a bf16 state (widened, updated,
-//!   rounded per token; AVX2 / AVX-512 fused rows)
+//!   for bit: [`mamba2_scan_from`], [`mamba1_scan`] and their wrappers; one
+//!   head loop for both state types ([`ScanState`] says how a row is read
+//!   and stored)
+//! * `bf16.rs`: the Mamba-2 row update on a bf16 state in registers
+//!   (widened, updated, rounded; AVX2 / AVX-512)
 //! * `tokens.rs`: several tokens of one head with a state row in registers
 //! * `moving.rs`: one token while the state moves to a new buffer (streamed)
 //! * `batch.rs`: many sequences' (sequence, head) pairs in one pool call

@@ -1,4 +1,6 @@
-//! Selective-scan recurrences (Mamba-1, Mamba-2), token by token, f32.
+//! Selective-scan recurrences (Mamba-1, Mamba-2), token by token, computed
+//! in f32 on a state stored in f32 or bf16 ([`ScanState`]): one source for
+//! both, compiled per state type and SIMD level.
 //!
 //! `dt` is passed already activated (`softplus(dt + bias)`, clamped by the
 //! caller to the model's time-step limits) and `a` already as `A = −exp(A_log)`
@@ -6,7 +8,7 @@
 
 use super::dims::{Mamba2Dims, ScanInputs};
 use crate::multiversion;
-use crate::ops::state_elem::{StateElem, StateMut, StateRef, StateType};
+use crate::ops::state_elem::{round_row, widen_row, StateElem, StateMut, StateRef, StateType};
 use crate::ops::state_rows::{can_stream, fence, prefetch_rows_ahead};
 use crate::pool::SendPtr;
 use crate::pool::ThreadPool;
@@ -15,14 +17,17 @@ use half::bf16;
 
 /// One Mamba-2 head over `n_tokens` tokens. With `from`, the first token
 /// reads the head's state from there and writes it to `state` (moving a
-/// state to a new buffer in the same pass that updates it).
+/// state to a new buffer in the same pass that updates it). The state's
+/// element type decides how a row is read and stored ([`ScanState`]): f32
+/// in place, bf16 widened into `work` (or fused in registers) and rounded
+/// back after every token.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn m2_head(
+fn m2_head<S: ScanState>(
     dims: &Mamba2Dims,
     h: usize,
-    from: Option<&[f32]>,
-    state: &mut [f32],
+    from: Option<&[S]>,
+    state: &mut [S],
     x: &[f32],
     ldx: usize,
     b: &[f32],
@@ -33,6 +38,8 @@ fn m2_head(
     d: Option<&[f32]>,
     y: *mut f32,
     n_tokens: usize,
+    rows_at: S::Rows,
+    work: &mut [f32],
 ) {
     let (hn, p_dim, n) = (dims.n_head, dims.head_dim, dims.d_state);
     let g = h / (hn / dims.n_group);
@@ -45,30 +52,26 @@ fn m2_head(
         let src = if t == 0 { from } else { None };
         // One token moving the state to a new buffer: stream the new rows
         // there (no read of the uncached destination; see `moving.rs`).
-        let stream = src.is_some() && n_tokens == 1 && can_stream(state, n);
+        let stream = src.is_some() && n_tokens == 1 && S::can_stream(rows_at, state, n);
         // the rows this pass reads, in memory order (the heads' rows follow
         // each other): prefetched ahead as the dot kernels stream weights
         let rows = src.unwrap_or(state).as_ptr();
         for p in 0..p_dim {
-            prefetch_rows_ahead(rows.wrapping_add(p * n), n);
+            prefetch_rows_ahead(rows.wrapping_add(p * n) as *const f32, S::words(n));
             let xv = x[t * ldx + h * p_dim + p];
             let xdt = xv * dth;
             let s = &mut state[p * n..(p + 1) * n];
-            if let (true, Some(f)) = (stream, src) {
-                // SAFETY: `usable` checked AVX2, the row length and alignment.
-                let sum =
-                    unsafe { super::moving::move_row(s, &f[p * n..(p + 1) * n], bt, ct, da, xdt) };
+            let f = src.map(|f| &f[p * n..(p + 1) * n]);
+            if let Some(sum) = S::fused_row(rows_at, s, f, bt, ct, da, xdt, stream) {
                 let yv = sum + 0f32 + dh * xv;
                 // SAFETY: (t, h, p) belongs to this head only.
                 unsafe { *y.add((t * hn + h) * p_dim + p) = yv };
                 continue;
             }
-            if let Some(f) = src {
-                s.copy_from_slice(&f[p * n..(p + 1) * n]);
-            }
             // update and output in one pass over the state row
+            let row = S::load_row(s, f, work);
             let mut acc = [0f32; 16];
-            let mut sc = s.chunks_exact_mut(16);
+            let mut sc = row.chunks_exact_mut(16);
             let (mut bc, mut cc) = (bt.chunks_exact(16), ct.chunks_exact(16));
             for ((s16, b16), c16) in (&mut sc).zip(&mut bc).zip(&mut cc) {
                 for i in 0..16 {
@@ -87,6 +90,7 @@ fn m2_head(
                 *sv = *sv * da + xdt * bv;
                 tail += *sv * cv;
             }
+            S::store_row(work, s);
             let yv = acc.iter().sum::<f32>() + tail + dh * xv;
             // SAFETY: (t, h, p) belongs to this head only.
             unsafe { *y.add((t * hn + h) * p_dim + p) = yv };
@@ -96,12 +100,12 @@ fn m2_head(
 
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn m2_heads(
+fn m2_heads<S: ScanState>(
     dims: &Mamba2Dims,
     h0: usize,
     h1: usize,
-    from: Option<&[f32]>,
-    state: *mut f32,
+    from: Option<&[S]>,
+    state: *mut S,
     x: &[f32],
     ldx: usize,
     b: &[f32],
@@ -114,6 +118,8 @@ fn m2_heads(
     n_tokens: usize,
 ) {
     let hs = dims.head_dim * dims.d_state;
+    let rows_at = S::rows(dims.d_state);
+    let mut work = vec![0f32; S::work_len(rows_at, dims.d_state)];
     for h in h0..h1 {
         // SAFETY: head h owns state[h*hs..(h+1)*hs].
         let st = unsafe { std::slice::from_raw_parts_mut(state.add(h * hs), hs) };
@@ -122,13 +128,17 @@ fn m2_heads(
         let f = from.map(|f| &f[h * hs..(h + 1) * hs]);
         #[cfg(target_arch = "x86_64")]
         if n_tokens > 1 && super::tokens::usable(dims) {
-            // SAFETY: `usable` checked AVX2; (·, h, ·) of y is this head's.
-            unsafe {
-                super::tokens::head(dims, h, f, st, x, ldx, b, c, ldbc, dt, a, d, y, n_tokens)
-            };
-            continue;
+            if let Some((st, f)) = S::as_f32(st, f) {
+                // SAFETY: `usable` checked AVX2; (·, h, ·) of y is this head's.
+                unsafe {
+                    super::tokens::head(dims, h, f, st, x, ldx, b, c, ldbc, dt, a, d, y, n_tokens)
+                };
+                continue;
+            }
         }
-        m2_head(dims, h, f, st, x, ldx, b, c, ldbc, dt, a, d, y, n_tokens);
+        m2_head(
+            dims, h, f, st, x, ldx, b, c, ldbc, dt, a, d, y, n_tokens, rows_at, &mut work,
+        );
     }
     if from.is_some() {
         // Streamed stores (see `moving.rs`) are ordered before the hand-back.
@@ -139,8 +149,8 @@ fn m2_heads(
 // x, B and C are separate arguments here, not one `ScanInputs`: references
 // inside a struct carry no no-alias guarantee into the compiled level, and
 // without it the state update is not vectorized (decode 2× slower).
-multiversion!(pub(crate) fn m2_heads_mv(
-    dims: &Mamba2Dims, h0: usize, h1: usize, from: Option<&[f32]>, state: *mut f32, x: &[f32],
+multiversion!(pub(crate) fn m2_heads_mv<S: ScanState>(
+    dims: &Mamba2Dims, h0: usize, h1: usize, from: Option<&[S]>, state: *mut S, x: &[f32],
     ldx: usize, b: &[f32], c: &[f32], ldbc: usize, dt: &[f32], a: &[f32], d: Option<&[f32]>, y: *mut f32, n_tokens: usize
 ) => m2_heads);
 
@@ -188,36 +198,17 @@ pub fn mamba2_scan_from<S: ScanState>(
     y: &mut [f32],
     n_tokens: usize,
 ) {
-    let Mamba2Dims {
-        n_head: hn,
-        head_dim: p,
-        n_group: g,
-        d_state: n,
-    } = dims;
-    assert!(
-        g > 0 && hn.is_multiple_of(g),
-        "mamba2: n_head must be a multiple of n_group"
-    );
-    assert_eq!(state.len(), hn * p * n, "mamba2: state is not [H, P, N]");
-    if let Some(f) = from {
-        assert_eq!(
-            f.len(),
-            state.len(),
-            "mamba2: source state is not [H, P, N]"
-        );
-    }
+    let (hn, p) = (dims.n_head, dims.head_dim);
+    dims.check_heads(a, d);
+    dims.check_state(state.len(), from.map(|f| f.len()));
     inputs.check(&dims, n_tokens);
     assert_eq!(y.len(), n_tokens * hn * p);
     assert_eq!(dt.len(), n_tokens * hn);
-    assert_eq!(a.len(), hn);
-    if let Some(d) = d {
-        assert_eq!(d.len(), hn);
-    }
     let sp = SendPtr(state.as_mut_ptr());
     let yp = SendPtr(y.as_mut_ptr());
     let grain = (hn / (pool.n_threads() * 4)).max(1);
     pool.parallel_for(hn, grain, |hr, _| {
-        S::m2_heads(
+        m2_heads_mv(
             &dims,
             hr.start,
             hr.end,
@@ -357,140 +348,186 @@ fn m1_channels<S: StateElem>(
 /// Channels per Mamba-1 work chunk (keeps the transposed state in L1).
 const M1_CHUNK: usize = 256;
 
-multiversion!(fn m1_channels_mv(
-    d0: usize, d1: usize, d_inner: usize, n: usize, state: *mut f32, x: &[f32], dt: &[f32],
+multiversion!(pub(crate) fn m1_channels_mv<S: ScanState>(
+    d0: usize, d1: usize, d_inner: usize, n: usize, state: *mut S, x: &[f32], dt: &[f32],
     a: &[f32], b: &[f32], c: &[f32], d: Option<&[f32]>, y: *mut f32, n_tokens: usize
-) => m1_channels::<f32>);
-multiversion!(fn m1_channels_bf16_mv(
-    d0: usize, d1: usize, d_inner: usize, n: usize, state: *mut bf16, x: &[f32], dt: &[f32],
-    a: &[f32], b: &[f32], c: &[f32], d: Option<&[f32]>, y: *mut f32, n_tokens: usize
-) => m1_channels::<bf16>);
+) => m1_channels);
 
-/// The state types the Mamba scans take (f32, bf16): which compiled head
-/// and channel loops run for each. bf16 states are computed in f32 and
-/// rounded once per token when stored (`bf16.rs`).
+/// The state types the Mamba scans take (f32, bf16): how the one head loop
+/// reads, updates and stores a state row of each. f32 rows are updated in
+/// place; bf16 rows are widened to f32, updated with the same arithmetic
+/// in the same order and rounded back to bf16 (nearest even) when stored,
+/// after every token — so that a token's result does not depend on how
+/// many tokens share the call. At AVX2 a bf16 row is widened, updated and
+/// rounded in registers (`bf16.rs`).
 pub trait ScanState: StateElem {
+    /// What the row update may use at the current SIMD level, chosen once
+    /// per call.
+    #[doc(hidden)]
+    type Rows: Copy;
+    #[doc(hidden)]
+    fn rows(n: usize) -> Self::Rows;
+    /// f32 values of the work row the portable update needs (0: the row is
+    /// updated where it lies).
+    #[doc(hidden)]
+    fn work_len(rows: Self::Rows, n: usize) -> usize;
+    /// f32 words a row of `n` values spans (what to prefetch).
+    #[doc(hidden)]
+    fn words(n: usize) -> usize;
+    /// Whether a one-token pass that moves the state may write its rows
+    /// into `state` with streaming stores.
+    #[doc(hidden)]
+    fn can_stream(rows: Self::Rows, state: &[Self], n: usize) -> bool;
+    /// The row update in registers, where this type has one for the case:
+    /// `dst = src·da + xdt·b` (src: `dst` itself when `None`), returning
+    /// `Σ dst·c` unrounded; `None` when the portable update is to run.
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
-    fn m2_heads(
-        dims: &Mamba2Dims,
-        h0: usize,
-        h1: usize,
-        from: Option<&[Self]>,
-        state: *mut Self,
-        x: &[f32],
-        ldx: usize,
+    fn fused_row(
+        rows: Self::Rows,
+        dst: &mut [Self],
+        src: Option<&[Self]>,
         b: &[f32],
         c: &[f32],
-        ldbc: usize,
-        dt: &[f32],
-        a: &[f32],
-        d: Option<&[f32]>,
-        y: *mut f32,
-        n_tokens: usize,
-    );
+        da: f32,
+        xdt: f32,
+        stream: bool,
+    ) -> Option<f32>;
+    /// The row as f32 values to update, started from `src` when given:
+    /// `dst` itself (f32), or `work` widened from it.
     #[doc(hidden)]
-    #[allow(clippy::too_many_arguments)]
-    fn m1_channels(
-        d0: usize,
-        d1: usize,
-        d_inner: usize,
-        n: usize,
-        state: *mut Self,
-        x: &[f32],
-        dt: &[f32],
-        a: &[f32],
-        b: &[f32],
-        c: &[f32],
-        d: Option<&[f32]>,
-        y: *mut f32,
-        n_tokens: usize,
-    );
+    fn load_row<'a>(
+        dst: &'a mut [Self],
+        src: Option<&[Self]>,
+        work: &'a mut [f32],
+    ) -> &'a mut [f32];
+    /// Stores the updated row ([`ScanState::load_row`]'s) in `dst`, where
+    /// it is not there already (rounded for bf16).
+    #[doc(hidden)]
+    fn store_row(work: &[f32], dst: &mut [Self]);
+    /// The head's state as f32, for kernels that exist for f32 only
+    /// (`tokens.rs`); `None` for other types.
+    #[doc(hidden)]
+    #[allow(clippy::type_complexity)]
+    fn as_f32<'a>(
+        state: &'a mut [Self],
+        from: Option<&'a [Self]>,
+    ) -> Option<(&'a mut [f32], Option<&'a [f32]>)>;
 }
 
 impl ScanState for f32 {
+    type Rows = ();
     #[inline(always)]
-    fn m2_heads(
-        dims: &Mamba2Dims,
-        h0: usize,
-        h1: usize,
-        from: Option<&[f32]>,
-        state: *mut f32,
-        x: &[f32],
-        ldx: usize,
-        b: &[f32],
-        c: &[f32],
-        ldbc: usize,
-        dt: &[f32],
-        a: &[f32],
-        d: Option<&[f32]>,
-        y: *mut f32,
-        n_tokens: usize,
-    ) {
-        m2_heads_mv(
-            dims, h0, h1, from, state, x, ldx, b, c, ldbc, dt, a, d, y, n_tokens,
-        )
+    fn rows(_: usize) {}
+    #[inline(always)]
+    fn work_len(_: (), _: usize) -> usize {
+        0
     }
     #[inline(always)]
-    fn m1_channels(
-        d0: usize,
-        d1: usize,
-        d_inner: usize,
-        n: usize,
-        state: *mut f32,
-        x: &[f32],
-        dt: &[f32],
-        a: &[f32],
+    fn words(n: usize) -> usize {
+        n
+    }
+    #[inline(always)]
+    fn can_stream(_: (), state: &[f32], n: usize) -> bool {
+        can_stream(state, n)
+    }
+    #[inline(always)]
+    fn fused_row(
+        _: (),
+        dst: &mut [f32],
+        src: Option<&[f32]>,
         b: &[f32],
         c: &[f32],
-        d: Option<&[f32]>,
-        y: *mut f32,
-        n_tokens: usize,
-    ) {
-        m1_channels_mv(d0, d1, d_inner, n, state, x, dt, a, b, c, d, y, n_tokens)
+        da: f32,
+        xdt: f32,
+        stream: bool,
+    ) -> Option<f32> {
+        match (stream, src) {
+            // SAFETY: `can_stream` checked AVX2, the row length and alignment.
+            (true, Some(f)) => Some(unsafe { super::moving::move_row(dst, f, b, c, da, xdt) }),
+            _ => None,
+        }
+    }
+    #[inline(always)]
+    fn load_row<'a>(dst: &'a mut [f32], src: Option<&[f32]>, _: &'a mut [f32]) -> &'a mut [f32] {
+        if let Some(s) = src {
+            dst.copy_from_slice(s);
+        }
+        dst
+    }
+    #[inline(always)]
+    fn store_row(_: &[f32], _: &mut [f32]) {}
+    #[inline(always)]
+    fn as_f32<'a>(
+        state: &'a mut [f32],
+        from: Option<&'a [f32]>,
+    ) -> Option<(&'a mut [f32], Option<&'a [f32]>)> {
+        Some((state, from))
     }
 }
 
 impl ScanState for bf16 {
+    /// (the fused AVX2 row, its AVX-512 form)
+    type Rows = (bool, bool);
     #[inline(always)]
-    fn m2_heads(
-        dims: &Mamba2Dims,
-        h0: usize,
-        h1: usize,
-        from: Option<&[bf16]>,
-        state: *mut bf16,
-        x: &[f32],
-        ldx: usize,
-        b: &[f32],
-        c: &[f32],
-        ldbc: usize,
-        dt: &[f32],
-        a: &[f32],
-        d: Option<&[f32]>,
-        y: *mut f32,
-        n_tokens: usize,
-    ) {
-        super::bf16::m2_heads_bf16_mv(
-            dims, h0, h1, from, state, x, ldx, b, c, ldbc, dt, a, d, y, n_tokens,
-        )
+    fn rows(n: usize) -> (bool, bool) {
+        super::bf16::usable(n)
     }
     #[inline(always)]
-    fn m1_channels(
-        d0: usize,
-        d1: usize,
-        d_inner: usize,
-        n: usize,
-        state: *mut bf16,
-        x: &[f32],
-        dt: &[f32],
-        a: &[f32],
+    fn work_len((fused, _): (bool, bool), n: usize) -> usize {
+        if fused {
+            0
+        } else {
+            n
+        }
+    }
+    #[inline(always)]
+    fn words(n: usize) -> usize {
+        n.div_ceil(2)
+    }
+    #[inline(always)]
+    fn can_stream((fused, _): (bool, bool), state: &[bf16], _: usize) -> bool {
+        (state.as_ptr() as usize).is_multiple_of(16) && fused
+    }
+    #[inline(always)]
+    fn fused_row(
+        (fused, wide): (bool, bool),
+        dst: &mut [bf16],
+        src: Option<&[bf16]>,
         b: &[f32],
         c: &[f32],
-        d: Option<&[f32]>,
-        y: *mut f32,
-        n_tokens: usize,
-    ) {
-        m1_channels_bf16_mv(d0, d1, d_inner, n, state, x, dt, a, b, c, d, y, n_tokens)
+        da: f32,
+        xdt: f32,
+        stream: bool,
+    ) -> Option<f32> {
+        if !fused {
+            return None;
+        }
+        let from_row = src.map_or(dst.as_ptr(), |f| f.as_ptr());
+        // SAFETY: `fused` means AVX2 (AVX-512 with `wide`) and n a multiple
+        // of 16; the source row holds n values (it may be `dst` itself:
+        // each 16 values are read before they are written).
+        Some(unsafe { super::bf16::row(wide, dst.as_mut_ptr(), from_row, b, c, da, xdt, stream) })
+    }
+    #[inline(always)]
+    fn load_row<'a>(
+        dst: &'a mut [bf16],
+        src: Option<&[bf16]>,
+        work: &'a mut [f32],
+    ) -> &'a mut [f32] {
+        widen_row(src.unwrap_or(dst), work);
+        work
+    }
+    #[inline(always)]
+    fn store_row(work: &[f32], dst: &mut [bf16]) {
+        round_row(work, dst);
+    }
+    #[inline(always)]
+    fn as_f32<'a>(
+        _: &'a mut [bf16],
+        _: Option<&'a [bf16]>,
+    ) -> Option<(&'a mut [f32], Option<&'a [f32]>)> {
+        None
     }
 }
 
@@ -534,7 +571,7 @@ pub fn mamba1_scan<S: ScanState>(
         .clamp(16, M1_CHUNK)
         .next_multiple_of(16);
     pool.parallel_for(d_inner, grain, |r, _| {
-        S::m1_channels(
+        m1_channels_mv(
             r.start,
             r.end,
             d_inner,
@@ -595,6 +632,7 @@ pub fn mamba1_step(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::ops::state_elem::{round_bf16, widen_bf16};
     use crate::testutil::Rng;
 
     #[test]
@@ -785,6 +823,254 @@ pub(crate) mod tests {
                     &mut y1,
                 );
                 assert_eq!(y1[..], y[r]);
+            }
+        }
+    }
+
+    /// A bf16 state gives, token after token, exactly what the f32 kernel
+    /// gives from the same (widened) state with its result rounded to bf16
+    /// after each token: the same rounded state bit for bit, the same
+    /// outputs up to the order of their last sum — whether the tokens come
+    /// in one call or one per call (those two bit for bit alike), in place
+    /// or moving off another buffer.
+    #[test]
+    pub(crate) fn mamba2_bf16_is_the_f32_update_rounded_per_token() {
+        let pool = ThreadPool::new(2);
+        let mut rng = Rng::new(31);
+        for &(hn, p, g, n, t) in &[(4, 3, 2, 5, 4), (6, 16, 3, 32, 3), (4, 8, 2, 64, 1)] {
+            let dims = Mamba2Dims {
+                n_head: hn,
+                head_dim: p,
+                n_group: g,
+                d_state: n,
+            };
+            let x = rng.vec(t * hn * p);
+            let dt: Vec<f32> = rng.vec(t * hn).iter().map(|v| v.abs() * 0.5).collect();
+            let a: Vec<f32> = rng.vec(hn).iter().map(|v| -v.abs() - 0.1).collect();
+            let b = rng.vec(t * g * n);
+            let c = rng.vec(t * g * n);
+            let dd = rng.vec(hn);
+            let s0: Vec<bf16> = rng.vec(hn * p * n).iter().map(|&v| round_bf16(v)).collect();
+            let one = |ti: usize| {
+                ScanInputs::dense(
+                    &dims,
+                    &x[ti * hn * p..(ti + 1) * hn * p],
+                    &b[ti * g * n..(ti + 1) * g * n],
+                    &c[ti * g * n..(ti + 1) * g * n],
+                    1,
+                )
+            };
+            // Reference: the f32 kernel one token at a time, rounding the
+            // state in between.
+            let mut sf: Vec<f32> = s0.iter().map(|&v| widen_bf16(v)).collect();
+            let mut want_y = Vec::new();
+            for ti in 0..t {
+                let mut y = vec![0f32; hn * p];
+                let dts = &dt[ti * hn..(ti + 1) * hn];
+                mamba2_scan_from(
+                    &pool,
+                    dims,
+                    None,
+                    &mut sf,
+                    one(ti),
+                    dts,
+                    &a,
+                    Some(&dd),
+                    &mut y,
+                    1,
+                );
+                sf.iter_mut().for_each(|v| *v = widen_bf16(round_bf16(*v)));
+                want_y.extend(y);
+            }
+            let want_s: Vec<bf16> = sf.iter().map(|&v| round_bf16(v)).collect();
+            // All tokens in one call, in place.
+            let mut st = s0.clone();
+            let mut y = vec![0f32; t * hn * p];
+            let all = ScanInputs::dense(&dims, &x, &b, &c, t);
+            mamba2_scan_from(
+                &pool,
+                dims,
+                None,
+                &mut st,
+                all,
+                &dt,
+                &a,
+                Some(&dd),
+                &mut y,
+                t,
+            );
+            assert_eq!(st, want_s, "{dims:?}");
+            close(&y, &want_y, &format!("{dims:?}"));
+            // One token per call, the first moving off the start state.
+            let mut st2 = vec![bf16::NAN; s0.len()];
+            let mut y2 = Vec::new();
+            for ti in 0..t {
+                let mut yy = vec![0f32; hn * p];
+                let dts = &dt[ti * hn..(ti + 1) * hn];
+                let from = (ti == 0).then_some(&s0[..]);
+                mamba2_scan_from(
+                    &pool,
+                    dims,
+                    from,
+                    &mut st2,
+                    one(ti),
+                    dts,
+                    &a,
+                    Some(&dd),
+                    &mut yy,
+                    1,
+                );
+                y2.extend(yy);
+            }
+            assert_eq!(st2, want_s, "{dims:?} moving");
+            // One call or one token per call: the same bits.
+            assert_eq!(y2, y, "{dims:?} moving");
+        }
+    }
+
+    /// `got` equals `want` up to the order of a 16-lane sum.
+    fn close(got: &[f32], want: &[f32], what: &str) {
+        let max = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() <= 1e-6 * max.max(1.0), "{what}: {g} vs {w}");
+        }
+    }
+
+    /// Mamba-1 with a bf16 state: the f32 scan rounded after every token.
+    #[test]
+    pub(crate) fn mamba1_bf16_is_the_f32_update_rounded_per_token() {
+        let pool = ThreadPool::new(2);
+        let mut rng = Rng::new(32);
+        for &(di, n, t) in &[(40, 16, 5), (7, 3, 2), (300, 16, 3)] {
+            let x = rng.vec(t * di);
+            let dt: Vec<f32> = rng.vec(t * di).iter().map(|v| v.abs()).collect();
+            let a: Vec<f32> = rng.vec(di * n).iter().map(|v| -v.abs() * 3.0).collect();
+            let b = rng.vec(t * n);
+            let c = rng.vec(t * n);
+            let dd = rng.vec(di);
+            let s0: Vec<bf16> = rng.vec(di * n).iter().map(|&v| round_bf16(v)).collect();
+            let mut sf: Vec<f32> = s0.iter().map(|&v| widen_bf16(v)).collect();
+            let mut want_y = Vec::new();
+            for ti in 0..t {
+                let r = ti * di..(ti + 1) * di;
+                let mut y = vec![0f32; di];
+                mamba1_scan(
+                    &pool,
+                    di,
+                    n,
+                    &mut sf,
+                    &x[r.clone()],
+                    &dt[r.clone()],
+                    &a,
+                    &b[ti * n..(ti + 1) * n],
+                    &c[ti * n..(ti + 1) * n],
+                    Some(&dd),
+                    &mut y,
+                    1,
+                );
+                sf.iter_mut().for_each(|v| *v = widen_bf16(round_bf16(*v)));
+                want_y.extend(y);
+            }
+            let mut st = s0.clone();
+            let mut y = vec![0f32; t * di];
+            mamba1_scan(
+                &pool,
+                di,
+                n,
+                &mut st,
+                &x,
+                &dt,
+                &a,
+                &b,
+                &c,
+                Some(&dd),
+                &mut y,
+                t,
+            );
+            let got: Vec<f32> = st.iter().map(|&v| widen_bf16(v)).collect();
+            assert_eq!(got, sf);
+            assert_eq!(y, want_y);
+        }
+    }
+
+    /// Several tokens in one call (`tokens.rs` at AVX2) leave the state and give the
+    /// outputs of one token per call, bit for bit, starting in place or
+    /// from another buffer.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn tokens_in_one_call_equal_one_at_a_time_bit_for_bit() {
+        let pool = ThreadPool::new(2);
+        let mut rng = Rng::new(5);
+        for &(hn, p, g, n, t) in &[(3, 5, 1, 64, 9), (4, 3, 2, 128, 2), (2, 4, 2, 192, 17)] {
+            let dims = Mamba2Dims {
+                n_head: hn,
+                head_dim: p,
+                n_group: g,
+                d_state: n,
+            };
+            if !super::super::tokens::usable(&dims) {
+                return;
+            }
+            let x = rng.vec(t * hn * p);
+            let dt: Vec<f32> = rng.vec(t * hn).iter().map(|v| v.abs() * 0.5).collect();
+            let a: Vec<f32> = rng.vec(hn).iter().map(|v| -v.abs() - 0.1).collect();
+            let b = rng.vec(t * g * n);
+            let c = rng.vec(t * g * n);
+            let dd = rng.vec(hn);
+            let s0 = rng.vec(hn * p * n);
+            for from in [false, true] {
+                let inputs = |t0: usize, nt: usize| {
+                    ScanInputs::dense(
+                        &dims,
+                        &x[t0 * hn * p..(t0 + nt) * hn * p],
+                        &b[t0 * g * n..(t0 + nt) * g * n],
+                        &c[t0 * g * n..(t0 + nt) * g * n],
+                        nt,
+                    )
+                };
+                let mut st = if from {
+                    vec![f32::NAN; s0.len()]
+                } else {
+                    s0.clone()
+                };
+                let mut y = vec![0f32; t * hn * p];
+                let src = from.then_some(&s0[..]);
+                mamba2_scan_from(
+                    &pool,
+                    dims,
+                    src,
+                    &mut st,
+                    inputs(0, t),
+                    &dt,
+                    &a,
+                    Some(&dd),
+                    &mut y,
+                    t,
+                );
+                let mut st1 = if from {
+                    vec![f32::NAN; s0.len()]
+                } else {
+                    s0.clone()
+                };
+                let mut y1 = vec![0f32; t * hn * p];
+                for k in 0..t {
+                    let src = (from && k == 0).then_some(&s0[..]);
+                    mamba2_scan_from(
+                        &pool,
+                        dims,
+                        src,
+                        &mut st1,
+                        inputs(k, 1),
+                        &dt[k * hn..(k + 1) * hn],
+                        &a,
+                        Some(&dd),
+                        &mut y1[k * hn * p..(k + 1) * hn * p],
+                        1,
+                    );
+                }
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&y), bits(&y1), "outputs, dims {dims:?}, from {from}");
+                assert_eq!(bits(&st), bits(&st1), "state, dims {dims:?}, from {from}");
             }
         }
     }

@@ -592,18 +592,11 @@ pub fn mamba2_chunked_scan_rows(
     } = dims;
     let ScanInputs { x, ldx, b, c, ldbc } = inputs;
     assert!(chunk > 0, "ssd: chunk must be at least 1");
-    assert!(
-        g > 0 && hn.is_multiple_of(g),
-        "ssd: n_head must be a multiple of n_group"
-    );
-    assert_eq!(state.len(), hn * p * n, "ssd: state is not [H, P, N]");
+    dims.check_heads(a, d);
+    dims.check_state(state.len(), None);
     assert_eq!(y.len(), n_tokens * hn * p);
     assert_eq!(dt.len(), n_tokens * hn);
-    assert_eq!(a.len(), hn);
     inputs.check(&dims, n_tokens);
-    if let Some(d) = d {
-        assert_eq!(d.len(), hn);
-    }
     if n_tokens == 0 || hn == 0 || p == 0 {
         return;
     }
