@@ -10,45 +10,13 @@ use coil_kernels::ops::delta::{
 };
 use coil_kernels::testutil::Rng;
 use coil_kernels::ThreadPool;
-use std::time::Instant;
 
-/// CPU time of this thread in seconds (Linux schedstat; wall time elsewhere):
-/// the machine this was tuned on is shared, and wall times there are noise.
-fn cpu_now() -> f64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
-        .map(|ns| ns * 1e-9)
-        .unwrap_or_else(|| {
-            static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-            T0.get_or_init(Instant::now).elapsed().as_secs_f64()
-        })
-}
-
-/// Mean time of `reps` runs after one warm-up: this thread's CPU time with
-/// one thread (schedstat moves in ticks: a mean over many runs), the best
-/// wall time with more.
-fn best_of(reps: usize, threads: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    if threads == 1 {
-        let c = cpu_now();
-        (0..reps).for_each(|_| f());
-        return (cpu_now() - c) / reps as f64;
-    }
-    (0..reps)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64()
-        })
-        .fold(f64::INFINITY, f64::min)
-}
+#[path = "common/bench.rs"]
+mod bench;
+use bench::{numeric_args, time};
 
 fn main() {
-    let args: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
+    let args = numeric_args();
     let threads = args.first().copied().unwrap_or(1);
     let (hk, hv, d) = match args.get(1..4) {
         Some(&[a, b, c]) => (a, b, c),
@@ -133,14 +101,14 @@ fn main() {
         // `ONLY_CHUNKED=1`: the chunked form alone (for a profile).
         let scan = std::env::var("ONLY_CHUNKED").is_err();
         let t_scan = if scan {
-            best_of(reps, threads, || {
+            time(reps, threads, || {
                 s.copy_from_slice(&s0);
                 gated_delta_scan(&pool, dims, &mut s, inp, &mut out, n);
             })
         } else {
             f64::NAN
         };
-        let t_chunk = best_of(reps, threads, || {
+        let t_chunk = time(reps, threads, || {
             s.copy_from_slice(&s0);
             gated_delta_chunked(&pool, dims, chunk, &mut s, inp, &mut out, n);
         });

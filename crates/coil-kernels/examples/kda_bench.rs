@@ -12,35 +12,10 @@ use coil_kernels::ops::delta::l2_normalize;
 use coil_kernels::testutil::Rng;
 use coil_kernels::ThreadPool;
 use half::bf16;
-use std::time::Instant;
 
-/// CPU time of this thread in seconds (Linux schedstat; wall time elsewhere).
-fn cpu_now() -> f64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
-        .map(|ns| ns * 1e-9)
-        .unwrap_or_else(|| {
-            static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-            T0.get_or_init(Instant::now).elapsed().as_secs_f64()
-        })
-}
-
-fn time(reps: usize, threads: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    if threads == 1 {
-        let c = cpu_now();
-        (0..reps).for_each(|_| f());
-        return (cpu_now() - c) / reps as f64;
-    }
-    (0..reps)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64()
-        })
-        .fold(f64::INFINITY, f64::min)
-}
+#[path = "common/bench.rs"]
+mod bench;
+use bench::{numeric_args, time};
 
 fn env(k: &str, d: usize) -> usize {
     std::env::var(k)
@@ -50,10 +25,7 @@ fn env(k: &str, d: usize) -> usize {
 }
 
 fn main() {
-    let args: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
+    let args = numeric_args();
     let threads = args.first().copied().unwrap_or(1);
     let (h, d) = match args.get(1..3) {
         Some(&[a, b]) => (a, b),

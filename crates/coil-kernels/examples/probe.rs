@@ -7,19 +7,15 @@
 //! `COIL_REPACK=all` for Q6_K on a Zen 4) call after call in one process,
 //! best of 20 each: a host whose memory speed drifts from second to second
 //! moves both alike.
-use coil_gguf::GgmlType;
 use coil_kernels::testutil::{random_weights, Rng};
-use coil_kernels::{matmul, ThreadPool, WeightRef};
+use coil_kernels::{matmul, WeightRef};
 use std::time::Instant;
 
+#[path = "common/shape.rs"]
+mod shape;
+
 fn main() {
-    let a: Vec<String> = std::env::args().collect();
-    let ty = GgmlType::from_name(&a[1]).unwrap();
-    let rows: usize = a[2].parse().unwrap();
-    let cols: usize = a[3].parse().unwrap();
-    let n: usize = a[4].parse().unwrap();
-    let th: usize = a.get(5).map(|s| s.parse().unwrap()).unwrap_or(0);
-    let pool = ThreadPool::new(th);
+    let (ty, rows, cols, n, pool) = shape::args("probe");
     let flag = |k: &str| std::env::var(k).is_ok_and(|v| v == "1");
     pool.set_single_stream(flag("PROBE_SINGLE"));
     let mut rng = Rng::new(1);

@@ -3,18 +3,15 @@
 //! ~1 s), for side-by-side comparison:
 //! `vs_llama FORMAT ROWS COLS N_TOKENS [THREADS]`.
 //! llama.cpp's `MUL_MAT(type_a=T,m=ROWS,n=N_TOKENS,k=COLS)` is this shape.
-use coil_gguf::GgmlType;
 use coil_kernels::testutil::{random_weights, Rng};
-use coil_kernels::{matmul, ThreadPool, WeightRef};
+use coil_kernels::{matmul, WeightRef};
 use std::time::Instant;
+
+#[path = "common/shape.rs"]
+mod shape;
+
 fn main() {
-    let a: Vec<String> = std::env::args().collect();
-    let ty = GgmlType::from_name(&a[1]).unwrap();
-    let rows: usize = a[2].parse().unwrap();
-    let cols: usize = a[3].parse().unwrap();
-    let n: usize = a[4].parse().unwrap();
-    let th: usize = a.get(5).map(|s| s.parse().unwrap()).unwrap_or(0);
-    let pool = ThreadPool::new(th);
+    let (ty, rows, cols, n, pool) = shape::args("vs_llama");
     let mut rng = Rng::new(1);
     let data = random_weights(&mut rng, ty, rows, cols);
     let w = WeightRef::new(ty, &data, rows, cols).unwrap();
