@@ -17,8 +17,11 @@
 //! - `--parallel 1,2,4,8` (llama.cpp's `llama-batched-bench`): N sequences
 //!   at once, prompts in one call and one token of each per generation step
 //!   (see [`super::bench_parallel`]).
+//! - `--json-schema`, `--grammar` (and their `-file` forms): generation
+//!   with and without that output constraint, greedy, alternating (see
+//!   [`super::bench_constraint`]).
 
-use super::common::ModelArgs;
+use super::common::{ConstraintArgs, ModelArgs};
 use anyhow::{bail, Context, Result};
 use coil::engine::{BatchEntry, Engine, Numerics};
 use coil::memory::SeqId;
@@ -91,6 +94,10 @@ pub struct Args {
     /// decodes it (one entry of a batch call, batch-invariant).
     #[arg(long = "batch-invariant")]
     batch_invariant: bool,
+    /// With a constraint: generation only (`-n`; no prompt test), greedy
+    /// with and without it, alternating, and what the masks cost per token.
+    #[command(flatten)]
+    constraint: ConstraintArgs,
 }
 
 /// Mean and sample standard deviation of tokens/s over repetitions.
@@ -271,6 +278,19 @@ pub fn run(a: Args) -> Result<()> {
     }
     if a.n_prompt == 0 && a.n_gen == 0 {
         bail!("nothing to measure: -p and -n are both 0");
+    }
+    if a.constraint.spec()?.is_some() {
+        if !a.parallel.is_empty() || a.depth > 0 || a.batch_invariant || a.spec.is_some() {
+            bail!("a constraint is measured alone: leave out --parallel, -d, --spec and --batch-invariant");
+        }
+        let b = super::bench_constraint::ConstraintBench {
+            constraint: &a.constraint,
+            n_gen: a.n_gen,
+            reps: a.reps,
+            no_warmup: a.no_warmup,
+            json: a.json,
+        };
+        return super::bench_constraint::run(&b, &a.model);
     }
     if let Some(mode) = a.spec {
         if !a.parallel.is_empty() || a.depth > 0 {

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod bench_constraint;
 pub mod bench_parallel;
 pub mod bench_spec;
 pub mod chat;
