@@ -12,9 +12,10 @@
 //!
 //! One warm-up of each, then `-r` repetitions of each, alternating (free,
 //! constrained, free, ...) so that a shared host's drift touches both
-//! alike. Beside tokens/s: the mask computation's time per token (on its
-//! own thread, overlapping the forward pass) and the serial time per token
-//! of applying the mask and choosing the token.
+//! alike. Beside tokens/s, per token: the mask computation's own time
+//! (the last constrained run's tokens replayed through the constraint
+//! alone), how much of it outlasted the forward pass it ran beside, and
+//! the serial time of applying the mask and choosing the token.
 
 use super::common::{ConstraintArgs, ModelArgs};
 use anyhow::{Context, Result};
@@ -28,7 +29,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// One run's figures.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Run {
     secs: f64,
     /// Seconds the steps waited past their forward pass (the mask
@@ -38,6 +39,42 @@ struct Run {
     pick_secs: f64,
     /// Times the constraint was complete and started over.
     restarts: usize,
+    /// The tokens chosen.
+    tokens: Vec<u32>,
+}
+
+/// Advances `c` past `tok`, or starts it over from `template` where the
+/// output is complete; whether it started over.
+fn advance(
+    c: &mut Constraint,
+    template: &Constraint,
+    tokenizer: &Tokenizer,
+    tok: u32,
+) -> Result<bool> {
+    if !tokenizer.is_eog(tok) {
+        c.commit(tok)?;
+        if !c.is_finished() {
+            return Ok(false);
+        }
+    }
+    *c = template.clone();
+    Ok(true)
+}
+
+/// The mask computation's own time per token (ms: mean, max), alone on
+/// this thread: `tokens` replayed through a fresh copy of `template`.
+fn mask_times(template: &Constraint, tokenizer: &Tokenizer, tokens: &[u32]) -> Result<(f64, f64)> {
+    let mut c = template.clone();
+    let (mut sum, mut max) = (0.0f64, 0.0f64);
+    for &tok in tokens {
+        let t = Instant::now();
+        c.prepare()?;
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        sum += ms;
+        max = max.max(ms);
+        advance(&mut c, template, tokenizer, tok)?;
+    }
+    Ok((sum / tokens.len().max(1) as f64, max))
 }
 
 fn run_once(
@@ -76,16 +113,10 @@ fn run_once(
             None => sampler.sample(&logits),
         };
         run.pick_secs += t.elapsed().as_secs_f64();
+        run.tokens.push(tok);
         if let (Some(c), Some(tpl)) = (constraint.as_mut(), template) {
-            if tokenizer.is_eog(tok) {
-                *c = tpl.clone();
+            if advance(c, tpl, tokenizer, tok)? {
                 run.restarts += 1;
-            } else {
-                c.commit(tok)?;
-                if c.is_finished() {
-                    *c = tpl.clone();
-                    run.restarts += 1;
-                }
             }
         }
         let t = Instant::now();
@@ -179,6 +210,12 @@ pub fn run(b: &ConstraintBench, margs: &ModelArgs) -> Result<()> {
     let pick_ms = per_tok(&constrained, |r| r.pick_secs);
     let free_pick_ms = per_tok(&free, |r| r.pick_secs);
     let restarts: usize = constrained.iter().map(|r| r.restarts).sum();
+    let last = constrained
+        .last()
+        .map(|r| r.tokens.as_slice())
+        .unwrap_or(&[]);
+    let (alone_ms, alone_max_ms) = mask_times(&template, &tokenizer, last)?;
+    let fwd_ms = 1e3 * free.iter().map(|r| r.secs).sum::<f64>() / (free.len() * b.n_gen) as f64;
     if b.json {
         let out = json!({
             "model": margs.model.display().to_string(),
@@ -193,6 +230,9 @@ pub fn run(b: &ConstraintBench, margs: &ModelArgs) -> Result<()> {
             "ratio_median": ratio,
             "ratios": ratios,
             "mask_outlasting_forward_ms_per_token": mask_ms,
+            "mask_alone_ms_per_token": alone_ms,
+            "mask_alone_max_ms": alone_max_ms,
+            "free_ms_per_token": fwd_ms,
             "pick_ms_per_token": pick_ms,
             "free_pick_ms_per_token": free_pick_ms,
             "restarts": restarts,
@@ -209,8 +249,9 @@ pub fn run(b: &ConstraintBench, margs: &ModelArgs) -> Result<()> {
     );
     println!(
         "constrained / free: {ratio:.3} (median of {} alternating pairs); per token: \
-         mask computation outlasting the forward pass {mask_ms:.3} ms, mask applied and \
-         token chosen {pick_ms:.3} ms (free: {free_pick_ms:.3} ms); compiled in {:.3} s; \
+         mask computation {alone_ms:.3} ms alone (max {alone_max_ms:.3}; a free token takes \
+         {fwd_ms:.1} ms), {mask_ms:.3} ms of it outlasting the forward pass; mask applied \
+         and token chosen {pick_ms:.3} ms (free: {free_pick_ms:.3} ms); compiled in {:.3} s; \
          {restarts} restarts of a complete output",
         b.reps, compile_secs
     );
