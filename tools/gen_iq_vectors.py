@@ -15,7 +15,8 @@ Per format (`<fmt>` = lowercase ggml name):
     <fmt>.blocks.deq.f32    ggml's dequantize_row_<fmt> of them
     <fmt>.ggml.q.bin        ggml_quantize_chunk of iq.ggml.in.f32 in rows of ROW values without
                             importance weights (formats that allow it)
-    <fmt>.ggml.qw.bin       the same with the weights iq.ggml.w.f32 (ROW floats, every row)
+    <fmt>.ggml.qw.bin       the same with the weights iq.ggml.w.f32 (ROW floats, every row);
+                            also for the legacy, K-quant and IQ4 formats (WEIGHTED)
 
 The random blocks are also dequantized by the `gguf` Python package (gguf.quants); the script
 stops if it disagrees with ggml anywhere (its tables are its own copy).
@@ -51,6 +52,9 @@ FORMATS = {
     T.MXFP4: None,
 }
 NEEDS_WEIGHTS = {T.IQ2_XXS, T.IQ2_XS, T.IQ1_S}
+# formats whose importance-weighted quantizers (llama-quantize --imatrix) get <fmt>.ggml.qw.bin
+# of the same input and weights (their unweighted vectors come from the other scripts)
+WEIGHTED = ["q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"]
 
 
 def scales(rng, n):
@@ -136,6 +140,9 @@ def main():
                 run("q", name, ROW, f"{OUT}/iq.ggml.in.f32", f"{OUT}/{name}.ggml.q.bin")
             run("q", name, ROW, f"{OUT}/iq.ggml.in.f32", f"{OUT}/{name}.ggml.qw.bin", f"{OUT}/iq.ggml.w.f32")
             print(name, "ok")
+    for name in WEIGHTED:
+        run("q", name, ROW, f"{OUT}/iq.ggml.in.f32", f"{OUT}/{name}.ggml.qw.bin", f"{OUT}/iq.ggml.w.f32")
+        print(name, "weighted ok")
     common = os.path.join(sys.argv[1], "ggml/src/ggml-common.h")
     sha = hashlib.sha256(open(common, "rb").read()).hexdigest()
     with open(f"{OUT}/iq.versions.txt", "w") as f:

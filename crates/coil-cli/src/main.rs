@@ -40,6 +40,10 @@ enum Command {
     Convert(cmd::convert::Args),
     /// Quantize a GGUF file with llama.cpp's per-tensor type mixtures.
     Quantize(cmd::quantize::Args),
+    /// Collect an importance matrix (per-column activation statistics of
+    /// every weight matrix over a calibration text) for `quantize
+    /// --imatrix`, in llama-imatrix's file format.
+    Imatrix(cmd::imatrix::Args),
     /// The perplexity of a text file, as llama.cpp's llama-perplexity
     /// computes it (non-overlapping windows of --ctx tokens, the second half
     /// of each scored).
@@ -85,6 +89,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => cmd::bench::run(a),
         Command::Convert(a) => cmd::convert::run(a),
         Command::Quantize(a) => cmd::quantize::run(a),
+        Command::Imatrix(a) => cmd::imatrix::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Chat(a) => cmd::chat::run(a),

@@ -17,6 +17,7 @@ pub mod arch;
 pub mod config;
 mod convert;
 pub mod error;
+pub mod imatrix;
 pub mod plan;
 mod progress;
 pub mod quantize;

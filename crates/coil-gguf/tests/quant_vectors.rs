@@ -180,6 +180,38 @@ fn quantize_matches_ggml_for_the_lattice_ternary_and_fp4_formats() {
     assert_eq!(compared, 17);
 }
 
+/// The legacy, K-quant and IQ4 formats with importance weights (ggml's
+/// `quantize_row_*_impl`, what llama-quantize `--imatrix` runs), byte for
+/// byte, on the lattice formats' input and weights.
+#[test]
+fn weighted_quantize_matches_ggml_for_the_legacy_k_and_iq4_formats() {
+    let x = f32s(&fixture("iq.ggml.in.f32"));
+    let w = f32s(&fixture("iq.ggml.w.f32"));
+    for name in [
+        "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs",
+    ] {
+        let t = ty(name);
+        let want = fixture(&format!("{name}.ggml.qw.bin"));
+        let ts = t.type_size();
+        let mut got = vec![0u8; want.len()];
+        quantize_rows(t, &x, IQ_ROW, Some(&w), &mut got).unwrap();
+        let bad: Vec<usize> = (0..want.len() / ts)
+            .filter(|&b| got[b * ts..(b + 1) * ts] != want[b * ts..(b + 1) * ts])
+            .collect();
+        if let Some(&b) = bad.first() {
+            panic!(
+                "{t}: blocks {bad:?} differ from ggml; block {b}:\n got  {:02x?}\n want {:02x?}",
+                &got[b * ts..(b + 1) * ts],
+                &want[b * ts..(b + 1) * ts]
+            );
+        }
+        // the weights matter: without them the bytes differ
+        let mut plain = vec![0u8; want.len()];
+        quantize_rows(t, &x, IQ_ROW, None, &mut plain).unwrap();
+        assert_ne!(plain, got, "{t}: the weights changed nothing");
+    }
+}
+
 #[test]
 fn dequantize_quantized_input_matches_gguf_py() {
     for name in QUANTIZABLE {

@@ -8,6 +8,7 @@ pub mod chat;
 pub mod common;
 pub mod context;
 pub mod convert;
+pub mod imatrix;
 pub mod inspect;
 pub mod logits;
 pub mod perplexity;

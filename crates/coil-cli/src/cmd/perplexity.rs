@@ -286,7 +286,7 @@ fn divergence(a: Args) -> Result<()> {
 }
 
 /// The BOS token where the vocabulary adds one.
-fn bos(tokenizer: &Tokenizer) -> Option<u32> {
+pub(super) fn bos(tokenizer: &Tokenizer) -> Option<u32> {
     tokenizer
         .vocab()
         .bos_id
@@ -295,7 +295,7 @@ fn bos(tokenizer: &Tokenizer) -> Option<u32> {
 
 /// One window from an empty state (its first token replaced by `bos`),
 /// every position's logits.
-fn eval_window(
+pub(super) fn eval_window(
     engine: &mut Engine,
     window: &mut [u32],
     bos: Option<u32>,
@@ -309,7 +309,7 @@ fn eval_window(
 }
 
 /// Negative log-likelihood of `target` under one row of logits (f64 log-sum-exp).
-fn nll(row: &[f32], target: u32) -> f64 {
+pub(super) fn nll(row: &[f32], target: u32) -> f64 {
     let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
     let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
     max + sum.ln() - row[target as usize] as f64

@@ -18,6 +18,7 @@
 //! | [`iq3`]     | IQ3_XXS, IQ3_S                            | dequantize     |
 //! | [`iq_quantize`] | IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S | quantize     |
 //! | [`iq1_quantize`] | IQ1_S, IQ1_M                         | quantize       |
+//! | `weighted`  | Q4_0..Q5_1, Q2_K..Q6_K, IQ4_NL, IQ4_XS with importance weights | quantize |
 //! | [`iq1`]     | IQ1_S, IQ1_M                              | dequantize     |
 //! | [`ternary`] | TQ1_0, TQ2_0                              | both           |
 //! | [`mxfp4`]   | MXFP4                                     | both           |
@@ -58,6 +59,7 @@ pub mod legacy;
 pub mod mxfp4;
 mod search_lanes;
 pub mod ternary;
+mod weighted;
 
 pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 pub use iquants::KVALUES_IQ4NL;
@@ -193,26 +195,11 @@ pub fn requires_weights(ty: GgmlType) -> bool {
 }
 
 /// Whether [`quantize_row_weighted`] accepts importance weights for `ty`:
-/// the types whose ggml quantizer ignores them (so do coil's) and those
-/// where coil uses them as ggml does.
+/// the types whose ggml quantizer ignores them (so do coil's: F32, F16,
+/// BF16, Q8_0, TQ1_0, TQ2_0, MXFP4) and those where coil uses them as ggml
+/// does (every other type [`quantize_row`] writes).
 pub fn can_quantize_weighted(ty: GgmlType) -> bool {
-    use GgmlType::*;
-    matches!(
-        ty,
-        F32 | F16
-            | BF16
-            | Q8_0
-            | TQ1_0
-            | TQ2_0
-            | MXFP4
-            | IQ2_XXS
-            | IQ2_XS
-            | IQ2_S
-            | IQ3_XXS
-            | IQ3_S
-            | IQ1_S
-            | IQ1_M
-    )
+    can_quantize(ty)
 }
 
 /// Checks that `n_elements` elements of `ty` take exactly `n_bytes` bytes.
@@ -293,7 +280,8 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
     quantize_row_weighted(ty, src, None, dst)
 }
 
-/// [`quantize_row`] with ggml's importance weights: `weights` has one value
+/// [`quantize_row`] with ggml's importance weights (`src` one row: the
+/// legacy types' weighting uses the row's mean square): `weights` has one value
 /// per element of the row (an importance matrix's entries for the row's
 /// columns; every row of a tensor takes the same ones), as
 /// `ggml_quantize_chunk` takes them.
@@ -328,6 +316,26 @@ pub fn quantize_row_weighted(
             })
         }
         _ => {}
+    }
+    if let Some(w) = weights {
+        let f: Option<fn(&[f32], &[f32], &mut [u8])> = match ty {
+            Q4_0 => Some(weighted::quantize_q4_0),
+            Q4_1 => Some(weighted::quantize_q4_1),
+            Q5_0 => Some(weighted::quantize_q5_0),
+            Q5_1 => Some(weighted::quantize_q5_1),
+            Q2_K => Some(weighted::quantize_q2_k),
+            Q3_K => Some(weighted::quantize_q3_k),
+            Q4_K => Some(weighted::quantize_q4_k),
+            Q5_K => Some(weighted::quantize_q5_k),
+            Q6_K => Some(weighted::quantize_q6_k),
+            IQ4_NL => Some(weighted::quantize_iq4_nl),
+            IQ4_XS => Some(weighted::quantize_iq4_xs),
+            _ => None,
+        };
+        if let Some(f) = f {
+            f(src, w, dst);
+            return Ok(());
+        }
     }
     match ty {
         F32 => float::quantize_f32(src, dst),
@@ -379,9 +387,9 @@ pub fn quantize_row_weighted(
 /// collects for the matrix): the quantizers then minimise the
 /// importance-weighted error, as llama-quantize does with `--imatrix`.
 /// F32, F16, BF16, Q8_0, TQ1_0, TQ2_0 and MXFP4 take no weights (as in
-/// ggml); the IQ1–IQ3 types use them ([`quantize_row_weighted`]); a type
-/// whose weighted quantizer coil lacks is [`QuantError::Unsupported`] with
-/// an importance matrix (never quantized without it silently).
+/// ggml); every other type uses them ([`quantize_row_weighted`]; the
+/// legacy types weigh by the whole row's mean square, so `src` is whole
+/// rows).
 pub fn quantize_rows(
     ty: GgmlType,
     src: &[f32],
@@ -598,8 +606,9 @@ mod tests {
         let e = quantize_row_weighted(GgmlType::TQ2_0, &x, Some(&w[..255]), &mut y).unwrap_err();
         assert!(matches!(e, QuantError::ImportanceLength { .. }), "{e}");
         let mut y = [0u8; 144];
-        let e = quantize_row_weighted(GgmlType::Q4_K, &x, Some(&w), &mut y).unwrap_err();
-        assert!(matches!(e, QuantError::Unsupported { .. }), "{e}");
+        assert!(quantize_row_weighted(GgmlType::Q4_K, &x, Some(&w), &mut y).is_ok());
+        let e = quantize_row_weighted(GgmlType::Q4_K, &x, Some(&w[..128]), &mut y).unwrap_err();
+        assert!(matches!(e, QuantError::ImportanceLength { .. }), "{e}");
         for ty in GgmlType::ALL.into_iter().filter(|&t| requires_weights(t)) {
             let mut y = vec![0u8; ty.type_size()];
             if can_quantize(ty) {

@@ -32,6 +32,7 @@ pub mod act;
 mod decode;
 pub mod gemm;
 pub(crate) mod kernel;
+pub mod observe;
 pub mod plan;
 pub mod scalar;
 pub(crate) mod split;
@@ -116,6 +117,8 @@ pub fn matmul(pool: &ThreadPool, w: &WeightRef, x: &[f32], y: &mut [f32], n_toke
     matmul_at(pool, w, x, y, n_tokens, simd::level())
 }
 
+pub use observe::{set_product_observer, ProductObserver};
+
 /// `ys[i] = x · ws[i]ᵀ` for several matrices of one input (a feed-forward
 /// block's gate and up projections, an attention layer's q, k and v): each
 /// result is bit for bit what [`matmul`] gives it alone, and where the
@@ -131,6 +134,7 @@ pub fn matmul_shared(
     assert_eq!(ws.len(), ys.len(), "matmul_shared: one output per matrix");
     for (w, y) in ws.iter().zip(ys.iter()) {
         check_shapes(w, x, y, n_tokens);
+        observe::notify(w, x, n_tokens);
     }
     let level = simd::level().min(simd::detected_level());
     let keys: Vec<Option<SharedActs>> = ws
@@ -142,7 +146,7 @@ pub fn matmul_shared(
         // ones from i on); a matrix without one runs alone (one-token
         // decode steps: every one, no allocation)
         let Some(k) = keys[i] else {
-            matmul_at(pool, ws[i], x, ys[i], n_tokens, level);
+            product_at(pool, ws[i], x, ys[i], n_tokens, level);
             continue;
         };
         if keys[..i].contains(&Some(k)) {
@@ -150,7 +154,7 @@ pub fn matmul_shared(
         }
         let group: Vec<usize> = (i..ws.len()).filter(|&j| keys[j] == Some(k)).collect();
         if group.len() == 1 {
-            matmul_at(pool, ws[i], x, ys[i], n_tokens, level);
+            product_at(pool, ws[i], x, ys[i], n_tokens, level);
             continue;
         }
         #[cfg(target_arch = "x86_64")]
@@ -228,8 +232,21 @@ pub fn matmul_at(
     n_tokens: usize,
     level: SimdLevel,
 ) {
-    let level = level.min(simd::detected_level());
     check_shapes(w, x, y, n_tokens);
+    observe::notify(w, x, n_tokens);
+    product_at(pool, w, x, y, n_tokens, level)
+}
+
+/// [`matmul_at`] without its checks and observer.
+fn product_at(
+    pool: &ThreadPool,
+    w: &WeightRef,
+    x: &[f32],
+    y: &mut [f32],
+    n_tokens: usize,
+    level: SimdLevel,
+) {
+    let level = level.min(simd::detected_level());
     let single = pool.single_stream();
     match plan::choose(&plan::product(
         pool, w.ty, w.layout, w.rows, w.cols, n_tokens, level,

@@ -7,6 +7,7 @@ pub mod draft;
 mod draft_model;
 pub mod dry;
 pub mod generate;
+pub mod imatrix;
 pub mod kld;
 pub mod logprobs;
 pub mod nucleus;
