@@ -80,8 +80,23 @@ fn llama_style_args() -> Vec<std::ffi::OsString> {
         .collect()
 }
 
+/// Output piped into a reader that stops early (`coil inspect FILE | head
+/// -1`) ends the process quietly, as for other command-line tools, instead
+/// of a panic on the failed write: SIGPIPE's default action. Not for the
+/// server, whose closed client sockets must not end it.
+fn end_quietly_on_closed_pipes() {
+    #[cfg(unix)]
+    // SAFETY: sets a signal disposition before any thread is started.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse_from(llama_style_args());
+    if !matches!(cli.command, Command::Serve(_)) {
+        end_quietly_on_closed_pipes();
+    }
     let result = match cli.command {
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Run(a) => cmd::run::run(a),

@@ -132,3 +132,90 @@ fn bad_arguments_are_refused() {
     );
     assert!(!out.exists());
 }
+
+/// `coil quantize --imatrix` writes llama-quantize's bytes: every case of
+/// tests/fixtures/imatrix/cases.txt against the hashes of llama-quantize's
+/// outputs (tools/imatrix_quantize_reference.sh), with the GGUF and the
+/// legacy importance-matrix formats, a dense and an expert model.
+#[test]
+fn quantize_with_imatrix_matches_llama_quantize() {
+    use sha2::{Digest, Sha256};
+    let dir = repo().join("tests/fixtures/imatrix");
+    let want = std::fs::read_to_string(dir.join("quantize.sha256")).unwrap();
+    let out = scratch("q.gguf");
+    let mut checked = 0;
+    let mut bad = Vec::new();
+    for case in std::fs::read_to_string(dir.join("cases.txt"))
+        .unwrap()
+        .lines()
+    {
+        let f: Vec<&str> = case.split_whitespace().collect();
+        if f.is_empty() || f[0].starts_with('#') {
+            continue;
+        }
+        let (model, imatrix) = (f[0], f[1]);
+        for mix in &f[2..] {
+            let hash = want
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{model} {imatrix} {mix} ")))
+                .unwrap_or_else(|| panic!("no reference hash for {model} {mix}"));
+            let r = Command::new(env!("CARGO_BIN_EXE_coil"))
+                .current_dir(&dir)
+                .args(["quantize", "--quiet", "--imatrix", imatrix, model])
+                .arg(&out)
+                .arg(mix)
+                .output()
+                .expect("run coil");
+            assert!(
+                r.status.success(),
+                "{model} {mix}: {}",
+                String::from_utf8_lossy(&r.stderr)
+            );
+            let got = format!("{:x}", Sha256::digest(std::fs::read(&out).unwrap()));
+            if got != hash {
+                bad.push(format!("{model} {imatrix} {mix}"));
+            }
+            checked += 1;
+        }
+    }
+    let _ = std::fs::remove_file(&out);
+    assert!(bad.is_empty(), "differ from llama-quantize: {bad:?}");
+    assert!(checked >= 35, "{checked} cases");
+}
+
+#[test]
+fn quantize_refuses_a_missing_or_foreign_imatrix() {
+    let dir = repo().join("tests/fixtures/imatrix");
+    let out = scratch("never-q.gguf");
+    let run = |extra: &[&str]| {
+        let (mix, flags) = extra.split_last().unwrap();
+        Command::new(env!("CARGO_BIN_EXE_coil"))
+            .current_dir(&dir)
+            .args(["quantize", "--quiet"])
+            .args(flags)
+            .arg("../fidelity/shakespeare-llama-q8_0.gguf")
+            .arg(&out)
+            .arg(mix)
+            .output()
+            .expect("run coil")
+    };
+    // IQ2_XXS without an importance matrix
+    let r = run(&["IQ2_XXS"]);
+    assert!(!r.status.success());
+    let e = String::from_utf8_lossy(&r.stderr);
+    assert!(e.contains("IQ2_XXS") && e.contains("--imatrix"), "{e}");
+    // the MoE model's matrix for the llama model
+    let r = run(&["--imatrix", "qwen35moe.imatrix.gguf", "IQ2_XXS"]);
+    assert!(!r.status.success());
+    let e = String::from_utf8_lossy(&r.stderr);
+    assert!(
+        e.contains("qwen35moe.imatrix.gguf") && e.contains("another model"),
+        "{e}"
+    );
+    // not an importance matrix at all
+    let r = run(&["--imatrix", "README.md", "IQ2_XXS"]);
+    assert!(!r.status.success());
+    let e = String::from_utf8_lossy(&r.stderr);
+    assert!(e.contains("README.md"), "{e}");
+    assert!(!out.exists());
+}

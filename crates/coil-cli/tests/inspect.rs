@@ -159,3 +159,40 @@ fn kda_state_and_mla_latent_cells_are_accounted() {
         assert!(out.contains(mla), "{name}:\n{out}");
     }
 }
+
+/// `coil inspect FILE | head -1`: the reader stops after one line while
+/// coil still writes (a file whose listing is far larger than a pipe's
+/// buffer); coil ends without a panic.
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    use coil_gguf::{GgmlType, Metadata, TensorSpec, Value};
+    use std::io::{BufRead, BufReader};
+    let mut md = Metadata::new();
+    md.insert("general.architecture", Value::String("llama".into()));
+    for i in 0..4000 {
+        md.insert(format!("x.key{i}"), Value::String("v".repeat(60)));
+    }
+    let t = [TensorSpec::new("t.weight", &[32], GgmlType::F32)];
+    let (mut bytes, sizes) = coil_gguf::gguf::encode_header(&md, &t).unwrap();
+    bytes.extend(vec![0u8; sizes[0] as usize]);
+    let path = std::env::temp_dir().join(format!("coil-pipe-{}.gguf", std::process::id()));
+    std::fs::write(&path, &bytes).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_coil"))
+        .arg("inspect")
+        .arg(&path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run coil");
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.contains("GGUF v3"), "{first}");
+    // the reading end is closed here
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_ne!(out.status.code(), Some(101), "{stderr}");
+    let _ = std::fs::remove_file(path);
+}

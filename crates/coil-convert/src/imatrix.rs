@@ -279,7 +279,23 @@ impl Imatrix {
             w.write_tensor_data(&le(&mut e.sums.iter().copied()))?;
             w.write_tensor_data(&le(&mut e.counts.iter().map(|&c| c as f32)))?;
         }
-        Ok(w.finish()?)
+        let path = w.finish()?;
+        // ggml pads the last tensor's data to the alignment too
+        let io = |source| ConvertError::Io {
+            path: path.clone(),
+            source,
+        };
+        let len = std::fs::metadata(&path).map_err(io)?.len();
+        let pad = len.next_multiple_of(32) - len;
+        if pad > 0 {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .map_err(io)?;
+            f.write_all(&vec![0u8; pad as usize]).map_err(io)?;
+        }
+        Ok(path)
     }
 
     /// The importance weights of weight matrix `name` as llama-quantize

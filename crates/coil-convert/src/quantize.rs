@@ -1,5 +1,8 @@
 //! `coil quantize`: llama.cpp's per-tensor type mixtures (`llama-quant.cpp`,
-//! `llama_tensor_get_type`, without an importance matrix) over a GGUF file.
+//! `llama_tensor_get_type`) over a GGUF file, with or without an importance
+//! matrix (`--imatrix`: [`crate::imatrix`]; each tensor with an entry is
+//! quantized with those weights, as llama-quantize does, and the IQ1–IQ3
+//! and Q2_K_S mixtures need one).
 //!
 //! Left as they are (llama.cpp's `tensor_allows_quantization`): tensors
 //! with fewer than 2 dimensions, names not ending in `weight` (`ssm_a`,
@@ -34,6 +37,7 @@
 //! F16).
 
 use crate::error::{ConvertError, Result};
+use crate::imatrix::Imatrix;
 use coil_gguf::{
     GgmlType, GgufFile, Metadata, SplitLimits, SplitWriter, TensorInfo, TensorSpec, Value,
 };
@@ -60,10 +64,24 @@ pub enum QuantMix {
     Q6_K,
     IQ4_NL,
     IQ4_XS,
+    Q2_K_S,
+    IQ2_XXS,
+    IQ2_XS,
+    IQ2_S,
+    IQ2_M,
+    IQ3_XXS,
+    IQ3_XS,
+    IQ3_S,
+    IQ3_M,
+    IQ1_S,
+    IQ1_M,
+    TQ1_0,
+    TQ2_0,
+    MXFP4_MOE,
 }
 
 impl QuantMix {
-    pub const ALL: [QuantMix; 16] = [
+    pub const ALL: [QuantMix; 30] = [
         QuantMix::Q8_0,
         QuantMix::Q4_0,
         QuantMix::Q4_1,
@@ -80,6 +98,20 @@ impl QuantMix {
         QuantMix::Q6_K,
         QuantMix::IQ4_NL,
         QuantMix::IQ4_XS,
+        QuantMix::Q2_K_S,
+        QuantMix::IQ2_XXS,
+        QuantMix::IQ2_XS,
+        QuantMix::IQ2_S,
+        QuantMix::IQ2_M,
+        QuantMix::IQ3_XXS,
+        QuantMix::IQ3_XS,
+        QuantMix::IQ3_S,
+        QuantMix::IQ3_M,
+        QuantMix::IQ1_S,
+        QuantMix::IQ1_M,
+        QuantMix::TQ1_0,
+        QuantMix::TQ2_0,
+        QuantMix::MXFP4_MOE,
     ];
 
     pub fn name(self) -> &'static str {
@@ -100,6 +132,20 @@ impl QuantMix {
             QuantMix::Q6_K => "Q6_K",
             QuantMix::IQ4_NL => "IQ4_NL",
             QuantMix::IQ4_XS => "IQ4_XS",
+            QuantMix::Q2_K_S => "Q2_K_S",
+            QuantMix::IQ2_XXS => "IQ2_XXS",
+            QuantMix::IQ2_XS => "IQ2_XS",
+            QuantMix::IQ2_S => "IQ2_S",
+            QuantMix::IQ2_M => "IQ2_M",
+            QuantMix::IQ3_XXS => "IQ3_XXS",
+            QuantMix::IQ3_XS => "IQ3_XS",
+            QuantMix::IQ3_S => "IQ3_S",
+            QuantMix::IQ3_M => "IQ3_M",
+            QuantMix::IQ1_S => "IQ1_S",
+            QuantMix::IQ1_M => "IQ1_M",
+            QuantMix::TQ1_0 => "TQ1_0",
+            QuantMix::TQ2_0 => "TQ2_0",
+            QuantMix::MXFP4_MOE => "MXFP4_MOE",
         }
     }
 
@@ -125,13 +171,23 @@ impl QuantMix {
             Q4_1 => GgmlType::Q4_1,
             Q5_0 => GgmlType::Q5_0,
             Q5_1 => GgmlType::Q5_1,
-            Q2_K => GgmlType::Q2_K,
+            Q2_K | Q2_K_S => GgmlType::Q2_K,
             Q3_K_S | Q3_K_M | Q3_K_L => GgmlType::Q3_K,
             Q4_K_S | Q4_K_M => GgmlType::Q4_K,
             Q5_K_S | Q5_K_M => GgmlType::Q5_K,
             Q6_K => GgmlType::Q6_K,
             IQ4_NL => GgmlType::IQ4_NL,
             IQ4_XS => GgmlType::IQ4_XS,
+            IQ2_XXS => GgmlType::IQ2_XXS,
+            IQ2_XS | IQ2_S => GgmlType::IQ2_XS,
+            IQ2_M => GgmlType::IQ2_S,
+            IQ3_XXS => GgmlType::IQ3_XXS,
+            IQ3_XS | IQ3_S | IQ3_M => GgmlType::IQ3_S,
+            IQ1_S => GgmlType::IQ1_S,
+            IQ1_M => GgmlType::IQ1_M,
+            TQ1_0 => GgmlType::TQ1_0,
+            TQ2_0 => GgmlType::TQ2_0,
+            MXFP4_MOE => GgmlType::MXFP4,
         }
     }
 
@@ -155,6 +211,20 @@ impl QuantMix {
             Q6_K => 18,
             IQ4_NL => 25,
             IQ4_XS => 30,
+            IQ2_XXS => 19,
+            IQ2_XS => 20,
+            Q2_K_S => 21,
+            IQ3_XS => 22,
+            IQ3_XXS => 23,
+            IQ1_S => 24,
+            IQ3_S => 26,
+            IQ3_M => 27,
+            IQ2_S => 28,
+            IQ2_M => 29,
+            IQ1_M => 31,
+            TQ1_0 => 36,
+            TQ2_0 => 37,
+            MXFP4_MOE => 38,
         }
     }
 }
@@ -182,6 +252,11 @@ pub struct QuantizeOptions {
     /// llama.cpp's split parts (`OUT-00001-of-0000n.gguf`, …) of at most
     /// this much tensor data / this many tensors each.
     pub split: SplitLimits,
+    /// `--imatrix FILE`: the importance matrix (as given on the command
+    /// line, which the output's `quantize.imatrix.file` records, and its
+    /// contents). Every tensor it has an entry for is quantized with those
+    /// importance weights, and the mixtures' rules that read it apply.
+    pub imatrix: Option<(String, Imatrix)>,
 }
 
 /// One `--tensor-type PATTERN=TYPE` rule: a regular expression searched
@@ -230,6 +305,7 @@ impl QuantizeOptions {
             token_embd_type: None,
             tensor_types: Vec::new(),
             split: SplitLimits::default(),
+            imatrix: None,
         }
     }
 }
@@ -321,12 +397,13 @@ fn fallback(t: &TensorInfo, ty: GgmlType) -> GgmlType {
     if ncols % ty.block_size() as u64 == 0 {
         return ty;
     }
+    use GgmlType::*;
     let f = match ty {
-        GgmlType::Q2_K | GgmlType::Q3_K => GgmlType::Q4_0,
-        GgmlType::Q4_K => GgmlType::Q5_0,
-        GgmlType::Q5_K => GgmlType::Q5_1,
-        GgmlType::Q6_K => GgmlType::Q8_0,
-        GgmlType::IQ4_XS => GgmlType::IQ4_NL,
+        IQ1_S | IQ1_M | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ4_XS => IQ4_NL,
+        Q2_K | Q3_K | TQ1_0 | TQ2_0 => Q4_0,
+        Q4_K => Q5_0,
+        Q5_K => Q5_1,
+        Q6_K => Q8_0,
         other => other,
     };
     if ncols % f.block_size() as u64 != 0 {
@@ -392,16 +469,19 @@ struct Counters {
     n_attention_wv: i64,
     i_attention_wv: i64,
     i_ffn_down: i64,
+    i_ffn_gate: i64,
+    i_ffn_up: i64,
 }
 
 /// The type of one quantizable tensor under `mix` before the shape fallback
-/// (llama.cpp's `llama_tensor_get_type_impl`, the branches of the K-quant
-/// and legacy mixtures).
+/// (llama.cpp's `llama_tensor_get_type_impl`, branch for branch;
+/// `imatrix`: an importance matrix is given, which some rules read).
 fn mixture_type(
     t: &TensorInfo,
     opts: &QuantizeOptions,
     m: &ModelFacts,
     tied: bool,
+    imatrix: bool,
     c: &mut Counters,
 ) -> GgmlType {
     use GgmlType::*;
@@ -422,27 +502,100 @@ fn mixture_type(
             counter
         }
     };
+    // the IQ1 / IQ2 mixtures share one branch
+    let iq12 = matches!(
+        mix,
+        X::IQ2_XXS | X::IQ2_XS | X::IQ1_S | X::IQ2_S | X::IQ2_M | X::IQ1_M
+    );
+    let iq2_sm = matches!(mix, X::IQ2_S | X::IQ2_M);
+    let n = m.n_layer;
     let cat = category(&t.name);
-    match cat {
-        Category::Output | Category::TokenEmbd if cat == Category::Output || tied => {
-            let nx = t.dims.first().copied().unwrap_or(1);
-            if let Some(o) = opts.output_type {
-                ty = o;
-            } else if falcon || nx % ty.block_size() as u64 != 0 {
-                ty = Q8_0;
-            } else if ty != Q8_0 {
-                ty = Q6_K;
+    if cat == Category::Output || (tied && cat == Category::TokenEmbd) {
+        let nx = t.dims.first().copied().unwrap_or(1);
+        return if let Some(o) = opts.output_type {
+            o
+        } else if mix == X::MXFP4_MOE || falcon || nx % ty.block_size() as u64 != 0 {
+            Q8_0
+        } else if iq12 || mix == X::IQ3_XXS {
+            Q5_K
+        } else if ty != Q8_0 {
+            Q6_K
+        } else {
+            ty
+        };
+    }
+    if mix == X::MXFP4_MOE {
+        // expert tensors (3-D) MXFP4, everything else Q8_0; Ling 3.0's MLA
+        // projections are 3-D too, so there only the feed-forward roles
+        let expert_role = matches!(cat, Category::FfnUp | Category::FfnGate | Category::FfnDown);
+        let experts = t.dims.get(2).copied().unwrap_or(1) > 1;
+        return if experts && (m.arch != "bailingmoe3" || expert_role) {
+            MXFP4
+        } else {
+            Q8_0
+        };
+    }
+    if cat == Category::TokenEmbd {
+        return match mix {
+            X::IQ2_XXS | X::IQ2_XS | X::IQ1_S | X::IQ1_M => Q2_K,
+            X::IQ2_S | X::IQ2_M | X::IQ3_XXS => IQ3_S,
+            X::TQ1_0 | X::TQ2_0 => Q4_K,
+            _ => ty,
+        };
+    }
+    if iq12 {
+        match cat {
+            Category::AttnV => {
+                ty = if m.n_gqa >= 4 || m.n_expert >= 4 {
+                    Q4_K
+                } else if iq2_sm {
+                    IQ3_S
+                } else {
+                    Q2_K
+                };
+                c.i_attention_wv += 1;
             }
+            Category::AttnK if m.n_expert == 8 => ty = Q4_K,
+            Category::FfnDown => {
+                // the running count of ffn_down tensors (experts and
+                // shared experts alike), not the layer
+                if c.i_ffn_down < n / 8 {
+                    ty = if iq2_sm { IQ3_S } else { Q2_K };
+                }
+                c.i_ffn_down += 1;
+            }
+            Category::AttnOutput => {
+                ty = if m.n_expert == 8 {
+                    Q5_K
+                } else if matches!(mix, X::IQ1_S | X::IQ1_M) {
+                    IQ2_XXS
+                } else if iq2_sm {
+                    IQ3_S
+                } else {
+                    ty
+                };
+            }
+            _ => {}
         }
+        return ty;
+    }
+    match cat {
         Category::AttnV => {
             let i = c.i_attention_wv;
+            let gqa4 = m.n_gqa >= 4;
             ty = match mix {
-                X::Q2_K if m.n_gqa >= 4 => Q4_K,
+                X::Q2_K if gqa4 => Q4_K,
                 X::Q2_K => Q3_K,
+                X::Q2_K_S if gqa4 => Q4_K,
+                X::IQ3_XXS if gqa4 => Q4_K,
+                X::IQ3_XXS if !imatrix => IQ3_S,
+                X::IQ3_XXS => IQ3_XXS,
+                X::IQ3_XS | X::IQ3_S if gqa4 => Q4_K,
+                X::IQ3_M => Q4_K,
                 X::Q3_K_M if i < 2 => Q5_K,
                 X::Q3_K_M => Q4_K,
                 X::Q3_K_L => Q5_K,
-                X::IQ4_NL | X::IQ4_XS if m.n_gqa >= 4 => Q5_K,
+                X::IQ4_NL | X::IQ4_XS if gqa4 => Q5_K,
                 X::Q4_K_M | X::Q5_K_M if use_more_bits(i, c.n_attention_wv) => Q6_K,
                 X::Q4_K_S if i < 4 => Q5_K,
                 _ => ty,
@@ -455,23 +608,46 @@ fn mixture_type(
             }
             c.i_attention_wv += 1;
         }
-        Category::AttnK if m.n_expert == 8 => ty = Q8_0,
+        Category::AttnK => {
+            ty = match mix {
+                _ if m.n_expert == 8 => Q8_0,
+                X::IQ3_XS => IQ3_XXS,
+                X::IQ3_XXS => IQ2_S,
+                _ => ty,
+            }
+        }
+        Category::AttnQ => {
+            ty = match mix {
+                X::IQ3_XS => IQ3_XXS,
+                X::IQ3_XXS => IQ2_S,
+                _ => ty,
+            }
+        }
         Category::FfnDown => {
-            let (i, n) = (layer_of(c.i_ffn_down), m.n_layer);
+            let i = layer_of(c.i_ffn_down);
             let more = use_more_bits(i, n);
             ty = match mix {
                 X::Q2_K => Q3_K,
+                X::Q2_K_S if i < n / 8 => Q4_K,
+                X::Q2_K_S => ty,
+                X::IQ3_XXS if !imatrix && i < n / 8 => Q4_K,
+                X::IQ3_XXS if !imatrix => Q3_K,
                 X::Q3_K_M if i < n / 16 => Q5_K,
                 X::Q3_K_M if !falcon || more => Q4_K,
                 X::Q3_K_M => Q3_K,
+                X::IQ3_M if i < n / 8 || (m.n_expert == 8 && more) => Q4_K,
                 X::Q3_K_L if falcon => Q4_K,
                 X::Q3_K_L => Q5_K,
                 X::Q4_K_M if falcon && i < n / 16 => Q6_K,
                 X::Q4_K_M if falcon && more => Q5_K,
                 X::Q4_K_M if falcon => Q4_K,
-                X::Q4_K_M | X::Q5_K_M if more => Q6_K,
-                X::IQ4_NL | X::IQ4_XS if i < n / 8 => Q5_K,
+                X::Q4_K_M if more => Q6_K,
+                X::Q4_K_M => ty,
+                X::IQ4_NL | X::IQ4_XS if i < n / 8 && !imatrix => Q5_K,
+                X::Q5_K_M if more => Q6_K,
                 X::Q4_K_S if !falcon && i < n / 8 => Q5_K,
+                X::Q4_0 if imatrix && i < n / 8 => Q4_1,
+                X::Q5_0 if imatrix && i < n / 8 => Q5_1,
                 _ => ty,
             };
             c.i_ffn_down += 1;
@@ -480,17 +656,40 @@ fn mixture_type(
             ty = match mix {
                 X::Q3_K_L if falcon => Q4_K,
                 _ if falcon => ty,
-                X::Q2_K | X::Q3_K_S | X::Q3_K_M | X::Q4_K_S | X::Q4_K_M | X::IQ4_NL | X::IQ4_XS
+                X::Q2_K
+                | X::IQ3_XS
+                | X::IQ3_XXS
+                | X::Q3_K_S
+                | X::Q3_K_M
+                | X::IQ4_NL
+                | X::Q4_K_S
+                | X::Q4_K_M
+                | X::IQ3_S
+                | X::IQ3_M
+                | X::IQ4_XS
                     if m.n_expert == 8 =>
                 {
                     Q5_K
                 }
                 _ if m.n_expert == 8 => ty,
                 X::Q2_K => Q3_K,
-                X::Q3_K_M => Q4_K,
+                X::IQ3_XXS => IQ3_S,
+                X::Q3_K_M | X::IQ3_M => Q4_K,
                 X::Q3_K_L => Q5_K,
                 _ => ty,
             }
+        }
+        Category::FfnGate | Category::FfnUp => {
+            let counter = if cat == Category::FfnGate {
+                &mut c.i_ffn_gate
+            } else {
+                &mut c.i_ffn_up
+            };
+            let i = layer_of(*counter);
+            if mix == X::IQ3_XS && i >= n / 8 && i < 7 * n / 8 {
+                ty = IQ3_XXS;
+            }
+            *counter += 1;
         }
         _ => {}
     }
@@ -536,7 +735,10 @@ pub fn plan_types_with(file: &GgufFile, opts: &QuantizeOptions) -> Vec<GgmlType>
             // a rule's tensor skips the mixture's rules, counters included
             (_, _, _, Some(r)) => fallback(t, r.ty),
             _ if opts.pure => fallback(t, opts.mix.default_type()),
-            _ => fallback(t, mixture_type(t, opts, &facts, tied, &mut counters)),
+            _ => fallback(
+                t,
+                mixture_type(t, opts, &facts, tied, opts.imatrix.is_some(), &mut counters),
+            ),
         };
     }
     types
@@ -566,21 +768,23 @@ fn quantize_parallel(
     q: &mut [u8],
     ne0: usize,
     row_out: usize,
+    importance: Option<&[f32]>,
 ) -> Result<(), coil_gguf::quant::QuantError> {
+    use coil_gguf::quant::quantize_rows;
     let n_rows = f.len().checked_div(ne0).unwrap_or(0);
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(n_rows)
         .max(1);
     if threads == 1 {
-        return coil_gguf::quant::quantize_row(ty, f, q);
+        return quantize_rows(ty, f, ne0, importance, q);
     }
     let per = n_rows.div_ceil(threads);
     std::thread::scope(|s| {
         let handles: Vec<_> = f
             .chunks(per * ne0)
             .zip(q.chunks_mut(per * row_out))
-            .map(|(fx, qx)| s.spawn(move || coil_gguf::quant::quantize_row(ty, fx, qx)))
+            .map(|(fx, qx)| s.spawn(move || quantize_rows(ty, fx, ne0, importance, qx)))
             .collect();
         handles
             .into_iter()
@@ -588,6 +792,107 @@ fn quantize_parallel(
             .collect::<Result<Vec<()>, _>>()
             .map(|_| ())
     })
+}
+
+/// Whether llama-quantize refuses to write `ty` for tensor `name` under
+/// `mix` without importance weights (`tensor_requires_imatrix`).
+fn requires_imatrix(name: &str, ty: GgmlType, mix: QuantMix) -> bool {
+    use GgmlType::*;
+    if matches!(category(name), Category::Output | Category::TokenEmbd) {
+        return false;
+    }
+    match ty {
+        IQ3_XXS | IQ2_XXS | IQ2_XS | IQ2_S | IQ1_M | IQ1_S => true,
+        Q2_K => mix == QuantMix::Q2_K_S,
+        _ => false,
+    }
+}
+
+/// Per tensor (file order) the importance weights it is quantized with
+/// (per expert, one after another), as llama-quantize picks them; errors
+/// for an importance matrix of another model and for types that need one.
+fn importance_of(
+    file: &GgufFile,
+    types: &[GgmlType],
+    opts: &QuantizeOptions,
+) -> Result<Vec<Option<Vec<f32>>>> {
+    let mut out = vec![None; types.len()];
+    let needs = |t: &TensorInfo, ty: GgmlType| {
+        ty != t.ty && allows_quantization(t) && requires_imatrix(&t.name, ty, opts.mix)
+    };
+    let Some((label, m)) = &opts.imatrix else {
+        if let Some((t, &ty)) = file
+            .tensors()
+            .iter()
+            .zip(types)
+            .find(|(t, &ty)| needs(t, ty))
+        {
+            return Err(ConvertError::Quant(format!(
+                "{} quantizes tensor {:?} to {ty}, which needs an importance matrix: give one with --imatrix FILE (from coil imatrix or llama-imatrix)",
+                opts.mix.name(),
+                t.name
+            )));
+        }
+        return Ok(out);
+    };
+    let file_err = |why: String| ConvertError::Quant(format!("importance matrix {label}: {why}"));
+    if !file
+        .tensors()
+        .iter()
+        .any(|t| m.entries.contains_key(&t.name))
+    {
+        return Err(file_err(format!(
+            "none of its {} entries (e.g. {:?}) names a tensor of this model: it was made for another model",
+            m.entries.len(),
+            m.entries.keys().next().map_or("", |k| k.as_str())
+        )));
+    }
+    for (i, (t, &ty)) in file.tensors().iter().zip(types).enumerate() {
+        if ty == t.ty {
+            continue;
+        }
+        let Some(w) = m.importance(&t.name) else {
+            continue;
+        };
+        let want = t.dims.first().copied().unwrap_or(1) * t.dims.get(2).copied().unwrap_or(1);
+        if w.len() as u64 != want {
+            // llama-quantize lets token embeddings pass
+            if category(&t.name) == Category::TokenEmbd {
+                continue;
+            }
+            return Err(file_err(format!(
+                "its entry for tensor {:?} has {} values, the tensor takes {want} ({} columns{}): it was made for another model",
+                t.name,
+                w.len(),
+                t.dims[0],
+                match t.dims.get(2) {
+                    Some(e) if *e > 1 => format!(" × {e} experts"),
+                    _ => String::new(),
+                }
+            )));
+        }
+        if let Some(v) = w.iter().find(|v| !v.is_finite()) {
+            return Err(file_err(format!(
+                "its entry for tensor {:?} holds the non-finite value {v}",
+                t.name
+            )));
+        }
+        out[i] = Some(w);
+    }
+    let missing = file
+        .tensors()
+        .iter()
+        .zip(types)
+        .zip(&out)
+        .find(|((t, &ty), w)| w.is_none() && needs(t, ty));
+    if let Some(((t, ty), _)) = missing {
+        return Err(file_err(format!(
+            "it has no entry for tensor {:?}, which {} quantizes to {ty} (that needs importance weights)",
+            t.name,
+            opts.mix.name()
+        )));
+    }
+    Ok(out)
 }
 
 /// Elements converted per step, bounding memory for huge tensors.
@@ -639,12 +944,34 @@ pub fn quantize(input: &Path, output: &Path, opts: &QuantizeOptions) -> Result<Q
         let _ = (map, r);
     };
     let types = plan_types_with(&file, opts);
+    let importance = importance_of(&file, &types, opts)?;
     let mut md = file.metadata().clone();
     // llama-quantize re-appends these two keys at the end.
     md.remove("general.quantization_version");
     md.remove("general.file_type");
     md.insert("general.quantization_version", Value::U32(2));
     md.insert("general.file_type", Value::U32(opts.mix.file_type()));
+    if let Some((label, m)) = &opts.imatrix {
+        // llama-quantize's overrides, in its order (strings cut at 127 bytes)
+        let cut = |s: &str| {
+            let mut n = s.len().min(127);
+            while !s.is_char_boundary(n) {
+                n -= 1;
+            }
+            s[..n].to_string()
+        };
+        md.insert("quantize.imatrix.file", Value::String(cut(label)));
+        if let Some(d) = m.datasets.first() {
+            md.insert("quantize.imatrix.dataset", Value::String(cut(d)));
+        }
+        md.insert(
+            "quantize.imatrix.entries_count",
+            Value::U32(m.entries.len() as u32),
+        );
+        if m.chunk_count > 0 {
+            md.insert("quantize.imatrix.chunks_count", Value::U32(m.chunk_count));
+        }
+    }
     // Written in llama-quantize's order, so the files are identical.
     let order = llama_order(file.tensors());
     let specs: Vec<TensorSpec> = order
@@ -695,11 +1022,18 @@ pub fn quantize(input: &Path, output: &Path, opts: &QuantizeOptions) -> Result<Q
             let row_out = ty.bytes_for(ne0 as u64).unwrap_or(0) as usize;
             let rows_per_chunk = (CHUNK_ELEMENTS / ne0.max(1)).max(1);
             let n_rows = (t.n_elements as usize).checked_div(ne0).unwrap_or(0);
+            // an expert's rows take its own importance weights
+            let imp = importance[i].as_deref();
+            let n_mat = imp.map_or(1, |w| w.len() / ne0.max(1)).max(1);
+            let rows_per_mat = n_rows / n_mat;
             let mut f = vec![0f32; rows_per_chunk.min(n_rows.max(1)) * ne0];
             let mut q = vec![0u8; rows_per_chunk.min(n_rows.max(1)) * row_out];
             let mut r = 0;
             while r < n_rows {
-                let n = rows_per_chunk.min(n_rows - r);
+                let mat = r / rows_per_mat.max(1);
+                let mat_end = ((mat + 1) * rows_per_mat).min(n_rows);
+                let n = rows_per_chunk.min(mat_end - r);
+                let weights = imp.map(|w| &w[mat * ne0..(mat + 1) * ne0]);
                 let src = &data[r * row_in..(r + n) * row_in];
                 let fx = &mut f[..n * ne0];
                 let qx = &mut q[..n * row_out];
@@ -707,7 +1041,7 @@ pub fn quantize(input: &Path, output: &Path, opts: &QuantizeOptions) -> Result<Q
                     ConvertError::Quant(format!("tensor {:?}: {e}", t.name))
                 };
                 coil_gguf::quant::dequantize_row(t.ty, src, fx).map_err(err)?;
-                quantize_parallel(ty, fx, qx, ne0, row_out).map_err(err)?;
+                quantize_parallel(ty, fx, qx, ne0, row_out, weights).map_err(err)?;
                 w.write_tensor_data(qx)?;
                 bytes_out += qx.len() as u64;
                 release(
@@ -741,8 +1075,13 @@ mod tests {
         assert_eq!(QuantMix::parse("Q5_K"), Some(QuantMix::Q5_K_M));
         assert_eq!(QuantMix::parse("Q3_K"), Some(QuantMix::Q3_K_M));
         assert_eq!(QuantMix::parse("q3_k_s"), Some(QuantMix::Q3_K_S));
-        assert_eq!(QuantMix::parse("Q2_K_S"), None); // needs an importance matrix
-        assert_eq!(QuantMix::parse("IQ2_XS"), None);
+        assert_eq!(QuantMix::parse("q2_k_s"), Some(QuantMix::Q2_K_S));
+        assert_eq!(QuantMix::parse("IQ2_XS"), Some(QuantMix::IQ2_XS));
+        assert_eq!(QuantMix::parse("mxfp4_moe"), Some(QuantMix::MXFP4_MOE));
+        assert_eq!(QuantMix::parse("IQ4_K"), None);
+        assert_eq!(QuantMix::IQ2_M.file_type(), 29);
+        assert_eq!(QuantMix::IQ2_M.default_type(), GgmlType::IQ2_S);
+        assert_eq!(QuantMix::IQ2_S.default_type(), GgmlType::IQ2_XS);
         assert_eq!(QuantMix::Q6_K.file_type(), 18);
         assert_eq!(QuantMix::Q2_K.file_type(), 10);
         assert_eq!(QuantMix::Q5_K_S.file_type(), 16);
@@ -971,6 +1310,171 @@ mod tests {
             let e = TensorTypeRule::parse(bad).unwrap_err().to_string();
             assert!(e.contains(bad), "{bad}: {e}");
         }
+    }
+
+    /// The IQ and other importance-matrix mixtures on the llama-shaped file
+    /// (8 layers, 4 query heads per KV head), with and without an
+    /// importance matrix where the rules read it.
+    #[test]
+    fn iq_mixture_plans_follow_llama_cpp() {
+        use GgmlType::*;
+        let f = synthetic();
+        let plan = |mix, imat: bool| {
+            let opts = QuantizeOptions {
+                imatrix: imat.then(|| ("m.gguf".to_string(), Imatrix::default())),
+                ..QuantizeOptions::new(mix)
+            };
+            let types = plan_types_with(&f, &opts);
+            let f = &f;
+            move |name: &str| {
+                let i = f.tensors().iter().position(|t| t.name == name).unwrap();
+                types[i]
+            }
+        };
+        let n = |b: usize, x: &str| format!("blk.{b}.{x}");
+        let xxs = plan(QuantMix::IQ2_XXS, true);
+        assert_eq!(xxs("output.weight"), Q5_K);
+        assert_eq!(xxs("token_embd.weight"), Q2_K);
+        assert_eq!(xxs("blk.0.ssm_dt.weight"), F16); // 48 wide: IQ4_NL → F16
+        assert_eq!(xxs("blk.0.ssm_x.weight"), IQ2_XXS);
+        for b in 0..8 {
+            assert_eq!(xxs(&n(b, "attn_v.weight")), Q4_K);
+            assert_eq!(
+                xxs(&n(b, "ffn_down.weight")),
+                if b < 1 { Q2_K } else { IQ2_XXS }
+            );
+            assert_eq!(xxs(&n(b, "attn_output.weight")), IQ2_XXS);
+            assert_eq!(xxs(&n(b, "attn_q.weight")), IQ2_XXS);
+        }
+        let m2 = plan(QuantMix::IQ2_M, true);
+        assert_eq!(m2("token_embd.weight"), IQ3_S);
+        assert_eq!(m2("blk.3.attn_q.weight"), IQ2_S);
+        assert_eq!(m2("blk.3.attn_output.weight"), IQ3_S);
+        assert_eq!(m2("blk.0.ffn_down.weight"), IQ3_S);
+        let s1 = plan(QuantMix::IQ1_S, true);
+        assert_eq!(s1("blk.2.attn_output.weight"), IQ2_XXS);
+        assert_eq!(s1("blk.2.ffn_up.weight"), IQ1_S);
+        for imat in [true, false] {
+            let x3 = plan(QuantMix::IQ3_XXS, imat);
+            assert_eq!(x3("output.weight"), Q5_K);
+            assert_eq!(x3("token_embd.weight"), IQ3_S);
+            for b in 0..8 {
+                assert_eq!(x3(&n(b, "attn_v.weight")), Q4_K); // 4 heads per KV head
+                assert_eq!(x3(&n(b, "attn_q.weight")), IQ2_S);
+                assert_eq!(x3(&n(b, "attn_k.weight")), IQ2_S);
+                assert_eq!(x3(&n(b, "attn_output.weight")), IQ3_S);
+                let down = match (imat, b) {
+                    (true, _) => IQ3_XXS,
+                    (false, 0) => Q4_K,
+                    (false, _) => Q3_K,
+                };
+                assert_eq!(x3(&n(b, "ffn_down.weight")), down, "{imat} {b}");
+            }
+        }
+        let xs = plan(QuantMix::IQ3_XS, true);
+        assert_eq!(xs("output.weight"), Q6_K);
+        for b in 0..8 {
+            let mid = (1..7).contains(&b);
+            assert_eq!(
+                xs(&n(b, "ffn_up.weight")),
+                if mid { IQ3_XXS } else { IQ3_S }
+            );
+            assert_eq!(xs(&n(b, "attn_v.weight")), Q4_K);
+            assert_eq!(xs(&n(b, "attn_q.weight")), IQ3_XXS);
+            assert_eq!(xs(&n(b, "ffn_down.weight")), IQ3_S);
+        }
+        let m3 = plan(QuantMix::IQ3_M, true);
+        for b in 0..8 {
+            assert_eq!(m3(&n(b, "attn_output.weight")), Q4_K);
+            assert_eq!(
+                m3(&n(b, "ffn_down.weight")),
+                if b < 1 { Q4_K } else { IQ3_S }
+            );
+        }
+        // Q4_0 / Q5_0 with an importance matrix: the first eighth's ffn_down
+        // a step up; IQ4_XS's Q5_K step only without one
+        assert_eq!(plan(QuantMix::Q4_0, true)("blk.0.ffn_down.weight"), Q4_1);
+        assert_eq!(plan(QuantMix::Q4_0, false)("blk.0.ffn_down.weight"), Q4_0);
+        assert_eq!(plan(QuantMix::Q5_0, true)("blk.0.ffn_down.weight"), Q5_1);
+        assert_eq!(
+            plan(QuantMix::IQ4_XS, true)("blk.0.ffn_down.weight"),
+            IQ4_XS
+        );
+        assert_eq!(plan(QuantMix::IQ4_XS, false)("blk.0.ffn_down.weight"), Q5_K);
+        let ks = plan(QuantMix::Q2_K_S, true);
+        assert_eq!(ks("blk.0.ffn_down.weight"), Q4_K);
+        assert_eq!(ks("blk.5.ffn_down.weight"), Q2_K);
+        assert_eq!(ks("blk.5.attn_v.weight"), Q4_K);
+        let tq = plan(QuantMix::TQ1_0, false);
+        assert_eq!(tq("token_embd.weight"), Q4_K);
+        assert_eq!(tq("blk.1.ffn_up.weight"), TQ1_0);
+        assert_eq!(tq("blk.0.ssm_dt.weight"), F16); // TQ1_0 → Q4_0 → F16
+                                                    // MXFP4_MOE: no expert tensors here, so Q8_0 throughout
+        let mx = plan(QuantMix::MXFP4_MOE, false);
+        assert_eq!(mx("output.weight"), Q8_0);
+        assert_eq!(mx("token_embd.weight"), Q8_0);
+        assert_eq!(mx("blk.1.ffn_up.weight"), Q8_0);
+    }
+
+    /// Without an importance matrix the mixtures that need one are refused
+    /// by name; with one made for another model, the file and tensor are
+    /// named.
+    #[test]
+    fn importance_matrix_errors_name_file_and_tensor() {
+        use crate::imatrix::ImatrixEntry;
+        let f = synthetic();
+        let opts = QuantizeOptions::new(QuantMix::IQ2_XXS);
+        let types = plan_types_with(&f, &opts);
+        let e = importance_of(&f, &types, &opts).unwrap_err().to_string();
+        assert!(e.contains("IQ2_XXS") && e.contains("--imatrix"), "{e}");
+        // names of another model
+        let mut other = Imatrix::default();
+        other.entries.insert(
+            "blk.0.ffn_up_exps.weight".into(),
+            ImatrixEntry {
+                sums: vec![1.0; 64],
+                counts: vec![1.0],
+            },
+        );
+        let with = |m: Imatrix| QuantizeOptions {
+            imatrix: Some(("other.imatrix".into(), m)),
+            ..QuantizeOptions::new(QuantMix::IQ2_XXS)
+        };
+        let o = with(other);
+        let e = importance_of(&f, &plan_types_with(&f, &o), &o)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("other.imatrix") && e.contains("another model"),
+            "{e}"
+        );
+        // a size that differs
+        let mut sized = Imatrix::default();
+        sized.entries.insert(
+            "blk.2.attn_q.weight".into(),
+            ImatrixEntry {
+                sums: vec![1.0; 128],
+                counts: vec![4.0],
+            },
+        );
+        let o = with(sized.clone());
+        let e = importance_of(&f, &plan_types_with(&f, &o), &o)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("other.imatrix") && e.contains("blk.2.attn_q.weight") && e.contains("128"),
+            "{e}"
+        );
+        // right sizes but a tensor the mixture needs weights for is missing
+        sized.entries.get_mut("blk.2.attn_q.weight").unwrap().sums = vec![1.0; 256];
+        let o = with(sized);
+        let e = importance_of(&f, &plan_types_with(&f, &o), &o)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("other.imatrix") && e.contains("no entry for tensor"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -13,9 +13,11 @@ pub struct Args {
     input: PathBuf,
     /// The GGUF file to write.
     output: PathBuf,
-    /// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K_S,
-    /// Q4_K_M, Q5_K_S, Q5_K_M, Q6_K, IQ4_NL or IQ4_XS (llama.cpp's per-tensor
-    /// mixtures; Q3_K, Q4_K, Q5_K mean the _M ones).
+    /// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q2_K_S, Q3_K_S, Q3_K_M, Q3_K_L,
+    /// Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K, IQ4_NL, IQ4_XS, IQ3_M, IQ3_S,
+    /// IQ3_XS, IQ3_XXS, IQ2_M, IQ2_S, IQ2_XS, IQ2_XXS, IQ1_M, IQ1_S, TQ1_0,
+    /// TQ2_0 or MXFP4_MOE (llama.cpp's per-tensor mixtures; Q3_K, Q4_K, Q5_K
+    /// mean the _M ones; IQ1_*, IQ2_*, IQ3_XXS and Q2_K_S need --imatrix).
     #[arg(value_name = "TYPE")]
     ty: String,
     /// No progress bar.
@@ -44,6 +46,11 @@ pub struct Args {
     /// the --tensor-type ones (llama-quantize's flag).
     #[arg(long, value_name = "FILE")]
     tensor_type_file: Option<PathBuf>,
+    /// An importance matrix (from `coil imatrix` or llama-imatrix, GGUF or
+    /// legacy .dat): every tensor it has an entry for is quantized with its
+    /// weights, as llama-quantize's flag does.
+    #[arg(long, value_name = "FILE")]
+    imatrix: Option<PathBuf>,
     #[command(flatten)]
     split: super::split_args::SplitArgs,
 }
@@ -110,6 +117,13 @@ pub fn run(a: Args) -> Result<()> {
             .transpose()?,
         tensor_types: tensor_rules(&a.tensor_type, a.tensor_type_file.as_deref())?,
         split: a.split.limits(),
+        imatrix: match &a.imatrix {
+            Some(p) => Some((
+                p.display().to_string(),
+                coil_convert::imatrix::Imatrix::read(p)?,
+            )),
+            None => None,
+        },
         ..QuantizeOptions::new(mix)
     };
     let r = quantize(&a.input, &a.output, &opts)

@@ -318,7 +318,7 @@ pub fn quantize_row_weighted(
         _ => {}
     }
     if let Some(w) = weights {
-        let f: Option<fn(&[f32], &[f32], &mut [u8])> = match ty {
+        let f: Option<WeightedRowFn> = match ty {
             Q4_0 => Some(weighted::quantize_q4_0),
             Q4_1 => Some(weighted::quantize_q4_1),
             Q5_0 => Some(weighted::quantize_q5_0),
@@ -436,6 +436,9 @@ pub fn quantize_rows(
     }
     Ok(())
 }
+
+/// A weighted row quantizer of `weighted`: values, weights, blocks.
+type WeightedRowFn = fn(&[f32], &[f32], &mut [u8]);
 
 /// A lattice format's block quantizer: 256 values, their importance weights.
 type LatticeBlockFn<const B: usize> =

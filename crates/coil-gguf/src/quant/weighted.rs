@@ -18,6 +18,9 @@
 //! Each function quantizes one row (`x.len()` a whole number of blocks,
 //! `w` as long as `x`).
 
+// index loops, as in ggml's source, keep the operation order visible
+#![allow(clippy::needless_range_loop)]
+
 use super::float::{read_f16, write_f16};
 use super::get_scale_min_k4;
 use super::kquants_quantize::{nearest_int, GROUP_MAX_EPS};
