@@ -15,11 +15,11 @@ set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 SECONDS_EACH="${1:-600}"
 shift || true
-TARGETS="${*:-gguf blocks split session tokenizer template request model convert quantize engine_ops tool_calls}"
+TARGETS="${*:-gguf blocks split imatrix session tokenizer template request model convert quantize engine_ops tool_calls}"
 cd "$REPO_ROOT/fuzz"
 
 seeds="$REPO_ROOT/fuzz/seeds"
-mkdir -p "$seeds"/{gguf,blocks,split,session,tokenizer,template,request,model,convert,quantize,engine_ops,tool_calls}
+mkdir -p "$seeds"/{gguf,blocks,split,imatrix,session,tokenizer,template,request,model,convert,quantize,engine_ops,tool_calls}
 cp "$REPO_ROOT/crates/coil/tests/fixtures/tokenizers/lfm2-bpe.gguf" "$seeds/gguf/"
 cp "$REPO_ROOT/tests/fixtures/parity/mamba2_g1_hd16/model.gguf" "$seeds/gguf/mamba2.gguf"
 COIL="${COIL:-$REPO_ROOT/target/release/coil}"

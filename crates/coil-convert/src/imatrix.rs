@@ -76,6 +76,11 @@ impl Imatrix {
             path: path.to_path_buf(),
             source,
         })?;
+        Self::parse(path, bytes)
+    }
+
+    /// [`Imatrix::read`] of a file's bytes (`path` names it in errors).
+    pub fn parse(path: &Path, bytes: Vec<u8>) -> Result<Imatrix> {
         if bytes.starts_with(b"GGUF") {
             Self::from_gguf(path, bytes)
         } else {

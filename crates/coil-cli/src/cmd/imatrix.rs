@@ -114,7 +114,7 @@ pub fn run(a: Args) -> Result<()> {
     let partial = m
         .entries
         .iter()
-        .filter(|(_, e)| e.counts.iter().any(|&c| c == 0.0))
+        .filter(|(_, e)| e.counts.contains(&0.0))
         .count();
     eprintln!(
         "wrote {} entries from {n_chunk} chunks to {}{}",
