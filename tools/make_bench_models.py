@@ -32,6 +32,15 @@ The two default shapes are the reference shapes of docs/PERFORMANCE.md
   RoPE θ 1e6) at layers 2, 5, 8, 10, 12, 14; SwiGLU `block_ff_dim` 12288
   adjusted (x 2/3, multiple of 256) to 8192; vocab 65536 (the NeoX ids, the
   rest padding), tied (~1.17 G parameters);
+- lfm2-350m-like, lfm3-350m-like (--only; LFM3 needs transformers 5.25 and
+  `coil convert`, llama.cpp has no LFM3): the shape of LiquidAI/LFM2-350M,
+  16 layers of d_model 1024, SwiGLU 4608, vocab 65536, tied, 16 heads of
+  64; LFM2: 8 KV heads, attention at 2, 5, 8, 10, 12, 14, conv window 3;
+  LFM3 as its config's defaults lay it out: full attention at 2, 6, 10, 14
+  (proportional RoPE θ 1e6 on half the pairs), sliding-window attention
+  (window 256, RoPE θ 1e4) at 4, 8, 12, short convolutions (window 7)
+  elsewhere, 4 KV heads, sandwich norms and the attention gate (~0.35 G
+  parameters each);
 - qwen35-0.8b-like: Qwen3_5ForCausalLM with the
   shape of Qwen3.5-0.8B: 24 layers of d_model 1024, 3 Gated DeltaNet : 1
   gated attention, DeltaNet 16 key and 16 value heads of 128 (conv 4),
@@ -83,6 +92,8 @@ MODELS = (
     "hybrid-350m-like",
     "mamba-370m-like",
     "lfm2-1.2b-like",
+    "lfm2-350m-like",
+    "lfm3-350m-like",
     "qwen35-0.8b-like",
     "qwen35moe-1b-like",
 )
@@ -264,6 +275,53 @@ def lfm2_config():
     )
 
 
+def lfm2_350m_config():
+    from transformers import Lfm2Config
+
+    attn = (2, 5, 8, 10, 12, 14)
+    return Lfm2Config(
+        vocab_size=65536,
+        hidden_size=1024,
+        intermediate_size=4608,
+        block_auto_adjust_ff_dim=False,
+        num_hidden_layers=16,
+        layer_types=["full_attention" if i in attn else "conv" for i in range(16)],
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        conv_L_cache=3,
+        conv_bias=False,
+        norm_eps=1e-5,
+        rope_theta=1000000.0,
+        max_position_embeddings=128000,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=1,
+    )
+
+
+def lfm3_350m_config():
+    from transformers import Lfm3Config
+
+    return Lfm3Config(
+        vocab_size=65536,
+        hidden_size=1024,
+        intermediate_size=4608,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=64,
+        conv_L_cache=7,
+        sliding_window=256,
+        norm_eps=1e-5,
+        max_position_embeddings=128000,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=1,
+    )
+
+
 def build(name: str):
     import torch
     from transformers import GraniteMoeHybridForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
@@ -283,6 +341,16 @@ def build(name: str):
 
         cfg = lfm2_config()
         cls = Lfm2ForCausalLM
+    elif name == "lfm2-350m-like":
+        from transformers import Lfm2ForCausalLM
+
+        cfg = lfm2_350m_config()
+        cls = Lfm2ForCausalLM
+    elif name == "lfm3-350m-like":
+        from transformers import Lfm3ForCausalLM
+
+        cfg = lfm3_350m_config()
+        cls = Lfm3ForCausalLM
     elif name == "mamba2-370m-like":
         cfg = mamba2_config()
         cls = Mamba2ForCausalLM

@@ -118,11 +118,13 @@ pub fn apply(md: &mut Metadata, tensors: &mut Vec<(TensorSpec, Vec<u8>)>, rec: &
                 md.insert(key.clone(), new.unwrap());
             }
         }
-        // one element of an integer array (per-layer head counts, rope sections)
+        // one element of an integer or bool array (per-layer head counts,
+        // rope sections, LFM3's sliding-window pattern)
         1 => {
             let k = keys(md, |v| {
-                v.as_array()
-                    .is_some_and(|a| !a.is_empty() && a[0].as_int().is_some())
+                v.as_array().is_some_and(|a| {
+                    !a.is_empty() && (a[0].as_int().is_some() || a[0].as_bool().is_some())
+                })
             });
             if let Some(key) = k.get(a % k.len().max(1)) {
                 if let Some(Value::Array(ty, items)) = md.get(key).cloned() {

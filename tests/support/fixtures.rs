@@ -21,7 +21,7 @@ pub const CONVERTED: [&str; 9] = [
 
 /// Made by `tools/make_fixtures_*.py` (transformers' reference logits
 /// beside them): `parity/<name>/model.gguf`.
-pub const PARITY: [&str; 9] = [
+pub const PARITY: [&str; 11] = [
     "qwen35_tiny",
     "qwen35moe_tiny",
     "qwen3next_tiny",
@@ -31,6 +31,8 @@ pub const PARITY: [&str; 9] = [
     "kimi_linear_qlora",
     "bailing_hybrid_tiny",
     "bailing_hybrid_qlora",
+    "lfm3_tiny",
+    "lfm3_plain",
 ];
 
 /// The model file of fixture `name` under `root` (the repository's

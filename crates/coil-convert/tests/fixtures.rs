@@ -298,6 +298,66 @@ fn bailing_hybrid() {
     check_f32_parity("bailing_hybrid_qlora");
 }
 
+/// The LFM3 fixtures: coil's own `lfm3` layout (llama.cpp has no LFM3
+/// converter), so the committed `model.gguf` (written by `coil convert` in
+/// tools/make_fixtures_lfm3.py, read back by the gguf package there, run
+/// against transformers by crates/coil/tests/parity_lfm3.rs) pins it:
+/// per-layer KV heads and sliding-window pattern, RoPE per layer type with
+/// the proportional RoPE's `rope_freqs`, sandwich norms, the attention gate.
+#[test]
+fn lfm3() {
+    check_f32_parity("lfm3_tiny");
+    check_f32_parity("lfm3_plain");
+}
+
+/// LFM3 configurations coil cannot represent are refused by field name.
+#[test]
+fn lfm3_unsupported_configs_are_refused() {
+    let src = root().join("hf/lfm3_tiny");
+    for (i, (edit, want)) in [
+        (
+            r#""conv_bias": true"#,
+            "conv_bias",
+        ),
+        (
+            r#""rope_parameters": {"full_attention": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}, "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}"#,
+            "rope_parameters.full_attention",
+        ),
+        (
+            r#""layer_types": ["conv", "mamba", "full_attention", "conv", "sliding_attention", "conv"]"#,
+            "layer_types",
+        ),
+        (r#""sliding_window": null"#, "sliding_window"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let dir = tmp(&format!("lfm3_bad{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in ["model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+            std::fs::copy(src.join(f), dir.join(f)).unwrap();
+        }
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap())
+                .unwrap();
+        let patch: serde_json::Value = serde_json::from_str(&format!("{{{edit}}}")).unwrap();
+        for (k, v) in patch.as_object().unwrap() {
+            cfg[k] = v.clone();
+        }
+        std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+        let out = tmp(&format!("lfm3_bad{i}.gguf"));
+        let opts = ConvertOptions {
+            out_type: OutType::F32,
+            progress: false,
+            ..Default::default()
+        };
+        let err = convert(&dir, &out, &opts).expect_err(edit).to_string();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(err.contains(want), "{edit}: {err}");
+        assert!(!out.exists(), "{edit}: output left behind");
+    }
+}
+
 /// The LFM2 parity fixtures (tests/fixtures/parity/<name>/): `hf/` converted
 /// to F32 against llama.cpp's `convert_hf_to_gguf.py --outtype f32` of it
 /// (`model.gguf`, made by tools/make_fixtures_lfm2.py).

@@ -253,3 +253,28 @@ fn bailing_hybrid_fixtures_quantize_and_run() {
         );
     }
 }
+
+/// `coil quantize` on the LFM3 fixtures: the short-conv kernels, every norm
+/// (sandwich and q/k norms too) and the proportional RoPE's `rope_freqs`
+/// stay F32; the projections, the attention gate and the feed-forward are
+/// quantized, and the quantized model runs close to transformers.
+#[test]
+fn lfm3_fixtures_quantize_and_run() {
+    for name in ["lfm3_tiny", "lfm3_plain"] {
+        quantize_and_run(
+            name,
+            |t| {
+                t.contains("shortconv.conv")
+                    || t.ends_with("_norm.weight")
+                    || t.starts_with("rope_freqs")
+            },
+            |t| {
+                ["shortconv.in_proj", "attn_q.", "attn_gate", "ffn_up"]
+                    .iter()
+                    .any(|p| t.contains(p))
+            },
+            [0.15, 0.5],
+            [0.9, 0.6],
+        );
+    }
+}

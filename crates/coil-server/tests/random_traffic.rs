@@ -200,6 +200,7 @@ fn random_traffic_gives_every_request_its_output_alone() {
         "qwen35_tiny",
         "qwen3next_tiny",
         "lfm2_small",
+        "lfm3_tiny",
         "kimi_linear_tiny",
     ]
     .into_iter()
@@ -238,6 +239,7 @@ fn much_random_traffic_gives_every_request_its_output_alone() {
         "qwen3next_tiny",
         "lfm2_small",
         "lfm2moe_small",
+        "lfm3_tiny",
         "kimi_linear_tiny",
         "kimi_linear_qlora",
         "bailing_hybrid_tiny",

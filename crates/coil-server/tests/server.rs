@@ -577,8 +577,8 @@ fn chat_uses_the_models_template() {
 
 /// Continuous batching and prefix reuse on other memory kinds: recurrent
 /// only (Mamba-1, Mamba-2), attention only (Llama), Jamba's hybrid, LFM2's
-/// short-conv hybrids (dense and MoE), Kimi-Linear's KDA beside MLA's
-/// compressed cache.
+/// short-conv hybrids (dense and MoE), LFM3's beside sliding-window
+/// attention, Kimi-Linear's KDA beside MLA's compressed cache.
 #[test]
 fn batched_and_cached_requests_match_on_every_memory_kind() {
     for arch in [
@@ -588,6 +588,7 @@ fn batched_and_cached_requests_match_on_every_memory_kind() {
         "jamba",
         "lfm2_small",
         "lfm2moe_small",
+        "lfm3_tiny",
         "kimi_linear_tiny",
     ] {
         let prompts = [
@@ -935,6 +936,7 @@ fn sixteen_concurrent_clients_match_requests_alone_on_every_architecture() {
         "kimi_linear_tiny",
         "kimi_linear_qlora",
         "bailing_hybrid_tiny",
+        "lfm3_tiny",
     ] {
         let alone_server = start_any(arch, 1, 0, 256);
         let alone: Vec<String> = prompts

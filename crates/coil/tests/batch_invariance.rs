@@ -232,6 +232,8 @@ fn llama() {
 fn lfm2() {
     tool("lfm2_small");
     tool("lfm2moe_small");
+    tool("lfm3_tiny");
+    tool("lfm3_plain");
 }
 
 #[test]

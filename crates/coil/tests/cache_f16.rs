@@ -13,7 +13,7 @@ mod common;
 use common::{llama_cpp_fixture, max_rel_diff, tool_fixture};
 
 /// The fixtures with attention layers.
-const ATTENTION: [&str; 10] = [
+const ATTENTION: [&str; 11] = [
     "llama",
     "jamba",
     "bamba",
@@ -24,6 +24,7 @@ const ATTENTION: [&str; 10] = [
     "kimi_linear_tiny",
     "kimi_linear_qlora",
     "bailing_hybrid_tiny",
+    "lfm3_tiny",
 ];
 
 fn fixture(arch: &str) -> (PathBuf, Vec<u32>) {

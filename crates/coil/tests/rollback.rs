@@ -1,6 +1,6 @@
 //! Exact rollback, forks and their independence, for every architecture
 //! (the llama.cpp-converted fixtures, the Gated DeltaNet hybrids, LFM2,
-//! LFM2-MoE and Kimi-Linear):
+//! LFM2-MoE, LFM3, Kimi-Linear and Bailing-Hybrid):
 //! (prefill n → truncate to p → decode m) equals (prefill p → decode m)
 //! within 1e-6 relative, at random positions.
 
@@ -20,8 +20,9 @@ use temp_path::TempPath;
 /// llama.cpp fixtures of `ARCHS`.
 const GATED_DELTA: [&str; 3] = ["qwen35_tiny", "qwen35moe_tiny", "qwen3next_tiny"];
 
-/// LFM2 / LFM2-MoE (tools/make_fixtures_lfm2.py).
-const LFM2: [&str; 2] = ["lfm2_small", "lfm2moe_small"];
+/// LFM2 / LFM2-MoE (tools/make_fixtures_lfm2.py) and LFM3, with its
+/// sliding-window layers (tools/make_fixtures_lfm3.py).
+const LFM2: [&str; 4] = ["lfm2_small", "lfm2moe_small", "lfm3_tiny", "lfm3_plain"];
 
 /// Kimi-Linear and Bailing-Hybrid: KDA and MLA (tools/make_fixtures_kimi.py,
 /// tools/make_fixtures_bailing.py).

@@ -18,12 +18,13 @@ mod common;
 
 use common::{llama_cpp_fixture, tool_fixture, ARCHS};
 
-const TOOL_FIXTURES: [&str; 8] = [
+const TOOL_FIXTURES: [&str; 9] = [
     "qwen35_tiny",
     "qwen35moe_tiny",
     "qwen3next_tiny",
     "lfm2_small",
     "lfm2moe_small",
+    "lfm3_tiny",
     "kimi_linear_tiny",
     "kimi_linear_qlora",
     "bailing_hybrid_tiny",

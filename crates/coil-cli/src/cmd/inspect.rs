@@ -181,7 +181,7 @@ fn memory_summary(file: &Arc<GgufFile>) -> String {
     };
     let mem = model.new_memory(1, 4096);
     let mut out = format!("memory: {}", mem.describe());
-    out.push_str(&per_kind(&model.info().plan, &mem));
+    out.push_str(&per_kind(&model.info().plan, &mem, &sliding_layers(file)));
     if let Some(r) = &mem.recurrent {
         let p = CheckpointPolicy::default();
         let per = r.bytes_per_seq();
@@ -204,14 +204,45 @@ fn memory_summary(file: &Arc<GgufFile>) -> String {
     out
 }
 
+/// The sliding-window attention layers (`{arch}.attention.sliding_window_pattern`)
+/// and their window (`{arch}.attention.sliding_window`), if the file has them.
+fn sliding_layers(file: &GgufFile) -> Option<(Vec<bool>, u64)> {
+    let md = file.metadata();
+    let arch = md.get_str("general.architecture")?;
+    let window = md
+        .get(&format!("{arch}.attention.sliding_window"))?
+        .as_u64()?;
+    match md.get(&format!("{arch}.attention.sliding_window_pattern"))? {
+        Value::Array(_, items) => Some((
+            items.iter().map(|v| matches!(v, Value::Bool(true))).collect(),
+            window,
+        )),
+        _ => None,
+    }
+}
+
 /// The memory of each kind of mixer, per sequence: the recurrent state of
 /// its layers (SSM / delta-rule state and conv tail) and the attention
-/// cells per token (K and V rows, or MLA's compressed latent row alone).
-fn per_kind(plan: &LayerPlan, mem: &coil::memory::Memory) -> String {
+/// cells per token (K and V rows, or MLA's compressed latent row alone);
+/// sliding-window attention layers apart.
+fn per_kind(
+    plan: &LayerPlan,
+    mem: &coil::memory::Memory,
+    sliding: &Option<(Vec<bool>, u64)>,
+) -> String {
     // kind → (layers, state elements, conv elements, cell bytes per token, latent)
     let mut kinds: BTreeMap<&str, (usize, usize, usize, usize, bool)> = BTreeMap::new();
+    let is_sliding = |l: usize| {
+        sliding
+            .as_ref()
+            .is_some_and(|(p, _)| p.get(l).copied().unwrap_or(false))
+    };
     for (l, kind) in plan.layers.iter().enumerate() {
-        let e = kinds.entry(kind.mixer.name()).or_default();
+        let name = match is_sliding(l) {
+            true => "sliding-window attention",
+            false => kind.mixer.name(),
+        };
+        let e = kinds.entry(name).or_default();
         e.0 += 1;
         if let Some(sh) = mem.recurrent.as_ref().and_then(|r| r.shapes()[l]) {
             e.1 += sh.ssm;
@@ -241,6 +272,12 @@ fn per_kind(plan: &LayerPlan, mem: &coil::memory::Memory) -> String {
                     "K/V cells"
                 },
                 (per_tok * 4096) as f64 / (1024.0 * 1024.0)
+            ));
+        }
+        if let (Some((_, w)), "sliding-window attention") = (sliding, name) {
+            parts.push(format!(
+                "a query reads the last {w} tokens' cells (every cell is kept: rollback and \
+                 prefix resumes need the older ones)"
             ));
         }
         if !parts.is_empty() {

@@ -8,6 +8,7 @@ mod granite;
 mod jamba;
 mod kimi_linear;
 mod lfm2;
+mod lfm3;
 mod llama;
 mod mamba;
 mod nemotron_h;
@@ -38,6 +39,7 @@ pub const SUPPORTED: &[&str] = &[
     "Qwen3NextForCausalLM",
     "Lfm2ForCausalLM",
     "Lfm2MoeForCausalLM",
+    "Lfm3ForCausalLM",
     "KimiLinearForCausalLM",
     "BailingHybridForCausalLM",
     "BailingMoeV3ForCausalLM",
@@ -170,6 +172,7 @@ pub(crate) fn for_arch<'a>(hf_arch: &str, ctx: &'a Ctx<'a>) -> Result<Box<dyn Ar
         )?),
         "Lfm2ForCausalLM" | "LFM2ForCausalLM" => Box::new(lfm2::Lfm2::new(ctx, false)?),
         "Lfm2MoeForCausalLM" => Box::new(lfm2::Lfm2::new(ctx, true)?),
+        "Lfm3ForCausalLM" => Box::new(lfm3::Lfm3::new(ctx)?),
         "KimiLinearForCausalLM" | "KimiLinearModel" => Box::new(kimi_linear::KimiLinear::new(ctx)?),
         "BailingHybridForCausalLM" | "BailingMoeV3ForCausalLM" => {
             Box::new(bailing_hybrid::BailingHybrid::new(ctx)?)

@@ -24,10 +24,30 @@ pub fn rope_table(
     freq_base: f32,
     freq_scale: f32,
 ) -> Vec<(f32, f32)> {
+    rope_table_factors(pool, positions, n_rot, freq_base, freq_scale, None)
+}
+
+/// [`rope_table`] with pair `i`'s frequency divided by `freq_factors[i]`
+/// (llama.cpp's `rope_freqs` tensor, `[n_rot / 2]`): a factor of 1e30
+/// leaves the pair unrotated, as "proportional" RoPE's zero frequencies.
+pub fn rope_table_factors(
+    pool: &ThreadPool,
+    positions: &[usize],
+    n_rot: usize,
+    freq_base: f32,
+    freq_scale: f32,
+    freq_factors: Option<&[f32]>,
+) -> Vec<(f32, f32)> {
     assert!(n_rot.is_multiple_of(2), "rope: n_rot must be even");
     let half = n_rot / 2;
+    if let Some(f) = freq_factors {
+        assert_eq!(f.len(), half, "rope: freq_factors is not [n_rot/2]");
+    }
     let inv_freq: Vec<f32> = (0..half)
-        .map(|i| 1.0 / freq_base.powf((2 * i) as f32 / n_rot as f32))
+        .map(|i| {
+            let f = 1.0 / freq_base.powf((2 * i) as f32 / n_rot as f32);
+            freq_factors.map_or(f, |ff| f / ff[i])
+        })
         .collect();
     let mut table = vec![(0f32, 0f32); positions.len() * half];
     if half == 0 {

@@ -34,6 +34,7 @@ pub fn load(file: Arc<GgufFile>, plan: LayerPlan) -> Result<DecoderStack, ModelE
             format!("blk.{l}.ffn_norm.weight")
         };
         layers.push(StackLayer {
+            sandwich: None,
             norm: ld.vector(&format!("blk.{l}.attn_norm.weight"), &[d])?,
             mixer: MixerBlock::Parallel(Box::new(attn), Box::new(ssm)),
             ffn_norm: Some(ld.vector(&ffn_norm_name, &[d])?),

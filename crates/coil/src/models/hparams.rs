@@ -120,6 +120,7 @@ pub fn attention_params(
         head_dim,
         scale,
         rope,
+        window: None,
     })
 }
 

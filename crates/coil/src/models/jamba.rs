@@ -73,6 +73,7 @@ pub fn load(file: Arc<GgufFile>, plan: LayerPlan) -> Result<DecoderStack, ModelE
             )?))
         };
         layers.push(StackLayer {
+            sandwich: None,
             norm: ld.vector(&format!("blk.{l}.attn_norm.weight"), &[d])?,
             mixer,
             ffn_norm: Some(ld.vector(&format!("blk.{l}.ffn_norm.weight"), &[d])?),

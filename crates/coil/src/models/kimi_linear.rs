@@ -250,6 +250,7 @@ pub fn load(file: Arc<GgufFile>, plan: LayerPlan) -> Result<DecoderStack, ModelE
             FfnBlock::Moe(Box::new(kimi_moe(&ld, l, d)?))
         };
         layers.push(StackLayer {
+            sandwich: None,
             norm: ld.vector(&format!("blk.{l}.attn_norm.weight"), &[d])?,
             mixer,
             ffn_norm: Some(ld.vector(&format!("blk.{l}.ffn_norm.weight"), &[d])?),

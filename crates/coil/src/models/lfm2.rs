@@ -156,6 +156,7 @@ pub fn load(file: Arc<GgufFile>, plan: LayerPlan) -> Result<DecoderStack, ModelE
             _ => moe(&ld, &info, l)?,
         };
         layers.push(StackLayer {
+            sandwich: None,
             norm: ld.vector(&format!("blk.{l}.attn_norm.weight"), &[d])?,
             mixer,
             ffn_norm: Some(ld.vector(&format!("blk.{l}.ffn_norm.weight"), &[d])?),

@@ -17,6 +17,7 @@ pub fn load(file: Arc<GgufFile>, plan: LayerPlan) -> Result<DecoderStack, ModelE
     let layers = (0..info.plan.layers.len())
         .map(|l| {
             Ok(StackLayer {
+                sandwich: None,
                 norm: ld.vector(&format!("blk.{l}.attn_norm.weight"), &[info.n_embd])?,
                 mixer: MixerBlock::Mamba2(Box::new(Mamba2Mixer::load(&ld, l, p)?)),
                 ffn_norm: None,

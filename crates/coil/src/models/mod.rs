@@ -11,6 +11,7 @@ pub mod hparams;
 pub mod jamba;
 pub mod kimi_linear;
 pub mod lfm2;
+pub mod lfm3;
 pub mod llama;
 pub mod mamba;
 pub mod mamba2;
@@ -264,6 +265,7 @@ pub fn load(file: Arc<GgufFile>) -> Result<Box<dyn Model>, ModelError> {
         "qwen35" | "qwen35moe" => qwen35::load(file, plan)?,
         "qwen3next" => qwen3next::load(file, plan)?,
         "lfm2" | "lfm2moe" => lfm2::load(file, plan)?,
+        "lfm3" => lfm3::load(file, plan)?,
         "kimi-linear" => kimi_linear::load(file, plan)?,
         "bailingmoe3" => bailing_hybrid::load(file, plan)?,
         other => return Err(ModelError::NotImplemented(other.to_string())),

@@ -109,6 +109,7 @@ fn trunk_layer(
         ),
     };
     Ok(StackLayer {
+        sandwich: None,
         norm: ld.vector(&format!("blk.{l}.attn_norm.weight"), &[d])?,
         mixer,
         ffn_norm: None,
@@ -122,6 +123,7 @@ fn trunk_layer(
 fn nextn_layer(ld: &Loader, info: &ModelInfo, l: usize) -> Result<StackLayer, ModelError> {
     let d = info.n_embd;
     Ok(StackLayer {
+        sandwich: None,
         norm: ld.vector(&format!("blk.{l}.attn_norm.weight"), &[d])?,
         mixer: MixerBlock::Attention(Box::new(Attention::load(
             ld,

@@ -110,7 +110,7 @@ pub enum PlanError {
 }
 
 /// GGUF architectures coil knows.
-pub const SUPPORTED_ARCHS: [&str; 15] = [
+pub const SUPPORTED_ARCHS: [&str; 16] = [
     "mamba",
     "mamba2",
     "jamba",
@@ -124,6 +124,7 @@ pub const SUPPORTED_ARCHS: [&str; 15] = [
     "qwen3next",
     "lfm2",
     "lfm2moe",
+    "lfm3",
     "kimi-linear",
     "bailingmoe3",
 ];
@@ -287,8 +288,8 @@ impl LayerPlan {
                     "jamba" => Mixer::Mamba1,
                     "granitehybrid" if kv_at(i) > 0 => Mixer::Attention,
                     "granitehybrid" => Mixer::Mamba2,
-                    "lfm2" | "lfm2moe" if kv_at(i) > 0 => Mixer::Attention,
-                    "lfm2" | "lfm2moe" => Mixer::ShortConv,
+                    "lfm2" | "lfm2moe" | "lfm3" if kv_at(i) > 0 => Mixer::Attention,
+                    "lfm2" | "lfm2moe" | "lfm3" => Mixer::ShortConv,
                     "kimi-linear" | "bailingmoe3" if kv_at(i) > 0 => Mixer::Mla,
                     "kimi-linear" | "bailingmoe3" => Mixer::Kda,
                     _ if gated_delta => match recurrent.as_ref().is_some_and(|r| r[i]) {

@@ -82,6 +82,7 @@ pub(crate) fn load_stack(
             MixerBlock::GatedDeltaNet(Box::new(GatedDeltaMixer::load(&ld, l, p)?))
         };
         Ok(StackLayer {
+            sandwich: None,
             norm: ld.vector(&format!("blk.{l}.attn_norm.weight"), &[d])?,
             mixer,
             ffn_norm: Some(ld.vector(&format!("blk.{l}.post_attention_norm.weight"), &[d])?),

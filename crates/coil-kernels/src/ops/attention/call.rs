@@ -29,6 +29,9 @@ pub(super) struct Call<'a> {
     pub(super) n_heads: usize,
     pub(super) kv: &'a KvView<'a>,
     pub(super) kv_len: &'a [usize],
+    /// Sliding window: query `t` sees positions `kv_len[t] − window ..
+    /// kv_len[t]` only (`usize::MAX`: every position below its limit).
+    pub(super) window: usize,
     pub(super) scale: f32,
     pub(super) out: *mut f32,
     /// Queries per work item: [`QB`], or 1 in batch-invariant mode (each
@@ -59,6 +62,22 @@ impl Call<'_> {
     /// The causal limit of row `r` of `it`.
     pub(super) fn limit(&self, it: Item, r: usize) -> usize {
         self.kv_len[it.t0 + r / self.group()]
+    }
+
+    /// The first position row `r` of `it` sees (0 without a window).
+    pub(super) fn start(&self, it: Item, r: usize) -> usize {
+        self.limit(it, r).saturating_sub(self.window)
+    }
+
+    /// The first position any of `it`'s queries sees, rounded down to a
+    /// block of [`PB`] positions (where the position loop starts).
+    pub(super) fn first_block(&self, it: Item) -> usize {
+        let lo = self.kv_len[it.t0..it.t1]
+            .iter()
+            .map(|l| l.saturating_sub(self.window))
+            .min()
+            .unwrap_or(0);
+        lo - lo % PB
     }
 
     /// The longest limit among `it`'s queries.

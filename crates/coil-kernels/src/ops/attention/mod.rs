@@ -46,7 +46,7 @@ unsafe fn item(call: &Call, it: Item, sc: &mut Scratch) {
     let max_len = call.max_len(it);
     let transpose = rows >= TRANSPOSE_ROWS;
     let mut s = [0f32; PB];
-    let mut p0 = 0;
+    let mut p0 = call.first_block(it);
     while p0 < max_len {
         let nb = PB.min(max_len - p0);
         let kr = kv_block(&kv.k, kv, kvh, p0, nb, &mut sc.kb);
@@ -63,7 +63,10 @@ unsafe fn item(call: &Call, it: Item, sc: &mut Scratch) {
         let vr = kv_block(&kv.v, kv, kvh, p0, nb, &mut sc.vb);
         for r in 0..rows {
             let len = kv_len[t0 + r / group];
-            if len <= p0 {
+            // Lanes `lo..valid` of the block are this row's (`lo` > 0 only
+            // in a sliding window).
+            let lo = call.start(it, r).saturating_sub(p0);
+            if len <= p0 || lo >= nb {
                 continue;
             }
             let valid = nb.min(len - p0);
@@ -81,7 +84,9 @@ unsafe fn item(call: &Call, it: Item, sc: &mut Scratch) {
                     *sj = dot(qr, kr.row(j, hd));
                 }
             }
-            let bmax = s[..valid].iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
+            let bmax = s[lo..valid]
+                .iter()
+                .fold(f32::NEG_INFINITY, |m, v| m.max(*v));
             let m_old = sc.m[r];
             let m_new = m_old.max(bmax);
             if m_new == f32::NEG_INFINITY {
@@ -97,7 +102,7 @@ unsafe fn item(call: &Call, it: Item, sc: &mut Scratch) {
             let mut pb = [0f32; PB];
             for j in 0..PB {
                 let e = exp_fast(s[j] - m_new);
-                pb[j] = if j < valid { e } else { 0.0 };
+                pb[j] = if (lo..valid).contains(&j) { e } else { 0.0 };
             }
             sc.l[r] += pb.iter().sum::<f32>();
             // o += sum_j p_j v_j, 16 lanes of o held in registers over j
@@ -170,6 +175,25 @@ pub fn attention(
     scale: f32,
     out: &mut [f32],
 ) {
+    attention_windowed(pool, q, n_heads, kv, kv_len, None, scale, out)
+}
+
+/// [`attention`] in a sliding window: query `t` attends to the last
+/// `window` positions below its limit, `kv_len[t] − window .. kv_len[t]`
+/// (`None`: every position below it).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_windowed(
+    pool: &ThreadPool,
+    q: &[f32],
+    n_heads: usize,
+    kv: &KvView,
+    kv_len: &[usize],
+    window: Option<usize>,
+    scale: f32,
+    out: &mut [f32],
+) {
+    assert!(window != Some(0), "attention: a window of 0 positions");
+    let window = window.unwrap_or(usize::MAX);
     let n_q = kv_len.len();
     let hd = kv.head_dim;
     assert!(
@@ -211,6 +235,7 @@ pub fn attention(
                 n_heads,
                 kv,
                 kv_len,
+                window,
                 scale,
                 out: op.get(),
                 qb,
@@ -301,6 +326,68 @@ pub(crate) mod tests {
             attention(&pool, &q, nh, &view16, &lens, scale, &mut out);
             for (a, e) in out.iter().zip(&want) {
                 assert!((*a as f64 - e).abs() < 5e-3);
+            }
+        }
+    }
+
+    /// A sliding window: each query attends to the last `w` positions below
+    /// its limit, as a naive softmax over exactly those; windows shorter,
+    /// longer and across blocks of positions, both kernels, f32 and pages.
+    #[test]
+    fn sliding_window_matches_naive_softmax() {
+        let pool = ThreadPool::new(2);
+        let mut rng = Rng::new(77);
+        for &(nq, nh, nkv, hd, npos, w) in &[
+            (9, 4, 2, 8, 40, 5),
+            (20, 2, 1, 64, 150, 37),
+            (1, 4, 4, 16, 300, 200),
+            (33, 6, 2, 32, 90, 1),
+            (7, 3, 1, 5, 20, 64),
+        ] {
+            let row = nkv * hd;
+            let q = rng.vec(nq * nh * hd);
+            let k = rng.vec(npos * row);
+            let v = rng.vec(npos * row);
+            let lens: Vec<usize> = (0..nq).map(|t| npos - (nq - 1 - t)).collect();
+            let scale = 1.0 / (hd as f32).sqrt();
+            let mut want = vec![0f64; nq * nh * hd];
+            for t in 0..nq {
+                let lo = lens[t].saturating_sub(w);
+                for h in 0..nh {
+                    let kh = h / (nh / nkv);
+                    let s: Vec<f64> = (lo..lens[t])
+                        .map(|p| {
+                            (0..hd)
+                                .map(|i| q[(t * nh + h) * hd + i] as f64 * k[p * row + kh * hd + i] as f64)
+                                .sum::<f64>()
+                                * scale as f64
+                        })
+                        .collect();
+                    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                    let z: f64 = e.iter().sum();
+                    for i in 0..hd {
+                        want[(t * nh + h) * hd + i] = (lo..lens[t])
+                            .map(|p| e[p - lo] / z * v[p * row + kh * hd + i] as f64)
+                            .sum();
+                    }
+                }
+            }
+            let dense = KvView::dense(KvData::F32(&k), KvData::F32(&v), nkv, hd);
+            let mut got = vec![0f32; q.len()];
+            attention_windowed(&pool, &q, nh, &dense, &lens, Some(w), scale, &mut got);
+            for (a, e) in got.iter().zip(&want) {
+                assert!((*a as f64 - e).abs() < 1e-5, "window {w}: {a} vs {e}");
+            }
+            // Each query alone gives what it gives among the others.
+            let wd = nh * hd;
+            for t in 0..nq {
+                let mut one = vec![0f32; wd];
+                let qt = &q[t * wd..(t + 1) * wd];
+                attention_windowed(&pool, qt, nh, &dense, &lens[t..t + 1], Some(w), scale, &mut one);
+                for (a, b) in one.iter().zip(&got[t * wd..(t + 1) * wd]) {
+                    assert!((a - b).abs() < 1e-5, "window {w} query {t}: {a} vs {b}");
+                }
             }
         }
     }

@@ -110,7 +110,7 @@ unsafe fn item_body<V: V16, const MR: usize, const NV: usize>(
     let limit = |r: usize| call.limit(it, r);
     let max_len = call.max_len(it);
     let nvec = hd / 16;
-    let mut p0 = 0;
+    let mut p0 = call.first_block(it);
     while p0 < max_len {
         let nb = PB.min(max_len - p0);
         // Kᵀ of the block, [hd][PB] (columns past nb zero).
@@ -124,7 +124,7 @@ unsafe fn item_body<V: V16, const MR: usize, const NV: usize>(
         while r0 < rows {
             let tile_rows = MR.min(rows - r0);
             // Rows of the tile that see this block at all.
-            if (r0..r0 + tile_rows).all(|r| limit(r) <= p0) {
+            if (r0..r0 + tile_rows).all(|r| limit(r) <= p0 || call.start(it, r) >= p0 + nb) {
                 r0 += MR;
                 continue;
             }
@@ -145,11 +145,13 @@ unsafe fn item_body<V: V16, const MR: usize, const NV: usize>(
                 let r = r0 + i;
                 let prow = std::slice::from_raw_parts_mut(p.add(i * PB), PB);
                 let valid = limit(r).saturating_sub(p0).min(nb);
-                if valid == 0 {
+                // Lanes before `lo`: below the row's sliding window.
+                let lo = call.start(it, r).saturating_sub(p0);
+                if lo >= valid {
                     prow.fill(0.0);
                     continue;
                 }
-                let bmax = lanes_max(&prow[..valid]);
+                let bmax = lanes_max(&prow[lo..valid]);
                 let m_old = sc.m[r];
                 let m_new = m_old.max(bmax);
                 let corr = exp_fast(m_old - m_new);
@@ -160,11 +162,12 @@ unsafe fn item_body<V: V16, const MR: usize, const NV: usize>(
                     sc.l[r] *= corr;
                 }
                 sc.m[r] = m_new;
-                prow[..valid]
+                prow[lo..valid]
                     .iter_mut()
                     .for_each(|v| *v = exp_fast(*v - m_new));
+                prow[..lo].fill(0.0);
                 prow[valid..].fill(0.0);
-                sc.l[r] += lanes_sum(&prow[..valid]);
+                sc.l[r] += lanes_sum(&prow[lo..valid]);
             }
             for i in tile_rows..MR {
                 std::slice::from_raw_parts_mut(p.add(i * PB), PB).fill(0.0);

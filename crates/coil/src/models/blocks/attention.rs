@@ -1,7 +1,11 @@
 //! Multi-head attention with grouped-query KV heads: `q, k, v = x·Wq, x·Wk,
 //! x·Wv` (+ optional biases), optional per-head RMSNorms of q and k (LFM2),
-//! optional RoPE on the first `n_rot` lanes of each head, keys and values appended to the sequence's KV cells, causal
-//! softmax attention over them, `out = attn·Wo`.
+//! optional RoPE on the first `n_rot` lanes of each head (with optional
+//! per-pair frequency factors), keys and values appended to the sequence's
+//! KV cells, causal softmax attention over them (all of them, or the last
+//! `window`: sliding-window attention), optionally each head's output
+//! scaled by a sigmoid gate of the layer input (LFM3's `g_proj`),
+//! `out = attn·Wo`.
 
 use super::common::gather_rows;
 use crate::memory::Memory;
@@ -10,9 +14,9 @@ use crate::models::ModelError;
 use crate::models::Rows;
 use coil_gguf::GgufFile;
 use coil_kernels::ops::act::add_bias_rows;
-use coil_kernels::ops::attention::attention;
+use coil_kernels::ops::attention::attention_windowed;
 use coil_kernels::ops::norm::rms_norm_inplace;
-use coil_kernels::ops::rope::{rope, rope_table, RopeStyle};
+use coil_kernels::ops::rope::{rope, rope_table_factors, RopeStyle};
 use coil_kernels::{matmul, matmul_shared, Scratch, ThreadPool};
 
 #[derive(Clone, Copy, Debug)]
@@ -32,6 +36,9 @@ pub struct AttentionParams {
     /// Multiplies q·k (1/√head_dim unless the model says otherwise).
     pub scale: f32,
     pub rope: Option<Rope>,
+    /// Sliding-window attention: each query sees its own position and the
+    /// `window − 1` before it (`None`: every earlier position).
+    pub window: Option<usize>,
 }
 
 /// RMSNorms of each query and key head (weights `[head_dim]`), applied
@@ -68,6 +75,11 @@ pub struct Attention {
     /// `new[r] = old[perm[r]]` (see [`bamba_qk_lane_fix`]).
     pub qk_lane_perm: Option<Vec<usize>>,
     pub qk_norm: Option<QkNorm>,
+    /// `[n_head, d_model]`: per head, `sigmoid(x·g)` scales its output
+    /// (`blk.N.attn_gate.weight`).
+    pub head_gate: Option<Matrix>,
+    /// RoPE frequency divisors per rotary pair (`rope_freqs.weight`).
+    pub rope_freqs: Option<Vec<f32>>,
 }
 
 impl Attention {
@@ -102,6 +114,8 @@ impl Attention {
             bo: bias("attn_output.bias", p.d_model)?,
             qk_lane_perm: None,
             qk_norm: None,
+            head_gate: None,
+            rope_freqs: None,
             p,
         })
     }
@@ -166,8 +180,27 @@ impl Attention {
         // (every row written by `attend`: each query row is in one chunk)
         let mut att = Scratch::dirty(nq * qd);
         attend(
-            pool, p, layer, rows, mem, q_rows, &mut q, &mut k, &v, &mut att,
+            pool,
+            p,
+            layer,
+            rows,
+            mem,
+            q_rows,
+            &mut q,
+            &mut k,
+            &v,
+            &mut att,
+            self.rope_freqs.as_deref(),
         )?;
+        if let Some(g) = &self.head_gate {
+            // sigmoid(x·g) per (row, head), from the normed input rows.
+            let mut gate = Scratch::dirty(nq * p.n_head);
+            matmul(pool, &g.get(file), hq.as_deref().unwrap_or(h), &mut gate, nq);
+            for (head, &gv) in att.chunks_exact_mut(p.head_dim).zip(gate.iter()) {
+                let s = 1.0 / (1.0 + (-gv).exp());
+                head.iter_mut().for_each(|v| *v *= s);
+            }
+        }
         let out = &mut out[..nq * p.d_model];
         matmul(pool, &self.wo.get(file), &att, out, nq);
         if let Some(b) = &self.bo {
@@ -197,6 +230,7 @@ pub(super) fn attend(
     k: &mut [f32],
     v: &[f32],
     att: &mut [f32],
+    rope_freqs: Option<&[f32]>,
 ) -> Result<(), ModelError> {
     let (qd, kvd) = (p.n_head * p.head_dim, p.n_kv_head * p.head_dim);
     let kv = mem.kv.as_mut().ok_or_else(|| ModelError::Tensor {
@@ -225,12 +259,15 @@ pub(super) fn attend(
         let qs = &mut q[qr.start * qd..qr.end * qd];
         let ks = &mut k[r.rows.start * kvd..r.rows.end * kvd];
         if let Some(rp) = p.rope {
-            let table = rope_table(pool, &positions, rp.n_rot, rp.freq_base, rp.freq_scale);
+            let table_at = |pos: &[usize]| {
+                rope_table_factors(pool, pos, rp.n_rot, rp.freq_base, rp.freq_scale, rope_freqs)
+            };
+            let table = table_at(&positions);
             rope(ks, p.n_kv_head, p.head_dim, rp.n_rot, &table, rp.style);
             if q_rows.is_none() {
                 rope(qs, p.n_head, p.head_dim, rp.n_rot, &table, rp.style);
             } else {
-                let table = rope_table(pool, &q_pos, rp.n_rot, rp.freq_base, rp.freq_scale);
+                let table = table_at(&q_pos);
                 rope(qs, p.n_head, p.head_dim, rp.n_rot, &table, rp.style);
             }
         }
@@ -248,12 +285,13 @@ pub(super) fn attend(
         })?;
         let view = pages.view();
         let kv_len: Vec<usize> = q_pos.iter().map(|&p| p + 1).collect();
-        attention(
+        attention_windowed(
             pool,
             qs,
             p.n_head,
             &view,
             &kv_len,
+            p.window,
             p.scale,
             &mut att[qr.start * qd..qr.end * qd],
         );

@@ -218,6 +218,7 @@ impl Mla {
             head_dim: lw,
             scale: p.scale,
             rope: None,
+            window: None,
         };
         let mut att = Scratch::dirty(nq * nh * lw);
         attend(
@@ -231,6 +232,7 @@ impl Mla {
             &mut lat,
             &[],
             &mut att,
+            None,
         )?;
 
         // Each head's Σ p·c through W_uv_h, then attn_output.

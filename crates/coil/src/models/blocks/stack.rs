@@ -4,6 +4,8 @@
 //! x = embed(tokens) · embedding_scale
 //! per layer:  x += residual_scale · mixer(RMSNorm(x))        (if a mixer)
 //!             x += residual_scale · ffn(RMSNorm_ffn(x))       (if a feed-forward)
+//!             (with sandwich norms, LFM3: each block's output RMS-normed
+//!             again before it is added)
 //! logits = output(RMSNorm(x)) / logit_scale
 //! ```
 //!
@@ -28,7 +30,7 @@ use crate::models::nextn::NextnBlock;
 use crate::models::weights::Loader;
 use crate::models::{Model, ModelError, ModelInfo, Rows, UBatch};
 use coil_gguf::GgufFile;
-use coil_kernels::ops::norm::rms_norm;
+use coil_kernels::ops::norm::{rms_norm, rms_norm_inplace};
 use coil_kernels::{Scratch, ThreadPool};
 use std::sync::Arc;
 
@@ -65,6 +67,16 @@ pub struct StackLayer {
     /// whose only block is its feed-forward).
     pub ffn_norm: Option<Vec<f32>>,
     pub ffn: FfnBlock,
+    /// Norms of the mixer's and the feed-forward's outputs before the
+    /// residual add (LFM3's `post_operator_norm` / `post_ffn_norm`).
+    pub sandwich: Option<SandwichNorms>,
+}
+
+/// A layer's output norms (weights `[d_model]`): `x += RMSNorm(mixer(…))·mixer`,
+/// `x += RMSNorm(ffn(…))·ffn`.
+pub struct SandwichNorms {
+    pub mixer: Vec<f32>,
+    pub ffn: Vec<f32>,
 }
 
 impl StackLayer {
@@ -401,7 +413,10 @@ impl DecoderStack {
             }
             if !matches!(layer.mixer, MixerBlock::None) {
                 norm_rows(pool, &x, &layer.norm, self.eps, &mut h, d);
-                if self.mixer(pool, l, &rows, mem, &h, narrow, &mut o)? {
+                let narrowed = self.mixer(pool, l, &rows, mem, &h, narrow, &mut o)?;
+                let written = if narrowed { out_rows.len() } else { m };
+                self.post_mixer_norm(pool, layer, &mut o[..written * d]);
+                if narrowed {
                     x = gather_rows(&x, &out_rows, d);
                     m = out_rows.len();
                 } else if let Some(r) = &mut rest {
@@ -455,7 +470,18 @@ impl DecoderStack {
             FfnBlock::MoeGatedShared(f) => f.forward(&self.file, pool, h, o),
             FfnBlock::None => {}
         }
+        if let Some(sw) = &layer.sandwich {
+            norm_rows_inplace(pool, o, &sw.ffn, self.eps, d);
+        }
         add_scaled_rows(pool, &mut x[..m * d], self.scales.residual, o, d);
+    }
+
+    /// The sandwich norm of `layer`'s mixer output `o` (rows of `d`), if it
+    /// has one.
+    pub(super) fn post_mixer_norm(&self, pool: &ThreadPool, layer: &StackLayer, o: &mut [f32]) {
+        if let Some(sw) = &layer.sandwich {
+            norm_rows_inplace(pool, o, &sw.mixer, self.eps, self.info.n_embd);
+        }
     }
 }
 
@@ -487,6 +513,11 @@ pub(super) fn norm_rows(
     pool.rows_mut(h, d, 16, |r0, part| {
         rms_norm(&x[r0 * d..r0 * d + part.len()], Some(w), eps, part, d)
     });
+}
+
+/// `x = RMSNorm(x)·w` row by row (`[n, d]`), rows spread over the pool.
+pub(super) fn norm_rows_inplace(pool: &ThreadPool, x: &mut [f32], w: &[f32], eps: f32, d: usize) {
+    pool.rows_mut(x, d, 16, |_, part| rms_norm_inplace(part, Some(w), eps, d));
 }
 
 /// `x += s·o` (`[n, d]`), rows spread over the pool.

@@ -106,6 +106,7 @@ impl DecoderStack {
                     if !self.mixer(pool, last, rows, mem, &h, Some(only), &mut o)? {
                         o = gather_rows(&o, only, d);
                     }
+                    self.post_mixer_norm(pool, layer, &mut o[..m * d]);
                     o
                 }
             };
@@ -256,6 +257,7 @@ impl DecoderStack {
             let (mut h, mut o) = (Scratch::dirty(a * d), Scratch::dirty(a * d));
             norm_rows(pool, &x, &b.layer.norm, self.eps, &mut h, d);
             self.run_mixer(&b.layer, at, pool, &rows, mem, &h, None, &mut o)?;
+            self.post_mixer_norm(pool, &b.layer, &mut o);
             add_scaled_rows(pool, &mut x, self.scales.residual, &o, d);
             self.ffn_rows(pool, &b.layer, &mut x, &mut h, &mut o, a);
             let mut m = Scratch::dirty(a * d);
