@@ -196,3 +196,23 @@ fn output_into_a_closed_pipe_ends_quietly() {
     assert_ne!(out.status.code(), Some(101), "{stderr}");
     let _ = std::fs::remove_file(path);
 }
+
+/// LFM3's memory: the short convolutions' conv tails per sequence, the full
+/// attention layers' K/V cells and the sliding-window layers' apart, with
+/// their window.
+#[test]
+fn lfm3_conv_tails_and_sliding_window_cells_are_accounted() {
+    // lfm3_tiny: 3 short-conv layers with tails of (7 − 1) × 64, one full
+    // and two sliding-window (window 5) attention layers of 2 KV heads × 16.
+    let p = repo().join("tests/fixtures/parity/lfm3_tiny/model.gguf");
+    let (ok, out, err) = coil(&["inspect", p.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    for want in [
+        "pattern C**C*C",
+        "shortconv: 3 layer(s), state 4.5 KiB per sequence (0 state + 1152 conv-tail f32 values)",
+        "attention: 1 layer(s), 256 bytes of K/V cells per token (1.0 MiB at 4096 tokens)",
+        "sliding-window attention: 2 layer(s), 512 bytes of K/V cells per token (2.0 MiB at 4096 tokens), a query reads the last 5 tokens' cells",
+    ] {
+        assert!(out.contains(want), "{want}:\n{out}");
+    }
+}

@@ -181,12 +181,20 @@ fn bad_files_get_errors_naming_what_is_wrong() {
     let t = "lfm3_tiny";
     expect_error(
         "KV heads that do not divide the heads",
-        edited(t, |m| m.insert("lfm3.attention.head_count_kv", i32s(&[0, 3, 3, 0, 3, 0])), none),
+        edited(
+            t,
+            |m| m.insert("lfm3.attention.head_count_kv", i32s(&[0, 3, 3, 0, 3, 0])),
+            none,
+        ),
         "lfm3.attention.head_count_kv",
     );
     expect_error(
         "a head count the tensors do not have",
-        edited(t, |m| m.insert("lfm3.attention.head_count", Value::U32(2)), none),
+        edited(
+            t,
+            |m| m.insert("lfm3.attention.head_count", Value::U32(2)),
+            none,
+        ),
         "blk.1.attn_q.weight",
     );
     expect_error(
@@ -217,34 +225,71 @@ fn bad_files_get_errors_naming_what_is_wrong() {
         "a sliding layer that is a conv layer",
         edited(
             t,
-            |m| m.insert("lfm3.attention.sliding_window_pattern", bools(&[true, true, false, false, true, false])),
+            |m| {
+                m.insert(
+                    "lfm3.attention.sliding_window_pattern",
+                    bools(&[true, true, false, false, true, false]),
+                )
+            },
             none,
         ),
         "lfm3.attention.sliding_window_pattern",
     );
     expect_error(
         "a sliding-window pattern too short",
-        edited(t, |m| m.insert("lfm3.attention.sliding_window_pattern", bools(&[false, true])), none),
+        edited(
+            t,
+            |m| {
+                m.insert(
+                    "lfm3.attention.sliding_window_pattern",
+                    bools(&[false, true]),
+                )
+            },
+            none,
+        ),
         "lfm3.attention.sliding_window_pattern",
     );
     expect_error(
         "a sliding-window pattern of numbers",
-        edited(t, |m| m.insert("lfm3.attention.sliding_window_pattern", i32s(&[0, 1, 0, 0, 1, 0])), none),
+        edited(
+            t,
+            |m| {
+                m.insert(
+                    "lfm3.attention.sliding_window_pattern",
+                    i32s(&[0, 1, 0, 0, 1, 0]),
+                )
+            },
+            none,
+        ),
         "lfm3.attention.sliding_window_pattern",
     );
     expect_error(
         "no window size",
-        edited(t, |m| { m.remove("lfm3.attention.sliding_window"); }, none),
+        edited(
+            t,
+            |m| {
+                m.remove("lfm3.attention.sliding_window");
+            },
+            none,
+        ),
         "lfm3.attention.sliding_window",
     );
     expect_error(
         "a window of 0",
-        edited(t, |m| m.insert("lfm3.attention.sliding_window", Value::U32(0)), none),
+        edited(
+            t,
+            |m| m.insert("lfm3.attention.sliding_window", Value::U32(0)),
+            none,
+        ),
         "lfm3.attention.sliding_window",
     );
     expect_error(
         "a rotary width beyond the head",
-        edited(t, |m| m.insert("lfm3.rope.dimension_count_swa", Value::U32(18)), none),
+        edited(
+            t,
+            |m| m.insert("lfm3.rope.dimension_count_swa", Value::U32(18)),
+            none,
+        ),
         "lfm3.rope.dimension_count_swa",
     );
     expect_error(
@@ -254,12 +299,20 @@ fn bad_files_get_errors_naming_what_is_wrong() {
     );
     expect_error(
         "plan says attention at a conv layer",
-        edited(t, |m| m.insert("lfm3.attention.head_count_kv", i32s(&[2, 2, 2, 0, 2, 0])), none),
+        edited(
+            t,
+            |m| m.insert("lfm3.attention.head_count_kv", i32s(&[2, 2, 2, 0, 2, 0])),
+            none,
+        ),
         "blk.0.shortconv.in_proj.weight",
     );
     expect_error(
         "plan says conv at an attention layer",
-        edited(t, |m| m.insert("lfm3.attention.head_count_kv", i32s(&[0, 2, 0, 0, 2, 0])), none),
+        edited(
+            t,
+            |m| m.insert("lfm3.attention.head_count_kv", i32s(&[0, 2, 0, 0, 2, 0])),
+            none,
+        ),
         "blk.2.attn_q.weight",
     );
     expect_error(

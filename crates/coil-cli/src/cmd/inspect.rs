@@ -214,7 +214,10 @@ fn sliding_layers(file: &GgufFile) -> Option<(Vec<bool>, u64)> {
         .as_u64()?;
     match md.get(&format!("{arch}.attention.sliding_window_pattern"))? {
         Value::Array(_, items) => Some((
-            items.iter().map(|v| matches!(v, Value::Bool(true))).collect(),
+            items
+                .iter()
+                .map(|v| matches!(v, Value::Bool(true)))
+                .collect(),
             window,
         )),
         _ => None,

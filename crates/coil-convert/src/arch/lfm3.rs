@@ -100,7 +100,11 @@ fn rope_spec(ctx: &Ctx, ty: &str, head_dim: usize) -> Result<RopeSpec> {
             "a RoPE scaling factor other than 1 is not supported",
         ));
     }
-    let proportional = match rp.get("rope_type").and_then(Json::as_str).unwrap_or("default") {
+    let proportional = match rp
+        .get("rope_type")
+        .and_then(Json::as_str)
+        .unwrap_or("default")
+    {
         "default" => None,
         "proportional" => {
             let f = num("partial_rotary_factor").unwrap_or(1.0);
@@ -132,17 +136,21 @@ impl<'a> Lfm3<'a> {
         let kinds = layer_kinds(ctx, n_layer)?;
         for flag in ["conv_bias", "attention_bias"] {
             if c.bool(flag) == Some(true) {
-                return Err(ConvertError::config(flag, "biases are not supported for LFM3"));
+                return Err(ConvertError::config(
+                    flag,
+                    "biases are not supported for LFM3",
+                ));
             }
         }
         let head_dim = match c.uint(&["head_dim"])? {
             Some(h) => h,
-            None => {
-                c.req_uint(&["hidden_size"])? / c.req_uint(&["num_attention_heads"])?.max(1)
-            }
+            None => c.req_uint(&["hidden_size"])? / c.req_uint(&["num_attention_heads"])?.max(1),
         } as usize;
-        if head_dim == 0 || head_dim % 2 != 0 {
-            return Err(ConvertError::config("head_dim", format!("{head_dim} is not a positive even number")));
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
+            return Err(ConvertError::config(
+                "head_dim",
+                format!("{head_dim} is not a positive even number"),
+            ));
         }
         Ok(Lfm3 {
             ctx,
@@ -213,11 +221,17 @@ impl Arch for Lfm3<'_> {
         if self.has(Kind::Sliding) {
             kv.f32("rope.freq_base_swa", self.sliding.theta);
             kv.u32("rope.dimension_count_swa", self.head_dim as u64)?;
-            let w = c
-                .req_uint(&["sliding_window"])
-                .map_err(|_| ConvertError::config("sliding_window", "missing, though a layer is sliding_attention"))?;
+            let w = c.req_uint(&["sliding_window"]).map_err(|_| {
+                ConvertError::config(
+                    "sliding_window",
+                    "missing, though a layer is sliding_attention",
+                )
+            })?;
             if w == 0 {
-                return Err(ConvertError::config("sliding_window", "a window of 0 tokens"));
+                return Err(ConvertError::config(
+                    "sliding_window",
+                    "a window of 0 tokens",
+                ));
             }
             kv.u32("attention.sliding_window", w)?;
             let pattern: Vec<bool> = self.kinds.iter().map(|&k| k == Kind::Sliding).collect();

@@ -33,9 +33,7 @@
 use super::blocks::attention::{Attention, QkNorm, Rope};
 use super::blocks::ffn::{Activation, DenseFfn};
 use super::blocks::short_conv::{ShortConv, ShortConvParams};
-use super::blocks::stack::{
-    DecoderStack, FfnBlock, MixerBlock, SandwichNorms, Scales, StackLayer,
-};
+use super::blocks::stack::{DecoderStack, FfnBlock, MixerBlock, SandwichNorms, Scales, StackLayer};
 use super::hparams::{attention_params, base_info, n_ff, norm_eps};
 use super::plan::{FeedForward, Mixer};
 use super::weights::Loader;
@@ -114,7 +112,7 @@ fn rope_freqs(ld: &Loader, name: &str, rope: Option<Rope>) -> Result<Option<Vec<
 /// default).
 fn swa_rope(ld: &Loader, full: Rope, head_dim: usize) -> Result<Rope, ModelError> {
     let n_rot = ld.u_opt("rope.dimension_count_swa")?.unwrap_or(head_dim);
-    if n_rot > head_dim || n_rot % 2 != 0 {
+    if n_rot > head_dim || !n_rot.is_multiple_of(2) {
         return Err(ModelError::BadKey {
             key: format!("{}.rope.dimension_count_swa", ld.arch),
             reason: format!("{n_rot} must be even and at most the head dimension {head_dim}"),
@@ -143,7 +141,9 @@ fn sandwich(ld: &Loader, l: usize, d: usize) -> Result<Option<SandwichNorms>, Mo
             let (name, other) = if has_m { (f, m) } else { (m, f) };
             Err(ModelError::Tensor {
                 name,
-                reason: format!("missing, although layer {l} has {other} (sandwich norms come in pairs)"),
+                reason: format!(
+                    "missing, although layer {l} has {other} (sandwich norms come in pairs)"
+                ),
             })
         }
     }
@@ -193,7 +193,9 @@ pub fn load(file: Arc<GgufFile>, plan: LayerPlan) -> Result<DecoderStack, ModelE
         if kind.ffn != FeedForward::Dense {
             return Err(ModelError::Tensor {
                 name: format!("blk.{l}.ffn_down.weight"),
-                reason: format!("layer {l} needs a dense feed-forward (ffn_gate, ffn_up, ffn_down)"),
+                reason: format!(
+                    "layer {l} needs a dense feed-forward (ffn_gate, ffn_up, ffn_down)"
+                ),
             });
         }
         let ffn = DenseFfn::load(&ld, l, "", d, n_ff(&ld, &info, l)?, Activation::SwiGlu)?;

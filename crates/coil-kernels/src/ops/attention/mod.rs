@@ -358,7 +358,10 @@ pub(crate) mod tests {
                     let s: Vec<f64> = (lo..lens[t])
                         .map(|p| {
                             (0..hd)
-                                .map(|i| q[(t * nh + h) * hd + i] as f64 * k[p * row + kh * hd + i] as f64)
+                                .map(|i| {
+                                    q[(t * nh + h) * hd + i] as f64
+                                        * k[p * row + kh * hd + i] as f64
+                                })
                                 .sum::<f64>()
                                 * scale as f64
                         })
@@ -384,7 +387,16 @@ pub(crate) mod tests {
             for t in 0..nq {
                 let mut one = vec![0f32; wd];
                 let qt = &q[t * wd..(t + 1) * wd];
-                attention_windowed(&pool, qt, nh, &dense, &lens[t..t + 1], Some(w), scale, &mut one);
+                attention_windowed(
+                    &pool,
+                    qt,
+                    nh,
+                    &dense,
+                    &lens[t..t + 1],
+                    Some(w),
+                    scale,
+                    &mut one,
+                );
                 for (a, b) in one.iter().zip(&got[t * wd..(t + 1) * wd]) {
                     assert!((a - b).abs() < 1e-5, "window {w} query {t}: {a} vs {b}");
                 }

@@ -195,7 +195,13 @@ impl Attention {
         if let Some(g) = &self.head_gate {
             // sigmoid(x·g) per (row, head), from the normed input rows.
             let mut gate = Scratch::dirty(nq * p.n_head);
-            matmul(pool, &g.get(file), hq.as_deref().unwrap_or(h), &mut gate, nq);
+            matmul(
+                pool,
+                &g.get(file),
+                hq.as_deref().unwrap_or(h),
+                &mut gate,
+                nq,
+            );
             for (head, &gv) in att.chunks_exact_mut(p.head_dim).zip(gate.iter()) {
                 let s = 1.0 / (1.0 + (-gv).exp());
                 head.iter_mut().for_each(|v| *v *= s);

@@ -113,8 +113,7 @@ impl GatedAttention {
         // (every row written by `attend`: each query row is in one chunk)
         let mut att = Scratch::dirty(nq * qd);
         attend(
-            pool, p, layer, rows, mem, q_rows, &mut q, &mut k, &v, &mut att,
-            None,
+            pool, p, layer, rows, mem, q_rows, &mut q, &mut k, &v, &mut att, None,
         )?;
         pool.rows_mut(&mut att, qd, 16, |r0, part| {
             mul_sigmoid_inplace(part, &gate[r0 * qd..r0 * qd + part.len()])
