@@ -222,6 +222,29 @@ def round_to_f16(model) -> None:
             p.copy_(p.half().float())
 
 
+def round_to_q8_0(model) -> None:
+    """Every matrix (2-D parameter: projections, the embedding) to the
+    values its Q8_0 encoding gives back (blocks of 32 along the input
+    dimension, gguf-py's bit-exact copy of ggml's quantizer), so that the
+    Q8_0 GGUF holds exactly the weights of this model and the reference
+    numbers are those of the file's own weights. Q8_0 of these values gives
+    them back unchanged (checked)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, quants
+
+    q8 = GGMLQuantizationType.Q8_0
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() != 2 or p.shape[-1] % 32:
+                continue
+            w = p.detach().numpy().astype(np.float32)
+            r = quants.dequantize(quants.quantize(w, q8), q8).reshape(w.shape)
+            again = quants.dequantize(quants.quantize(r, q8), q8).reshape(w.shape)
+            if not np.array_equal(again, r):
+                raise SystemExit(f"{name}: Q8_0 does not give its rounded values back")
+            p.copy_(torch.from_numpy(r))
+
+
 def save_checkpoint(model, tok_dir: Path, out: Path) -> None:
     """The Hugging Face checkpoint: transformers' files for the trunk, the
     MTP block's tensors added under `mtp.` and `mtp_num_hidden_layers` in
@@ -275,17 +298,18 @@ def write_reference(model, ids: list[int], out: Path) -> None:
         tokens=ids,
         cases=cases,
         k=REF_K,
-        source="tools/qwen35_mtp.py: Qwen35WithMtp (transformers Qwen3_5ForCausalLM + the MTP block), float32, f16-exact weights",
+        source="tools/qwen35_mtp.py: Qwen35WithMtp (transformers Qwen3_5ForCausalLM + the MTP block), float32, the Q8_0 file's weights exactly",
     )
     (out / "reference.json").write_text(json.dumps(ref, indent=1) + "\n")
 
 
 def main(args) -> None:
     """Trains the model (or, with --export-only, reuses OUT/hf) and writes:
-    OUT/hf/ (the checkpoint with mtp.*), tests/fixtures/mtp/model.gguf
-    (`coil convert --type f16`, MTP block kept), tests/fixtures/mtp/
+    OUT/hf/ (the checkpoint with mtp.*, its matrices on the Q8_0 grid),
+    tests/fixtures/mtp/model.q8_0.gguf (`coil convert --type q8_0`, MTP
+    block kept: the checkpoint's weights exactly), tests/fixtures/mtp/
     {reference.json, reference_logits.npy, logits.npy, metrics.json}, and
-    with --llama-cpp OUT/llama-f16.gguf (llama.cpp's converter, with the
+    with --llama-cpp OUT/llama-q8_0.gguf (llama.cpp's converter, with the
     block; compared byte for byte with coil's)."""
     import numpy as np
     from tokenizers import Tokenizer
@@ -306,6 +330,9 @@ def main(args) -> None:
     print(f"tokens: train {len(train_ids):,}  val {len(val_ids):,}  vocab {VOCAB}", flush=True)
     if args.export_only:
         model = load_checkpoint(hf)
+        round_to_q8_0(model)  # unchanged when already rounded
+        save_checkpoint(model, TOKENIZER, hf)
+        model = load_checkpoint(hf)
         metrics = json.loads((out / "metrics.json").read_text())
     else:
         torch.manual_seed(args.seed)
@@ -316,6 +343,7 @@ def main(args) -> None:
         model, n_param, secs, log = td.train(args, model, train_ids, val_ids, loss_of=mtp_loss, seq=SEQ)
         model.eval()
         round_to_f16(model)
+        round_to_q8_0(model)
         save_checkpoint(model, TOKENIZER, hf)
         model = load_checkpoint(hf)
         metrics = dict(
@@ -340,9 +368,9 @@ def main(args) -> None:
     # the reference prompt: the start of the held-out text
     write_reference(model, val_ids[:40], FIXTURE)
 
-    gguf = FIXTURE / "model.gguf"
+    gguf = FIXTURE / "model.q8_0.gguf"
     subprocess.run(
-        [str(td.coil_bin()), "convert", str(hf), "-o", str(gguf), "--type", "f16", "--name", "Shakespeare Qwen3.5 MTP", "--quiet"],
+        [str(td.coil_bin()), "convert", str(hf), "-o", str(gguf), "--type", "q8_0", "--name", "Shakespeare Qwen3.5 MTP", "--quiet"],
         check=True,
     )
     print(f"wrote {gguf} ({gguf.stat().st_size / 1e6:.1f} MB)")
@@ -351,10 +379,10 @@ def main(args) -> None:
             "import sys\nsys.path.insert(0, {llama!r})\nimport convert_hf_to_gguf as c\n"
             "from conversion import base\nbase.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'olmo'\nc.main()\n"
         ).format(llama=str(args.llama_cpp))
-        theirs = out / "llama-f16.gguf"
+        theirs = out / "llama-q8_0.gguf"
         env = dict(os.environ, PYTHONPATH=f"{args.llama_cpp / 'gguf-py'}:{args.llama_cpp}")
         subprocess.run(
-            [args.converter_python, "-c", shim, str(hf), "--outtype", "f16", "--outfile", str(theirs), "--model-name", "Shakespeare Qwen3.5 MTP"],
+            [args.converter_python, "-c", shim, str(hf), "--outtype", "q8_0", "--outfile", str(theirs), "--model-name", "Shakespeare Qwen3.5 MTP"],
             check=True,
             env=env,
         )

@@ -110,3 +110,55 @@ fn a_draft_model_with_another_vocabulary_or_a_smaller_context_is_an_error() {
     let err = DraftModel::new(few, &two).err().unwrap().to_string();
     assert!(err.contains("sequences"), "{err}");
 }
+
+/// The architectures with an MTP block (tests/fixtures/nextn/, the block
+/// loaded and its memory kept beside), each with a draft model of another
+/// architecture over the same vocabulary, greedy and sampled with a seed:
+/// the target's own output.
+#[test]
+fn every_mtp_architecture_keeps_its_output_with_a_draft_model() {
+    let nextn = |name: &str| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("../../tests/fixtures/nextn/{name}/model.gguf"))
+    };
+    let load = |path: &Path, block: bool| {
+        Engine::load(
+            path,
+            EngineOptions {
+                n_seq_max: 1,
+                n_threads: 2,
+                n_ctx: 256,
+                nextn: block,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let cases = [
+        ("qwen35", nextn("qwen35moe")),
+        ("qwen35moe", nextn("qwen3next")),
+        ("qwen3next", nextn("qwen35")),
+        ("nemotron_h_moe", model("mamba2")),
+    ];
+    let seeded = SamplingParams {
+        temperature: 0.8,
+        seed: 5,
+        ..SamplingParams::greedy()
+    };
+    for (name, draft) in cases {
+        let target = nextn(name);
+        let prompt: Vec<u32> = (1..12).map(|i| (i * 37) % 1000).collect();
+        for params in [SamplingParams::greedy(), seeded.clone()] {
+            for block in [false, true] {
+                let want = run(&mut load(&target, block), 0, &prompt, &params, None).0;
+                let mut e = load(&target, block);
+                let dm = DraftModel::new(load(&draft, false), &e).unwrap();
+                let mut sp = Speculator::with_source(DraftSource::Model(Box::new(dm)), 4);
+                let (got, c) = run(&mut e, 0, &prompt, &params, Some(&mut sp));
+                let what = format!("{name}, block loaded {block}, {params:?}");
+                assert_eq!(got, want, "{what}");
+                assert!(c.unwrap().drafted > 0, "{what}: nothing drafted");
+            }
+        }
+    }
+}
