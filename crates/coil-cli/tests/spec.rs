@@ -326,3 +326,51 @@ fn run_with_mtp_and_a_draft_model_prints_the_same_text() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+/// The trained MTP fixture (tests/fixtures/mtp/, `tools/train_demo.py
+/// --model qwen35-mtp`): `coil run --spec mtp` prints the text of plain
+/// decoding, greedy and sampled with a seed, and greedy keeps most of the
+/// block's drafts (a random block's are almost never kept).
+#[test]
+fn run_with_the_trained_mtp_block_keeps_most_drafts() {
+    let m = repo()
+        .join("tests/fixtures/mtp/model.q8_0.gguf")
+        .to_string_lossy()
+        .into_owned();
+    for temp in ["0", "0.8"] {
+        let base = [
+            "run",
+            "-m",
+            &m,
+            "-p",
+            "ROMEO:",
+            "-n",
+            "64",
+            "--temp",
+            temp,
+            "--seed",
+            "9",
+            "-t",
+            "2",
+            "--ignore-eos",
+        ];
+        let (ok, plain, err) = coil(&base);
+        assert!(ok, "{err}");
+        let mut args = base.to_vec();
+        args.extend(["--spec", "mtp", "--draft-max", "3"]);
+        let (ok, spec, err) = coil(&args);
+        assert!(ok, "{err}");
+        assert_eq!(
+            spec, plain,
+            "at temperature {temp}: speculation changed the output"
+        );
+        let (drafted, accepted) = (count(&err, "drafted"), count(&err, "accepted"));
+        assert!(drafted > 0 && accepted <= drafted, "{err}");
+        if temp == "0" {
+            assert!(
+                accepted * 10 >= drafted * 4,
+                "greedy: {accepted} of {drafted} drafts accepted"
+            );
+        }
+    }
+}

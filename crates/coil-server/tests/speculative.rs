@@ -120,11 +120,14 @@ fn speculating_requests_get_the_plain_text() {
     }
 }
 
-/// `--spec mtp`: the model's own MTP block drafts for every speculating
-/// request of a step side by side; each gets the plain text, alone or
-/// beside others, and again from the prefix cache.
+/// Every kind of draft on every architecture with an MTP block (the
+/// fixtures of tests/fixtures/nextn/): n-gram lookups, the model's own MTP
+/// block (drafting for every speculating request of a step side by side)
+/// and a draft model (another architecture's random weights over the same
+/// vocabulary: drafts mostly rejected). Each request gets the plain text,
+/// alone or beside others, and again from the prefix cache.
 #[test]
-fn mtp_requests_get_the_plain_text() {
+fn every_kind_of_draft_on_every_mtp_architecture_gets_the_plain_text() {
     let prompts: Vec<String> = [
         "one two three one two three",
         "the cat sat on the mat",
@@ -135,31 +138,66 @@ fn mtp_requests_get_the_plain_text() {
     .map(|s| s.to_string())
     .collect();
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/nextn");
-    for name in ["qwen35", "nemotron_h_moe"] {
+    let load = |file: &PathBuf, nextn: bool| {
+        Engine::load(
+            file,
+            EngineOptions {
+                n_threads: 1,
+                n_seq_max: 5,
+                n_ctx: 512,
+                nextn,
+                ..Default::default()
+            },
+        )
+        .expect("load")
+    };
+    // (target, its draft model)
+    let cases = [
+        ("qwen35", root.join("qwen35moe/model.gguf")),
+        ("qwen35moe", root.join("qwen3next/model.gguf")),
+        ("qwen3next", root.join("qwen35/model.gguf")),
+        ("nemotron_h_moe", path("mamba2")),
+    ];
+    for (name, draft) in cases {
         let file = root.join(name).join("model.gguf");
         let plain = server_of(file.clone(), None);
         let want: Vec<Value> = prompts.iter().map(|p| complete(&plain, p)).collect();
-        let spec = server_of(
-            file,
-            Some(SpecParams {
-                kind: SpecKind::Nextn,
+        for kind in [SpecKind::Ngram, SpecKind::Nextn, SpecKind::Model] {
+            let spec = Some(SpecParams {
+                kind,
                 draft_max: 3,
-                ngram_max: 1,
-            }),
-        );
-        for round in 0..2 {
-            let got = all_at_once(&spec, &prompts);
-            for (g, w) in got.iter().zip(&want) {
-                let what = format!("{name}, round {round}");
-                assert_eq!(g["choices"][0]["text"], w["choices"][0]["text"], "{what}");
+                ngram_max: 2,
+            });
+            let cfg = SchedulerConfig {
+                parallel: 3,
+                prefill_chunk: 64,
+                spec,
+                ..Default::default()
+            };
+            let s = match kind {
+                SpecKind::Model => {
+                    let engine = load(&file, false);
+                    let dm =
+                        coil::engine::speculative::DraftModel::new(load(&draft, false), &engine)
+                            .unwrap();
+                    start_engine_draft(engine, dm, cfg)
+                }
+                _ => server_of(file.clone(), spec),
+            };
+            for round in 0..2 {
+                let got = all_at_once(&s, &prompts);
+                for (g, w) in got.iter().zip(&want) {
+                    let what = format!("{name}, {kind:?}, round {round}");
+                    assert_eq!(g["choices"][0]["text"], w["choices"][0]["text"], "{what}");
+                }
             }
+            let m = s.metrics();
+            assert!(
+                m["coil_spec_draft_tokens_total"] > 0.0,
+                "{name}, {kind:?}: nothing drafted"
+            );
+            assert!(m["coil_spec_verifications_total"] > 0.0);
         }
-        let m = spec.metrics();
-        assert!(
-            m["coil_spec_draft_tokens_total"] > 0.0,
-            "{name}: nothing drafted"
-        );
-        assert!(m["coil_spec_verifications_total"] > 0.0);
     }
 }
 
