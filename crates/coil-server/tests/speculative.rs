@@ -191,12 +191,16 @@ fn every_kind_of_draft_on_every_mtp_architecture_gets_the_plain_text() {
                     assert_eq!(g["choices"][0]["text"], w["choices"][0]["text"], "{what}");
                 }
             }
-            let m = s.metrics();
-            assert!(
-                m["coil_spec_draft_tokens_total"] > 0.0,
-                "{name}, {kind:?}: nothing drafted"
-            );
-            assert!(m["coil_spec_verifications_total"] > 0.0);
+            // N-gram drafts need the text to repeat itself, which a random
+            // model's may not: only the model-made drafts must exist.
+            if !matches!(kind, SpecKind::Ngram) {
+                let m = s.metrics();
+                assert!(
+                    m["coil_spec_draft_tokens_total"] > 0.0,
+                    "{name}, {kind:?}: nothing drafted"
+                );
+                assert!(m["coil_spec_verifications_total"] > 0.0);
+            }
         }
     }
 }
