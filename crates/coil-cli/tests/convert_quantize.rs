@@ -181,15 +181,19 @@ fn quantize_every_mixture() {
         let (ok, text) = run(coil().arg("inspect").arg(&out));
         assert!(ok, "{mix}: inspect: {text}");
     }
+    // IQ2_XS without an importance matrix: the fixture's 32-wide rows are
+    // too short for its 256-blocks, so every matrix falls back as in
+    // llama-quantize and none needs the matrix (a file whose matrices do
+    // is refused: tests/imatrix.rs).
+    let x = d.join("x.gguf");
     let (ok, text) = run(coil()
         .args(["quantize", "--quiet"])
         .arg(&src)
-        .arg(d.join("x.gguf"))
+        .arg(&x)
         .arg("IQ2_XS"));
-    assert!(
-        !ok && text.contains("IQ2_XS") && text.contains("Q4_K_M"),
-        "{text}"
-    );
+    assert!(ok, "{text}");
+    let q = GgufFile::open(&x).unwrap();
+    assert!(q.tensors().iter().all(|t| t.ty != GgmlType::IQ2_XS));
     // llama-quantize's flags
     let rules = d.join("rules.txt");
     std::fs::write(&rules, "ssm_out=q5_1\n").unwrap();
