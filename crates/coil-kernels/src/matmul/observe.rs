@@ -4,7 +4,7 @@
 //! matrix and the activations `x` (`[n_tokens, cols]`) before computing.
 //! Without one, a product pays one relaxed atomic load.
 
-use super::WeightRef;
+use crate::matmul::weight::WeightRef;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
