@@ -151,7 +151,15 @@ pub fn quantize_block_q6_k(x: &[f32; QK_K], y: &mut [u8; Q6_K_BYTES]) {
     let mut lt = [[0i8; 16]; 16];
     let scales = make_qx::<16, 16>(&transpose::<16, 16>(x), 32, &mut lt);
     untranspose(&lt, &mut l);
-    let (max_scale, max_abs_scale) = largest_magnitude(&scales);
+    pack_q6_k(x, &scales, &mut l, y);
+}
+
+/// The rest of a Q6_K block once its 16 sub-block scales are found (with
+/// or without importance weights): the scales quantized to i8 under one
+/// f16 `d`, the levels requantized at those scales (a sub-block whose
+/// scale rounds to zero keeps the levels `l` holds), and the packing.
+pub(super) fn pack_q6_k(x: &[f32], scales: &[f32; 16], l: &mut [i8; QK_K], y: &mut [u8]) {
+    let (max_scale, max_abs_scale) = largest_magnitude(scales);
     y.fill(0);
     if max_abs_scale < GROUP_MAX_EPS {
         return;

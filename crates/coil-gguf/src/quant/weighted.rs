@@ -575,7 +575,6 @@ pub(crate) fn quantize_q6_k(x: &[f32], w: &[f32], y: &mut [u8]) {
     for ((x, qw), b) in k_blocks(x, w, y, 210) {
         let mut l = [0i8; QK_K];
         let mut scales = [0f32; 16];
-        let (mut max_scale, mut max_abs_scale) = (0f32, 0f32);
         for ib in 0..16 {
             let s = make_qx_quants(
                 32,
@@ -584,44 +583,8 @@ pub(crate) fn quantize_q6_k(x: &[f32], w: &[f32], y: &mut [u8]) {
                 &qw[16 * ib..16 * ib + 16],
             );
             scales[ib] = s;
-            if s.abs() > max_abs_scale {
-                max_abs_scale = s.abs();
-                max_scale = s;
-            }
         }
-        b.fill(0);
-        if max_abs_scale < GROUP_MAX_EPS {
-            continue;
-        }
-        let iscale = -128.0 / max_scale;
-        write_f16(b, 208, 1.0 / iscale);
-        let dd = read_f16(b, 208);
-        let mut sc = [0i8; 16];
-        for ib in 0..16 {
-            sc[ib] = nearest_int(iscale * scales[ib]).min(127) as i8;
-            b[192 + ib] = sc[ib] as u8;
-        }
-        for j in 0..16 {
-            let d = dd * sc[j] as f32;
-            if d == 0.0 {
-                continue;
-            }
-            for ii in 0..16 {
-                let q = nearest_int(x[16 * j + ii] / d).clamp(-32, 31);
-                l[16 * j + ii] = (q + 32) as i8;
-            }
-        }
-        let (ql, rest) = b.split_at_mut(128);
-        let qh = &mut rest[..64];
-        for (c, j) in (0..QK_K).step_by(128).enumerate() {
-            for i in 0..32 {
-                let g = |k: usize| l[j + i + k] as u8;
-                ql[64 * c + i] = (g(0) & 0xf) | ((g(64) & 0xf) << 4);
-                ql[64 * c + i + 32] = (g(32) & 0xf) | ((g(96) & 0xf) << 4);
-                qh[32 * c + i] =
-                    (g(0) >> 4) | ((g(32) >> 4) << 2) | ((g(64) >> 4) << 4) | ((g(96) >> 4) << 6);
-            }
-        }
+        super::kquants_quantize::pack_q6_k(x, &scales, &mut l, b);
     }
 }
 
