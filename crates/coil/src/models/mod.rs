@@ -20,6 +20,7 @@ pub mod nextn;
 pub mod plan;
 pub mod qwen35;
 pub mod qwen3next;
+pub mod qwen4exp;
 pub mod weights;
 
 pub use plan::{FeedForward, LayerKind, LayerPlan, Mixer};
@@ -268,6 +269,7 @@ pub fn load(file: Arc<GgufFile>) -> Result<Box<dyn Model>, ModelError> {
         "lfm3" => lfm3::load(file, plan)?,
         "kimi-linear" => kimi_linear::load(file, plan)?,
         "bailingmoe3" => bailing_hybrid::load(file, plan)?,
+        "qwen4exp" => return Ok(Box::new(qwen4exp::load(file, plan)?)),
         other => return Err(ModelError::NotImplemented(other.to_string())),
     };
     Ok(Box::new(stack))

@@ -110,7 +110,7 @@ pub enum PlanError {
 }
 
 /// GGUF architectures coil knows.
-pub const SUPPORTED_ARCHS: [&str; 16] = [
+pub const SUPPORTED_ARCHS: [&str; 17] = [
     "mamba",
     "mamba2",
     "jamba",
@@ -127,6 +127,7 @@ pub const SUPPORTED_ARCHS: [&str; 16] = [
     "lfm3",
     "kimi-linear",
     "bailingmoe3",
+    "qwen4exp",
 ];
 
 /// A per-layer integer hyper-parameter: either one value for all layers or
@@ -253,7 +254,10 @@ impl LayerPlan {
             });
         }
         let n_layer = n_all - n_nextn;
-        let gated_delta = matches!(arch.as_str(), "qwen35" | "qwen35moe" | "qwen3next");
+        let gated_delta = matches!(
+            arch.as_str(),
+            "qwen35" | "qwen35moe" | "qwen3next" | "qwen4exp"
+        );
         // Per-layer arrays cover every block, the tail's too.
         let kv = per_layer_u64(file, &format!("{arch}.attention.head_count_kv"), n_all)?;
         let ff = per_layer_u64(file, &format!("{arch}.feed_forward_length"), n_all)?;

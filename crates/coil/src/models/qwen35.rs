@@ -19,7 +19,7 @@ use std::sync::Arc;
 /// Checks `rope.dimension_sections` (required, as in llama.cpp): up to four
 /// counts of rotated pairs whose first three sum to `rope.dimension_count /
 /// 2` and whose fourth (extra positions, unused by text) is 0.
-fn check_rope_sections(ld: &Loader) -> Result<(), ModelError> {
+pub(crate) fn check_rope_sections(ld: &Loader) -> Result<(), ModelError> {
     let key = format!("{}.rope.dimension_sections", ld.arch);
     let bad = |reason: String| ModelError::BadKey {
         key: key.clone(),

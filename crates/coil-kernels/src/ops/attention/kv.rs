@@ -163,6 +163,20 @@ impl<'a> KvView<'a> {
     }
 }
 
+impl KvView<'_> {
+    /// Position `pos`'s key in KV head `kvh` as f32 (`buf`: `head_dim` of
+    /// scratch, used where the storage is f16).
+    pub fn k_row<'b>(&'b self, kvh: usize, pos: usize, buf: &'b mut [f32]) -> &'b [f32] {
+        // One row lies in one page, wherever it starts.
+        &kv_block(&self.k, self, kvh, pos, 1, buf).data[..self.head_dim]
+    }
+
+    /// [`KvView::k_row`] of the values.
+    pub fn v_row<'b>(&'b self, kvh: usize, pos: usize, buf: &'b mut [f32]) -> &'b [f32] {
+        &kv_block(&self.v, self, kvh, pos, 1, buf).data[..self.head_dim]
+    }
+}
+
 /// Positions per block.
 pub(super) const PB: usize = 32;
 /// Rows `p0..p0+nb` of one KV head as f32 `[nb][hd]` (into `buf` if a

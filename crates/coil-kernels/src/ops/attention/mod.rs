@@ -3,6 +3,7 @@
 
 mod call;
 mod kv;
+mod selected;
 mod tiled;
 
 use crate::multiversion;
@@ -12,6 +13,7 @@ use crate::simd::math::exp_fast;
 use call::{Call, Item, Scratch, QB, TRANSPOSE_ROWS};
 use kv::{kv_block, PB};
 pub use kv::{KvData, KvView, KV_PAGE_ALIGN};
+pub use selected::attention_selected;
 
 #[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {

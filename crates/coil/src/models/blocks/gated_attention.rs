@@ -76,6 +76,28 @@ impl GatedAttention {
         q_rows: Option<&[usize]>,
         out: &mut [f32],
     ) -> Result<(), ModelError> {
+        let (mut q, gate, mut k, v) = self.project(file, pool, h, q_rows);
+        // (every row written by `attend`: each query row is in one chunk)
+        let p = &self.p;
+        let mut att = Scratch::dirty(gate.len());
+        attend(
+            pool, p, layer, rows, mem, q_rows, &mut q, &mut k, &v, &mut att, None,
+        )?;
+        self.finish(file, pool, &mut att, &gate, out);
+        Ok(())
+    }
+
+    /// The projections of the rows `h` (`[n, d_model]`): the queries (of
+    /// `q_rows`, or every row) RMS-normalised per head and their gates
+    /// (`[n_q, n_head·head_dim]` each), the keys RMS-normalised per head
+    /// and the values (`[n, n_kv_head·head_dim]` each); no rotation yet.
+    pub fn project(
+        &self,
+        file: &GgufFile,
+        pool: &ThreadPool,
+        h: &[f32],
+        q_rows: Option<&[usize]>,
+    ) -> (Scratch, Scratch, Scratch, Scratch) {
         let p = &self.p;
         let n = h.len() / p.d_model;
         let hd = p.head_dim;
@@ -110,21 +132,31 @@ impl GatedAttention {
         pool.rows_mut(&mut k, kvd, 16, |_, part| {
             rms_norm_inplace(part, Some(&self.k_norm), self.eps, hd)
         });
-        // (every row written by `attend`: each query row is in one chunk)
-        let mut att = Scratch::dirty(nq * qd);
-        attend(
-            pool, p, layer, rows, mem, q_rows, &mut q, &mut k, &v, &mut att, None,
-        )?;
-        pool.rows_mut(&mut att, qd, 16, |r0, part| {
+        (q, gate, k, v)
+    }
+
+    /// `out = (att ⊙ sigmoid(gate))·Wo` (`att`, `gate`: `[n_q, n_head·head_dim]`;
+    /// `out`: at least `[n_q, d_model]`).
+    pub fn finish(
+        &self,
+        file: &GgufFile,
+        pool: &ThreadPool,
+        att: &mut [f32],
+        gate: &[f32],
+        out: &mut [f32],
+    ) {
+        let p = &self.p;
+        let qd = p.n_head * p.head_dim;
+        let nq = att.len() / qd;
+        pool.rows_mut(att, qd, 16, |r0, part| {
             mul_sigmoid_inplace(part, &gate[r0 * qd..r0 * qd + part.len()])
         });
         matmul(
             pool,
             &self.wo.get(file),
-            &att,
+            att,
             &mut out[..nq * p.d_model],
             nq,
         );
-        Ok(())
     }
 }

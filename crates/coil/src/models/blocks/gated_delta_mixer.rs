@@ -11,7 +11,8 @@
 //!   holds −exp(A_log));
 //! * the gated delta rule per value head (state `[d_k, d_v]`, see
 //!   `coil_kernels::ops::delta`);
-//! * `RMSNorm(o)·w ⊙ silu(z)` per value head, then `ssm_out`.
+//! * `RMSNorm(o)·w ⊙ silu(z)` per value head (`sigmoid(z)` in Qwen4-Exp),
+//!   then `ssm_out`.
 
 use super::common::{
     layer_state, layer_states_moving, recurrent_memory, refold_conv_window, split_rows, typed_state,
@@ -20,7 +21,7 @@ use crate::memory::{Memory, RecurrentLayerShape, StateMut, StateRef, StateType};
 use crate::models::weights::{Loader, Matrix};
 use crate::models::{ModelError, Rows};
 use coil_gguf::GgufFile;
-use coil_kernels::ops::act::{mul_silu_inplace, softplus1};
+use coil_kernels::ops::act::{mul_sigmoid_inplace, mul_silu_inplace, softplus1};
 use coil_kernels::ops::conv::{
     conv1d_causal_silu_batch, conv1d_causal_silu_pool_then, ConvSeq, ConvWeights,
 };
@@ -73,6 +74,8 @@ pub struct GatedDeltaParams {
     /// See [`chunk_min_tokens`] and [`chunk_len`].
     pub chunk_min_tokens: usize,
     pub chunk: usize,
+    /// The output gate is `sigmoid(z)` (Qwen4-Exp) instead of `silu(z)`.
+    pub sigmoid_gate: bool,
 }
 
 impl GatedDeltaParams {
@@ -115,6 +118,7 @@ impl GatedDeltaParams {
             eps,
             chunk_min_tokens: chunk_min_tokens(),
             chunk: chunk_len(),
+            sigmoid_gate: false,
         })
     }
 
@@ -441,10 +445,14 @@ impl GatedDeltaMixer {
                 }
             }
         }
-        // RMSNorm(o)·w per value head, times silu(z).
+        // RMSNorm(o)·w per value head, times silu(z) (or sigmoid(z)).
         pool.rows_mut(&mut o, vd, 16, |r0, part| {
             rms_norm_inplace(part, Some(&self.norm), p.eps, dims.d_v);
-            mul_silu_inplace(part, &z[r0 * vd..r0 * vd + part.len()]);
+            let z = &z[r0 * vd..r0 * vd + part.len()];
+            match p.sigmoid_gate {
+                true => mul_sigmoid_inplace(part, z),
+                false => mul_silu_inplace(part, z),
+            }
         });
         matmul(pool, &self.out_proj.get(file), &o, out, n);
         Ok(())
