@@ -119,7 +119,9 @@ pub fn apply(md: &mut Metadata, tensors: &mut Vec<(TensorSpec, Vec<u8>)>, rec: &
             }
         }
         // one element of an integer or bool array (per-layer head counts,
-        // rope sections, LFM3's sliding-window pattern)
+        // rope sections, LFM3's sliding-window pattern, Zamba2's shared-block
+        // schedule: a signed array's element set to −2..2 half the time,
+        // no block, a block or one the file lacks)
         1 => {
             let k = keys(md, |v| {
                 v.as_array().is_some_and(|a| {
@@ -130,7 +132,15 @@ pub fn apply(md: &mut Metadata, tensors: &mut Vec<(TensorSpec, Vec<u8>)>, rec: &
                 if let Some(Value::Array(ty, items)) = md.get(key).cloned() {
                     let mut items = items;
                     let i = (b & 0x7f) as usize % items.len();
-                    if let Some(new) = with_int(&items[i], pick(v, wide)) {
+                    let signed = matches!(
+                        items[i],
+                        Value::I8(_) | Value::I16(_) | Value::I32(_) | Value::I64(_)
+                    );
+                    let x = match signed && !wide && v & 0x100 != 0 {
+                        true => ((v % 5) as i64 - 2) as u64,
+                        false => pick(v, wide),
+                    };
+                    if let Some(new) = with_int(&items[i], x) {
                         items[i] = new;
                         md.insert(key.clone(), Value::Array(ty, items));
                     }

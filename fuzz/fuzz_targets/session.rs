@@ -18,13 +18,14 @@ use std::path::PathBuf;
 use std::sync::{LazyLock, Mutex};
 
 /// The parity fixtures besides the demo model (`tests/fixtures/parity/NAME`).
-const FIXTURES: [&str; 6] = [
+const FIXTURES: [&str; 7] = [
     "qwen35_tiny",
     "lfm2_small",
     "jamba_small",
     "kimi_linear_tiny",
     "bailing_hybrid_tiny",
     "lfm3_tiny",
+    "zamba2_tiny",
 ];
 
 static ENGINES: LazyLock<Vec<Mutex<Engine>>> = LazyLock::new(|| {

@@ -21,7 +21,7 @@ pub const CONVERTED: [&str; 9] = [
 
 /// Made by `tools/make_fixtures_*.py` (transformers' reference logits
 /// beside them): `parity/<name>/model.gguf`.
-pub const PARITY: [&str; 11] = [
+pub const PARITY: [&str; 13] = [
     "qwen35_tiny",
     "qwen35moe_tiny",
     "qwen3next_tiny",
@@ -33,6 +33,8 @@ pub const PARITY: [&str; 11] = [
     "bailing_hybrid_qlora",
     "lfm3_tiny",
     "lfm3_plain",
+    "zamba2_tiny",
+    "zamba2_plain",
 ];
 
 /// The model file of fixture `name` under `root` (the repository's

@@ -358,6 +358,69 @@ fn lfm3_unsupported_configs_are_refused() {
     }
 }
 
+/// The Zamba2 fixtures: coil's own `zamba2` layout (llama.cpp has no
+/// Zamba2 converter; see docs/CONVERT.md). The committed F32 file, made by
+/// tools/make_fixtures_zamba2.py, read back by the gguf package there, run
+/// against transformers by crates/coil/tests/parity_zamba2.rs, pins it:
+/// converting the checkpoint again gives it byte for byte.
+#[test]
+fn zamba2() {
+    check_f32_parity("zamba2_tiny");
+    check_f32_parity("zamba2_plain");
+}
+
+/// Zamba2 configurations coil cannot represent are refused by field name.
+#[test]
+fn zamba2_unsupported_configs_are_refused() {
+    let src = root().join("hf/zamba2_tiny");
+    for (i, (edit, want)) in [
+        (r#""add_bias_linear": true"#, "add_bias_linear"),
+        (r#""hidden_act": "silu""#, "hidden_act"),
+        (r#""use_long_context": true"#, "use_long_context"),
+        (
+            r#""rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}"#,
+            "rope_parameters.rope_type",
+        ),
+        (
+            r#""layers_block_type": ["mamba", "hybrid", "attention", "hybrid", "mamba", "hybrid", "mamba"]"#,
+            "layers_block_type",
+        ),
+        (
+            r#""layers_block_type": ["mamba", "hybrid", "mamba"]"#,
+            "layers_block_type",
+        ),
+        (r#""num_attention_heads": 5"#, "num_attention_heads"),
+        (r#""mamba_ngroups": 3"#, "mamba_ngroups"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let dir = tmp(&format!("zamba2_bad{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in ["model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+            std::fs::copy(src.join(f), dir.join(f)).unwrap();
+        }
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap())
+                .unwrap();
+        let patch: serde_json::Value = serde_json::from_str(&format!("{{{edit}}}")).unwrap();
+        for (k, v) in patch.as_object().unwrap() {
+            cfg[k] = v.clone();
+        }
+        std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+        let out = tmp(&format!("zamba2_bad{i}.gguf"));
+        let opts = ConvertOptions {
+            out_type: OutType::F32,
+            progress: false,
+            ..Default::default()
+        };
+        let err = convert(&dir, &out, &opts).expect_err(edit).to_string();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(err.contains(want), "{edit}: {err}");
+        assert!(!out.exists(), "{edit}: output left behind");
+    }
+}
+
 /// The LFM2 parity fixtures (tests/fixtures/parity/<name>/): `hf/` converted
 /// to F32 against llama.cpp's `convert_hf_to_gguf.py --outtype f32` of it
 /// (`model.gguf`, made by tools/make_fixtures_lfm2.py).

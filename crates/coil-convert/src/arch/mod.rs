@@ -13,6 +13,7 @@ mod llama;
 mod mamba;
 mod nemotron_h;
 mod qwen35;
+mod zamba2;
 
 use crate::config::Config;
 use crate::error::{ConvertError, Result};
@@ -43,6 +44,7 @@ pub const SUPPORTED: &[&str] = &[
     "KimiLinearForCausalLM",
     "BailingHybridForCausalLM",
     "BailingMoeV3ForCausalLM",
+    "Zamba2ForCausalLM",
 ];
 
 /// How the vocabulary is written.
@@ -177,6 +179,7 @@ pub(crate) fn for_arch<'a>(hf_arch: &str, ctx: &'a Ctx<'a>) -> Result<Box<dyn Ar
         "BailingHybridForCausalLM" | "BailingMoeV3ForCausalLM" => {
             Box::new(bailing_hybrid::BailingHybrid::new(ctx)?)
         }
+        "Zamba2ForCausalLM" => Box::new(zamba2::Zamba2::new(ctx)?),
         other => {
             return Err(ConvertError::UnsupportedArch {
                 arch: other.to_string(),

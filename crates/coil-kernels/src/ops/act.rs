@@ -131,6 +131,32 @@ pub fn gelu_inplace(x: &mut [f32]) {
         .for_each(|v| *v = 0.5 * *v * (1.0 + (C * (*v + 0.044715 * *v * *v * *v)).tanh()));
 }
 
+/// The error function, to 1.5e-7 (Abramowitz & Stegun 7.1.26, in f64).
+pub fn erf1(x: f32) -> f32 {
+    let (s, x) = (x.signum() as f64, x.abs() as f64);
+    let t = 1.0 / (1.0 + 0.327_591_1 * x);
+    let poly = t
+        * (0.254_829_592
+            + t * (-0.284_496_736
+                + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
+    (s * (1.0 - poly * (-x * x).exp())) as f32
+}
+
+/// `x·Φ(x) = 0.5·x·(1 + erf(x/√2))`: the exact GELU (torch's default,
+/// transformers' `gelu`), not the tanh approximation.
+#[inline]
+pub fn gelu_erf1(x: f32) -> f32 {
+    0.5 * x * (1.0 + erf1(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+/// GeGLU with the exact GELU: `gate = gelu(gate) * up` in place.
+pub fn geglu_erf_inplace(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len());
+    gate.iter_mut()
+        .zip(up)
+        .for_each(|(g, u)| *g = gelu_erf1(*g) * u);
+}
+
 /// `a += b`.
 pub fn add_inplace(a: &mut [f32], b: &[f32]) {
     assert_eq!(a.len(), b.len());
@@ -198,6 +224,17 @@ mod tests {
         assert!((silu1(1.0) - 0.731_058_6).abs() < 1e-6);
         assert!((softplus1(0.0) - std::f32::consts::LN_2).abs() < 1e-6);
         assert_eq!(softplus1(50.0), 50.0);
+        // erf against known values; GELU's tails
+        for (x, e) in [
+            (0.5f32, 0.520_499_9),
+            (1.0, 0.842_700_8),
+            (-2.0, -0.995_322_3),
+        ] {
+            assert!((erf1(x) - e).abs() < 3e-7, "erf({x}) = {}", erf1(x));
+        }
+        assert_eq!(erf1(0.0), 0.0);
+        assert!((gelu_erf1(1.0) - 0.841_344_7).abs() < 1e-6);
+        assert!(gelu_erf1(-10.0).abs() < 1e-6);
         assert!(softplus1(-50.0) >= 0.0 && softplus1(-50.0) < 1e-20);
         let mut v = [-2.0f32, 3.0];
         relu2_inplace(&mut v);

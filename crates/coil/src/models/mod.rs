@@ -22,6 +22,7 @@ pub mod qwen35;
 pub mod qwen3next;
 pub mod qwen4exp;
 pub mod weights;
+pub mod zamba2;
 
 pub use plan::{FeedForward, LayerKind, LayerPlan, Mixer};
 
@@ -270,6 +271,7 @@ pub fn load(file: Arc<GgufFile>) -> Result<Box<dyn Model>, ModelError> {
         "kimi-linear" => kimi_linear::load(file, plan)?,
         "bailingmoe3" => bailing_hybrid::load(file, plan)?,
         "qwen4exp" => return Ok(Box::new(qwen4exp::load(file, plan)?)),
+        "zamba2" => return Ok(Box::new(zamba2::load(file, plan)?)),
         other => return Err(ModelError::NotImplemented(other.to_string())),
     };
     Ok(Box::new(stack))

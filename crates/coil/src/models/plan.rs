@@ -24,6 +24,11 @@ pub enum Mixer {
     Kda,
     /// Multi-head latent attention (Kimi-Linear's full-attention layers).
     Mla,
+    /// Zamba2's hybrid layer: one of the model's shared transformer blocks
+    /// (attention + MLP, on the layer input beside the token embedding;
+    /// reused at several depths, each use with its own attention cells and
+    /// adapters) added to the input of the layer's own Mamba-2 mixer.
+    SharedBlockMamba2,
 }
 
 /// The per-token feed-forward of a layer.
@@ -41,7 +46,10 @@ impl Mixer {
     pub fn has_attention(self) -> bool {
         matches!(
             self,
-            Mixer::Attention | Mixer::AttentionParallelMamba2 | Mixer::Mla
+            Mixer::Attention
+                | Mixer::AttentionParallelMamba2
+                | Mixer::Mla
+                | Mixer::SharedBlockMamba2
         )
     }
     pub fn has_recurrent(self) -> bool {
@@ -53,6 +61,7 @@ impl Mixer {
                 | Mixer::GatedDeltaNet
                 | Mixer::ShortConv
                 | Mixer::Kda
+                | Mixer::SharedBlockMamba2
         )
     }
     pub fn name(self) -> &'static str {
@@ -66,6 +75,7 @@ impl Mixer {
             Mixer::ShortConv => "shortconv",
             Mixer::Kda => "kda",
             Mixer::Mla => "mla",
+            Mixer::SharedBlockMamba2 => "shared+mamba2",
         }
     }
 }
@@ -97,6 +107,14 @@ pub struct LayerPlan {
     /// ordinary decoder blocks beside `blk.N.nextn.*` tensors, which only a
     /// draft of the next-but-one token runs (see [`super::nextn`]).
     pub nextn: Vec<LayerKind>,
+    /// Shared blocks (Zamba2): per trunk layer, the shared block it runs
+    /// before its own mixer, if any (`{arch}.shared_block_schedule`). One
+    /// block serves several depths; each use keeps its own attention cells
+    /// (those of its layer) and its own adapters (its layer's tensors).
+    /// Empty for architectures without shared blocks.
+    pub shared: Vec<Option<usize>>,
+    /// The shared blocks in the file (`{arch}.shared_block_count`).
+    pub n_shared_blocks: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -110,7 +128,7 @@ pub enum PlanError {
 }
 
 /// GGUF architectures coil knows.
-pub const SUPPORTED_ARCHS: [&str; 17] = [
+pub const SUPPORTED_ARCHS: [&str; 18] = [
     "mamba",
     "mamba2",
     "jamba",
@@ -128,6 +146,7 @@ pub const SUPPORTED_ARCHS: [&str; 17] = [
     "kimi-linear",
     "bailingmoe3",
     "qwen4exp",
+    "zamba2",
 ];
 
 /// A per-layer integer hyper-parameter: either one value for all layers or
@@ -212,6 +231,58 @@ fn recurrent_layers(file: &GgufFile, arch: &str, n_layer: usize) -> Result<Vec<b
     }
 }
 
+/// Zamba2's shared-block schedule: `{arch}.shared_block_count` blocks and,
+/// per layer, `{arch}.shared_block_schedule` (−1: none, else the block run
+/// before the layer's mixer). A use of a block the file does not have is
+/// an error naming the layer.
+fn shared_schedule(
+    file: &GgufFile,
+    arch: &str,
+    n_layer: usize,
+) -> Result<(Vec<Option<usize>>, usize), PlanError> {
+    let count_key = format!("{arch}.shared_block_count");
+    let key = format!("{arch}.shared_block_schedule");
+    let n_blocks = file
+        .metadata()
+        .get_u64(&count_key)
+        .ok_or_else(|| PlanError::Metadata {
+            key: count_key.clone(),
+            reason: "missing (a count of shared blocks)".into(),
+        })? as usize;
+    let bad = |reason: String| PlanError::Metadata {
+        key: key.clone(),
+        reason,
+    };
+    let items = match file.metadata().get(&key) {
+        Some(Value::Array(_, items)) => items,
+        Some(v) => return Err(bad(format!("{v} is not an array of block indices"))),
+        None => return Err(bad("missing (one entry per layer, -1 for none)".into())),
+    };
+    if items.len() != n_layer {
+        return Err(bad(format!(
+            "has {} entries for {n_layer} layers",
+            items.len()
+        )));
+    }
+    let schedule = items
+        .iter()
+        .enumerate()
+        .map(|(l, v)| {
+            let b = v
+                .as_int()
+                .ok_or_else(|| bad(format!("entry {l} ({v}) is not an integer")))?;
+            match b {
+                -1 => Ok(None),
+                b if b >= 0 && b < n_blocks as i128 => Ok(Some(b as usize)),
+                b => Err(bad(format!(
+                    "layer {l} uses shared block {b}, but the file has {n_blocks} ({count_key})"
+                ))),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((schedule, n_blocks))
+}
+
 impl LayerPlan {
     pub fn from_gguf(file: &GgufFile) -> Result<LayerPlan, PlanError> {
         let arch = file
@@ -281,9 +352,15 @@ impl LayerPlan {
         } else {
             None
         };
+        let (shared, n_shared_blocks) = match arch.as_str() {
+            "zamba2" => shared_schedule(file, &arch, n_layer)?,
+            _ => (Vec::new(), 0),
+        };
         let layers = (0..n_layer)
             .map(|i| {
                 let mixer = match arch.as_str() {
+                    "zamba2" if shared[i].is_some() => Mixer::SharedBlockMamba2,
+                    "zamba2" => Mixer::Mamba2,
                     "mamba" => Mixer::Mamba1,
                     "mamba2" => Mixer::Mamba2,
                     "llama" => Mixer::Attention,
@@ -315,6 +392,9 @@ impl LayerPlan {
                 };
                 let ffn = match arch.as_str() {
                     "mamba" | "mamba2" => FeedForward::None,
+                    // the shared block's MLP
+                    "zamba2" if shared[i].is_some() => FeedForward::Dense,
+                    "zamba2" => FeedForward::None,
                     "nemotron_h" | "nemotron_h_moe" if mixer != Mixer::None => FeedForward::None,
                     _ => ffn_of(i),
                 };
@@ -337,6 +417,8 @@ impl LayerPlan {
             arch,
             layers,
             nextn,
+            shared,
+            n_shared_blocks,
         })
     }
 
@@ -344,6 +426,16 @@ impl LayerPlan {
     /// the length of the per-layer metadata arrays.
     pub fn n_blocks(&self) -> usize {
         self.layers.len() + self.nextn.len()
+    }
+
+    /// The uses of shared blocks in layer order: `(layer, block, use)`.
+    pub fn shared_uses(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        self.shared
+            .iter()
+            .enumerate()
+            .filter_map(|(l, b)| b.map(|b| (l, b)))
+            .enumerate()
+            .map(|(u, (l, b))| (l, b, u))
     }
 
     pub fn n_attention(&self) -> usize {
@@ -363,8 +455,8 @@ impl LayerPlan {
     /// A one-letter-per-layer pattern in Nemotron-H's notation: `M` Mamba,
     /// `*` attention (MLA too), `P` parallel, `-` dense FFN, `E` MoE (and
     /// `D` Gated DeltaNet, `C` LFM2's short convolution, `K` Kimi Delta
-    /// Attention); a layer with both a mixer and a feed-forward shows the
-    /// mixer.
+    /// Attention, `S` a shared block before Mamba-2); a layer with both a
+    /// mixer and a feed-forward shows the mixer.
     pub fn pattern(&self) -> String {
         self.layers
             .iter()
@@ -375,6 +467,7 @@ impl LayerPlan {
                 (Mixer::GatedDeltaNet, _) => 'D',
                 (Mixer::AttentionParallelMamba2, _) => 'P',
                 (Mixer::ShortConv, _) => 'C',
+                (Mixer::SharedBlockMamba2, _) => 'S',
                 (Mixer::None, FeedForward::Moe | FeedForward::MoeShared) => 'E',
                 (Mixer::None, _) => '-',
             })
@@ -393,8 +486,26 @@ impl fmt::Display for LayerPlan {
             self.n_recurrent(),
             self.pattern()
         )?;
+        if self.n_shared_blocks > 0 {
+            writeln!(
+                f,
+                "shared blocks: {}, used {} times (each use: its own attention cells and adapters)",
+                self.n_shared_blocks,
+                self.shared_uses().count()
+            )?;
+        }
+        let mut use_of = self.shared_uses().map(|(_, _, u)| u);
         for (i, l) in self.layers.iter().enumerate() {
-            writeln!(f, "  blk.{i:<3} {:<17} {}", l.mixer.name(), l.ffn.name())?;
+            match self.shared.get(i).copied().flatten() {
+                Some(b) => writeln!(
+                    f,
+                    "  blk.{i:<3} {:<17} {:<10} shared block {b}, use {}",
+                    l.mixer.name(),
+                    l.ffn.name(),
+                    use_of.next().unwrap_or(0)
+                )?,
+                None => writeln!(f, "  blk.{i:<3} {:<17} {}", l.mixer.name(), l.ffn.name())?,
+            }
         }
         if !self.nextn.is_empty() {
             writeln!(

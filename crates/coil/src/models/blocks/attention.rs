@@ -5,9 +5,12 @@
 //! KV cells, causal softmax attention over them (all of them, or the last
 //! `window`: sliding-window attention), optionally each head's output
 //! scaled by a sigmoid gate of the layer input (LFM3's `g_proj`),
-//! `out = attn·Wo`.
+//! `out = attn·Wo`. Optionally low-rank adapters beside Wq, Wk, Wv (Zamba2's
+//! per-use adapters), and an output width other than the input's (Zamba2's
+//! shared block reads `[x, embedding]`, twice the model's width).
 
 use super::common::gather_rows;
+use super::lora::Lora;
 use crate::memory::Memory;
 use crate::models::weights::{Loader, Matrix};
 use crate::models::ModelError;
@@ -80,11 +83,25 @@ pub struct Attention {
     pub head_gate: Option<Matrix>,
     /// RoPE frequency divisors per rotary pair (`rope_freqs.weight`).
     pub rope_freqs: Option<Vec<f32>>,
+    /// Low-rank adapters added to q, k and v (`attn_{q,k,v}.weight.lora_{a,b}`).
+    pub lora: Option<Box<[Lora; 3]>>,
 }
 
 impl Attention {
     pub fn load(ld: &Loader, layer: usize, p: AttentionParams) -> Result<Self, ModelError> {
-        let n = |t: &str| format!("blk.{layer}.{t}");
+        Self::load_prefixed(ld, &format!("blk.{layer}"), p, p.d_model)
+    }
+
+    /// Loads `{prefix}.attn_*`, with an output projection to `d_out`
+    /// (`attn_output` `[d_out, n_head·head_dim]`; the input is `p.d_model`
+    /// wide).
+    pub fn load_prefixed(
+        ld: &Loader,
+        prefix: &str,
+        p: AttentionParams,
+        d_out: usize,
+    ) -> Result<Self, ModelError> {
+        let n = |t: &str| format!("{prefix}.{t}");
         let (qd, kvd) = (p.n_head * p.head_dim, p.n_kv_head * p.head_dim);
         let bias = |t: &str, len: usize| -> Result<Option<Vec<f32>>, ModelError> {
             let name = n(t);
@@ -98,7 +115,7 @@ impl Attention {
             return Err(ModelError::BadKey {
                 key: format!("{}.attention.head_count_kv", ld.arch),
                 reason: format!(
-                    "layer {layer}: {} KV heads do not divide {} heads",
+                    "{prefix}: {} KV heads do not divide {} heads",
                     p.n_kv_head, p.n_head
                 ),
             });
@@ -107,15 +124,16 @@ impl Attention {
             wq: ld.matrix(&n("attn_q.weight"), qd, p.d_model)?,
             wk: ld.matrix(&n("attn_k.weight"), kvd, p.d_model)?,
             wv: ld.matrix(&n("attn_v.weight"), kvd, p.d_model)?,
-            wo: ld.matrix(&n("attn_output.weight"), p.d_model, qd)?,
+            wo: ld.matrix(&n("attn_output.weight"), d_out, qd)?,
             bq: bias("attn_q.bias", qd)?,
             bk: bias("attn_k.bias", kvd)?,
             bv: bias("attn_v.bias", kvd)?,
-            bo: bias("attn_output.bias", p.d_model)?,
+            bo: bias("attn_output.bias", d_out)?,
             qk_lane_perm: None,
             qk_norm: None,
             head_gate: None,
             rope_freqs: None,
+            lora: None,
             p,
         })
     }
@@ -135,7 +153,7 @@ impl Attention {
     }
 
     /// `h`: normed input `[n_tokens, d_model]` stacked over `rows`;
-    /// `out`: `[n_out, d_model]`, the rows `q_rows` lists (every row for
+    /// `out`: `[n_out, d_out]` (`d_out` = `wo.rows`), the rows `q_rows` lists (every row for
     /// `None`; see [`attend`]). Every row's keys and values are cached.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
@@ -165,6 +183,11 @@ impl Attention {
                 matmul(pool, &wq, hq, &mut q, nq);
                 matmul_shared(pool, &[&wk, &wv], h, &mut [&mut k, &mut v], n);
             }
+        }
+        if let Some([lq, lk, lv]) = self.lora.as_deref() {
+            lq.add(file, pool, hq.as_deref().unwrap_or(h), &mut q, nq);
+            lk.add(file, pool, h, &mut k, n);
+            lv.add(file, pool, h, &mut v, n);
         }
         for (x, b) in [(&mut q, &self.bq), (&mut k, &self.bk), (&mut v, &self.bv)] {
             if let Some(b) = b {
@@ -207,7 +230,7 @@ impl Attention {
                 head.iter_mut().for_each(|v| *v *= s);
             }
         }
-        let out = &mut out[..nq * p.d_model];
+        let out = &mut out[..nq * self.wo.rows];
         matmul(pool, &self.wo.get(file), &att, out, nq);
         if let Some(b) = &self.bo {
             add_bias_rows(out, b);

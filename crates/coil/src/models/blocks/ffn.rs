@@ -1,13 +1,15 @@
-//! Feed-forward blocks: the dense MLP (SwiGLU `down(silu(gate·x) ⊙ up·x)` or
-//! squared-ReLU `down(relu(up·x)²)`), and the mixture of experts with its
+//! Feed-forward blocks: the dense MLP (SwiGLU `down(silu(gate·x) ⊙ up·x)`,
+//! GeGLU `down(gelu(gate·x) ⊙ up·x)` or squared-ReLU `down(relu(up·x)²)`;
+//! optionally with low-rank adapters beside gate and up), and the mixture of experts with its
 //! router (softmax or sigmoid gating, optional score-correction bias,
 //! top-k, optional renormalisation and scaling) and optional shared expert.
 
+use super::lora::Lora;
 use crate::models::weights::{Loader, Matrix};
 use crate::models::ModelError;
 use coil_gguf::GgufFile;
 use coil_kernels::ops::act::{
-    add_bias_rows, relu2_inplace, swiglu_clamped_inplace, swiglu_inplace,
+    add_bias_rows, geglu_erf_inplace, relu2_inplace, swiglu_clamped_inplace, swiglu_inplace,
 };
 use coil_kernels::ops::topk::top_k;
 use coil_kernels::{matmul, matmul_shared, Scratch, ThreadPool, WeightRef};
@@ -21,6 +23,8 @@ pub enum Activation {
     SwiGluClamped(f32),
     /// `relu(up·x)²`
     Relu2,
+    /// `gelu(gate·x) ⊙ up·x` with the exact (erf) GELU (Zamba2).
+    GeGlu,
 }
 
 impl Activation {
@@ -37,6 +41,7 @@ impl Activation {
     fn gated(self, gate: &mut [f32], up: &[f32]) {
         match self {
             Activation::SwiGluClamped(limit) => swiglu_clamped_inplace(gate, up, limit),
+            Activation::GeGlu => geglu_erf_inplace(gate, up),
             _ => swiglu_inplace(gate, up),
         }
     }
@@ -50,6 +55,8 @@ pub struct DenseFfn {
     pub gate_b: Option<Vec<f32>>,
     pub down_b: Option<Vec<f32>>,
     pub act: Activation,
+    /// Low-rank adapters added to gate·x and up·x (`ffn_{gate,up}.weight.lora_{a,b}`).
+    pub lora: Option<Box<[Lora; 2]>>,
 }
 
 impl DenseFfn {
@@ -62,9 +69,21 @@ impl DenseFfn {
         n_ff: usize,
         act: Activation,
     ) -> Result<Self, ModelError> {
-        let n = |t: &str| format!("blk.{layer}.ffn_{t}{suffix}.weight");
+        Self::load_prefixed(ld, &format!("blk.{layer}"), suffix, d_model, n_ff, act)
+    }
+
+    /// Loads `{prefix}.ffn_{up,gate,down}{suffix}`.
+    pub fn load_prefixed(
+        ld: &Loader,
+        prefix: &str,
+        suffix: &str,
+        d_model: usize,
+        n_ff: usize,
+        act: Activation,
+    ) -> Result<Self, ModelError> {
+        let n = |t: &str| format!("{prefix}.ffn_{t}{suffix}.weight");
         let b = |t: &str, len: usize| -> Result<Option<Vec<f32>>, ModelError> {
-            let name = format!("blk.{layer}.ffn_{t}{suffix}.bias");
+            let name = format!("{prefix}.ffn_{t}{suffix}.bias");
             if ld.has(&name) {
                 ld.vector(&name, &[len]).map(Some)
             } else {
@@ -72,7 +91,7 @@ impl DenseFfn {
             }
         };
         let gate = match act {
-            Activation::SwiGlu | Activation::SwiGluClamped(_) => {
+            Activation::SwiGlu | Activation::SwiGluClamped(_) | Activation::GeGlu => {
                 Some(ld.matrix(&n("gate"), n_ff, d_model)?)
             }
             Activation::Relu2 => None,
@@ -85,6 +104,7 @@ impl DenseFfn {
             gate_b: b("gate", n_ff)?,
             down_b: b("down", d_model)?,
             act,
+            lora: None,
         })
     }
 
@@ -104,6 +124,10 @@ impl DenseFfn {
                     &mut [&mut up, &mut gate],
                     n,
                 );
+                if let Some([lg, lu]) = self.lora.as_deref() {
+                    lg.add(file, pool, x, &mut gate, n);
+                    lu.add(file, pool, x, &mut up, n);
+                }
                 if let Some(b) = &self.up_b {
                     add_bias_rows(&mut up, b);
                 }

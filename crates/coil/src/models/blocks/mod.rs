@@ -8,6 +8,7 @@ pub mod gated_delta_mixer;
 pub mod hyper_connection;
 pub mod indexed_attention;
 pub mod kda_mixer;
+pub mod lora;
 pub mod mamba1_mixer;
 pub mod mamba2_mixer;
 pub mod mla;

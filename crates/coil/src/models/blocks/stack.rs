@@ -502,7 +502,7 @@ fn copy_of(x: &[f32]) -> Scratch {
 }
 
 /// `h = RMSNorm(x)·w` row by row (`[n, d]`), rows spread over the pool.
-pub(super) fn norm_rows(
+pub(crate) fn norm_rows(
     pool: &ThreadPool,
     x: &[f32],
     w: &[f32],
@@ -516,7 +516,7 @@ pub(super) fn norm_rows(
 }
 
 /// `x = RMSNorm(x)·w` row by row (`[n, d]`), rows spread over the pool.
-pub(super) fn norm_rows_inplace(pool: &ThreadPool, x: &mut [f32], w: &[f32], eps: f32, d: usize) {
+pub(crate) fn norm_rows_inplace(pool: &ThreadPool, x: &mut [f32], w: &[f32], eps: f32, d: usize) {
     pool.rows_mut(x, d, 16, |_, part| rms_norm_inplace(part, Some(w), eps, d));
 }
 
