@@ -41,6 +41,14 @@ The two default shapes are the reference shapes of docs/PERFORMANCE.md
   (window 256, RoPE θ 1e4) at 4, 8, 12, short convolutions (window 7)
   elsewhere, 4 KV heads, sandwich norms and the attention gate (~0.35 G
   parameters each);
+- zamba2-370m-like (--only; llama.cpp has no Zamba2, convert with `coil
+  convert`): Zamba2ForCausalLM with mamba2-370m-like's Mamba-2 stack (48
+  layers of d_model 1024, 32 heads x 64, d_state 128, 1 group, conv 4) and
+  one shared block (attention over the 2048-wide [x, embedding], 16 heads of
+  128 with RoPE θ 1e4; exact-GELU GeGLU 4096) used at every sixth layer (5,
+  11, ..., 47: 8 uses), each use with its own projection back and MLP
+  adapters of rank 128 (Zamba2-1.2B's choices: no attention adapters, one
+  block), vocab 50280, tied (~0.41 G parameters);
 - qwen35-0.8b-like: Qwen3_5ForCausalLM with the
   shape of Qwen3.5-0.8B: 24 layers of d_model 1024, 3 Gated DeltaNet : 1
   gated attention, DeltaNet 16 key and 16 value heads of 128 (conv 4),
@@ -94,6 +102,7 @@ MODELS = (
     "lfm2-1.2b-like",
     "lfm2-350m-like",
     "lfm3-350m-like",
+    "zamba2-370m-like",
     "qwen35-0.8b-like",
     "qwen35moe-1b-like",
 )
@@ -322,6 +331,37 @@ def lfm3_350m_config():
     )
 
 
+def zamba2_370m_config():
+    from transformers import Zamba2Config
+
+    return Zamba2Config(
+        vocab_size=VOCAB,
+        hidden_size=1024,
+        num_hidden_layers=48,
+        layers_block_type=["hybrid" if i % 6 == 5 else "mamba" for i in range(48)],
+        mamba_d_state=128,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_ngroups=1,
+        n_mamba_heads=32,
+        intermediate_size=4096,
+        hidden_act="gelu",
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        num_mem_blocks=1,
+        use_shared_attention_adapter=False,
+        adapter_rank=128,
+        use_mem_rope=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        rms_norm_eps=1e-5,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=1,
+    )
+
+
 def build(name: str):
     import torch
     from transformers import GraniteMoeHybridForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
@@ -351,6 +391,11 @@ def build(name: str):
 
         cfg = lfm3_350m_config()
         cls = Lfm3ForCausalLM
+    elif name == "zamba2-370m-like":
+        from transformers import Zamba2ForCausalLM
+
+        cfg = zamba2_370m_config()
+        cls = Zamba2ForCausalLM
     elif name == "mamba2-370m-like":
         cfg = mamba2_config()
         cls = Mamba2ForCausalLM
@@ -396,9 +441,15 @@ def save(model, out: Path, tokenizer: Path):
     from safetensors.torch import save_file
 
     tensors = {}
+    seen = set()
     for pname, t in model.state_dict().items():
         if pname == "lm_head.weight" and model.config.tie_word_embeddings:
             continue
+        # A tied copy (Zamba2's later uses of a shared block) is kept once,
+        # under its first name, as save_pretrained keeps it.
+        if t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
         tensors[pname] = t.contiguous()
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     model.config.save_pretrained(out)

@@ -201,6 +201,7 @@ fn random_traffic_gives_every_request_its_output_alone() {
         "qwen3next_tiny",
         "lfm2_small",
         "lfm3_tiny",
+        "zamba2_tiny",
         "kimi_linear_tiny",
     ]
     .into_iter()
@@ -240,6 +241,7 @@ fn much_random_traffic_gives_every_request_its_output_alone() {
         "lfm2_small",
         "lfm2moe_small",
         "lfm3_tiny",
+        "zamba2_tiny",
         "kimi_linear_tiny",
         "kimi_linear_qlora",
         "bailing_hybrid_tiny",

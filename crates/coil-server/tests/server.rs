@@ -578,7 +578,8 @@ fn chat_uses_the_models_template() {
 /// Continuous batching and prefix reuse on other memory kinds: recurrent
 /// only (Mamba-1, Mamba-2), attention only (Llama), Jamba's hybrid, LFM2's
 /// short-conv hybrids (dense and MoE), LFM3's beside sliding-window
-/// attention, Kimi-Linear's KDA beside MLA's compressed cache.
+/// attention, Kimi-Linear's KDA beside MLA's compressed cache, Zamba2's
+/// Mamba-2 beside a shared block's per-use attention cells.
 #[test]
 fn batched_and_cached_requests_match_on_every_memory_kind() {
     for arch in [
@@ -589,6 +590,7 @@ fn batched_and_cached_requests_match_on_every_memory_kind() {
         "lfm2_small",
         "lfm2moe_small",
         "lfm3_tiny",
+        "zamba2_tiny",
         "kimi_linear_tiny",
     ] {
         let prompts = [
@@ -937,6 +939,7 @@ fn sixteen_concurrent_clients_match_requests_alone_on_every_architecture() {
         "kimi_linear_qlora",
         "bailing_hybrid_tiny",
         "lfm3_tiny",
+        "zamba2_tiny",
     ] {
         let alone_server = start_any(arch, 1, 0, 256);
         let alone: Vec<String> = prompts

@@ -237,6 +237,12 @@ fn lfm2() {
 }
 
 #[test]
+fn zamba2() {
+    tool("zamba2_tiny");
+    tool("zamba2_plain");
+}
+
+#[test]
 fn gated_delta_net() {
     tool("qwen35_tiny");
     tool("qwen35moe_tiny");

@@ -13,7 +13,7 @@ mod common;
 use common::{llama_cpp_fixture, max_rel_diff, tool_fixture};
 
 /// The fixtures with attention layers.
-const ATTENTION: [&str; 11] = [
+const ATTENTION: [&str; 12] = [
     "llama",
     "jamba",
     "bamba",
@@ -25,6 +25,7 @@ const ATTENTION: [&str; 11] = [
     "kimi_linear_qlora",
     "bailing_hybrid_tiny",
     "lfm3_tiny",
+    "zamba2_tiny",
 ];
 
 fn fixture(arch: &str) -> (PathBuf, Vec<u32>) {

@@ -1,6 +1,6 @@
 //! Exact rollback, forks and their independence, for every architecture
 //! (the llama.cpp-converted fixtures, the Gated DeltaNet hybrids, LFM2,
-//! LFM2-MoE, LFM3, Kimi-Linear and Bailing-Hybrid):
+//! LFM2-MoE, LFM3, Kimi-Linear, Bailing-Hybrid and Zamba2):
 //! (prefill n → truncate to p → decode m) equals (prefill p → decode m)
 //! within 1e-6 relative, at random positions.
 
@@ -32,12 +32,25 @@ const KDA: [&str; 3] = [
     "bailing_hybrid_tiny",
 ];
 
+/// Zamba2: Mamba-2 beside the attention cells of each use of a shared
+/// block (tools/make_fixtures_zamba2.py).
+const ZAMBA2: [&str; 2] = ["zamba2_tiny", "zamba2_plain"];
+
 fn all_archs() -> impl Iterator<Item = &'static str> {
-    ARCHS.into_iter().chain(GATED_DELTA).chain(LFM2).chain(KDA)
+    ARCHS
+        .into_iter()
+        .chain(GATED_DELTA)
+        .chain(LFM2)
+        .chain(KDA)
+        .chain(ZAMBA2)
 }
 
 fn fixture(arch: &str) -> (PathBuf, Vec<u32>) {
-    if GATED_DELTA.contains(&arch) || LFM2.contains(&arch) || KDA.contains(&arch) {
+    if GATED_DELTA.contains(&arch)
+        || LFM2.contains(&arch)
+        || KDA.contains(&arch)
+        || ZAMBA2.contains(&arch)
+    {
         // 37 tokens: repeated to the 64 the tests index (no logits needed).
         let f = tool_fixture(arch);
         let tokens = f.tokens.iter().cycle().take(64).copied().collect();

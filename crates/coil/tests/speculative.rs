@@ -18,7 +18,7 @@ mod common;
 
 use common::{llama_cpp_fixture, tool_fixture, ARCHS};
 
-const TOOL_FIXTURES: [&str; 9] = [
+const TOOL_FIXTURES: [&str; 10] = [
     "qwen35_tiny",
     "qwen35moe_tiny",
     "qwen3next_tiny",
@@ -28,6 +28,7 @@ const TOOL_FIXTURES: [&str; 9] = [
     "kimi_linear_tiny",
     "kimi_linear_qlora",
     "bailing_hybrid_tiny",
+    "zamba2_tiny",
 ];
 
 fn all_archs() -> impl Iterator<Item = &'static str> {
