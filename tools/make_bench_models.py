@@ -59,6 +59,13 @@ The two default shapes are the reference shapes of docs/PERFORMANCE.md
   16 key / 32 value heads and, in every layer, 64 experts of 160 (top-8)
   plus a shared expert of 512; untied (1.65 B parameters, 0.5 B of them the
   two 248320-row embeddings; ~0.7 B active per token, output head included).
+- qwen35-0.8b-mtp-like (--only): qwen35-0.8b-like with one multi-token-
+  prediction block as released Qwen3.5 checkpoints carry it
+  (`mtp_num_hidden_layers` 1; `mtp.fc` [d, 2d], `mtp.pre_fc_norm_embedding`,
+  `mtp.pre_fc_norm_hidden`, `mtp.norm` and one full-attention decoder layer
+  `mtp.layers.0.*` shaped like the trunk's), for `--spec mtp` (convert it
+  with `coil convert`, which keeps the block). Its drafts are random: they
+  measure what rejected MTP drafts cost.
   Both need transformers 5 (Qwen3.5) and llama.cpp's converter with
   `--no-mtp`, run as tools/make_fixtures_qwen35.py runs it (pre-tokenizer
   name fixed to olmo); scripts/bench-vs-llamacpp.sh builds them so (`--models
@@ -105,6 +112,7 @@ MODELS = (
     "zamba2-370m-like",
     "qwen35-0.8b-like",
     "qwen35moe-1b-like",
+    "qwen35-0.8b-mtp-like",
 )
 # What --only builds by default: the two reference shapes.
 DEFAULT_MODELS = ("mamba2-370m-like", "hybrid-350m-like")
@@ -366,7 +374,7 @@ def build(name: str):
     import torch
     from transformers import GraniteMoeHybridForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
 
-    if name == "qwen35-0.8b-like":
+    if name in ("qwen35-0.8b-like", "qwen35-0.8b-mtp-like"):
         from transformers import Qwen3_5ForCausalLM
 
         cfg = qwen35_config()
@@ -427,7 +435,42 @@ def build(name: str):
     return model
 
 
-def save(model, out: Path, tokenizer: Path):
+def mtp_tensors(model) -> dict:
+    """One MTP block for a Qwen3.5 model, in the checkpoint's names, drawn
+    as `build` draws the trunk (matrices N(0, 1/fan_in), norms as the
+    trunk's, f16-representable); its decoder layer is shaped like the
+    trunk's first full-attention layer."""
+    import torch
+
+    cfg = model.config
+    d = cfg.hidden_size
+    attn = cfg.layer_types.index("full_attention")
+    prefix = f"model.layers.{attn}."
+    trunk = model.state_dict()
+    norm = trunk["model.norm.weight"]
+    out = {
+        "mtp.fc.weight": torch.empty(d, 2 * d),
+        "mtp.pre_fc_norm_embedding.weight": torch.empty_like(norm),
+        "mtp.pre_fc_norm_hidden.weight": torch.empty_like(norm),
+        "mtp.norm.weight": torch.empty_like(norm),
+    }
+    for name, t in trunk.items():
+        if name.startswith(prefix):
+            out["mtp.layers.0." + name[len(prefix) :]] = torch.empty_like(t)
+    with torch.no_grad():
+        for name, t in out.items():
+            if "norm" in name:
+                src = trunk.get(prefix + name[len("mtp.layers.0.") :], norm)
+                t.copy_(src)
+            elif t.ndim == 2:
+                t.normal_(0.0, 1.0 / t.shape[-1] ** 0.5)
+            else:
+                t.zero_()
+            t.copy_(t.half().float())
+    return {k: v.half().contiguous() for k, v in out.items()}
+
+
+def save(model, out: Path, tokenizer: Path, mtp: bool = False):
     import torch
 
     out.mkdir(parents=True, exist_ok=True)
@@ -451,6 +494,8 @@ def save(model, out: Path, tokenizer: Path):
             continue
         seen.add(t.data_ptr())
         tensors[pname] = t.contiguous()
+    if mtp:
+        tensors.update(mtp_tensors(model))
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     model.config.save_pretrained(out)
     if hasattr(model, "generation_config") and model.generation_config is not None:
@@ -459,6 +504,8 @@ def save(model, out: Path, tokenizer: Path):
     cfg = json.loads(cfg_path.read_text())
     cfg["architectures"] = [type(model).__name__]
     cfg["dtype"] = "float16"
+    if mtp:
+        cfg["mtp_num_hidden_layers"] = 1
     if "layer_types" in cfg and cfg.get("model_type") == "granitemoehybrid":
         spell = {"linear_attention": "mamba", "full_attention": "attention"}
         cfg["layer_types"] = [spell.get(t, t) for t in cfg["layer_types"]]
@@ -506,7 +553,7 @@ def main():
         torch.manual_seed(a.seed + i)
         model = build(name)
         n = sum(p.numel() for p in model.parameters())
-        save(model, out, a.tokenizer)
+        save(model, out, a.tokenizer, mtp=name.endswith("-mtp-like"))
         print(f"{name}: {n / 1e6:.1f} M parameters -> {out}")
 
 

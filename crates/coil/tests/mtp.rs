@@ -52,9 +52,11 @@ fn engine(name: &str, nextn: bool, policy: CheckpointPolicy) -> Engine {
     .unwrap()
 }
 
-/// The block's memory of `seq`: its hidden state, then its cells (keys
-/// and values, committed positions).
-fn block_memory(e: &Engine, seq: usize) -> Vec<f32> {
+/// The block's memory of `seq`: its hidden state (with the rows of the
+/// cells still waiting, none once caught up), then its cells (keys and
+/// values, committed positions), the waiting cells written first.
+fn block_memory(e: &mut Engine, seq: usize) -> Vec<f32> {
+    e.nextn_catch_up(&[seq]).unwrap();
     let rec = e.mem.recurrent.as_ref().unwrap();
     let at = rec.n_layer() - 1;
     let mut out = rec.conv_of(at, seq).unwrap().to_vec();
@@ -198,7 +200,10 @@ fn the_blocks_memory_after_verifications_is_that_of_plain_decoding() {
     for name in CASES {
         let tok = tokenizer(name);
         let p = prompt(name);
-        let n = 30;
+        // More tokens than the block's cells may wait for
+        // (`NEXTN_LAG`): plain decoding writes them in a pass that
+        // overflows, and the rest when caught up.
+        let n = 40;
         // Plain decoding with the block's memory: a token per pass.
         let mut a = engine(name, true, CheckpointPolicy::default());
         let mut logits = a.eval(0, &p, LogitRows::Last, 0).unwrap();
@@ -209,7 +214,11 @@ fn the_blocks_memory_after_verifications_is_that_of_plain_decoding() {
             logits = a.eval(0, &[t], LogitRows::Last, 1).unwrap();
         }
         // `want` fed whole; the last one's pass made the state after it.
-        let plain_mem = block_memory(&a, 0);
+        // Its last tokens' cells still wait (the count ends the state).
+        let rec = a.mem.recurrent.as_ref().unwrap();
+        let waiting = *rec.conv_of(rec.n_layer() - 1, 0).unwrap().last().unwrap();
+        assert!(waiting > 0.0, "{name}: no cell waits");
+        let plain_mem = block_memory(&mut a, 0);
         let plain_drafts = a.draft_nextn(&[(0, 1, 4)]).unwrap();
         for wrong in [None, Some(0), Some(1), Some(2)] {
             let mut b = engine(name, true, CheckpointPolicy::default());
@@ -237,7 +246,7 @@ fn the_blocks_memory_after_verifications_is_that_of_plain_decoding() {
             assert_eq!(st.tokens, want, "{name}: {wrong:?}");
             b.eval(0, &want[n - 1..], LogitRows::Last, 1).unwrap();
             let what = format!("{name}: drafts wrong at {wrong:?}");
-            assert_bitwise(&what, &block_memory(&b, 0), &plain_mem);
+            assert_bitwise(&what, &block_memory(&mut b, 0), &plain_mem);
             assert_eq!(b.draft_nextn(&[(0, 1, 4)]).unwrap(), plain_drafts, "{what}");
         }
     }
@@ -252,13 +261,13 @@ fn drafts_do_not_depend_on_how_the_context_was_fed() {
         for ub in [p.len(), 1, 7] {
             e.mem_clear();
             e.eval(0, &p, LogitRows::Last, ub).unwrap();
-            let mem = block_memory(&e, 0);
+            let mem = block_memory(&mut e, 0);
             let d = e.draft_nextn(&[(0, 3, 5)]).unwrap();
             // Drafting changes nothing: again, the same.
             assert_eq!(e.draft_nextn(&[(0, 3, 5)]).unwrap(), d, "{name}");
             assert_bitwise(
                 &format!("{name}: after drafting"),
-                &block_memory(&e, 0),
+                &block_memory(&mut e, 0),
                 &mem,
             );
             match &want {
@@ -294,28 +303,32 @@ fn rollback_forks_and_sessions_carry_the_blocks_memory() {
         // replays them (from the checkpoint at a multiple of 8).
         let mut r = engine(name, true, policy);
         r.eval(0, &p[..cut], LogitRows::Last, 0).unwrap();
-        let want = block_memory(&r, 0);
+        let want = block_memory(&mut r, 0);
         let want_d = r.draft_nextn(&[(0, 5, 4)]).unwrap();
 
         let mut e = engine(name, true, policy);
         e.eval(0, &p, LogitRows::Last, 0).unwrap();
         e.seq_fork(0, 1).unwrap();
-        let whole = block_memory(&e, 0);
+        let whole = block_memory(&mut e, 0);
         e.seq_truncate(0, cut).unwrap();
         assert_close(
             &format!("{name}: rollback"),
-            &block_memory(&e, 0),
+            &block_memory(&mut e, 0),
             &want,
             1e-5,
         );
         assert_eq!(e.draft_nextn(&[(0, 5, 4)]).unwrap(), want_d, "{name}");
-        assert_bitwise(&format!("{name}: fork"), &block_memory(&e, 1), &whole);
+        assert_bitwise(&format!("{name}: fork"), &block_memory(&mut e, 1), &whole);
 
         let path = temp_path::TempPath::new("mtp", &format!("{name}.session"));
         e.save_session(1, &path).unwrap();
         let mut f = engine(name, true, policy);
         f.load_session(0, &path).unwrap();
-        assert_bitwise(&format!("{name}: session"), &block_memory(&f, 0), &whole);
+        assert_bitwise(
+            &format!("{name}: session"),
+            &block_memory(&mut f, 0),
+            &whole,
+        );
         // A memory without the block does not take it.
         let mut g = engine(name, false, policy);
         let err = g.load_session(0, &path).unwrap_err().to_string();

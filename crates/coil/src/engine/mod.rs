@@ -124,7 +124,8 @@ pub struct EngineOptions {
     pub batched_layout: bool,
     /// Also keep the memory the model's first NextN / MTP block drafts
     /// from ([`crate::models::Model::new_memory_nextn`]): every pass then
-    /// writes the block's attention cells too, and [`Engine::draft_nextn`]
+    /// gives the block's attention cells too (a few positions' cells wait
+    /// until drafting needs them), and [`Engine::draft_nextn`]
     /// drafts (`--spec mtp`). Loading fails with a clear error on a model
     /// without such a block.
     pub nextn: bool,
@@ -586,7 +587,11 @@ impl Engine {
 
     /// Saves sequence `seq` (tokens, recurrent state, checkpoints, attention
     /// cells) to `path`, atomically (temporary file, then rename).
-    pub fn save_session(&self, seq: SeqId, path: &Path) -> Result<(), SessionError> {
+    /// The NextN block's waiting cells are written first (the file holds
+    /// every cell of every position).
+    pub fn save_session(&mut self, seq: SeqId, path: &Path) -> Result<(), SessionError> {
+        self.nextn_catch_up(&[seq])
+            .map_err(|e| SessionError::Unsynced(e.to_string()))?;
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(".partial");
         let tmp = std::path::PathBuf::from(tmp);
@@ -626,6 +631,12 @@ impl Engine {
             return Ok(vec![Vec::new(); seqs.len()]);
         }
         Ok(self.model.draft_nextn(&self.pool, &mut self.mem, seqs)?)
+    }
+
+    /// Writes the NextN block's cells that still wait for `seqs` (see
+    /// [`crate::models::Model::nextn_catch_up`]; drafting does it itself).
+    pub fn nextn_catch_up(&mut self, seqs: &[SeqId]) -> Result<(), EngineError> {
+        Ok(self.model.nextn_catch_up(&self.pool, &mut self.mem, seqs)?)
     }
 
     /// [`Engine::draft_nextn`] of one sequence, with the logits each draft

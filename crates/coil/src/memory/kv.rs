@@ -237,6 +237,9 @@ struct SeqCells {
 
 pub struct KvMemory {
     shapes: Vec<Option<KvLayerShape>>,
+    /// Layers whose cells may be written behind the sequence's length
+    /// ([`KvMemory::with_deferred`]).
+    deferred: Vec<bool>,
     seqs: Vec<SeqCells>,
     n_ctx: usize,
     page_len: usize,
@@ -251,12 +254,24 @@ impl KvMemory {
             v: vec![PagedCells::default(); shapes.len()],
         };
         KvMemory {
+            deferred: vec![false; shapes.len()],
             shapes,
             seqs: vec![empty; n_seq_max.max(1)],
             n_ctx,
             page_len: PAGE_LEN,
             cache_type: CacheType::F32,
         }
+    }
+
+    /// This memory with `layer`'s cells written behind the others (the
+    /// NextN block's, which catch up later): [`KvMemory::append`] takes
+    /// them from any position up to those the layer holds, also before the
+    /// sequence's length.
+    pub fn with_deferred(mut self, layer: usize) -> Self {
+        if let Some(d) = self.deferred.get_mut(layer) {
+            *d = true;
+        }
+        self
     }
 
     /// This memory, empty, with its cells stored as `ty`.
@@ -370,7 +385,9 @@ impl KvMemory {
     /// [`KvMemory::advance`]. `pos` is the committed length in a forward
     /// pass (anything a failed pass left behind is dropped); a draft writes
     /// past it, each step behind the one before (positions `len..pos` must
-    /// be held), and the next pass at `len` drops the draft's cells.
+    /// be held), and the next pass at `len` drops the draft's cells. A
+    /// deferred layer ([`KvMemory::with_deferred`]) may also be written
+    /// from before `len`.
     pub fn append(
         &mut self,
         layer: usize,
@@ -387,10 +404,12 @@ impl KvMemory {
         let ps = self.page_shape(shape);
         let ty = self.cache_type;
         let n_ctx = self.n_ctx;
+        let deferred = self.deferred[layer];
         let cells = &mut self.seqs[s];
         let held = cells.k[layer].n_pos();
         let n_new = k.len() / shape.row().max(1);
-        if pos < cells.len || pos > held || pos + n_new > n_ctx {
+        let behind = pos < cells.len && !deferred;
+        if behind || pos > held || pos + n_new > n_ctx {
             return Err(MemoryError::PositionMismatch {
                 seq: s,
                 have: cells.len,

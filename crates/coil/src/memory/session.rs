@@ -48,6 +48,8 @@ pub enum SessionError {
     Memory(#[from] MemoryError),
     #[error("session file I/O: {0}")]
     Io(#[from] std::io::Error),
+    #[error("the memory could not be brought up to date before saving: {0}")]
+    Unsynced(String),
 }
 
 /// FNV-1a, 64 bit: cheap and enough to catch accidental corruption.

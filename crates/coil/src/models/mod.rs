@@ -189,7 +189,8 @@ pub trait Model: Send + Sync {
     /// [`Model::new_memory`] that also keeps what the first NextN block
     /// needs to draft ([`Model::draft_nextn`]): its own attention cells and
     /// the hidden state it reads next, which every forward pass then
-    /// writes (see [`nextn`]). `None` for a model without NextN blocks.
+    /// keeps (see [`nextn`]; a few positions' cells may wait until
+    /// drafting needs them). `None` for a model without NextN blocks.
     fn new_memory_nextn(&self, _n_seq_max: usize, _n_ctx: usize) -> Option<Memory> {
         None
     }
@@ -208,6 +209,19 @@ pub trait Model: Send + Sync {
         _seqs: &[(SeqId, u32, usize)],
     ) -> Result<Vec<Vec<u32>>, ModelError> {
         Err(ModelError::NoNextn)
+    }
+
+    /// Writes the first NextN block's attention cells that still wait for
+    /// `seqs` (see [`Model::new_memory_nextn`]), so that the memory holds
+    /// every cell of every position (saving a session). Nothing to do for
+    /// a memory without the block.
+    fn nextn_catch_up(
+        &self,
+        _pool: &ThreadPool,
+        _mem: &mut Memory,
+        _seqs: &[SeqId],
+    ) -> Result<(), ModelError> {
+        Ok(())
     }
 
     /// [`Model::draft_nextn`] of one sequence, with the logits each step

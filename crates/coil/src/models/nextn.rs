@@ -24,10 +24,13 @@
 //! without bias (Nemotron-H).
 //!
 //! With the block's memory on ([`super::Model::new_memory_nextn`]) every
-//! pass of the trunk also writes the block's attention cells for its
-//! tokens — position p from (t_p, h_{p−1}) — and keeps h of the last
-//! position, the state the block reads next, beside the recurrent state
-//! (so rollback, forks, checkpoints and sessions carry both). A draft then
+//! pass of the trunk also gives the block's attention cells for its tokens
+//! — position p from (t_p, h_{p−1}) — and keeps h of the last position,
+//! the state the block reads next, beside the recurrent state (so
+//! rollback, forks, checkpoints and sessions carry both). The cells of a
+//! few positions may wait, their inputs kept in that state, until drafting
+//! needs them (`blocks/stack_nextn.rs`): decode steps while drafting
+//! pauses cost the block nothing. A draft then
 //! runs the block alone: from the token just sampled and that state, one
 //! token per step, each step reading the block's own output `m` in place
 //! of the trunk's hidden state; its cells sit past the sequence's length

@@ -259,7 +259,7 @@ impl Model for DecoderStack {
     fn new_memory_nextn(&self, n_seq_max: usize, n_ctx: usize) -> Option<Memory> {
         let kv = self.nextn.first()?.layer.kv_shape()?;
         let h = RecurrentLayerShape {
-            conv: self.info.n_embd,
+            conv: super::stack_nextn::nextn_state_words(self.info.n_embd),
             ssm: 0,
         };
         Some(self.memory_with(Some((h, kv)), n_seq_max, n_ctx))
@@ -272,6 +272,15 @@ impl Model for DecoderStack {
         seqs: &[(SeqId, u32, usize)],
     ) -> Result<Vec<Vec<u32>>, ModelError> {
         self.draft(pool, mem, seqs, None)
+    }
+
+    fn nextn_catch_up(
+        &self,
+        pool: &ThreadPool,
+        mem: &mut Memory,
+        seqs: &[SeqId],
+    ) -> Result<(), ModelError> {
+        self.catch_up(pool, mem, seqs)
     }
 
     fn draft_nextn_logits(
@@ -348,18 +357,22 @@ impl DecoderStack {
             .collect();
         let mut kv: Vec<Option<KvLayerShape>> =
             self.layers.iter().map(StackLayer::kv_shape).collect();
-        if let Some((h, cells)) = nextn {
+        let deferred = nextn.map(|(h, cells)| {
             rec.push(Some(h));
             kv.push(Some(cells));
-        }
+            kv.len() - 1
+        });
         let recurrent = rec
             .iter()
             .any(Option::is_some)
             .then(|| RecurrentMemory::new(rec, n_seq_max));
-        let kv = kv
-            .iter()
-            .any(Option::is_some)
-            .then(|| KvMemory::new(kv, n_seq_max, n_ctx));
+        let kv = kv.iter().any(Option::is_some).then(|| {
+            let m = KvMemory::new(kv, n_seq_max, n_ctx);
+            match deferred {
+                Some(l) => m.with_deferred(l),
+                None => m,
+            }
+        });
         Memory::new(recurrent, kv, n_seq_max, n_ctx)
     }
 

@@ -4,14 +4,27 @@
 //! next through verifications, and drafting.
 //!
 //! Memory: layer `L` = the trunk's length, one past the trunk, holds the
-//! block's attention cells (the KV memory) and, as its recurrent state, the
-//! trunk's final hidden state at the sequence's last position (`d` values
-//! in the conv region: f32 whatever the state type). Both follow every
-//! sequence operation the trunk's memory does.
+//! block's attention cells (the KV memory) and, as its recurrent state
+//! (the conv region: f32 whatever the state type), `[h | waiting | n]`:
+//! the trunk's final hidden state at the sequence's last position (`d`
+//! values), then the hidden states read by the last `n` positions, whose
+//! cells are not written yet (up to [`NEXTN_LAG`] rows of `d`), then `n`.
+//! Both follow every sequence operation the trunk's memory does.
+//!
+//! Deferred cells: a pass that adds a few positions to a sequence outside
+//! a verification only keeps what their cells read (the waiting rows);
+//! drafting, a verification, a pass that would overflow the rows, or
+//! [`crate::models::Model::nextn_catch_up`] (before a session is saved)
+//! writes them, all waiting positions of all the sequences concerned in
+//! one pass. So while drafting pauses (drafts keep failing) a decode step
+//! costs the block nothing, and when it resumes the cells are caught up at
+//! the price of one batched pass. The catch-up runs with batch-invariant
+//! numerics: every cell is bit for bit what a one-token pass writes.
 
 use super::common::{gather_rows, layer_state, recurrent_memory};
 use super::stack::{add_scaled_rows, norm_rows, DecoderStack, LastRows, MixerBlock};
 use crate::engine::sampling::argmax;
+use crate::memory::LayerState;
 use crate::memory::{Memory, SeqId, SequenceMemory};
 use crate::models::nextn::NextnBlock;
 use crate::models::{ModelError, Rows};
@@ -120,8 +133,11 @@ impl DecoderStack {
     /// The NextN block's attention cells for a pass's rows: row p of a
     /// chunk reads its token and the hidden state of the row before (the
     /// kept state for the chunk's first row), and the chunk's last hidden
-    /// state is kept for the next pass. Only the keys and values are
-    /// computed: nothing reads the block's output here. Under a
+    /// state is kept for the next pass. Outside a verification a chunk
+    /// that fits beside the waiting rows ([`NEXTN_LAG`]) only joins them;
+    /// else the waiting cells are caught up ([`DecoderStack::catch_up`])
+    /// and the chunk's written with the pass's numerics. Only the keys and
+    /// values are computed: nothing reads the block's output here. Under a
     /// verification each row's hidden state goes on the tape (a refold
     /// keeps the last kept row's).
     pub(super) fn nextn_cells(
@@ -132,29 +148,125 @@ impl DecoderStack {
         tokens: &[u32],
         hidden: &[f32],
     ) -> Result<(), ModelError> {
-        let b = self.block()?;
         let at = self.nextn_at();
         let d = self.info.n_embd;
-        let mut read = Scratch::dirty(hidden.len());
-        let rec = recurrent_memory(mem, at)?;
+        let mut now = Pending::default();
+        let mut behind = Vec::new();
         for r in rows {
             let (s, e) = (r.rows.start, r.rows.end);
             if s == e {
                 continue;
             }
+            let rec = recurrent_memory(mem, at)?;
+            let lag = waiting_count(rec.conv_of(at, r.seq)?, d);
+            let verifying = match rec.tape(at, r.seq) {
+                Some(tape) => {
+                    tape.extend_from_slice(&hidden[s * d..e * d]);
+                    true
+                }
+                None => false,
+            };
             let st = layer_state(rec, at, r.seq)?;
-            read[s * d..(s + 1) * d].copy_from_slice(st.conv);
-            read[(s + 1) * d..e * d].copy_from_slice(&hidden[s * d..(e - 1) * d]);
-            st.conv.copy_from_slice(&hidden[(e - 1) * d..e * d]);
-            if let Some(tape) = rec.tape(at, r.seq) {
-                tape.extend_from_slice(&hidden[s * d..e * d]);
+            let (h, wait, n) = split_state(st, d);
+            if !verifying && lag + (e - s) <= NEXTN_LAG {
+                wait[lag * d..(lag + 1) * d].copy_from_slice(h);
+                wait[(lag + 1) * d..(lag + e - s) * d].copy_from_slice(&hidden[s * d..(e - 1) * d]);
+                h.copy_from_slice(&hidden[(e - 1) * d..e * d]);
+                *n = (lag + e - s) as f32;
+                continue;
             }
+            if lag > 0 {
+                behind.push(r.seq);
+            }
+            let j = now.tokens.len();
+            now.read.extend_from_slice(h);
+            now.read.extend_from_slice(&hidden[s * d..(e - 1) * d]);
+            h.copy_from_slice(&hidden[(e - 1) * d..e * d]);
+            now.tokens.extend_from_slice(&tokens[s..e]);
+            now.rows.push(Rows {
+                seq: r.seq,
+                pos: r.pos,
+                rows: j..j + e - s,
+            });
         }
-        let x = b.input(&self.file, pool, &self.embed, tokens, &read, self.eps)?;
+        self.catch_up(pool, mem, &behind)?;
+        self.block_cells(pool, mem, &now)
+    }
+
+    /// Writes the waiting cells of `seqs` (see the module's notes), in one
+    /// pass with batch-invariant numerics.
+    pub(super) fn catch_up(
+        &self,
+        pool: &ThreadPool,
+        mem: &mut Memory,
+        seqs: &[SeqId],
+    ) -> Result<(), ModelError> {
+        if !self.nextn_on(mem) {
+            return Ok(());
+        }
+        let at = self.nextn_at();
+        let d = self.info.n_embd;
+        let mut now = Pending::default();
+        for (i, &seq) in seqs.iter().enumerate() {
+            let lag = waiting_count(recurrent_memory(mem, at)?.conv_of(at, seq)?, d);
+            if lag == 0 || seqs[..i].contains(&seq) {
+                continue;
+            }
+            let len = mem.seq_len(seq)?;
+            let history = mem
+                .seq_tokens(seq)?
+                .get(len.wrapping_sub(lag)..len)
+                .ok_or_else(|| bad_lag(at, seq))?;
+            let j = now.tokens.len();
+            now.tokens.extend_from_slice(history);
+            let st = layer_state(recurrent_memory(mem, at)?, at, seq)?;
+            let (_, wait, n) = split_state(st, d);
+            now.read.extend_from_slice(&wait[..lag * d]);
+            wait[..lag * d].fill(0.0);
+            *n = 0.0;
+            now.rows.push(Rows {
+                seq,
+                pos: len - lag,
+                rows: j..j + lag,
+            });
+        }
+        let _numerics = coil_kernels::invariant_scope(true);
+        self.block_cells(pool, mem, &now)
+    }
+
+    /// The keys and values of the block for `now`'s rows, into its cells.
+    fn block_cells(
+        &self,
+        pool: &ThreadPool,
+        mem: &mut Memory,
+        now: &Pending,
+    ) -> Result<(), ModelError> {
+        if now.rows.is_empty() {
+            return Ok(());
+        }
+        let b = self.block()?;
+        let d = self.info.n_embd;
+        let x = b.input(
+            &self.file,
+            pool,
+            &self.embed,
+            &now.tokens,
+            &now.read,
+            self.eps,
+        )?;
         let mut h = Scratch::dirty(x.len());
         norm_rows(pool, &x, &b.layer.norm, self.eps, &mut h, d);
         let mut none = Scratch::dirty(0);
-        self.run_mixer(&b.layer, at, pool, rows, mem, &h, Some(&[]), &mut none)?;
+        self.run_mixer(
+            &b.layer,
+            self.nextn_at(),
+            pool,
+            &now.rows,
+            mem,
+            &h,
+            Some(&[]),
+            &mut none,
+        )?;
         Ok(())
     }
 
@@ -175,11 +287,13 @@ impl DecoderStack {
         };
         let rec = recurrent_memory(mem, at)?;
         let (st, base, _, tape) = rec.refold_parts(at, seq).ok_or_else(no_tape)?;
+        // The verification wrote every waiting cell: nothing waits after
+        // it, and keeping none goes back to the state before it (whose
+        // waiting cells are written already; writing them again changes
+        // nothing).
         match n {
             0 => st.conv.copy_from_slice(base),
-            _ => st
-                .conv
-                .copy_from_slice(tape.get((n - 1) * d..n * d).ok_or_else(no_tape)?),
+            _ => st.conv[..d].copy_from_slice(tape.get((n - 1) * d..n * d).ok_or_else(no_tape)?),
         }
         Ok(())
     }
@@ -228,8 +342,11 @@ impl DecoderStack {
             let room = mem.n_ctx().saturating_sub(len + 1);
             base.push((len, k.min(room)));
             let rec = recurrent_memory(mem, at)?;
-            hid[i * d..(i + 1) * d].copy_from_slice(rec.conv_of(at, s)?);
+            hid[i * d..(i + 1) * d].copy_from_slice(&rec.conv_of(at, s)?[..d]);
         }
+        // The block attends over every position before its drafts.
+        let drafting: Vec<SeqId> = seqs.iter().filter(|x| x.2 > 0).map(|x| x.0).collect();
+        self.catch_up(pool, mem, &drafting)?;
         let head = b.shared_head_head.as_ref().unwrap_or(&self.head.output);
         let n_vocab = head.rows;
         let mut out: Vec<Vec<u32>> = vec![Vec::new(); n];
@@ -283,4 +400,42 @@ impl DecoderStack {
         }
         Ok(out)
     }
+}
+
+/// Most positions of a sequence whose NextN cells may wait (see the
+/// module's notes): at `d` = 1024 the rows take 128 KiB per sequence state.
+pub(crate) const NEXTN_LAG: usize = 32;
+
+/// Words of the NextN layer's conv region: `[h (d) | waiting (NEXTN_LAG·d)
+/// | count]`.
+pub(crate) fn nextn_state_words(d: usize) -> usize {
+    d * (1 + NEXTN_LAG) + 1
+}
+
+/// The waiting count of a NextN state (its last word).
+fn waiting_count(conv: &[f32], d: usize) -> usize {
+    conv.get(d * (1 + NEXTN_LAG)).map_or(0, |&n| n as usize)
+}
+
+/// `[h | waiting | count]` of a NextN layer's state.
+fn split_state(st: LayerState<'_>, d: usize) -> (&mut [f32], &mut [f32], &mut f32) {
+    let (h, rest) = st.conv.split_at_mut(d);
+    let (wait, n) = rest.split_at_mut(NEXTN_LAG * d);
+    (h, wait, &mut n[0])
+}
+
+fn bad_lag(at: usize, seq: SeqId) -> ModelError {
+    ModelError::Tensor {
+        name: format!("blk.{at}"),
+        reason: format!("sequence {seq}: more waiting NextN cells than positions"),
+    }
+}
+
+/// Rows whose NextN cells are written in one pass: their tokens, the hidden
+/// states they read (`[n, d]`) and where they sit.
+#[derive(Default)]
+struct Pending {
+    tokens: Vec<u32>,
+    read: Vec<f32>,
+    rows: Vec<Rows>,
 }
