@@ -159,7 +159,9 @@ use GgmlType::*;
 /// * AVX-512 integer GEMM from 12: the two-panel GEMM overtakes the dot
 ///   kernels early (4096 x 4096, 2 threads: Q4_K 16 tokens 0.91 ms against
 ///   1.79, 8 tokens even; Q8_0 16 tokens 1.75–2.04 against 2.51). Q4_1,
-///   Q5_0, Q5_1 have no few-token tiles: from 8, as for their f32 GEMM.
+///   Q5_0, Q5_1 have no AVX-512 few-token tiles (their AVX2 ones, 4 tokens
+///   a pass, serve 2–7 tokens and verifications): from 8, as for their f32
+///   GEMM.
 /// * AVX2 integer GEMM from 12: it crossed the row-at-a-time dot kernels
 ///   at about 8 tokens (4096 x 4096, 1 thread; at 12 tokens Q8_0 6.5 ms
 ///   against 8.3, Q4_K 6.1 against 14.0). Without AVX-VNNI the
@@ -206,15 +208,15 @@ pub const FORMATS: &[Format] = &[
     format(Q8_0,   (32, 34),       Some(A32),  Some(9), Some(4), Batched, Some(12), g2(12, 12, 12),   24,   Repack::Yes),
     format(Q4_0,   (32, 18),       Some(A32),  Some(9), Some(4), Rows,    Some(12), g2(12, 12, 12),   24,   Repack::No),
     format(IQ4_NL, (32, 18),       Some(A32),  Some(9), Some(4), Rows,    Some(12), g2(12, 12, 12),   24,   Repack::No),
-    format(Q4_1,   (32, 20),       Some(A32),  None,    None,    Rows,    Some(8),  g2(8, 8, 8),      8,    Repack::No),
-    format(Q5_0,   (32, 22),       Some(A32),  None,    None,    Rows,    Some(8),  g2(8, 8, 8),      8,    Repack::No),
-    format(Q5_1,   (32, 24),       Some(A32),  None,    None,    Rows,    Some(8),  g2(8, 8, 8),      8,    Repack::No),
+    format(Q4_1,   (32, 20),       Some(A32),  None,    Some(4), Rows,    Some(8),  g2(8, 8, 8),      8,    Repack::No),
+    format(Q5_0,   (32, 22),       Some(A32),  None,    Some(4), Rows,    Some(8),  g2(8, 8, 8),      8,    Repack::No),
+    format(Q5_1,   (32, 24),       Some(A32),  None,    Some(4), Rows,    Some(8),  g2(8, 8, 8),      8,    Repack::No),
     format(Q2_K,   (256, 84),      Some(A256), None,    None,    Rows,    Some(12), g2(12, 12, 12),   24,   Repack::No),
     format(Q3_K,   (256, 110),     Some(A256), None,    None,    Rows,    Some(12), g2(12, 12, 12),   24,   Repack::No),
     format(Q4_K,   (256, 144),     Some(A256), Some(9), Some(9), Lanes,   Some(12), g2(12, 12, 33),   24,   Repack::Yes),
     format(Q5_K,   (256, 176),     Some(A256), Some(9), Some(9), Rows,    Some(12), g2(12, 12, 12),   24,   Repack::No),
     format(Q6_K,   (256, 210),     Some(A256), Some(9), Some(9), Lanes,   Some(12), g2(12, 19, 49),   24,   Repack::UnlessSplit512),
-    format(IQ4_XS, (256, 136),     Some(A256), None,    None,    Rows,    Some(12), g2(12, 12, 12),   24,   Repack::No),
+    format(IQ4_XS, (256, 136),     Some(A256), None,    Some(9), Rows,    Some(12), g2(12, 12, 12),   24,   Repack::No),
     format(IQ2_XXS,(256, 66),      Some(A256), None,    None,    Rows,    None,     g2(8, 8, 8),      8,    Repack::No),
     format(IQ2_XS, (256, 74),      Some(A256), None,    None,    Rows,    None,     g2(8, 8, 8),      8,    Repack::No),
     format(IQ2_S,  (256, 82),      Some(A256), None,    None,    Rows,    None,     g2(8, 8, 8),      8,    Repack::No),

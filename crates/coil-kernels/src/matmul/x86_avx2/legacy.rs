@@ -1,5 +1,6 @@
 //! AVX2 dot products of the 32-value formats with a fifth bit or an offset
-//! — Q5_0, Q5_1, Q4_1 — against Q8_0-style activations (one token).
+//! — Q5_0, Q5_1, Q4_1 — against Q8_0-style activations (one token; their
+//! few-token tiles, the same operations per token, are `tiles::rows_b32`'s).
 //!
 //! They matter because llama.cpp's K-quant mixtures fall back to them for
 //! matrices whose rows are not a multiple of 256 values (Q4_K → Q5_0,
@@ -19,7 +20,7 @@ use std::arch::x86_64::*;
 /// Bit `k` of `bits` as `0x10` in byte `k` of a vector (the fifth bit of
 /// value `k`, values in `nibbles` order: low nibbles 0..16, high 16..32).
 #[inline(always)]
-unsafe fn fifth_bits(bits: u32) -> __m256i {
+pub(super) unsafe fn fifth_bits(bits: u32) -> __m256i {
     // byte k takes byte k / 8 of `bits`, then keeps bit k % 8 of it
     let spread = _mm256_shuffle_epi8(
         _mm256_set1_epi32(bits as i32),

@@ -182,6 +182,9 @@ pub(super) fn tile_kernel(ty: GgmlType, lanes: bool) -> Option<TileKernel> {
             |w, rb, a, o| unsafe { tiles::tile_iq4_nl(w, rb, a, o) },
             B32,
         ),
+        GgmlType::Q5_0 => (|w, rb, a, o| unsafe { tiles::tile_q5_0(w, rb, a, o) }, B32),
+        GgmlType::Q5_1 => (|w, rb, a, o| unsafe { tiles::tile_q5_1(w, rb, a, o) }, B32),
+        GgmlType::Q4_1 => (|w, rb, a, o| unsafe { tiles::tile_q4_1(w, rb, a, o) }, B32),
         GgmlType::Q4_K if lanes => (
             |w, rb, a, o| unsafe { lanes::tile(w, rb, a, o) },
             lanes::MAX_TOKENS,
@@ -193,6 +196,7 @@ pub(super) fn tile_kernel(ty: GgmlType, lanes: bool) -> Option<TileKernel> {
             lanes_q6_k::MAX_TOKENS,
         ),
         GgmlType::Q6_K => (|w, rb, a, o| unsafe { tiles::tile_q6_k(w, rb, a, o) }, K),
+        GgmlType::IQ4_XS => (|w, rb, a, o| unsafe { tiles::tile_iq4_xs(w, rb, a, o) }, K),
         _ => return None,
     };
     Some(TileKernel {

@@ -1,5 +1,7 @@
 //! AVX2 integer dot products of a range of weight rows with up to four
-//! (32-value formats) or nine (K-quants: a verification of 8 drafts) tokens
+//! (32-value formats: Q8_0, Q4_0, IQ4_NL and, with their fifth bit or
+//! offset, Q5_0, Q5_1, Q4_1) or nine (K-quants and IQ4_XS: a verification
+//! of 8 drafts) tokens
 //! at once (batched decode of several sequences, speculative verification):
 //! each row is fetched and unpacked once (nibbles, high
 //! bits, scales) and multiplied with every token's quantized activations
@@ -23,7 +25,7 @@
 use super::super::act::{ActPanel, PANEL_LANES};
 use super::dots::{dot_us, f16c, hsum256, k4_scale, k4_scale_lanes, nibbles, rd16, PF_STREAM};
 use crate::matmul::scalar::dequant::scales_mins_k4_words;
-use crate::matmul::scalar::dequant::KVALUES_IQ4NL;
+use crate::matmul::scalar::dequant::{iq4xs_scales, KVALUES_IQ4NL};
 use std::arch::x86_64::*;
 
 /// Keeps each `v` in a register at this point of the program: an empty
@@ -65,7 +67,8 @@ fn check<const NT: usize>(
 }
 
 /// Q8_0 / Q4_0 / IQ4_NL (`KIND` 0 / 1 / 2; `BYTES` per 32-value block), as
-/// `dot_b32`, for `NT` tokens.
+/// `dot_b32`, and Q5_0 / Q5_1 / Q4_1 (`KIND` 3 / 4 / 5), as `legacy::dot`,
+/// for `NT` tokens.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn rows_b32<const BYTES: usize, const KIND: u8, const NT: usize>(
@@ -95,14 +98,21 @@ unsafe fn rows_b32<const BYTES: usize, const KIND: u8, const NT: usize>(
             b32_block::<BYTES, KIND, NT>(row, i, xq, xd, xs, tbl, &mut even, &mut corr);
         }
         for t in 0..NT {
-            *out[t].get_unchecked_mut(r) = hsum256(_mm256_add_ps(even[t], odd[t])) - 8.0 * corr[t];
+            let sum = hsum256(_mm256_add_ps(even[t], odd[t]));
+            *out[t].get_unchecked_mut(r) = match KIND {
+                3 => sum - 16.0 * corr[t],
+                4 | 5 => sum + corr[t],
+                _ => sum - 8.0 * corr[t],
+            };
         }
     }
 }
 
 /// Block `i` of [`rows_b32`]'s row `row`: unpacked once, then each token's
 /// product added to its accumulator in `acc` (the even or odd blocks'),
-/// with `dot_b32`'s operations; prefetches as `dot_b32` does.
+/// with `dot_b32`'s (`legacy::dot`'s) operations; prefetches as they do.
+/// The unsigned formats (Q4_0 and `KIND` 3 to 5) add their offset term to
+/// `corr`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 #[allow(clippy::too_many_arguments)]
@@ -121,26 +131,49 @@ unsafe fn b32_block<const BYTES: usize, const KIND: u8, const NT: usize>(
         _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PF_STREAM) as *const i8);
         _mm_prefetch::<_MM_HINT_T1>(b.wrapping_add(super::dots::PF_FAR) as *const i8);
     }
+    // Unsigned values (dot_us of them and the activations as they are):
+    // Q4_0, and the legacy formats with a fifth bit (3: Q5_0, 4: Q5_1)
+    // and / or an offset `m` after `d` (4, 5: Q4_1).
+    let unsigned = matches!(KIND, 1 | 3 | 4 | 5);
     let mut wv = match KIND {
         0 => _mm256_loadu_si256(b.add(2) as *const __m256i),
         1 => nibbles(b.add(2)),
-        _ => _mm256_shuffle_epi8(tbl, nibbles(b.add(2))),
+        2 => _mm256_shuffle_epi8(tbl, nibbles(b.add(2))),
+        3 => fifth(b.add(2)),
+        4 => fifth(b.add(4)),
+        _ => nibbles(b.add(4)),
     };
-    let mut wabs = if KIND == 1 { wv } else { _mm256_abs_epi8(wv) };
+    let mut wabs = if unsigned { wv } else { _mm256_abs_epi8(wv) };
     pin!(wv, wabs);
     let wd = f16c(rd16(b));
+    let m = if matches!(KIND, 4 | 5) {
+        f16c(rd16(b.add(2)))
+    } else {
+        0.0
+    };
     for t in 0..NT {
         let xv = _mm256_loadu_si256(xq.add(32 * (i * NT + t)) as *const __m256i);
-        let dot = match KIND {
-            1 => dot_us(wv, xv),
-            _ => dot_us(wabs, _mm256_sign_epi8(xv, wv)),
+        let dot = match unsigned {
+            true => dot_us(wv, xv),
+            false => dot_us(wabs, _mm256_sign_epi8(xv, wv)),
         };
-        let s = wd * *xd.add(i * PANEL_LANES + t);
-        if KIND == 1 {
-            corr[t] += s * *xs.add(i * NT + t) as f32;
+        let xdt = *xd.add(i * PANEL_LANES + t);
+        let s = wd * xdt;
+        match KIND {
+            1 | 3 => corr[t] += s * *xs.add(i * NT + t) as f32,
+            4 | 5 => corr[t] += m * xdt * *xs.add(i * NT + t) as f32,
+            _ => {}
         }
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(s), acc[t]);
     }
+}
+
+/// The 32 unsigned 5-bit values of a block whose 32-bit word of fifth bits
+/// is at `bits`, the nibbles after it (Q5_0, Q5_1), in `nibbles` order.
+#[inline(always)]
+unsafe fn fifth(bits: *const u8) -> __m256i {
+    let hi = super::legacy::fifth_bits((bits as *const u32).read_unaligned());
+    _mm256_or_si256(nibbles(bits.add(4)), hi)
 }
 
 /// `sum_j mn[j] * (bs_t[2j] + bs_t[2j + 1])` for tokens `t = t0..t0 + 8`
@@ -348,6 +381,53 @@ unsafe fn rows_q6_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
     }
 }
 
+/// IQ4_XS, as `dot_iq4_xs`, for `NT` (≤ [`MAX_TOKENS_K`]) tokens: each
+/// 32-value sub-block looked up in the IQ4_NL table once, its products
+/// with every token's chunk scaled by the sub-block's scale into one i32
+/// accumulator per token, which meets the f32 accumulator once per block.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn rows_iq4_xs<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mut [&mut [f32]]) {
+    const BSZ: usize = 136;
+    let n = check::<NT>(w, rb, p, out, 256, 16);
+    let nb = p.n_blocks;
+    let (xq, xd) = (p.qs.as_ptr(), p.d.as_ptr());
+    let tbl =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
+    let wp = w.as_ptr();
+    for r in 0..n {
+        let row = wp.add(r * rb);
+        let mut facc = [_mm256_setzero_ps(); NT];
+        for i in 0..nb {
+            let b = row.add(BSZ * i);
+            super::dots::prefetch_block(b.wrapping_add(PF_STREAM), BSZ);
+            super::dots::prefetch_far(b, BSZ);
+            let ls = iq4xs_scales(std::slice::from_raw_parts(b, BSZ));
+            let mut iacc = [_mm256_setzero_si256(); NT];
+            for (ib, &l) in ls.iter().enumerate() {
+                let mut v = _mm256_shuffle_epi8(tbl, nibbles(b.add(8 + 16 * ib)));
+                let mut va = _mm256_abs_epi8(v);
+                let mut lv = _mm256_set1_epi16(l as i16);
+                pin!(v, va, lv);
+                let c = xq.add(32 * NT * (8 * i + ib));
+                for (t, acc) in iacc.iter_mut().enumerate() {
+                    let xv = _mm256_loadu_si256(c.add(32 * t) as *const __m256i);
+                    let pr = _mm256_maddubs_epi16(va, _mm256_sign_epi8(xv, v));
+                    *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(pr, lv));
+                }
+            }
+            let wd = f16c(rd16(b));
+            for t in 0..NT {
+                let d = wd * *xd.add(i * PANEL_LANES + t);
+                facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[t]), _mm256_set1_ps(d), facc[t]);
+            }
+        }
+        for t in 0..NT {
+            *out[t].get_unchecked_mut(r) = hsum256(facc[t]);
+        }
+    }
+}
+
 /// Defines a `#[target_feature]` entry point `$name` that serves 1 to `$max`
 /// tokens by choosing the instantiation of `$kernel` for their count.
 macro_rules! tile_entry {
@@ -389,14 +469,21 @@ macro_rules! format_kernel {
 format_kernel!(q8_0_n, rows_b32, 34, 0);
 format_kernel!(q4_0_n, rows_b32, 18, 1);
 format_kernel!(iq4_nl_n, rows_b32, 18, 2);
+format_kernel!(q5_0_n, rows_b32, 22, 3);
+format_kernel!(q5_1_n, rows_b32, 24, 4);
+format_kernel!(q4_1_n, rows_b32, 20, 5);
 format_kernel!(q4_k_n, rows_k45, false);
 format_kernel!(q5_k_n, rows_k45, true);
 tile_entry!(tile_q8_0, q8_0_n, [1 2 3 4]);
 tile_entry!(tile_q4_0, q4_0_n, [1 2 3 4]);
 tile_entry!(tile_iq4_nl, iq4_nl_n, [1 2 3 4]);
+tile_entry!(tile_q5_0, q5_0_n, [1 2 3 4]);
+tile_entry!(tile_q5_1, q5_1_n, [1 2 3 4]);
+tile_entry!(tile_q4_1, q4_1_n, [1 2 3 4]);
 tile_entry!(tile_q4_k, q4_k_n, [1 2 3 4 5 6 7 8 9]);
 tile_entry!(tile_q5_k, q5_k_n, [1 2 3 4 5 6 7 8 9]);
 tile_entry!(tile_q6_k, rows_q6_k, [1 2 3 4 5 6 7 8 9]);
+tile_entry!(tile_iq4_xs, rows_iq4_xs, [1 2 3 4 5 6 7 8 9]);
 
 #[cfg(test)]
 mod tests {
@@ -423,11 +510,15 @@ mod tests {
             (GgmlType::Q4_0, 512),
             (GgmlType::Q4_0, 480),
             (GgmlType::IQ4_NL, 480),
+            (GgmlType::Q5_0, 480),
+            (GgmlType::Q5_1, 512),
+            (GgmlType::Q4_1, 480),
             (GgmlType::Q4_K, 512),
             // more blocks × tokens than the rows-in-lanes kernel's stack buffer
             (GgmlType::Q4_K, 256 * 33),
             (GgmlType::Q5_K, 512),
             (GgmlType::Q6_K, 512),
+            (GgmlType::IQ4_XS, 512),
         ] {
             // both choices of `plan::avx2_lanes` (Q8_0 and Q4_K); 29 rows:
             // four groups of 8 through the Q8_0 kernel's two buffers, and
