@@ -4,7 +4,10 @@
 1. load: one coil replica; 32 concurrent streaming clients for --duration
    seconds, each sending greedy requests drawn from a set of prompts. Every
    output must equal the same request's output when it ran alone (taken
-   first, one at a time); no request may fail. One request in
+   first, one at a time), and no request may fail: else the script exits
+   with an error. (The demo model has Mamba-2 layers, whose chunked prompt
+   scans the server's default numerics keep: pass
+   --serve-arg=--batch-invariant for batch-invariant outputs.) One request in
    --kill-every is a client that hangs up after a few chunks: afterwards
    the server must hold no request (running 0, waiting 0) and count them
    cancelled.
@@ -205,6 +208,9 @@ def phase_load(args, logdir):
         print(json.dumps(res), flush=True)
         for p, a, b in mismatches[:3]:
             print(f"mismatch for {p!r}:\n alone:   {a!r}\n batched: {b!r}", file=sys.stderr)
+        if st["mismatch"] or st["failed"]:
+            sys.exit(f"load: {st['mismatch']} outputs differ from the request alone, "
+                     f"{st['failed']} requests failed")
         return res
     finally:
         r.stop()

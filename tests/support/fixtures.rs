@@ -37,11 +37,19 @@ pub const PARITY: [&str; 13] = [
     "zamba2_plain",
 ];
 
+/// The llama fixture quantized to Q8_0 (`coil quantize model.f16.gguf
+/// model.q8_0.gguf Q8_0`): every weight in a format whose GEMM keeps tokens
+/// at the AVX2 level, so that `coil serve`'s default numerics are
+/// batch-invariant for it there (the batch-invariance and server tests).
+pub const LLAMA_Q8_0: &str = "llama_q8_0";
+
 /// The model file of fixture `name` under `root` (the repository's
 /// `tests/fixtures`); other `parity/` fixtures (`mamba2_g1_hd16`, …) by
 /// their directory name too.
 pub fn path(root: &Path, name: &str) -> PathBuf {
-    if CONVERTED.contains(&name) {
+    if name == LLAMA_Q8_0 {
+        root.join("models/llama/model.q8_0.gguf")
+    } else if CONVERTED.contains(&name) {
         root.join("models").join(name).join("model.f16.gguf")
     } else {
         root.join("parity").join(name).join("model.gguf")

@@ -264,28 +264,24 @@ fn bench_state_type() {
     assert!(err.contains("SSM state in bf16"), "{err}");
 }
 
-/// `--batch-invariant` runs generated tokens as `coil serve` decodes them
-/// (one entry of a batch-invariant call) as well as the prompt.
+/// `--batch-invariant` and `--serve-numerics` run generated tokens as
+/// `coil serve` decodes them (one entry of a batch-invariant call) as well
+/// as the prompt (strictly invariant, or as the server's default).
 #[test]
 fn bench_batch_invariant_generates() {
-    for arch in ["mamba2", "jamba"] {
+    for (arch, flag) in [
+        ("mamba2", "--batch-invariant"),
+        ("jamba", "--batch-invariant"),
+        ("mamba2", "--serve-numerics"),
+    ] {
         let m = model(arch);
         let (ok, out, err) = coil(&[
-            "bench",
-            "-m",
-            &m,
-            "-p",
-            "8",
-            "-n",
-            "3",
-            "-r",
-            "1",
-            "--batch-invariant",
-            "--json",
+            "bench", "-m", &m, "-p", "8", "-n", "3", "-r", "1", flag, "--json",
         ]);
         assert!(ok, "{arch}: {err}");
         let v: serde_json::Value = serde_json::from_str(&out).expect("bench prints JSON");
-        assert_eq!(v["batch_invariant"], true, "{arch}");
+        assert_eq!(v["batch_invariant"], flag == "--batch-invariant", "{arch}");
+        assert_eq!(v["serve_numerics"], flag == "--serve-numerics", "{arch}");
         assert_eq!(v["n_gen"], 3);
         assert!(v["tg_tps"].as_f64().unwrap() > 0.0, "{arch}: {out}");
         assert!(v["pp_tps"].as_f64().unwrap() > 0.0, "{arch}: {out}");

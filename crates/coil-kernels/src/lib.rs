@@ -47,7 +47,7 @@ pub mod testutil;
 pub use error::KernelError;
 pub use info::system_info;
 pub use matmul::{matmul, matmul_at, matmul_shared, repack, repacks, Layout, WeightRef};
-pub use numerics::{batch_invariant, invariant_scope};
+pub use numerics::{batch_invariant, invariance, invariance_scope, invariant_scope, Invariance};
 pub use pool::ThreadPool;
 pub use scratch::Scratch;
 pub use simd::SimdLevel;

@@ -2,12 +2,18 @@
 //! requests whose prompts are new, repeats, extensions or branches of
 //! earlier ones, under drawn slot counts, step sizes, checkpoint spacings
 //! and prefix-cache sizes (small ones evict), n-gram speculation in half
-//! the runs. With the batch-invariant kernels each greedy completion must
-//! be exactly that of the request alone on an engine without a cache —
-//! whatever shared its steps, which cached prefix it resumed from and at
-//! which checkpoint, how many drafts were accepted — and the usage must be
-//! true: the prompt tokens the forward passes took are the prompts less
-//! what the usage reports cached.
+//! the runs. Each greedy completion — its text and every reported
+//! log-probability, bit for bit — must be exactly that of the request alone
+//! on an engine without a cache, whatever shared its steps, which cached
+//! prefix it resumed from and at which checkpoint, how many drafts were
+//! accepted; and the usage must be true: the prompt tokens the forward
+//! passes took are the prompts less what the usage reports cached.
+//!
+//! The server's default numerics are batch-invariant for a model without
+//! chunked recurrences whose weights are all in formats whose GEMM keeps
+//! tokens (`Engine::prompts_invariant`: the Q8_0 llama
+//! fixture at the AVX2 level); the other models run with `batch_invariant`
+//! (`coil serve --batch-invariant`).
 
 mod common;
 
@@ -32,9 +38,21 @@ impl Lcg {
     }
 }
 
+/// The model file of `arch` ("demo": the bundled Q8_0 demo model).
+fn model(arch: &str) -> std::path::PathBuf {
+    if arch == "demo" {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../models/shakespeare-hybrid-q8_0.gguf")
+    } else {
+        common::fixture(arch)
+    }
+}
+
 /// An engine thread on `arch` with `cache` spare sequences for the prefix
-/// cache.
-fn scheduler(arch: &str, cache: usize, cfg: SchedulerConfig) -> Scheduler {
+/// cache; `batch_invariant` set where the default numerics are not
+/// batch-invariant for the model (see the module documentation). Also
+/// returns whether the default ran.
+fn scheduler(arch: &str, cache: usize, mut cfg: SchedulerConfig) -> (Scheduler, bool) {
     let opts = EngineOptions {
         n_threads: 1,
         n_seq_max: cfg.parallel + cache,
@@ -42,9 +60,14 @@ fn scheduler(arch: &str, cache: usize, cfg: SchedulerConfig) -> Scheduler {
         n_ubatch: 512,
         ..Default::default()
     };
-    let engine = Engine::load(common::fixture(arch), opts).expect("load");
+    let engine = Engine::load(model(arch), opts).expect("load");
+    let default = engine.prompts_invariant();
+    cfg.batch_invariant = !default;
     let tok = Arc::new(Tokenizer::from_gguf(&engine.file).expect("tokenizer"));
-    Scheduler::start(engine, tok, cfg).expect("start").0
+    (
+        Scheduler::start(engine, tok, cfg).expect("start").0,
+        default,
+    )
 }
 
 fn submit(s: &Scheduler, prompt: &[u32], max_tokens: usize) -> UnboundedReceiver<Event> {
@@ -57,7 +80,7 @@ fn submit(s: &Scheduler, prompt: &[u32], max_tokens: usize) -> UnboundedReceiver
         stop_at_eos: false,
         marks: Vec::new(),
         n: 1,
-        logprobs: None,
+        logprobs: Some(2),
         constraint: None,
         events: tx,
     };
@@ -65,16 +88,38 @@ fn submit(s: &Scheduler, prompt: &[u32], max_tokens: usize) -> UnboundedReceiver
     rx
 }
 
-/// The completion's text and usage (a request unanswered for a minute
-/// fails the test rather than hanging it).
-fn collect(mut rx: UnboundedReceiver<Event>) -> (String, Usage) {
+/// A sampled token, its log-probability's bits and the most likely
+/// tokens' (token, bits).
+type TokenBits = (u32, u32, Vec<(u32, u32)>);
+
+/// A completion: its text, and per token its [`TokenBits`].
+#[derive(Debug, PartialEq, Eq)]
+struct Output {
+    text: String,
+    logprobs: Vec<TokenBits>,
+}
+
+/// The completion and its usage (a request unanswered for a minute fails
+/// the test rather than hanging it).
+fn collect(mut rx: UnboundedReceiver<Event>) -> (Output, Usage) {
     use tokio::sync::mpsc::error::TryRecvError;
-    let mut text = String::new();
+    let mut out = Output {
+        text: String::new(),
+        logprobs: Vec::new(),
+    };
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         match rx.try_recv() {
-            Ok(Event::Text { text: t, .. }) => text.push_str(&t),
-            Ok(Event::Done { usage, .. }) => return (text, usage),
+            Ok(Event::Text {
+                text: t, logprobs, ..
+            }) => {
+                out.text.push_str(&t);
+                out.logprobs.extend(logprobs.iter().map(|l| {
+                    let top = l.top.iter().map(|&(t, p)| (t, p.to_bits())).collect();
+                    (l.token, l.logprob.to_bits(), top)
+                }));
+            }
+            Ok(Event::Done { usage, .. }) => return (out, usage),
             Ok(Event::Error(e)) => panic!("request failed: {e}"),
             Err(TryRecvError::Disconnected) => panic!("the engine thread stopped"),
             Err(TryRecvError::Empty) => {
@@ -86,9 +131,10 @@ fn collect(mut rx: UnboundedReceiver<Event>) -> (String, Usage) {
 }
 
 /// One run: 24 requests in waves of 1–5 on `arch`, the configuration and
-/// prompts drawn from `seed`; returns the prompt tokens the cache saved and
-/// the draft tokens speculation accepted.
-fn run(arch: &str, seed: u64) -> (usize, usize) {
+/// prompts drawn from `seed`; returns the prompt tokens the cache saved,
+/// the draft tokens speculation accepted and whether the server's default
+/// numerics ran.
+fn run(arch: &str, seed: u64) -> (usize, usize, bool) {
     let mut rng = Lcg(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let cfg = SchedulerConfig {
         parallel: 1 + rng.below(4),
@@ -102,18 +148,19 @@ fn run(arch: &str, seed: u64) -> (usize, usize) {
             ngram_max: 1 + rng.below(4),
             ..Default::default()
         }),
-        batch_invariant: true,
         log_requests: false,
         ..Default::default()
     };
-    let what = format!("{arch} seed {seed} {cfg:?}");
-    let s = scheduler(arch, 4, cfg);
-    let alone = scheduler(
+    let (s, default) = scheduler(arch, 4, cfg.clone());
+    let what = format!("{arch} seed {seed} {cfg:?} (default numerics: {default})");
+    // one spare sequence: a batched engine, as a server with cache slots
+    // (a one-sequence engine keeps Q8_0's row-at-a-time kernel, whose bits
+    // differ from the batched one's)
+    let (alone, _) = scheduler(
         arch,
-        0,
+        1,
         SchedulerConfig {
             parallel: 1,
-            batch_invariant: true,
             ..Default::default()
         },
     );
@@ -187,13 +234,14 @@ fn run(arch: &str, seed: u64) -> (usize, usize) {
         get(&m.prompt_tokens_processed) + get(&m.prompt_tokens_cached),
         get(&m.prompt_tokens)
     );
-    (saved, get(&m.spec_accepted) as usize)
+    (saved, get(&m.spec_accepted) as usize, default)
 }
 
 #[test]
 fn random_traffic_gives_every_request_its_output_alone() {
     let (mut saved, mut accepted) = (0, 0);
     for (i, arch) in [
+        "llama_q8_0",
         "granitemoehybrid",
         "mamba2",
         "jamba",
@@ -208,10 +256,20 @@ fn random_traffic_gives_every_request_its_output_alone() {
     .enumerate()
     {
         for seed in 0..3 {
-            let (s, a) = run(arch, 10 * i as u64 + seed);
+            let (s, a, default) = run(arch, 10 * i as u64 + seed);
             eprintln!("{arch} seed {seed}: {s} prompt tokens from the cache, {a} drafts accepted");
             saved += s;
             accepted += a;
+            // at the AVX2 level the Q8_0 llama runs the default numerics
+            // (its GEMM keeps tokens there)
+            if arch == "llama_q8_0"
+                && coil_kernels::simd::level() == coil_kernels::simd::SimdLevel::Avx2
+            {
+                assert!(
+                    default,
+                    "{arch}: the default numerics are not batch-invariant at AVX2"
+                );
+            }
         }
     }
     // the prefix cache and speculation took part
@@ -227,6 +285,8 @@ fn random_traffic_gives_every_request_its_output_alone() {
 #[ignore]
 fn much_random_traffic_gives_every_request_its_output_alone() {
     for (i, arch) in [
+        "demo",
+        "llama_q8_0",
         "granitemoehybrid",
         "mamba",
         "mamba2",

@@ -10,11 +10,18 @@
 //!   lengths) in one micro-batch beside a 17-token verification chunk of
 //!   another sequence;
 //!
+//! * a prompt processed whole, in uneven chunks, resumed from a forked
+//!   prefix (what a prefix-cache hit does) and beside another sequence's
+//!   prompt;
+//!
 //! for every architecture (the llama.cpp-converted fixtures, the tools'
 //! fixtures and the bundled Q8_0 demo model), at every SIMD level this CPU
 //! has. The reference is plain one-token decoding (`Numerics::Fast`, one
 //! token per call), so the test also pins that one token takes the
-//! invariant path.
+//! invariant path. The prompt cases run with `Numerics::CheapInvariant`
+//! too (what `coil serve` runs prompts with) wherever the engine says that
+//! is batch-invariant for the model (`Engine::prompts_invariant`: the Q8_0
+//! llama fixture at the AVX2 level, which the test requires).
 
 mod common;
 
@@ -152,6 +159,18 @@ fn check_model(name: &str, model: &Path, tokens: &[u32]) {
             }
         }
 
+        // Prompts cut every way a server cuts them.
+        prompt_splits(&mut e, tokens, &reference, Numerics::BatchInvariant, &what);
+        if e.prompts_invariant() {
+            prompt_splits(&mut e, tokens, &reference, Numerics::CheapInvariant, &what);
+        }
+        if name == "llama_q8_0" && level == coil_kernels::simd::SimdLevel::Avx2 {
+            assert!(
+                e.prompts_invariant(),
+                "{name}: prompts not invariant at AVX2"
+            );
+        }
+
         // A verification rejected part-way: roll back inside it (restore
         // the checkpoint before it, replay the accepted tokens with the
         // invariant kernels), then decode on: the one-at-a-time logits.
@@ -171,6 +190,81 @@ fn check_model(name: &str, model: &Path, tokens: &[u32]) {
             assert_bitwise(&what(w), &got, at(p, 1), v, p);
         }
     }
+}
+
+/// The logits of every position of `tokens` equal `reference` (one token
+/// at a time) bit for bit with `numerics`, the prompt processed whole, in
+/// uneven chunks, from a forked prefix (a prefix-cache resume) and beside
+/// another sequence's prompt in one call.
+fn prompt_splits(
+    e: &mut Engine,
+    tokens: &[u32],
+    reference: &[f32],
+    numerics: Numerics,
+    what: &dyn Fn(String) -> String,
+) {
+    let v = e.n_vocab();
+    let n = tokens.len();
+    let run =
+        |e: &mut Engine, entries: &[BatchEntry]| e.decode_batch_with(entries, numerics).unwrap();
+    let entry = |seq, tokens| BatchEntry {
+        seq,
+        tokens,
+        logits: LogitRows::All,
+    };
+    // whole
+    e.mem_clear();
+    let got = run(e, &[entry(0, tokens)]).remove(0);
+    assert_bitwise(
+        &what(format!("{numerics:?} whole prompt")),
+        &got,
+        reference,
+        v,
+        0,
+    );
+    // uneven chunks
+    e.mem_clear();
+    let mut got = Vec::new();
+    let mut at = 0;
+    for k in [5, 1, 13, 2, 7].into_iter().cycle() {
+        let end = (at + k).min(n);
+        got.extend(run(e, &[entry(0, &tokens[at..end])]).remove(0));
+        at = end;
+        if at == n {
+            break;
+        }
+    }
+    assert_bitwise(
+        &what(format!("{numerics:?} uneven chunks")),
+        &got,
+        reference,
+        v,
+        0,
+    );
+    // resumed from a forked prefix of each length of a few
+    for p in [1, 9, n / 2, n - 1] {
+        e.mem_clear();
+        let pre = run(e, &[entry(1, &tokens[..p])]).remove(0);
+        e.seq_fork(1, 2).unwrap();
+        let rest = run(e, &[entry(2, &tokens[p..])]).remove(0);
+        let w = what(format!("{numerics:?} resumed at {p}"));
+        assert_bitwise(&w, &pre, &reference[..p * v], v, 0);
+        assert_bitwise(&w, &rest, &reference[p * v..], v, p);
+    }
+    // beside another prompt (the same tokens reversed) and a prefix of it
+    e.mem_clear();
+    let other: Vec<u32> = tokens.iter().rev().copied().collect();
+    let got = run(
+        e,
+        &[
+            entry(3, &other),
+            entry(0, tokens),
+            entry(4, &tokens[..n / 3]),
+        ],
+    );
+    let w = what(format!("{numerics:?} beside other prompts"));
+    assert_bitwise(&w, &got[1], reference, v, 0);
+    assert_bitwise(&w, &got[2], &reference[..n / 3 * v], v, 0);
 }
 
 fn llama_cpp(arch: &str) {
@@ -226,6 +320,11 @@ fn nemotron_h() {
 #[test]
 fn llama() {
     llama_cpp("llama");
+    // quantized to Q8_0: `coil serve`'s default numerics are batch-invariant
+    // for it at the AVX2 level
+    let f = common::llama_cpp_fixture("llama");
+    let model = repo().join("tests/fixtures/models/llama/model.q8_0.gguf");
+    check_model("llama_q8_0", &model, &f.tokens);
 }
 
 #[test]

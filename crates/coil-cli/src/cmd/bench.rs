@@ -94,6 +94,12 @@ pub struct Args {
     /// decodes it (one entry of a batch call, batch-invariant).
     #[arg(long = "batch-invariant")]
     batch_invariant: bool,
+    /// Run the prompt as `coil serve` runs prompts by default
+    /// (`Numerics::CheapInvariant`: attention rows independent of each
+    /// other, the fast GEMM and chunked recurrences), each generated token
+    /// as it decodes them.
+    #[arg(long = "serve-numerics", conflicts_with = "batch_invariant")]
+    serve_numerics: bool,
     /// With a constraint: generation only (`-n`; no prompt test), greedy
     /// with and without it, alternating, and what the masks cost per token.
     #[command(flatten)]
@@ -256,7 +262,7 @@ fn run_gen(
                 engine.eval(seq, &[t], LogitRows::Last, 1)?;
             }
             // as `coil serve` decodes: one entry through the batch call
-            Numerics::BatchInvariant => {
+            Numerics::BatchInvariant | Numerics::CheapInvariant => {
                 let entry = BatchEntry {
                     seq,
                     tokens: &[t],
@@ -280,8 +286,13 @@ pub fn run(a: Args) -> Result<()> {
         bail!("nothing to measure: -p and -n are both 0");
     }
     if a.constraint.spec()?.is_some() {
-        if !a.parallel.is_empty() || a.depth > 0 || a.batch_invariant || a.spec.is_some() {
-            bail!("a constraint is measured alone: leave out --parallel, -d, --spec and --batch-invariant");
+        if !a.parallel.is_empty()
+            || a.depth > 0
+            || a.batch_invariant
+            || a.serve_numerics
+            || a.spec.is_some()
+        {
+            bail!("a constraint is measured alone: leave out --parallel, -d, --spec, --batch-invariant and --serve-numerics");
         }
         let b = super::bench_constraint::ConstraintBench {
             constraint: &a.constraint,
@@ -327,8 +338,8 @@ pub fn run(a: Args) -> Result<()> {
     let mut margs = a.model.clone();
     margs.ctx_at_least(a.depth + a.n_prompt.max(a.n_gen));
     if !a.parallel.is_empty() {
-        if a.batch_invariant {
-            bail!("--batch-invariant measures one sequence's prompt: leave out --parallel");
+        if a.batch_invariant || a.serve_numerics {
+            bail!("--batch-invariant and --serve-numerics measure one sequence's prompt: leave out --parallel");
         }
         return run_parallel(&a, &margs);
     }
@@ -341,9 +352,10 @@ pub fn run(a: Args) -> Result<()> {
     let threads = engine.pool.n_threads();
     let system = super::common::simd_info()?;
     let mut rng = Rng(a.seed);
-    let numerics = match a.batch_invariant {
-        true => Numerics::BatchInvariant,
-        false => Numerics::Fast,
+    let numerics = match (a.batch_invariant, a.serve_numerics) {
+        (true, _) => Numerics::BatchInvariant,
+        (false, true) => Numerics::CheapInvariant,
+        (false, false) => Numerics::Fast,
     };
     if a.depth > 0 {
         let n_vocab = engine.n_vocab();
@@ -422,6 +434,7 @@ pub fn run(a: Args) -> Result<()> {
             "n_depth": a.depth,
             "n_ubatch": a.ubatch,
             "batch_invariant": a.batch_invariant,
+            "serve_numerics": a.serve_numerics,
             "repetitions": a.reps,
             "checkpoint_interval": margs.checkpoint_interval,
             "checkpoint_every_token": margs.checkpoint_every_token,

@@ -56,12 +56,16 @@ pub struct Args {
     /// tokens — a model's output re-tokenized — reuses them too).
     #[arg(long = "exact-tokens")]
     exact_tokens: bool,
-    /// Process prompts with the batch-invariant kernels too, so that every
-    /// greedy output is bit for bit that of the same request sent alone,
-    /// whatever the load, the prompt's chunking and the prefix cache.
-    /// Prompts go slower (per-row products instead of the GEMM, the
-    /// recurrences token by token). Generated tokens are batch-invariant
-    /// with or without it.
+    /// Process prompts with the strictly batch-invariant kernels too, so
+    /// that every greedy output is bit for bit that of the same request
+    /// sent alone, whatever the load, the prompt's chunking and the prefix
+    /// cache, for every model. Without it that holds already for a model
+    /// without Mamba-2 / Gated DeltaNet / KDA layers whose every weight's
+    /// GEMM gives each token its one-token bits (Q4_K, Q6_K, Q8_0 at the
+    /// AVX2 level; the server says at start whether it does); for the others
+    /// this makes prompts slower (recurrences token by token: ~1.5× on a
+    /// mamba2-370m-like prompt; per-row products for the other formats).
+    /// Generated tokens are batch-invariant with or without it.
     #[arg(long = "batch-invariant")]
     batch_invariant: bool,
     /// A Jinja chat template file to use in place of the model's own
@@ -210,6 +214,19 @@ pub fn run(a: Args) -> Result<()> {
             }),
         reserve_state_buffers: reserve,
     };
+    if a.batch_invariant {
+        eprintln!("numerics: batch-invariant (--batch-invariant)");
+    } else if engine.prompts_invariant() {
+        eprintln!(
+            "numerics: batch-invariant (every weight's GEMM keeps tokens at this SIMD level)"
+        );
+    } else {
+        eprintln!(
+            "numerics: generated tokens batch-invariant; prompts not bit for bit (chunked recurrences, \
+             or weights whose GEMM differs from their one-token products at this SIMD level; \
+             --batch-invariant makes them so)"
+        );
+    }
     let server =
         Server::start_with_draft(engine, draft, cfg, model_id, chat_template.as_deref(), http)
             .context("starting the server")?;

@@ -16,7 +16,8 @@
 //!   kernels do each token's operations in the one-token kernel's order;
 //!   activations are quantized per row), so inside
 //!   [`crate::numerics::invariant_scope`] this path serves any number of
-//!   tokens: batch-invariant mode.
+//!   tokens: batch-invariant mode (where a GEMM gives the same bits, it
+//!   serves many tokens there too: [`plan::gemm_keeps_tokens`]).
 //! * many tokens (prefill): for Q8_0/Q4_0/IQ4_NL/Q4_K/Q5_K/Q6_K/IQ4_XS on
 //!   AVX-512 VNNI, an integer GEMM (`igemm`: weights unpacked to i8 per
 //!   16-row panel, activations quantized per 32 values); on AVX2, one for
@@ -83,7 +84,7 @@ pub fn repack(ty: GgmlType, data: &mut [u8], rows: usize, cols: usize) -> bool {
     false
 }
 
-pub use plan::{has_int_gemm, repacks, set_int_gemm};
+pub use plan::{has_int_gemm, keeps_tokens, repacks, set_int_gemm};
 
 impl WeightRef<'_> {
     /// Decodes row `r` to f32 (`out.len() == cols`).

@@ -19,8 +19,9 @@
 //!                       per weight unpack)  f32 over decoded panels)
 //! ```
 //!
-//! A single token and batch-invariant numerics always take the per-row
-//! kernels (each token's bits those of the one-token kernel). Formats with
+//! A single token always takes the per-row kernels, and batch-invariant
+//! numerics do wherever the GEMM does not give each token its one-token
+//! bits ([`gemm_keeps_tokens`]). Formats with
 //! no dot kernel at all (Q8_K) decode each row once and take f32 dots
 //! below 4 tokens, the f32 GEMM from 4.
 //!
@@ -330,8 +331,8 @@ pub fn choose(p: &Product) -> Kernel {
     }
     // One token, or batch-invariant numerics: per-row dot products, each
     // token's result computed exactly as if it were alone (see
-    // [`crate::numerics`]).
-    let per_row = p.n_tokens == 1 || p.invariant;
+    // [`crate::numerics`]) — unless the GEMM gives those bits too.
+    let per_row = p.n_tokens == 1 || (p.invariant && !gemm_keeps_tokens(p));
     let dot_level = if split_q6k_lanes(p.ty, p.layout, p.level)
         && (!p.single_stream || (!per_row && p.n_tokens >= SPLIT_Q6K_LANES_FROM))
     {
@@ -383,15 +384,71 @@ fn avx2_igemm_at(ty: GgmlType, level: SimdLevel) -> bool {
 }
 
 /// What both integer GEMMs' choices ask beyond the format and level: not
-/// batch-invariant, enough tokens for a GEMM to beat the dot kernels.
+/// batch-invariant (unless the GEMM gives each token its one-token bits,
+/// [`gemm_keeps_tokens`]), enough tokens for a GEMM to beat the dot
+/// kernels.
 fn int_gemm_sized(p: &Product) -> bool {
-    if p.n_tokens <= 1 || p.rows == 0 || p.cols == 0 || !int_gemm_enabled() || p.invariant {
+    if p.n_tokens <= 1 || p.rows == 0 || p.cols == 0 || !int_gemm_enabled() {
+        return false;
+    }
+    if p.invariant && !gemm_keeps_tokens(p) {
         return false;
     }
     match (p.layout, vec_kernel(p.ty, p.level, false)) {
         (Layout::Lanes16, _) | (_, Some(_)) => p.n_tokens >= gemm_from(p.ty, p.layout, p.level),
         (_, None) => p.n_tokens >= SCALAR_GEMM_FROM,
     }
+}
+
+/// Whether the GEMM [`choose`] takes for `p`'s format, layout, level and
+/// pool gives every token bit for bit the result of its one-token product
+/// (the same activation quantization, the same exact integer sums, the same
+/// float operations in the same order per row and token), so that
+/// batch-invariant numerics keep it for many tokens:
+///
+/// Q4_K, Q6_K and Q8_0 at the AVX2 level on the pools whose per-row
+/// products are the rows-in-lanes kernels ([`avx2_lanes`]: Q8_0 in
+/// batched engines only): the AVX2 integer GEMM quantizes the activations
+/// as they do, sums the same exact integers per block and rounds each
+/// block's float work as they do. Not the others: the float formats' GEMM
+/// adds each output's products in column order where their dot kernels
+/// keep 32 partial sums per row; the other integer GEMMs and every GEMM of
+/// the AVX-512 and scalar levels round differently from their dot kernels.
+///
+/// Held by `matmul::tests::invariant_mode_rows_equal_one_token_calls_bit_for_bit`.
+pub(crate) fn gemm_keeps_tokens(p: &Product) -> bool {
+    match p.ty {
+        Q4_K | Q6_K | Q8_0 => {
+            cfg!(target_arch = "x86_64")
+                && p.level == SimdLevel::Avx2
+                && p.layout == Layout::Rows
+                && avx2_lanes(p.ty, p.single_stream)
+        }
+        _ => false,
+    }
+}
+
+/// Whether the products of a `ty` matrix (in the layout the loader gives
+/// it, [`repacks`]) at the process's SIMD level, on a pool that does
+/// (`single_stream`) or does not run one sequence at a time, give every
+/// token bit for bit its one-token result whatever the number of tokens in
+/// the call — the fast choice of kernel included ([`gemm_keeps_tokens`]).
+pub fn keeps_tokens(ty: GgmlType, single_stream: bool) -> bool {
+    let layout = if repacks(ty) {
+        Layout::Lanes16
+    } else {
+        Layout::Rows
+    };
+    gemm_keeps_tokens(&Product {
+        ty,
+        layout,
+        rows: 1,
+        cols: 256,
+        n_tokens: 64,
+        level: simd::level().min(simd::detected_level()),
+        single_stream,
+        invariant: false,
+    })
 }
 
 /// Tokens from which products of `ty` in `layout` go to a GEMM at `level`:

@@ -411,9 +411,21 @@ fn f32_gemm_path_for_int_gemm_formats() {
 /// token alone — for every format (native dot kernels with their 4-token
 /// variants and row-range kernels, and the decode-each-row fallback), at
 /// every SIMD level, for token counts on both sides of the GEMM switch.
+///
+/// Where the GEMM gives those bits ([`plan::gemm_keeps_tokens`]: Q4_K,
+/// Q6_K and Q8_0 at AVX2 beside the rows-in-lanes kernels) invariant mode
+/// keeps it for many tokens, and the fast mode (the same kernels) is
+/// batch-invariant too: on both kinds of pool.
 #[test]
 fn invariant_mode_rows_equal_one_token_calls_bit_for_bit() {
-    let pool = ThreadPool::new(2);
+    for single in [false, true] {
+        let pool = ThreadPool::new(2);
+        pool.set_single_stream(single);
+        rows_equal_one_token_calls(&pool);
+    }
+}
+
+fn rows_equal_one_token_calls(pool: &ThreadPool) {
     let _inv = crate::numerics::invariant_scope(true);
     let mut seed = 900;
     // 32-value formats: 21 blocks (an odd count; a last nb % 8 at AVX-512)
@@ -429,25 +441,47 @@ fn invariant_mode_rows_equal_one_token_calls_bit_for_bit() {
         let mut rng = Rng::new(seed);
         let data = random_weights(&mut rng, ty, rows, cols);
         let w = WeightRef::new(ty, &data, rows, cols).unwrap();
-        let n_max = 33;
+        let n_max = 64;
         let x = rng.vec(n_max * cols);
         for level in crate::simd::available_levels() {
             let one: Vec<f32> = (0..n_max)
                 .flat_map(|t| {
                     let mut y = vec![f32::NAN; rows];
-                    matmul_at(&pool, &w, &x[t * cols..(t + 1) * cols], &mut y, 1, level);
+                    matmul_at(pool, &w, &x[t * cols..(t + 1) * cols], &mut y, 1, level);
                     y
                 })
                 .collect();
-            for n in [2, 3, 4, 5, 8, 9, 16, 17, 24, 25, 33] {
+            let single = pool.single_stream();
+            for n in [2, 3, 4, 5, 8, 9, 16, 17, 24, 25, 33, 49, 64] {
+                let product = plan::product(pool, ty, w.layout, rows, cols, n, level);
+                let kernel = plan::choose(&product);
+                let gemm = !matches!(
+                    kernel,
+                    plan::Kernel::Dots { .. } | plan::Kernel::DecodedDots
+                );
+                // the GEMMs that keep tokens are taken from 64 tokens on
+                if n == 64 && plan::gemm_keeps_tokens(&product) {
+                    assert!(gemm, "{ty} {level:?} single {single}: {kernel:?} at {n}");
+                }
                 let mut y = vec![f32::NAN; n * rows];
-                matmul_at(&pool, &w, &x[..n * cols], &mut y, n, level);
+                matmul_at(pool, &w, &x[..n * cols], &mut y, n, level);
                 for (i, (a, b)) in y.iter().zip(&one).enumerate() {
                     assert!(
                         a.to_bits() == b.to_bits(),
-                        "{ty} {cols} {level:?} n {n}: token {} row {}: {a} vs {b} alone",
+                        "{ty} {cols} {level:?} single {single} n {n} ({kernel:?}): token {} row {}: {a} vs {b} alone",
                         i / rows,
                         i % rows
+                    );
+                }
+                // where the GEMM keeps tokens, the fast mode is
+                // batch-invariant too
+                if plan::gemm_keeps_tokens(&product) {
+                    let _fast = crate::numerics::invariant_scope(false);
+                    let mut f = vec![f32::NAN; n * rows];
+                    matmul_at(pool, &w, &x[..n * cols], &mut f, n, level);
+                    assert!(
+                        f.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{ty} {level:?} single {single} n {n}: fast mode differs"
                     );
                 }
             }

@@ -90,10 +90,13 @@ pub struct SchedulerConfig {
     /// the scheduler starts with a draft model,
     /// [`Scheduler::start_with_draft`]); `None`: off.
     pub spec: Option<coil::engine::draft::SpecParams>,
-    /// Prompts too through the batch-invariant kernels: every output is
-    /// then bit for bit that of the request alone, whatever the load and
-    /// the prefix cache (see `Worker::forward`). Generated tokens always
-    /// are batch-invariant.
+    /// Prompts too through the strictly batch-invariant kernels
+    /// (`Numerics::BatchInvariant`): every output is then bit for bit that
+    /// of the request alone, whatever the load and the prefix cache, for
+    /// every model (see `Worker::forward`). Without it that holds for the
+    /// models without chunked recurrences whose weights' GEMMs keep tokens
+    /// (`Engine::prompts_invariant`); generated tokens always are
+    /// batch-invariant.
     pub batch_invariant: bool,
     /// Generated tokens between two recurrent checkpoints (where the
     /// sequence's length is a multiple of it): a conversation resuming

@@ -13,8 +13,8 @@ use coil::models::LogitRows;
 use std::time::Instant;
 
 /// A step's logits: planned request `i`'s rows are entry `at[i].1` of
-/// call `at[i].0` (the fast call and the batch-invariant one), read in
-/// place.
+/// call `at[i].0` (the prompt chunks' call and the generated tokens'), read
+/// in place.
 pub(super) struct StepLogits {
     pub(super) calls: Vec<BatchLogits>,
     pub(super) at: Vec<(usize, usize)>,
@@ -35,9 +35,10 @@ pub(super) struct Planned {
     pub(super) rows: LogitRows,
     /// A prompt chunk (else one generated token).
     pub(super) is_prompt: bool,
-    /// Goes through the fast kernels, in the step's first call (prompt
-    /// chunks before their last token); else through the batch-invariant
-    /// call with the generated tokens (see [`Worker::forward`]).
+    /// Goes in the step's first call (prompt chunks before their last
+    /// token, [`Numerics::CheapInvariant`]); else in the call of the
+    /// generated tokens ([`Numerics::BatchInvariant`], see
+    /// [`Worker::forward`]).
     pub(super) fast: bool,
     /// Draft tokens after the generated one (see [`super::speculate`]).
     pub(super) draft: Vec<u32>,
@@ -86,16 +87,21 @@ impl Worker {
     /// Generated tokens always go through the batch-invariant kernels
     /// ([`Numerics::BatchInvariant`]): a sequence's logits are then bit for
     /// bit those of decoding it alone, however many others share the step.
-    /// Prompt chunks take the fast kernels (GEMM, chunked scans) in a call
-    /// of their own before it; a prompt's last token (alone in its call,
-    /// so that a checkpoint lands before it) joins the generated tokens'
-    /// call, which runs anyway: one more read of the weights saved, and a
-    /// prompt whose chunk ends this step gets its first token in the same
-    /// step. With `batch_invariant` set, everything goes in one invariant
-    /// call, and a request's whole output no longer depends on the load,
-    /// on how its prompt was cut into chunks or on where it resumed from
-    /// the prefix cache (every state is the token-by-token one), at the
-    /// cost of slower prompt processing.
+    /// Prompt chunks go in a call of their own before it, with
+    /// [`Numerics::CheapInvariant`]: attention rows independent of each
+    /// other, the weight products through the GEMM wherever it gives each
+    /// token its one-token bits, the chunked recurrences — batch-invariant
+    /// too for a model without chunked recurrences whose weights are all in
+    /// such formats (`Engine::prompts_invariant`), so that a request's output
+    /// depends neither on the load, nor on how its prompt was cut into
+    /// chunks, nor on where it resumed from the prefix cache (every state
+    /// is the token-by-token one). A prompt's last token (alone in its
+    /// call, so that a checkpoint lands before it) joins the generated
+    /// tokens' call, which runs anyway: one more read of the weights saved,
+    /// and a prompt whose chunk ends this step gets its first token in the
+    /// same step. With `batch_invariant` set, everything goes in one
+    /// [`Numerics::BatchInvariant`] call: batch-invariant for every model,
+    /// at the cost of per-row products for the prompts of the others.
     fn forward(&mut self, plan: &[Planned]) -> Result<StepLogits, EngineError> {
         let seqs: Vec<SeqId> = plan.iter().map(|p| self.active[p.active].seq).collect();
         let entry = |i: usize| BatchEntry {
@@ -130,7 +136,10 @@ impl Worker {
             calls: Vec::new(),
             at: vec![(0, 0); plan.len()],
         };
-        for (fast, numerics) in [(true, Numerics::Fast), (false, Numerics::BatchInvariant)] {
+        for (fast, numerics) in [
+            (true, Numerics::CheapInvariant),
+            (false, Numerics::BatchInvariant),
+        ] {
             let idx: Vec<usize> = (0..plan.len()).filter(|&i| plan[i].fast == fast).collect();
             if idx.is_empty() {
                 continue;

@@ -22,7 +22,7 @@ use crate::memory::session::{self, SessionError};
 use crate::memory::{CacheType, CheckpointPolicy, Memory, SeqId, SequenceMemory, StateType};
 use crate::models::{self, LogitRows, Model, ModelError, SeqChunk, UBatch};
 use coil_gguf::{GgufError, GgufFile};
-use coil_kernels::ThreadPool;
+use coil_kernels::{Invariance, ThreadPool};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -80,12 +80,22 @@ pub enum Numerics {
     /// equal to token-at-a-time decoding up to f32 rounding. For prompts.
     #[default]
     Fast,
+    /// Batch-invariant wherever that costs no speed (what `coil serve`
+    /// runs prompts with): as [`Numerics::BatchInvariant`], except that the
+    /// weight products whose GEMM does not give each token its one-token
+    /// bits take that GEMM and the Mamba-2, Gated DeltaNet and KDA mixers
+    /// their chunked forms (`coil_kernels::Invariance::Cheap`; token by
+    /// token, a mamba2-370m-like prompt takes ~1.5× as long). Bit for bit
+    /// `BatchInvariant` for a model with neither
+    /// ([`Engine::prompts_invariant`]).
+    CheapInvariant,
     /// Batch-invariant: every entry's logits and state are bit for bit
     /// those of feeding its tokens one at a time with the sequence alone,
-    /// whatever else shares the call (see [`UBatch::invariant`]). For
+    /// whatever else shares the call (see [`UBatch::invariance`]). For
     /// speculative verification and batched decoding, where a greedy
     /// output must not depend on the batch. Slower than `Fast` for long
-    /// chunks (no GEMM, no chunked scan), the same speed for a token each.
+    /// chunks (no chunked scan; no GEMM but where it keeps tokens), the
+    /// same speed for a token each.
     BatchInvariant,
 }
 
@@ -322,6 +332,49 @@ impl Engine {
         }
     }
 
+    /// Whether [`Numerics::CheapInvariant`] is batch-invariant for this
+    /// model at the running SIMD level, i.e. bit for bit
+    /// [`Numerics::BatchInvariant`]: no layer has a chunked recurrence
+    /// (Mamba-2, Gated DeltaNet, KDA, the hybrids with them: their chunked
+    /// forms stay in `CheapInvariant`), and every weight matrix is in a
+    /// format whose
+    /// products give each token its one-token bits whatever the number of
+    /// tokens ([`coil_kernels::matmul::keeps_tokens`]: Q4_K, Q6_K and Q8_0
+    /// at the AVX2 level, Q8_0 in a batched engine).
+    pub fn prompts_invariant(&self) -> bool {
+        use crate::models::plan::Mixer;
+        // The mixers that take the same kernels at every length in
+        // `CheapInvariant` (every other has a chunked form there).
+        let per_token = self.model.info().plan.layers.iter().all(|l| {
+            matches!(
+                l.mixer,
+                Mixer::Attention | Mixer::Mla | Mixer::Mamba1 | Mixer::ShortConv | Mixer::None
+            )
+        });
+        if !per_token {
+            return false;
+        }
+        let single = self.pool.single_stream();
+        // The matrices that are not weight products: convolution windows,
+        // norm weights, per-head constants.
+        let product = |name: &str| {
+            !(name.contains("conv1d")
+                || name.contains(".conv.")
+                || name.contains("norm")
+                || name.ends_with("ssm_a")
+                || name.ends_with("ssm_d"))
+        };
+        // The token embeddings are rows looked up, and a product only as a
+        // tied output head.
+        let tied = self.file.tensor_info("output.weight").is_none();
+        self.file
+            .tensors()
+            .iter()
+            .filter(|t| t.dims.iter().filter(|&&d| d > 1).count() >= 2 && product(&t.name))
+            .filter(|t| tied || t.name != "token_embd.weight")
+            .all(|t| coil_kernels::matmul::keeps_tokens(t.ty, single))
+    }
+
     pub fn n_vocab(&self) -> usize {
         self.model.info().n_vocab
     }
@@ -425,7 +478,12 @@ impl Engine {
             let verifying = chunks.iter().any(|c| self.mem.spec_base(c.seq).is_some());
             let ub = UBatch {
                 chunks,
-                invariant: numerics == Numerics::BatchInvariant || verifying,
+                invariance: match numerics {
+                    _ if verifying => Invariance::Full,
+                    Numerics::Fast => Invariance::Off,
+                    Numerics::CheapInvariant => Invariance::Cheap,
+                    Numerics::BatchInvariant => Invariance::Full,
+                },
             };
             let mut logits = std::mem::take(&mut self.spare);
             self.model

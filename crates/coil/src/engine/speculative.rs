@@ -31,8 +31,9 @@
 //! state after the verification is the one wanted.
 //!
 //! Exactness: a micro-batch holding a sequence under verification runs
-//! with batch-invariant numerics (`UBatch::invariant`: per-row weight
-//! products, attention one query at a time, the token-by-token recurrences
+//! with batch-invariant numerics (`UBatch::invariance`: weight products
+//! that give each token its one-token bits, attention rows independent of
+//! each other, the token-by-token recurrences
 //! instead of the chunked SSD / delta-rule forms), so each position's
 //! logits and state are bit for bit those single-token decoding reaches.
 //!

@@ -95,16 +95,19 @@ impl SeqChunk<'_> {
 #[derive(Clone, Debug, Default)]
 pub struct UBatch<'a> {
     pub chunks: Vec<SeqChunk<'a>>,
-    /// Batch-invariant numerics: every position's logits (and state
-    /// update) are bit for bit those of feeding its tokens one at a time,
-    /// each sequence alone — whatever the number of tokens and sequences in
-    /// the micro-batch. Weight products use the per-row dot kernels,
-    /// attention runs one query at a time and the recurrent mixers step
-    /// token by token (see `coil_kernels::numerics`). For speculative
-    /// verification and batched decoding; prompt prefill leaves it off and
-    /// keeps the GEMM and the chunked scans, whose results are equal only
-    /// to f32 rounding.
-    pub invariant: bool,
+    /// Batch-invariant numerics. `Full`: every position's logits (and
+    /// state update) are bit for bit those of feeding its tokens one at a
+    /// time, each sequence alone — whatever the number of tokens and
+    /// sequences in the micro-batch: weight products through kernels that
+    /// give each token its one-token bits, attention rows independent of
+    /// each other, the recurrent mixers token by token (see
+    /// `coil_kernels::numerics`); for speculative verification and batched
+    /// decoding. `Cheap`: the same except the weight products whose GEMM
+    /// does not keep tokens, which take it, and the chunked forms of the
+    /// recurrences (`coil serve`'s prompts). `Off`:
+    /// the fastest kernels (GEMMs, chunked scans), equal to those results
+    /// only to f32 rounding.
+    pub invariance: coil_kernels::Invariance,
 }
 
 impl UBatch<'_> {

@@ -262,7 +262,7 @@ impl Model for Qwen4Exp {
         logits: &mut Vec<f32>,
     ) -> Result<(), ModelError> {
         check_ubatch(ub, mem)?;
-        let _numerics = coil_kernels::invariant_scope(ub.invariant);
+        let _numerics = coil_kernels::invariance_scope(ub.invariance);
         let file = &*self.file;
         let (d, hc) = (self.info.n_embd, self.hc);
         let w = hc * d;

@@ -276,7 +276,7 @@ impl Model for Zamba2 {
     ) -> Result<(), ModelError> {
         check_ubatch(ub, mem)?;
         // Every kernel called below on this thread reads it.
-        let _numerics = coil_kernels::invariant_scope(ub.invariant);
+        let _numerics = coil_kernels::invariance_scope(ub.invariance);
         let d = self.info.n_embd;
         let n = ub.n_tokens();
         let tokens: Vec<u32> = ub

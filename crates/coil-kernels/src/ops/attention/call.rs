@@ -34,8 +34,9 @@ pub(super) struct Call<'a> {
     pub(super) window: usize,
     pub(super) scale: f32,
     pub(super) out: *mut f32,
-    /// Queries per work item: [`QB`], or 1 in batch-invariant mode (each
-    /// query then computed exactly as when it is alone).
+    /// Queries per work item: [`QB`], or 1 in batch-invariant mode where
+    /// the per-row kernel serves (each query then computed exactly as when
+    /// it is alone; the tiled kernel's rows are that already).
     pub(super) qb: usize,
 }
 

@@ -219,10 +219,15 @@ pub fn attention_windowed(
         "attention: kv_len beyond the view"
     );
     let op = SendPtr(out.as_mut_ptr());
-    // A query's result depends on the queries that share its work item
-    // (the row tiling and the transposed-K path follow the item's row
-    // count); in batch-invariant mode each query is an item of its own.
-    let qb = if crate::numerics::batch_invariant() {
+    // The tiled kernel computes each (query, head) row with its own
+    // operations whatever else shares its work item (scores, softmax and
+    // `P·V` row by row; rows that do not see a block add nothing), so a
+    // query's result is the one it gets alone. The per-row kernel's
+    // depends on the item's row count (it takes the transposed-K path from
+    // `TRANSPOSE_ROWS` rows on): with batch-invariant numerics (`Full` or
+    // `Cheap`) each query is an item of its own there.
+    let invariant = crate::numerics::invariance() != crate::numerics::Invariance::Off;
+    let qb = if invariant && !tiled::supports(hd) {
         1
     } else {
         QB
@@ -419,6 +424,8 @@ pub(crate) mod tests {
             (17, 8, 1, 16, 70),
             (9, 6, 2, 64, 40),
             (17, 32, 2, 5, 33),
+            // a prompt's queries over several position blocks
+            (40, 8, 2, 32, 300),
         ] {
             let stride = nkv * hd;
             let q = rng.vec(nq * nh * hd);

@@ -56,6 +56,9 @@ struct Panel {
     /// The panel's rows decoded, `q` as u8 (`[NR][cols]`), before the
     /// transpose.
     row: Vec<u8>,
+    /// Q6_K, Q3_K: the mins are an integer offset of the quants (`m =
+    /// o·s`, `dmin = d`), subtracted in i32 before the float scales.
+    offset: bool,
 }
 
 /// Panels per work item.
@@ -158,6 +161,7 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
     p.d.resize(nsb * NR);
     p.dmin.resize(nsb * NR);
     p.row.resize(NR * cols, 0);
+    p.offset = matches!(w.ty, GgmlType::Q6_K | GgmlType::Q3_K);
     let nr = NR.min(w.rows - r0);
     for r in 0..NR {
         if r < nr {
@@ -368,7 +372,10 @@ unsafe fn kernel_body<const ACC: usize, const GC: usize, const VNNI: bool>(
 
 /// The end of super-block `sb` for one panel and the tokens `tok`: the
 /// mins' term `Σ_g m_g · Σ_g qx` (two groups per `vpmaddwd`), then
-/// `facc += dx · (d · iacc − dmin · macc)`. Shared by [`kernel_body`] and
+/// `facc += dx · (d · iacc − dmin · macc)` (Q6_K, Q3_K: `facc += cvt(iacc −
+/// macc) · (d · dx)`), rounded as the AVX2 rows-in-lanes kernels round it,
+/// so that a token's result here is bit for bit its one-token result where
+/// those kernels serve one token (Q4_K, Q6_K). Shared by [`kernel_body`] and
 /// [`kernel2`], so both round alike.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -397,12 +404,19 @@ unsafe fn finish_sb<const NT: usize>(
     let mdv = _mm256_loadu_ps(p.dmin.as_ptr().add(sb * NR));
     for t in 0..NT {
         let dx = _mm256_set1_ps(*acts.dx.get_unchecked(tok[t] * nsb + sb));
-        let v = _mm256_fmsub_ps(
-            _mm256_cvtepi32_ps(iacc[t]),
-            dv,
-            _mm256_mul_ps(_mm256_cvtepi32_ps(macc[t]), mdv),
-        );
-        facc[t] = _mm256_fmadd_ps(v, dx, facc[t]);
+        facc[t] = if p.offset {
+            // `w = d·s·(q − o)`: `Σ s·(q − o)·qx` exact in i32, then
+            // `acc + cvt(Σ) · (d · dx)` — the rounding order of the
+            // rows-in-lanes Q6_K kernels (`lanes_q6_k::finish`).
+            let isum = _mm256_sub_epi32(iacc[t], macc[t]);
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dv, dx), facc[t])
+        } else {
+            // `acc + dx · (d · isum − dmin · imin)` rounded as the
+            // rows-in-lanes Q4_K kernels round it (`lanes::finish`).
+            let v = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(iacc[t]));
+            let v = _mm256_fnmadd_ps(mdv, _mm256_cvtepi32_ps(macc[t]), v);
+            _mm256_fmadd_ps(v, dx, facc[t])
+        };
     }
 }
 
