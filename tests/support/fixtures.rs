@@ -21,7 +21,7 @@ pub const CONVERTED: [&str; 9] = [
 
 /// Made by `tools/make_fixtures_*.py` (transformers' reference logits
 /// beside them): `parity/<name>/model.gguf`.
-pub const PARITY: [&str; 13] = [
+pub const PARITY: [&str; 14] = [
     "qwen35_tiny",
     "qwen35moe_tiny",
     "qwen3next_tiny",
@@ -35,6 +35,7 @@ pub const PARITY: [&str; 13] = [
     "lfm3_plain",
     "zamba2_tiny",
     "zamba2_plain",
+    "qwen4exp_tiny",
 ];
 
 /// The llama fixture quantized to Q8_0 (`coil quantize model.f16.gguf

@@ -216,3 +216,27 @@ fn lfm3_conv_tails_and_sliding_window_cells_are_accounted() {
         assert!(out.contains(want), "{want}:\n{out}");
     }
 }
+
+/// Qwen4-Exp's memory: the DeltaNet states, the indexed attention layers'
+/// K/V cells, and past the trunk the per-layer embedding's state and the
+/// indexer's raw keys.
+#[test]
+fn qwen4exp_ple_state_and_indexer_keys_are_accounted() {
+    // qwen4exp_tiny: 3 DeltaNet layers (4 value heads of 16 × 16, conv
+    // tails of 3 × 128), 2 attention layers of 2 KV heads × 32 with
+    // indexer keys of 16; the PLE: (4 − 1) × 3 conv inputs of 4 × 64 and 2
+    // tokens.
+    let p = repo().join("tests/fixtures/parity/qwen4exp_tiny/model.gguf");
+    let (ok, out, err) = coil(&["inspect", p.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    for want in [
+        "pattern D*DD*",
+        "gated_deltanet: 3 layer(s), state 16.5 KiB per sequence (3072 state + 1152 conv-tail f32 values)",
+        "attention: 2 layer(s), 1024 bytes of K/V cells per token",
+        "n-gram embedding (PLE): state 9.0 KiB per sequence (2306 f32 values",
+        "indexer keys: 128 bytes per token",
+        "top 8 tokens' blocks",
+    ] {
+        assert!(out.contains(want), "{want}:\n{out}");
+    }
+}

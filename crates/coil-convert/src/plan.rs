@@ -12,6 +12,9 @@ pub enum Source {
     One(String),
     /// `torch.stack(tensors, dim=0)` (MoE experts).
     Stack(Vec<String>),
+    /// `torch.cat(tensors, dim=0)` of matrices of one width (the shards of
+    /// Qwen4-Exp's n-gram table).
+    Concat(Vec<String>),
     /// `t.split(n_rows, dim=-2)[part]`: rows `part·n_rows ..` of every
     /// trailing matrix (merged gate/up projections).
     SplitRows {
@@ -104,7 +107,7 @@ impl OutTensor {
             | Source::SplitRows { name: n, .. }
             | Source::Gather { name: n, .. }
             | Source::HeadRowsTransposed { name: n, .. } => vec![n.as_str()],
-            Source::Stack(v) => v.iter().map(String::as_str).collect(),
+            Source::Stack(v) | Source::Concat(v) => v.iter().map(String::as_str).collect(),
             Source::Data(_) => Vec::new(),
         }
     }
@@ -136,6 +139,13 @@ impl OutTensor {
                         });
                     }
                     out.extend(ck.read_f32(t)?);
+                }
+                out
+            }
+            Source::Concat(names) => {
+                let mut out = Vec::new();
+                for n in names {
+                    out.extend(ck.read_f32(ck.req(n)?)?);
                 }
                 out
             }

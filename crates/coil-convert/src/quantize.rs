@@ -7,7 +7,8 @@
 //! Left as they are (llama.cpp's `tensor_allows_quantization`): tensors
 //! with fewer than 2 dimensions, names not ending in `weight` (`ssm_a`,
 //! `ssm_d`, biases), norms (`*_norm.weight`), routers (`ffn_gate_inp`),
-//! `ssm_conv1d`, position / token-type embeddings. The mixtures (`more`:
+//! `ssm_conv1d`, position / token-type embeddings, the indexers'
+//! `indexer.{q,k}_proj`. The mixtures (`more`:
 //! llama.cpp's `use_more_bits` layers, first and last eighth and every third
 //! between; `wv`: the running count of attn_v / fused qkv tensors; `L`: the
 //! block count):
@@ -386,6 +387,9 @@ fn allows_quantization(t: &TensorInfo) -> bool {
         && n != "position_embd.weight"
         && n != "token_types.weight"
         && !n.contains("attn_rel_b.weight")
+        // the indexers' projections (MiniMax's, Qwen4-Exp's): small
+        && !n.contains("indexer.k_proj.weight")
+        && !n.contains("indexer.q_proj.weight")
 }
 
 fn use_more_bits(i: i64, n: i64) -> bool {

@@ -273,6 +273,20 @@ impl Checkpoint {
         }
     }
 
+    /// An int64 tensor's values (Qwen4-Exp's hash constants).
+    pub fn read_i64(&self, t: &SrcTensor) -> Result<Vec<i64>> {
+        let b = self.bytes(t);
+        if t.dtype_name != "I64" || b.len() != 8 * t.n_elements() {
+            return Err(ConvertError::tensor(
+                &t.name,
+                format!("stored as {}, expected int64", t.dtype_name),
+            ));
+        }
+        Ok(b.chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect())
+    }
+
     /// The tensor widened to f32 (its mapped pages released afterwards).
     pub fn read_f32(&self, t: &SrcTensor) -> Result<Vec<f32>> {
         let v = self.read_f32_inner(t);

@@ -496,3 +496,80 @@ fn lfm2moe_routing_settings_become_keys() {
     let _ = std::fs::remove_file(&out);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Qwen4-Exp against llama.cpp's converter (run with transformers 4.57, see
+/// tools/make_fixtures_qwen4exp.py): hyper-connections, the indexer's split
+/// projection, the per-layer embedding with its sharded table and int64
+/// hash constants as keys, byte for byte.
+#[test]
+fn qwen4exp() {
+    check_f32_parity("qwen4exp_tiny");
+}
+
+/// A copy of `hf/<name>` with `config.json`'s top-level keys patched by
+/// `edit` (a JSON object's members), converted to F32.
+fn convert_patched(name: &str, tag: &str, edit: &str) -> (TempPath, Result<(), String>) {
+    let src = root().join("hf").join(name);
+    let dir = tmp(&format!("{name}_{tag}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in [
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let patch: serde_json::Value = serde_json::from_str(&format!("{{{edit}}}")).unwrap();
+    for (k, v) in patch.as_object().unwrap() {
+        cfg[k] = v.clone();
+    }
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    let out = tmp(&format!("{name}_{tag}.gguf"));
+    let opts = ConvertOptions {
+        out_type: OutType::F32,
+        name: Some(name.into()),
+        progress: false,
+        ..Default::default()
+    };
+    let r = convert(&dir, &out, &opts)
+        .map(|_| ())
+        .map_err(|e| e.to_string());
+    let _ = std::fs::remove_dir_all(&dir);
+    (out, r)
+}
+
+/// transformers 5's spelling of the indexed layers ("indexed_attention")
+/// converts to the same file as the released checkpoint's
+/// ("full_attention"), their block size included.
+#[test]
+fn qwen4exp_indexed_attention_spelling() {
+    let types = r#""layer_types": ["linear_attention", "indexed_attention", "linear_attention", "linear_attention", "indexed_attention"]"#;
+    let (out, r) = convert_patched("qwen4exp_tiny", "spelling", types);
+    r.unwrap();
+    let ours = std::fs::read(&out).unwrap();
+    let _ = std::fs::remove_file(&out);
+    let theirs = std::fs::read(root().join("parity/qwen4exp_tiny/model.gguf")).unwrap();
+    assert!(ours == theirs, "not the fixture's bytes");
+}
+
+/// Qwen4-Exp configurations llama.cpp's `qwen4exp` files cannot represent
+/// are refused by field name.
+#[test]
+fn qwen4exp_unsupported_configs_are_refused() {
+    for (i, (edit, want)) in [
+        (r#""output_gate_type": "silu""#, "output_gate_type"),
+        (r#""ple_layer_ids": [1, 3]"#, "ple_layer_ids"),
+        (r#""ple_layer_ids": [2]"#, "ple_layer_ids"),
+        (r#""split_ngram_parts": 8"#, "split_ngram_parts"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (out, r) = convert_patched("qwen4exp_tiny", &format!("bad{i}"), edit);
+        let err = r.expect_err(edit);
+        assert!(err.contains(want), "{edit}: {err}");
+        assert!(!out.exists(), "{edit}: output left behind");
+    }
+}

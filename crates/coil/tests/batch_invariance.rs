@@ -346,6 +346,7 @@ fn gated_delta_net() {
     tool("qwen35_tiny");
     tool("qwen35moe_tiny");
     tool("qwen3next_tiny");
+    tool("qwen4exp_tiny");
 }
 
 #[test]

@@ -13,7 +13,7 @@ mod common;
 use common::{llama_cpp_fixture, max_rel_diff, tool_fixture};
 
 /// The fixtures with attention layers.
-const ATTENTION: [&str; 12] = [
+const ATTENTION: [&str; 13] = [
     "llama",
     "jamba",
     "bamba",
@@ -26,6 +26,7 @@ const ATTENTION: [&str; 12] = [
     "bailing_hybrid_tiny",
     "lfm3_tiny",
     "zamba2_tiny",
+    "qwen4exp_tiny",
 ];
 
 fn fixture(arch: &str) -> (PathBuf, Vec<u32>) {

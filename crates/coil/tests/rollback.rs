@@ -1,6 +1,6 @@
 //! Exact rollback, forks and their independence, for every architecture
 //! (the llama.cpp-converted fixtures, the Gated DeltaNet hybrids, LFM2,
-//! LFM2-MoE, LFM3, Kimi-Linear, Bailing-Hybrid and Zamba2):
+//! LFM2-MoE, LFM3, Kimi-Linear, Bailing-Hybrid, Zamba2 and Qwen4-Exp):
 //! (prefill n → truncate to p → decode m) equals (prefill p → decode m)
 //! within 1e-6 relative, at random positions.
 
@@ -18,7 +18,12 @@ use temp_path::TempPath;
 
 /// Gated DeltaNet hybrids (tools/make_fixtures_qwen35.py), beside the
 /// llama.cpp fixtures of `ARCHS`.
-const GATED_DELTA: [&str; 3] = ["qwen35_tiny", "qwen35moe_tiny", "qwen3next_tiny"];
+const GATED_DELTA: [&str; 4] = [
+    "qwen35_tiny",
+    "qwen35moe_tiny",
+    "qwen3next_tiny",
+    "qwen4exp_tiny",
+];
 
 /// LFM2 / LFM2-MoE (tools/make_fixtures_lfm2.py) and LFM3, with its
 /// sliding-window layers (tools/make_fixtures_lfm3.py).

@@ -18,13 +18,14 @@ mod common;
 
 use common::{llama_cpp_fixture, tool_fixture, ARCHS};
 
-const TOOL_FIXTURES: [&str; 10] = [
+const TOOL_FIXTURES: [&str; 11] = [
     "qwen35_tiny",
     "qwen35moe_tiny",
     "qwen3next_tiny",
     "lfm2_small",
     "lfm2moe_small",
     "lfm3_tiny",
+    "qwen4exp_tiny",
     "kimi_linear_tiny",
     "kimi_linear_qlora",
     "bailing_hybrid_tiny",

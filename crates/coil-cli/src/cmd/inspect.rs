@@ -182,6 +182,7 @@ fn memory_summary(file: &Arc<GgufFile>) -> String {
     let mem = model.new_memory(1, 4096);
     let mut out = format!("memory: {}", mem.describe());
     out.push_str(&per_kind(&model.info().plan, &mem, &sliding_layers(file)));
+    out.push_str(&past_the_trunk(file, &model.info().plan, &mem));
     if let Some(r) = &mem.recurrent {
         let p = CheckpointPolicy::default();
         let per = r.bytes_per_seq();
@@ -285,6 +286,57 @@ fn per_kind(
         }
         if !parts.is_empty() {
             out.push_str(&format!("\n  {name}: {n} layer(s), {}", parts.join(", ")));
+        }
+    }
+    out
+}
+
+/// The memory some architectures keep in layers past the layer plan's:
+/// Qwen4-Exp's per-layer n-gram embedding state (its dilated conv's inputs
+/// and the last tokens) and its indexed attention layers' raw indexer keys.
+fn past_the_trunk(file: &GgufFile, plan: &LayerPlan, mem: &coil::memory::Memory) -> String {
+    let n = plan.layers.len();
+    let rec = mem.recurrent.as_ref().map_or(0, |r| {
+        r.shapes()
+            .iter()
+            .skip(n)
+            .flatten()
+            .map(|s| s.ssm + s.conv)
+            .sum::<usize>()
+    });
+    let kv = mem.kv.as_ref().map_or(0, |k| {
+        (n..k.n_layer())
+            .map(|l| k.layer_bytes_per_token(l))
+            .sum::<usize>()
+    });
+    let qwen4 = file.architecture() == Some("qwen4exp");
+    let md = file.metadata();
+    let key = |k: &str| md.get(&format!("qwen4exp.{k}")).and_then(Value::as_u64);
+    let mut out = String::new();
+    if rec > 0 {
+        let what = match qwen4 {
+            true => "n-gram embedding (PLE)",
+            false => "state past the layer plan",
+        };
+        out.push_str(&format!(
+            "\n  {what}: state {:.1} KiB per sequence ({rec} f32 values: its conv inputs and last tokens)",
+            rec as f64 * 4.0 / 1024.0
+        ));
+    }
+    if kv > 0 {
+        let what = match qwen4 {
+            true => "indexer keys",
+            false => "cells past the layer plan",
+        };
+        out.push_str(&format!(
+            "\n  {what}: {kv} bytes per token ({:.1} MiB at 4096 tokens)",
+            (kv * 4096) as f64 / (1024.0 * 1024.0)
+        ));
+        if let (true, Some(top_k)) = (qwen4, key("attention.indexer.top_k")) {
+            out.push_str(&format!(
+                "; an indexed attention layer's query reads the cells of its top {top_k} tokens' \
+                 blocks and of its own incomplete block (every cell is kept)"
+            ));
         }
     }
     out

@@ -13,6 +13,7 @@ mod llama;
 mod mamba;
 mod nemotron_h;
 mod qwen35;
+mod qwen4exp;
 mod zamba2;
 
 use crate::config::Config;
@@ -45,6 +46,8 @@ pub const SUPPORTED: &[&str] = &[
     "BailingHybridForCausalLM",
     "BailingMoeV3ForCausalLM",
     "Zamba2ForCausalLM",
+    "Qwen4ExpForCausalLM",
+    "Qwen4ExpForConditionalGeneration",
 ];
 
 /// How the vocabulary is written.
@@ -168,6 +171,9 @@ pub(crate) fn for_arch<'a>(hf_arch: &str, ctx: &'a Ctx<'a>) -> Result<Box<dyn Ar
         "Qwen3_5MoeForCausalLM" | "Qwen3_5MoeForConditionalGeneration" => Box::new(
             qwen35::GatedDeltaHybrid::new(ctx, qwen35::Family::Qwen35Moe)?,
         ),
+        "Qwen4ExpForCausalLM" | "Qwen4ExpForConditionalGeneration" => Box::new(
+            qwen35::GatedDeltaHybrid::new(ctx, qwen35::Family::Qwen4Exp)?,
+        ),
         "Qwen3NextForCausalLM" => Box::new(qwen35::GatedDeltaHybrid::new(
             ctx,
             qwen35::Family::Qwen3Next,
@@ -250,6 +256,12 @@ impl Kv {
         let key = self.key(k);
         self.md.insert(key, Value::Array(ValueType::I32, items));
         Ok(())
+    }
+
+    pub fn u64s(&mut self, k: &str, v: &[u64]) {
+        let key = self.key(k);
+        let items = v.iter().map(|&x| Value::U64(x)).collect();
+        self.md.insert(key, Value::Array(ValueType::U64, items));
     }
 
     /// A key outside the architecture's namespace (`general.file_type`).

@@ -41,6 +41,8 @@ pub(crate) enum Family {
     Qwen35,
     Qwen35Moe,
     Qwen3Next,
+    /// Qwen4-Exp: Qwen3.5-MoE's conversion plus `qwen4exp.rs`'s additions.
+    Qwen4Exp,
 }
 
 /// Gated DeltaNet head counts and sizes.
@@ -86,6 +88,8 @@ pub(crate) struct GatedDeltaHybrid<'a> {
     experts: ExpertBuf,
     /// Multi-token-prediction blocks written after the trunk.
     n_mtp: usize,
+    /// Qwen4-Exp's hyper-connections, indexer and per-layer embedding.
+    q4: Option<super::qwen4exp::Extras>,
 }
 
 /// The MTP blocks of a checkpoint: `mtp_num_hidden_layers`, else (Qwen3-Next
@@ -127,7 +131,7 @@ impl<'a> GatedDeltaHybrid<'a> {
         let c = ctx.cfg;
         let n_layer = c.req_uint(&["num_hidden_layers"])? as usize;
         check_range("num_hidden_layers", n_layer as u64, 1, 4096)?;
-        let recurrent = match c.strs("layer_types")? {
+        let recurrent: Vec<bool> = match c.strs("layer_types")? {
             Some(types) => {
                 if types.len() != n_layer {
                     return Err(ConvertError::config(
@@ -140,6 +144,8 @@ impl<'a> GatedDeltaHybrid<'a> {
                     .map(|t| match t.as_str() {
                         "linear_attention" => Ok(true),
                         "full_attention" => Ok(false),
+                        // Qwen4-Exp's indexed layers as transformers 5 saves them
+                        "indexed_attention" if family == Family::Qwen4Exp => Ok(false),
                         other => Err(ConvertError::config(
                             "layer_types",
                             format!("unknown layer type {other:?}"),
@@ -177,6 +183,10 @@ impl<'a> GatedDeltaHybrid<'a> {
         } else {
             c.req_uint(&["num_experts", "num_local_experts"])? as usize
         };
+        let q4 = match family {
+            Family::Qwen4Exp => Some(super::qwen4exp::Extras::new(ctx, n_layer, &recurrent)?),
+            _ => None,
+        };
         Ok(GatedDeltaHybrid {
             ctx,
             family,
@@ -184,7 +194,9 @@ impl<'a> GatedDeltaHybrid<'a> {
             heads,
             n_experts,
             experts: ExpertBuf::default(),
-            n_mtp: mtp_layers(ctx)?,
+            // llama.cpp's Qwen4-Exp converter drops the MTP block
+            n_mtp: if q4.is_some() { 0 } else { mtp_layers(ctx)? },
+            q4,
         })
     }
 
@@ -404,6 +416,7 @@ impl Arch for GatedDeltaHybrid<'_> {
             Family::Qwen35 => "qwen35",
             Family::Qwen35Moe => "qwen35moe",
             Family::Qwen3Next => "qwen3next",
+            Family::Qwen4Exp => "qwen4exp",
         }
     }
 
@@ -460,6 +473,9 @@ impl Arch for GatedDeltaHybrid<'_> {
         if self.family != Family::Qwen3Next && !rp.contains_key("mrope_section") {
             kv.i32s("rope.dimension_sections", &[11, 11, 10, 0])?;
         }
+        if let Some(q4) = &self.q4 {
+            q4.params(self.ctx, kv, &self.recurrent)?;
+        }
         Ok(())
     }
 
@@ -513,6 +529,10 @@ impl Arch for GatedDeltaHybrid<'_> {
                 .ok_or_else(|| unused(t, self.arch()))?;
             bid = Some(n + j);
         }
+        if let Some(o) = self.q4.as_ref().and_then(|q4| q4.global(t, &name)) {
+            out.push(o);
+            return Ok(());
+        }
         match name.as_str() {
             "model.embed_tokens.weight" => {
                 out.push(OutTensor::one("token_embd.weight", &t.name, &t.shape));
@@ -545,6 +565,11 @@ impl Arch for GatedDeltaHybrid<'_> {
         };
         let at = t.name.find(&marker).ok_or_else(|| unused(t, self.arch()))? + marker.len();
         let (prefix, rest) = t.name.split_at(at);
+        if let Some(q4) = &mut self.q4 {
+            if q4.tensor(self.ctx, t, b, rest, out)? {
+                return Ok(());
+            }
+        }
         if let Some(r) = rest.strip_prefix("linear_attn.") {
             if b >= self.recurrent.len() {
                 return Err(unused(t, self.arch()));
@@ -585,6 +610,9 @@ impl Arch for GatedDeltaHybrid<'_> {
     }
 
     fn finish(&mut self, _out: &mut Vec<OutTensor>) -> Result<()> {
+        if let Some(q4) = &self.q4 {
+            q4.finish()?;
+        }
         self.experts.check_done()
     }
 
@@ -615,6 +643,55 @@ impl Arch for GatedDeltaHybrid<'_> {
             "nextn.enorm.weight",
             "nextn.hnorm.weight",
         ];
+        // Qwen4-Exp: hyper-connections in place of the norms, an indexer
+        // beside each attention layer.
+        const Q4_DELTA: &[&str] = &[
+            "hc_attn_norm.weight",
+            "hc_attn_down.weight",
+            "hc_attn_up.weight",
+            "hc_attn_inject.weight",
+            "ssm_a",
+            "ssm_conv1d.weight",
+            "ssm_dt.bias",
+            "attn_qkv.weight",
+            "attn_gate.weight",
+            "ssm_norm.weight",
+            "ssm_out.weight",
+            "hc_ffn_norm.weight",
+            "hc_ffn_down.weight",
+            "hc_ffn_up.weight",
+            "hc_ffn_inject.weight",
+        ];
+        const Q4_ATTN: &[&str] = &[
+            "hc_attn_norm.weight",
+            "attn_q.weight",
+            "attn_k.weight",
+            "attn_v.weight",
+            "attn_output.weight",
+            "attn_q_norm.weight",
+            "attn_k_norm.weight",
+            "indexer.q_proj.weight",
+            "indexer.k_proj.weight",
+            "indexer.q_norm.weight",
+            "indexer.k_norm.weight",
+            "hc_ffn_norm.weight",
+        ];
+        if self.q4.is_some() {
+            let mut v = super::required_names(
+                (self.recurrent.iter().enumerate())
+                    .map(|(b, &r)| (b, if r { Q4_DELTA } else { Q4_ATTN })),
+            );
+            v.retain(|n| n != "output_norm.weight");
+            v.extend(
+                [
+                    "output_hc_norm.weight",
+                    "output_hc_down.weight",
+                    "output_hc_up.weight",
+                ]
+                .map(String::from),
+            );
+            return v;
+        }
         let n = self.recurrent.len();
         let mtp = (n..self.n_blocks()).flat_map(|b| [(b, ATTN), (b, NEXTN)]);
         super::required_names(
