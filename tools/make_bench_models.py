@@ -59,6 +59,10 @@ The two default shapes are the reference shapes of docs/PERFORMANCE.md
   16 key / 32 value heads and, in every layer, 64 experts of 160 (top-8)
   plus a shared expert of 512; untied (1.65 B parameters, 0.5 B of them the
   two 248320-row embeddings; ~0.7 B active per token, output head included).
+- qwen35moe-35b-a3b-like (--only): Qwen3.5-35B-A3B's layer shapes (d_model
+  2048; 256 experts of 512, top-8, a shared expert of 512; 16 query / 2 KV
+  heads of 256; DeltaNet 16 key / 32 value heads of 128) over two layers,
+  one of each kind; untied (2.70 B parameters; building it takes ~11 GB).
 - qwen35-0.8b-mtp-like (--only): qwen35-0.8b-like with one multi-token-
   prediction block as released Qwen3.5 checkpoints carry it
   (`mtp_num_hidden_layers` 1; `mtp.fc` [d, 2d], `mtp.pre_fc_norm_embedding`,
@@ -113,6 +117,7 @@ MODELS = (
     "qwen35-0.8b-like",
     "qwen35moe-1b-like",
     "qwen35-0.8b-mtp-like",
+    "qwen35moe-35b-a3b-like",
 )
 # What --only builds by default: the two reference shapes.
 DEFAULT_MODELS = ("mamba2-370m-like", "hybrid-350m-like")
@@ -208,6 +213,29 @@ def qwen35moe_config():
         shared_expert_intermediate_size=512,
         tie_word_embeddings=False,
         **QWEN35_COMMON,
+    )
+
+
+def qwen35moe_35b_a3b_config():
+    """Qwen3.5-35B-A3B's expert layout over two layers: the shape the
+    sub-4-bit MoE files are made of, at a size two cores quantize in minutes."""
+    from transformers import Qwen3_5MoeTextConfig
+
+    common = dict(QWEN35_COMMON)
+    common.update(
+        hidden_size=2048,
+        num_hidden_layers=2,
+        num_attention_heads=16,
+        layer_types=["linear_attention", "full_attention"],
+    )
+    return Qwen3_5MoeTextConfig(
+        linear_num_value_heads=32,
+        num_experts=256,
+        num_experts_per_tok=8,
+        moe_intermediate_size=512,
+        shared_expert_intermediate_size=512,
+        tie_word_embeddings=False,
+        **common,
     )
 
 
@@ -383,6 +411,11 @@ def build(name: str):
         from transformers import Qwen3_5MoeForCausalLM
 
         cfg = qwen35moe_config()
+        cls = Qwen3_5MoeForCausalLM
+    elif name == "qwen35moe-35b-a3b-like":
+        from transformers import Qwen3_5MoeForCausalLM
+
+        cfg = qwen35moe_35b_a3b_config()
         cls = Qwen3_5MoeForCausalLM
     elif name == "lfm2-1.2b-like":
         from transformers import Lfm2ForCausalLM
