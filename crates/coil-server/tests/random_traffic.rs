@@ -250,6 +250,7 @@ fn random_traffic_gives_every_request_its_output_alone() {
         "lfm2_small",
         "lfm3_tiny",
         "zamba2_tiny",
+        "qwen4exp_tiny",
         "kimi_linear_tiny",
     ]
     .into_iter()
@@ -302,6 +303,7 @@ fn much_random_traffic_gives_every_request_its_output_alone() {
         "lfm2moe_small",
         "lfm3_tiny",
         "zamba2_tiny",
+        "qwen4exp_tiny",
         "kimi_linear_tiny",
         "kimi_linear_qlora",
         "bailing_hybrid_tiny",

@@ -591,6 +591,7 @@ fn batched_and_cached_requests_match_on_every_memory_kind() {
         "lfm2moe_small",
         "lfm3_tiny",
         "zamba2_tiny",
+        "qwen4exp_tiny",
         "kimi_linear_tiny",
     ] {
         let prompts = [
@@ -940,6 +941,7 @@ fn sixteen_concurrent_clients_match_requests_alone_on_every_architecture() {
         "bailing_hybrid_tiny",
         "lfm3_tiny",
         "zamba2_tiny",
+        "qwen4exp_tiny",
     ] {
         let alone_server = start_any(arch, 1, 0, 256);
         let alone: Vec<String> = prompts

@@ -2,6 +2,7 @@
 //! causal through per-query limits, online softmax, f32 accumulation.
 
 mod call;
+mod dot;
 mod kv;
 mod selected;
 mod tiled;
@@ -11,26 +12,10 @@ use crate::pool::SendPtr;
 use crate::pool::ThreadPool;
 use crate::simd::math::exp_fast;
 use call::{Call, Item, Scratch, QB, TRANSPOSE_ROWS};
+use dot::dot;
 use kv::{kv_block, PB};
 pub use kv::{KvData, KvView, KV_PAGE_ALIGN};
 pub use selected::attention_selected;
-
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 16];
-    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..16 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut s = 0f32;
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
-    }
-    acc.iter().sum::<f32>() + s
-}
 
 /// One work item, a row at a time (any head dim; see [`tiled`] for the
 /// fast path).

@@ -2,7 +2,7 @@
 //! KV positions (a sparse, top-k attention's selection) instead of a causal
 //! prefix. Grouped-query, softmax in f32 over the listed positions.
 
-use super::dot;
+use super::dot::dot;
 use super::kv::KvView;
 use crate::pool::ThreadPool;
 
