@@ -377,6 +377,7 @@ fn zamba2_unsupported_configs_are_refused() {
         (r#""add_bias_linear": true"#, "add_bias_linear"),
         (r#""hidden_act": "silu""#, "hidden_act"),
         (r#""use_long_context": true"#, "use_long_context"),
+        (r#""tie_word_embeddings": false"#, "tie_word_embeddings"),
         (
             r#""rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}"#,
             "rope_parameters.rope_type",

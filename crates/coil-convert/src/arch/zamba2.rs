@@ -84,6 +84,16 @@ impl<'a> Zamba2<'a> {
                 "biases on the Mamba-2 projections are not supported",
             ));
         }
+        if c.bool("tie_word_embeddings") == Some(false) {
+            // transformers ties the uses of a shared block to one copy only
+            // when it ties the embeddings; untied, every hybrid layer holds
+            // its own copy, which one `shared.b.*` set cannot carry.
+            return Err(ConvertError::config(
+                "tie_word_embeddings",
+                "false: transformers then keeps a separate copy of the shared block at every \
+                 hybrid layer, which the zamba2 layout (one copy per shared block) cannot hold",
+            ));
+        }
         if c.bool("use_long_context") == Some(true) {
             return Err(ConvertError::config(
                 "use_long_context",
