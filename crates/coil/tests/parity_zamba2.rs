@@ -12,11 +12,10 @@
 mod common;
 
 use coil::engine::{BatchEntry, Engine, EngineOptions};
-use coil::models::{self, LogitRows};
-use coil_gguf::gguf::encode_header;
-use coil_gguf::{GgufFile, Metadata, TensorSpec, Value, ValueType};
+use coil::models::LogitRows;
+use coil_gguf::{TensorSpec, Value, ValueType};
+use common::edit::{drop_tensor, edited, reshape};
 use common::{assert_parity, tool_fixture};
-use std::sync::Arc;
 
 const FIXTURES: [&str; 2] = ["zamba2_tiny", "zamba2_plain"];
 
@@ -128,50 +127,6 @@ fn several_sequences_in_one_batch_match_transformers() {
 
 // ---------------------------------------------------------------------------
 // Bad files
-
-/// Loads fixture `name` with its metadata and tensor list edited (a
-/// reshaped tensor keeps its bytes, cut or zero-padded).
-fn edited(
-    name: &str,
-    edit_md: impl FnOnce(&mut Metadata),
-    edit_tensors: impl FnOnce(&mut Vec<TensorSpec>),
-) -> Result<(), String> {
-    let f = GgufFile::open(tool_fixture(name).model).unwrap();
-    let mut md = f.metadata().clone();
-    edit_md(&mut md);
-    let mut specs: Vec<TensorSpec> = f
-        .tensors()
-        .iter()
-        .map(|t| TensorSpec::new(t.name.clone(), &t.dims, t.ty))
-        .collect();
-    edit_tensors(&mut specs);
-    let (mut bytes, sizes) = encode_header(&md, &specs).unwrap();
-    for (spec, size) in specs.iter().zip(&sizes) {
-        let mut data = match f.tensor_info(&spec.name) {
-            Some(t) => f.bytes()[f.data_range(t)].to_vec(),
-            None => Vec::new(),
-        };
-        data.resize(*size as usize, 0);
-        bytes.extend_from_slice(&data);
-        bytes.resize(bytes.len().div_ceil(32) * 32, 0);
-    }
-    let file = GgufFile::from_bytes(bytes).map_err(|e| e.to_string())?;
-    models::load(Arc::new(file))
-        .map(|_| ())
-        .map_err(|e| e.to_string())
-}
-
-fn drop_tensor(name: &'static str) -> impl FnOnce(&mut Vec<TensorSpec>) {
-    move |s| s.retain(|t| t.name != name)
-}
-
-fn reshape(name: &'static str, dims: &'static [u64]) -> impl FnOnce(&mut Vec<TensorSpec>) {
-    move |s| {
-        for t in s.iter_mut().filter(|t| t.name == name) {
-            *t = TensorSpec::new(name, dims, t.ty);
-        }
-    }
-}
 
 fn expect_error(what: &str, got: Result<(), String>, needle: &str) {
     match got {

@@ -7,6 +7,7 @@ use coil::models::LogitRows;
 use coil_gguf::npy;
 use std::path::PathBuf;
 
+pub mod edit;
 #[path = "../../../../tests/support/fixtures.rs"]
 mod fixtures;
 
