@@ -202,40 +202,32 @@ def qwen35_config():
     )
 
 
-def qwen35moe_config():
+def qwen35moe_config(**over):
     from transformers import Qwen3_5MoeTextConfig
 
-    return Qwen3_5MoeTextConfig(
+    cfg = dict(QWEN35_COMMON)
+    cfg.update(
         linear_num_value_heads=32,
         num_experts=64,
         num_experts_per_tok=8,
         moe_intermediate_size=160,
         shared_expert_intermediate_size=512,
         tie_word_embeddings=False,
-        **QWEN35_COMMON,
     )
+    cfg.update(over)
+    return Qwen3_5MoeTextConfig(**cfg)
 
 
 def qwen35moe_35b_a3b_config():
     """Qwen3.5-35B-A3B's expert layout over two layers: the shape the
     sub-4-bit MoE files are made of, at a size two cores quantize in minutes."""
-    from transformers import Qwen3_5MoeTextConfig
-
-    common = dict(QWEN35_COMMON)
-    common.update(
+    return qwen35moe_config(
         hidden_size=2048,
         num_hidden_layers=2,
         num_attention_heads=16,
         layer_types=["linear_attention", "full_attention"],
-    )
-    return Qwen3_5MoeTextConfig(
-        linear_num_value_heads=32,
         num_experts=256,
-        num_experts_per_tok=8,
         moe_intermediate_size=512,
-        shared_expert_intermediate_size=512,
-        tie_word_embeddings=False,
-        **common,
     )
 
 
