@@ -109,7 +109,10 @@ if [ "$WITH_SERVER" = "1" ]; then
     REQUIRED+=(llama-server)
     RUNNERS+=(llama-cli)
 fi
-TARGETS=("${REQUIRED[@]}" "${RUNNERS[@]}")
+# Tools the reference checks use (an importance matrix; splitting a model as
+# llama.cpp does): built when this llama.cpp has them.
+TOOLS=(llama-imatrix llama-gguf-split)
+TARGETS=("${REQUIRED[@]}" "${RUNNERS[@]}" "${TOOLS[@]}")
 
 log() { echo "[build-llamacpp] $*" >&2; }
 

@@ -122,6 +122,54 @@ fn a_split_model_opens_from_any_part_in_every_mode() {
     assert_same_model(&GgufFile::from_parts(&images).unwrap(), &whole);
 }
 
+/// The parts `llama-gguf-split --split --split-max-tensors 8` cut the llama
+/// fixture's Q8_0 file into (`tools/make_split_fixture.sh`). That tool writes
+/// the split keys in another order than gguf-py (`split.no`,
+/// `split.tensors.count`, `split.count`) and copies them from the original's
+/// metadata: coil reads either, and cuts the tensors where it does.
+#[test]
+fn a_split_written_by_llama_gguf_split_opens_as_the_whole_file() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/split");
+    let whole = GgufFile::open(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/models/llama/model.q8_0.gguf"),
+    )
+    .unwrap();
+    let n = 5;
+    let parts: Vec<PathBuf> = (1..=n)
+        .map(|i| part_path(&dir.join("llama-q8_0"), i, n))
+        .collect();
+    for p in &parts {
+        let f = GgufFile::open(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        assert!(f.is_split());
+        assert_eq!(GgufFile::model_files(p).unwrap(), parts);
+        assert_same_model(&f, &whole);
+    }
+    // coil's writer, given the same limit, puts the same tensors in each part
+    // with the same bytes.
+    let out = TempPath::dir("coil-split", "as-llama");
+    let ours = split(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/models/llama/model.q8_0.gguf"),
+        &out,
+        "llama-q8_0",
+        by_tensors(8),
+    );
+    assert_eq!(ours.len(), n);
+    for (a, b) in ours.iter().zip(&parts) {
+        let (a, b) = (
+            GgufFile::from_bytes(std::fs::read(a).unwrap()).unwrap(),
+            GgufFile::from_bytes(std::fs::read(b).unwrap()).unwrap(),
+        );
+        let names =
+            |f: &GgufFile| -> Vec<String> { f.tensors().iter().map(|t| t.name.clone()).collect() };
+        assert_eq!(names(&a), names(&b));
+        for (x, y) in a.tensors().iter().zip(b.tensors()) {
+            assert_eq!(a.view(x).data, b.view(y).data, "{}", x.name);
+        }
+    }
+}
+
 #[test]
 fn a_model_that_fits_one_part_is_one_plain_file() {
     let dir = TempPath::dir("coil-split", "one");
