@@ -130,11 +130,9 @@ fn a_split_model_opens_from_any_part_in_every_mode() {
 #[test]
 fn a_split_written_by_llama_gguf_split_opens_as_the_whole_file() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/split");
-    let whole = GgufFile::open(
-        &Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/fixtures/models/llama/model.q8_0.gguf"),
-    )
-    .unwrap();
+    let q8 = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/models/llama/model.q8_0.gguf");
+    let whole = GgufFile::open(&q8).unwrap();
     let n = 5;
     let parts: Vec<PathBuf> = (1..=n)
         .map(|i| part_path(&dir.join("llama-q8_0"), i, n))
@@ -148,13 +146,7 @@ fn a_split_written_by_llama_gguf_split_opens_as_the_whole_file() {
     // coil's writer, given the same limit, puts the same tensors in each part
     // with the same bytes.
     let out = TempPath::dir("coil-split", "as-llama");
-    let ours = split(
-        &Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/fixtures/models/llama/model.q8_0.gguf"),
-        &out,
-        "llama-q8_0",
-        by_tensors(8),
-    );
+    let ours = split(&q8, &out, "llama-q8_0", by_tensors(8));
     assert_eq!(ours.len(), n);
     for (a, b) in ours.iter().zip(&parts) {
         let (a, b) = (
