@@ -24,7 +24,6 @@
 use super::chunk_lanes as lanes;
 use super::dims::{DeltaInputs, GatedDeltaDims};
 use crate::denormals::FlushDenormals;
-use crate::multiversion;
 use crate::pool::{SendPtr, ThreadPool};
 
 /// Tokens per chunk. The per-token work of the chunk-sized products
@@ -282,6 +281,136 @@ pub(crate) fn transpose(inp: &[f32], rows: usize, cols: usize, out: &mut [f32]) 
     }
 }
 
+/// The buffers of a chunk's solve and outputs, the part both decays share
+/// (one per value head here, one per key channel in `kda_chunk.rs`): the
+/// caller fills `bv` and `bk` and hands [`Solve::run`] its A, P and
+/// Q ⊙ e^γ.
+pub(crate) struct Solve {
+    pub(crate) bv: Vec<f32>, // [L, dv]  β⊙V
+    pub(crate) bk: Vec<f32>, // [L, dk]  β⊙K⊙e^γ
+    t: Vec<f32>,             // [L, L]   (I + A)⁻¹
+    pub(crate) u: Vec<f32>,  // [L, dv]  U, then V'
+    w: Vec<f32>,             // [L, dk]
+    o: Vec<f32>,             // [L, dv]
+}
+
+impl Solve {
+    pub(crate) fn new(l: usize, dk: usize, dv: usize) -> Self {
+        Solve {
+            bv: vec![0.0; l * dv],
+            bk: vec![0.0; l * dk],
+            t: vec![0.0; l * l],
+            u: vec![0.0; l * dv],
+            w: vec![0.0; l * dk],
+            o: vec![0.0; l * dv],
+        }
+    }
+
+    /// For a chunk of `l` tokens from `c0`, head `j` of `n_head`, with the
+    /// state `s` at its start, A (`a`, strict lower `[L, L]`), P (`p`, lower
+    /// `[L, L]`) and Q ⊙ e^γ (`qe`, `[L, dk]`): T = (I + A)⁻¹ by forward
+    /// substitution on the identity (row i = e_i − Σ_{j<i} A_ij · row j;
+    /// row j is zero past column j), then U = T (β⊙V), W = T (β⊙K⊙e^γ) as
+    /// products (the substitution on U and W directly did the same
+    /// multiply-adds one row at a time), V' = U − W S (left in `u`) and
+    /// O = (Q ⊙ e^γ) S + P V', stored to the head's output rows.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run<const FMA: bool, const WIDE: bool>(
+        &mut self,
+        (l, dk, dv): (usize, usize, usize),
+        a: &[f32],
+        p: &[f32],
+        qe: &[f32],
+        s: &[f32],
+        out: SendPtr<f32>,
+        (c0, n_head, j): (usize, usize, usize),
+    ) {
+        let t = &mut self.t[..l * l];
+        t.fill(0.0);
+        for i in 0..l {
+            let (done, rest) = t.split_at_mut(i * l);
+            let ti = &mut rest[..l];
+            ti[i] = 1.0;
+            for jj in 0..i {
+                let a = a[i * l + jj];
+                if a == 0.0 {
+                    continue;
+                }
+                for (x, &y) in ti[..=jj].iter_mut().zip(&done[jj * l..jj * l + jj + 1]) {
+                    *x = madd::<FMA>(-a, y, *x);
+                }
+            }
+        }
+        self.u[..l * dv].fill(0.0);
+        self.w[..l * dk].fill(0.0);
+        let t = &self.t;
+        gemm_acc::<FMA, WIDE>(
+            Tri::LowerA,
+            l,
+            dv,
+            l,
+            1.0,
+            t,
+            l,
+            &self.bv,
+            dv,
+            &mut self.u,
+            dv,
+        );
+        gemm_acc::<FMA, WIDE>(
+            Tri::LowerA,
+            l,
+            dk,
+            l,
+            1.0,
+            t,
+            l,
+            &self.bk,
+            dk,
+            &mut self.w,
+            dk,
+        );
+        // V' = U − W S.
+        gemm_acc::<FMA, WIDE>(
+            Tri::Full,
+            l,
+            dv,
+            dk,
+            -1.0,
+            &self.w,
+            dk,
+            s,
+            dv,
+            &mut self.u,
+            dv,
+        );
+        // O = (Q ⊙ e^γ) S + P V'.
+        self.o[..l * dv].fill(0.0);
+        gemm_acc::<FMA, WIDE>(Tri::Full, l, dv, dk, 1.0, qe, dk, s, dv, &mut self.o, dv);
+        gemm_acc::<FMA, WIDE>(
+            Tri::LowerA,
+            l,
+            dv,
+            l,
+            1.0,
+            p,
+            l,
+            &self.u,
+            dv,
+            &mut self.o,
+            dv,
+        );
+        for i in 0..l {
+            // SAFETY: token c0 + i, head j: lanes no other head writes.
+            let o = unsafe {
+                std::slice::from_raw_parts_mut(out.get().add(((c0 + i) * n_head + j) * dv), dv)
+            };
+            o.copy_from_slice(&self.o[i * dv..(i + 1) * dv]);
+        }
+    }
+}
+
 /// One thread's buffers for a chunk of up to `l` tokens.
 struct Work {
     q: Vec<f32>,  // [L, dk]  Q, then Q ⊙ e^γ
@@ -289,12 +418,7 @@ struct Work {
     kt: Vec<f32>, // [dk, L]  Kᵀ, then (K ⊙ e^{γ_L−γ})ᵀ
     kk: Vec<f32>, // [L, L]   A (strict lower)
     qk: Vec<f32>, // [L, L]   lower(QKᵀ ⊙ e^{γ_i−γ_j})
-    u: Vec<f32>,  // [L, dv]  U, then V'
-    w: Vec<f32>,  // [L, dk]
-    bv: Vec<f32>, // [L, dv]  β⊙V
-    bk: Vec<f32>, // [L, dk]  β⊙K⊙e^γ
-    t: Vec<f32>,  // [L, L]   (I + A)⁻¹
-    o: Vec<f32>,  // [L, dv]
+    solve: Solve,
     gamma: Vec<f32>,
     decay: Vec<f32>, // [L, L]  e^{γ_i−γ_j}, j ≤ i
 }
@@ -307,12 +431,7 @@ impl Work {
             kt: vec![0.0; dk * l],
             kk: vec![0.0; l * l],
             qk: vec![0.0; l * l],
-            u: vec![0.0; l * dv],
-            w: vec![0.0; l * dk],
-            bv: vec![0.0; l * dv],
-            bk: vec![0.0; l * dk],
-            t: vec![0.0; l * l],
-            o: vec![0.0; l * dv],
+            solve: Solve::new(l, dk, dv),
             gamma: vec![0.0; l],
             decay: vec![0.0; l * l],
         }
@@ -408,10 +527,10 @@ fn chunk_step<const FMA: bool, const WIDE: bool>(
         // keep this loop scalar: 11% of the chunk's time at AVX2).
         wk.q[i * dk..(i + 1) * dk].copy_from_slice(&q[..dk]);
         wk.k[i * dk..(i + 1) * dk].copy_from_slice(&k[..dk]);
-        for (x, &kv) in wk.bk[i * dk..(i + 1) * dk].iter_mut().zip(k) {
+        for (x, &kv) in wk.solve.bk[i * dk..(i + 1) * dk].iter_mut().zip(k) {
             *x = kv * beta * e;
         }
-        for (x, &vv) in wk.bv[i * dv..(i + 1) * dv].iter_mut().zip(v) {
+        for (x, &vv) in wk.solve.bv[i * dv..(i + 1) * dv].iter_mut().zip(v) {
             *x = beta * vv;
         }
     }
@@ -481,79 +600,10 @@ fn chunk_step<const FMA: bool, const WIDE: bool>(
         let e = gi.exp();
         qr.iter_mut().for_each(|x| *x *= e);
     }
-    // T = (I + A)⁻¹ (lower triangular, unit diagonal) by forward
-    // substitution on the identity, row i = e_i − Σ_{j<i} A_ij · row j
-    // (row j is zero past column j); then U = T (β⊙V), W = T (β⊙K⊙e^γ)
-    // as products (the substitution on U and W directly did the same
-    // multiply-adds one row at a time).
-    let t = &mut wk.t[..l * l];
-    t.fill(0.0);
-    for i in 0..l {
-        let (done, rest) = t.split_at_mut(i * l);
-        let ti = &mut rest[..l];
-        ti[i] = 1.0;
-        for jj in 0..i {
-            let a = wk.kk[i * l + jj];
-            if a == 0.0 {
-                continue;
-            }
-            for (x, &y) in ti[..=jj].iter_mut().zip(&done[jj * l..jj * l + jj + 1]) {
-                *x = madd::<FMA>(-a, y, *x);
-            }
-        }
-    }
-    wk.u[..l * dv].fill(0.0);
-    wk.w[..l * dk].fill(0.0);
-    gemm_acc::<FMA, WIDE>(
-        Tri::LowerA,
-        l,
-        dv,
-        l,
-        1.0,
-        &wk.t,
-        l,
-        &wk.bv,
-        dv,
-        &mut wk.u,
-        dv,
-    );
-    gemm_acc::<FMA, WIDE>(
-        Tri::LowerA,
-        l,
-        dk,
-        l,
-        1.0,
-        &wk.t,
-        l,
-        &wk.bk,
-        dk,
-        &mut wk.w,
-        dk,
-    );
-    // V' = U − W S.
-    gemm_acc::<FMA, WIDE>(Tri::Full, l, dv, dk, -1.0, &wk.w, dk, s, dv, &mut wk.u, dv);
-    // O = (Q ⊙ e^γ) S + P V'.
-    wk.o[..l * dv].fill(0.0);
-    gemm_acc::<FMA, WIDE>(Tri::Full, l, dv, dk, 1.0, &wk.q, dk, s, dv, &mut wk.o, dv);
-    gemm_acc::<FMA, WIDE>(
-        Tri::LowerA,
-        l,
-        dv,
-        l,
-        1.0,
-        &wk.qk,
-        l,
-        &wk.u,
-        dv,
-        &mut wk.o,
-        dv,
-    );
-    for i in 0..l {
-        // SAFETY: token c0 + i, head j: lanes no other head writes.
-        let o =
-            unsafe { std::slice::from_raw_parts_mut(out.get().add(((c0 + i) * hv + j) * dv), dv) };
-        o.copy_from_slice(&wk.o[i * dv..(i + 1) * dv]);
-    }
+    // T = (I + A)⁻¹, U, W, V' = U − W S, O = (Q ⊙ e^γ) S + P V'.
+    let at = (c0, hv, j);
+    wk.solve
+        .run::<FMA, WIDE>((l, dk, dv), &wk.kk, &wk.qk, &wk.q, s, out, at);
     // S ← e^{γ_L} S + (K ⊙ e^{γ_L−γ})ᵀ V'.
     let gl = wk.gamma[l - 1];
     for i in 0..l {
@@ -564,42 +614,52 @@ fn chunk_step<const FMA: bool, const WIDE: bool>(
     }
     let el = gl.exp();
     s.iter_mut().for_each(|x| *x *= el);
-    gemm_acc::<FMA, WIDE>(Tri::Full, dk, dv, l, 1.0, &wk.kt, l, &wk.u, dv, s, dv);
+    gemm_acc::<FMA, WIDE>(Tri::Full, dk, dv, l, 1.0, &wk.kt, l, &wk.solve.u, dv, s, dv);
 }
-multiversion!(fn chunk_fma(
-    d: &GatedDeltaDims, j: usize, s: &mut [f32], inp: &DeltaInputs, c0: usize, len: usize,
-    wk: &mut Work, out: SendPtr<f32>
-) => chunk_step::<true, false>);
-multiversion!(fn chunk_fma_wide(
-    d: &GatedDeltaDims, j: usize, s: &mut [f32], inp: &DeltaInputs, c0: usize, len: usize,
-    wk: &mut Work, out: SendPtr<f32>
-) => chunk_step::<true, true>);
+/// The compiled levels of a module's `chunk_step::<FMA, WIDE>(d, j, s,
+/// inp, c0, len, wk, out)` (the gated delta rule's and KDA's, over their
+/// dims and inputs types) and `chunk_mv`, which runs it at the best SIMD
+/// level: with fused multiply-adds where the CPU has them (x86-64 at the
+/// AVX2 and AVX-512 levels, every AArch64), plain ones at the portable x86
+/// level (`mul_add` would be a library call there), and the AVX-512 tiles
+/// of [`gemm_acc`] (`WIDE`) at AVX-512.
+macro_rules! chunk_levels {
+    ($dims:ty, $inputs:ty) => {
+        $crate::multiversion!(fn chunk_fma(
+            d: &$dims, j: usize, s: &mut [f32], inp: &$inputs, c0: usize, len: usize,
+            wk: &mut Work, out: SendPtr<f32>
+        ) => chunk_step::<true, false>);
+        $crate::multiversion!(fn chunk_fma_wide(
+            d: &$dims, j: usize, s: &mut [f32], inp: &$inputs, c0: usize, len: usize,
+            wk: &mut Work, out: SendPtr<f32>
+        ) => chunk_step::<true, true>);
 
-/// [`chunk_step`] at the best SIMD level: with fused multiply-adds where
-/// the CPU has them (x86-64 at the AVX2 and AVX-512 levels, every AArch64),
-/// plain ones at the portable x86 level (`mul_add` would be a library call
-/// there).
-#[allow(clippy::too_many_arguments)]
-fn chunk_mv(
-    d: &GatedDeltaDims,
-    j: usize,
-    s: &mut [f32],
-    inp: &DeltaInputs,
-    c0: usize,
-    len: usize,
-    wk: &mut Work,
-    out: SendPtr<f32>,
-) {
-    use crate::simd::{level, SimdLevel};
-    let fused = !cfg!(target_arch = "x86_64") || level() != SimdLevel::Scalar;
-    if cfg!(target_arch = "x86_64") && level() == SimdLevel::Avx512 {
-        chunk_fma_wide(d, j, s, inp, c0, len, wk, out)
-    } else if fused {
-        chunk_fma(d, j, s, inp, c0, len, wk, out)
-    } else {
-        chunk_step::<false, false>(d, j, s, inp, c0, len, wk, out)
-    }
+        #[allow(clippy::too_many_arguments)]
+        fn chunk_mv(
+            d: &$dims,
+            j: usize,
+            s: &mut [f32],
+            inp: &$inputs,
+            c0: usize,
+            len: usize,
+            wk: &mut Work,
+            out: SendPtr<f32>,
+        ) {
+            use $crate::simd::{level, SimdLevel};
+            let fused = !cfg!(target_arch = "x86_64") || level() != SimdLevel::Scalar;
+            if cfg!(target_arch = "x86_64") && level() == SimdLevel::Avx512 {
+                chunk_fma_wide(d, j, s, inp, c0, len, wk, out)
+            } else if fused {
+                chunk_fma(d, j, s, inp, c0, len, wk, out)
+            } else {
+                chunk_step::<false, false>(d, j, s, inp, c0, len, wk, out)
+            }
+        }
+    };
 }
+pub(crate) use chunk_levels;
+
+chunk_levels!(GatedDeltaDims, DeltaInputs);
 
 #[cfg(test)]
 pub(crate) mod tests {

@@ -22,10 +22,9 @@
 //! fast a channel decays; fla splits chunks into sub-chunks for the same
 //! reason).
 
-use super::chunk::{gemm_acc, madd, Tri};
+use super::chunk::{chunk_levels, gemm_acc, madd, Solve, Tri};
 use super::kda::{KdaDims, KdaInputs};
 use crate::denormals::FlushDenormals;
-use crate::multiversion;
 use crate::pool::{SendPtr, ThreadPool};
 
 /// Tokens per chunk: the pair terms grow with the chunk (`A`, `P`: L²·d_k
@@ -41,12 +40,7 @@ struct Work {
     kt: Vec<f32>,    // [dk, L]  (K ⊙ e^{Γ_L−Γ})ᵀ
     a: Vec<f32>,     // [L, L]   A (strict lower)
     p: Vec<f32>,     // [L, L]   P (lower)
-    t: Vec<f32>,     // [L, L]   (I + A)⁻¹
-    bv: Vec<f32>,    // [L, dv]  β⊙V
-    bk: Vec<f32>,    // [L, dk]  β⊙K⊙e^Γ
-    u: Vec<f32>,     // [L, dv]  U, then V'
-    w: Vec<f32>,     // [L, dk]
-    o: Vec<f32>,     // [L, dv]
+    solve: Solve,    // β⊙V, β⊙K⊙e^Γ, (I + A)⁻¹, U, V', W, O
     kd: Vec<f32>,    // [dk]     k_j ⊙ e^{Γ_i−Γ_j}
 }
 
@@ -60,12 +54,7 @@ impl Work {
             kt: vec![0.0; dk * l],
             a: vec![0.0; l * l],
             p: vec![0.0; l * l],
-            t: vec![0.0; l * l],
-            bv: vec![0.0; l * dv],
-            bk: vec![0.0; l * dk],
-            u: vec![0.0; l * dv],
-            w: vec![0.0; l * dk],
-            o: vec![0.0; l * dv],
+            solve: Solve::new(l, dk, dv),
             kd: vec![0.0; dk],
         }
     }
@@ -177,10 +166,14 @@ fn chunk_step<const FMA: bool, const WIDE: bool>(
         }
         wk.q[i * dk..(i + 1) * dk].copy_from_slice(q);
         wk.k[i * dk..(i + 1) * dk].copy_from_slice(k);
-        for ((x, &kr), &gr) in wk.bk[i * dk..(i + 1) * dk].iter_mut().zip(k).zip(gi.iter()) {
+        for ((x, &kr), &gr) in wk.solve.bk[i * dk..(i + 1) * dk]
+            .iter_mut()
+            .zip(k)
+            .zip(gi.iter())
+        {
             *x = beta * kr * gr.exp();
         }
-        for (x, &vv) in wk.bv[i * dv..(i + 1) * dv].iter_mut().zip(v) {
+        for (x, &vv) in wk.solve.bv[i * dv..(i + 1) * dv].iter_mut().zip(v) {
             *x = beta * vv;
         }
     }
@@ -200,80 +193,14 @@ fn chunk_step<const FMA: bool, const WIDE: bool>(
             wk.p[i * l + j] = dot::<FMA>(&wk.q[i * dk..(i + 1) * dk], &wk.kd);
         }
     }
-    // T = (I + A)⁻¹ (unit lower triangular) by forward substitution on the
-    // identity: row i = e_i − Σ_{j<i} A_ij · row j.
-    let t = &mut wk.t[..l * l];
-    t.fill(0.0);
-    for i in 0..l {
-        let (done, rest) = t.split_at_mut(i * l);
-        let ti = &mut rest[..l];
-        ti[i] = 1.0;
-        for jj in 0..i {
-            let a = wk.a[i * l + jj];
-            if a == 0.0 {
-                continue;
-            }
-            for (x, &y) in ti[..=jj].iter_mut().zip(&done[jj * l..jj * l + jj + 1]) {
-                *x = madd::<FMA>(-a, y, *x);
-            }
-        }
-    }
-    // U = T (β⊙V), W = T (β⊙K⊙e^Γ).
-    wk.u[..l * dv].fill(0.0);
-    wk.w[..l * dk].fill(0.0);
-    gemm_acc::<FMA, WIDE>(
-        Tri::LowerA,
-        l,
-        dv,
-        l,
-        1.0,
-        &wk.t,
-        l,
-        &wk.bv,
-        dv,
-        &mut wk.u,
-        dv,
-    );
-    gemm_acc::<FMA, WIDE>(
-        Tri::LowerA,
-        l,
-        dk,
-        l,
-        1.0,
-        &wk.t,
-        l,
-        &wk.bk,
-        dk,
-        &mut wk.w,
-        dk,
-    );
-    // V' = U − W S.
-    gemm_acc::<FMA, WIDE>(Tri::Full, l, dv, dk, -1.0, &wk.w, dk, s, dv, &mut wk.u, dv);
-    // O = (Q ⊙ e^Γ) S + P V'.
+    // Q ⊙ e^Γ; then T = (I + A)⁻¹, U = T (β⊙V), W = T (β⊙K⊙e^Γ),
+    // V' = U − W S, O = (Q ⊙ e^Γ) S + P V'.
     for (x, &gr) in wk.q[..l * dk].iter_mut().zip(&wk.gamma[..l * dk]) {
         *x *= gr.exp();
     }
-    wk.o[..l * dv].fill(0.0);
-    gemm_acc::<FMA, WIDE>(Tri::Full, l, dv, dk, 1.0, &wk.q, dk, s, dv, &mut wk.o, dv);
-    gemm_acc::<FMA, WIDE>(
-        Tri::LowerA,
-        l,
-        dv,
-        l,
-        1.0,
-        &wk.p,
-        l,
-        &wk.u,
-        dv,
-        &mut wk.o,
-        dv,
-    );
-    for i in 0..l {
-        // SAFETY: token c0 + i, head h: lanes no other head writes.
-        let o =
-            unsafe { std::slice::from_raw_parts_mut(out.get().add(((c0 + i) * nh + h) * dv), dv) };
-        o.copy_from_slice(&wk.o[i * dv..(i + 1) * dv]);
-    }
+    let at = (c0, nh, h);
+    wk.solve
+        .run::<FMA, WIDE>((l, dk, dv), &wk.a, &wk.p, &wk.q, s, out, at);
     // S ← Diag(e^{Γ_L}) S + (K ⊙ e^{Γ_L−Γ})ᵀ V'.
     let gl = &wk.gamma[(l - 1) * dk..l * dk];
     for i in 0..l {
@@ -286,41 +213,9 @@ fn chunk_step<const FMA: bool, const WIDE: bool>(
         let e = g.exp();
         row.iter_mut().for_each(|x| *x *= e);
     }
-    gemm_acc::<FMA, WIDE>(Tri::Full, dk, dv, l, 1.0, &wk.kt, l, &wk.u, dv, s, dv);
+    gemm_acc::<FMA, WIDE>(Tri::Full, dk, dv, l, 1.0, &wk.kt, l, &wk.solve.u, dv, s, dv);
 }
-multiversion!(fn chunk_fma(
-    d: &KdaDims, h: usize, s: &mut [f32], inp: &KdaInputs, c0: usize, len: usize,
-    wk: &mut Work, out: SendPtr<f32>
-) => chunk_step::<true, false>);
-multiversion!(fn chunk_fma_wide(
-    d: &KdaDims, h: usize, s: &mut [f32], inp: &KdaInputs, c0: usize, len: usize,
-    wk: &mut Work, out: SendPtr<f32>
-) => chunk_step::<true, true>);
-
-/// [`chunk_step`] at the best SIMD level: fused multiply-adds where the CPU
-/// has them, plain ones at the portable x86 level (`mul_add` would be a
-/// library call there).
-#[allow(clippy::too_many_arguments)]
-fn chunk_mv(
-    d: &KdaDims,
-    h: usize,
-    s: &mut [f32],
-    inp: &KdaInputs,
-    c0: usize,
-    len: usize,
-    wk: &mut Work,
-    out: SendPtr<f32>,
-) {
-    use crate::simd::{level, SimdLevel};
-    let fused = !cfg!(target_arch = "x86_64") || level() != SimdLevel::Scalar;
-    if cfg!(target_arch = "x86_64") && level() == SimdLevel::Avx512 {
-        chunk_fma_wide(d, h, s, inp, c0, len, wk, out)
-    } else if fused {
-        chunk_fma(d, h, s, inp, c0, len, wk, out)
-    } else {
-        chunk_step::<false, false>(d, h, s, inp, c0, len, wk, out)
-    }
-}
+chunk_levels!(KdaDims, KdaInputs);
 
 #[cfg(test)]
 pub(crate) mod tests {
