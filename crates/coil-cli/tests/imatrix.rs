@@ -28,7 +28,11 @@ fn imatrix(model: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
         .arg(text())
         .arg("-o")
         .arg(out)
-        .args(["-t", "2"])
+        .args(if extra.contains(&"-t") {
+            &[][..]
+        } else {
+            &["-t", "2"][..]
+        })
         .args(extra)
         .output()
         .expect("run coil")
@@ -115,6 +119,22 @@ fn expert_tensors_count_per_expert() {
         }
     }
     assert!(seen >= 3, "no expert tensors in {:?}", m.entries.keys());
+    // The statistics do not depend on how the work is split among threads:
+    // the same file, byte for byte, from one thread and from three.
+    for t in ["1", "3"] {
+        let other = scratch(&format!("moe-t{t}.gguf"));
+        let r = imatrix(
+            &model,
+            &other,
+            &["-c", "32", "--chunks", "2", "-b", "32", "-t", t],
+        );
+        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        assert!(
+            std::fs::read(&other).unwrap() == std::fs::read(&out).unwrap(),
+            "-t {t} wrote another importance matrix than -t 2"
+        );
+        let _ = std::fs::remove_file(other);
+    }
     let _ = std::fs::remove_file(out);
 }
 
