@@ -251,6 +251,13 @@ pub trait StateElem: sealed::Sealed + Copy + Send + Sync + 'static {
     /// The slice viewed as this type, when it is of this type.
     fn of_mut<'a>(s: StateMut<'a>) -> Option<&'a mut [Self]>;
     fn of_ref<'a>(s: StateRef<'a>) -> Option<&'a [Self]>;
+    /// Row `r` as f32: itself, or widened into `work` (as long as `r`).
+    #[doc(hidden)]
+    fn read_row<'a>(r: &'a [Self], work: &'a mut [f32]) -> &'a [f32];
+    /// `f` on row `r` as f32, stored back (rounded for bf16; `work` as
+    /// long as `r`).
+    #[doc(hidden)]
+    fn update_row(r: &mut [Self], work: &mut [f32], f: impl FnOnce(&mut [f32]));
 }
 
 impl StateElem for f32 {
@@ -275,6 +282,14 @@ impl StateElem for f32 {
             StateRef::Bf16(_) => None,
         }
     }
+    #[inline(always)]
+    fn read_row<'a>(r: &'a [f32], _work: &'a mut [f32]) -> &'a [f32] {
+        r
+    }
+    #[inline(always)]
+    fn update_row(r: &mut [f32], _work: &mut [f32], f: impl FnOnce(&mut [f32])) {
+        f(r)
+    }
 }
 
 impl StateElem for bf16 {
@@ -298,6 +313,17 @@ impl StateElem for bf16 {
             StateRef::Bf16(s) => Some(s),
             StateRef::F32(_) => None,
         }
+    }
+    #[inline(always)]
+    fn read_row<'a>(r: &'a [bf16], work: &'a mut [f32]) -> &'a [f32] {
+        widen_row(r, work);
+        work
+    }
+    #[inline(always)]
+    fn update_row(r: &mut [bf16], work: &mut [f32], f: impl FnOnce(&mut [f32])) {
+        widen_row(r, work);
+        f(work);
+        round_row(work, r);
     }
 }
 

@@ -22,7 +22,7 @@
 //! 13.5–13.9 → 11.7 ms at AVX-512).
 
 use super::chunk_lanes as lanes;
-use super::dims::{DeltaInputs, GatedDeltaDims};
+use super::dims::{DeltaInputs, GatedDeltaDims, Heads};
 use crate::denormals::FlushDenormals;
 use crate::pool::{SendPtr, ThreadPool};
 
@@ -452,30 +452,79 @@ pub fn gated_delta_chunked(
     n_tokens: usize,
 ) {
     assert!(chunk > 0);
-    assert!(dims.n_k_head > 0 && dims.n_v_head.is_multiple_of(dims.n_k_head));
-    inp.check(&dims, n_tokens);
-    assert_eq!(
-        state.len(),
-        dims.state_len(),
-        "gated delta: state is not [Hv, dk, dv]"
-    );
-    assert_eq!(out.len(), n_tokens * dims.n_v_head * dims.d_v);
-    if n_tokens == 0 {
-        return;
-    }
-    let (dk, dv, hv) = (dims.d_k, dims.d_v, dims.n_v_head);
-    let sp = SendPtr(state.as_mut_ptr());
-    let op = SendPtr(out.as_mut_ptr());
-    let l = chunk.min(n_tokens);
-    let grain = (hv / (pool.n_threads() * 2)).max(1);
+    dims.check();
+    let (dk, dv) = (dims.d_k, dims.d_v);
     // One token per vector lane where the chunk is made of whole vectors
     // (see `lanes::width`), else the tiles below.
     let width = lanes::width(chunk, &dims);
-    let step = if width > 0 { width } else { chunk };
+    if width > 0 {
+        let work = || lanes::Work::new(dk, width);
+        chunk_heads(
+            pool,
+            &dims,
+            width,
+            state,
+            &inp,
+            out,
+            n_tokens,
+            work,
+            |lw, j, s, c0, len, op| {
+                // SAFETY: `width` is the CPU's and fits the dims; the tokens
+                // are within the inputs (checked by chunk_heads).
+                unsafe { lanes::chunk_at(width, &dims, j, s, &inp, c0, len, n_tokens, lw, op) }
+            },
+        );
+    } else {
+        let work = || Work::new(chunk.min(n_tokens), dk, dv);
+        chunk_heads(
+            pool,
+            &dims,
+            chunk,
+            state,
+            &inp,
+            out,
+            n_tokens,
+            work,
+            |wk, j, s, c0, len, op| chunk_mv(&dims, j, s, &inp, c0, len, wk, op),
+        );
+    }
+}
+
+/// A chunked scan's checks and its spread over `pool`: each value head's
+/// state (`[d_k, d_v]` of `state`'s `[Hv, d_k, d_v]`) gets `run(scratch,
+/// j, s, c0, len, out)` on its tokens in pieces of `step` (the last one
+/// shorter), `scratch` made once per thread by `work`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn chunk_heads<D: Heads, W>(
+    pool: &ThreadPool,
+    dims: &D,
+    step: usize,
+    state: &mut [f32],
+    inp: &DeltaInputs,
+    out: &mut [f32],
+    n_tokens: usize,
+    work: impl Fn() -> W + Sync,
+    run: impl Fn(&mut W, usize, &mut [f32], usize, usize, SendPtr<f32>) + Sync,
+) {
+    assert!(step > 0);
+    let ((_, hv, dk, dv), f) = (dims.shape(), D::FAMILY);
+    inp.check(dims, n_tokens);
+    let heads = D::SHAPES.0;
+    assert_eq!(
+        state.len(),
+        hv * dk * dv,
+        "{f}: state is not [{heads}, dk, dv]"
+    );
+    assert_eq!(out.len(), n_tokens * hv * dv);
+    if n_tokens == 0 {
+        return;
+    }
+    let sp = SendPtr(state.as_mut_ptr());
+    let op = SendPtr(out.as_mut_ptr());
+    let grain = (hv / (pool.n_threads() * 2)).max(1);
     pool.parallel_for(hv, grain, |hr, _| {
         let _flush = FlushDenormals::new();
-        let mut wk = (width == 0).then(|| Work::new(l, dk, dv));
-        let mut lw = (width > 0).then(|| lanes::Work::new(dk, width));
+        let mut w = work();
         for j in hr {
             // SAFETY: each value head's state and output lanes belong to
             // exactly one call (parallel_for hands out disjoint heads).
@@ -483,15 +532,7 @@ pub fn gated_delta_chunked(
             let mut c0 = 0;
             while c0 < n_tokens {
                 let len = step.min(n_tokens - c0);
-                match (&mut wk, &mut lw) {
-                    // SAFETY: `width` is the CPU's and fits the dims; the
-                    // tokens are within the inputs (inp.check above).
-                    (_, Some(lw)) => unsafe {
-                        lanes::chunk_at(width, &dims, j, s, &inp, c0, len, n_tokens, lw, op)
-                    },
-                    (Some(wk), _) => chunk_mv(&dims, j, s, &inp, c0, len, wk, op),
-                    (None, None) => unreachable!("one of the two is made"),
-                }
+                run(&mut w, j, s, c0, len, op);
                 c0 += len;
             }
         }

@@ -12,11 +12,10 @@
 //! `gated_delta_chunked` (see `chunk.rs`) gives the same result
 //! with matrix products per chunk (prefill).
 
-use super::dims::{DeltaInputs, GatedDeltaDims};
-use crate::denormals::FlushDenormals;
+use super::dims::{scan_heads, DeltaInputs, GatedDeltaDims, Seq};
 use crate::multiversion;
 use crate::ops::state_elem::{StateElem, StateMut};
-use crate::ops::state_rows::{can_stream, fence, prefetch_rows_ahead};
+use crate::ops::state_rows::{can_stream, prefetch_rows_ahead};
 use crate::pool::{SendPtr, ThreadPool};
 use half::bf16;
 
@@ -59,36 +58,14 @@ pub fn gated_delta_scan<S: DeltaState>(
     out: &mut [f32],
     n_tokens: usize,
 ) {
-    dims.check();
-    inp.check(&dims, n_tokens);
-    assert_eq!(
-        state.len(),
-        dims.state_len(),
-        "gated delta: state is not [Hv, dk, dv]"
-    );
-    assert_eq!(out.len(), n_tokens * dims.n_v_head * dims.d_v);
-    if n_tokens == 0 {
-        return;
-    }
-    let sp = SendPtr(state.as_mut_ptr());
-    let op = SendPtr(out.as_mut_ptr());
-    let hv = dims.n_v_head;
-    let grain = (hv / (pool.n_threads() * 4)).max(1);
-    pool.parallel_for(hv, grain, |hr, _| {
-        let _flush = FlushDenormals::new();
-        let mut kv = vec![0f32; dims.d_v];
-        for j in hr {
-            // SAFETY: each value head's state and output lanes belong to
-            // exactly one call (parallel_for hands out disjoint heads).
-            let s = unsafe {
-                std::slice::from_raw_parts_mut(
-                    sp.get().add(j * dims.d_k * dims.d_v),
-                    dims.d_k * dims.d_v,
-                )
-            };
-            S::head_scan(&dims, j, s, &inp, op.get(), &mut kv, n_tokens);
-        }
-    });
+    let mut seqs = [DeltaSeq {
+        state,
+        from: None,
+        inputs: inp,
+        out,
+        n_tokens,
+    }];
+    gated_delta_scan_batch(pool, dims, &mut seqs);
 }
 
 /// [`gated_delta_scan`] on a state of either stored type.
@@ -107,17 +84,9 @@ pub fn gated_delta_scan_state(
 }
 
 /// One sequence's part of [`gated_delta_scan_batch`]: its state `[Hv,
-/// d_k, d_v]` (f32 or bf16), inputs and output `[n_tokens, Hv, d_v]`.
-/// With `from` (a state moving off a checkpoint, same length), `state`'s
-/// old contents are ignored: each head is copied from `from` just before
-/// its update (cache-hot, instead of a pass over the whole state first).
-pub struct DeltaSeq<'a, S: DeltaState = f32> {
-    pub state: &'a mut [S],
-    pub from: Option<&'a [S]>,
-    pub inputs: DeltaInputs<'a>,
-    pub out: &'a mut [f32],
-    pub n_tokens: usize,
-}
+/// d_k, d_v]` (f32 or bf16), inputs and output `[n_tokens, Hv, d_v]`, and
+/// where the state moves off a checkpoint (see [`Seq`]).
+pub type DeltaSeq<'a, S = f32> = Seq<'a, S>;
 
 /// [`gated_delta_scan`] for every sequence of `seqs` at once (a server's
 /// decode step, one layer): the (sequence, value head) pairs are spread
@@ -129,76 +98,40 @@ pub fn gated_delta_scan_batch<S: DeltaState>(
     seqs: &mut [DeltaSeq<S>],
 ) {
     dims.check();
-    struct Part<'a, S> {
-        state: SendPtr<S>,
-        from: Option<&'a [S]>,
-        inputs: DeltaInputs<'a>,
-        out: SendPtr<f32>,
-        n_tokens: usize,
-    }
-    let parts: Vec<Part<S>> = seqs
-        .iter_mut()
-        .map(|s| {
-            s.inputs.check(&dims, s.n_tokens);
-            assert_eq!(
-                s.state.len(),
-                dims.state_len(),
-                "gated delta: state is not [Hv, dk, dv]"
-            );
-            assert!(s.from.is_none_or(|f| f.len() == s.state.len()));
-            assert_eq!(s.out.len(), s.n_tokens * dims.n_v_head * dims.d_v);
-            Part {
-                state: SendPtr(s.state.as_mut_ptr()),
-                from: s.from,
-                inputs: s.inputs,
-                out: SendPtr(s.out.as_mut_ptr()),
-                n_tokens: s.n_tokens,
+    let hs = dims.d_k * dims.d_v;
+    let work = || vec![0f32; dims.d_v];
+    scan_heads(pool, &dims, seqs, work, |pt, j, s, kv| {
+        if let Some(f) = pt.from {
+            let src = &f[j * hs..(j + 1) * hs];
+            // One token (a decode step): read the old head, stream the
+            // new one (`moving.rs`).
+            // SAFETY: head j's output row belongs to this call alone.
+            if pt.n_tokens == 1
+                && unsafe { S::move_step(&dims, j, src, s, &pt.inputs, pt.out.get(), kv) }
+            {
+                return true;
             }
-        })
-        .collect();
-    let hv = dims.n_v_head;
-    let items = parts.len() * hv;
-    let grain = (items / (pool.n_threads() * 4)).clamp(1, hv);
-    pool.parallel_for(items, grain, |r, _| {
-        let _flush = FlushDenormals::new();
-        let mut kv = vec![0f32; dims.d_v];
-        let mut streamed = false;
-        for i in r {
-            let (pt, j) = (&parts[i / hv], i % hv);
-            let hs = dims.d_k * dims.d_v;
-            // SAFETY: each (sequence, value head) pair's state and output
-            // lanes belong to exactly one call.
-            let s = unsafe { std::slice::from_raw_parts_mut(pt.state.get().add(j * hs), hs) };
-            if let Some(f) = pt.from {
-                let src = &f[j * hs..(j + 1) * hs];
-                // One token (a decode step): read the old head, stream the
-                // new one (`moving.rs`).
-                // SAFETY: head j's output row belongs to this call alone.
-                let moved = pt.n_tokens == 1
-                    && unsafe { S::move_step(&dims, j, src, s, &pt.inputs, pt.out.get(), &mut kv) };
-                if moved {
-                    streamed = true;
-                    continue;
-                }
-                s.copy_from_slice(src);
-            }
-            if pt.n_tokens == 0 {
-                continue;
-            }
-            S::head_scan(&dims, j, s, &pt.inputs, pt.out.get(), &mut kv, pt.n_tokens);
+            s.copy_from_slice(src);
         }
-        if streamed {
-            // The streamed stores are ordered before the hand-back.
-            fence();
+        if pt.n_tokens > 0 {
+            S::head_scan(&dims, j, s, &pt.inputs, pt.out.get(), kv, pt.n_tokens);
         }
+        false
     });
 }
 
+/// The recurrence on value head `j`'s state `s` (`[d_k, d_v]`) over the
+/// `n` tokens of `inp`: two passes over the state rows per token. A bf16
+/// state is computed in f32, each row widened as it is read and, in the
+/// second pass, rounded back to bf16 (nearest even) as it is written:
+/// once per token, so a token's result does not depend on how many tokens
+/// share the call; the same arithmetic in the same order as on an f32
+/// state, half the state bytes to and from memory.
 #[inline(always)]
-fn head_scan(
+fn head_scan<S: StateElem>(
     d: &GatedDeltaDims,
     j: usize,
-    s: &mut [f32],
+    s: &mut [S],
     inp: &DeltaInputs,
     out: SendPtr<f32>,
     kv: &mut [f32],
@@ -206,6 +139,9 @@ fn head_scan(
 ) {
     let (dk, dv, hv) = (d.d_k, d.d_v, d.n_v_head);
     let kh = d.key_head(j);
+    let f32_state = S::TYPE == f32::TYPE;
+    // a bf16 row widened (an f32 row is used as it is)
+    let mut row = vec![0f32; if f32_state { 0 } else { dv }];
     for i in 0..n {
         let (q, k, v) = (inp.q_at(d, i, kh), inp.k_at(d, i, kh), inp.v_at(d, i, j));
         let decay = inp.g[i * hv + j].exp();
@@ -216,9 +152,11 @@ fn head_scan(
             if i == 0 {
                 // the state comes from memory on the first token: rows
                 // prefetched ahead as the decode kernels stream weights
-                prefetch_rows_ahead(s.as_ptr().wrapping_add(ri * dv), dv);
+                // (dv bf16 are the bytes of dv / 2 f32)
+                let at = s.as_ptr().wrapping_add(ri * dv) as *const f32;
+                prefetch_rows_ahead(at, if f32_state { dv } else { dv.div_ceil(2) });
             }
-            for (a, &x) in kv.iter_mut().zip(r) {
+            for (a, &x) in kv.iter_mut().zip(S::read_row(r, &mut row)) {
                 *a += kr * x;
             }
         }
@@ -230,22 +168,28 @@ fn head_scan(
         let o = unsafe { std::slice::from_raw_parts_mut(out.get().add((i * hv + j) * dv), dv) };
         o.fill(0.0);
         // S ← exp(g)·S + k δᵀ and o = Sᵀq in a second pass.
+        let kv = &*kv;
         for ((r, &kr), &qr) in s.chunks_exact_mut(dv).zip(k).zip(q) {
-            for ((x, &dl), ov) in r.iter_mut().zip(kv.iter()).zip(o.iter_mut()) {
-                *x = decay * *x + kr * dl;
-                *ov += qr * *x;
-            }
+            S::update_row(r, &mut row, |r| {
+                for ((x, &dl), ov) in r.iter_mut().zip(kv.iter()).zip(o.iter_mut()) {
+                    *x = decay * *x + kr * dl;
+                    *ov += qr * *x;
+                }
+            });
         }
     }
     debug_assert_eq!(s.len(), dk * dv);
 }
-multiversion!(fn head_scan_mv(
+multiversion!(fn head_scan_f32(
     d: &GatedDeltaDims, j: usize, s: &mut [f32], inp: &DeltaInputs, out: SendPtr<f32>, kv: &mut [f32], n: usize
-) => head_scan);
+) => head_scan::<f32>);
+multiversion!(fn head_scan_bf16(
+    d: &GatedDeltaDims, j: usize, s: &mut [bf16], inp: &DeltaInputs, out: SendPtr<f32>, kv: &mut [f32], n: usize
+) => head_scan::<bf16>);
 
 /// The state types the delta rule takes (f32, bf16): which compiled head
 /// loop runs for each. A bf16 head is computed in f32 and rounded once per
-/// token when stored (`bf16.rs`).
+/// token when stored.
 pub trait DeltaState: StateElem {
     #[doc(hidden)]
     fn head_scan(
@@ -290,7 +234,7 @@ impl DeltaState for f32 {
         kv: &mut [f32],
         n: usize,
     ) {
-        head_scan_mv(d, j, s, inp, SendPtr(out), kv, n)
+        head_scan_f32(d, j, s, inp, SendPtr(out), kv, n)
     }
 
     unsafe fn move_step(
@@ -323,7 +267,7 @@ impl DeltaState for bf16 {
         kv: &mut [f32],
         n: usize,
     ) {
-        super::bf16::head_scan_bf16_mv(d, j, s, inp, SendPtr(out), kv, n)
+        head_scan_bf16(d, j, s, inp, SendPtr(out), kv, n)
     }
 }
 
@@ -331,6 +275,7 @@ impl DeltaState for bf16 {
 pub(crate) mod tests {
     use super::*;
     use crate::ops::delta::HeadOrder;
+    use crate::ops::state_elem::{round_bf16, widen_bf16};
     use crate::testutil::Rng;
 
     /// The textbook recurrence in f64, per value head (key head by `order`).
@@ -560,5 +505,76 @@ pub(crate) mod tests {
         };
         assert_eq!(bits(&got_s), bits(&want_s), "states, d_v {dv}");
         assert_eq!(bits(&got_o), bits(&want_o), "outputs, d_v {dv}");
+    }
+
+    /// A bf16 state gives exactly the f32 recurrence with the state rounded
+    /// to bf16 after every token, in one call or one token per call, alone
+    /// or batched.
+    #[test]
+    fn bf16_is_the_f32_update_rounded_per_token() {
+        let mut rng = Rng::new(41);
+        let pool = ThreadPool::new(2);
+        for &(hk, hv, dk, dv, n) in &[(2, 4, 8, 16, 5), (1, 3, 5, 7, 3), (2, 2, 32, 32, 1)] {
+            let dims = GatedDeltaDims {
+                n_k_head: hk,
+                n_v_head: hv,
+                d_k: dk,
+                d_v: dv,
+                order: HeadOrder::Tiled,
+            };
+            let Case {
+                q,
+                k,
+                v,
+                g,
+                beta,
+                s0,
+            } = random_inputs(&mut rng, &dims, n);
+            let s0: Vec<bf16> = s0.iter().map(|&x| round_bf16(x)).collect();
+            let inp = DeltaInputs {
+                q: &q,
+                k: &k,
+                ld_qk: hk * dk,
+                v: &v,
+                ld_v: hv * dv,
+                g: &g,
+                beta: &beta,
+            };
+            let one = |i: usize| DeltaInputs {
+                q: &q[i * hk * dk..],
+                k: &k[i * hk * dk..],
+                v: &v[i * hv * dv..],
+                g: &g[i * hv..(i + 1) * hv],
+                beta: &beta[i * hv..(i + 1) * hv],
+                ..inp
+            };
+            let mut sf: Vec<f32> = s0.iter().map(|&x| widen_bf16(x)).collect();
+            let mut want_o = vec![0f32; n * hv * dv];
+            for i in 0..n {
+                let o = &mut want_o[i * hv * dv..(i + 1) * hv * dv];
+                gated_delta_scan(&pool, dims, &mut sf, one(i), o, 1);
+                sf.iter_mut().for_each(|x| *x = widen_bf16(round_bf16(*x)));
+            }
+            let want_s: Vec<bf16> = sf.iter().map(|&x| round_bf16(x)).collect();
+
+            let mut s = s0.clone();
+            let mut o = vec![0f32; n * hv * dv];
+            gated_delta_scan(&pool, dims, &mut s, inp, &mut o, n);
+            assert_eq!(s, want_s);
+            assert_eq!(o, want_o);
+
+            let mut s2 = s0.clone();
+            let mut o2 = vec![0f32; n * hv * dv];
+            let mut seqs = [DeltaSeq {
+                state: &mut s2[..],
+                from: None,
+                inputs: inp,
+                out: &mut o2,
+                n_tokens: n,
+            }];
+            gated_delta_scan_batch(&pool, dims, &mut seqs);
+            assert_eq!(s2, want_s);
+            assert_eq!(o2, want_o);
+        }
     }
 }

@@ -18,9 +18,9 @@
 //! k_r δ` and accumulates `o`. A bf16 state (`--state-type bf16`) is
 //! widened a row at a time and rounded once per token when stored.
 
-use crate::denormals::FlushDenormals;
+use super::dims::{scan_heads, DeltaInputs, Heads, Seq};
 use crate::multiversion;
-use crate::ops::state_elem::{round_row, widen_row, StateElem, StateMut};
+use crate::ops::state_elem::{StateElem, StateMut};
 use crate::ops::state_rows::prefetch_rows_ahead;
 use crate::pool::{SendPtr, ThreadPool};
 use half::bf16;
@@ -44,68 +44,30 @@ impl KdaDims {
     }
 }
 
+impl Heads for KdaDims {
+    const FAMILY: &'static str = "kda";
+    const SHAPES: (&'static str, &'static str) = ("H", "H, d_k");
+    #[inline(always)]
+    fn shape(&self) -> (usize, usize, usize, usize) {
+        (self.n_head, self.n_head, self.d_k, self.d_v)
+    }
+    #[inline(always)]
+    fn decays(&self) -> usize {
+        self.d_k
+    }
+}
+
 /// The per-token inputs, q, k and v read in place from wider rows: token
 /// `i`'s q and k (`[H, d_k]` each) start at `q[i·ld_qk]`, `k[i·ld_qk]`, its
 /// v (`[H, d_v]`) at `v[i·ld_v]`; `g`: `[n_tokens, H, d_k]` log decays,
-/// `beta`: `[n_tokens, H]`.
-#[derive(Clone, Copy)]
-pub struct KdaInputs<'a> {
-    pub q: &'a [f32],
-    pub k: &'a [f32],
-    pub ld_qk: usize,
-    pub v: &'a [f32],
-    pub ld_v: usize,
-    pub g: &'a [f32],
-    pub beta: &'a [f32],
-}
+/// `beta`: `[n_tokens, H]` (the gated delta rule's inputs, with a decay
+/// per key channel).
+pub type KdaInputs<'a> = DeltaInputs<'a>;
 
-impl KdaInputs<'_> {
-    pub(crate) fn check(&self, d: &KdaDims, n: usize) {
-        if n == 0 {
-            return;
-        }
-        let (kd, vd) = (d.n_head * d.d_k, d.n_head * d.d_v);
-        assert!(self.ld_qk >= kd && self.ld_v >= vd);
-        assert!(
-            self.q.len() >= (n - 1) * self.ld_qk + kd,
-            "kda: q too short"
-        );
-        assert!(
-            self.k.len() >= (n - 1) * self.ld_qk + kd,
-            "kda: k too short"
-        );
-        assert!(self.v.len() >= (n - 1) * self.ld_v + vd, "kda: v too short");
-        assert_eq!(self.g.len(), n * kd, "kda: g is not [n, H, d_k]");
-        assert_eq!(self.beta.len(), n * d.n_head, "kda: beta is not [n, H]");
-    }
-
-    #[inline(always)]
-    pub(crate) fn q_at(&self, d: &KdaDims, i: usize, h: usize) -> &[f32] {
-        &self.q[i * self.ld_qk + h * d.d_k..][..d.d_k]
-    }
-    #[inline(always)]
-    pub(crate) fn k_at(&self, d: &KdaDims, i: usize, h: usize) -> &[f32] {
-        &self.k[i * self.ld_qk + h * d.d_k..][..d.d_k]
-    }
-    #[inline(always)]
-    pub(crate) fn v_at(&self, d: &KdaDims, i: usize, h: usize) -> &[f32] {
-        &self.v[i * self.ld_v + h * d.d_v..][..d.d_v]
-    }
-    #[inline(always)]
-    pub(crate) fn g_at(&self, d: &KdaDims, i: usize, h: usize) -> &[f32] {
-        &self.g[(i * d.n_head + h) * d.d_k..][..d.d_k]
-    }
-}
-
-/// The state types the recurrence takes (f32, bf16): how a state row is
-/// read and written in f32.
+/// The state types the recurrence takes (f32, bf16): which compiled head
+/// loop runs for each (a state row is read and written in f32 by
+/// [`StateElem::read_row`], [`StateElem::update_row`]).
 pub trait KdaState: StateElem {
-    /// Row `r` as f32 (itself, or widened into `work`).
-    #[doc(hidden)]
-    fn read_row<'a>(r: &'a [Self], work: &'a mut [f32]) -> &'a [f32];
-    /// `f` on row `r` as f32, stored back (rounded for bf16).
-    #[doc(hidden)]
-    fn update_row(r: &mut [Self], work: &mut [f32], f: impl FnOnce(&mut [f32]));
     #[doc(hidden)]
     fn head_scan(
         d: &KdaDims,
@@ -119,14 +81,6 @@ pub trait KdaState: StateElem {
 }
 
 impl KdaState for f32 {
-    #[inline(always)]
-    fn read_row<'a>(r: &'a [f32], _work: &'a mut [f32]) -> &'a [f32] {
-        r
-    }
-    #[inline(always)]
-    fn update_row(r: &mut [f32], _work: &mut [f32], f: impl FnOnce(&mut [f32])) {
-        f(r)
-    }
     fn head_scan(
         d: &KdaDims,
         h: usize,
@@ -141,17 +95,6 @@ impl KdaState for f32 {
 }
 
 impl KdaState for bf16 {
-    #[inline(always)]
-    fn read_row<'a>(r: &'a [bf16], work: &'a mut [f32]) -> &'a [f32] {
-        widen_row(r, work);
-        work
-    }
-    #[inline(always)]
-    fn update_row(r: &mut [bf16], work: &mut [f32], f: impl FnOnce(&mut [f32])) {
-        widen_row(r, work);
-        f(work);
-        round_row(work, r);
-    }
     fn head_scan(
         d: &KdaDims,
         h: usize,
@@ -288,16 +231,9 @@ pub fn kda_scan_state(
 }
 
 /// One sequence's part of [`kda_scan_batch`]: its state `[H, d_k, d_v]`,
-/// inputs and output `[n_tokens, H, d_v]`. With `from` (a state moving off
-/// a checkpoint, same length), `state`'s old contents are ignored: each
-/// head is copied from `from` just before its update.
-pub struct KdaSeq<'a, S: KdaState = f32> {
-    pub state: &'a mut [S],
-    pub from: Option<&'a [S]>,
-    pub inputs: KdaInputs<'a>,
-    pub out: &'a mut [f32],
-    pub n_tokens: usize,
-}
+/// inputs and output `[n_tokens, H, d_v]`, and where the state moves off a
+/// checkpoint (see [`Seq`]).
+pub type KdaSeq<'a, S = f32> = Seq<'a, S>;
 
 /// [`kda_scan`] for every sequence of `seqs` at once (a server's decode
 /// step, one layer): the (sequence, head) pairs are spread over `pool` in
@@ -305,56 +241,22 @@ pub struct KdaSeq<'a, S: KdaState = f32> {
 /// for bit).
 pub fn kda_scan_batch<S: KdaState>(pool: &ThreadPool, dims: KdaDims, seqs: &mut [KdaSeq<S>]) {
     dims.check();
-    struct Part<'a, S> {
-        state: SendPtr<S>,
-        from: Option<&'a [S]>,
-        inputs: KdaInputs<'a>,
-        out: SendPtr<f32>,
-        n_tokens: usize,
-    }
-    let parts: Vec<Part<S>> = seqs
-        .iter_mut()
-        .map(|s| {
-            s.inputs.check(&dims, s.n_tokens);
-            assert_eq!(
-                s.state.len(),
-                dims.state_len(),
-                "kda: state is not [H, dk, dv]"
-            );
-            assert!(s.from.is_none_or(|f| f.len() == s.state.len()));
-            assert_eq!(s.out.len(), s.n_tokens * dims.n_head * dims.d_v);
-            Part {
-                state: SendPtr(s.state.as_mut_ptr()),
-                from: s.from,
-                inputs: s.inputs,
-                out: SendPtr(s.out.as_mut_ptr()),
-                n_tokens: s.n_tokens,
-            }
-        })
-        .collect();
-    let nh = dims.n_head;
-    let items = parts.len() * nh;
-    if items == 0 {
-        return;
-    }
-    let grain = (items / (pool.n_threads() * 4)).clamp(1, nh);
-    pool.parallel_for(items, grain, |r, _| {
-        let _flush = FlushDenormals::new();
-        let mut w = Work::new(&dims);
-        for i in r {
-            let (pt, h) = (&parts[i / nh], i % nh);
-            let hs = dims.d_k * dims.d_v;
-            // SAFETY: each (sequence, head) pair's state and output lanes
-            // belong to exactly one call.
-            let s = unsafe { std::slice::from_raw_parts_mut(pt.state.get().add(h * hs), hs) };
+    let hs = dims.d_k * dims.d_v;
+    scan_heads(
+        pool,
+        &dims,
+        seqs,
+        || Work::new(&dims),
+        |pt, h, s, w| {
             if let Some(f) = pt.from {
                 s.copy_from_slice(&f[h * hs..(h + 1) * hs]);
             }
             if pt.n_tokens > 0 {
-                S::head_scan(&dims, h, s, &pt.inputs, pt.out.get(), &mut w, pt.n_tokens);
+                S::head_scan(&dims, h, s, &pt.inputs, pt.out.get(), w, pt.n_tokens);
             }
-        }
-    });
+            false
+        },
+    );
 }
 
 #[cfg(test)]

@@ -22,9 +22,8 @@
 //! fast a channel decays; fla splits chunks into sub-chunks for the same
 //! reason).
 
-use super::chunk::{chunk_levels, gemm_acc, madd, Solve, Tri};
+use super::chunk::{chunk_heads, chunk_levels, gemm_acc, madd, Solve, Tri};
 use super::kda::{KdaDims, KdaInputs};
-use crate::denormals::FlushDenormals;
 use crate::pool::{SendPtr, ThreadPool};
 
 /// Tokens per chunk: the pair terms grow with the chunk (`A`, `P`: L²·d_k
@@ -94,36 +93,19 @@ pub fn kda_chunked(
 ) {
     assert!(chunk > 0);
     dims.check();
-    inp.check(&dims, n_tokens);
-    assert_eq!(
-        state.len(),
-        dims.state_len(),
-        "kda: state is not [H, dk, dv]"
+    let (dk, dv) = (dims.d_k, dims.d_v);
+    let work = || Work::new(chunk.min(n_tokens), dk, dv);
+    chunk_heads(
+        pool,
+        &dims,
+        chunk,
+        state,
+        &inp,
+        out,
+        n_tokens,
+        work,
+        |wk, h, s, c0, len, op| chunk_mv(&dims, h, s, &inp, c0, len, wk, op),
     );
-    assert_eq!(out.len(), n_tokens * dims.n_head * dims.d_v);
-    if n_tokens == 0 {
-        return;
-    }
-    let (dk, dv, nh) = (dims.d_k, dims.d_v, dims.n_head);
-    let sp = SendPtr(state.as_mut_ptr());
-    let op = SendPtr(out.as_mut_ptr());
-    let l = chunk.min(n_tokens);
-    let grain = (nh / (pool.n_threads() * 2)).max(1);
-    pool.parallel_for(nh, grain, |hr, _| {
-        let _flush = FlushDenormals::new();
-        let mut wk = Work::new(l, dk, dv);
-        for h in hr {
-            // SAFETY: each head's state and output lanes belong to exactly
-            // one call (parallel_for hands out disjoint heads).
-            let s = unsafe { std::slice::from_raw_parts_mut(sp.get().add(h * dk * dv), dk * dv) };
-            let mut c0 = 0;
-            while c0 < n_tokens {
-                let len = l.min(n_tokens - c0);
-                chunk_mv(&dims, h, s, &inp, c0, len, &mut wk, op);
-                c0 += len;
-            }
-        }
-    });
 }
 
 /// One chunk (`len` tokens from `c0`) of head `h` (`WIDE`: the AVX-512

@@ -6,16 +6,15 @@
 //! [`KdaState`]) and the sequences of a batch a parameter of the one scan.
 //!
 //! * `dims.rs`: [`GatedDeltaDims`], [`HeadOrder`], [`DeltaInputs`]
-//! * `gated.rs`: the gated delta rule token by token, the reference:
-//!   [`gated_delta_scan`], [`gated_delta_scan_batch`]; [`l2_normalize`]
-//! * `bf16.rs`: its head update on a bf16 state
+//! * `gated.rs`: the gated delta rule token by token (on an f32 or a bf16
+//!   state), the reference: [`gated_delta_scan`], [`gated_delta_scan_batch`];
+//!   [`l2_normalize`]
 //! * `moving.rs`: one token while the state moves to a new buffer (streamed)
 //! * `chunk.rs`: the chunked form ([`gated_delta_chunked`]) and the small
 //!   matrix products KDA's chunks share; `chunk_lanes.rs`: the same algebra
 //!   with one token per SIMD lane for small heads
 //! * `kda.rs`, `kda_chunk.rs`: KDA token by token and chunked
 
-mod bf16;
 pub mod chunk;
 mod chunk_lanes;
 pub mod dims;
@@ -25,7 +24,7 @@ pub mod kda_chunk;
 mod moving;
 
 pub use chunk::gated_delta_chunked;
-pub use dims::{DeltaInputs, GatedDeltaDims, HeadOrder};
+pub use dims::{DeltaInputs, GatedDeltaDims, HeadOrder, Seq};
 pub use gated::{
     gated_delta_scan, gated_delta_scan_batch, gated_delta_scan_state, l2_normalize, DeltaSeq,
     DeltaState,
