@@ -553,7 +553,7 @@ unsafe fn packed_microkernel(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::RB;
-    use crate::simd::tile::x86::Pair;
+    use crate::simd::tile::x86::{columns8, Pair};
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx512f")]
@@ -674,31 +674,13 @@ mod x86 {
             for (j, v) in r.iter_mut().enumerate().take(m) {
                 *v = _mm256_loadu_ps(sp.add(j * cols + k0));
             }
-            let mut t = [_mm256_setzero_ps(); 8];
-            for k in 0..4 {
-                t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-                t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-            }
-            for q in 0..2 {
-                let (a, b, c, d) = (t[4 * q], t[4 * q + 1], t[4 * q + 2], t[4 * q + 3]);
-                r[4 * q] = _mm256_shuffle_ps::<0x44>(a, c);
-                r[4 * q + 1] = _mm256_shuffle_ps::<0xee>(a, c);
-                r[4 * q + 2] = _mm256_shuffle_ps::<0x44>(b, d);
-                r[4 * q + 3] = _mm256_shuffle_ps::<0xee>(b, d);
-            }
-            // column c = k0 + k: (r[k] low | r[k + 4] low) for k < 4, highs for k ≥ 4
-            let col = |k: usize| {
-                if k < 4 {
-                    _mm256_permute2f128_ps::<0x20>(r[k], r[k + 4])
-                } else {
-                    _mm256_permute2f128_ps::<0x31>(r[k - 4], r[k])
-                }
-            };
+            // column c = k0 + k
+            let col = columns8(r);
             let o = dp.add(6 * k0);
             for k in 0..7 {
-                _mm256_storeu_ps(o.add(6 * k), col(k));
+                _mm256_storeu_ps(o.add(6 * k), col[k]);
             }
-            _mm256_maskstore_ps(o.add(42), six, col(7));
+            _mm256_maskstore_ps(o.add(42), six, col[7]);
             k0 += 8;
         }
         for k in k0..kc {

@@ -494,6 +494,18 @@ fn rows_equal_one_token_calls(pool: &ThreadPool) {
 /// bits at every level, and Q8_0 at the AVX2 level the row-at-a-time dot
 /// product's bits, one token or several, and stays batch-invariant; other
 /// formats and levels are left alone.
+/// `n` tokens of `x` through `w` at `level` on `pool`.
+fn product(pool: &ThreadPool, w: &WeightRef, x: &[f32], n: usize, level: SimdLevel) -> Vec<f32> {
+    let mut y = vec![f32::NAN; n * w.rows];
+    matmul_at(pool, w, &x[..n * w.cols], &mut y, n, level);
+    y
+}
+
+/// The same bits.
+fn same(a: &[f32], b: &[f32]) -> bool {
+    a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits())
+}
+
 #[test]
 fn single_stream_pools_keep_their_kernels_on_every_path() {
     let single = ThreadPool::new(2);
@@ -515,12 +527,7 @@ fn single_stream_pools_keep_their_kernels_on_every_path() {
         let data = random_weights(&mut rng, ty, rows, cols);
         let w = WeightRef::new(ty, &data, rows, cols).unwrap();
         let x = rng.vec(n_max * cols);
-        let run = |pool: &ThreadPool, n: usize, level: SimdLevel| {
-            let mut y = vec![f32::NAN; n * rows];
-            matmul_at(pool, &w, &x[..n * cols], &mut y, n, level);
-            y
-        };
-        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+        let run = |pool: &ThreadPool, n: usize, level: SimdLevel| product(pool, &w, &x, n, level);
         for level in crate::simd::available_levels() {
             let one: Vec<f32> = (0..n_max)
                 .flat_map(|t| {
@@ -596,12 +603,7 @@ fn split_512_q6_k_products_take_the_avx2_lanes() {
     let data = random_weights(&mut rng, ty, rows, cols);
     let w = WeightRef::new(ty, &data, rows, cols).unwrap();
     let x = rng.vec(n_max * cols);
-    let run = |pool: &ThreadPool, n: usize, level: SimdLevel| {
-        let mut y = vec![f32::NAN; n * rows];
-        matmul_at(pool, &w, &x[..n * cols], &mut y, n, level);
-        y
-    };
-    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+    let run = |pool: &ThreadPool, n: usize, level: SimdLevel| product(pool, &w, &x, n, level);
     for n in [1, 2, 3, 4, 5, 8, 9, 16, 17, 32] {
         let avx2 = run(&plain, n, SimdLevel::Avx2);
         assert!(same(&run(&plain, n, level), &avx2), "batched pool, n {n}");

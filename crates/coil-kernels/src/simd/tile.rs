@@ -185,6 +185,16 @@ pub(crate) mod x86 {
         for (i, v) in r.iter_mut().enumerate() {
             *v = _mm256_loadu_ps(src.add(i * lds));
         }
+        for (k, c) in columns8(r).iter().enumerate() {
+            _mm256_storeu_ps(dst.add(k * ldd), *c);
+        }
+    }
+
+    /// The columns of the 8 × 8 block whose rows are `r`: column `k` at
+    /// index `k` (pairs of rows interleaved, 32-bit then 64-bit elements,
+    /// then 128-bit lanes).
+    #[inline(always)]
+    pub(crate) unsafe fn columns8(mut r: [__m256; 8]) -> [__m256; 8] {
         let mut t = [_mm256_setzero_ps(); 8];
         for k in 0..4 {
             t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
@@ -197,16 +207,13 @@ pub(crate) mod x86 {
             r[4 * q + 2] = _mm256_shuffle_ps::<0x44>(b, d);
             r[4 * q + 3] = _mm256_shuffle_ps::<0xee>(b, d);
         }
-        for k in 0..4 {
-            _mm256_storeu_ps(
-                dst.add(k * ldd),
-                _mm256_permute2f128_ps::<0x20>(r[k], r[k + 4]),
-            );
-            _mm256_storeu_ps(
-                dst.add((k + 4) * ldd),
-                _mm256_permute2f128_ps::<0x31>(r[k], r[k + 4]),
-            );
-        }
+        std::array::from_fn(|k| {
+            if k < 4 {
+                _mm256_permute2f128_ps::<0x20>(r[k], r[k + 4])
+            } else {
+                _mm256_permute2f128_ps::<0x31>(r[k - 4], r[k])
+            }
+        })
     }
 }
 

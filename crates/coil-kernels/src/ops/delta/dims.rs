@@ -124,15 +124,15 @@ impl DeltaInputs<'_> {
         assert_eq!(self.beta.len(), n * hv, "{f}: beta is not [n, {heads}]");
     }
 
+    /// Token `i`'s q of key head `kh`.
     #[inline(always)]
     pub(crate) fn q_at<D: Heads>(&self, d: &D, i: usize, kh: usize) -> &[f32] {
-        let dk = d.shape().2;
-        &self.q[i * self.ld_qk + kh * dk..][..dk]
+        key_row(self.q, self.ld_qk, d, i, kh)
     }
+    /// Token `i`'s k of key head `kh`.
     #[inline(always)]
     pub(crate) fn k_at<D: Heads>(&self, d: &D, i: usize, kh: usize) -> &[f32] {
-        let dk = d.shape().2;
-        &self.k[i * self.ld_qk + kh * dk..][..dk]
+        key_row(self.k, self.ld_qk, d, i, kh)
     }
     #[inline(always)]
     pub(crate) fn v_at<D: Heads>(&self, d: &D, i: usize, j: usize) -> &[f32] {
@@ -145,6 +145,13 @@ impl DeltaInputs<'_> {
         let (_, hv, dk, _) = d.shape();
         &self.g[(i * hv + j) * dk..][..dk]
     }
+}
+
+/// Token `i`'s `d_k` values of key head `kh` in rows `ld` apart.
+#[inline(always)]
+fn key_row<'a, D: Heads>(x: &'a [f32], ld: usize, d: &D, i: usize, kh: usize) -> &'a [f32] {
+    let dk = d.shape().2;
+    &x[i * ld + kh * dk..][..dk]
 }
 
 /// One sequence's part of a batched scan (`gated_delta_scan_batch`,

@@ -114,7 +114,7 @@ pub fn gated_delta_scan_batch<S: DeltaState>(
             s.copy_from_slice(src);
         }
         if pt.n_tokens > 0 {
-            S::head_scan(&dims, j, s, &pt.inputs, pt.out.get(), kv, pt.n_tokens);
+            head_scan_mv::<S>(&dims, j, s, &pt.inputs, pt.out, kv, pt.n_tokens);
         }
         false
     });
@@ -180,28 +180,14 @@ fn head_scan<S: StateElem>(
     }
     debug_assert_eq!(s.len(), dk * dv);
 }
-multiversion!(fn head_scan_f32(
-    d: &GatedDeltaDims, j: usize, s: &mut [f32], inp: &DeltaInputs, out: SendPtr<f32>, kv: &mut [f32], n: usize
-) => head_scan::<f32>);
-multiversion!(fn head_scan_bf16(
-    d: &GatedDeltaDims, j: usize, s: &mut [bf16], inp: &DeltaInputs, out: SendPtr<f32>, kv: &mut [f32], n: usize
-) => head_scan::<bf16>);
+multiversion!(fn head_scan_mv<S: StateElem>(
+    d: &GatedDeltaDims, j: usize, s: &mut [S], inp: &DeltaInputs, out: SendPtr<f32>, kv: &mut [f32], n: usize
+) => head_scan);
 
-/// The state types the delta rule takes (f32, bf16): which compiled head
-/// loop runs for each. A bf16 head is computed in f32 and rounded once per
-/// token when stored.
+/// The state types the delta rule takes (f32, bf16; a bf16 head is computed
+/// in f32 and rounded once per token when stored), and where a decode
+/// step moving the state to a new buffer streams it.
 pub trait DeltaState: StateElem {
-    #[doc(hidden)]
-    fn head_scan(
-        d: &GatedDeltaDims,
-        j: usize,
-        s: &mut [Self],
-        inp: &DeltaInputs,
-        out: *mut f32,
-        kv: &mut [f32],
-        n: usize,
-    );
-
     /// One token of head `j` with its state moving from `src` to `dst`,
     /// the new state streamed (`moving.rs`); `false` (nothing
     /// done) where that path does not run: the caller copies and scans.
@@ -224,19 +210,6 @@ pub trait DeltaState: StateElem {
 }
 
 impl DeltaState for f32 {
-    #[inline(always)]
-    fn head_scan(
-        d: &GatedDeltaDims,
-        j: usize,
-        s: &mut [f32],
-        inp: &DeltaInputs,
-        out: *mut f32,
-        kv: &mut [f32],
-        n: usize,
-    ) {
-        head_scan_f32(d, j, s, inp, SendPtr(out), kv, n)
-    }
-
     unsafe fn move_step(
         d: &GatedDeltaDims,
         j: usize,
@@ -256,20 +229,7 @@ impl DeltaState for f32 {
     }
 }
 
-impl DeltaState for bf16 {
-    #[inline(always)]
-    fn head_scan(
-        d: &GatedDeltaDims,
-        j: usize,
-        s: &mut [bf16],
-        inp: &DeltaInputs,
-        out: *mut f32,
-        kv: &mut [f32],
-        n: usize,
-    ) {
-        head_scan_bf16(d, j, s, inp, SendPtr(out), kv, n)
-    }
-}
+impl DeltaState for bf16 {}
 
 #[cfg(test)]
 pub(crate) mod tests {

@@ -23,7 +23,6 @@ use crate::multiversion;
 use crate::ops::state_elem::{StateElem, StateMut};
 use crate::ops::state_rows::prefetch_rows_ahead;
 use crate::pool::{SendPtr, ThreadPool};
-use half::bf16;
 
 /// Heads and their widths (as many key heads as value heads).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,53 +63,15 @@ impl Heads for KdaDims {
 /// per key channel).
 pub type KdaInputs<'a> = DeltaInputs<'a>;
 
-/// The state types the recurrence takes (f32, bf16): which compiled head
-/// loop runs for each (a state row is read and written in f32 by
-/// [`StateElem::read_row`], [`StateElem::update_row`]).
-pub trait KdaState: StateElem {
-    #[doc(hidden)]
-    fn head_scan(
-        d: &KdaDims,
-        h: usize,
-        s: &mut [Self],
-        inp: &KdaInputs,
-        out: *mut f32,
-        w: &mut Work,
-        n: usize,
-    );
-}
+/// The state types the recurrence takes (f32, bf16): every
+/// [`StateElem`], a state row read and written in f32 by
+/// [`StateElem::read_row`], [`StateElem::update_row`].
+pub trait KdaState: StateElem {}
 
-impl KdaState for f32 {
-    fn head_scan(
-        d: &KdaDims,
-        h: usize,
-        s: &mut [f32],
-        inp: &KdaInputs,
-        out: *mut f32,
-        w: &mut Work,
-        n: usize,
-    ) {
-        head_scan_f32(d, h, s, inp, SendPtr(out), w, n)
-    }
-}
-
-impl KdaState for bf16 {
-    fn head_scan(
-        d: &KdaDims,
-        h: usize,
-        s: &mut [bf16],
-        inp: &KdaInputs,
-        out: *mut f32,
-        w: &mut Work,
-        n: usize,
-    ) {
-        head_scan_bf16(d, h, s, inp, SendPtr(out), w, n)
-    }
-}
+impl<S: StateElem> KdaState for S {}
 
 /// One thread's buffers.
-#[doc(hidden)]
-pub struct Work {
+struct Work {
     /// e^g of the token, `[d_k]`.
     e: Vec<f32>,
     /// k ⊙ e^g, `[d_k]`.
@@ -133,7 +94,7 @@ impl Work {
 }
 
 #[inline(always)]
-fn head_scan<S: KdaState>(
+fn head_scan<S: StateElem>(
     d: &KdaDims,
     h: usize,
     s: &mut [S],
@@ -187,12 +148,9 @@ fn head_scan<S: KdaState>(
         }
     }
 }
-multiversion!(fn head_scan_f32(
-    d: &KdaDims, h: usize, s: &mut [f32], inp: &KdaInputs, out: SendPtr<f32>, w: &mut Work, n: usize
-) => head_scan::<f32>);
-multiversion!(fn head_scan_bf16(
-    d: &KdaDims, h: usize, s: &mut [bf16], inp: &KdaInputs, out: SendPtr<f32>, w: &mut Work, n: usize
-) => head_scan::<bf16>);
+multiversion!(fn head_scan_mv<S: StateElem>(
+    d: &KdaDims, h: usize, s: &mut [S], inp: &KdaInputs, out: SendPtr<f32>, w: &mut Work, n: usize
+) => head_scan);
 
 /// The recurrence over `n_tokens` tokens for every head (heads spread over
 /// `pool`), from and into `state` (`[H, d_k, d_v]`, f32 or bf16); `out`:
@@ -252,7 +210,7 @@ pub fn kda_scan_batch<S: KdaState>(pool: &ThreadPool, dims: KdaDims, seqs: &mut 
                 s.copy_from_slice(&f[h * hs..(h + 1) * hs]);
             }
             if pt.n_tokens > 0 {
-                S::head_scan(&dims, h, s, &pt.inputs, pt.out.get(), w, pt.n_tokens);
+                head_scan_mv::<S>(&dims, h, s, &pt.inputs, pt.out, w, pt.n_tokens);
             }
             false
         },
@@ -265,6 +223,7 @@ pub(crate) mod tests {
     use crate::ops::delta::l2_normalize;
     use crate::ops::state_elem::{round_bf16, widen_bf16};
     use crate::testutil::Rng;
+    use half::bf16;
 
     /// The textbook recurrence in f64 (decay first, as transformers' torch
     /// path orders it).

@@ -807,6 +807,9 @@ mod timing {
                 s.copy_from_slice(&s0);
                 mamba2_scan(&pool, dims, &mut s, xt, dtt, &a, bt, ct, Some(&d), yt, t);
             });
+            let chunked = |chunk: usize, s: &mut [f32], y: &mut [f32]| {
+                mamba2_chunked_scan(&pool, dims, chunk, s, xt, dtt, &a, bt, ct, Some(&d), y, t)
+            };
             let mut line = format!("{t:4} tokens: sequential {seq:7.3} ms");
             for chunk in [32, 64, 128] {
                 if chunk > 2 * t.max(32) {
@@ -814,39 +817,13 @@ mod timing {
                 }
                 let ms = best(reps, || {
                     s.copy_from_slice(&s0);
-                    mamba2_chunked_scan(
-                        &pool,
-                        dims,
-                        chunk,
-                        &mut s,
-                        xt,
-                        dtt,
-                        &a,
-                        bt,
-                        ct,
-                        Some(&d),
-                        yt,
-                        t,
-                    );
+                    chunked(chunk, &mut s, &mut *yt);
                 });
                 line += &format!(" | chunk {chunk} {ms:7.3} ms ({:.2}x)", ms / seq);
             }
             let zero = best(reps, || {
                 s.fill(0.0);
-                mamba2_chunked_scan(
-                    &pool,
-                    dims,
-                    DEFAULT_CHUNK,
-                    &mut s,
-                    xt,
-                    dtt,
-                    &a,
-                    bt,
-                    ct,
-                    Some(&d),
-                    yt,
-                    t,
-                );
+                chunked(DEFAULT_CHUNK, &mut s, &mut *yt);
             });
             line += &format!(" | zero state {zero:7.3} ms ({:.2}x)", zero / seq);
             eprintln!("{line}");
