@@ -11,10 +11,10 @@
 #    "How to measure");
 # 4. converts them with llama.cpp's convert_hf_to_gguf.py (--outtype f16, and
 #    --outtype bf16 for BF16) and quantizes to Q8_0 and Q4_K_M with
-#    llama-quantize. qwen35-0.8b-like and qwen35moe-1b-like are made and
-#    converted under transformers 5, the converter run with --no-mtp and its
-#    BPE pre-tokenizer name fixed to "olmo" (the name it gives the GPT-NeoX
-#    tokenizer), as tools/make_fixtures_qwen35.py runs it;
+#    llama-quantize. The Qwen3.5 shapes and kimi-linear-48b-a3b-like are made
+#    and converted under transformers 5, the converter run with --no-mtp and
+#    its BPE pre-tokenizer name fixed to "olmo" (the name it gives the
+#    GPT-NeoX tokenizer), as tools/make_fixtures_qwen35.py runs it;
 #    --prepare-only stops here (no coil build, no benchmark, no GNU time
 #    needed) and lists the files;
 # 5. builds coil in release;
@@ -45,7 +45,8 @@
 #                                (also: mamba-370m-like, a Mamba-1 shape;
 #                                lfm2-1.2b-like, LFM2's short-conv hybrid;
 #                                qwen35-0.8b-like and qwen35moe-1b-like, the
-#                                Gated DeltaNet hybrids, dense and MoE)
+#                                Gated DeltaNet hybrids, dense and MoE;
+#                                kimi-linear-48b-a3b-like, KDA + MLA + MoE)
 #                                [--types "F16 BF16 Q8_0 Q4_K_M"] [--skip-build]
 #                                (any llama-quantize type too: Q2_K, Q3_K_M,
 #                                Q5_K_M, IQ4_XS, ...)
@@ -61,10 +62,10 @@
 #                    numpy, sentencepiece for the converter (default: a venv
 #                    made in $BENCH_DIR/venv-convert, sharing the system's
 #                    packages, with transformers 4.57 pinned); not made when
-#                    only Qwen3.5 shapes are asked for
-#   QWEN35_PYTHON    a Python with transformers 5.x (Qwen3.5), torch,
-#                    safetensors, numpy, sentencepiece that creates and
-#                    converts qwen35-0.8b-like and qwen35moe-1b-like (default:
+#                    only transformers 5 shapes are asked for
+#   QWEN35_PYTHON    a Python with transformers 5.x (Qwen3.5, KimiLinear),
+#                    torch, safetensors, numpy, sentencepiece that creates and
+#                    converts the Qwen3.5 and Kimi-Linear shapes (default:
 #                    a venv made in $BENCH_DIR/venv-qwen35, sharing the
 #                    system's packages, with transformers 5.23 pinned)
 #   LLAMACPP_DIR     where scripts/build-llamacpp.sh builds llama.cpp
@@ -87,7 +88,7 @@ REPORT_ONLY=""
 ISA=""
 PREPARE_ONLY=0
 # What tools/make_bench_models.py can build.
-KNOWN_MODELS="mamba2-370m-like hybrid-350m-like mamba-370m-like lfm2-1.2b-like qwen35-0.8b-like qwen35moe-1b-like"
+KNOWN_MODELS="mamba2-370m-like hybrid-350m-like mamba-370m-like lfm2-1.2b-like qwen35-0.8b-like qwen35moe-1b-like kimi-linear-48b-a3b-like"
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -244,14 +245,15 @@ source "$LLAMACPP_DIR/env.sh"
 : "${LLAMACPP_BIN:?not set by $LLAMACPP_DIR/env.sh}" "${LLAMACPP_CONVERT:?}" "${LLAMACPP_GGUF_PY:?}"
 
 # ---- 2. converter environments --------------------------------------------------
-# The Qwen3.5 shapes need transformers 5 (for the model classes; the pinned
-# converter runs under it too); every other shape is made and converted under
-# transformers 4.57, the version the pinned converter expects.
-is_qwen35() { case "$1" in qwen35*) return 0 ;; *) return 1 ;; esac; }
+# The Qwen3.5 and Kimi-Linear shapes need transformers 5 (for the model and
+# config classes; the pinned converter runs under it too); every other shape
+# is made and converted under transformers 4.57, the version the pinned
+# converter expects.
+is_tf5() { case "$1" in qwen35*|kimi-linear*) return 0 ;; *) return 1 ;; esac; }
 
 need_convert_env=0
 for m in $MODELS; do
-    is_qwen35 "$m" || need_convert_env=1
+    is_tf5 "$m" || need_convert_env=1
 done
 # A venv in $1 (sharing the system's packages) with transformers $2.* pinned
 # and torch; says why ($3) when it is made. Prints its python.
@@ -274,10 +276,10 @@ if [ "$need_convert_env" = 1 ] && [ -z "${CONVERT_PYTHON:-}" ]; then
     CONVERT_PYTHON="$(make_venv "$BENCH_DIR/venv-convert" 4.57 "transformers 4.57 for llama.cpp's converter")"
 fi
 
-# Made on first use only (a model, F16 or BF16 file of a Qwen3.5 shape missing).
+# Made on first use only (a model, F16 or BF16 file of a transformers 5 shape missing).
 qwen35_python() {
     [ -n "${QWEN35_PYTHON:-}" ] && return 0
-    QWEN35_PYTHON="$(make_venv "$BENCH_DIR/venv-qwen35" 5.23 "transformers 5 for the Qwen3.5 shapes")"
+    QWEN35_PYTHON="$(make_venv "$BENCH_DIR/venv-qwen35" 5.23 "transformers 5 for the Qwen3.5 and Kimi-Linear shapes")"
 }
 
 # llama.cpp's converter with its BPE pre-tokenizer name fixed to "olmo", the
@@ -302,7 +304,7 @@ convert_hf() {
     local m="$1" outtype="$2" out="$3" logf="$4"
     local hf="$BENCH_DIR/$m/hf"
     log "converting $m (llama.cpp's convert_hf_to_gguf.py --outtype $outtype)"
-    if is_qwen35 "$m"; then
+    if is_tf5 "$m"; then
         PYTHONPATH="$LLAMACPP_GGUF_PY" "$QWEN35_PYTHON" -c "$FIXED_PRE_CONVERT" "$LLAMACPP_CONVERT" \
             "$hf" --outtype "$outtype" --no-mtp --outfile "$out.partial" > "$logf" 2>&1 \
             || { echo "error: conversion failed, see $logf" >&2; exit 1; }
@@ -320,7 +322,7 @@ for m in $MODELS; do
     f16="$BENCH_DIR/$m/$m.F16.gguf"
     bf16="$BENCH_DIR/$m/$m.BF16.gguf"
     py="${CONVERT_PYTHON:-}"
-    if is_qwen35 "$m"; then
+    if is_tf5 "$m"; then
         want_bf16=0
         case " $TYPES " in *" BF16 "*) want_bf16=1 ;; esac
         if [ ! -f "$hf/model.safetensors" ] || [ ! -f "$f16" ] || { [ "$want_bf16" = 1 ] && [ ! -f "$bf16" ]; }; then

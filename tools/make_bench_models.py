@@ -63,6 +63,19 @@ The two default shapes are the reference shapes of docs/PERFORMANCE.md
   2048; 256 experts of 512, top-8, a shared expert of 512; 16 query / 2 KV
   heads of 256; DeltaNet 16 key / 32 value heads of 128) over two layers,
   one of each kind; untied (2.70 B parameters; building it takes ~11 GB).
+- kimi-linear-48b-a3b-like (--only): Kimi-Linear-48B-A3B's layer shapes
+  (transformers' KimiLinearConfig defaults, which are that checkpoint's:
+  d_model 2304; KDA 32 heads of 128, conv 4, gate ranks 128; MLA 32 heads,
+  kv_lora_rank 512, no query LoRA, no-RoPE / RoPE key lanes 128 + 64,
+  value 128; a dense SwiGLU 9216 first layer, then 256 experts of 1024,
+  top-8 by sigmoid score, plus one shared expert; vocab 163840 (the NeoX
+  ids, the rest padding), untied) over four layers, three KDA then one MLA
+  (`full_attn_layers` [4]: the released 3 : 1 order); 6.4 B parameters.
+  Written tensor by tensor in the released checkpoint's layout (the names
+  llama.cpp's KimiLinearModel converter reads: `block_sparse_moe.experts.N.
+  w1/w2/w3`, `q_conv1d`, `A_log`, `dt_bias`, ...) without building the model,
+  which would not fit in memory in f32; needs transformers 5 (KimiLinear)
+  for the config only.
 - qwen35-0.8b-mtp-like (--only): qwen35-0.8b-like with one multi-token-
   prediction block as released Qwen3.5 checkpoints carry it
   (`mtp_num_hidden_layers` 1; `mtp.fc` [d, 2d], `mtp.pre_fc_norm_embedding`,
@@ -118,6 +131,7 @@ MODELS = (
     "qwen35moe-1b-like",
     "qwen35-0.8b-mtp-like",
     "qwen35moe-35b-a3b-like",
+    "kimi-linear-48b-a3b-like",
 )
 # What --only builds by default: the two reference shapes.
 DEFAULT_MODELS = ("mamba2-370m-like", "hybrid-350m-like")
@@ -229,6 +243,168 @@ def qwen35moe_35b_a3b_config():
         num_experts=256,
         moe_intermediate_size=512,
     )
+
+
+# Keys of Kimi-Linear's released config.json that transformers' class does
+# not keep; llama.cpp's converter reads `moe_router_activation_func`.
+KIMI_RELEASED_EXTRA = dict(
+    moe_router_activation_func="sigmoid",
+    use_grouped_topk=True,
+    mla_use_nope=True,
+    moe_layer_freq=1,
+    num_nextn_predict_layers=0,
+)
+
+
+def kimi_linear_48b_a3b_config():
+    """Kimi-Linear-48B-A3B (transformers' KimiLinearConfig defaults are its
+    shapes) over four layers: three KDA, then one MLA, as the released
+    config orders them (1-based `full_attn_layers` 4, 8, ...)."""
+    from transformers import KimiLinearConfig
+
+    cfg = KimiLinearConfig(
+        num_hidden_layers=4,
+        linear_attn_config=dict(
+            head_dim=128, num_heads=32, short_conv_kernel_size=4, full_attn_layers=[4], kda_layers=[1, 2, 3]
+        ),
+        first_k_dense_replace=1,
+        vocab_size=163840,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=1,
+    )
+    cfg.architectures = ["KimiLinearForCausalLM"]
+    return cfg
+
+
+def kimi_linear_tensors(cfg):
+    """(name, shape, kind) of every tensor of a KimiLinearForCausalLM
+    checkpoint in the released layout; kind picks the init."""
+    d = cfg.hidden_size
+    h, dk, k = cfg.linear_num_heads, cfg.linear_head_dim, cfg.linear_conv_kernel_dim
+    hd = h * dk
+    nh = cfg.num_attention_heads
+    r, rope, nope, dv = cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.qk_nope_head_dim, cfg.v_head_dim
+    e, fe = cfg.num_experts, cfg.moe_intermediate_size
+    out = [("model.embed_tokens.weight", (cfg.vocab_size, d), "embed")]
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        out += [(p + "input_layernorm.weight", (d,), "norm"), (p + "post_attention_layernorm.weight", (d,), "norm")]
+        a = p + "self_attn."
+        if cfg.layer_types[i] == "full_attention":
+            if cfg.q_lora_rank:
+                raise SystemExit("error: the bench shape has no query LoRA")
+            out += [
+                (a + "q_proj.weight", (nh * (nope + rope), d), "matrix"),
+                (a + "kv_a_proj_with_mqa.weight", (r + rope, d), "matrix"),
+                (a + "kv_a_layernorm.weight", (r,), "norm"),
+                (a + "kv_b_proj.weight", (nh * (nope + dv), r), "matrix"),
+                (a + "o_proj.weight", (d, nh * dv), "matrix"),
+            ]
+        else:
+            out += [(a + f"{x}_proj.weight", (hd, d), "matrix") for x in "qkv"]
+            out += [(a + f"{x}_conv1d.weight", (hd, 1, k), "conv") for x in "qkv"]
+            out += [
+                (a + "A_log", (1, 1, h, 1), "A_log"),
+                (a + "dt_bias", (hd,), "dt_bias"),
+                (a + "f_a_proj.weight", (dk, d), "matrix"),
+                (a + "f_b_proj.weight", (hd, dk), "matrix"),
+                (a + "g_a_proj.weight", (dk, d), "matrix"),
+                (a + "g_b_proj.weight", (hd, dk), "matrix"),
+                (a + "b_proj.weight", (h, d), "matrix"),
+                (a + "o_norm.weight", (dk,), "norm"),
+                (a + "o_proj.weight", (d, hd), "matrix"),
+            ]
+        if cfg.mlp_layer_types[i] == "dense":
+            f = cfg.intermediate_size
+            out += [
+                (p + "mlp.gate_proj.weight", (f, d), "matrix"),
+                (p + "mlp.up_proj.weight", (f, d), "matrix"),
+                (p + "mlp.down_proj.weight", (d, f), "matrix"),
+            ]
+        else:
+            m = p + "block_sparse_moe."
+            out += [(m + "gate.weight", (e, d), "matrix"), (m + "gate.e_score_correction_bias", (e,), "zero")]
+            for j in range(e):
+                x = m + f"experts.{j}."
+                out += [(x + "w1.weight", (fe, d), "matrix"), (x + "w2.weight", (d, fe), "matrix")]
+                out += [(x + "w3.weight", (fe, d), "matrix")]
+            fs = fe * cfg.num_shared_experts
+            out += [
+                (m + "shared_experts.gate_proj.weight", (fs, d), "matrix"),
+                (m + "shared_experts.up_proj.weight", (fs, d), "matrix"),
+                (m + "shared_experts.down_proj.weight", (d, fs), "matrix"),
+            ]
+    out += [("model.norm.weight", (d,), "norm"), ("lm_head.weight", (cfg.vocab_size, d), "matrix")]
+    return out
+
+
+def kimi_linear_tensor(shape, kind, d, gen):
+    """One tensor drawn as `build` draws its kind (A_log, dt_bias and the
+    conv kernels at transformers' init; A_log f32, everything else f16)."""
+    import math
+
+    import torch
+
+    if kind == "A_log":
+        return torch.empty(shape).uniform_(1.0, 16.0, generator=gen).log()
+    if kind == "dt_bias":
+        dt = torch.empty(shape).uniform_(math.log(1e-3), math.log(1e-1), generator=gen).exp().clamp_min(1e-4)
+        t = dt + torch.log(-torch.expm1(-dt))
+    elif kind == "conv":
+        bound = 1.0 / math.sqrt(shape[-1])
+        t = torch.empty(shape).uniform_(-bound, bound, generator=gen)
+    elif kind == "embed":
+        t = torch.empty(shape).normal_(0.0, 4.0 / d**0.5, generator=gen)
+    elif kind == "matrix":
+        t = torch.empty(shape).normal_(0.0, 1.0 / shape[-1] ** 0.5, generator=gen)
+    elif kind == "norm":
+        t = torch.ones(shape)
+    else:
+        t = torch.zeros(shape)
+    return t.half()
+
+
+def save_kimi_linear_streamed(cfg, out: Path, tokenizer: Path, seed: int) -> int:
+    """The checkpoint written one tensor at a time (safetensors: an 8-byte
+    header length, the JSON header, then the tensors' bytes in order), so
+    that memory holds one tensor, not the model. Returns the parameter count."""
+    import struct
+
+    import torch
+
+    specs = kimi_linear_tensors(cfg)
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, shape, kind in specs:
+        dtype, size = ("F32", 4) if kind == "A_log" else ("F16", 2)
+        n = size
+        for s in shape:
+            n *= s
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    out.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    params = 0
+    path = out / "model.safetensors"
+    with open(str(path) + ".partial", "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for name, shape, kind in specs:
+            t = kimi_linear_tensor(shape, kind, cfg.hidden_size, gen).contiguous()
+            f.write(t.numpy().tobytes())
+            params += t.numel()
+    Path(str(path) + ".partial").rename(path)
+    cfg.save_pretrained(out)
+    cfg_path = out / "config.json"
+    c = json.loads(cfg_path.read_text())
+    c.update(KIMI_RELEASED_EXTRA)
+    c["dtype"] = "float16"
+    cfg_path.write_text(json.dumps(c, indent=2, sort_keys=True) + "\n")
+    save_tokenizer(out, tokenizer)
+    return params
 
 
 def hybrid_config():
@@ -535,6 +711,11 @@ def save(model, out: Path, tokenizer: Path, mtp: bool = False):
         spell = {"linear_attention": "mamba", "full_attention": "attention"}
         cfg["layer_types"] = [spell.get(t, t) for t in cfg["layer_types"]]
     cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    save_tokenizer(out, tokenizer)
+
+
+def save_tokenizer(out: Path, tokenizer: Path):
+    """The GPT-NeoX tokenizer and its config beside a checkpoint."""
     shutil.copyfile(tokenizer, out / "tokenizer.json")
     (out / "tokenizer_config.json").write_text(
         json.dumps(
@@ -574,6 +755,10 @@ def main():
         out = out_root / name / "hf"
         if (out / "model.safetensors").is_file() and not a.force:
             print(f"{name}: {out} exists (--force rebuilds it)")
+            continue
+        if name == "kimi-linear-48b-a3b-like":
+            n = save_kimi_linear_streamed(kimi_linear_48b_a3b_config(), out, a.tokenizer, a.seed + i)
+            print(f"{name}: {n / 1e6:.1f} M parameters -> {out}")
             continue
         torch.manual_seed(a.seed + i)
         model = build(name)
