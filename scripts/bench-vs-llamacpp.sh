@@ -12,9 +12,10 @@
 # 4. converts them with llama.cpp's convert_hf_to_gguf.py (--outtype f16, and
 #    --outtype bf16 for BF16) and quantizes to Q8_0 and Q4_K_M with
 #    llama-quantize. The Qwen3.5 shapes and kimi-linear-48b-a3b-like are made
-#    and converted under transformers 5, the converter run with --no-mtp and
-#    its BPE pre-tokenizer name fixed to "olmo" (the name it gives the
-#    GPT-NeoX tokenizer), as tools/make_fixtures_qwen35.py runs it;
+#    and converted under transformers 5, the converter run with its BPE
+#    pre-tokenizer name fixed to "olmo" (the name it gives the GPT-NeoX
+#    tokenizer) and, for Qwen3.5, --no-mtp, as tools/make_fixtures_qwen35.py
+#    runs it;
 #    --prepare-only stops here (no coil build, no benchmark, no GNU time
 #    needed) and lists the files;
 # 5. builds coil in release;
@@ -305,8 +306,12 @@ convert_hf() {
     local hf="$BENCH_DIR/$m/hf"
     log "converting $m (llama.cpp's convert_hf_to_gguf.py --outtype $outtype)"
     if is_tf5 "$m"; then
+        # --no-mtp drops Qwen3.5's MTP block; the converter refuses it for
+        # architectures without MTP export (Kimi-Linear).
+        local mtp=()
+        case "$m" in qwen35*) mtp=(--no-mtp) ;; esac
         PYTHONPATH="$LLAMACPP_GGUF_PY" "$QWEN35_PYTHON" -c "$FIXED_PRE_CONVERT" "$LLAMACPP_CONVERT" \
-            "$hf" --outtype "$outtype" --no-mtp --outfile "$out.partial" > "$logf" 2>&1 \
+            "$hf" --outtype "$outtype" "${mtp[@]}" --outfile "$out.partial" > "$logf" 2>&1 \
             || { echo "error: conversion failed, see $logf" >&2; exit 1; }
     else
         PYTHONPATH="$LLAMACPP_GGUF_PY" "$CONVERT_PYTHON" "$LLAMACPP_CONVERT" "$hf" \
