@@ -382,27 +382,13 @@ fn simd_dots_match_scalar_dots() {
 #[test]
 fn f32_gemm_path_for_int_gemm_formats() {
     let pool = ThreadPool::new(2);
-    set_int_gemm(false);
-    for (i, ty) in FORMATS.into_iter().enumerate() {
-        check(
-            ty,
-            29,
-            ty.block_size().max(32) * 3,
-            37,
-            &pool,
-            500 + i as u64,
-        );
-    }
-    set_int_gemm(true);
-    for (i, ty) in FORMATS.into_iter().enumerate() {
-        check(
-            ty,
-            29,
-            ty.block_size().max(32) * 3,
-            37,
-            &pool,
-            600 + i as u64,
-        );
+    // off, then back on (the default)
+    for (int_gemm, seed) in [(false, 500), (true, 600)] {
+        set_int_gemm(int_gemm);
+        for (i, ty) in FORMATS.into_iter().enumerate() {
+            let cols = ty.block_size().max(32) * 3;
+            check(ty, 29, cols, 37, &pool, seed + i as u64);
+        }
     }
 }
 

@@ -234,6 +234,7 @@ impl DeltaState for bf16 {}
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::ops::delta::dims::Heads;
     use crate::ops::delta::HeadOrder;
     use crate::ops::state_elem::{round_bf16, widen_bf16};
     use crate::testutil::Rng;
@@ -280,7 +281,7 @@ pub(crate) mod tests {
         (s, out)
     }
 
-    /// Random q, k (normalised), v, g, β and a start state.
+    /// Random q, k (normalised), v, log decays g, β and a start state.
     pub struct Case {
         pub q: Vec<f32>,
         pub k: Vec<f32>,
@@ -290,29 +291,68 @@ pub(crate) mod tests {
         pub s0: Vec<f32>,
     }
 
-    pub fn random_inputs(rng: &mut Rng, dims: &GatedDeltaDims, n: usize) -> Case {
-        let (hk, hv, dk, dv) = (dims.n_k_head, dims.n_v_head, dims.d_k, dims.d_v);
-        let mut q = rng.vec(n * hk * dk);
-        let mut k = rng.vec(n * hk * dk);
-        l2_normalize(&mut q, dk, 1e-6, 1.0 / (dk as f32).sqrt());
-        l2_normalize(&mut k, dk, 1e-6, 1.0);
-        let v = rng.vec(n * hv * dv);
-        // g in (-2, 0), beta in (0, 1)
-        let g: Vec<f32> = rng.vec(n * hv).iter().map(|x| -(x.abs() * 2.0)).collect();
-        let beta: Vec<f32> = rng
-            .vec(n * hv)
-            .iter()
-            .map(|x| 1.0 / (1.0 + (-x).exp()))
-            .collect();
-        let s0 = rng.vec(hv * dk * dv);
-        Case {
-            q,
-            k,
-            v,
-            g,
-            beta,
-            s0,
+    impl Case {
+        /// `n` tokens for the heads `d`, g made from uniform draws by
+        /// `decay(index, draw)`, β in (0, 1).
+        pub fn random<D: Heads>(
+            rng: &mut Rng,
+            d: &D,
+            n: usize,
+            decay: impl Fn(usize, f32) -> f32,
+        ) -> Case {
+            let (hk, hv, dk, dv) = d.shape();
+            let mut q = rng.vec(n * hk * dk);
+            let mut k = rng.vec(n * hk * dk);
+            l2_normalize(&mut q, dk, 1e-6, 1.0 / (dk as f32).sqrt());
+            l2_normalize(&mut k, dk, 1e-6, 1.0);
+            let v = rng.vec(n * hv * dv);
+            let g = rng.vec(n * hv * d.decays());
+            let g = g.iter().enumerate().map(|(i, &x)| decay(i, x)).collect();
+            let beta = rng.vec(n * hv);
+            let beta = beta.iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect();
+            let s0 = rng.vec(hv * dk * dv);
+            Case {
+                q,
+                k,
+                v,
+                g,
+                beta,
+                s0,
+            }
         }
+
+        /// All tokens, rows packed.
+        pub fn inputs<D: Heads>(&self, d: &D) -> DeltaInputs<'_> {
+            let (hk, hv, dk, dv) = d.shape();
+            DeltaInputs {
+                q: &self.q,
+                k: &self.k,
+                ld_qk: hk * dk,
+                v: &self.v,
+                ld_v: hv * dv,
+                g: &self.g,
+                beta: &self.beta,
+            }
+        }
+
+        /// Token `i` alone.
+        pub fn one<D: Heads>(&self, d: &D, i: usize) -> DeltaInputs<'_> {
+            let (hk, hv, dk, dv) = d.shape();
+            let ng = hv * d.decays();
+            DeltaInputs {
+                q: &self.q[i * hk * dk..],
+                k: &self.k[i * hk * dk..],
+                v: &self.v[i * hv * dv..],
+                g: &self.g[i * ng..(i + 1) * ng],
+                beta: &self.beta[i * hv..(i + 1) * hv],
+                ..self.inputs(d)
+            }
+        }
+    }
+
+    /// g in (−2, 0).
+    pub fn random_inputs(rng: &mut Rng, dims: &GatedDeltaDims, n: usize) -> Case {
+        Case::random(rng, dims, n, |_, x| -(x.abs() * 2.0))
     }
 
     #[test]
@@ -328,27 +368,11 @@ pub(crate) mod tests {
                     d_v: dv,
                     order,
                 };
-                let Case {
-                    q,
-                    k,
-                    v,
-                    g,
-                    beta,
-                    s0,
-                } = random_inputs(&mut rng, &dims, n);
-                let (ws, wo) = naive(&dims, &s0, &q, &k, &v, &g, &beta, n);
-                let inp = DeltaInputs {
-                    q: &q,
-                    k: &k,
-                    ld_qk: hk * dk,
-                    v: &v,
-                    ld_v: hv * dv,
-                    g: &g,
-                    beta: &beta,
-                };
-                let mut s = s0.clone();
+                let c = random_inputs(&mut rng, &dims, n);
+                let (ws, wo) = naive(&dims, &c.s0, &c.q, &c.k, &c.v, &c.g, &c.beta, n);
+                let mut s = c.s0.clone();
                 let mut out = vec![0f32; n * hv * dv];
-                gated_delta_scan(&pool, dims, &mut s, inp, &mut out, n);
+                gated_delta_scan(&pool, dims, &mut s, c.inputs(&dims), &mut out, n);
                 for (a, e) in out.iter().zip(&wo) {
                     assert!((*a as f64 - e).abs() < 1e-4, "{a} vs {e}");
                 }
@@ -356,25 +380,11 @@ pub(crate) mod tests {
                     assert!((*a as f64 - e).abs() < 1e-4);
                 }
                 // token by token gives the same bits
-                let mut s2 = s0.clone();
+                let mut s2 = c.s0.clone();
                 let mut out2 = vec![0f32; n * hv * dv];
                 for i in 0..n {
-                    let one = DeltaInputs {
-                        q: &q[i * hk * dk..],
-                        k: &k[i * hk * dk..],
-                        v: &v[i * hv * dv..],
-                        g: &g[i * hv..(i + 1) * hv],
-                        beta: &beta[i * hv..(i + 1) * hv],
-                        ..inp
-                    };
-                    gated_delta_scan(
-                        &pool,
-                        dims,
-                        &mut s2,
-                        one,
-                        &mut out2[i * hv * dv..(i + 1) * hv * dv],
-                        1,
-                    );
+                    let o = &mut out2[i * hv * dv..(i + 1) * hv * dv];
+                    gated_delta_scan(&pool, dims, &mut s2, c.one(&dims, i), o, 1);
                 }
                 assert_eq!(out, out2);
                 assert_eq!(s, s2);
@@ -402,24 +412,12 @@ pub(crate) mod tests {
     fn batch_case(dims: GatedDeltaDims) {
         let mut rng = Rng::new(13);
         let pool = ThreadPool::new(2);
-        let (hk, hv, dk, dv) = (dims.n_k_head, dims.n_v_head, dims.d_k, dims.d_v);
+        let (hv, dv) = (dims.n_v_head, dims.d_v);
         let toks = [1usize, 2, 1, 1, 3, 1];
         let cases: Vec<Case> = toks
             .iter()
             .map(|&n| random_inputs(&mut rng, &dims, n))
             .collect();
-        fn inputs(c: &Case, hk: usize, hv: usize, dk: usize, dv: usize) -> DeltaInputs<'_> {
-            DeltaInputs {
-                q: &c.q,
-                k: &c.k,
-                ld_qk: hk * dk,
-                v: &c.v,
-                ld_v: hv * dv,
-                g: &c.g,
-                beta: &c.beta,
-            }
-        }
-        let inp = |c| inputs(c, hk, hv, dk, dv);
         let mut want_s: Vec<Vec<f32>> = cases.iter().map(|c| c.s0.clone()).collect();
         let mut want_o: Vec<Vec<f32>> = toks.iter().map(|&n| vec![0f32; n * hv * dv]).collect();
         for i in 0..toks.len() {
@@ -427,7 +425,7 @@ pub(crate) mod tests {
                 &pool,
                 dims,
                 &mut want_s[i],
-                inp(&cases[i]),
+                cases[i].inputs(&dims),
                 &mut want_o[i],
                 toks[i],
             );
@@ -451,7 +449,7 @@ pub(crate) mod tests {
             .map(|(i, ((state, out), (c, &n)))| DeltaSeq {
                 state,
                 from: (i % 2 == 1).then_some(&c.s0[..]),
-                inputs: inp(c),
+                inputs: c.inputs(&dims),
                 out,
                 n_tokens: n,
             })
@@ -482,32 +480,10 @@ pub(crate) mod tests {
                 d_v: dv,
                 order: HeadOrder::Tiled,
             };
-            let Case {
-                q,
-                k,
-                v,
-                g,
-                beta,
-                s0,
-            } = random_inputs(&mut rng, &dims, n);
-            let s0: Vec<bf16> = s0.iter().map(|&x| round_bf16(x)).collect();
-            let inp = DeltaInputs {
-                q: &q,
-                k: &k,
-                ld_qk: hk * dk,
-                v: &v,
-                ld_v: hv * dv,
-                g: &g,
-                beta: &beta,
-            };
-            let one = |i: usize| DeltaInputs {
-                q: &q[i * hk * dk..],
-                k: &k[i * hk * dk..],
-                v: &v[i * hv * dv..],
-                g: &g[i * hv..(i + 1) * hv],
-                beta: &beta[i * hv..(i + 1) * hv],
-                ..inp
-            };
+            let c = random_inputs(&mut rng, &dims, n);
+            let s0: Vec<bf16> = c.s0.iter().map(|&x| round_bf16(x)).collect();
+            let inp = c.inputs(&dims);
+            let one = |i: usize| c.one(&dims, i);
             let mut sf: Vec<f32> = s0.iter().map(|&x| widen_bf16(x)).collect();
             let mut want_o = vec![0f32; n * hv * dv];
             for i in 0..n {

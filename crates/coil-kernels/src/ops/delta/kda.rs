@@ -220,7 +220,7 @@ pub fn kda_scan_batch<S: KdaState>(pool: &ThreadPool, dims: KdaDims, seqs: &mut 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::ops::delta::l2_normalize;
+    use crate::ops::delta::gated::tests::Case;
     use crate::ops::state_elem::{round_bf16, widen_bf16};
     use crate::testutil::Rng;
     use half::bf16;
@@ -265,71 +265,21 @@ pub(crate) mod tests {
         (s, out)
     }
 
-    pub struct Case {
-        pub q: Vec<f32>,
-        pub k: Vec<f32>,
-        pub v: Vec<f32>,
-        pub g: Vec<f32>,
-        pub beta: Vec<f32>,
-        pub s0: Vec<f32>,
-    }
-
     /// Random normalised q, k, v, per-channel g in (−3, 0) (some channels
     /// forget within a token, some remember for ~100), β in (0, 1).
     pub fn random_inputs(rng: &mut Rng, d: &KdaDims, n: usize) -> Case {
-        let (nh, dk, dv) = (d.n_head, d.d_k, d.d_v);
-        let mut q = rng.vec(n * nh * dk);
-        let mut k = rng.vec(n * nh * dk);
-        l2_normalize(&mut q, dk, 1e-6, 1.0 / (dk as f32).sqrt());
-        l2_normalize(&mut k, dk, 1e-6, 1.0);
-        let v = rng.vec(n * nh * dv);
-        let g: Vec<f32> = rng
-            .vec(n * nh * dk)
-            .iter()
-            .enumerate()
-            .map(|(i, x)| match i % 3 {
-                0 => -(x.abs() * 3.0),
-                _ => -(x.abs() * 0.02),
-            })
-            .collect();
-        let beta: Vec<f32> = rng
-            .vec(n * nh)
-            .iter()
-            .map(|x| 1.0 / (1.0 + (-x).exp()))
-            .collect();
-        let s0 = rng.vec(nh * dk * dv);
-        Case {
-            q,
-            k,
-            v,
-            g,
-            beta,
-            s0,
-        }
+        Case::random(rng, d, n, |i, x| match i % 3 {
+            0 => -(x.abs() * 3.0),
+            _ => -(x.abs() * 0.02),
+        })
     }
 
     fn inputs<'a>(c: &'a Case, d: &KdaDims) -> KdaInputs<'a> {
-        KdaInputs {
-            q: &c.q,
-            k: &c.k,
-            ld_qk: d.n_head * d.d_k,
-            v: &c.v,
-            ld_v: d.n_head * d.d_v,
-            g: &c.g,
-            beta: &c.beta,
-        }
+        c.inputs(d)
     }
 
     fn one<'a>(c: &'a Case, d: &KdaDims, i: usize) -> KdaInputs<'a> {
-        let (kd, vd) = (d.n_head * d.d_k, d.n_head * d.d_v);
-        KdaInputs {
-            q: &c.q[i * kd..],
-            k: &c.k[i * kd..],
-            v: &c.v[i * vd..],
-            g: &c.g[i * kd..(i + 1) * kd],
-            beta: &c.beta[i * d.n_head..(i + 1) * d.n_head],
-            ..inputs(c, d)
-        }
+        c.one(d, i)
     }
 
     #[test]
