@@ -44,12 +44,19 @@ pub const PARITY: [&str; 14] = [
 /// batch-invariant for it there (the batch-invariance and server tests).
 pub const LLAMA_Q8_0: &str = "llama_q8_0";
 
+/// The Mamba-2 fixture quantized to Q8_0 the same way: a model with chunked
+/// recurrences for which the default numerics are batch-invariant at the
+/// AVX2 level (chunks at fixed positions of each sequence).
+pub const MAMBA2_Q8_0: &str = "mamba2_q8_0";
+
 /// The model file of fixture `name` under `root` (the repository's
 /// `tests/fixtures`); other `parity/` fixtures (`mamba2_g1_hd16`, …) by
 /// their directory name too.
 pub fn path(root: &Path, name: &str) -> PathBuf {
     if name == LLAMA_Q8_0 {
         root.join("models/llama/model.q8_0.gguf")
+    } else if name == MAMBA2_Q8_0 {
+        root.join("models/mamba2/model.q8_0.gguf")
     } else if CONVERTED.contains(&name) {
         root.join("models").join(name).join("model.f16.gguf")
     } else {

@@ -9,11 +9,15 @@
 //! accepted; and the usage must be true: the prompt tokens the forward
 //! passes took are the prompts less what the usage reports cached.
 //!
-//! The server's default numerics are batch-invariant for a model without
-//! chunked recurrences whose weights are all in formats whose GEMM keeps
-//! tokens (`Engine::prompts_invariant`: the Q8_0 llama
-//! fixture at the AVX2 level); the other models run with `batch_invariant`
-//! (`coil serve --batch-invariant`).
+//! The server's default numerics are batch-invariant for a model whose
+//! weights are all in formats whose GEMM keeps tokens, with an f32 state
+//! where it has chunked recurrences (`Engine::prompts_invariant`: the Q8_0
+//! llama and Mamba-2 fixtures and the bundled Q8_0 demo model at the AVX2
+//! level, which the test requires); the other models run with
+//! `batch_invariant` (`coil serve --batch-invariant`). For a model with
+//! chunked recurrences prompts are longer (past two chunks of its scans),
+//! and some continue an earlier conversation: its prompt, the completion,
+//! then new tokens (a resume after decoded tokens).
 
 mod common;
 
@@ -51,22 +55,25 @@ fn model(arch: &str) -> std::path::PathBuf {
 /// An engine thread on `arch` with `cache` spare sequences for the prefix
 /// cache; `batch_invariant` set where the default numerics are not
 /// batch-invariant for the model (see the module documentation). Also
-/// returns whether the default ran.
-fn scheduler(arch: &str, cache: usize, mut cfg: SchedulerConfig) -> (Scheduler, bool) {
+/// returns whether the default ran and whether the model has chunked
+/// recurrences.
+fn scheduler(arch: &str, cache: usize, mut cfg: SchedulerConfig) -> (Scheduler, bool, bool) {
     let opts = EngineOptions {
         n_threads: 1,
         n_seq_max: cfg.parallel + cache,
-        n_ctx: 256,
+        n_ctx: 512,
         n_ubatch: 512,
         ..Default::default()
     };
     let engine = Engine::load(model(arch), opts).expect("load");
     let default = engine.prompts_invariant();
+    let chunked = engine.scan_chunk().is_some();
     cfg.batch_invariant = !default;
     let tok = Arc::new(Tokenizer::from_gguf(&engine.file).expect("tokenizer"));
     (
         Scheduler::start(engine, tok, cfg).expect("start").0,
         default,
+        chunked,
     )
 }
 
@@ -151,12 +158,12 @@ fn run(arch: &str, seed: u64) -> (usize, usize, bool) {
         log_requests: false,
         ..Default::default()
     };
-    let (s, default) = scheduler(arch, 4, cfg.clone());
+    let (s, default, chunked) = scheduler(arch, 4, cfg.clone());
     let what = format!("{arch} seed {seed} {cfg:?} (default numerics: {default})");
     // one spare sequence: a batched engine, as a server with cache slots
     // (a one-sequence engine keeps Q8_0's row-at-a-time kernel, whose bits
     // differ from the batched one's)
-    let (alone, _) = scheduler(
+    let (alone, _, _) = scheduler(
         arch,
         1,
         SchedulerConfig {
@@ -169,16 +176,25 @@ fn run(arch: &str, seed: u64) -> (usize, usize, bool) {
         (0..n).map(|_| 3 + rng.below(n_vocab - 6) as u32).collect()
     };
     let mut seen: Vec<Vec<u32>> = Vec::new();
+    // conversations so far: a prompt and its completion's tokens
+    let mut talks: Vec<Vec<u32>> = Vec::new();
+    let longest = if chunked { 150 } else { 40 };
     let mut saved = 0;
     let mut sent = 0;
     while sent < 24 {
         let wave = (1 + rng.below(5)).min(24 - sent);
         let mut reqs = Vec::new();
         for _ in 0..wave {
-            let prompt = match (seen.is_empty(), rng.below(4)) {
+            let prompt = match (seen.is_empty(), rng.below(if chunked { 5 } else { 4 })) {
                 (true, _) | (_, 0) => {
-                    let n = 2 + rng.below(40);
+                    let n = 2 + rng.below(longest);
                     fresh(&mut rng, n)
+                }
+                (false, 4) if !talks.is_empty() => {
+                    let mut p = talks[rng.below(talks.len())].clone();
+                    let n = 1 + rng.below(12);
+                    p.extend(fresh(&mut rng, n));
+                    p
                 }
                 (false, 1) => seen[rng.below(seen.len())].clone(),
                 (false, 2) => {
@@ -195,6 +211,9 @@ fn run(arch: &str, seed: u64) -> (usize, usize, bool) {
                     p
                 }
             };
+            // within the context, with room for the completion
+            let mut prompt = prompt;
+            prompt.truncate(480);
             let max_tokens = 1 + rng.below(16);
             seen.push(prompt.clone());
             reqs.push((submit(&s, &prompt, max_tokens), prompt, max_tokens));
@@ -219,6 +238,11 @@ fn run(arch: &str, seed: u64) -> (usize, usize, bool) {
             );
             saved += usage.cached_tokens;
             sent += 1;
+            let mut talk = prompt;
+            talk.extend(got.logprobs.iter().map(|l| l.0));
+            if talk.len() + 32 < 512 {
+                talks.push(talk);
+            }
         }
     }
     // what the usage promised (each prompt less its cached part) is what
@@ -242,6 +266,8 @@ fn random_traffic_gives_every_request_its_output_alone() {
     let (mut saved, mut accepted) = (0, 0);
     for (i, arch) in [
         "llama_q8_0",
+        "mamba2_q8_0",
+        "demo",
         "granitemoehybrid",
         "mamba2",
         "jamba",
@@ -263,7 +289,7 @@ fn random_traffic_gives_every_request_its_output_alone() {
             accepted += a;
             // at the AVX2 level the Q8_0 llama runs the default numerics
             // (its GEMM keeps tokens there)
-            if arch == "llama_q8_0"
+            if ["llama_q8_0", "mamba2_q8_0", "demo"].contains(&arch)
                 && coil_kernels::simd::level() == coil_kernels::simd::SimdLevel::Avx2
             {
                 assert!(
@@ -288,6 +314,7 @@ fn much_random_traffic_gives_every_request_its_output_alone() {
     for (i, arch) in [
         "demo",
         "llama_q8_0",
+        "mamba2_q8_0",
         "granitemoehybrid",
         "mamba",
         "mamba2",

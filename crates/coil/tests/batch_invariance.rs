@@ -22,6 +22,17 @@
 //! too (what `coil serve` runs prompts with) wherever the engine says that
 //! is batch-invariant for the model (`Engine::prompts_invariant`: the Q8_0
 //! llama fixture at the AVX2 level, which the test requires).
+//!
+//! For a model with chunked recurrences (Mamba-2, Gated DeltaNet, KDA) the
+//! default's prompts are the chunked forms with chunks at fixed positions
+//! of the sequence, so its reference is the prompt in one call:
+//! `chunked_prompts` checks that the logits of every prompt position and of
+//! the generated tokens after it are those bits bit for bit in micro-batches
+//! of any size, in calls cut at chunk boundaries, beside other prompts,
+//! resumed from a fork at an unaligned prefix and continued after decoded
+//! tokens (rolled back where `Engine::resume_point` says) — on the bundled
+//! demo model and the Q8_0 Mamba-2 fixture, which the test requires to be
+//! batch-invariant by default at the AVX2 level.
 
 mod common;
 
@@ -161,7 +172,9 @@ fn check_model(name: &str, model: &Path, tokens: &[u32]) {
 
         // Prompts cut every way a server cuts them.
         prompt_splits(&mut e, tokens, &reference, Numerics::BatchInvariant, &what);
-        if e.prompts_invariant() {
+        // (with chunked recurrences the default's reference is the chunked
+        // form: `chunked_prompts`)
+        if e.prompts_invariant() && e.scan_chunk().is_none() {
             prompt_splits(&mut e, tokens, &reference, Numerics::CheapInvariant, &what);
         }
         if name == "llama_q8_0" && level == coil_kernels::simd::SimdLevel::Avx2 {
@@ -365,3 +378,150 @@ fn bundled_q8_0_model() {
     let tokens: Vec<u32> = (0..40u32).map(|i| (i * 37 + 11) % 2048).collect();
     check_model("shakespeare-hybrid-q8_0", &model, &tokens);
 }
+
+/// The prompt `tokens` through `CheapInvariant` calls of sequence `seq`
+/// (from its current state), then `gen` single tokens through
+/// `BatchInvariant` calls as `coil serve` decodes: the prompt rows and the
+/// generated tokens' rows.
+fn prompt_then_decode(
+    e: &mut Engine,
+    seq: usize,
+    calls: &[&[u32]],
+    gen: &[u32],
+) -> (Vec<f32>, Vec<f32>) {
+    let mut prompt = Vec::new();
+    for toks in calls {
+        let entry = BatchEntry {
+            seq,
+            tokens: toks,
+            logits: LogitRows::All,
+        };
+        prompt.extend(
+            e.decode_batch_with(&[entry], Numerics::CheapInvariant)
+                .unwrap()
+                .remove(0),
+        );
+    }
+    let mut out = Vec::new();
+    for t in gen {
+        let entry = BatchEntry {
+            seq,
+            tokens: std::slice::from_ref(t),
+            logits: LogitRows::All,
+        };
+        out.extend(invariant(e, &[entry]).remove(0));
+    }
+    (prompt, out)
+}
+
+/// `coil serve`'s default numerics on a model with chunked recurrences
+/// (see the module documentation): `n` tokens of prompt, 4 generated.
+fn chunked_prompts(name: &str, model: &Path, n: usize) {
+    let _turn = LEVEL.lock().unwrap_or_else(|p| p.into_inner());
+    for level in available_levels() {
+        let _cap = level_scope(Some(level));
+        let what = |s: String| format!("{name} ({}): {s}", level.name());
+        let mut e = engine(model);
+        if level == coil_kernels::simd::SimdLevel::Avx2 {
+            assert!(
+                e.prompts_invariant(),
+                "{name}: prompts not invariant at AVX2"
+            );
+        }
+        if !e.prompts_invariant() {
+            continue;
+        }
+        let c = e.scan_chunk().expect("a model with chunked recurrences");
+        assert!(n > 2 * c + 8, "{name}: prompt shorter than two chunks");
+        let v = e.n_vocab();
+        let tokens: Vec<u32> = (0..n + 4).map(|i| ((i * 37 + 11) % v) as u32).collect();
+        let (prompt, gen) = (&tokens[..n], &tokens[n..]);
+        e.mem_clear();
+        let (reference, ref_gen) = prompt_then_decode(&mut e, 0, &[prompt], gen);
+        let check = |w: String, got: &(Vec<f32>, Vec<f32>), from: usize| {
+            let w = what(w);
+            assert_bitwise(&w, &got.0, &reference[from * v..], v, from);
+            assert_bitwise(&format!("{w}, generated"), &got.1, &ref_gen, v, n);
+        };
+        // micro-batches of every size
+        let saved = e.opts.n_ubatch;
+        for ub in [1, 3, 7, c - 1, c + 5, 2 * c + 1] {
+            e.opts.n_ubatch = ub;
+            e.mem_clear();
+            let got = prompt_then_decode(&mut e, 0, &[prompt], gen);
+            check(format!("micro-batches of {ub}"), &got, 0);
+        }
+        e.opts.n_ubatch = saved;
+        // calls cut at chunk boundaries
+        e.mem_clear();
+        let calls = [&prompt[..c], &prompt[c..2 * c], &prompt[2 * c..]];
+        check("calls cut at chunk boundaries".into(), &prompt_then_decode(&mut e, 0, &calls, gen), 0);
+        // beside other prompts (the same tokens reversed, a prefix of them),
+        // in one micro-batch and in uneven ones
+        for ub in [saved, 11] {
+            e.opts.n_ubatch = ub;
+            e.mem_clear();
+            let other: Vec<u32> = prompt.iter().rev().copied().collect();
+            let entries = [
+                BatchEntry {
+                    seq: 3,
+                    tokens: &other,
+                    logits: LogitRows::All,
+                },
+                BatchEntry {
+                    seq: 0,
+                    tokens: prompt,
+                    logits: LogitRows::All,
+                },
+                BatchEntry {
+                    seq: 4,
+                    tokens: &prompt[..n / 3],
+                    logits: LogitRows::All,
+                },
+            ];
+            let mut got = e.decode_batch_with(&entries, Numerics::CheapInvariant).unwrap();
+            let (_, g) = prompt_then_decode(&mut e, 0, &[], gen);
+            check(format!("beside other prompts, micro-batches of {ub}"), &(got.remove(1), g), 0);
+        }
+        e.opts.n_ubatch = saved;
+        // resumed from a fork at a prefix (a prefix-cache hit): rolled back
+        // to the last chunk boundary at or before it, the rest one call
+        for p in [1, c + 3, 2 * c + 5, n - 1] {
+            e.mem_clear();
+            prompt_then_decode(&mut e, 1, &[&prompt[..p]], &[]);
+            e.seq_fork(1, 2).unwrap();
+            let at = e.resume_point(2, p, n);
+            assert_eq!(at, p / c * c, "{}", what(format!("resume point of {p}")));
+            e.seq_truncate(2, at).unwrap();
+            let got = prompt_then_decode(&mut e, 2, &[&prompt[at..]], gen);
+            check(format!("resumed at {p} from {at}"), &got, at);
+        }
+        // continued after decoding (the next turn of a conversation): the
+        // prompt of the first turn, tokens decoded one at a time, then the
+        // whole conversation as the prompt
+        for p in [c + 3, 2 * c] {
+            e.mem_clear();
+            prompt_then_decode(&mut e, 5, &[&prompt[..p]], &prompt[p..p + 6]);
+            let at = e.resume_point(5, p + 6, n);
+            assert_eq!(at, p / c * c, "{}", what(format!("resume point after {p}")));
+            e.seq_truncate(5, at).unwrap();
+            let got = prompt_then_decode(&mut e, 5, &[&prompt[at..]], gen);
+            check(format!("continued after decoding from {p}, resumed at {at}"), &got, at);
+        }
+    }
+}
+
+/// The bundled demo model (Q8_0, Mamba-2 and attention) by default.
+#[test]
+fn bundled_q8_0_model_chunked_by_default() {
+    let model = repo().join("models/shakespeare-hybrid-q8_0.gguf");
+    chunked_prompts("shakespeare-hybrid-q8_0", &model, 150);
+}
+
+/// The Mamba-2 fixture in Q8_0 by default.
+#[test]
+fn mamba2_q8_0_chunked_by_default() {
+    let model = repo().join("tests/fixtures/models/mamba2/model.q8_0.gguf");
+    chunked_prompts("mamba2_q8_0", &model, 150);
+}
+

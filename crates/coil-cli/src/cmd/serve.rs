@@ -60,12 +60,14 @@ pub struct Args {
     /// that every greedy output is bit for bit that of the same request
     /// sent alone, whatever the load, the prompt's chunking and the prefix
     /// cache, for every model. Without it that holds already for a model
-    /// without Mamba-2 / Gated DeltaNet / KDA layers whose every weight's
-    /// GEMM gives each token its one-token bits (Q4_K, Q6_K, Q8_0 at the
-    /// AVX2 level; the server says at start whether it does); for the others
-    /// this makes prompts slower (recurrences token by token: ~1.5× on a
-    /// mamba2-370m-like prompt; per-row products for the other formats).
-    /// Generated tokens are batch-invariant with or without it.
+    /// whose every weight's GEMM gives each token its one-token bits (Q4_K,
+    /// Q6_K, Q8_0 at the AVX2 level) and, with Mamba-2 / Gated DeltaNet /
+    /// KDA layers, an f32 recurrent state (their chunked scans then have
+    /// chunks at fixed positions of each sequence; the server says at start
+    /// whether it does); for the others this makes prompts slower
+    /// (recurrences token by token: ~1.5× on a mamba2-370m-like prompt;
+    /// per-row products for the other formats). Generated tokens are
+    /// batch-invariant with or without it.
     #[arg(long = "batch-invariant")]
     batch_invariant: bool,
     /// A Jinja chat template file to use in place of the model's own
@@ -217,14 +219,20 @@ pub fn run(a: Args) -> Result<()> {
     if a.batch_invariant {
         eprintln!("numerics: batch-invariant (--batch-invariant)");
     } else if engine.prompts_invariant() {
-        eprintln!(
-            "numerics: batch-invariant (every weight's GEMM keeps tokens at this SIMD level)"
-        );
+        match engine.scan_chunk() {
+            Some(c) => eprintln!(
+                "numerics: batch-invariant (every weight's GEMM keeps tokens at this SIMD level; \
+                 chunked scans with chunks at multiples of {c} positions)"
+            ),
+            None => eprintln!(
+                "numerics: batch-invariant (every weight's GEMM keeps tokens at this SIMD level)"
+            ),
+        }
     } else {
         eprintln!(
-            "numerics: generated tokens batch-invariant; prompts not bit for bit (chunked recurrences, \
-             or weights whose GEMM differs from their one-token products at this SIMD level; \
-             --batch-invariant makes them so)"
+            "numerics: generated tokens batch-invariant; prompts not bit for bit (weights whose \
+             GEMM differs from their one-token products at this SIMD level, or a bf16 recurrent \
+             state; --batch-invariant makes them so)"
         );
     }
     let server =

@@ -33,6 +33,10 @@ impl Worker {
             Ok((seq, cached, branch)) => {
                 let mut marks = std::mem::take(&mut req.marks);
                 marks.push(branch);
+                if let Some(c) = self.chunk_align {
+                    // A call may end only at a chunk boundary.
+                    marks.iter_mut().for_each(|m| *m = *m / c * c);
+                }
                 marks.retain(|&m| m > cached && m + 1 < req.prompt.len());
                 marks.sort_unstable();
                 marks.dedup();

@@ -327,7 +327,11 @@ impl Scheduler {
             &metrics.state_buffers_reserving,
             usize::from(cfg.reserve_state_buffers > 0),
         );
+        let chunk_align = engine
+            .scan_chunk()
+            .filter(|_| !cfg.batch_invariant && engine.prompts_invariant());
         let worker = Worker {
+            chunk_align,
             busy: vec![false; have],
             engine,
             draft,
@@ -452,6 +456,13 @@ struct Worker {
     /// Whether [`SchedulerConfig::reserve_state_buffers`] is still being
     /// filled (cleared once it is, or the pool is full).
     reserving: bool,
+    /// The chunk of the model's chunked recurrences where its prompts are
+    /// batch-invariant with `Numerics::CheapInvariant`
+    /// (`Engine::prompts_invariant`, `Engine::scan_chunk`) and
+    /// `batch_invariant` is off: prompt calls then start at multiples of it
+    /// only (the marks rounded down to one, the step's budget cut there),
+    /// and a resume starts where `Engine::resumable` allows.
+    chunk_align: Option<usize>,
 }
 
 /// Pinned checkpoints per slot.

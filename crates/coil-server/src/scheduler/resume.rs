@@ -7,24 +7,31 @@ use crate::metrics;
 use coil::memory::{Checkpoint, SeqId};
 
 impl Worker {
-    /// Where sequence `s`, sharing `len` tokens with a prompt, can resume
-    /// with nothing replayed: its end if it holds no more than that, else
-    /// its newest recurrent checkpoint at or before `len` (attention-only
-    /// memory is simply cut at `len`).
-    pub(super) fn resume_point(&self, s: SeqId, len: usize) -> usize {
+    /// Where sequence `s`, sharing `len` tokens with a prompt whose calls
+    /// end at `end` (before its last token), can resume with nothing
+    /// replayed: its end if it holds no more than that, else its newest
+    /// recurrent checkpoint at or before `len` (attention-only memory is
+    /// simply cut at `len`). With `chunk_align`, only an aligned state at a
+    /// chunk boundary or at `end` (`Engine::resumable`): the rest of the
+    /// prompt then gives the bits it gives processed whole.
+    pub(super) fn resume_point(&self, s: SeqId, len: usize, end: usize) -> usize {
         let have = seq_len_or_zero(&self.engine, s);
-        if len >= have {
+        let r = self.engine.mem.recurrent.as_ref();
+        let ok = |pos: usize, aligned: bool| {
+            self.chunk_align.is_none() || self.engine.resumable(pos, aligned, end)
+        };
+        if len >= have && ok(have, r.is_some_and(|r| r.aligned(s).unwrap_or(false))) {
             return have;
         }
-        match &self.engine.mem.recurrent {
-            None => len,
+        match r {
+            None => len.min(have),
             Some(r) => {
                 let engine = r.checkpoints(s).unwrap_or_default();
                 engine
                     .iter()
                     .chain(&self.pinned[s])
+                    .filter(|c| c.pos <= len && ok(c.pos, c.aligned))
                     .map(|c| c.pos)
-                    .filter(|&p| p <= len)
                     .max()
                     .unwrap_or(0)
             }
@@ -90,7 +97,8 @@ impl Worker {
                     }
                 }
             }
-            let at = self.resume_point(seq, len);
+            let end = prompt.as_ref().map_or(n, Vec::len) - 1;
+            let at = self.resume_point(seq, len, end);
             if at == 0 {
                 continue;
             }

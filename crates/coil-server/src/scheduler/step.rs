@@ -132,6 +132,22 @@ impl Worker {
                 a.pins_at(at).then_some((seq, at))
             })
             .collect();
+        // With `chunk_align`, a call that ends a prompt (but its last token)
+        // past a chunk boundary stops at the last one first, where the
+        // engine takes a checkpoint (see `Engine::scan_chunk`): a longer
+        // prompt that shares this one (the next turn of a conversation)
+        // resumes there.
+        let mut pins = pins;
+        if let Some(c) = self.chunk_align {
+            for (p, &seq) in plan.iter().zip(&seqs).filter(|(p, _)| p.fast) {
+                let a = &self.active[p.active];
+                let at = a.done + p.tokens.len();
+                let tail = at / c * c;
+                if at + 1 == a.prompt.len() && a.done % c == 0 && tail > a.done && tail < at {
+                    pins.push((seq, tail));
+                }
+            }
+        }
         let mut out = StepLogits {
             calls: Vec::new(),
             at: vec![(0, 0); plan.len()],
@@ -185,7 +201,22 @@ impl Worker {
                 Need::Prompt(target - a.done)
             })
             .collect();
-        let takes = split(self.cfg.prefill_chunk, &needs);
+        let mut takes = split(self.cfg.prefill_chunk, &needs);
+        if let Some(c) = self.chunk_align {
+            // A prompt call ends at a chunk boundary, or where its prompt's
+            // call ends: the first prompt of the step goes up to the next
+            // boundary however small its share (less than a chunk more),
+            // the others wait for a share that reaches one.
+            let mut first = true;
+            for ((a, need), take) in self.active.iter().zip(&needs).zip(&mut takes) {
+                let Need::Prompt(want) = *need else { continue };
+                if *take == 0 {
+                    continue;
+                }
+                *take = align_take(a.done, *take, want, c, first);
+                first &= *take == 0;
+            }
+        }
         let mut plan = Vec::new();
         for (i, (a, need)) in self.active.iter().zip(&needs).enumerate() {
             if let (Need::Token, Some(t)) = (need, a.next) {
@@ -272,5 +303,42 @@ impl Worker {
         if self.rates.prompt_secs + self.rates.gen_secs >= 1.0 {
             self.publish_rates();
         }
+    }
+}
+
+/// Prompt tokens a request at `done` feeds a step under chunk alignment
+/// (see `Worker::chunk_align`): `take` of the `want` it needs, cut back to
+/// the last multiple of `c`, unless it takes them all; where that is none,
+/// up to the next multiple (`first`: the step's first prompt) or nothing.
+fn align_take(done: usize, take: usize, want: usize, c: usize, first: bool) -> usize {
+    if take >= want {
+        return want;
+    }
+    let end = (done + take) / c * c;
+    if end > done {
+        end - done
+    } else if first {
+        (c - done % c).min(want)
+    } else {
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::align_take;
+
+    #[test]
+    fn aligned_takes_end_on_chunk_boundaries() {
+        // the whole rest, whatever its end
+        assert_eq!(align_take(64, 100, 37, 64, false), 37);
+        // cut back to a boundary
+        assert_eq!(align_take(0, 100, 500, 64, false), 64);
+        assert_eq!(align_take(64, 200, 500, 64, false), 192);
+        // a share short of the next boundary: the first prompt goes there,
+        // the others wait
+        assert_eq!(align_take(64, 16, 500, 64, true), 64);
+        assert_eq!(align_take(64, 16, 500, 64, false), 0);
+        assert_eq!(align_take(64, 16, 30, 64, true), 30);
     }
 }

@@ -83,11 +83,17 @@ pub enum Numerics {
     /// Batch-invariant wherever that costs no speed (what `coil serve`
     /// runs prompts with): as [`Numerics::BatchInvariant`], except that the
     /// weight products whose GEMM does not give each token its one-token
-    /// bits take that GEMM and the Mamba-2, Gated DeltaNet and KDA mixers
-    /// their chunked forms (`coil_kernels::Invariance::Cheap`; token by
-    /// token, a mamba2-370m-like prompt takes ~1.5× as long). Bit for bit
-    /// `BatchInvariant` for a model with neither
-    /// ([`Engine::prompts_invariant`]).
+    /// bits take that GEMM, and that the Mamba-2, Gated DeltaNet and KDA
+    /// mixers take their chunked forms at every length
+    /// (`coil_kernels::Invariance::Cheap`), the engine cutting micro-batches
+    /// at multiples of their chunk ([`Engine::scan_chunk`]) so that chunks
+    /// lie at fixed positions of each sequence (token by token, a
+    /// mamba2-370m-like prompt takes ~1.5× as long). Batch-invariant where
+    /// [`Engine::prompts_invariant`] says so: bit for bit `BatchInvariant`
+    /// for a model without chunked recurrences; for one with them, the
+    /// same bits however the prompt shares and is cut into calls that
+    /// start at multiples of the chunk (or resume where
+    /// [`Engine::resume_point`] allows).
     CheapInvariant,
     /// Batch-invariant: every entry's logits and state are bit for bit
     /// those of feeding its tokens one at a time with the sequence alone,
@@ -165,6 +171,63 @@ pub struct Engine {
     /// A logits buffer handed back by [`Engine::recycle`], written by the
     /// next pass instead of a fresh one.
     spare: Vec<f32>,
+    /// See [`Engine::scan_chunk`].
+    scan_chunk: Option<usize>,
+}
+
+/// The chunk length of the model's chunked recurrences (see
+/// [`Engine::scan_chunk`]): the least common multiple of its layers'.
+fn model_scan_chunk(model: &dyn Model) -> Option<usize> {
+    use crate::models::blocks::{gated_delta_mixer, kda_mixer};
+    use crate::models::plan::Mixer;
+    fn gcd(a: usize, b: usize) -> usize {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    let mut c: Option<usize> = None;
+    for l in &model.info().plan.layers {
+        let k = match l.mixer {
+            Mixer::Mamba2 | Mixer::AttentionParallelMamba2 | Mixer::SharedBlockMamba2 => {
+                coil_kernels::ops::ssm::ssd::DEFAULT_CHUNK
+            }
+            Mixer::GatedDeltaNet => gated_delta_mixer::chunk_len(),
+            Mixer::Kda => kda_mixer::chunk_len(),
+            _ => continue,
+        };
+        c = Some(c.map_or(k, |c| c / gcd(c, k) * k));
+    }
+    c
+}
+
+/// How many of the `left` tokens an entry of a sequence at `pos` takes into
+/// a [`Numerics::CheapInvariant`] micro-batch of a model whose chunked
+/// recurrences have chunks of `c` (see [`Engine::scan_chunk`]), `take`
+/// being what the budget allows (`first`: the micro-batch is still
+/// empty). A piece ends at a multiple of `c` unless it ends the entry, so
+/// that the next call starts on a chunk boundary of the sequence; more
+/// than the budget (less than `c` more) where the micro-batch would
+/// otherwise hold nothing, 0 where the entry waits for the next one. An
+/// entry from an aligned position that ends past one more boundary stops
+/// at that boundary first (the second value: true), so that a checkpoint
+/// lands there, from which a longer prompt continues.
+fn aligned_take(pos: usize, take: usize, left: usize, c: usize, first: bool) -> (usize, bool) {
+    let a = (pos + take) / c * c;
+    if take == left {
+        if pos.is_multiple_of(c) && a > pos && a < pos + take {
+            return (a - pos, true);
+        }
+        return (take, false);
+    }
+    if a > pos {
+        return (a - pos, false);
+    }
+    if first {
+        return ((c - pos % c).min(left), false);
+    }
+    (0, false)
 }
 
 /// The memory `opts` ask of `model` (with the NextN block's or without),
@@ -251,6 +314,7 @@ impl Engine {
         }
         let model = models::load(file.clone())?;
         let mem = new_memory(model.as_ref(), &opts)?;
+        let scan_chunk = model_scan_chunk(model.as_ref());
         let pool = ThreadPool::new(opts.n_threads);
         pool.set_single_stream(!opts.batched_layout || opts.n_seq_max == 1);
         Ok(Engine {
@@ -260,6 +324,7 @@ impl Engine {
             pool,
             opts,
             spare: Vec::new(),
+            scan_chunk,
         })
     }
 
@@ -333,25 +398,28 @@ impl Engine {
     }
 
     /// Whether [`Numerics::CheapInvariant`] is batch-invariant for this
-    /// model at the running SIMD level, i.e. bit for bit
-    /// [`Numerics::BatchInvariant`]: no layer has a chunked recurrence
-    /// (Mamba-2, Gated DeltaNet, KDA, the hybrids with them: their chunked
-    /// forms stay in `CheapInvariant`), and every weight matrix is in a
-    /// format whose
-    /// products give each token its one-token bits whatever the number of
-    /// tokens ([`coil_kernels::matmul::keeps_tokens`]: Q4_K, Q6_K and Q8_0
-    /// at the AVX2 level, Q8_0 in a batched engine).
+    /// model at the running SIMD level: every weight matrix is in a format
+    /// whose products give each token its one-token bits whatever the
+    /// number of tokens ([`coil_kernels::matmul::keeps_tokens`]: Q4_K, Q6_K
+    /// and Q8_0 at the AVX2 level, Q8_0 in a batched engine), and, for a
+    /// model with chunked recurrences (Mamba-2, Gated DeltaNet, KDA), the
+    /// recurrent state is f32 (a bf16 state is rounded at the end of each
+    /// call). A prompt's logits and state are then the same bits however
+    /// its sequence shares micro-batches, however its prompt is cut into
+    /// calls at multiples of [`Engine::scan_chunk`] (the engine cuts its
+    /// micro-batches there itself), and wherever a resume starts that
+    /// [`Engine::resume_point`] allows: bit for bit
+    /// [`Numerics::BatchInvariant`] for a model without chunked
+    /// recurrences; with them, the chunked forms with chunks at fixed
+    /// positions of the sequence (multiples of the chunk from position 0).
     pub fn prompts_invariant(&self) -> bool {
-        use crate::models::plan::Mixer;
-        // The mixers that take the same kernels at every length in
-        // `CheapInvariant` (every other has a chunked form there).
-        let per_token = self.model.info().plan.layers.iter().all(|l| {
-            matches!(
-                l.mixer,
-                Mixer::Attention | Mixer::Mla | Mixer::Mamba1 | Mixer::ShortConv | Mixer::None
-            )
-        });
-        if !per_token {
+        if self.scan_chunk.is_some()
+            && self
+                .mem
+                .recurrent
+                .as_ref()
+                .is_some_and(|r| r.state_type() != StateType::F32)
+        {
             return false;
         }
         let single = self.pool.single_stream();
@@ -377,6 +445,60 @@ impl Engine {
 
     pub fn n_vocab(&self) -> usize {
         self.model.info().n_vocab
+    }
+
+    /// The chunk length of the model's chunked recurrences (Mamba-2: 64,
+    /// Gated DeltaNet and KDA: 16; the least common multiple where layers
+    /// differ), `None` for a model without any. In a
+    /// [`Numerics::CheapInvariant`] call every prompt entry of such a model
+    /// takes the chunked forms at every length, chunks counted from the
+    /// call's first token: a call that starts at a multiple of it, from a
+    /// state that calls like it made (see
+    /// [`crate::memory::RecurrentMemory::set_aligned`]), has its chunks at
+    /// fixed positions of the sequence, and gives the bits of the prompt
+    /// processed in one call. The engine cuts the micro-batches of such a
+    /// call at multiples of it only (and, where an entry from a multiple
+    /// ends past another one, at the last one first, which takes a
+    /// checkpoint there).
+    pub fn scan_chunk(&self) -> Option<usize> {
+        self.scan_chunk
+    }
+
+    /// Whether a [`Numerics::CheapInvariant`] prompt call may start from a
+    /// recurrent state at `pos` (`aligned`: its flag, see
+    /// [`crate::memory::RecurrentMemory::set_aligned`]) and give the bits of
+    /// the prompt processed from position 0, when the prompt's calls end at
+    /// `end`: always for a model without chunked recurrences; else an
+    /// aligned state at a multiple of [`Engine::scan_chunk`], or at `end`
+    /// itself (nothing is left to process).
+    pub fn resumable(&self, pos: usize, aligned: bool, end: usize) -> bool {
+        match self.scan_chunk {
+            None => true,
+            Some(c) => aligned && (pos.is_multiple_of(c) || pos == end),
+        }
+    }
+
+    /// The furthest position at or before `len` that sequence `seq` can be
+    /// rolled back to with nothing replayed ([`Engine::seq_truncate`]: its
+    /// length, or a recurrent checkpoint) from which a
+    /// [`Numerics::CheapInvariant`] prompt ending at `end` continues
+    /// batch-invariantly ([`Engine::resumable`]); 0 where none is.
+    /// Attention-only memory is cut anywhere: `len` (at most the length).
+    pub fn resume_point(&self, seq: SeqId, len: usize, end: usize) -> usize {
+        let have = self.mem.seq_len(seq).unwrap_or(0);
+        let Some(r) = &self.mem.recurrent else {
+            return len.min(have);
+        };
+        if len >= have && self.resumable(have, r.aligned(seq).unwrap_or(false), end) {
+            return have;
+        }
+        r.checkpoints(seq)
+            .unwrap_or_default()
+            .iter()
+            .filter(|c| c.pos <= len && self.resumable(c.pos, c.aligned, end))
+            .map(|c| c.pos)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Decodes tokens of several sequences in one call: each entry appends
@@ -439,10 +561,18 @@ impl Engine {
         // only one.
         let mut out: Vec<Vec<f32>> = vec![Vec::new(); entries.len()];
         let mut first: Option<(Vec<f32>, Vec<usize>, Vec<usize>)> = None;
+        // Chunk boundaries at fixed positions of each sequence (see
+        // `scan_chunk`).
+        let align = match numerics {
+            Numerics::CheapInvariant => self.scan_chunk,
+            _ => None,
+        };
         loop {
             let mut budget = self.opts.n_ubatch;
             let mut chunks = Vec::new();
             let mut owners = Vec::new();
+            // Entries cut where a checkpoint must land (see `aligned_take`).
+            let mut marks = Vec::new();
             for (i, e) in entries.iter().enumerate() {
                 let left = e.tokens.len() - done[i];
                 if left == 0 || budget == 0 {
@@ -454,7 +584,19 @@ impl Engine {
                 if let (false, Some(k)) = (verify, self.mem.tokens_to_checkpoint(e.seq)?) {
                     take = take.min(k);
                 }
-                budget -= take;
+                if let (false, Some(c)) = (verify, align) {
+                    let pos = self.mem.seq_len(e.seq)?;
+                    let first = chunks.is_empty();
+                    let (t, mark) = aligned_take(pos, take, left, c, first);
+                    if t == 0 {
+                        continue;
+                    }
+                    if mark {
+                        marks.push(e.seq);
+                    }
+                    take = t;
+                }
+                budget = budget.saturating_sub(take);
                 let part = &e.tokens[done[i]..done[i] + take];
                 let is_end = done[i] + take == e.tokens.len();
                 let logits = match e.logits {
@@ -485,9 +627,30 @@ impl Engine {
                     Numerics::BatchInvariant => Invariance::Full,
                 },
             };
+            // Whether each sequence's state stays one of aligned chunked
+            // calls (see `RecurrentMemory::set_aligned`), read before the
+            // pass moves it on.
+            let aligned: Vec<(SeqId, bool)> = match &self.mem.recurrent {
+                None => Vec::new(),
+                Some(r) => ub
+                    .chunks
+                    .iter()
+                    .map(|c| {
+                        let ok = ub.invariance == Invariance::Cheap
+                            && align.is_some_and(|a| c.pos.is_multiple_of(a))
+                            && r.aligned(c.seq)?;
+                        Ok((c.seq, ok))
+                    })
+                    .collect::<Result<_, crate::memory::MemoryError>>()?,
+            };
             let mut logits = std::mem::take(&mut self.spare);
             self.model
                 .forward(&self.pool, &ub, &mut self.mem, &mut logits)?;
+            if let Some(r) = &mut self.mem.recurrent {
+                for &(seq, ok) in &aligned {
+                    r.set_aligned(seq, ok)?;
+                }
+            }
             for &i in &owners {
                 let e = &entries[i];
                 if self.mem.spec_base(e.seq).is_some() {
@@ -497,6 +660,9 @@ impl Engine {
                 } else {
                     self.mem
                         .after_ubatch(e.seq, done[i] == e.tokens.len(), e.tokens.len())?;
+                    if let (true, Some(r)) = (marks.contains(&e.seq), &mut self.mem.recurrent) {
+                        r.checkpoint(e.seq)?;
+                    }
                 }
             }
             match first.take() {

@@ -138,6 +138,9 @@ impl Default for CheckpointPolicy {
 pub struct Checkpoint {
     pub pos: usize,
     pub state: Arc<StateBuf>,
+    /// The state came from aligned chunked prompt calls only (see
+    /// [`RecurrentMemory::set_aligned`]).
+    pub aligned: bool,
 }
 
 #[derive(Clone)]
@@ -160,6 +163,8 @@ struct Slot {
     spec: Option<Box<Spec>>,
     /// Tape buffers of the last verification, reused by the next.
     spare_tapes: Vec<Vec<f32>>,
+    /// See [`RecurrentMemory::set_aligned`].
+    aligned: bool,
 }
 
 /// A speculative verification in progress: the state and length before the
@@ -277,6 +282,7 @@ impl RecurrentMemory {
             pending: None,
             spec: None,
             spare_tapes: Vec::new(),
+            aligned: true,
         };
         let m = RecurrentMemory {
             shapes,
@@ -561,6 +567,8 @@ impl RecurrentMemory {
         let slot = &mut self.slots[s];
         slot.overwrite(state, &self.pool);
         slot.len = len;
+        // Where a state from outside came from is not known.
+        slot.aligned = len == 0;
         Ok(())
     }
 
@@ -574,6 +582,7 @@ impl RecurrentMemory {
         Checkpoint {
             pos,
             state: Arc::new(self.pool.copy_of(state)),
+            aligned: false,
         }
     }
 
@@ -621,6 +630,26 @@ impl RecurrentMemory {
         self.check(s)?;
         self.slots[s].len += n;
         Ok(())
+    }
+
+    /// Records whether the current state of `s` came from aligned chunked
+    /// prompt calls only: every call that wrote it started at a multiple of
+    /// the model's scan chunk (or at 0) from such a state, and ran the
+    /// chunked forms (`Engine::scan_chunk`). Such a state is the one any
+    /// other way of cutting the same prompt into aligned calls gives, bit
+    /// for bit; a token-by-token step, or a call from an unaligned position,
+    /// clears it. Checkpoints keep the flag of the state they hold; a clear
+    /// sequence (the zero state) has it.
+    pub fn set_aligned(&mut self, s: SeqId, aligned: bool) -> Result<(), MemoryError> {
+        self.check(s)?;
+        self.slots[s].aligned = aligned;
+        Ok(())
+    }
+
+    /// See [`RecurrentMemory::set_aligned`].
+    pub fn aligned(&self, s: SeqId) -> Result<bool, MemoryError> {
+        self.check(s)?;
+        Ok(self.slots[s].aligned)
     }
 
     pub fn checkpoints(&self, s: SeqId) -> Result<&[Checkpoint], MemoryError> {
@@ -697,6 +726,7 @@ impl RecurrentMemory {
         slot.checkpoints.push(Checkpoint {
             pos: slot.len,
             state: Arc::clone(&slot.state),
+            aligned: slot.aligned,
         });
         thin(slot, policy, max);
         self.refresh_cap();
@@ -839,10 +869,12 @@ impl RecurrentMemory {
                 slot.pending = None;
                 slot.state = Arc::clone(&c.state);
                 slot.len = c.pos;
+                slot.aligned = c.aligned;
             }
             None => {
                 zero(slot, &self.pool);
                 slot.len = 0;
+                slot.aligned = true;
             }
         }
         Ok(slot.len)
@@ -1001,6 +1033,7 @@ impl SequenceMemory for RecurrentMemory {
         slot.checkpoints.clear();
         zero(slot, &self.pool);
         slot.level = 0;
+        slot.aligned = true;
         Ok(())
     }
 
@@ -1032,7 +1065,7 @@ impl SequenceMemory for RecurrentMemory {
             // goes back to the pool where nothing else holds it.
             self.settle(src)?;
             let from = &self.slots[src];
-            let (len, level) = (from.len, from.level);
+            let (len, level, aligned) = (from.len, from.level, from.aligned);
             let state = Arc::clone(&from.state);
             let checkpoints = from.checkpoints.clone();
             let to = &mut self.slots[dst];
@@ -1042,6 +1075,7 @@ impl SequenceMemory for RecurrentMemory {
             to.state = state;
             to.len = len;
             to.level = level;
+            to.aligned = aligned;
         }
         Ok(())
     }

@@ -342,9 +342,15 @@ impl GatedDeltaMixer {
         // Batch-invariant micro-batches take the recurrence at any length
         // (bit for bit the one-token result; see `coil_kernels::numerics`).
         let invariant = coil_kernels::batch_invariant();
+        // `CheapInvariant` micro-batches (`coil serve`'s prompts) take the
+        // chunked form at every length: a prompt's chunks then start at the
+        // same positions of its sequence however it was cut into calls
+        // (aligned ones: `Engine::scan_chunk`), so its logits and state are
+        // the same bits.
+        let always = coil_kernels::invariance() == coil_kernels::Invariance::Cheap;
         let (prompts, steps): (Vec<&Rows>, Vec<&Rows>) = chunks
             .iter()
-            .partition(|c| c.rows.len() >= p.chunk_min_tokens && !invariant);
+            .partition(|c| (always || c.rows.len() >= p.chunk_min_tokens) && !invariant);
         // Prompts, one sequence at a time: the chunked form.
         for Rows { seq, rows, .. } in prompts {
             let t = rows.len();

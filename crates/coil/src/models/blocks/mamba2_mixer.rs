@@ -218,9 +218,15 @@ impl Mamba2Mixer {
         // decode) take the recurrence at any length: each token's output is
         // then bit for bit that of decoding it alone.
         let invariant = coil_kernels::batch_invariant();
+        // `CheapInvariant` micro-batches (`coil serve`'s prompts) take the
+        // chunked form at every length: a prompt's chunks then start at the
+        // same positions of its sequence however it was cut into calls
+        // (aligned ones: `Engine::scan_chunk`), so its logits and state are
+        // the same bits.
+        let always = coil_kernels::invariance() == coil_kernels::Invariance::Cheap;
         let (prompts, steps): (Vec<&Rows>, Vec<&Rows>) = chunks
             .iter()
-            .partition(|c| c.rows.len() >= p.ssd_min_tokens && !invariant);
+            .partition(|c| (always || c.rows.len() >= p.ssd_min_tokens) && !invariant);
         // Prompts, one sequence at a time: chunked SSD (matrix products
         // within each chunk, spread over the pool inside).
         for Rows { seq, rows, .. } in prompts {
