@@ -455,7 +455,11 @@ fn chunked_prompts(name: &str, model: &Path, n: usize) {
         // calls cut at chunk boundaries
         e.mem_clear();
         let calls = [&prompt[..c], &prompt[c..2 * c], &prompt[2 * c..]];
-        check("calls cut at chunk boundaries".into(), &prompt_then_decode(&mut e, 0, &calls, gen), 0);
+        check(
+            "calls cut at chunk boundaries".into(),
+            &prompt_then_decode(&mut e, 0, &calls, gen),
+            0,
+        );
         // beside other prompts (the same tokens reversed, a prefix of them),
         // in one micro-batch and in uneven ones
         for ub in [saved, 11] {
@@ -479,9 +483,15 @@ fn chunked_prompts(name: &str, model: &Path, n: usize) {
                     logits: LogitRows::All,
                 },
             ];
-            let mut got = e.decode_batch_with(&entries, Numerics::CheapInvariant).unwrap();
+            let mut got = e
+                .decode_batch_with(&entries, Numerics::CheapInvariant)
+                .unwrap();
             let (_, g) = prompt_then_decode(&mut e, 0, &[], gen);
-            check(format!("beside other prompts, micro-batches of {ub}"), &(got.remove(1), g), 0);
+            check(
+                format!("beside other prompts, micro-batches of {ub}"),
+                &(got.remove(1), g),
+                0,
+            );
         }
         e.opts.n_ubatch = saved;
         // resumed from a fork at a prefix (a prefix-cache hit): rolled back
@@ -506,7 +516,11 @@ fn chunked_prompts(name: &str, model: &Path, n: usize) {
             assert_eq!(at, p / c * c, "{}", what(format!("resume point after {p}")));
             e.seq_truncate(5, at).unwrap();
             let got = prompt_then_decode(&mut e, 5, &[&prompt[at..]], gen);
-            check(format!("continued after decoding from {p}, resumed at {at}"), &got, at);
+            check(
+                format!("continued after decoding from {p}, resumed at {at}"),
+                &got,
+                at,
+            );
         }
     }
 }
@@ -524,4 +538,3 @@ fn mamba2_q8_0_chunked_by_default() {
     let model = repo().join("tests/fixtures/models/mamba2/model.q8_0.gguf");
     chunked_prompts("mamba2_q8_0", &model, 150);
 }
-

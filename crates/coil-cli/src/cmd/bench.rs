@@ -261,14 +261,16 @@ fn run_gen(
             Numerics::Fast => {
                 engine.eval(seq, &[t], LogitRows::Last, 1)?;
             }
-            // as `coil serve` decodes: one entry through the batch call
+            // as `coil serve` decodes: one entry through the batch call,
+            // batch-invariant (`CheapInvariant` would take the chunked
+            // scans for a token, which `coil serve` runs on prompts only)
             Numerics::BatchInvariant | Numerics::CheapInvariant => {
                 let entry = BatchEntry {
                     seq,
                     tokens: &[t],
                     logits: LogitRows::Last,
                 };
-                engine.decode_batch_with(&[entry], numerics)?;
+                engine.decode_batch_with(&[entry], Numerics::BatchInvariant)?;
             }
         }
     }

@@ -143,7 +143,11 @@ impl Worker {
                 let a = &self.active[p.active];
                 let at = a.done + p.tokens.len();
                 let tail = at / c * c;
-                if at + 1 == a.prompt.len() && a.done % c == 0 && tail > a.done && tail < at {
+                if at + 1 == a.prompt.len()
+                    && a.done.is_multiple_of(c)
+                    && tail > a.done
+                    && tail < at
+                {
                     pins.push((seq, tail));
                 }
             }
