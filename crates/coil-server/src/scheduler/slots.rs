@@ -93,7 +93,8 @@ impl Worker {
     /// sequences give theirs back, least recently used first —
     /// first the buffers of their checkpoints but the first and the last
     /// (their pinned prompt ends stay, and a conversation still resumes at
-    /// its end), then, if that is not enough, whole parked sequences, as a
+    /// its end, or under fixed chunk positions at its newest aligned
+    /// checkpoint, which stays too), then, if that is not enough, whole parked sequences, as a
     /// paged KV cache evicts cached prefixes for running requests. New
     /// memory is mapped only when no parked sequence is left to give way:
     /// mapping and zeroing fresh pages is slow in a VM (hybrid-350m-like

@@ -658,7 +658,9 @@ impl RecurrentMemory {
     }
 
     /// Thins the checkpoints of `s` for a stay in a cache: keeps those within
-    /// `tail` tokens of its end (the newest always) and, before them, one
+    /// `tail` tokens of its end (the newest always), the newest one of
+    /// aligned chunked calls ([`RecurrentMemory::set_aligned`]: the state a
+    /// batch-invariant prompt resumes from) and, before them, one
     /// per `spacing` positions (the first of each stretch, as the budget's
     /// thinning does); returns how many were dropped. Their buffers go back
     /// to the pool unless something else holds them (a fork, a pin): a
@@ -675,12 +677,17 @@ impl RecurrentMemory {
         let slot = &mut self.slots[s];
         let (len, before) = (slot.len, slot.checkpoints.len());
         let spacing = spacing.max(1);
+        // The newest state of aligned chunked calls: where a prompt under
+        // fixed chunk positions resumes (`Engine::resumable`).
+        let newest_aligned = slot.checkpoints.iter().rposition(|c| c.aligned);
         let mut last: Option<usize> = None;
         let mut i = 0;
         slot.checkpoints.retain(|c| {
             i += 1;
-            let keep =
-                i == before || c.pos + tail >= len || last.is_none_or(|l| c.pos >= l + spacing);
+            let keep = i == before
+                || Some(i - 1) == newest_aligned
+                || c.pos + tail >= len
+                || last.is_none_or(|l| c.pos >= l + spacing);
             if keep {
                 last = Some(c.pos);
             }
@@ -1254,6 +1261,28 @@ mod tests {
         assert_eq!(dropped, 5);
         assert_eq!(m.free_buffers(), free + 5, "the dropped buffers are reused");
         assert_eq!(m.thin_parked(0, 16, 8).unwrap(), 0);
+    }
+
+    /// The newest checkpoint of aligned chunked calls outlives the
+    /// thinning of a parked sequence, even to its first and last.
+    #[test]
+    fn parked_thinning_keeps_the_newest_aligned_checkpoint() {
+        let mut m = mem();
+        m.policy.budget_bytes = usize::MAX / 2;
+        for t in 0..40 {
+            m.state(0, 0).unwrap().unwrap().ssm[0] = t as f32;
+            m.advance(0, 1).unwrap();
+            let len = m.seq_len(0).unwrap();
+            // a prompt of aligned calls up to 32, then decode steps
+            m.set_aligned(0, len <= 32).unwrap();
+            if len.is_multiple_of(8) || len > 32 {
+                m.checkpoint(0).unwrap();
+            }
+        }
+        m.thin_parked(0, usize::MAX / 4, 0).unwrap();
+        let cps = m.checkpoints(0).unwrap();
+        let kept: Vec<(usize, bool)> = cps.iter().map(|c| (c.pos, c.aligned)).collect();
+        assert_eq!(kept, vec![(8, true), (32, true), (40, false)]);
     }
 
     #[test]
