@@ -51,14 +51,16 @@ fuzz_target!(|data: &[u8]| {
         let i = a as usize % parts.len();
         let at = u16::from_le_bytes([b, c]) as usize;
         match op % 4 {
-            0 => {
+            // (a part an earlier edit cut to nothing has no byte to set or cut)
+            0 if !parts[i].is_empty() => {
                 let len = parts[i].len();
                 parts[i][at % len] = d;
             }
-            1 => {
+            1 if !parts[i].is_empty() => {
                 let len = parts[i].len();
                 parts[i].truncate(at % len);
             }
+            0 | 1 => {}
             2 => parts.swap(i, b as usize % 3),
             _ => {
                 let other = &all[if d % 2 == 0 { 0 } else { 2 }];
