@@ -5,9 +5,9 @@
    seconds, each sending greedy requests drawn from a set of prompts. Every
    output must equal the same request's output when it ran alone (taken
    first, one at a time), and no request may fail: else the script exits
-   with an error. (The demo model has Mamba-2 layers, whose chunked prompt
-   scans the server's default numerics keep: pass
-   --serve-arg=--batch-invariant for batch-invariant outputs.) One request in
+   with an error. (The server's default numerics are batch-invariant for the
+   demo model; for a model whose formats they do not cover, pass
+   --serve-arg=--batch-invariant: docs/NUMERICS.md.) One request in
    --kill-every is a client that hangs up after a few chunks: afterwards
    the server must hold no request (running 0, waiting 0) and count them
    cancelled.
