@@ -76,6 +76,17 @@ The two default shapes are the reference shapes of docs/PERFORMANCE.md
   w1/w2/w3`, `q_conv1d`, `A_log`, `dt_bias`, ...) without building the model,
   which would not fit in memory in f32; needs transformers 5 (KimiLinear)
   for the config only.
+- ling3-flash-like (--only): Ling-3.0-flash's layer shapes (transformers'
+  BailingHybridConfig defaults, which are that checkpoint's: d_model 2560;
+  KDA 32 heads of 128, conv 4, full-rank forget gate; MLA 32 heads,
+  kv_lora_rank 512, no query LoRA, no-RoPE / RoPE key lanes 128 + 64,
+  value 128, a per-head output gate; 512 experts of 768, top-8 by sigmoid
+  score in 4 of 8 groups, plus one shared expert; vocab 157184 (the NeoX
+  ids, the rest padding), untied) over two layers: KDA with the dense
+  SwiGLU 6144, then MLA with the experts; 3.97 B parameters. Written tensor
+  by tensor in the released layout as tools/make_fixtures_bailing.py's
+  checkpoints have it; `coil convert` writes the `bailingmoe3` file
+  llama.cpp runs.
 - qwen35-0.8b-mtp-like (--only): qwen35-0.8b-like with one multi-token-
   prediction block as released Qwen3.5 checkpoints carry it
   (`mtp_num_hidden_layers` 1; `mtp.fc` [d, 2d], `mtp.pre_fc_norm_embedding`,
@@ -132,6 +143,7 @@ MODELS = (
     "qwen35-0.8b-mtp-like",
     "qwen35moe-35b-a3b-like",
     "kimi-linear-48b-a3b-like",
+    "ling3-flash-like",
 )
 # What --only builds by default: the two reference shapes.
 DEFAULT_MODELS = ("mamba2-370m-like", "hybrid-350m-like")
@@ -340,7 +352,7 @@ def kimi_linear_tensors(cfg):
     return out
 
 
-def kimi_linear_tensor(shape, kind, d, gen):
+def streamed_tensor(shape, kind, d, gen):
     """One tensor drawn as `build` draws its kind (A_log, dt_bias and the
     conv kernels at transformers' init; A_log f32, everything else f16)."""
     import math
@@ -366,15 +378,17 @@ def kimi_linear_tensor(shape, kind, d, gen):
     return t.half()
 
 
-def save_kimi_linear_streamed(cfg, out: Path, tokenizer: Path, seed: int) -> int:
-    """The checkpoint written one tensor at a time (safetensors: an 8-byte
+def save_streamed(cfg, specs, extra: dict, out: Path, tokenizer: Path, seed: int) -> int:
+    """A checkpoint written one tensor at a time (safetensors: an 8-byte
     header length, the JSON header, then the tensors' bytes in order), so
-    that memory holds one tensor, not the model. Returns the parameter count."""
+    that memory holds one tensor, not the model: `specs` are (name, shape,
+    kind) in the released layout, drawn by `streamed_tensor`; `extra`
+    are the released config's keys the config class does not keep.
+    Returns the parameter count."""
     import struct
 
     import torch
 
-    specs = kimi_linear_tensors(cfg)
     header, offset = {"__metadata__": {"format": "pt"}}, 0
     for name, shape, kind in specs:
         dtype, size = ("F32", 4) if kind == "A_log" else ("F16", 2)
@@ -393,18 +407,120 @@ def save_kimi_linear_streamed(cfg, out: Path, tokenizer: Path, seed: int) -> int
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
         for name, shape, kind in specs:
-            t = kimi_linear_tensor(shape, kind, cfg.hidden_size, gen).contiguous()
+            t = streamed_tensor(shape, kind, cfg.hidden_size, gen).contiguous()
             f.write(t.numpy().tobytes())
             params += t.numel()
     Path(str(path) + ".partial").rename(path)
     cfg.save_pretrained(out)
     cfg_path = out / "config.json"
     c = json.loads(cfg_path.read_text())
-    c.update(KIMI_RELEASED_EXTRA)
+    c.update(extra)
     c["dtype"] = "float16"
     cfg_path.write_text(json.dumps(c, indent=2, sort_keys=True) + "\n")
     save_tokenizer(out, tokenizer)
     return params
+
+
+def ling3_flash_config():
+    """Ling-3.0-flash (transformers' BailingHybridConfig defaults are its
+    shapes) over two layers: one KDA layer with the dense feed-forward, then
+    one MLA layer with the experts."""
+    from transformers import BailingHybridConfig
+
+    cfg = BailingHybridConfig(
+        num_hidden_layers=2,
+        layer_group_size=2,
+        first_k_dense_replace=1,
+        num_nextn_predict_layers=0,
+        expert_swiglu_limit_list=[0, 0],
+        share_expert_swiglu_limit_list=[0, 0],
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=1,
+    )
+    cfg.architectures = ["BailingHybridForCausalLM"]
+    return cfg
+
+
+def ling3_released_extra(cfg) -> dict:
+    """The released config's keys llama.cpp's converter reads (as
+    tools/make_fixtures_bailing.py writes them), `head_dim` the KDA head
+    width, without the keys transformers adds."""
+    return dict(
+        head_dim=cfg.linear_head_dim,
+        no_kda_lora=True,
+        gated_attention_proj_granularity_type="head_wise",
+        score_function="sigmoid",
+        n_group=cfg.n_group,
+        topk_group=cfg.topk_group,
+        num_experts_per_tok=cfg.num_experts_per_tok,
+        norm_topk_prob=cfg.norm_topk_prob,
+        moe_shared_expert_intermediate_size=cfg.moe_intermediate_size * cfg.n_shared_experts,
+    )
+
+
+def ling3_tensors(cfg):
+    """(name, shape, kind) of every tensor of a BailingHybridForCausalLM
+    checkpoint in the released layout (`model.word_embeddings`,
+    `attention.*`, separate q/k/v convolutions, per-expert matrices; the
+    names tests/fixtures/hf/bailing_hybrid_tiny has)."""
+    d = cfg.hidden_size
+    h, dk, k = cfg.linear_num_heads, cfg.linear_head_dim, cfg.linear_conv_kernel_dim
+    hd = h * dk
+    nh = cfg.num_attention_heads
+    r, rope, nope, dv = cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.qk_nope_head_dim, cfg.v_head_dim
+    e, fe = cfg.num_experts, cfg.moe_intermediate_size
+    out = [("model.word_embeddings.weight", (cfg.vocab_size, d), "embed")]
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        out += [(p + "input_layernorm.weight", (d,), "norm"), (p + "post_attention_layernorm.weight", (d,), "norm")]
+        a = p + "attention."
+        if cfg.layer_types[i] == "full_attention":
+            if cfg.q_lora_rank:
+                raise SystemExit("error: the bench shape has no query LoRA")
+            out += [
+                (a + "q_proj.weight", (nh * (nope + rope), d), "matrix"),
+                (a + "kv_a_proj_with_mqa.weight", (r + rope, d), "matrix"),
+                (a + "kv_a_layernorm.weight", (r,), "norm"),
+                (a + "kv_b_proj.weight", (nh * (nope + dv), r), "matrix"),
+                (a + "g_proj.weight", (nh, d), "matrix"),
+                (a + "dense.weight", (d, nh * dv), "matrix"),
+            ]
+        else:
+            out += [(a + f"{x}_proj.weight", (hd, d), "matrix") for x in "qkv"]
+            out += [(a + f"{x}_conv1d.weight", (hd, 1, k), "conv") for x in "qkv"]
+            out += [
+                (a + "A_log", (h,), "A_log"),
+                (a + "dt_bias", (hd,), "dt_bias"),
+                (a + "f_proj.weight", (hd, d), "matrix"),
+                (a + "g_proj.weight", (hd, d), "matrix"),
+                (a + "b_proj.weight", (h, d), "matrix"),
+                (a + "o_norm.weight", (dk,), "norm"),
+                (a + "dense.weight", (d, hd), "matrix"),
+            ]
+        m = p + "mlp."
+        if cfg.mlp_layer_types[i] == "dense":
+            f = cfg.intermediate_size
+            out += [
+                (m + "gate_proj.weight", (f, d), "matrix"),
+                (m + "up_proj.weight", (f, d), "matrix"),
+                (m + "down_proj.weight", (d, f), "matrix"),
+            ]
+        else:
+            out += [(m + "gate.weight", (e, d), "matrix"), (m + "gate.expert_bias", (e,), "zero")]
+            for j in range(e):
+                x = m + f"experts.{j}."
+                out += [(x + "gate_proj.weight", (fe, d), "matrix"), (x + "up_proj.weight", (fe, d), "matrix")]
+                out += [(x + "down_proj.weight", (d, fe), "matrix")]
+            fs = fe * cfg.num_shared_experts
+            out += [
+                (m + "shared_experts.gate_proj.weight", (fs, d), "matrix"),
+                (m + "shared_experts.up_proj.weight", (fs, d), "matrix"),
+                (m + "shared_experts.down_proj.weight", (d, fs), "matrix"),
+            ]
+    out += [("model.norm.weight", (d,), "norm"), ("lm_head.weight", (cfg.vocab_size, d), "matrix")]
+    return out
 
 
 def hybrid_config():
@@ -735,6 +851,14 @@ def save_tokenizer(out: Path, tokenizer: Path):
     )
 
 
+# The shapes written tensor by tensor (too large to build in memory):
+# config, tensor list, released config keys.
+STREAMED = {
+    "kimi-linear-48b-a3b-like": (kimi_linear_48b_a3b_config, kimi_linear_tensors, lambda cfg: KIMI_RELEASED_EXTRA),
+    "ling3-flash-like": (ling3_flash_config, ling3_tensors, ling3_released_extra),
+}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokenizer", type=Path, required=True, help="the GPT-NeoX-20B tokenizer.json")
@@ -756,8 +880,10 @@ def main():
         if (out / "model.safetensors").is_file() and not a.force:
             print(f"{name}: {out} exists (--force rebuilds it)")
             continue
-        if name == "kimi-linear-48b-a3b-like":
-            n = save_kimi_linear_streamed(kimi_linear_48b_a3b_config(), out, a.tokenizer, a.seed + i)
+        if name in STREAMED:
+            cfg, tensors, extra = STREAMED[name]
+            cfg = cfg()
+            n = save_streamed(cfg, tensors(cfg), extra(cfg), out, a.tokenizer, a.seed + i)
             print(f"{name}: {n / 1e6:.1f} M parameters -> {out}")
             continue
         torch.manual_seed(a.seed + i)
