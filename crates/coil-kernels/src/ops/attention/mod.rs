@@ -242,6 +242,51 @@ pub(crate) mod tests {
     use super::*;
     use crate::testutil::Rng;
     use half::f16;
+    use std::ops::Range;
+
+    /// The softmax attention in f64: query `t` (`q`: `[n_q, nh, hd]`) over
+    /// the positions `seen(t)` of K and V (rows `stride` apart, `nkv` heads
+    /// of `hd`).
+    #[allow(clippy::too_many_arguments)]
+    fn naive(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        stride: usize,
+        (nh, nkv, hd): (usize, usize, usize),
+        seen: impl Fn(usize) -> Range<usize>,
+        scale: f32,
+    ) -> Vec<f64> {
+        let nq = q.len() / (nh * hd);
+        let mut want = vec![0f64; nq * nh * hd];
+        for t in 0..nq {
+            let pos = seen(t);
+            for h in 0..nh {
+                let kh = h / (nh / nkv);
+                let s: Vec<f64> = pos
+                    .clone()
+                    .map(|p| {
+                        (0..hd)
+                            .map(|i| {
+                                q[(t * nh + h) * hd + i] as f64 * k[p * stride + kh * hd + i] as f64
+                            })
+                            .sum::<f64>()
+                            * scale as f64
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for i in 0..hd {
+                    want[(t * nh + h) * hd + i] = pos
+                        .clone()
+                        .map(|p| e[p - pos.start] / z * v[p * stride + kh * hd + i] as f64)
+                        .sum();
+                }
+            }
+        }
+        want
+    }
 
     #[test]
     pub(crate) fn matches_naive_softmax() {
@@ -269,31 +314,7 @@ pub(crate) mod tests {
                 lens[2] = 33.min(npos);
             }
             let scale = 1.0 / (hd as f32).sqrt();
-            let mut want = vec![0f64; nq * nh * hd];
-            for t in 0..nq {
-                for h in 0..nh {
-                    let kh = h / (nh / nkv);
-                    let s: Vec<f64> = (0..lens[t])
-                        .map(|p| {
-                            (0..hd)
-                                .map(|i| {
-                                    q[(t * nh + h) * hd + i] as f64
-                                        * k[p * stride + kh * hd + i] as f64
-                                })
-                                .sum::<f64>()
-                                * scale as f64
-                        })
-                        .collect();
-                    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                    let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
-                    let z: f64 = e.iter().sum();
-                    for i in 0..hd {
-                        want[(t * nh + h) * hd + i] = (0..lens[t])
-                            .map(|p| e[p] / z * v[p * stride + kh * hd + i] as f64)
-                            .sum();
-                    }
-                }
-            }
+            let want = naive(&q, &k, &v, stride, (nh, nkv, hd), |t| 0..lens[t], scale);
             let view = KvView {
                 k: KvData::F32(&k),
                 v: KvData::F32(&v),
@@ -342,32 +363,8 @@ pub(crate) mod tests {
             let v = rng.vec(npos * row);
             let lens: Vec<usize> = (0..nq).map(|t| npos - (nq - 1 - t)).collect();
             let scale = 1.0 / (hd as f32).sqrt();
-            let mut want = vec![0f64; nq * nh * hd];
-            for t in 0..nq {
-                let lo = lens[t].saturating_sub(w);
-                for h in 0..nh {
-                    let kh = h / (nh / nkv);
-                    let s: Vec<f64> = (lo..lens[t])
-                        .map(|p| {
-                            (0..hd)
-                                .map(|i| {
-                                    q[(t * nh + h) * hd + i] as f64
-                                        * k[p * row + kh * hd + i] as f64
-                                })
-                                .sum::<f64>()
-                                * scale as f64
-                        })
-                        .collect();
-                    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                    let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-                    let z: f64 = e.iter().sum();
-                    for i in 0..hd {
-                        want[(t * nh + h) * hd + i] = (lo..lens[t])
-                            .map(|p| e[p - lo] / z * v[p * row + kh * hd + i] as f64)
-                            .sum();
-                    }
-                }
-            }
+            let seen = |t: usize| lens[t].saturating_sub(w)..lens[t];
+            let want = naive(&q, &k, &v, row, (nh, nkv, hd), seen, scale);
             let dense = KvView::dense(KvData::F32(&k), KvData::F32(&v), nkv, hd);
             let mut got = vec![0f32; q.len()];
             attention_windowed(&pool, &q, nh, &dense, &lens, Some(w), scale, &mut got);

@@ -635,34 +635,75 @@ pub(crate) mod tests {
     use crate::ops::state_elem::{round_bf16, widen_bf16};
     use crate::testutil::Rng;
 
-    #[test]
-    pub(crate) fn mamba2_matches_naive_and_steps() {
-        let pool = ThreadPool::new(2);
-        let mut rng = Rng::new(11);
-        // The last two: one token, rows of whole 16-lane steps (the state
-        // moving to a new buffer with streaming stores, `moving.rs`).
-        for &(hn, p, g, n, t) in &[
-            (4, 3, 2, 5, 7),
-            (6, 16, 3, 32, 3),
-            (2, 8, 1, 17, 1),
-            (4, 8, 2, 32, 1),
-            (2, 4, 1, 128, 1),
-        ] {
+    /// A random Mamba-2 case: `t` tokens' x, dt, B, C, the heads' A and D,
+    /// and a start state.
+    struct M2Case {
+        dims: Mamba2Dims,
+        x: Vec<f32>,
+        dt: Vec<f32>,
+        a: Vec<f32>,
+        b: Vec<f32>,
+        c: Vec<f32>,
+        dd: Vec<f32>,
+        s0: Vec<f32>,
+    }
+
+    impl M2Case {
+        fn random(rng: &mut Rng, (hn, p, g, n, t): (usize, usize, usize, usize, usize)) -> Self {
             let dims = Mamba2Dims {
                 n_head: hn,
                 head_dim: p,
                 n_group: g,
                 d_state: n,
             };
-            let x = rng.vec(t * hn * p);
-            let dt: Vec<f32> = rng.vec(t * hn).iter().map(|v| v.abs() * 0.5).collect();
-            let a: Vec<f32> = rng.vec(hn).iter().map(|v| -v.abs() - 0.1).collect();
-            let b = rng.vec(t * g * n);
-            let c = rng.vec(t * g * n);
-            let dd = rng.vec(hn);
-            let s0 = rng.vec(hn * p * n);
-            // naive in f64
-            let mut s = s0.iter().map(|v| *v as f64).collect::<Vec<_>>();
+            M2Case {
+                dims,
+                x: rng.vec(t * hn * p),
+                dt: rng.vec(t * hn).iter().map(|v| v.abs() * 0.5).collect(),
+                a: rng.vec(hn).iter().map(|v| -v.abs() - 0.1).collect(),
+                b: rng.vec(t * g * n),
+                c: rng.vec(t * g * n),
+                dd: rng.vec(hn),
+                s0: rng.vec(hn * p * n),
+            }
+        }
+
+        /// Tokens `t0..t0 + nt`: x, dt, B, C.
+        fn tokens(&self, t0: usize, nt: usize) -> (&[f32], &[f32], &[f32], &[f32]) {
+            let d = &self.dims;
+            let (wx, wbc) = (d.n_head * d.head_dim, d.n_group * d.d_state);
+            let (r, rbc) = (t0 * wx..(t0 + nt) * wx, t0 * wbc..(t0 + nt) * wbc);
+            let dt = &self.dt[t0 * d.n_head..(t0 + nt) * d.n_head];
+            (&self.x[r], dt, &self.b[rbc.clone()], &self.c[rbc])
+        }
+
+        /// [`mamba2_scan_from`] over tokens `t0..t0 + nt`: their outputs.
+        fn scan<S: ScanState>(
+            &self,
+            pool: &ThreadPool,
+            from: Option<&[S]>,
+            state: &mut [S],
+            t0: usize,
+            nt: usize,
+        ) -> Vec<f32> {
+            let (x, dt, b, c) = self.tokens(t0, nt);
+            let inputs = ScanInputs::dense(&self.dims, x, b, c, nt);
+            let mut y = vec![0f32; x.len()];
+            let (a, d) = (&self.a, Some(&self.dd[..]));
+            mamba2_scan_from(pool, self.dims, from, state, inputs, dt, a, d, &mut y, nt);
+            y
+        }
+
+        /// The recurrence in f64 over all `t` tokens: the state and outputs.
+        fn naive(&self, t: usize) -> (Vec<f64>, Vec<f64>) {
+            let Mamba2Dims {
+                n_head: hn,
+                head_dim: p,
+                n_group: g,
+                d_state: n,
+            } = self.dims;
+            let (x, dt, a, b, c) = (&self.x, &self.dt, &self.a, &self.b, &self.c);
+            let mut s: Vec<f64> = self.s0.iter().map(|v| *v as f64).collect();
             let mut want = vec![0f64; t * hn * p];
             for ti in 0..t {
                 for h in 0..hn {
@@ -677,25 +718,94 @@ pub(crate) mod tests {
                             *si = *si * da + dtv * xv * b[(ti * g + gi) * n + ni] as f64;
                             acc += *si * c[(ti * g + gi) * n + ni] as f64;
                         }
-                        want[(ti * hn + h) * p + pi] = acc + dd[h] as f64 * xv;
+                        want[(ti * hn + h) * p + pi] = acc + self.dd[h] as f64 * xv;
                     }
                 }
             }
+            (s, want)
+        }
+    }
+
+    /// A random Mamba-1 case: `t` tokens' x, dt, B, C, the channels' A and
+    /// D, and a start state.
+    struct M1Case {
+        di: usize,
+        n: usize,
+        x: Vec<f32>,
+        dt: Vec<f32>,
+        a: Vec<f32>,
+        b: Vec<f32>,
+        c: Vec<f32>,
+        dd: Vec<f32>,
+        s0: Vec<f32>,
+    }
+
+    impl M1Case {
+        fn random(rng: &mut Rng, (di, n, t): (usize, usize, usize)) -> Self {
+            M1Case {
+                di,
+                n,
+                x: rng.vec(t * di),
+                dt: rng.vec(t * di).iter().map(|v| v.abs()).collect(),
+                a: rng.vec(di * n).iter().map(|v| -v.abs() * 3.0).collect(),
+                b: rng.vec(t * n),
+                c: rng.vec(t * n),
+                dd: rng.vec(di),
+                s0: rng.vec(di * n),
+            }
+        }
+
+        /// Tokens `t0..t0 + nt`: x, dt, B, C.
+        fn tokens(&self, t0: usize, nt: usize) -> (&[f32], &[f32], &[f32], &[f32]) {
+            let (r, rbc) = (
+                t0 * self.di..(t0 + nt) * self.di,
+                t0 * self.n..(t0 + nt) * self.n,
+            );
+            (
+                &self.x[r.clone()],
+                &self.dt[r],
+                &self.b[rbc.clone()],
+                &self.c[rbc],
+            )
+        }
+
+        /// [`mamba1_scan`] over tokens `t0..t0 + nt`: their outputs.
+        fn scan<S: ScanState>(
+            &self,
+            pool: &ThreadPool,
+            state: &mut [S],
+            t0: usize,
+            nt: usize,
+        ) -> Vec<f32> {
+            let (x, dt, b, c) = self.tokens(t0, nt);
+            let mut y = vec![0f32; x.len()];
+            let (a, d) = (&self.a, Some(&self.dd[..]));
+            mamba1_scan(pool, self.di, self.n, state, x, dt, a, b, c, d, &mut y, nt);
+            y
+        }
+    }
+
+    #[test]
+    pub(crate) fn mamba2_matches_naive_and_steps() {
+        let pool = ThreadPool::new(2);
+        let mut rng = Rng::new(11);
+        // The last two: one token, rows of whole 16-lane steps (the state
+        // moving to a new buffer with streaming stores, `moving.rs`).
+        for &shape in &[
+            (4, 3, 2, 5, 7),
+            (6, 16, 3, 32, 3),
+            (2, 8, 1, 17, 1),
+            (4, 8, 2, 32, 1),
+            (2, 4, 1, 128, 1),
+        ] {
+            let (hn, p, g, n, t) = shape;
+            let cs = M2Case::random(&mut rng, shape);
+            let (dims, s0, a, dd) = (cs.dims, &cs.s0, &cs.a, Some(&cs.dd[..]));
+            let (s, want) = cs.naive(t);
             let mut st = s0.clone();
             let mut y = vec![0f32; t * hn * p];
-            mamba2_scan(
-                &pool,
-                dims,
-                &mut st,
-                &x,
-                &dt,
-                &a,
-                &b,
-                &c,
-                Some(&dd),
-                &mut y,
-                t,
-            );
+            let (x, dt, b, c) = cs.tokens(0, t);
+            mamba2_scan(&pool, dims, &mut st, x, dt, a, b, c, dd, &mut y, t);
             for (a, e) in y.iter().zip(&want) {
                 assert!((*a as f64 - e).abs() < 1e-4, "{a} vs {e}");
             }
@@ -710,9 +820,10 @@ pub(crate) mod tests {
             let mut rows = vec![f32::NAN; t * ld];
             for ti in 0..t {
                 let r = &mut rows[ti * ld..(ti + 1) * ld];
-                r[..wx].copy_from_slice(&x[ti * wx..(ti + 1) * wx]);
-                r[wx..wx + wbc].copy_from_slice(&b[ti * wbc..(ti + 1) * wbc]);
-                r[wx + wbc..wx + 2 * wbc].copy_from_slice(&c[ti * wbc..(ti + 1) * wbc]);
+                let (x, _, b, c) = cs.tokens(ti, 1);
+                r[..wx].copy_from_slice(x);
+                r[wx..wx + wbc].copy_from_slice(b);
+                r[wx + wbc..wx + 2 * wbc].copy_from_slice(c);
             }
             let inputs = ScanInputs {
                 x: &rows,
@@ -723,35 +834,15 @@ pub(crate) mod tests {
             };
             let mut st3 = vec![f32::NAN; s0.len()];
             let mut y3 = vec![0f32; t * hn * p];
-            mamba2_scan_from(
-                &pool,
-                dims,
-                Some(&s0),
-                &mut st3,
-                inputs,
-                &dt,
-                &a,
-                Some(&dd),
-                &mut y3,
-                t,
-            );
+            let from = Some(&s0[..]);
+            mamba2_scan_from(&pool, dims, from, &mut st3, inputs, dt, a, dd, &mut y3, t);
             assert_eq!(st3, st);
             assert_eq!(y3, y);
             let mut st2 = s0.clone();
             for ti in 0..t {
                 let mut yy = vec![0f32; hn * p];
-                mamba2_step(
-                    &pool,
-                    dims,
-                    &mut st2,
-                    &x[ti * hn * p..(ti + 1) * hn * p],
-                    &dt[ti * hn..(ti + 1) * hn],
-                    &a,
-                    &b[ti * g * n..(ti + 1) * g * n],
-                    &c[ti * g * n..(ti + 1) * g * n],
-                    Some(&dd),
-                    &mut yy,
-                );
+                let (x, dt, b, c) = cs.tokens(ti, 1);
+                mamba2_step(&pool, dims, &mut st2, x, dt, a, b, c, dd, &mut yy);
                 assert_eq!(yy[..], y[ti * hn * p..(ti + 1) * hn * p]);
             }
             assert_eq!(st, st2);
@@ -762,15 +853,11 @@ pub(crate) mod tests {
     pub(crate) fn mamba1_matches_naive() {
         let pool = ThreadPool::new(2);
         let mut rng = Rng::new(12);
-        for &(di, n, t) in &[(40, 16, 5), (7, 3, 2), (33, 17, 1)] {
-            let x = rng.vec(t * di);
-            let dt: Vec<f32> = rng.vec(t * di).iter().map(|v| v.abs()).collect();
-            let a: Vec<f32> = rng.vec(di * n).iter().map(|v| -v.abs() * 3.0).collect();
-            let b = rng.vec(t * n);
-            let c = rng.vec(t * n);
-            let dd = rng.vec(di);
-            let s0 = rng.vec(di * n);
-            let mut s: Vec<f64> = s0.iter().map(|v| *v as f64).collect();
+        for &shape in &[(40, 16, 5), (7, 3, 2), (33, 17, 1)] {
+            let (di, n, t) = shape;
+            let cs = M1Case::random(&mut rng, shape);
+            let (x, dt, a, b, c, dd) = (&cs.x, &cs.dt, &cs.a, &cs.b, &cs.c, &cs.dd);
+            let mut s: Vec<f64> = cs.s0.iter().map(|v| *v as f64).collect();
             let mut want = vec![0f64; t * di];
             for ti in 0..t {
                 for ch in 0..di {
@@ -786,43 +873,17 @@ pub(crate) mod tests {
                     want[ti * di + ch] = acc + dd[ch] as f64 * xv;
                 }
             }
-            let mut st = s0.clone();
-            let mut y = vec![0f32; t * di];
-            mamba1_scan(
-                &pool,
-                di,
-                n,
-                &mut st,
-                &x,
-                &dt,
-                &a,
-                &b,
-                &c,
-                Some(&dd),
-                &mut y,
-                t,
-            );
+            let mut st = cs.s0.clone();
+            let y = cs.scan(&pool, &mut st, 0, t);
             for (a, e) in y.iter().zip(&want) {
                 assert!((*a as f64 - e).abs() < 1e-4, "{a} vs {e}");
             }
-            let mut st2 = s0.clone();
+            let mut st2 = cs.s0.clone();
             let mut y1 = vec![0f32; di];
             for ti in 0..t {
-                let r = ti * di..(ti + 1) * di;
-                mamba1_step(
-                    &pool,
-                    di,
-                    n,
-                    &mut st2,
-                    &x[r.clone()],
-                    &dt[r.clone()],
-                    &a,
-                    &b[ti * n..(ti + 1) * n],
-                    &c[ti * n..(ti + 1) * n],
-                    Some(&dd),
-                    &mut y1,
-                );
-                assert_eq!(y1[..], y[r]);
+                let (x, dt, b, c) = cs.tokens(ti, 1);
+                mamba1_step(&pool, di, n, &mut st2, x, dt, a, b, c, Some(dd), &mut y1);
+                assert_eq!(y1[..], y[ti * di..(ti + 1) * di]);
             }
         }
     }
@@ -837,90 +898,31 @@ pub(crate) mod tests {
     pub(crate) fn mamba2_bf16_is_the_f32_update_rounded_per_token() {
         let pool = ThreadPool::new(2);
         let mut rng = Rng::new(31);
-        for &(hn, p, g, n, t) in &[(4, 3, 2, 5, 4), (6, 16, 3, 32, 3), (4, 8, 2, 64, 1)] {
-            let dims = Mamba2Dims {
-                n_head: hn,
-                head_dim: p,
-                n_group: g,
-                d_state: n,
-            };
-            let x = rng.vec(t * hn * p);
-            let dt: Vec<f32> = rng.vec(t * hn).iter().map(|v| v.abs() * 0.5).collect();
-            let a: Vec<f32> = rng.vec(hn).iter().map(|v| -v.abs() - 0.1).collect();
-            let b = rng.vec(t * g * n);
-            let c = rng.vec(t * g * n);
-            let dd = rng.vec(hn);
-            let s0: Vec<bf16> = rng.vec(hn * p * n).iter().map(|&v| round_bf16(v)).collect();
-            let one = |ti: usize| {
-                ScanInputs::dense(
-                    &dims,
-                    &x[ti * hn * p..(ti + 1) * hn * p],
-                    &b[ti * g * n..(ti + 1) * g * n],
-                    &c[ti * g * n..(ti + 1) * g * n],
-                    1,
-                )
-            };
+        for &shape in &[(4, 3, 2, 5, 4), (6, 16, 3, 32, 3), (4, 8, 2, 64, 1)] {
+            let t = shape.4;
+            let cs = M2Case::random(&mut rng, shape);
+            let dims = cs.dims;
+            let s0: Vec<bf16> = cs.s0.iter().map(|&v| round_bf16(v)).collect();
             // Reference: the f32 kernel one token at a time, rounding the
             // state in between.
             let mut sf: Vec<f32> = s0.iter().map(|&v| widen_bf16(v)).collect();
             let mut want_y = Vec::new();
             for ti in 0..t {
-                let mut y = vec![0f32; hn * p];
-                let dts = &dt[ti * hn..(ti + 1) * hn];
-                mamba2_scan_from(
-                    &pool,
-                    dims,
-                    None,
-                    &mut sf,
-                    one(ti),
-                    dts,
-                    &a,
-                    Some(&dd),
-                    &mut y,
-                    1,
-                );
+                want_y.extend(cs.scan(&pool, None, &mut sf, ti, 1));
                 sf.iter_mut().for_each(|v| *v = widen_bf16(round_bf16(*v)));
-                want_y.extend(y);
             }
             let want_s: Vec<bf16> = sf.iter().map(|&v| round_bf16(v)).collect();
             // All tokens in one call, in place.
             let mut st = s0.clone();
-            let mut y = vec![0f32; t * hn * p];
-            let all = ScanInputs::dense(&dims, &x, &b, &c, t);
-            mamba2_scan_from(
-                &pool,
-                dims,
-                None,
-                &mut st,
-                all,
-                &dt,
-                &a,
-                Some(&dd),
-                &mut y,
-                t,
-            );
+            let y = cs.scan(&pool, None, &mut st, 0, t);
             assert_eq!(st, want_s, "{dims:?}");
             close(&y, &want_y, &format!("{dims:?}"));
             // One token per call, the first moving off the start state.
             let mut st2 = vec![bf16::NAN; s0.len()];
             let mut y2 = Vec::new();
             for ti in 0..t {
-                let mut yy = vec![0f32; hn * p];
-                let dts = &dt[ti * hn..(ti + 1) * hn];
                 let from = (ti == 0).then_some(&s0[..]);
-                mamba2_scan_from(
-                    &pool,
-                    dims,
-                    from,
-                    &mut st2,
-                    one(ti),
-                    dts,
-                    &a,
-                    Some(&dd),
-                    &mut yy,
-                    1,
-                );
-                y2.extend(yy);
+                y2.extend(cs.scan(&pool, from, &mut st2, ti, 1));
             }
             assert_eq!(st2, want_s, "{dims:?} moving");
             // One call or one token per call: the same bits.
@@ -941,52 +943,18 @@ pub(crate) mod tests {
     pub(crate) fn mamba1_bf16_is_the_f32_update_rounded_per_token() {
         let pool = ThreadPool::new(2);
         let mut rng = Rng::new(32);
-        for &(di, n, t) in &[(40, 16, 5), (7, 3, 2), (300, 16, 3)] {
-            let x = rng.vec(t * di);
-            let dt: Vec<f32> = rng.vec(t * di).iter().map(|v| v.abs()).collect();
-            let a: Vec<f32> = rng.vec(di * n).iter().map(|v| -v.abs() * 3.0).collect();
-            let b = rng.vec(t * n);
-            let c = rng.vec(t * n);
-            let dd = rng.vec(di);
-            let s0: Vec<bf16> = rng.vec(di * n).iter().map(|&v| round_bf16(v)).collect();
+        for &shape in &[(40, 16, 5), (7, 3, 2), (300, 16, 3)] {
+            let t = shape.2;
+            let cs = M1Case::random(&mut rng, shape);
+            let s0: Vec<bf16> = cs.s0.iter().map(|&v| round_bf16(v)).collect();
             let mut sf: Vec<f32> = s0.iter().map(|&v| widen_bf16(v)).collect();
             let mut want_y = Vec::new();
             for ti in 0..t {
-                let r = ti * di..(ti + 1) * di;
-                let mut y = vec![0f32; di];
-                mamba1_scan(
-                    &pool,
-                    di,
-                    n,
-                    &mut sf,
-                    &x[r.clone()],
-                    &dt[r.clone()],
-                    &a,
-                    &b[ti * n..(ti + 1) * n],
-                    &c[ti * n..(ti + 1) * n],
-                    Some(&dd),
-                    &mut y,
-                    1,
-                );
+                want_y.extend(cs.scan(&pool, &mut sf, ti, 1));
                 sf.iter_mut().for_each(|v| *v = widen_bf16(round_bf16(*v)));
-                want_y.extend(y);
             }
             let mut st = s0.clone();
-            let mut y = vec![0f32; t * di];
-            mamba1_scan(
-                &pool,
-                di,
-                n,
-                &mut st,
-                &x,
-                &dt,
-                &a,
-                &b,
-                &c,
-                Some(&dd),
-                &mut y,
-                t,
-            );
+            let y = cs.scan(&pool, &mut st, 0, t);
             let got: Vec<f32> = st.iter().map(|&v| widen_bf16(v)).collect();
             assert_eq!(got, sf);
             assert_eq!(y, want_y);
@@ -1001,72 +969,28 @@ pub(crate) mod tests {
     fn tokens_in_one_call_equal_one_at_a_time_bit_for_bit() {
         let pool = ThreadPool::new(2);
         let mut rng = Rng::new(5);
-        for &(hn, p, g, n, t) in &[(3, 5, 1, 64, 9), (4, 3, 2, 128, 2), (2, 4, 2, 192, 17)] {
-            let dims = Mamba2Dims {
-                n_head: hn,
-                head_dim: p,
-                n_group: g,
-                d_state: n,
-            };
+        for &shape in &[(3, 5, 1, 64, 9), (4, 3, 2, 128, 2), (2, 4, 2, 192, 17)] {
+            let t = shape.4;
+            let cs = M2Case::random(&mut rng, shape);
+            let (dims, s0) = (cs.dims, &cs.s0);
             if !super::super::tokens::usable(&dims) {
                 return;
             }
-            let x = rng.vec(t * hn * p);
-            let dt: Vec<f32> = rng.vec(t * hn).iter().map(|v| v.abs() * 0.5).collect();
-            let a: Vec<f32> = rng.vec(hn).iter().map(|v| -v.abs() - 0.1).collect();
-            let b = rng.vec(t * g * n);
-            let c = rng.vec(t * g * n);
-            let dd = rng.vec(hn);
-            let s0 = rng.vec(hn * p * n);
             for from in [false, true] {
-                let inputs = |t0: usize, nt: usize| {
-                    ScanInputs::dense(
-                        &dims,
-                        &x[t0 * hn * p..(t0 + nt) * hn * p],
-                        &b[t0 * g * n..(t0 + nt) * g * n],
-                        &c[t0 * g * n..(t0 + nt) * g * n],
-                        nt,
-                    )
+                let start = || {
+                    if from {
+                        vec![f32::NAN; s0.len()]
+                    } else {
+                        s0.clone()
+                    }
                 };
-                let mut st = if from {
-                    vec![f32::NAN; s0.len()]
-                } else {
-                    s0.clone()
-                };
-                let mut y = vec![0f32; t * hn * p];
-                let src = from.then_some(&s0[..]);
-                mamba2_scan_from(
-                    &pool,
-                    dims,
-                    src,
-                    &mut st,
-                    inputs(0, t),
-                    &dt,
-                    &a,
-                    Some(&dd),
-                    &mut y,
-                    t,
-                );
-                let mut st1 = if from {
-                    vec![f32::NAN; s0.len()]
-                } else {
-                    s0.clone()
-                };
-                let mut y1 = vec![0f32; t * hn * p];
+                let mut st = start();
+                let y = cs.scan(&pool, from.then_some(&s0[..]), &mut st, 0, t);
+                let mut st1 = start();
+                let mut y1 = Vec::new();
                 for k in 0..t {
                     let src = (from && k == 0).then_some(&s0[..]);
-                    mamba2_scan_from(
-                        &pool,
-                        dims,
-                        src,
-                        &mut st1,
-                        inputs(k, 1),
-                        &dt[k * hn..(k + 1) * hn],
-                        &a,
-                        Some(&dd),
-                        &mut y1[k * hn * p..(k + 1) * hn * p],
-                        1,
-                    );
+                    y1.extend(cs.scan(&pool, src, &mut st1, k, 1));
                 }
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&y), bits(&y1), "outputs, dims {dims:?}, from {from}");
