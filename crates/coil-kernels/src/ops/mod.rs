@@ -16,7 +16,7 @@ pub mod topk;
 
 pub use act::*;
 pub use attention::{attention, KvData, KvView, KV_PAGE_ALIGN};
-pub use conv::{conv1d_causal_pool, conv1d_causal_silu_pool};
+pub use conv::{conv1d_causal_pool, ConvAct};
 pub use norm::{group_rms_norm_gated, rms_norm, rms_norm_inplace};
 pub use rope::{rope, rope_table, RopeStyle};
 pub use ssm::{

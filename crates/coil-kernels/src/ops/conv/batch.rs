@@ -1,7 +1,7 @@
 //! The convolution of a few tokens of each of many sequences (a server's
 //! decode step), the weights laid out once at load.
 
-use super::rows::{conv_rows_mv, shift_window};
+use super::rows::{conv_rows_mv, shift_window, ConvAct};
 use crate::pool::SendPtr;
 use crate::pool::ThreadPool;
 
@@ -9,9 +9,9 @@ use crate::pool::ThreadPool;
 /// at load instead of at every call.
 #[derive(Clone, Debug)]
 pub struct ConvWeights {
-    wt: Vec<f32>,
-    channels: usize,
-    k: usize,
+    pub(super) wt: Vec<f32>,
+    pub(super) channels: usize,
+    pub(super) k: usize,
 }
 
 impl ConvWeights {
@@ -31,9 +31,26 @@ impl ConvWeights {
         }
         ConvWeights { wt, channels, k }
     }
+
+    /// Checks a call's carried window (`[k − 1, channels]`), bias
+    /// (`[channels]`) and input row stride against these weights.
+    pub(super) fn check(&self, state: &[f32], bias: Option<&[f32]>, x_stride: usize) {
+        assert_eq!(
+            state.len(),
+            (self.k - 1) * self.channels,
+            "conv1d: state is not [k-1, channels]"
+        );
+        if let Some(b) = bias {
+            assert_eq!(b.len(), self.channels, "conv1d: bias is not [channels]");
+        }
+        assert!(
+            x_stride >= self.channels,
+            "conv1d: input rows narrower than the channels"
+        );
+    }
 }
 
-/// One sequence's part of [`conv1d_causal_silu_batch`]: its input rows
+/// One sequence's part of [`conv1d_causal_batch`]: its input rows
 /// (row `t` at `x[t·x_stride ..]`), carried window `[k − 1, channels]` and
 /// output `[n_tokens, channels]`.
 pub struct ConvSeq<'a> {
@@ -42,22 +59,19 @@ pub struct ConvSeq<'a> {
     pub out: &'a mut [f32],
 }
 
-/// [`super::conv1d_causal_silu_pool`] for a few tokens of each of many sequences
+/// [`super::conv1d_causal_pool`] for a few tokens of each of many sequences
 /// (a server's decode step): the weights are laid out once for all of
 /// them, and the sequences, not the tokens, are spread over `pool`. Each
 /// sequence gets the same result as alone, bit for bit.
-pub fn conv1d_causal_silu_batch(
+pub fn conv1d_causal_batch(
     pool: &ThreadPool,
     seqs: &mut [ConvSeq],
     x_stride: usize,
     weights: &ConvWeights,
     bias: Option<&[f32]>,
+    act: ConvAct,
 ) {
     let (channels, k, wt) = (weights.channels, weights.k, &weights.wt[..]);
-    assert!(x_stride >= channels);
-    if let Some(b) = bias {
-        assert_eq!(b.len(), channels);
-    }
     struct Part<'a> {
         x: &'a [f32],
         state: SendPtr<f32>,
@@ -67,11 +81,7 @@ pub fn conv1d_causal_silu_batch(
     let parts: Vec<Part> = seqs
         .iter_mut()
         .map(|s| {
-            assert_eq!(
-                s.state.len(),
-                (k - 1) * channels,
-                "conv1d: state is not [k-1, channels]"
-            );
+            weights.check(s.state, bias, x_stride);
             assert!(s.out.len().is_multiple_of(channels));
             let n = s.out.len() / channels;
             assert!(
@@ -86,6 +96,7 @@ pub fn conv1d_causal_silu_batch(
             }
         })
         .collect();
+    let silu = act == ConvAct::Silu;
     let grain = (parts.len() / (2 * pool.n_threads())).max(1);
     pool.parallel_for(parts.len(), grain, |r, _| {
         for pt in &parts[r] {
@@ -101,7 +112,7 @@ pub fn conv1d_causal_silu_batch(
                 )
             };
             conv_rows_mv(
-                pt.x, x_stride, state, channels, wt, bias, out, channels, k, pt.n, true,
+                pt.x, x_stride, state, channels, wt, bias, out, channels, k, pt.n, silu,
             );
             shift_window(
                 state,

@@ -3,6 +3,15 @@
 
 use crate::multiversion;
 
+/// What follows a convolution's sum, per element.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvAct {
+    /// Nothing (LFM2's short convolution).
+    Identity,
+    /// SiLU (Mamba's conv1d, the delta-rule mixers' convolutions).
+    Silu,
+}
+
 /// The new carried window: the last `k − 1` rows of `state ++ x`, where
 /// `row(i)` is input row `i` of `n`.
 pub(super) fn shift_window<'a>(

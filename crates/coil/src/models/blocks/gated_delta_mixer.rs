@@ -23,7 +23,7 @@ use crate::models::{ModelError, Rows};
 use coil_gguf::GgufFile;
 use coil_kernels::ops::act::{mul_sigmoid_inplace, mul_silu_inplace, softplus1};
 use coil_kernels::ops::conv::{
-    conv1d_causal_silu_batch, conv1d_causal_silu_pool_then, ConvSeq, ConvWeights,
+    conv1d_causal_batch, conv1d_causal_pool, ConvAct, ConvSeq, ConvWeights,
 };
 use coil_kernels::ops::delta::chunk::{gated_delta_chunked, DEFAULT_CHUNK};
 use coil_kernels::ops::delta::{
@@ -166,10 +166,8 @@ pub struct GatedDeltaMixer {
     pub p: GatedDeltaParams,
     pub qkvz: QkvzProj,
     pub ba: BaProj,
-    /// `[channels, K]`
-    pub conv_w: Vec<f32>,
-    /// `conv_w` laid out for the decode kernel.
-    pub conv_wt: ConvWeights,
+    /// `[channels, K]`, laid out for the kernels.
+    pub conv_w: ConvWeights,
     pub dt_bias: Vec<f32>,
     /// −exp(A_log), `[Hv]`.
     pub a: Vec<f32>,
@@ -204,8 +202,7 @@ impl GatedDeltaMixer {
         Ok(GatedDeltaMixer {
             qkvz,
             ba,
-            conv_wt: ConvWeights::new(&conv_w, p.conv_channels(), p.d_conv),
-            conv_w,
+            conv_w: ConvWeights::new(&conv_w, p.conv_channels(), p.d_conv),
             dt_bias: ld.vector(&n("ssm_dt.bias"), &[hv])?,
             a: ld.vector(&n("ssm_a"), &[hv])?,
             norm: ld.vector(&n("ssm_norm.weight"), &[p.dims.d_v])?,
@@ -364,7 +361,7 @@ impl GatedDeltaMixer {
                     l2_normalize(&mut row[kd..2 * kd], dims.d_k, L2_EPS, 1.0);
                 }
             };
-            conv1d_causal_silu_pool_then(
+            conv1d_causal_pool(
                 pool,
                 &qkv[rows.start * ch..rows.end * ch],
                 ch,
@@ -372,9 +369,8 @@ impl GatedDeltaMixer {
                 &self.conv_w,
                 None,
                 xs,
-                ch,
-                p.d_conv,
-                &l2,
+                ConvAct::Silu,
+                Some(&l2),
             );
             let inputs = DeltaInputs {
                 q: xs,
@@ -410,7 +406,7 @@ impl GatedDeltaMixer {
                     out,
                 })
                 .collect();
-            conv1d_causal_silu_batch(pool, &mut conv, ch, &self.conv_wt, None);
+            conv1d_causal_batch(pool, &mut conv, ch, &self.conv_w, None, ConvAct::Silu);
             drop(conv);
             for xs in xs_parts.iter_mut() {
                 for row in xs.chunks_exact_mut(ch) {

@@ -27,7 +27,7 @@ use crate::models::{ModelError, Rows};
 use coil_gguf::GgufFile;
 use coil_kernels::ops::act::{mul_sigmoid_inplace, softplus1};
 use coil_kernels::ops::conv::{
-    conv1d_causal_silu_batch, conv1d_causal_silu_pool_then, ConvSeq, ConvWeights,
+    conv1d_causal_batch, conv1d_causal_pool, ConvAct, ConvSeq, ConvWeights,
 };
 use coil_kernels::ops::delta::kda_chunk::{kda_chunked, DEFAULT_CHUNK};
 use coil_kernels::ops::delta::l2_normalize;
@@ -163,9 +163,9 @@ pub struct KdaMixer {
     /// The output gate's projection.
     pub g: GateProj,
     pub beta: Matrix,
-    /// `[3·H·d, K]`: the q, k and v kernels stacked.
-    pub conv_w: Vec<f32>,
-    pub conv_wt: ConvWeights,
+    /// `[3·H·d, K]`: the q, k and v kernels stacked, laid out for the
+    /// kernels.
+    pub conv_w: ConvWeights,
     /// `[H·d]`
     pub dt_bias: Vec<f32>,
     /// `[H]`: −exp(A_log) ([`KdaGate::Softplus`]) or exp(A_log)
@@ -213,8 +213,7 @@ impl KdaMixer {
             f: GateProj::load(ld, layer, 'f', &p)?,
             g: GateProj::load(ld, layer, 'g', &p)?,
             beta: ld.matrix(&n("ssm_beta.weight"), nh, dm)?,
-            conv_wt: ConvWeights::new(&conv_w, 3 * inner, k),
-            conv_w,
+            conv_w: ConvWeights::new(&conv_w, 3 * inner, k),
             dt_bias: ld.vector(&n("ssm_dt.bias"), &[inner])?,
             a,
             norm: ld.vector(&n("ssm_norm.weight"), &[d])?,
@@ -394,7 +393,7 @@ impl KdaMixer {
             let t = rows.len();
             let mut st = layer_state(mem, layer, *seq)?;
             let xs = &mut x[rows.start * ch..rows.end * ch];
-            conv1d_causal_silu_pool_then(
+            conv1d_causal_pool(
                 pool,
                 &qkv[rows.start * ch..rows.end * ch],
                 ch,
@@ -402,9 +401,8 @@ impl KdaMixer {
                 &self.conv_w,
                 None,
                 xs,
-                ch,
-                p.d_conv,
-                &l2,
+                ConvAct::Silu,
+                Some(&l2),
             );
             let os = &mut o[rows.start * inner..rows.end * inner];
             // In f32 (a bf16 state is widened, and rounded once at the end).
@@ -437,7 +435,7 @@ impl KdaMixer {
                     out,
                 })
                 .collect();
-            conv1d_causal_silu_batch(pool, &mut conv, ch, &self.conv_wt, None);
+            conv1d_causal_batch(pool, &mut conv, ch, &self.conv_w, None, ConvAct::Silu);
             drop(conv);
             for xs in xs_parts.iter_mut() {
                 l2(xs);

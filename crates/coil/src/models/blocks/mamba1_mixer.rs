@@ -13,7 +13,7 @@ use crate::models::ModelError;
 use crate::models::Rows;
 use coil_gguf::GgufFile;
 use coil_kernels::ops::act::{mul_silu_inplace, softplus_inplace};
-use coil_kernels::ops::conv::conv1d_causal_silu_pool;
+use coil_kernels::ops::conv::{conv1d_causal_pool, ConvAct, ConvWeights};
 use coil_kernels::ops::norm::rms_norm_inplace;
 use coil_kernels::ops::ssm::mamba1_scan_state;
 use coil_kernels::{matmul, Scratch, ThreadPool};
@@ -62,8 +62,8 @@ pub struct DtBcNorms {
 pub struct Mamba1Mixer {
     pub p: Mamba1Params,
     pub in_proj: Matrix,
-    /// `[d_inner, K]`
-    pub conv_w: Vec<f32>,
+    /// `[d_inner, K]`, laid out for the kernel.
+    pub conv_w: ConvWeights,
     pub conv_b: Vec<f32>,
     pub x_proj: Matrix,
     pub dt_proj: Matrix,
@@ -90,7 +90,11 @@ impl Mamba1Mixer {
         };
         Ok(Mamba1Mixer {
             in_proj: ld.matrix(&n("ssm_in.weight"), 2 * di, p.d_model)?,
-            conv_w: ld.vector(&n("ssm_conv1d.weight"), &[p.d_conv, di])?,
+            conv_w: ConvWeights::new(
+                &ld.vector(&n("ssm_conv1d.weight"), &[p.d_conv, di])?,
+                di,
+                p.d_conv,
+            ),
             conv_b: ld.vector(&n("ssm_conv1d.bias"), &[di])?,
             x_proj: ld.matrix(&n("ssm_x.weight"), r + 2 * ns, di)?,
             dt_proj: ld.matrix(&n("ssm_dt.weight"), di, r)?,
@@ -129,7 +133,7 @@ impl Mamba1Mixer {
         let mut x = Scratch::dirty(n_tokens * di);
         for Rows { seq, rows, .. } in chunks {
             let st = layer_state(mem, layer, *seq)?;
-            conv1d_causal_silu_pool(
+            conv1d_causal_pool(
                 pool,
                 &xz[rows.start * 2 * di..rows.end * 2 * di],
                 2 * di,
@@ -137,8 +141,8 @@ impl Mamba1Mixer {
                 &self.conv_w,
                 Some(&self.conv_b),
                 &mut x[rows.start * di..rows.end * di],
-                di,
-                p.d_conv,
+                ConvAct::Silu,
+                None,
             );
         }
 

@@ -18,7 +18,7 @@ use crate::models::Rows;
 use coil_gguf::GgufFile;
 use coil_kernels::ops::act::{mul_silu_inplace, softplus1};
 use coil_kernels::ops::conv::{
-    conv1d_causal_silu_batch, conv1d_causal_silu_pool, ConvSeq, ConvWeights,
+    conv1d_causal_batch, conv1d_causal_pool, ConvAct, ConvSeq, ConvWeights,
 };
 use coil_kernels::ops::norm::group_rms_norm_gated;
 use coil_kernels::ops::ssm::ssd::{mamba2_chunked_scan_rows, DEFAULT_CHUNK};
@@ -132,10 +132,8 @@ struct StepParts<'a, 'b> {
 pub struct Mamba2Mixer {
     pub p: Mamba2Params,
     pub in_proj: Matrix,
-    /// `[channels, K]`
-    pub conv_w: Vec<f32>,
-    /// `conv_w` laid out for the decode kernel.
-    pub conv_wt: ConvWeights,
+    /// `[channels, K]`, laid out for the kernels.
+    pub conv_w: ConvWeights,
     pub conv_b: Vec<f32>,
     pub dt_bias: Vec<f32>,
     /// −exp(A_log), `[H]`.
@@ -160,8 +158,7 @@ impl Mamba2Mixer {
         let conv_w = ld.vector(&n("ssm_conv1d.weight"), &[p.d_conv, ch])?;
         Ok(Mamba2Mixer {
             in_proj: ld.matrix(&n("ssm_in.weight"), p.d_in_proj(), p.d_model)?,
-            conv_wt: ConvWeights::new(&conv_w, ch, p.d_conv),
-            conv_w,
+            conv_w: ConvWeights::new(&conv_w, ch, p.d_conv),
             conv_b: ld.vector(&n("ssm_conv1d.bias"), &[ch])?,
             dt_bias: ld.vector(&n("ssm_dt.bias"), &[p.n_head])?,
             a: ld.vector(&n("ssm_a"), &[1, p.n_head])?,
@@ -233,7 +230,7 @@ impl Mamba2Mixer {
             let t = rows.len();
             let (mut st, ssm_from) = layer_state_moving(mem, layer, *seq)?;
             let xs = &mut xbc[rows.start * ch..rows.end * ch];
-            conv1d_causal_silu_pool(
+            conv1d_causal_pool(
                 pool,
                 &zxbcdt[rows.start * dip + di..],
                 dip,
@@ -241,8 +238,8 @@ impl Mamba2Mixer {
                 &self.conv_w,
                 Some(&self.conv_b),
                 xs,
-                ch,
-                p.d_conv,
+                ConvAct::Silu,
+                None,
             );
             // x, B and C read in place from xBC's rows.
             let inputs = ScanInputs {
@@ -338,7 +335,8 @@ impl Mamba2Mixer {
                     out,
                 })
                 .collect();
-            conv1d_causal_silu_batch(pool, &mut conv, dip, &self.conv_wt, Some(&self.conv_b));
+            let (w, b) = (&self.conv_w, Some(&self.conv_b[..]));
+            conv1d_causal_batch(pool, &mut conv, dip, w, b, ConvAct::Silu);
         }
         // B and C (2·G·N per token) go to a buffer of their own: read in
         // place, right behind x in xBC's rows, they slowed mamba2-370m

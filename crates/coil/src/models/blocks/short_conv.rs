@@ -14,7 +14,7 @@ use crate::memory::{Memory, RecurrentLayerShape};
 use crate::models::weights::{Loader, Matrix};
 use crate::models::{ModelError, Rows};
 use coil_gguf::GgufFile;
-use coil_kernels::ops::conv::conv1d_causal_pool;
+use coil_kernels::ops::conv::{conv1d_causal_pool, ConvAct, ConvWeights};
 use coil_kernels::{matmul, Scratch, ThreadPool};
 
 /// Hyper-parameters of a short-conv block.
@@ -47,8 +47,8 @@ pub struct ShortConv {
     pub p: ShortConvParams,
     /// `[3·d, d]`: rows B, then C, then x̃.
     pub in_proj: Matrix,
-    /// `[d, L]` (ggml `{L, d}`).
-    pub conv_w: Vec<f32>,
+    /// `[d, L]` (ggml `{L, d}`), laid out for the kernel.
+    pub conv_w: ConvWeights,
     /// `[d, d]`
     pub out_proj: Matrix,
 }
@@ -60,7 +60,7 @@ impl ShortConv {
         let d = p.d_model;
         Ok(ShortConv {
             in_proj: ld.matrix(&n("in_proj"), 3 * d, d)?,
-            conv_w: ld.vector(&n("conv"), &[p.l_cache, d])?,
+            conv_w: ConvWeights::new(&ld.vector(&n("conv"), &[p.l_cache, d])?, d, p.l_cache),
             out_proj: ld.matrix(&n("out_proj"), d, d)?,
             p,
         })
@@ -106,8 +106,8 @@ impl ShortConv {
                 &self.conv_w,
                 None,
                 &mut y[rows.start * d..rows.end * d],
-                d,
-                self.p.l_cache,
+                ConvAct::Identity,
+                None,
             );
         }
         // y ⊙= C
