@@ -716,7 +716,7 @@ fn ops_bench(pool: &ThreadPool, rng: &mut Rng, bw: f64) {
         });
         // A prompt of 512 tokens through one layer, the chunked form.
         {
-            use coil_kernels::ops::delta::chunk::{gated_delta_chunked, DEFAULT_CHUNK};
+            use coil_kernels::ops::delta::chunk::{delta_chunked, DEFAULT_CHUNK};
             let t = 512;
             let (q, k) = (norm(rng.vec(t * h * dk)), norm(rng.vec(t * h * dk)));
             let v = rng.vec(t * h * dk);
@@ -734,7 +734,7 @@ fn ops_bench(pool: &ThreadPool, rng: &mut Rng, bw: f64) {
             let mut o = vec![0f32; t * h * dk];
             let mut s = s32[0].clone();
             let secs = best_of(5, || {
-                gated_delta_chunked(pool, gd, DEFAULT_CHUNK, &mut s, inp, &mut o, t)
+                delta_chunked(pool, gd, DEFAULT_CHUNK, &mut s, inp, &mut o, t)
             });
             println!(
                 "{:>34} {:>10.3}",

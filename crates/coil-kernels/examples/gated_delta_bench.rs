@@ -4,7 +4,7 @@
 //!
 //!     [N=512] [CHUNK=16] [ROWS=1] [ONLY_CHUNKED=1] [REPS=40] cargo run --release -p coil-kernels --example gated_delta_bench [-- THREADS [HK HV D]]
 
-use coil_kernels::ops::delta::chunk::{gated_delta_chunked, DEFAULT_CHUNK};
+use coil_kernels::ops::delta::chunk::{delta_chunked, DEFAULT_CHUNK};
 use coil_kernels::ops::delta::{
     gated_delta_scan, l2_normalize, DeltaInputs, GatedDeltaDims, HeadOrder,
 };
@@ -110,7 +110,7 @@ fn main() {
         };
         let t_chunk = time(reps, threads, || {
             s.copy_from_slice(&s0);
-            gated_delta_chunked(&pool, dims, chunk, &mut s, inp, &mut out, n);
+            delta_chunked(&pool, dims, chunk, &mut s, inp, &mut out, n);
         });
         println!(
             "n {n:4}: recurrence {:8.3} ms, chunked {:8.3} ms ({:.2})",

@@ -6,8 +6,8 @@
 //!
 //!     [N=512] [CHUNK=16] [REPS=20] cargo run --release -p coil-kernels --example kda_bench [-- THREADS [H D]]
 
+use coil_kernels::ops::delta::chunk::{delta_chunked, DEFAULT_CHUNK};
 use coil_kernels::ops::delta::kda::{kda_scan, KdaDims, KdaInputs};
-use coil_kernels::ops::delta::kda_chunk::{kda_chunked, DEFAULT_CHUNK};
 use coil_kernels::ops::delta::l2_normalize;
 use coil_kernels::testutil::Rng;
 use coil_kernels::ThreadPool;
@@ -68,7 +68,7 @@ fn main() {
     });
     let chunked = time(reps, threads, || {
         s.copy_from_slice(&s0);
-        kda_chunked(&pool, dims, chunk, &mut s, inp(n), &mut out, n);
+        delta_chunked(&pool, dims, chunk, &mut s, inp(n), &mut out, n);
     });
     println!(
         "{h} heads x {d}, {n} tokens, {threads} thread(s): recurrence {:.2} ms, chunked ({chunk}) {:.2} ms ({:.2}x)",

@@ -26,13 +26,14 @@ use super::dims::{DeltaInputs, GatedDeltaDims, Heads};
 use crate::denormals::FlushDenormals;
 use crate::pool::{SendPtr, ThreadPool};
 
-/// Tokens per chunk. The per-token work of the chunk-sized products
+/// Tokens per chunk, for both decay shapes. The per-token work of the chunk-sized products
 /// (`KKᵀ`, `QKᵀ`, `T·(β⊙V)`, `T·(β⊙K)`, `P·V'`) grows with the chunk while
 /// the state products (`W S`, `Q S`, `Kᵀ V'`) do not: example
 /// `gated_delta_bench 2 16 16 128` (a Qwen3.5-0.8B DeltaNet layer, 2
 /// threads, 512 tokens) measured 5.7 / 5.0 / 4.9–5.0 ms at chunks of 64 /
 /// 32 / 16 with AVX-512, 9.7–9.8 / 8.5 / 8.0 with AVX2; 16 is as fast or
-/// faster from 32 to 512 tokens at both levels.
+/// faster from 32 to 512 tokens at both levels. KDA's pair terms grow the
+/// same way (`A`, `P`: L²·d_k per chunk).
 pub const DEFAULT_CHUNK: usize = 16;
 
 /// `a · b + c`, fused (one rounding) when `FMA`.
@@ -411,40 +412,91 @@ impl Solve {
     }
 }
 
-/// One thread's buffers for a chunk of up to `l` tokens.
-struct Work {
-    q: Vec<f32>,  // [L, dk]  Q, then Q ⊙ e^γ
-    k: Vec<f32>,  // [L, dk]
-    kt: Vec<f32>, // [dk, L]  Kᵀ, then (K ⊙ e^{γ_L−γ})ᵀ
-    kk: Vec<f32>, // [L, L]   A (strict lower)
-    qk: Vec<f32>, // [L, L]   lower(QKᵀ ⊙ e^{γ_i−γ_j})
-    solve: Solve,
-    gamma: Vec<f32>,
-    decay: Vec<f32>, // [L, L]  e^{γ_i−γ_j}, j ≤ i
+/// One thread's buffers for a chunk of up to `l` tokens: those both decay
+/// shapes fill, and `x`, the shape's own (the gated delta rule's pair
+/// decays, KDA's per-channel ones).
+#[doc(hidden)]
+pub struct Work<X> {
+    pub(crate) q: Vec<f32>,     // [L, dk]  Q, then Q ⊙ e^γ
+    pub(crate) k: Vec<f32>,     // [L, dk]
+    pub(crate) kt: Vec<f32>,    // [dk, L]  (K ⊙ e^{γ_L−γ})ᵀ
+    pub(crate) a: Vec<f32>,     // [L, L]   A (strict lower)
+    pub(crate) p: Vec<f32>,     // [L, L]   P (lower)
+    pub(crate) solve: Solve,    // β⊙V, β⊙K⊙e^γ, (I + A)⁻¹, U, V', W, O
+    pub(crate) gamma: Vec<f32>, // [L, decays]  γ = cumsum(g)
+    pub(crate) x: X,
 }
 
-impl Work {
-    fn new(l: usize, dk: usize, dv: usize) -> Self {
+impl<X> Work<X> {
+    pub(crate) fn new<D: Heads>(d: &D, l: usize, x: X) -> Self {
+        let (_, _, dk, dv) = d.shape();
         Work {
             q: vec![0.0; l * dk],
             k: vec![0.0; l * dk],
             kt: vec![0.0; dk * l],
-            kk: vec![0.0; l * l],
-            qk: vec![0.0; l * l],
+            a: vec![0.0; l * l],
+            p: vec![0.0; l * l],
             solve: Solve::new(l, dk, dv),
-            gamma: vec![0.0; l],
-            decay: vec![0.0; l * l],
+            gamma: vec![0.0; l * d.decays()],
+            x,
         }
     }
 }
 
-/// The gated delta rule over `n_tokens` tokens in chunks of `chunk`,
-/// from and into `state` (`[Hv, d_k, d_v]`), heads spread over `pool`;
-/// `out`: `[n_tokens, Hv, d_v]`. Same inputs and result as
-/// [`super::gated::gated_delta_scan`] (to f32 rounding).
-pub fn gated_delta_chunked(
+/// A decay shape the chunked scan runs: [`GatedDeltaDims`] (one log decay
+/// per value head) and `KdaDims` (one per key channel).
+pub trait ChunkGate: Heads {
+    /// The shape's own buffers of a chunk ([`Work`]'s `x`).
+    #[doc(hidden)]
+    type Own;
+    /// Checks the dims (head counts, widths).
+    #[doc(hidden)]
+    fn check_dims(&self);
+    /// A thread's buffers for chunks of up to `l` tokens.
+    #[doc(hidden)]
+    fn work(&self, l: usize) -> Work<Self::Own>;
+    /// One chunk (`len` tokens from `c0`) of head `j`, from and into its
+    /// state `s`, at the best SIMD level; `out`: the start of the scan's
+    /// output `[n_tokens, Hv, d_v]`, of which it writes head `j`'s lanes
+    /// only.
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn chunk(
+        &self,
+        j: usize,
+        s: &mut [f32],
+        inp: &DeltaInputs,
+        c0: usize,
+        len: usize,
+        wk: &mut Work<Self::Own>,
+        out: *mut f32,
+    );
+    /// Runs the whole scan in a form of the shape's own where it has one
+    /// for `chunk` (the gated delta rule's chunks in SIMD lanes): whether
+    /// it did.
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn scan_own(
+        &self,
+        _pool: &ThreadPool,
+        _chunk: usize,
+        _state: &mut [f32],
+        _inp: &DeltaInputs,
+        _out: &mut [f32],
+        _n_tokens: usize,
+    ) -> bool {
+        false
+    }
+}
+
+/// The gated delta rule ([`GatedDeltaDims`]) or KDA (`KdaDims`) over
+/// `n_tokens` tokens in chunks of `chunk`, from and into `state` (`[Hv,
+/// d_k, d_v]`, f32), heads spread over `pool`; `out`: `[n_tokens, Hv,
+/// d_v]`. Same inputs and result as [`super::gated::gated_delta_scan`] and
+/// [`super::kda::kda_scan`] (to f32 rounding).
+pub fn delta_chunked<D: ChunkGate>(
     pool: &ThreadPool,
-    dims: GatedDeltaDims,
+    dims: D,
     chunk: usize,
     state: &mut [f32],
     inp: DeltaInputs,
@@ -452,41 +504,80 @@ pub fn gated_delta_chunked(
     n_tokens: usize,
 ) {
     assert!(chunk > 0);
-    dims.check();
-    let (dk, dv) = (dims.d_k, dims.d_v);
-    // One token per vector lane where the chunk is made of whole vectors
-    // (see `lanes::width`), else the tiles below.
-    let width = lanes::width(chunk, &dims);
-    if width > 0 {
-        let work = || lanes::Work::new(dk, width);
+    dims.check_dims();
+    if dims.scan_own(pool, chunk, state, &inp, out, n_tokens) {
+        return;
+    }
+    let work = || dims.work(chunk.min(n_tokens));
+    chunk_heads(
+        pool,
+        &dims,
+        chunk,
+        state,
+        &inp,
+        out,
+        n_tokens,
+        work,
+        |wk, j, s, c0, len, op| dims.chunk(j, s, &inp, c0, len, wk, op.get()),
+    );
+}
+
+/// The gated delta rule's own buffers: `e^{γ_i−γ_j}` (`[L, L]`, j ≤ i).
+type GatedWork = Work<Vec<f32>>;
+
+impl ChunkGate for GatedDeltaDims {
+    type Own = Vec<f32>;
+    fn check_dims(&self) {
+        self.check();
+    }
+    fn work(&self, l: usize) -> GatedWork {
+        Work::new(self, l, vec![0.0; l * l])
+    }
+    #[inline(always)]
+    fn chunk(
+        &self,
+        j: usize,
+        s: &mut [f32],
+        inp: &DeltaInputs,
+        c0: usize,
+        len: usize,
+        wk: &mut GatedWork,
+        out: *mut f32,
+    ) {
+        chunk_mv(self, j, s, inp, c0, len, wk, SendPtr(out))
+    }
+    /// One token per vector lane where the chunk is made of whole vectors
+    /// (see `lanes::width`), else the tiles.
+    fn scan_own(
+        &self,
+        pool: &ThreadPool,
+        chunk: usize,
+        state: &mut [f32],
+        inp: &DeltaInputs,
+        out: &mut [f32],
+        n_tokens: usize,
+    ) -> bool {
+        let width = lanes::width(chunk, self);
+        if width == 0 {
+            return false;
+        }
+        let work = || lanes::Work::new(self.d_k, width);
         chunk_heads(
             pool,
-            &dims,
+            self,
             width,
             state,
-            &inp,
+            inp,
             out,
             n_tokens,
             work,
             |lw, j, s, c0, len, op| {
                 // SAFETY: `width` is the CPU's and fits the dims; the tokens
                 // are within the inputs (checked by chunk_heads).
-                unsafe { lanes::chunk_at(width, &dims, j, s, &inp, c0, len, n_tokens, lw, op) }
+                unsafe { lanes::chunk_at(width, self, j, s, inp, c0, len, n_tokens, lw, op) }
             },
         );
-    } else {
-        let work = || Work::new(chunk.min(n_tokens), dk, dv);
-        chunk_heads(
-            pool,
-            &dims,
-            chunk,
-            state,
-            &inp,
-            out,
-            n_tokens,
-            work,
-            |wk, j, s, c0, len, op| chunk_mv(&dims, j, s, &inp, c0, len, wk, op),
-        );
+        true
     }
 }
 
@@ -550,7 +641,7 @@ fn chunk_step<const FMA: bool, const WIDE: bool>(
     inp: &DeltaInputs,
     c0: usize,
     len: usize,
-    wk: &mut Work,
+    wk: &mut GatedWork,
     out: SendPtr<f32>,
 ) {
     let (dk, dv, hv) = (d.d_k, d.d_v, d.n_v_head);
@@ -577,8 +668,8 @@ fn chunk_step<const FMA: bool, const WIDE: bool>(
     }
     transpose(&wk.k[..l * dk], l, dk, &mut wk.kt[..dk * l]);
     // KKᵀ and QKᵀ, then the decays.
-    wk.kk[..l * l].fill(0.0);
-    wk.qk[..l * l].fill(0.0);
+    wk.a[..l * l].fill(0.0);
+    wk.p[..l * l].fill(0.0);
     gemm_acc::<FMA, WIDE>(
         Tri::LowerC,
         l,
@@ -589,7 +680,7 @@ fn chunk_step<const FMA: bool, const WIDE: bool>(
         dk,
         &wk.kt,
         l,
-        &mut wk.kk,
+        &mut wk.a,
         l,
     );
     gemm_acc::<FMA, WIDE>(
@@ -602,14 +693,14 @@ fn chunk_step<const FMA: bool, const WIDE: bool>(
         dk,
         &wk.kt,
         l,
-        &mut wk.qk,
+        &mut wk.p,
         l,
     );
     // e^{γ_i−γ_j} (j ≤ i) as products of the per-token decays e^{g}, row
     // by row (no exponential per pair): row i = row i−1 · e^{g_i}.
     for i in 0..l {
         let (beta, eg) = (inp.beta[(c0 + i) * hv + j], inp.g[(c0 + i) * hv + j].exp());
-        let (prev, row) = wk.decay.split_at_mut(i * l);
+        let (prev, row) = wk.x.split_at_mut(i * l);
         let row = &mut row[..l];
         if i > 0 {
             for (x, &p) in row[..i].iter_mut().zip(&prev[(i - 1) * l..(i - 1) * l + i]) {
@@ -617,10 +708,7 @@ fn chunk_step<const FMA: bool, const WIDE: bool>(
             }
         }
         row[i] = 1.0;
-        let (kk, qk) = (
-            &mut wk.kk[i * l..(i + 1) * l],
-            &mut wk.qk[i * l..(i + 1) * l],
-        );
+        let (kk, qk) = (&mut wk.a[i * l..(i + 1) * l], &mut wk.p[i * l..(i + 1) * l]);
         // A_ij = β_i (k_i·k_j) e^{γ_i−γ_j} below the diagonal; P_ij =
         // (q_i·k_j) e^{γ_i−γ_j} on and below.
         for jj in 0..l {
@@ -644,7 +732,7 @@ fn chunk_step<const FMA: bool, const WIDE: bool>(
     // T = (I + A)⁻¹, U, W, V' = U − W S, O = (Q ⊙ e^γ) S + P V'.
     let at = (c0, hv, j);
     wk.solve
-        .run::<FMA, WIDE>((l, dk, dv), &wk.kk, &wk.qk, &wk.q, s, out, at);
+        .run::<FMA, WIDE>((l, dk, dv), &wk.a, &wk.p, &wk.q, s, out, at);
     // S ← e^{γ_L} S + (K ⊙ e^{γ_L−γ})ᵀ V'.
     let gl = wk.gamma[l - 1];
     for i in 0..l {
@@ -665,14 +753,14 @@ fn chunk_step<const FMA: bool, const WIDE: bool>(
 /// level (`mul_add` would be a library call there), and the AVX-512 tiles
 /// of [`gemm_acc`] (`WIDE`) at AVX-512.
 macro_rules! chunk_levels {
-    ($dims:ty, $inputs:ty) => {
+    ($dims:ty, $inputs:ty, $work:ty) => {
         $crate::multiversion!(fn chunk_fma(
             d: &$dims, j: usize, s: &mut [f32], inp: &$inputs, c0: usize, len: usize,
-            wk: &mut Work, out: SendPtr<f32>
+            wk: &mut $work, out: SendPtr<f32>
         ) => chunk_step::<true, false>);
         $crate::multiversion!(fn chunk_fma_wide(
             d: &$dims, j: usize, s: &mut [f32], inp: &$inputs, c0: usize, len: usize,
-            wk: &mut Work, out: SendPtr<f32>
+            wk: &mut $work, out: SendPtr<f32>
         ) => chunk_step::<true, true>);
 
         #[allow(clippy::too_many_arguments)]
@@ -683,7 +771,7 @@ macro_rules! chunk_levels {
             inp: &$inputs,
             c0: usize,
             len: usize,
-            wk: &mut Work,
+            wk: &mut $work,
             out: SendPtr<f32>,
         ) {
             use $crate::simd::{level, SimdLevel};
@@ -700,7 +788,7 @@ macro_rules! chunk_levels {
 }
 pub(crate) use chunk_levels;
 
-chunk_levels!(GatedDeltaDims, DeltaInputs);
+chunk_levels!(GatedDeltaDims, DeltaInputs, GatedWork);
 
 #[cfg(test)]
 pub(crate) mod tests {
@@ -820,7 +908,7 @@ pub(crate) mod tests {
                 let (ws, wo) = naive(&dims, &s0, &q, &k, &v, &g, &beta, n);
                 let mut s = s0.clone();
                 let mut out = vec![0f32; n * hv * dv];
-                gated_delta_chunked(&pool, dims, chunk, &mut s, inp, &mut out, n);
+                delta_chunked(&pool, dims, chunk, &mut s, inp, &mut out, n);
                 let max = wo.iter().fold(0f64, |m, x| m.max(x.abs()));
                 for (a, e) in out.iter().zip(&wo) {
                     assert!(

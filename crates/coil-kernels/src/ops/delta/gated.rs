@@ -9,7 +9,7 @@
 //! [`l2_normalize`]), β = sigmoid(b) and g ≤ 0 one scalar per value head and
 //! token. Value head j reads key head [`GatedDeltaDims::key_head`]`(j)`.
 //! [`gated_delta_scan`] runs the recurrence token by token (decode);
-//! `gated_delta_chunked` (see `chunk.rs`) gives the same result
+//! `delta_chunked` (see `chunk.rs`) gives the same result
 //! with matrix products per chunk (prefill).
 
 use super::dims::{scan_heads, DeltaInputs, GatedDeltaDims, Seq};

@@ -10,7 +10,7 @@
 //! q and k already L2-normalised (q also scaled by 1/√d_k), β = sigmoid(b)
 //! one scalar per head and token. Key channel r decays row r of the state.
 //! [`kda_scan`] runs the recurrence token by token (decode);
-//! `kda_chunked` (see `kda_chunk.rs`) gives the same result with matrix
+//! `delta_chunked` (see `kda_chunk.rs`) gives the same result with matrix
 //! products per chunk (prefill).
 //!
 //! Per token and head the kernel makes two passes over the state rows: a

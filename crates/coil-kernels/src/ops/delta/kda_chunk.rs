@@ -22,40 +22,46 @@
 //! fast a channel decays; fla splits chunks into sub-chunks for the same
 //! reason).
 
-use super::chunk::{chunk_heads, chunk_levels, gemm_acc, madd, Solve, Tri};
+use super::chunk::{chunk_levels, gemm_acc, madd, ChunkGate, Tri, Work};
+use super::dims::DeltaInputs;
 use super::kda::{KdaDims, KdaInputs};
-use crate::pool::{SendPtr, ThreadPool};
+use crate::pool::SendPtr;
 
-/// Tokens per chunk: the pair terms grow with the chunk (`A`, `P`: L²·d_k
-/// per chunk) while the state products do not; 16, as for Gated DeltaNet.
-pub const DEFAULT_CHUNK: usize = 16;
-
-/// One thread's buffers for a chunk of up to `l` tokens.
-struct Work {
-    q: Vec<f32>,     // [L, dk]  Q, then Q ⊙ e^Γ
-    k: Vec<f32>,     // [L, dk]
-    e: Vec<f32>,     // [L, dk]  e^g
-    gamma: Vec<f32>, // [L, dk]  Γ
-    kt: Vec<f32>,    // [dk, L]  (K ⊙ e^{Γ_L−Γ})ᵀ
-    a: Vec<f32>,     // [L, L]   A (strict lower)
-    p: Vec<f32>,     // [L, L]   P (lower)
-    solve: Solve,    // β⊙V, β⊙K⊙e^Γ, (I + A)⁻¹, U, V', W, O
-    kd: Vec<f32>,    // [dk]     k_j ⊙ e^{Γ_i−Γ_j}
+/// KDA's own buffers of a chunk (beside [`Work`]'s, where `gamma` is Γ,
+/// `[L, d_k]`).
+#[doc(hidden)]
+pub struct Decays {
+    e: Vec<f32>,  // [L, dk]  e^g
+    kd: Vec<f32>, // [dk]     k_j ⊙ e^{Γ_i−Γ_j}
 }
 
-impl Work {
-    fn new(l: usize, dk: usize, dv: usize) -> Self {
-        Work {
-            q: vec![0.0; l * dk],
-            k: vec![0.0; l * dk],
+type KdaWork = Work<Decays>;
+
+impl ChunkGate for KdaDims {
+    type Own = Decays;
+    fn check_dims(&self) {
+        self.check();
+    }
+    fn work(&self, l: usize) -> KdaWork {
+        let dk = self.d_k;
+        let own = Decays {
             e: vec![0.0; l * dk],
-            gamma: vec![0.0; l * dk],
-            kt: vec![0.0; dk * l],
-            a: vec![0.0; l * l],
-            p: vec![0.0; l * l],
-            solve: Solve::new(l, dk, dv),
             kd: vec![0.0; dk],
-        }
+        };
+        Work::new(self, l, own)
+    }
+    #[inline(always)]
+    fn chunk(
+        &self,
+        j: usize,
+        s: &mut [f32],
+        inp: &DeltaInputs,
+        c0: usize,
+        len: usize,
+        wk: &mut KdaWork,
+        out: *mut f32,
+    ) {
+        chunk_mv(self, j, s, inp, c0, len, wk, SendPtr(out))
     }
 }
 
@@ -78,36 +84,6 @@ fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
-/// KDA over `n_tokens` tokens in chunks of `chunk`, from and into `state`
-/// (`[H, d_k, d_v]`, f32), heads spread over `pool`; `out`: `[n_tokens,
-/// H, d_v]`. Same inputs and result as [`super::kda::kda_scan`] (to f32
-/// rounding).
-pub fn kda_chunked(
-    pool: &ThreadPool,
-    dims: KdaDims,
-    chunk: usize,
-    state: &mut [f32],
-    inp: KdaInputs,
-    out: &mut [f32],
-    n_tokens: usize,
-) {
-    assert!(chunk > 0);
-    dims.check();
-    let (dk, dv) = (dims.d_k, dims.d_v);
-    let work = || Work::new(chunk.min(n_tokens), dk, dv);
-    chunk_heads(
-        pool,
-        &dims,
-        chunk,
-        state,
-        &inp,
-        out,
-        n_tokens,
-        work,
-        |wk, h, s, c0, len, op| chunk_mv(&dims, h, s, &inp, c0, len, wk, op),
-    );
-}
-
 /// One chunk (`len` tokens from `c0`) of head `h` (`WIDE`: the AVX-512
 /// tiles of [`gemm_acc`]).
 #[inline(always)]
@@ -119,7 +95,7 @@ fn chunk_step<const FMA: bool, const WIDE: bool>(
     inp: &KdaInputs,
     c0: usize,
     len: usize,
-    wk: &mut Work,
+    wk: &mut KdaWork,
     out: SendPtr<f32>,
 ) {
     let (dk, dv, nh) = (d.d_k, d.d_v, d.n_head);
@@ -143,7 +119,7 @@ fn chunk_step<const FMA: bool, const WIDE: bool>(
                 *x = p + gr;
             }
         }
-        for (e, &gr) in wk.e[i * dk..(i + 1) * dk].iter_mut().zip(g) {
+        for (e, &gr) in wk.x.e[i * dk..(i + 1) * dk].iter_mut().zip(g) {
             *e = gr.exp();
         }
         wk.q[i * dk..(i + 1) * dk].copy_from_slice(q);
@@ -164,15 +140,15 @@ fn chunk_step<const FMA: bool, const WIDE: bool>(
     wk.a[..l * l].fill(0.0);
     wk.p[..l * l].fill(0.0);
     for j in 0..l {
-        wk.kd.copy_from_slice(&wk.k[j * dk..(j + 1) * dk]);
-        wk.p[j * l + j] = dot::<FMA>(&wk.q[j * dk..(j + 1) * dk], &wk.kd);
+        wk.x.kd.copy_from_slice(&wk.k[j * dk..(j + 1) * dk]);
+        wk.p[j * l + j] = dot::<FMA>(&wk.q[j * dk..(j + 1) * dk], &wk.x.kd);
         for i in j + 1..l {
-            for (x, &e) in wk.kd.iter_mut().zip(&wk.e[i * dk..(i + 1) * dk]) {
+            for (x, &e) in wk.x.kd.iter_mut().zip(&wk.x.e[i * dk..(i + 1) * dk]) {
                 *x *= e;
             }
             let beta = inp.beta[(c0 + i) * nh + h];
-            wk.a[i * l + j] = beta * dot::<FMA>(&wk.k[i * dk..(i + 1) * dk], &wk.kd);
-            wk.p[i * l + j] = dot::<FMA>(&wk.q[i * dk..(i + 1) * dk], &wk.kd);
+            wk.a[i * l + j] = beta * dot::<FMA>(&wk.k[i * dk..(i + 1) * dk], &wk.x.kd);
+            wk.p[i * l + j] = dot::<FMA>(&wk.q[i * dk..(i + 1) * dk], &wk.x.kd);
         }
     }
     // Q ⊙ e^Γ; then T = (I + A)⁻¹, U = T (β⊙V), W = T (β⊙K⊙e^Γ),
@@ -197,13 +173,15 @@ fn chunk_step<const FMA: bool, const WIDE: bool>(
     }
     gemm_acc::<FMA, WIDE>(Tri::Full, dk, dv, l, 1.0, &wk.kt, l, &wk.solve.u, dv, s, dv);
 }
-chunk_levels!(KdaDims, KdaInputs);
+chunk_levels!(KdaDims, KdaInputs, KdaWork);
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::ops::delta::chunk::delta_chunked;
     use crate::ops::delta::kda::tests::{naive, random_inputs};
     use crate::ops::delta::kda::{kda_scan, KdaInputs};
+    use crate::pool::ThreadPool;
     use crate::testutil::Rng;
 
     /// Within 1e-4 (of the largest value) of the f64 recurrence and of the
@@ -240,7 +218,7 @@ pub(crate) mod tests {
             let (ws, wo) = naive(&d, &c.s0, &c.q, &c.k, &c.v, &c.g, &c.beta, n);
             let mut s = c.s0.clone();
             let mut out = vec![0f32; n * nh * dv];
-            kda_chunked(&pool, d, chunk, &mut s, inp, &mut out, n);
+            delta_chunked(&pool, d, chunk, &mut s, inp, &mut out, n);
             let max = wo.iter().fold(0f64, |m, x| m.max(x.abs()));
             for (a, e) in out.iter().zip(&wo) {
                 assert!(

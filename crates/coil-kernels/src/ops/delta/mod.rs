@@ -10,10 +10,11 @@
 //!   state), the reference: [`gated_delta_scan`], [`gated_delta_scan_batch`];
 //!   [`l2_normalize`]
 //! * `moving.rs`: one token while the state moves to a new buffer (streamed)
-//! * `chunk.rs`: the chunked form ([`gated_delta_chunked`]) and the small
-//!   matrix products KDA's chunks share; `chunk_lanes.rs`: the same algebra
-//!   with one token per SIMD lane for small heads
-//! * `kda.rs`, `kda_chunk.rs`: KDA token by token and chunked
+//! * `chunk.rs`: the chunked form of both ([`delta_chunked`], over the
+//!   decay shape: [`ChunkGate`]), its buffers, solve and small matrix
+//!   products; `chunk_lanes.rs`: the gated delta rule's chunks with one
+//!   token per SIMD lane for small heads
+//! * `kda.rs`, `kda_chunk.rs`: KDA token by token, and its chunk step
 
 pub mod chunk;
 mod chunk_lanes;
@@ -23,11 +24,10 @@ pub mod kda;
 pub mod kda_chunk;
 mod moving;
 
-pub use chunk::gated_delta_chunked;
+pub use chunk::{delta_chunked, ChunkGate, DEFAULT_CHUNK};
 pub use dims::{DeltaInputs, GatedDeltaDims, HeadOrder, Seq};
 pub use gated::{
     gated_delta_scan, gated_delta_scan_batch, gated_delta_scan_state, l2_normalize, DeltaSeq,
     DeltaState,
 };
 pub use kda::{kda_scan, kda_scan_batch, kda_scan_state, KdaDims, KdaInputs, KdaSeq, KdaState};
-pub use kda_chunk::kda_chunked;

@@ -25,7 +25,7 @@ use coil_kernels::ops::act::{mul_sigmoid_inplace, mul_silu_inplace, softplus1};
 use coil_kernels::ops::conv::{
     conv1d_causal_batch, conv1d_causal_pool, ConvAct, ConvSeq, ConvWeights,
 };
-use coil_kernels::ops::delta::chunk::{gated_delta_chunked, DEFAULT_CHUNK};
+use coil_kernels::ops::delta::chunk::{delta_chunked, DEFAULT_CHUNK};
 use coil_kernels::ops::delta::{
     gated_delta_scan_batch, gated_delta_scan_state, l2_normalize, DeltaInputs, DeltaSeq,
     DeltaState, GatedDeltaDims, HeadOrder,
@@ -384,7 +384,7 @@ impl GatedDeltaMixer {
             let os = &mut o[rows.start * vd..rows.end * vd];
             // In f32 (a bf16 state is widened, and rounded once at the end).
             st.ssm.with_f32(None, |s| {
-                gated_delta_chunked(pool, dims, p.chunk, s, inputs, os, t)
+                delta_chunked(pool, dims, p.chunk, s, inputs, os, t)
             });
         }
         // Decode steps: every sequence's convolution in one call, then the

@@ -29,7 +29,7 @@ use coil_kernels::ops::act::{mul_sigmoid_inplace, softplus1};
 use coil_kernels::ops::conv::{
     conv1d_causal_batch, conv1d_causal_pool, ConvAct, ConvSeq, ConvWeights,
 };
-use coil_kernels::ops::delta::kda_chunk::{kda_chunked, DEFAULT_CHUNK};
+use coil_kernels::ops::delta::chunk::{delta_chunked, DEFAULT_CHUNK};
 use coil_kernels::ops::delta::l2_normalize;
 use coil_kernels::ops::delta::{kda_scan_batch, KdaDims, KdaInputs, KdaSeq, KdaState};
 use coil_kernels::ops::norm::rms_norm_inplace;
@@ -407,7 +407,7 @@ impl KdaMixer {
             let os = &mut o[rows.start * inner..rows.end * inner];
             // In f32 (a bf16 state is widened, and rounded once at the end).
             st.ssm.with_f32(None, |s| {
-                kda_chunked(
+                delta_chunked(
                     pool,
                     dims,
                     p.chunk,
