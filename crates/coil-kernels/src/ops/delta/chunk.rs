@@ -793,9 +793,44 @@ chunk_levels!(GatedDeltaDims, DeltaInputs, GatedWork);
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::ops::delta::gated::tests::{naive, random_inputs, Case};
-    use crate::ops::delta::{gated_delta_scan, HeadOrder};
+    use crate::ops::delta::gated::tests::{random_inputs, Case, Family};
+    use crate::ops::delta::HeadOrder;
     use crate::testutil::Rng;
+
+    /// [`delta_chunked`] over the case's `n` tokens in chunks of `chunk`:
+    /// within 1e-4 (of the largest value) of the f64 recurrence and of the
+    /// f32 recurrence kernel.
+    pub(crate) fn check_chunked<D: ChunkGate + Family>(
+        pool: &ThreadPool,
+        d: D,
+        c: &Case,
+        n: usize,
+        chunk: usize,
+    ) {
+        let (_, hv, _, dv) = d.shape();
+        let inp = c.inputs(&d);
+        let (ws, wo) = d.naive(c, n);
+        let mut s = c.s0.clone();
+        let mut out = vec![0f32; n * hv * dv];
+        delta_chunked(pool, d, chunk, &mut s, inp, &mut out, n);
+        let max = wo.iter().fold(0f64, |m, x| m.max(x.abs()));
+        for (a, e) in out.iter().zip(&wo) {
+            assert!(
+                (*a as f64 - e).abs() <= 1e-4 * max,
+                "{a} vs {e} (n {n}, chunk {chunk})"
+            );
+        }
+        let smax = ws.iter().fold(0f64, |m, x| m.max(x.abs()));
+        for (a, e) in s.iter().zip(&ws) {
+            assert!((*a as f64 - e).abs() <= 1e-4 * smax);
+        }
+        let mut s2 = c.s0.clone();
+        let mut out2 = vec![0f32; n * hv * dv];
+        d.scan(pool, &mut s2, inp, &mut out2, n);
+        for (a, e) in out.iter().zip(&out2) {
+            assert!(((a - e) as f64).abs() <= 1e-4 * max);
+        }
+    }
 
     /// Every tile path of the chunk's products (AVX-512 8 × 32, the 4 × 16
     /// band) gives the band's result bit for bit: fused
@@ -888,45 +923,8 @@ pub(crate) mod tests {
                     d_v: dv,
                     order,
                 };
-                let Case {
-                    q,
-                    k,
-                    v,
-                    g,
-                    beta,
-                    s0,
-                } = random_inputs(&mut rng, &dims, n);
-                let inp = DeltaInputs {
-                    q: &q,
-                    k: &k,
-                    ld_qk: hk * dk,
-                    v: &v,
-                    ld_v: hv * dv,
-                    g: &g,
-                    beta: &beta,
-                };
-                let (ws, wo) = naive(&dims, &s0, &q, &k, &v, &g, &beta, n);
-                let mut s = s0.clone();
-                let mut out = vec![0f32; n * hv * dv];
-                delta_chunked(&pool, dims, chunk, &mut s, inp, &mut out, n);
-                let max = wo.iter().fold(0f64, |m, x| m.max(x.abs()));
-                for (a, e) in out.iter().zip(&wo) {
-                    assert!(
-                        (*a as f64 - e).abs() <= 1e-4 * max,
-                        "{a} vs {e} (n {n}, chunk {chunk})"
-                    );
-                }
-                let smax = ws.iter().fold(0f64, |m, x| m.max(x.abs()));
-                for (a, e) in s.iter().zip(&ws) {
-                    assert!((*a as f64 - e).abs() <= 1e-4 * smax);
-                }
-                // And the recurrence kernel agrees.
-                let mut s2 = s0.clone();
-                let mut out2 = vec![0f32; n * hv * dv];
-                gated_delta_scan(&pool, dims, &mut s2, inp, &mut out2, n);
-                for (a, e) in out.iter().zip(&out2) {
-                    assert!(((a - e) as f64).abs() <= 1e-4 * max);
-                }
+                let c = random_inputs(&mut rng, &dims, n);
+                check_chunked(&pool, dims, &c, n, chunk);
             }
         }
     }

@@ -239,19 +239,12 @@ pub(crate) mod tests {
     use crate::ops::state_elem::{round_bf16, widen_bf16};
     use crate::testutil::Rng;
 
-    /// The textbook recurrence in f64, per value head (key head by `order`).
-    pub fn naive(
-        dims: &GatedDeltaDims,
-        s0: &[f32],
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        g: &[f32],
-        beta: &[f32],
-        n: usize,
-    ) -> (Vec<f64>, Vec<f64>) {
+    /// The textbook recurrence in f64 over the case's `n` tokens, per value
+    /// head (key head by `order`): the state and the outputs.
+    pub fn naive(dims: &GatedDeltaDims, c: &Case, n: usize) -> (Vec<f64>, Vec<f64>) {
         let (hk, hv, dk, dv) = (dims.n_k_head, dims.n_v_head, dims.d_k, dims.d_v);
-        let mut s: Vec<f64> = s0.iter().map(|&x| x as f64).collect();
+        let (q, k, v, g, beta) = (&c.q, &c.k, &c.v, &c.g, &c.beta);
+        let mut s: Vec<f64> = c.s0.iter().map(|&x| x as f64).collect();
         let mut out = vec![0f64; n * hv * dv];
         for i in 0..n {
             for j in 0..hv {
@@ -355,6 +348,145 @@ pub(crate) mod tests {
         Case::random(rng, dims, n, |_, x| -(x.abs() * 2.0))
     }
 
+    /// A family's token-by-token scan and its f64 reference, as the checks
+    /// both families share call them.
+    pub trait Family: Heads {
+        fn scan<S: DeltaState>(
+            &self,
+            pool: &ThreadPool,
+            state: &mut [S],
+            inp: DeltaInputs,
+            out: &mut [f32],
+            n: usize,
+        );
+        fn scan_batch<S: DeltaState>(&self, pool: &ThreadPool, seqs: &mut [Seq<S>]);
+        /// The recurrence in f64 over the case's `n` tokens: the state
+        /// and the outputs.
+        fn naive(&self, c: &Case, n: usize) -> (Vec<f64>, Vec<f64>);
+    }
+
+    impl Family for GatedDeltaDims {
+        fn scan<S: DeltaState>(
+            &self,
+            pool: &ThreadPool,
+            state: &mut [S],
+            inp: DeltaInputs,
+            out: &mut [f32],
+            n: usize,
+        ) {
+            gated_delta_scan(pool, *self, state, inp, out, n)
+        }
+        fn scan_batch<S: DeltaState>(&self, pool: &ThreadPool, seqs: &mut [Seq<S>]) {
+            gated_delta_scan_batch(pool, *self, seqs)
+        }
+        fn naive(&self, c: &Case, n: usize) -> (Vec<f64>, Vec<f64>) {
+            naive(self, c, n)
+        }
+    }
+
+    fn bits<T: AsRef<[f32]>>(v: &[T]) -> Vec<Vec<u32>> {
+        v.iter()
+            .map(|r| r.as_ref().iter().map(|x| x.to_bits()).collect())
+            .collect()
+    }
+
+    /// The scan of the case's `n` tokens within 1e-4 of the f64
+    /// recurrence, and token by token the same bits.
+    pub fn check_scan<D: Family>(pool: &ThreadPool, d: D, c: &Case, n: usize) {
+        let (_, hv, _, dv) = d.shape();
+        let (ws, wo) = d.naive(c, n);
+        let mut s = c.s0.clone();
+        let mut out = vec![0f32; n * hv * dv];
+        d.scan(pool, &mut s, c.inputs(&d), &mut out, n);
+        for (a, e) in out.iter().zip(&wo) {
+            assert!((*a as f64 - e).abs() < 1e-4, "{a} vs {e}");
+        }
+        for (a, e) in s.iter().zip(&ws) {
+            assert!((*a as f64 - e).abs() < 1e-4);
+        }
+        let mut s2 = c.s0.clone();
+        let mut out2 = vec![0f32; n * hv * dv];
+        for i in 0..n {
+            let o = &mut out2[i * hv * dv..(i + 1) * hv * dv];
+            d.scan(pool, &mut s2, c.one(&d, i), o, 1);
+        }
+        assert_eq!(out, out2);
+        assert_eq!(s, s2);
+    }
+
+    /// Sequences of `toks` tokens (`cases`) in one call, odd ones moving
+    /// off a checkpoint (their buffers hold garbage, `from` the state to
+    /// continue): each gets the bits it gets alone, in place.
+    pub fn check_batch<D: Family>(pool: &ThreadPool, d: D, cases: &[Case], toks: &[usize]) {
+        let (_, hv, _, dv) = d.shape();
+        let mut want_s: Vec<Vec<f32>> = cases.iter().map(|c| c.s0.clone()).collect();
+        let mut want_o: Vec<Vec<f32>> = toks.iter().map(|&n| vec![0f32; n * hv * dv]).collect();
+        for (i, c) in cases.iter().enumerate() {
+            d.scan(pool, &mut want_s[i], c.inputs(&d), &mut want_o[i], toks[i]);
+        }
+        let mut got_s: Vec<Vec<f32>> = cases
+            .iter()
+            .enumerate()
+            .map(|(i, c)| match i % 2 {
+                0 => c.s0.clone(),
+                _ => vec![f32::NAN; c.s0.len()],
+            })
+            .collect();
+        let mut got_o: Vec<Vec<f32>> = toks.iter().map(|&n| vec![0f32; n * hv * dv]).collect();
+        let mut seqs: Vec<Seq> = got_s
+            .iter_mut()
+            .zip(got_o.iter_mut())
+            .zip(cases.iter().zip(toks))
+            .enumerate()
+            .map(|(i, ((state, out), (c, &n)))| Seq {
+                state,
+                from: (i % 2 == 1).then_some(&c.s0[..]),
+                inputs: c.inputs(&d),
+                out,
+                n_tokens: n,
+            })
+            .collect();
+        d.scan_batch(pool, &mut seqs);
+        drop(seqs);
+        assert_eq!(bits(&got_s), bits(&want_s), "states, d_v {dv}");
+        assert_eq!(bits(&got_o), bits(&want_o), "outputs, d_v {dv}");
+    }
+
+    /// A bf16 state gives exactly the f32 recurrence with the state
+    /// rounded to bf16 after every token, in one call or one token per
+    /// call, alone or batched.
+    pub fn check_bf16<D: Family>(pool: &ThreadPool, d: D, c: &Case, n: usize) {
+        let (_, hv, _, dv) = d.shape();
+        let s0: Vec<bf16> = c.s0.iter().map(|&x| round_bf16(x)).collect();
+        let mut sf: Vec<f32> = s0.iter().map(|&x| widen_bf16(x)).collect();
+        let mut want_o = vec![0f32; n * hv * dv];
+        for i in 0..n {
+            let o = &mut want_o[i * hv * dv..(i + 1) * hv * dv];
+            d.scan(pool, &mut sf, c.one(&d, i), o, 1);
+            sf.iter_mut().for_each(|x| *x = widen_bf16(round_bf16(*x)));
+        }
+        let want_s: Vec<bf16> = sf.iter().map(|&x| round_bf16(x)).collect();
+
+        let mut s = s0.clone();
+        let mut o = vec![0f32; n * hv * dv];
+        d.scan(pool, &mut s, c.inputs(&d), &mut o, n);
+        assert_eq!(s, want_s);
+        assert_eq!(o, want_o);
+
+        let mut s2 = s0.clone();
+        let mut o2 = vec![0f32; n * hv * dv];
+        let mut seqs = [Seq {
+            state: &mut s2[..],
+            from: None,
+            inputs: c.inputs(&d),
+            out: &mut o2,
+            n_tokens: n,
+        }];
+        d.scan_batch(pool, &mut seqs);
+        assert_eq!(s2, want_s);
+        assert_eq!(o2, want_o);
+    }
+
     #[test]
     pub fn scan_matches_naive_in_both_orders_and_steps() {
         let mut rng = Rng::new(11);
@@ -369,25 +501,7 @@ pub(crate) mod tests {
                     order,
                 };
                 let c = random_inputs(&mut rng, &dims, n);
-                let (ws, wo) = naive(&dims, &c.s0, &c.q, &c.k, &c.v, &c.g, &c.beta, n);
-                let mut s = c.s0.clone();
-                let mut out = vec![0f32; n * hv * dv];
-                gated_delta_scan(&pool, dims, &mut s, c.inputs(&dims), &mut out, n);
-                for (a, e) in out.iter().zip(&wo) {
-                    assert!((*a as f64 - e).abs() < 1e-4, "{a} vs {e}");
-                }
-                for (a, e) in s.iter().zip(&ws) {
-                    assert!((*a as f64 - e).abs() < 1e-4);
-                }
-                // token by token gives the same bits
-                let mut s2 = c.s0.clone();
-                let mut out2 = vec![0f32; n * hv * dv];
-                for i in 0..n {
-                    let o = &mut out2[i * hv * dv..(i + 1) * hv * dv];
-                    gated_delta_scan(&pool, dims, &mut s2, c.one(&dims, i), o, 1);
-                }
-                assert_eq!(out, out2);
-                assert_eq!(s, s2);
+                check_scan(&pool, dims, &c, n);
             }
         }
     }
@@ -399,75 +513,23 @@ pub(crate) mod tests {
     #[test]
     fn batch_equals_each_sequence_alone() {
         for (dk, dv) in [(8, 4), (16, 32)] {
-            batch_case(GatedDeltaDims {
+            let dims = GatedDeltaDims {
                 n_k_head: 2,
                 n_v_head: 4,
                 d_k: dk,
                 d_v: dv,
                 order: HeadOrder::Tiled,
-            });
+            };
+            let mut rng = Rng::new(13);
+            let toks = [1usize, 2, 1, 1, 3, 1];
+            let cases: Vec<Case> = toks
+                .iter()
+                .map(|&n| random_inputs(&mut rng, &dims, n))
+                .collect();
+            check_batch(&ThreadPool::new(2), dims, &cases, &toks);
         }
     }
 
-    fn batch_case(dims: GatedDeltaDims) {
-        let mut rng = Rng::new(13);
-        let pool = ThreadPool::new(2);
-        let (hv, dv) = (dims.n_v_head, dims.d_v);
-        let toks = [1usize, 2, 1, 1, 3, 1];
-        let cases: Vec<Case> = toks
-            .iter()
-            .map(|&n| random_inputs(&mut rng, &dims, n))
-            .collect();
-        let mut want_s: Vec<Vec<f32>> = cases.iter().map(|c| c.s0.clone()).collect();
-        let mut want_o: Vec<Vec<f32>> = toks.iter().map(|&n| vec![0f32; n * hv * dv]).collect();
-        for i in 0..toks.len() {
-            gated_delta_scan(
-                &pool,
-                dims,
-                &mut want_s[i],
-                cases[i].inputs(&dims),
-                &mut want_o[i],
-                toks[i],
-            );
-        }
-        // Odd sequences move off a checkpoint: their buffers hold garbage
-        // and `from` the state to continue.
-        let mut got_s: Vec<Vec<f32>> = cases
-            .iter()
-            .enumerate()
-            .map(|(i, c)| match i % 2 {
-                0 => c.s0.clone(),
-                _ => vec![f32::NAN; c.s0.len()],
-            })
-            .collect();
-        let mut got_o: Vec<Vec<f32>> = toks.iter().map(|&n| vec![0f32; n * hv * dv]).collect();
-        let mut seqs: Vec<DeltaSeq> = got_s
-            .iter_mut()
-            .zip(got_o.iter_mut())
-            .zip(cases.iter().zip(&toks))
-            .enumerate()
-            .map(|(i, ((state, out), (c, &n)))| DeltaSeq {
-                state,
-                from: (i % 2 == 1).then_some(&c.s0[..]),
-                inputs: c.inputs(&dims),
-                out,
-                n_tokens: n,
-            })
-            .collect();
-        gated_delta_scan_batch(&pool, dims, &mut seqs);
-        drop(seqs);
-        let bits = |v: &[Vec<f32>]| -> Vec<Vec<u32>> {
-            v.iter()
-                .map(|r| r.iter().map(|x| x.to_bits()).collect())
-                .collect()
-        };
-        assert_eq!(bits(&got_s), bits(&want_s), "states, d_v {dv}");
-        assert_eq!(bits(&got_o), bits(&want_o), "outputs, d_v {dv}");
-    }
-
-    /// A bf16 state gives exactly the f32 recurrence with the state rounded
-    /// to bf16 after every token, in one call or one token per call, alone
-    /// or batched.
     #[test]
     fn bf16_is_the_f32_update_rounded_per_token() {
         let mut rng = Rng::new(41);
@@ -481,36 +543,7 @@ pub(crate) mod tests {
                 order: HeadOrder::Tiled,
             };
             let c = random_inputs(&mut rng, &dims, n);
-            let s0: Vec<bf16> = c.s0.iter().map(|&x| round_bf16(x)).collect();
-            let inp = c.inputs(&dims);
-            let one = |i: usize| c.one(&dims, i);
-            let mut sf: Vec<f32> = s0.iter().map(|&x| widen_bf16(x)).collect();
-            let mut want_o = vec![0f32; n * hv * dv];
-            for i in 0..n {
-                let o = &mut want_o[i * hv * dv..(i + 1) * hv * dv];
-                gated_delta_scan(&pool, dims, &mut sf, one(i), o, 1);
-                sf.iter_mut().for_each(|x| *x = widen_bf16(round_bf16(*x)));
-            }
-            let want_s: Vec<bf16> = sf.iter().map(|&x| round_bf16(x)).collect();
-
-            let mut s = s0.clone();
-            let mut o = vec![0f32; n * hv * dv];
-            gated_delta_scan(&pool, dims, &mut s, inp, &mut o, n);
-            assert_eq!(s, want_s);
-            assert_eq!(o, want_o);
-
-            let mut s2 = s0.clone();
-            let mut o2 = vec![0f32; n * hv * dv];
-            let mut seqs = [DeltaSeq {
-                state: &mut s2[..],
-                from: None,
-                inputs: inp,
-                out: &mut o2,
-                n_tokens: n,
-            }];
-            gated_delta_scan_batch(&pool, dims, &mut seqs);
-            assert_eq!(s2, want_s);
-            assert_eq!(o2, want_o);
+            check_bf16(&pool, dims, &c, n);
         }
     }
 }

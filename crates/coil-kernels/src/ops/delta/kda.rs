@@ -220,26 +220,17 @@ pub fn kda_scan_batch<S: KdaState>(pool: &ThreadPool, dims: KdaDims, seqs: &mut 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::ops::delta::gated::tests::Case;
-    use crate::ops::state_elem::{round_bf16, widen_bf16};
+    use crate::ops::delta::gated::tests::{check_batch, check_bf16, check_scan, Case, Family};
+    use crate::ops::delta::DeltaState;
     use crate::testutil::Rng;
-    use half::bf16;
 
     /// The textbook recurrence in f64 (decay first, as transformers' torch
-    /// path orders it).
-    #[allow(clippy::too_many_arguments)]
-    pub fn naive(
-        d: &KdaDims,
-        s0: &[f32],
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        g: &[f32],
-        beta: &[f32],
-        n: usize,
-    ) -> (Vec<f64>, Vec<f64>) {
+    /// path orders it) over the case's `n` tokens: the state and the
+    /// outputs.
+    pub fn naive(d: &KdaDims, c: &Case, n: usize) -> (Vec<f64>, Vec<f64>) {
         let (nh, dk, dv) = (d.n_head, d.d_k, d.d_v);
-        let mut s: Vec<f64> = s0.iter().map(|&x| x as f64).collect();
+        let (q, k, v, g, beta) = (&c.q, &c.k, &c.v, &c.g, &c.beta);
+        let mut s: Vec<f64> = c.s0.iter().map(|&x| x as f64).collect();
         let mut out = vec![0f64; n * nh * dv];
         for i in 0..n {
             for h in 0..nh {
@@ -274,12 +265,23 @@ pub(crate) mod tests {
         })
     }
 
-    fn inputs<'a>(c: &'a Case, d: &KdaDims) -> KdaInputs<'a> {
-        c.inputs(d)
-    }
-
-    fn one<'a>(c: &'a Case, d: &KdaDims, i: usize) -> KdaInputs<'a> {
-        c.one(d, i)
+    impl Family for KdaDims {
+        fn scan<S: DeltaState>(
+            &self,
+            pool: &ThreadPool,
+            state: &mut [S],
+            inp: KdaInputs,
+            out: &mut [f32],
+            n: usize,
+        ) {
+            kda_scan(pool, *self, state, inp, out, n)
+        }
+        fn scan_batch<S: DeltaState>(&self, pool: &ThreadPool, seqs: &mut [Seq<S>]) {
+            kda_scan_batch(pool, *self, seqs)
+        }
+        fn naive(&self, c: &Case, n: usize) -> (Vec<f64>, Vec<f64>) {
+            naive(self, c, n)
+        }
     }
 
     #[test]
@@ -293,25 +295,7 @@ pub(crate) mod tests {
                 d_v: dv,
             };
             let c = random_inputs(&mut rng, &d, n);
-            let (ws, wo) = naive(&d, &c.s0, &c.q, &c.k, &c.v, &c.g, &c.beta, n);
-            let mut s = c.s0.clone();
-            let mut out = vec![0f32; n * nh * dv];
-            kda_scan(&pool, d, &mut s, inputs(&c, &d), &mut out, n);
-            for (a, e) in out.iter().zip(&wo) {
-                assert!((*a as f64 - e).abs() < 1e-4, "{a} vs {e}");
-            }
-            for (a, e) in s.iter().zip(&ws) {
-                assert!((*a as f64 - e).abs() < 1e-4);
-            }
-            // token by token: the same bits
-            let mut s2 = c.s0.clone();
-            let mut out2 = vec![0f32; n * nh * dv];
-            for i in 0..n {
-                let o = &mut out2[i * nh * dv..(i + 1) * nh * dv];
-                kda_scan(&pool, d, &mut s2, one(&c, &d, i), o, 1);
-            }
-            assert_eq!(out, out2);
-            assert_eq!(s, s2);
+            check_scan(&pool, d, &c, n);
         }
     }
 
@@ -320,7 +304,6 @@ pub(crate) mod tests {
     #[test]
     fn batch_equals_each_sequence_alone() {
         let mut rng = Rng::new(64);
-        let pool = ThreadPool::new(2);
         let d = KdaDims {
             n_head: 3,
             d_k: 8,
@@ -331,45 +314,7 @@ pub(crate) mod tests {
             .iter()
             .map(|&n| random_inputs(&mut rng, &d, n))
             .collect();
-        let mut want_s: Vec<Vec<f32>> = cases.iter().map(|c| c.s0.clone()).collect();
-        let mut want_o: Vec<Vec<f32>> = toks.iter().map(|&n| vec![0f32; n * 3 * 12]).collect();
-        for i in 0..toks.len() {
-            let c = &cases[i];
-            kda_scan(
-                &pool,
-                d,
-                &mut want_s[i],
-                inputs(c, &d),
-                &mut want_o[i],
-                toks[i],
-            );
-        }
-        let mut got_s: Vec<Vec<f32>> = cases
-            .iter()
-            .enumerate()
-            .map(|(i, c)| match i % 2 {
-                0 => c.s0.clone(),
-                _ => vec![f32::NAN; c.s0.len()],
-            })
-            .collect();
-        let mut got_o: Vec<Vec<f32>> = toks.iter().map(|&n| vec![0f32; n * 3 * 12]).collect();
-        let mut seqs: Vec<KdaSeq> = got_s
-            .iter_mut()
-            .zip(got_o.iter_mut())
-            .zip(cases.iter().zip(&toks))
-            .enumerate()
-            .map(|(i, ((state, out), (c, &n)))| KdaSeq {
-                state,
-                from: (i % 2 == 1).then_some(&c.s0[..]),
-                inputs: inputs(c, &d),
-                out,
-                n_tokens: n,
-            })
-            .collect();
-        kda_scan_batch(&pool, d, &mut seqs);
-        drop(seqs);
-        assert_eq!(got_s, want_s);
-        assert_eq!(got_o, want_o);
+        check_batch(&ThreadPool::new(2), d, &cases, &toks);
     }
 
     /// A bf16 state gives exactly the f32 recurrence with the state rounded
@@ -377,7 +322,6 @@ pub(crate) mod tests {
     #[test]
     pub fn bf16_is_the_f32_update_rounded_per_token() {
         let mut rng = Rng::new(65);
-        let pool = ThreadPool::new(2);
         let d = KdaDims {
             n_head: 2,
             d_k: 8,
@@ -385,19 +329,6 @@ pub(crate) mod tests {
         };
         let n = 5;
         let c = random_inputs(&mut rng, &d, n);
-        let s0: Vec<bf16> = c.s0.iter().map(|&x| round_bf16(x)).collect();
-        let mut sf: Vec<f32> = s0.iter().map(|&x| widen_bf16(x)).collect();
-        let mut want_o = vec![0f32; n * 2 * 16];
-        for i in 0..n {
-            let o = &mut want_o[i * 32..(i + 1) * 32];
-            kda_scan(&pool, d, &mut sf, one(&c, &d, i), o, 1);
-            sf.iter_mut().for_each(|x| *x = widen_bf16(round_bf16(*x)));
-        }
-        let want_s: Vec<bf16> = sf.iter().map(|&x| round_bf16(x)).collect();
-        let mut s = s0.clone();
-        let mut o = vec![0f32; n * 32];
-        kda_scan(&pool, d, &mut s, inputs(&c, &d), &mut o, n);
-        assert_eq!(s, want_s);
-        assert_eq!(o, want_o);
+        check_bf16(&ThreadPool::new(2), d, &c, n);
     }
 }

@@ -177,10 +177,9 @@ chunk_levels!(KdaDims, KdaInputs, KdaWork);
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use super::*;
-    use crate::ops::delta::chunk::delta_chunked;
-    use crate::ops::delta::kda::tests::{naive, random_inputs};
-    use crate::ops::delta::kda::{kda_scan, KdaInputs};
+    use crate::ops::delta::chunk::tests::check_chunked;
+    use crate::ops::delta::kda::tests::random_inputs;
+    use crate::ops::delta::kda::KdaDims;
     use crate::pool::ThreadPool;
     use crate::testutil::Rng;
 
@@ -206,36 +205,7 @@ pub(crate) mod tests {
                 d_v: dv,
             };
             let c = random_inputs(&mut rng, &d, n);
-            let inp = KdaInputs {
-                q: &c.q,
-                k: &c.k,
-                ld_qk: nh * dk,
-                v: &c.v,
-                ld_v: nh * dv,
-                g: &c.g,
-                beta: &c.beta,
-            };
-            let (ws, wo) = naive(&d, &c.s0, &c.q, &c.k, &c.v, &c.g, &c.beta, n);
-            let mut s = c.s0.clone();
-            let mut out = vec![0f32; n * nh * dv];
-            delta_chunked(&pool, d, chunk, &mut s, inp, &mut out, n);
-            let max = wo.iter().fold(0f64, |m, x| m.max(x.abs()));
-            for (a, e) in out.iter().zip(&wo) {
-                assert!(
-                    (*a as f64 - e).abs() <= 1e-4 * max,
-                    "{a} vs {e} (n {n}, chunk {chunk})"
-                );
-            }
-            let smax = ws.iter().fold(0f64, |m, x| m.max(x.abs()));
-            for (a, e) in s.iter().zip(&ws) {
-                assert!((*a as f64 - e).abs() <= 1e-4 * smax);
-            }
-            let mut s2 = c.s0.clone();
-            let mut out2 = vec![0f32; n * nh * dv];
-            kda_scan(&pool, d, &mut s2, inp, &mut out2, n);
-            for (a, e) in out.iter().zip(&out2) {
-                assert!(((a - e) as f64).abs() <= 1e-4 * max);
-            }
+            check_chunked(&pool, d, &c, n, chunk);
         }
     }
 }
