@@ -19,9 +19,7 @@ pub use attention::{attention, KvData, KvView, KV_PAGE_ALIGN};
 pub use conv::{conv1d_causal_pool, ConvAct};
 pub use norm::{group_rms_norm_gated, rms_norm, rms_norm_inplace};
 pub use rope::{rope, rope_table, RopeStyle};
-pub use ssm::{
-    mamba1_scan, mamba1_step, mamba2_chunked_scan, mamba2_scan, mamba2_step, Mamba2Dims,
-};
+pub use ssm::{mamba1_scan, mamba2_chunked_scan, mamba2_scan, Mamba2Dims};
 pub use state_elem::{StateMut, StateRef, StateType};
 pub use topk::{top_k, top_k_into};
 

@@ -27,7 +27,7 @@ mod tokens;
 pub use batch::{mamba2_scan_batch, Mamba2Seq};
 pub use dims::{Mamba2Dims, ScanInputs};
 pub use scan::{
-    mamba1_scan, mamba1_scan_state, mamba1_step, mamba2_scan, mamba2_scan_from,
-    mamba2_scan_from_state, mamba2_step, ScanState,
+    mamba1_scan, mamba1_scan_state, mamba2_scan, mamba2_scan_from, mamba2_scan_from_state,
+    ScanState,
 };
-pub use ssd::{mamba2_chunked_scan, mamba2_chunked_scan_rows};
+pub use ssd::mamba2_chunked_scan;

@@ -255,24 +255,6 @@ pub fn mamba2_scan_from_state(
     }
 }
 
-/// One Mamba-2 decode step ([`mamba2_scan`] with one token):
-/// `x`, `y`: `[n_head, head_dim]`, `dt`: `[n_head]`, `b`, `c`: `[n_group, d_state]`.
-#[allow(clippy::too_many_arguments)]
-pub fn mamba2_step(
-    pool: &ThreadPool,
-    dims: Mamba2Dims,
-    state: &mut [f32],
-    x: &[f32],
-    dt: &[f32],
-    a: &[f32],
-    b: &[f32],
-    c: &[f32],
-    d: Option<&[f32]>,
-    y: &mut [f32],
-) {
-    mamba2_scan(pool, dims, state, x, dt, a, b, c, d, y, 1);
-}
-
 /// Mamba-1 over channels `d0..d1` (at most [`M1_CHUNK`]): the state slice is
 /// transposed to `[d_state][channels]` so every inner loop runs along
 /// channels (contiguous, vectorizable), then transposed back.
@@ -611,24 +593,6 @@ pub fn mamba1_scan_state(
     }
 }
 
-/// One Mamba-1 decode step: `x`, `dt`, `y`: `[d_inner]`; `b`, `c`: `[d_state]`.
-#[allow(clippy::too_many_arguments)]
-pub fn mamba1_step(
-    pool: &ThreadPool,
-    d_inner: usize,
-    d_state: usize,
-    state: &mut [f32],
-    x: &[f32],
-    dt: &[f32],
-    a: &[f32],
-    b: &[f32],
-    c: &[f32],
-    d: Option<&[f32]>,
-    y: &mut [f32],
-) {
-    mamba1_scan(pool, d_inner, d_state, state, x, dt, a, b, c, d, y, 1);
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -842,7 +806,7 @@ pub(crate) mod tests {
             for ti in 0..t {
                 let mut yy = vec![0f32; hn * p];
                 let (x, dt, b, c) = cs.tokens(ti, 1);
-                mamba2_step(&pool, dims, &mut st2, x, dt, a, b, c, dd, &mut yy);
+                mamba2_scan(&pool, dims, &mut st2, x, dt, a, b, c, dd, &mut yy, 1);
                 assert_eq!(yy[..], y[ti * hn * p..(ti + 1) * hn * p]);
             }
             assert_eq!(st, st2);
@@ -882,7 +846,8 @@ pub(crate) mod tests {
             let mut y1 = vec![0f32; di];
             for ti in 0..t {
                 let (x, dt, b, c) = cs.tokens(ti, 1);
-                mamba1_step(&pool, di, n, &mut st2, x, dt, a, b, c, Some(dd), &mut y1);
+                let dd = Some(&dd[..]);
+                mamba1_scan(&pool, di, n, &mut st2, x, dt, a, b, c, dd, &mut y1, 1);
                 assert_eq!(y1[..], y[ti * di..(ti + 1) * di]);
             }
         }

@@ -543,36 +543,18 @@ fn with_local<T: Default, R>(
     })
 }
 
-/// Mamba-2 over `n_tokens` tokens with the chunked SSD algorithm; same
-/// arguments and result as [`super::scan::mamba2_scan`]:
+/// Mamba-2 over `n_tokens` tokens with the chunked SSD algorithm; the
+/// arguments and result of [`super::scan::mamba2_scan_from`] on an f32
+/// state in place:
 ///
 /// * `state`: `[n_head, head_dim, d_state]`, updated in place
-/// * `x`: `[n_tokens, n_head, head_dim]`; `dt`: `[n_tokens, n_head]` (activated)
+/// * `inputs`: x `[n_tokens, n_head, head_dim]`, B and C `[n_tokens,
+///   n_group, d_state]` as rows ([`ScanInputs::dense`] for packed ones)
+/// * `dt`: `[n_tokens, n_head]` (activated); `y`: `[n_tokens, n_head, head_dim]`
 /// * `a`: `[n_head]` (= −exp(A_log)); `d`: `[n_head]` or `None`
-/// * `b`, `c`: `[n_tokens, n_group, d_state]`; `y`: `[n_tokens, n_head, head_dim]`
 /// * `chunk`: tokens per chunk (e.g. [`DEFAULT_CHUNK`])
 #[allow(clippy::too_many_arguments)]
 pub fn mamba2_chunked_scan(
-    pool: &ThreadPool,
-    dims: Mamba2Dims,
-    chunk: usize,
-    state: &mut [f32],
-    x: &[f32],
-    dt: &[f32],
-    a: &[f32],
-    b: &[f32],
-    c: &[f32],
-    d: Option<&[f32]>,
-    y: &mut [f32],
-    n_tokens: usize,
-) {
-    let inputs = ScanInputs::dense(&dims, x, b, c, n_tokens);
-    mamba2_chunked_scan_rows(pool, dims, chunk, state, inputs, dt, a, d, y, n_tokens)
-}
-
-/// [`mamba2_chunked_scan`] with x, B and C given as strided rows.
-#[allow(clippy::too_many_arguments)]
-pub fn mamba2_chunked_scan_rows(
     pool: &ThreadPool,
     dims: Mamba2Dims,
     chunk: usize,
@@ -722,9 +704,8 @@ pub(crate) mod tests {
             for chunk in [1, 4, 8, 64, 100] {
                 let mut s = s0.clone();
                 let mut y = vec![0f32; t * hn * p];
-                mamba2_chunked_scan(
-                    &pool, dims, chunk, &mut s, &x, &dt, &a, &b, &c, d, &mut y, t,
-                );
+                let inputs = ScanInputs::dense(&dims, &x, &b, &c, t);
+                mamba2_chunked_scan(&pool, dims, chunk, &mut s, inputs, &dt, &a, d, &mut y, t);
                 let my = y_ref.iter().fold(0f32, |m, v| m.max(v.abs()));
                 let dy = y
                     .iter()
@@ -808,7 +789,8 @@ mod timing {
                 mamba2_scan(&pool, dims, &mut s, xt, dtt, &a, bt, ct, Some(&d), yt, t);
             });
             let chunked = |chunk: usize, s: &mut [f32], y: &mut [f32]| {
-                mamba2_chunked_scan(&pool, dims, chunk, s, xt, dtt, &a, bt, ct, Some(&d), y, t)
+                let inputs = ScanInputs::dense(&dims, xt, bt, ct, t);
+                mamba2_chunked_scan(&pool, dims, chunk, s, inputs, dtt, &a, Some(&d), y, t)
             };
             let mut line = format!("{t:4} tokens: sequential {seq:7.3} ms");
             for chunk in [32, 64, 128] {

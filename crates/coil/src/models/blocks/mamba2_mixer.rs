@@ -21,7 +21,7 @@ use coil_kernels::ops::conv::{
     conv1d_causal_batch, conv1d_causal_pool, ConvAct, ConvSeq, ConvWeights,
 };
 use coil_kernels::ops::norm::group_rms_norm_gated;
-use coil_kernels::ops::ssm::ssd::{mamba2_chunked_scan_rows, DEFAULT_CHUNK};
+use coil_kernels::ops::ssm::ssd::{mamba2_chunked_scan, DEFAULT_CHUNK};
 use coil_kernels::ops::ssm::{mamba2_scan_batch, Mamba2Seq};
 use coil_kernels::ops::ssm::{mamba2_scan_from_state, Mamba2Dims, ScanInputs, ScanState};
 use half::bf16;
@@ -251,7 +251,7 @@ impl Mamba2Mixer {
             };
             // In f32 (a bf16 state is widened, and rounded once at the end).
             st.ssm.with_f32(ssm_from, |ssm| {
-                mamba2_chunked_scan_rows(
+                mamba2_chunked_scan(
                     pool,
                     dims,
                     DEFAULT_CHUNK,
