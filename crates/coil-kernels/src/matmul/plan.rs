@@ -207,15 +207,15 @@ pub const FORMATS: &[Format] = &[
     format(F16,    (1, 2),         Some(Acts::F32), None, None,    Rows,    None,     None,             16,   Repack::No),
     format(BF16,   (1, 2),         Some(Acts::F32), None, None,    Rows,    None,     None,             16,   Repack::No),
     format(Q8_0,   (32, 34),       Some(A32),  Some(9), Some(4), Batched, Some(12), g2(12, 12, 12),   24,   Repack::Yes),
-    format(Q4_0,   (32, 18),       Some(A32),  Some(9), Some(4), Rows,    Some(12), g2(12, 12, 12),   24,   Repack::No),
-    format(IQ4_NL, (32, 18),       Some(A32),  Some(9), Some(4), Rows,    Some(12), g2(12, 12, 12),   24,   Repack::No),
-    format(Q4_1,   (32, 20),       Some(A32),  None,    Some(4), Rows,    Some(8),  g2(8, 8, 8),      8,    Repack::No),
-    format(Q5_0,   (32, 22),       Some(A32),  None,    Some(4), Rows,    Some(8),  g2(8, 8, 8),      8,    Repack::No),
-    format(Q5_1,   (32, 24),       Some(A32),  None,    Some(4), Rows,    Some(8),  g2(8, 8, 8),      8,    Repack::No),
+    format(Q4_0,   (32, 18),       Some(A32),  Some(9), Some(4), Batched, Some(12), g2(12, 12, 12),   24,   Repack::No),
+    format(IQ4_NL, (32, 18),       Some(A32),  Some(9), Some(4), Batched, Some(12), g2(12, 12, 12),   24,   Repack::No),
+    format(Q4_1,   (32, 20),       Some(A32),  None,    Some(4), Batched, Some(8),  g2(8, 8, 8),      8,    Repack::No),
+    format(Q5_0,   (32, 22),       Some(A32),  None,    Some(4), Batched, Some(8),  g2(8, 8, 8),      8,    Repack::No),
+    format(Q5_1,   (32, 24),       Some(A32),  None,    Some(4), Batched, Some(8),  g2(8, 8, 8),      8,    Repack::No),
     format(Q2_K,   (256, 84),      Some(A256), None,    None,    Rows,    Some(12), g2(12, 12, 12),   24,   Repack::No),
     format(Q3_K,   (256, 110),     Some(A256), None,    None,    Rows,    Some(12), g2(12, 12, 12),   24,   Repack::No),
     format(Q4_K,   (256, 144),     Some(A256), Some(9), Some(9), Lanes,   Some(12), g2(12, 12, 33),   24,   Repack::Yes),
-    format(Q5_K,   (256, 176),     Some(A256), Some(9), Some(9), Rows,    Some(12), g2(12, 12, 12),   24,   Repack::No),
+    format(Q5_K,   (256, 176),     Some(A256), Some(9), Some(9), Batched, Some(12), g2(12, 12, 12),   24,   Repack::No),
     format(Q6_K,   (256, 210),     Some(A256), Some(9), Some(9), Lanes,   Some(12), g2(12, 19, 49),   24,   Repack::UnlessSplit512),
     format(IQ4_XS, (256, 136),     Some(A256), None,    Some(9), Rows,    Some(12), g2(12, 12, 12),   24,   Repack::No),
     format(IQ2_XXS,(256, 66),      Some(A256), None,    None,    Rows,    None,     g2(8, 8, 8),      8,    Repack::No),
@@ -406,19 +406,24 @@ fn int_gemm_sized(p: &Product) -> bool {
 /// float operations in the same order per row and token), so that
 /// batch-invariant numerics keep it for many tokens:
 ///
-/// Q4_K, Q6_K and Q8_0 at the AVX2 level on the pools whose per-row
-/// products are the rows-in-lanes kernels ([`avx2_lanes`]: Q8_0 in
+/// Q4_K, Q5_K, Q6_K and the 32-value formats Q8_0, Q4_0, Q4_1, Q5_0,
+/// Q5_1, IQ4_NL at the AVX2 level on the pools whose per-row products are
+/// the rows-in-lanes kernels ([`avx2_lanes`]: all but Q4_K and Q6_K in
 /// batched engines only): the AVX2 integer GEMM quantizes the activations
 /// as they do, sums the same exact integers per block and rounds each
-/// block's float work as they do. Not the others: the float formats' GEMM
-/// adds each output's products in column order where their dot kernels
-/// keep 32 partial sums per row; the other integer GEMMs and every GEMM of
-/// the AVX-512 and scalar levels round differently from their dot kernels.
+/// block's float work as they do (`x86_avx2/lanes.rs`, `lanes_q6_k.rs`,
+/// `lanes_b32.rs` against `igemm/kquant.rs`, `igemm/scale32.rs`). Not the
+/// others: the float formats' GEMM adds each output's products in column
+/// order where their dot kernels keep 32 partial sums per row; Q2_K, Q3_K,
+/// IQ4_XS and the lattice, ternary and MXFP4 formats have row-at-a-time
+/// dots only (8 partial sums per row, added at the end; IQ4_XS's dots
+/// quantize the activations per 256, its GEMM per 32); every GEMM of the
+/// AVX-512 and scalar levels rounds differently from its dot kernels.
 ///
 /// Held by `matmul::tests::invariant_mode_rows_equal_one_token_calls_bit_for_bit`.
 pub(crate) fn gemm_keeps_tokens(p: &Product) -> bool {
     match p.ty {
-        Q4_K | Q6_K | Q8_0 => {
+        Q4_K | Q5_K | Q6_K | Q8_0 | Q4_0 | IQ4_NL | Q5_0 | Q4_1 | Q5_1 => {
             cfg!(target_arch = "x86_64")
                 && p.level == SimdLevel::Avx2
                 && p.layout == Layout::Rows
@@ -558,6 +563,13 @@ pub(crate) fn avx2_lanes(ty: GgmlType, single_stream: bool) -> bool {
     }
 }
 
+/// [`avx2_lanes`] for the AVX2 kernels of a product at `level`: at the
+/// AVX2 level only (where the AVX-512 level takes AVX2 dots — Q4_1, Q5_0,
+/// Q5_1 — they stay row at a time).
+fn avx2_lanes_at(ty: GgmlType, level: SimdLevel, single_stream: bool) -> bool {
+    level == SimdLevel::Avx2 && avx2_lanes(ty, single_stream)
+}
+
 /// `COIL_AVX2_LANES` is not `0`.
 fn avx2_lanes_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -654,7 +666,7 @@ pub(crate) fn vec_kernel(ty: GgmlType, level: SimdLevel, single: bool) -> Option
             }
         }
         if level >= SimdLevel::Avx2 {
-            if let Some(k) = x86_avx2::vec_kernel(ty, avx2_lanes(ty, single)) {
+            if let Some(k) = x86_avx2::vec_kernel(ty, avx2_lanes_at(ty, level, single)) {
                 return Some(k);
             }
         }
@@ -700,7 +712,7 @@ pub(crate) fn tile_kernel(ty: GgmlType, level: SimdLevel, single: bool) -> Optio
     }
     #[cfg(target_arch = "x86_64")]
     if level >= SimdLevel::Avx2 {
-        return x86_avx2::tile_kernel(ty, avx2_lanes(ty, single));
+        return x86_avx2::tile_kernel(ty, avx2_lanes_at(ty, level, single));
     }
     let _ = (ty, level, single);
     None
@@ -715,7 +727,7 @@ pub(crate) fn rows_kernel(ty: GgmlType, level: SimdLevel, single: bool) -> Optio
     }
     #[cfg(target_arch = "x86_64")]
     if level >= SimdLevel::Avx2 {
-        return x86_avx2::rows_kernel(ty, avx2_lanes(ty, single));
+        return x86_avx2::rows_kernel(ty, avx2_lanes_at(ty, level, single));
     }
     let _ = (ty, level, single);
     None
@@ -807,7 +819,9 @@ fn kernel_level(ty: GgmlType, level: SimdLevel, single: bool) -> SimdLevel {
         if level >= SimdLevel::Avx512 && x86_avx512::vec_kernel(ty).is_some() {
             return SimdLevel::Avx512;
         }
-        if level >= SimdLevel::Avx2 && x86_avx2::vec_kernel(ty, avx2_lanes(ty, single)).is_some() {
+        if level >= SimdLevel::Avx2
+            && x86_avx2::vec_kernel(ty, avx2_lanes_at(ty, level, single)).is_some()
+        {
             return SimdLevel::Avx2;
         }
     }

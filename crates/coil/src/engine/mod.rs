@@ -400,8 +400,9 @@ impl Engine {
     /// Whether [`Numerics::CheapInvariant`] is batch-invariant for this
     /// model at the running SIMD level: every weight matrix is in a format
     /// whose products give each token its one-token bits whatever the
-    /// number of tokens ([`coil_kernels::matmul::keeps_tokens`]: Q4_K, Q6_K
-    /// and Q8_0 at the AVX2 level, Q8_0 in a batched engine), and, for a
+    /// number of tokens ([`coil_kernels::matmul::keeps_tokens`]: Q4_K and
+    /// Q6_K at the AVX2 level, and in a batched engine Q5_K and the 32-value
+    /// formats Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL), and, for a
     /// model with chunked recurrences (Mamba-2, Gated DeltaNet, KDA), the
     /// recurrent state is f32 (a bf16 state is rounded at the end of each
     /// call). A prompt's logits and state are then the same bits however

@@ -1,6 +1,10 @@
-//! AVX2 Q4_K products with eight rows in the vector lanes, transposed as
-//! they are read (the file's layout stays as it is: no repacking at this
-//! level).
+//! AVX2 Q4_K and Q5_K products with eight rows in the vector lanes,
+//! transposed as they are read (the file's layout stays as it is: no
+//! repacking at this level). The two formats differ only by Q5_K's fifth
+//! bits (`HIGH`: 32 bytes after the scales, one bit per value and
+//! sub-block); their blocks' heads, scales, mins and float work are the
+//! same, and the same as the AVX2 integer GEMM's (`igemm/kquant.rs`), so
+//! both keep their one-token bits in a GEMM (`plan::gemm_keeps_tokens`).
 //!
 //! The row-at-a-time kernels (`dot_k45`, the tiles in `tiles.rs`) multiply
 //! 32 values of one row per `vpmaddubsw` and need a `vpmaddwd` by the
@@ -30,16 +34,33 @@
 //! bit.
 //!
 //! Per block and token, row `r`: `y += dx · (d·Σ_j sc_j Σ q·qx − dmin·Σ_j m_j
-//! Σ qx)` over the 8 sub-blocks `j` (`q` the nibbles, `qx` the token's Q8_K
-//! values, `dx` its scale per 256), the two sums exact in i32.
+//! Σ qx)` over the 8 sub-blocks `j` (`q` the nibbles, with Q5_K their
+//! fifth bits, `qx` the token's Q8_K values, `dx` its scale per 256), the
+//! two sums exact in i32 (Q5_K's `q` up to 31: its i16 pair sums added 4
+//! groups at a time, not 8, before the `vpmaddwd` by the scale).
 
 use super::super::act::{ActPanel, PANEL_LANES};
 use std::arch::x86_64::*;
 
 /// Rows per group: one per dword lane.
 pub(super) const ROWS: usize = 8;
-/// Bytes per Q4_K block.
-const BLOCK: usize = 144;
+/// Bytes per block: Q4_K, or Q5_K (`HIGH`).
+const fn block(high: bool) -> usize {
+    if high {
+        176
+    } else {
+        144
+    }
+}
+
+/// Where a block's nibbles start (Q5_K: after its 32 bytes of fifth bits).
+const fn quants_at(high: bool) -> usize {
+    if high {
+        48
+    } else {
+        16
+    }
+}
 
 /// `nt` tokens' quantized activations as the rows-in-lanes kernels read
 /// them: 32-value chunk `c` of token `t` at `qs + (c·nt + t)·32`, block
@@ -149,15 +170,21 @@ struct Block {
     res: [[__m256i; 8]; MAX_TOKENS],
 }
 
-/// Unpacks block `i` of the rows at `rows` (`BLOCK` bytes per block).
+/// Unpacks block `i` of the rows at `rows` (Q4_K, or Q5_K with `HIGH`).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn unpack(rows: &[*const u8; ROWS], i: usize, pf: *const u8, blk: &mut Block) {
+unsafe fn unpack<const HIGH: bool>(
+    rows: &[*const u8; ROWS],
+    i: usize,
+    pf: *const u8,
+    blk: &mut Block,
+) {
+    let bsz = block(HIGH);
     // (loops, not closures: a closure does not inherit the target features
     // and its intrinsics would become calls)
     let mut b = [std::ptr::null::<u8>(); ROWS];
     for r in 0..ROWS {
-        b[r] = rows[r].add(BLOCK * i);
+        b[r] = rows[r].add(bsz * i);
     }
     // the 16-byte heads (d, dmin, 12 bytes of scales): row q and q + 4 in
     // the two lanes of z[q], then dword k of every row in lane r of h[k]
@@ -203,23 +230,42 @@ unsafe fn unpack(rows: &[*const u8; ROWS], i: usize, pf: *const u8, blk: &mut Bl
         blk.mins[k] = _mm256_shuffle_epi8(mn_lo, m);
         blk.mins[k + 2] = _mm256_shuffle_epi8(mn_hi, m);
     }
-    // the nibbles: chunk c (bytes 16 + 32c ..) holds sub-blocks 2c (low)
-    // and 2c + 1 (high)
+    // Q5_K: the fifth bits, transposed as the nibbles are (bit 2c of byte
+    // l for value l of sub-block 2c, bit 2c + 1 for sub-block 2c + 1)
+    let mut hb = [_mm256_setzero_si256(); 8];
+    if HIGH {
+        let mut v = [_mm256_setzero_si256(); 8];
+        for r in 0..ROWS {
+            v[r] = _mm256_loadu_si256(b[r].add(16) as *const __m256i);
+        }
+        hb = transpose8(&v);
+    }
+    let bit4 = _mm256_set1_epi8(0x10);
+    // the nibbles: chunk c (bytes 16 + 32c .., Q5_K 48 + 32c ..) holds
+    // sub-blocks 2c (low) and 2c + 1 (high)
     for c in 0..4 {
         // a quarter of the next group's share, spread over the block
-        let mut off = c * ROWS * BLOCK / 4 / 64 * 64;
-        while off < (c + 1) * ROWS * BLOCK / 4 {
+        let mut off = c * ROWS * bsz / 4 / 64 * 64;
+        while off < (c + 1) * ROWS * bsz / 4 {
             _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(off) as *const i8);
             off += 64;
         }
         let mut v = [_mm256_setzero_si256(); 8];
         for r in 0..ROWS {
-            v[r] = _mm256_loadu_si256(b[r].add(16 + 32 * c) as *const __m256i);
+            v[r] = _mm256_loadu_si256(b[r].add(quants_at(HIGH) + 32 * c) as *const __m256i);
         }
         let t = transpose8(&v);
         for g in 0..8 {
             blk.w[2 * c][g] = _mm256_and_si256(t[g], m4);
             blk.w[2 * c + 1][g] = _mm256_and_si256(_mm256_srli_epi16(t[g], 4), m4);
+            if HIGH {
+                let h = hb[g];
+                let lo = _mm256_and_si256(_mm256_slli_epi16(h, 4), bit4);
+                let hi = _mm256_and_si256(_mm256_slli_epi16(h, 3), bit4);
+                blk.w[2 * c][g] = _mm256_or_si256(blk.w[2 * c][g], lo);
+                blk.w[2 * c + 1][g] = _mm256_or_si256(blk.w[2 * c + 1][g], hi);
+                hb[g] = _mm256_srli_epi16(h, 2);
+            }
         }
     }
 }
@@ -264,7 +310,7 @@ unsafe fn finish(
 /// (`VNNI`: each sub-block's sums by `vpdpbusd`, the caller having
 /// AVX-VNNI; the same exact integers).
 #[inline(always)]
-unsafe fn group<const NT: usize, const VNNI: bool>(
+unsafe fn group<const NT: usize, const VNNI: bool, const HIGH: bool>(
     rows: &[*const u8; ROWS],
     next: *const u8,
     nb: usize,
@@ -273,9 +319,9 @@ unsafe fn group<const NT: usize, const VNNI: bool>(
 ) -> [__m256; NT] {
     let mut facc = [_mm256_setzero_ps(); NT];
     // the next group's stretch of memory, into L2 one block's share at a time
-    let share = ROWS * BLOCK;
+    let share = ROWS * block(HIGH);
     for i in 0..nb {
-        unpack(rows, i, next.wrapping_add(share * i), blk);
+        unpack::<HIGH>(rows, i, next.wrapping_add(share * i), blk);
         for j in 0..8 {
             let w = blk.w[j];
             let sc = blk.sc[j];
@@ -292,6 +338,19 @@ unsafe fn group<const NT: usize, const VNNI: bool>(
                         b = _mm256_dpbusd_avx_epi32(b, w[g + 1], xb);
                     }
                     _mm256_mullo_epi32(_mm256_add_epi32(a, b), sc32)
+                } else if HIGH {
+                    // q ≤ 31: 4 groups' pair sums at most in i16
+                    let mut h = [_mm256_setzero_si256(); 2];
+                    for (k, h) in h.iter_mut().enumerate() {
+                        let xg = _mm256_set1_epi32(xp.add(4 * k).read_unaligned());
+                        let mut a = _mm256_maddubs_epi16(w[4 * k], xg);
+                        for g in 4 * k + 1..4 * k + 4 {
+                            let xg = _mm256_set1_epi32(xp.add(g).read_unaligned());
+                            a = _mm256_add_epi16(a, _mm256_maddubs_epi16(w[g], xg));
+                        }
+                        *h = _mm256_madd_epi16(a, sc);
+                    }
+                    _mm256_add_epi32(h[0], h[1])
                 } else {
                     let mut a = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(xp.read_unaligned()));
                     for g in 1..8 {
@@ -322,7 +381,7 @@ unsafe fn group<const NT: usize, const VNNI: bool>(
 /// Rows `0..n` of `w` (`rb` bytes each, `nb` blocks) times `NT` tokens into
 /// `out[t][0..n]`.
 #[inline(always)]
-unsafe fn rows_q4_k<const NT: usize, const VNNI: bool>(
+unsafe fn rows_q4_k<const NT: usize, const VNNI: bool, const HIGH: bool>(
     w: *const u8,
     rb: usize,
     n: usize,
@@ -338,7 +397,7 @@ unsafe fn rows_q4_k<const NT: usize, const VNNI: bool>(
             *p = w.add((r0 + r).min(n - 1) * rb);
         }
         let next = w.wrapping_add((r0 + 4 * ROWS) * rb);
-        let f = group::<NT, VNNI>(&rows, next, nb, x, &mut blk);
+        let f = group::<NT, VNNI, HIGH>(&rows, next, nb, x, &mut blk);
         store_rows(&f, out, r0, n);
         r0 += ROWS;
     }
@@ -347,7 +406,7 @@ unsafe fn rows_q4_k<const NT: usize, const VNNI: bool>(
 /// [`rows_q4_k`] with `vpdpbusd` (one instruction for a `vpmaddubsw` and a
 /// `vpaddw`, then a `vpmulld` by the scale instead of a `vpmaddwd`).
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn rows_q4_k_vnni<const NT: usize>(
+unsafe fn rows_q4_k_vnni<const NT: usize, const HIGH: bool>(
     w: *const u8,
     rb: usize,
     n: usize,
@@ -355,7 +414,7 @@ unsafe fn rows_q4_k_vnni<const NT: usize>(
     x: Act,
     out: [*mut f32; NT],
 ) {
-    rows_q4_k::<NT, true>(w, rb, n, nb, x, out)
+    rows_q4_k::<NT, true, HIGH>(w, rb, n, nb, x, out)
 }
 
 /// A block's partial sums `Σ_j sc_j Σ q·qx` (4 lanes per row) for one
@@ -403,7 +462,7 @@ unsafe fn rows_mins(m: &[u64; ROWS]) -> [__m256i; 4] {
 /// returns the row's 8 mins (bytes).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn block_sums<const NT: usize>(
+unsafe fn block_sums<const NT: usize, const HIGH: bool>(
     b: *const u8,
     x: Act,
     i: usize,
@@ -415,12 +474,23 @@ unsafe fn block_sums<const NT: usize>(
         std::slice::from_raw_parts(b.add(4), 12),
     );
     let sp = super::dots::k4_scale_lanes(sc);
-    let qs = b.add(16);
+    let qs = b.add(quants_at(HIGH));
+    let bit4 = _mm256_set1_epi8(0x10);
+    let mut hbits = if HIGH {
+        _mm256_loadu_si256(b.add(16) as *const __m256i)
+    } else {
+        _mm256_setzero_si256()
+    };
     let mut iacc = [_mm256_setzero_si256(); NT];
     for j in 0..4 {
         let q = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
-        let lo = _mm256_and_si256(q, m4);
-        let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        let mut lo = _mm256_and_si256(q, m4);
+        let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if HIGH {
+            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hbits, 4), bit4));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hbits, 3), bit4));
+            hbits = _mm256_srli_epi16(hbits, 2);
+        }
         let (sl, sh) = (
             super::dots::k4_scale(sp, 2 * j),
             super::dots::k4_scale(sp, 2 * j + 1),
@@ -469,7 +539,7 @@ const STACK_PARTS: usize = 64;
 /// the same bits.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn rows_seq<const NT: usize>(
+unsafe fn rows_seq<const NT: usize, const HIGH: bool>(
     w: *const u8,
     rb: usize,
     n: usize,
@@ -504,12 +574,12 @@ unsafe fn rows_seq<const NT: usize>(
         for r in 0..ROWS {
             let row = w.add((r0 + r).min(n - 1) * rb);
             for i in 0..nb {
-                let b = row.add(BLOCK * i);
-                super::dots::prefetch_block(b.wrapping_add(super::dots::PF_STREAM), BLOCK);
-                super::dots::prefetch_far(b, BLOCK);
+                let b = row.add(block(HIGH) * i);
+                super::dots::prefetch_block(b.wrapping_add(super::dots::PF_STREAM), block(HIGH));
+                super::dots::prefetch_far(b, block(HIGH));
                 // (unchecked: i < nb, r < 8, and the buffers hold nb blocks)
                 let p = part.get_unchecked_mut(i * NT..(i + 1) * NT);
-                let mn = block_sums::<NT>(b, x, i, r, p);
+                let mn = block_sums::<NT, HIGH>(b, x, i, r, p);
                 let hd = heads.get_unchecked_mut(i);
                 *hd.mins.get_unchecked_mut(MIN_SLOT[r]) = mn;
                 *hd.dd.get_unchecked_mut(r) = (b as *const u32).read_unaligned();
@@ -553,7 +623,7 @@ pub(super) unsafe fn store_rows<const NT: usize>(
 /// One token: rows `0..out.len()` of `w` (decode), the same bits per row as
 /// the tiles'.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn rows_one(
+pub(super) unsafe fn rows_one<const HIGH: bool>(
     w: &[u8],
     rb: usize,
     xq: &[i8],
@@ -562,17 +632,18 @@ pub(super) unsafe fn rows_one(
     out: &mut [f32],
 ) {
     let n = out.len();
-    let nb = rb / BLOCK;
+    let nb = rb / block(HIGH);
     assert!(
-        rb.is_multiple_of(BLOCK) && w.len() >= n * rb && xq.len() >= nb * 256,
-        "Q4_K rows: bad shapes"
+        rb.is_multiple_of(block(HIGH)) && w.len() >= n * rb && xq.len() >= nb * 256,
+        "{} rows: bad shapes",
+        if HIGH { "Q5_K" } else { "Q4_K" }
     );
     assert!(xd.len() >= nb && xs.len() >= nb * 16);
     if n == 0 {
         return;
     }
     let x = Act::one(xq, xd, xs);
-    rows_seq::<1>(w.as_ptr(), rb, n, nb, x, [out.as_mut_ptr()]);
+    rows_seq::<1, HIGH>(w.as_ptr(), rb, n, nb, x, [out.as_mut_ptr()]);
 }
 
 /// The low 16 bits of 8 dwords in the low 128 bits, the high ones in the
@@ -589,20 +660,25 @@ pub(super) unsafe fn f16_halves(v: __m256i) -> __m256i {
 
 /// One row's dot product with one token: [`rows_one`] for a single row.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
+pub(super) unsafe fn dot<const HIGH: bool>(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
     let mut y = [0f32];
-    rows_one(row, row.len(), xq, xd, xs, &mut y);
+    rows_one::<HIGH>(row, row.len(), xq, xd, xs, &mut y);
     y[0]
 }
 
 /// `NT` tokens of a panel (32-value chunks): rows `0..out[0].len()` of `w`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn tile_n<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mut [&mut [f32]]) {
+unsafe fn tile_n<const HIGH: bool, const NT: usize>(
+    w: &[u8],
+    rb: usize,
+    p: &ActPanel,
+    out: &mut [&mut [f32]],
+) {
     assert!(p.nt == NT && out.len() == NT && NT <= PANEL_LANES);
     let n = out[0].len();
     let nb = p.n_blocks;
-    assert!(out.iter().all(|o| o.len() == n) && rb == nb * BLOCK && w.len() >= n * rb);
+    assert!(out.iter().all(|o| o.len() == n) && rb == nb * block(HIGH) && w.len() >= n * rb);
     assert!(
         p.qs.len() >= NT * nb * 256
             && p.d.len() >= nb * PANEL_LANES
@@ -613,12 +689,12 @@ unsafe fn tile_n<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mut [
     }
     let (x, o) = (Act::panel(p), out_ptrs::<NT>(out));
     if NT <= SEQ_TOKENS {
-        rows_seq::<NT>(w.as_ptr(), rb, n, nb, x, o);
+        rows_seq::<NT, HIGH>(w.as_ptr(), rb, n, nb, x, o);
     } else {
         if crate::simd::avx_vnni() {
-            rows_q4_k_vnni::<NT>(w.as_ptr(), rb, n, nb, x, o);
+            rows_q4_k_vnni::<NT, HIGH>(w.as_ptr(), rb, n, nb, x, o);
         } else {
-            rows_q4_k::<NT, false>(w.as_ptr(), rb, n, nb, x, o);
+            rows_q4_k::<NT, false, HIGH>(w.as_ptr(), rb, n, nb, x, o);
         }
     }
 }
@@ -631,8 +707,19 @@ pub(super) const MAX_TOKENS: usize = PANEL_LANES;
 
 /// The few-token entry: 1 to [`MAX_TOKENS`] tokens of a panel.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn tile(w: &[u8], rb: usize, p: &ActPanel, out: &mut [&mut [f32]]) {
-    by_token_count!(p.nt, tile_n, "Q4_K", (w, rb, p, out), 16)
+pub(super) unsafe fn tile<const HIGH: bool>(
+    w: &[u8],
+    rb: usize,
+    p: &ActPanel,
+    out: &mut [&mut [f32]],
+) {
+    by_token_count!(
+        p.nt,
+        tile_n<{ HIGH }>,
+        if HIGH { "Q5_K" } else { "Q4_K" },
+        (w, rb, p, out),
+        16
+    )
 }
 
 #[cfg(test)]
@@ -646,16 +733,21 @@ mod tests {
     /// read side by side (more tokens) give each row the same bits, and they
     /// match an f64 dot product of the dequantized row with the quantized
     /// activations: rows in several groups, a short last group, chunks of
-    /// rows that start past a group boundary.
+    /// rows that start past a group boundary; Q4_K and Q5_K.
     #[test]
     fn in_order_and_side_by_side_agree() {
         if detected_level() < SimdLevel::Avx2 {
             return;
         }
+        agree::<false>(GgmlType::Q4_K);
+        agree::<true>(GgmlType::Q5_K);
+    }
+
+    fn agree<const HIGH: bool>(ty: GgmlType) {
         let (rows, cols) = (29, 1024);
         let mut rng = Rng::new(5);
-        let data = random_weights(&mut rng, GgmlType::Q4_K, rows, cols);
-        let rb = cols / 256 * 144;
+        let data = random_weights(&mut rng, ty, rows, cols);
+        let rb = cols / 256 * super::block(HIGH);
         let nt = 5;
         let x = rng.vec(nt * cols);
         let xa = QuantAct::q8_k(&x, cols);
@@ -669,15 +761,11 @@ mod tests {
                 &xa.sums[t * nb * 16..(t + 1) * nb * 16],
             );
             // SAFETY: the test returned above without AVX2.
-            unsafe { super::rows_one(&data[3 * rb..], rb, q, d, s, y) };
+            unsafe { super::rows_one::<HIGH>(&data[3 * rb..], rb, q, d, s, y) };
             let mut deq = vec![0f32; cols];
             for (r, &got) in y.iter().enumerate() {
                 let row = &data[(3 + r) * rb..(4 + r) * rb];
-                assert!(super::super::super::dequant::dequant_row(
-                    GgmlType::Q4_K,
-                    row,
-                    &mut deq
-                ));
+                assert!(super::super::super::dequant::dequant_row(ty, row, &mut deq));
                 let want: f64 = (0..cols)
                     .map(|c| deq[c] as f64 * q[c] as f64 * d[c / 256] as f64)
                     .sum();
@@ -698,7 +786,7 @@ mod tests {
             // SAFETY: AVX2 checked above, AVX-VNNI by the caller.
             unsafe {
                 match (k, vnni) {
-                    (3, false) => super::rows_q4_k::<3, false>(
+                    (3, false) => super::rows_q4_k::<3, false, HIGH>(
                         w,
                         rb,
                         n,
@@ -706,7 +794,7 @@ mod tests {
                         x,
                         [0, 1, 2].map(|t| ys[t].as_mut_ptr()),
                     ),
-                    (3, true) => super::rows_q4_k_vnni::<3>(
+                    (3, true) => super::rows_q4_k_vnni::<3, HIGH>(
                         w,
                         rb,
                         n,
@@ -714,7 +802,7 @@ mod tests {
                         x,
                         [0, 1, 2].map(|t| ys[t].as_mut_ptr()),
                     ),
-                    (5, false) => super::rows_q4_k::<5, false>(
+                    (5, false) => super::rows_q4_k::<5, false, HIGH>(
                         w,
                         rb,
                         n,
@@ -722,7 +810,7 @@ mod tests {
                         x,
                         [0, 1, 2, 3, 4].map(|t| ys[t].as_mut_ptr()),
                     ),
-                    (5, true) => super::rows_q4_k_vnni::<5>(
+                    (5, true) => super::rows_q4_k_vnni::<5, HIGH>(
                         w,
                         rb,
                         n,
@@ -758,7 +846,7 @@ mod tests {
             let mut ys = vec![vec![f32::NAN; rows - 3]; k];
             let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
             // SAFETY: as above.
-            unsafe { super::tile(&data[3 * rb..], rb, &panel, &mut outs) };
+            unsafe { super::tile::<HIGH>(&data[3 * rb..], rb, &panel, &mut outs) };
             for t in 0..k {
                 for r in 0..rows - 3 {
                     assert_eq!(

@@ -1,5 +1,5 @@
 //! AVX2 Q6_K products with eight rows in the vector lanes, as `lanes.rs`
-//! does for Q4_K and `lanes_q8_0.rs` for Q8_0: 3 to 16 tokens read 8 rows
+//! does for Q4_K and `lanes_b32.rs` for Q8_0: 3 to 16 tokens read 8 rows
 //! side by side, transposed as they are read (the file's layout stays as it
 //! is; [`rows_side`]); one or two tokens read the rows in order
 //! ([`rows_seq`]). Either way each block's product is an exact i32 per row
@@ -46,7 +46,7 @@
 
 use super::super::act::{ActPanel, PANEL_LANES};
 use super::lanes::{out_ptrs, store_rows, transpose8, Act, ROWS};
-use super::lanes_q8_0::scales;
+use super::lanes_b32::scales;
 use super::tiles::q6k_step;
 use std::arch::x86_64::*;
 

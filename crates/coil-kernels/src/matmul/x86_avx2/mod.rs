@@ -5,8 +5,9 @@
 //!   it has (row at a time), their shared SIMD pieces, decoding to f32;
 //! * `tiles.rs` — few-token tiles (up to 9 tokens per unpacked row);
 //! * `lanes.rs` (Q4_K and what the three share), `lanes_q6_k.rs`,
-//!   `lanes_q8_0.rs` — rows in the vector lanes (8 rows side by side, 16
-//!   tokens per pass; `plan::avx2_lanes` says which formats);
+//!   `lanes_b32.rs` (the 32-value formats) — rows in the vector lanes (8
+//!   rows side by side, 16 tokens per pass; `plan::avx2_lanes` says which
+//!   formats);
 //! * `k23.rs` — Q2_K / Q3_K dots (also compiled for the AVX-512 level);
 //! * `legacy.rs` — Q4_1 / Q5_0 / Q5_1 dots;
 //! * `float_pairs.rs` — F16 / BF16 one-token rows in pairs;
@@ -24,34 +25,35 @@ use crate::matmul::kernel::VecKernel;
 use coil_gguf::GgmlType;
 use dots::*;
 
-/// Calls `$f::<n>($args)` for the token count `n` = `$nt` (1 to 9): the
-/// rows-in-lanes kernels' few-token entries.
+/// Calls `$f::<n>($args)` (`$f<T>`: `$f::<T, n>($args)`) for the token
+/// count `n` = `$nt` (1 to 9): the rows-in-lanes kernels' few-token
+/// entries.
 macro_rules! by_token_count {
-    ($nt:expr, $f:ident, $what:literal, ($($a:expr),*)) => {
+    ($nt:expr, $f:ident $(<$g:tt>)?, $what:expr, ($($a:expr),*)) => {
         match $nt {
-            1 => $f::<1>($($a),*),
-            2 => $f::<2>($($a),*),
-            3 => $f::<3>($($a),*),
-            4 => $f::<4>($($a),*),
-            5 => $f::<5>($($a),*),
-            6 => $f::<6>($($a),*),
-            7 => $f::<7>($($a),*),
-            8 => $f::<8>($($a),*),
-            9 => $f::<9>($($a),*),
+            1 => $f::<$($g,)? 1>($($a),*),
+            2 => $f::<$($g,)? 2>($($a),*),
+            3 => $f::<$($g,)? 3>($($a),*),
+            4 => $f::<$($g,)? 4>($($a),*),
+            5 => $f::<$($g,)? 5>($($a),*),
+            6 => $f::<$($g,)? 6>($($a),*),
+            7 => $f::<$($g,)? 7>($($a),*),
+            8 => $f::<$($g,)? 8>($($a),*),
+            9 => $f::<$($g,)? 9>($($a),*),
             n => panic!("{} lanes tile: unsupported token count {n}", $what),
         }
     };
     // up to 16 tokens
-    ($nt:expr, $f:ident, $what:literal, ($($a:expr),*), 16) => {
+    ($nt:expr, $f:ident $(<$g:tt>)?, $what:expr, ($($a:expr),*), 16) => {
         match $nt {
-            10 => $f::<10>($($a),*),
-            11 => $f::<11>($($a),*),
-            12 => $f::<12>($($a),*),
-            13 => $f::<13>($($a),*),
-            14 => $f::<14>($($a),*),
-            15 => $f::<15>($($a),*),
-            16 => $f::<16>($($a),*),
-            n => by_token_count!(n, $f, $what, ($($a),*)),
+            10 => $f::<$($g,)? 10>($($a),*),
+            11 => $f::<$($g,)? 11>($($a),*),
+            12 => $f::<$($g,)? 12>($($a),*),
+            13 => $f::<$($g,)? 13>($($a),*),
+            14 => $f::<$($g,)? 14>($($a),*),
+            15 => $f::<$($g,)? 15>($($a),*),
+            16 => $f::<$($g,)? 16>($($a),*),
+            n => by_token_count!(n, $f $(<$g>)?, $what, ($($a),*)),
         }
     };
 }
@@ -64,10 +66,32 @@ pub(super) mod float_pairs;
 pub(super) mod igemm;
 pub(super) mod k23;
 mod lanes;
+mod lanes_b32;
 mod lanes_q6_k;
-mod lanes_q8_0;
 mod legacy;
 mod tiles;
+
+/// The rows-in-lanes kernels of a 32-value format (`lanes_b32.rs`): its
+/// dot (`dot`), few-token tile and its length (`tile`), one-token rows
+/// (`rows`).
+macro_rules! b32 {
+    (dot, $f:ty) => {
+        VecKernel::Quant(
+            ActKind::Q8_0,
+            |r, q, d, s| unsafe { lanes_b32::dot::<$f>(r, q, d, s) },
+            None,
+        )
+    };
+    (tile, $f:ty) => {
+        (
+            |w, rb, a, o| unsafe { lanes_b32::tile::<$f>(w, rb, a, o) },
+            lanes_b32::MAX_TOKENS,
+        )
+    };
+    (rows, $f:ty) => {
+        |w, rb, q, d, s, o| unsafe { lanes_b32::rows_one::<$f>(w, rb, q, d, s, o) }
+    };
+}
 
 /// A one-token dot of `dots_iq.rs` against activations quantized as `$acts`.
 macro_rules! iq {
@@ -87,11 +111,12 @@ pub(super) fn vec_kernel(ty: GgmlType, lanes: bool) -> Option<VecKernel> {
         GgmlType::F32 => VecKernel::Float(|r, x| unsafe { dot_f32(r, x) }),
         GgmlType::F16 => VecKernel::Float(|r, x| unsafe { dot_f16(r, x) }),
         GgmlType::BF16 => VecKernel::Float(|r, x| unsafe { dot_bf16(r, x) }),
-        GgmlType::Q8_0 if lanes => VecKernel::Quant(
-            Q8_0,
-            |r, q, d, s| unsafe { lanes_q8_0::dot(r, q, d, s) },
-            None,
-        ),
+        GgmlType::Q8_0 if lanes => b32!(dot, lanes_b32::Q8_0),
+        GgmlType::Q4_0 if lanes => b32!(dot, lanes_b32::Q4_0),
+        GgmlType::IQ4_NL if lanes => b32!(dot, lanes_b32::Iq4Nl),
+        GgmlType::Q5_0 if lanes => b32!(dot, lanes_b32::Q5_0),
+        GgmlType::Q4_1 if lanes => b32!(dot, lanes_b32::Q4_1),
+        GgmlType::Q5_1 if lanes => b32!(dot, lanes_b32::Q5_1),
         GgmlType::Q8_0 => {
             VecKernel::Quant(Q8_0, |r, q, d, s| unsafe { dot_q8_0(r, q, d, s) }, None)
         }
@@ -126,9 +151,16 @@ pub(super) fn vec_kernel(ty: GgmlType, lanes: bool) -> Option<VecKernel> {
             |r, q, d, s| unsafe { k23::avx2::dot_q3_k(r, q, d, s) },
             Some(|r, q, d, s| unsafe { k23::avx2::dot4_q3_k(r, q, d, s) }),
         ),
-        GgmlType::Q4_K if lanes => {
-            VecKernel::Quant(Q8K, |r, q, d, s| unsafe { lanes::dot(r, q, d, s) }, None)
-        }
+        GgmlType::Q4_K if lanes => VecKernel::Quant(
+            Q8K,
+            |r, q, d, s| unsafe { lanes::dot::<false>(r, q, d, s) },
+            None,
+        ),
+        GgmlType::Q5_K if lanes => VecKernel::Quant(
+            Q8K,
+            |r, q, d, s| unsafe { lanes::dot::<true>(r, q, d, s) },
+            None,
+        ),
         GgmlType::Q6_K if lanes => VecKernel::Quant(
             Q8K,
             |r, q, d, s| unsafe { lanes_q6_k::dot(r, q, d, s) },
@@ -172,10 +204,12 @@ pub(super) fn tile_kernel(ty: GgmlType, lanes: bool) -> Option<TileKernel> {
     use tiles::{MAX_TOKENS_B32 as B32, MAX_TOKENS_K as K};
     // SAFETY (all): selected only when the CPU has AVX2+FMA+F16C.
     let (f, max_tokens): (crate::matmul::kernel::QuantTile, usize) = match ty {
-        GgmlType::Q8_0 if lanes => (
-            |w, rb, a, o| unsafe { lanes_q8_0::tile(w, rb, a, o) },
-            lanes_q8_0::MAX_TOKENS,
-        ),
+        GgmlType::Q8_0 if lanes => b32!(tile, lanes_b32::Q8_0),
+        GgmlType::Q4_0 if lanes => b32!(tile, lanes_b32::Q4_0),
+        GgmlType::IQ4_NL if lanes => b32!(tile, lanes_b32::Iq4Nl),
+        GgmlType::Q5_0 if lanes => b32!(tile, lanes_b32::Q5_0),
+        GgmlType::Q4_1 if lanes => b32!(tile, lanes_b32::Q4_1),
+        GgmlType::Q5_1 if lanes => b32!(tile, lanes_b32::Q5_1),
         GgmlType::Q8_0 => (|w, rb, a, o| unsafe { tiles::tile_q8_0(w, rb, a, o) }, B32),
         GgmlType::Q4_0 => (|w, rb, a, o| unsafe { tiles::tile_q4_0(w, rb, a, o) }, B32),
         GgmlType::IQ4_NL => (
@@ -186,7 +220,11 @@ pub(super) fn tile_kernel(ty: GgmlType, lanes: bool) -> Option<TileKernel> {
         GgmlType::Q5_1 => (|w, rb, a, o| unsafe { tiles::tile_q5_1(w, rb, a, o) }, B32),
         GgmlType::Q4_1 => (|w, rb, a, o| unsafe { tiles::tile_q4_1(w, rb, a, o) }, B32),
         GgmlType::Q4_K if lanes => (
-            |w, rb, a, o| unsafe { lanes::tile(w, rb, a, o) },
+            |w, rb, a, o| unsafe { lanes::tile::<false>(w, rb, a, o) },
+            lanes::MAX_TOKENS,
+        ),
+        GgmlType::Q5_K if lanes => (
+            |w, rb, a, o| unsafe { lanes::tile::<true>(w, rb, a, o) },
             lanes::MAX_TOKENS,
         ),
         GgmlType::Q4_K => (|w, rb, a, o| unsafe { tiles::tile_q4_k(w, rb, a, o) }, K),
@@ -215,9 +253,12 @@ pub(super) fn tile_kernel(ty: GgmlType, lanes: bool) -> Option<TileKernel> {
 pub(super) fn rows_kernel(ty: GgmlType, lanes: bool) -> Option<QuantRows> {
     // SAFETY (all): selected only when the CPU has AVX2+FMA+F16C.
     Some(match ty {
-        GgmlType::Q8_0 if lanes => {
-            |w, rb, q, d, s, o| unsafe { lanes_q8_0::rows_one(w, rb, q, d, s, o) }
-        }
+        GgmlType::Q8_0 if lanes => b32!(rows, lanes_b32::Q8_0),
+        GgmlType::Q4_0 if lanes => b32!(rows, lanes_b32::Q4_0),
+        GgmlType::IQ4_NL if lanes => b32!(rows, lanes_b32::Iq4Nl),
+        GgmlType::Q5_0 if lanes => b32!(rows, lanes_b32::Q5_0),
+        GgmlType::Q4_1 if lanes => b32!(rows, lanes_b32::Q4_1),
+        GgmlType::Q5_1 if lanes => b32!(rows, lanes_b32::Q5_1),
         GgmlType::Q8_0 => |w, rb, q, d, s, o| unsafe { rows_b32::<34, 0>(w, rb, q, d, s, o) },
         GgmlType::Q4_0 => |w, rb, q, d, s, o| unsafe { rows_b32::<18, 1>(w, rb, q, d, s, o) },
         GgmlType::IQ4_NL => |w, rb, q, d, s, o| unsafe { rows_b32::<18, 2>(w, rb, q, d, s, o) },
@@ -225,7 +266,10 @@ pub(super) fn rows_kernel(ty: GgmlType, lanes: bool) -> Option<QuantRows> {
         GgmlType::Q5_1 => |w, rb, q, d, s, o| unsafe { legacy::rows_q5_1(w, rb, q, d, s, o) },
         GgmlType::Q4_1 => |w, rb, q, d, s, o| unsafe { legacy::rows_q4_1(w, rb, q, d, s, o) },
         GgmlType::Q4_K if lanes => {
-            |w, rb, q, d, s, o| unsafe { lanes::rows_one(w, rb, q, d, s, o) }
+            |w, rb, q, d, s, o| unsafe { lanes::rows_one::<false>(w, rb, q, d, s, o) }
+        }
+        GgmlType::Q5_K if lanes => {
+            |w, rb, q, d, s, o| unsafe { lanes::rows_one::<true>(w, rb, q, d, s, o) }
         }
         GgmlType::Q4_K => |w, rb, q, d, s, o| unsafe { rows_q4_k(w, rb, q, d, s, o) },
         GgmlType::Q5_K => |w, rb, q, d, s, o| unsafe { rows_q5_k(w, rb, q, d, s, o) },
