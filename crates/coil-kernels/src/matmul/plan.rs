@@ -199,6 +199,18 @@ use GgmlType::*;
 ///   the lanes is the slower (79–84% of the read bandwidth against 89–98%;
 ///   `coil bench` tg128 on Q8_0 files 5–20% lower), so a single-stream
 ///   pool keeps Q8_0 row at a time.
+/// * AVX2 lanes in batched engines only, for batch invariance: Q4_0,
+///   IQ4_NL, Q5_0, Q4_1, Q5_1 (`lanes_b32.rs`, Q8_0's kernels) and Q5_K
+///   (`lanes.rs`): their one-token products in the lanes are slower than
+///   row at a time, so a single stream keeps its row kernels; a batched
+///   engine (`coil serve`) takes the lanes at every token count, whose
+///   bits the AVX2 integer GEMM gives too, so its prompts are
+///   batch-invariant at full speed. AMD Zen 3, 2 threads, `probe` 16384 x
+///   4096, one token, best of 10, rows / lanes ms, on a host at a load of
+///   10–12 from other builds (single runs spread up to 2×): Q4_0 3.7–7.6
+///   / 5.4–8.9, IQ4_NL 3.7–4.8 / 4.2–7.5, Q5_0 7.6–8.9 / 15.2–16.0, Q4_1
+///   2.9–5.2 / 5.2–9.2, Q5_1 5.2–6.2 / 6.7–8.4, Q5_K 3.3 / 3.7, Q8_0 7.8 /
+///   8.2; 8 tokens Q4_0 33.5 / 11.7, Q5_K 20.3 / 7.8.
 #[rustfmt::skip]
 pub const FORMATS: &[Format] = &[
     //     type    (values, bytes) acts        tile     tile   AVX2     igemm     igemm AVX2        f32   repack

@@ -456,8 +456,6 @@ pub(in crate::matmul) unsafe fn dot_k45<const HIGH: bool, const PF: usize>(
 ) -> f32 {
     let nb = xd.len();
     let bsz = if HIGH { 176 } else { 144 };
-    let m4 = _mm256_set1_epi8(0xF);
-    let bit4 = _mm256_set1_epi8(0x10);
     let mut facc = _mm256_setzero_ps();
     let mut msum = 0f32;
     for i in 0..nb {
@@ -480,13 +478,7 @@ pub(in crate::matmul) unsafe fn dot_k45<const HIGH: bool, const PF: usize>(
         let mut iacc = _mm256_setzero_si256();
         for j in 0..4 {
             let q = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
-            let mut lo = _mm256_and_si256(q, m4);
-            let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            if HIGH {
-                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hbits, 4), bit4));
-                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hbits, 3), bit4));
-                hbits = _mm256_srli_epi16(hbits, 2);
-            }
+            let (lo, hi) = k45_nibbles::<HIGH>(q, &mut hbits);
             let xl = _mm256_loadu_si256(x.add(64 * j) as *const __m256i);
             let xh = _mm256_loadu_si256(x.add(64 * j + 32) as *const __m256i);
             let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), k4_scale(sp, 2 * j));
@@ -499,6 +491,29 @@ pub(in crate::matmul) unsafe fn dot_k45<const HIGH: bool, const PF: usize>(
         msum += f16c(rd16(b.add(2))) * xd[i] * mins as f32;
     }
     hsum256(facc) - msum
+}
+
+/// A 32-byte chunk `q` of Q4_K / Q5_K quants as its low and high nibbles
+/// (sub-blocks `2j`, `2j + 1`); `HIGH` (Q5_K): with their fifth bits, bits
+/// 0 and 1 of each byte of `hbits`, which moves on to the next chunk's.
+#[inline(always)]
+pub(in crate::matmul) unsafe fn k45_nibbles<const HIGH: bool>(
+    q: __m256i,
+    hbits: &mut __m256i,
+) -> (__m256i, __m256i) {
+    let m4 = _mm256_set1_epi8(0xF);
+    let lo = _mm256_and_si256(q, m4);
+    let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    if !HIGH {
+        return (lo, hi);
+    }
+    let bit4 = _mm256_set1_epi8(0x10);
+    let h = *hbits;
+    *hbits = _mm256_srli_epi16(h, 2);
+    (
+        _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(h, 4), bit4)),
+        _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(h, 3), bit4)),
+    )
 }
 
 /// Prefetches the lines of the `bytes` bytes at `p` (a block `PF` ahead).

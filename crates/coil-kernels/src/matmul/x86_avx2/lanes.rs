@@ -240,7 +240,6 @@ unsafe fn unpack<const HIGH: bool>(
         }
         hb = transpose8(&v);
     }
-    let bit4 = _mm256_set1_epi8(0x10);
     // the nibbles: chunk c (bytes 16 + 32c .., Q5_K 48 + 32c ..) holds
     // sub-blocks 2c (low) and 2c + 1 (high)
     for c in 0..4 {
@@ -256,16 +255,8 @@ unsafe fn unpack<const HIGH: bool>(
         }
         let t = transpose8(&v);
         for g in 0..8 {
-            blk.w[2 * c][g] = _mm256_and_si256(t[g], m4);
-            blk.w[2 * c + 1][g] = _mm256_and_si256(_mm256_srli_epi16(t[g], 4), m4);
-            if HIGH {
-                let h = hb[g];
-                let lo = _mm256_and_si256(_mm256_slli_epi16(h, 4), bit4);
-                let hi = _mm256_and_si256(_mm256_slli_epi16(h, 3), bit4);
-                blk.w[2 * c][g] = _mm256_or_si256(blk.w[2 * c][g], lo);
-                blk.w[2 * c + 1][g] = _mm256_or_si256(blk.w[2 * c + 1][g], hi);
-                hb[g] = _mm256_srli_epi16(h, 2);
-            }
+            (blk.w[2 * c][g], blk.w[2 * c + 1][g]) =
+                super::dots::k45_nibbles::<HIGH>(t[g], &mut hb[g]);
         }
     }
 }
@@ -469,13 +460,11 @@ unsafe fn block_sums<const NT: usize, const HIGH: bool>(
     r: usize,
     part: &mut [Part],
 ) -> u64 {
-    let m4 = _mm256_set1_epi8(0xF);
     let (sc, mn) = crate::matmul::scalar::dequant::scales_mins_k4_words(
         std::slice::from_raw_parts(b.add(4), 12),
     );
     let sp = super::dots::k4_scale_lanes(sc);
     let qs = b.add(quants_at(HIGH));
-    let bit4 = _mm256_set1_epi8(0x10);
     let mut hbits = if HIGH {
         _mm256_loadu_si256(b.add(16) as *const __m256i)
     } else {
@@ -484,13 +473,7 @@ unsafe fn block_sums<const NT: usize, const HIGH: bool>(
     let mut iacc = [_mm256_setzero_si256(); NT];
     for j in 0..4 {
         let q = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
-        let mut lo = _mm256_and_si256(q, m4);
-        let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        if HIGH {
-            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hbits, 4), bit4));
-            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hbits, 3), bit4));
-            hbits = _mm256_srli_epi16(hbits, 2);
-        }
+        let (lo, hi) = super::dots::k45_nibbles::<HIGH>(q, &mut hbits);
         let (sl, sh) = (
             super::dots::k4_scale(sp, 2 * j),
             super::dots::k4_scale(sp, 2 * j + 1),

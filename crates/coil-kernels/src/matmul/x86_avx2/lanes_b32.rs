@@ -1,9 +1,10 @@
 //! AVX2 products of the 32-value formats (Q8_0, Q4_0, IQ4_NL, Q5_0, Q4_1,
 //! Q5_1) with eight rows in the vector lanes, as `lanes.rs` does for Q4_K:
 //! 3 to 16 tokens read 8 rows side by side, each block unpacked to 32
-//! signed bytes per row ([`Block32::quants`]) and transposed (a vector
-//! holds 4 columns of 8 rows, multiplied with a broadcast of 4 activation
-//! bytes); two tokens read the rows in order ([`rows_seq`]); one token
+//! bytes per row ([`Block32::quants`]: the signed quants, or unsigned ones
+//! whose offset's product is subtracted from the exact sum) and transposed
+//! (a vector holds 4 columns of 8 rows, multiplied with a broadcast of 4
+//! activation bytes); two tokens read the rows in order ([`rows_seq`]); one token
 //! reads 8 rows far apart, one from each eighth of the matrix
 //! ([`rows_far`]). Either way each block's product is an exact i32 per row
 //! and token, and the float work — `acc += cvt(Σ q·qx) · (d · dx)` per
@@ -45,7 +46,14 @@ pub(super) trait Block32 {
     const MIN: bool;
     /// The name in messages.
     const NAME: &'static str;
-    /// The 32 `q` of the block at `b`, as i8 in column order.
+    /// `q = u − OFFSET` with `u` unsigned (at most 31): [`Block32::quants`]
+    /// gives `u`, multiplied by `vpmaddubsw` as it is, and the kernels
+    /// subtract `OFFSET · Σ qx` from the exact sum (Q4_0: 8, Q5_0: 16; Q4_1,
+    /// Q5_1: 0). Else `quants` gives `q` itself (Q8_0, IQ4_NL), its sign
+    /// moved onto the activations.
+    const UNSIGNED: bool;
+    const OFFSET: i32;
+    /// The 32 `q` (or `u`) of the block at `b`, as bytes in column order.
     ///
     /// # Safety
     /// `b` holds a block; AVX2 available (inlined into the callers).
@@ -69,6 +77,8 @@ impl Block32 for Q8_0 {
     const BYTES: usize = 34;
     const MIN: bool = false;
     const NAME: &'static str = "Q8_0";
+    const UNSIGNED: bool = false;
+    const OFFSET: i32 = 0;
     #[inline(always)]
     unsafe fn quants(b: *const u8) -> __m256i {
         _mm256_loadu_si256(b.add(2) as *const __m256i)
@@ -79,9 +89,11 @@ impl Block32 for Q4_0 {
     const BYTES: usize = 18;
     const MIN: bool = false;
     const NAME: &'static str = "Q4_0";
+    const UNSIGNED: bool = true;
+    const OFFSET: i32 = 8;
     #[inline(always)]
     unsafe fn quants(b: *const u8) -> __m256i {
-        _mm256_sub_epi8(nibbles(b.add(2)), _mm256_set1_epi8(8))
+        nibbles(b.add(2))
     }
 }
 
@@ -89,6 +101,8 @@ impl Block32 for Iq4Nl {
     const BYTES: usize = 18;
     const MIN: bool = false;
     const NAME: &'static str = "IQ4_NL";
+    const UNSIGNED: bool = false;
+    const OFFSET: i32 = 0;
     #[inline(always)]
     unsafe fn quants(b: *const u8) -> __m256i {
         _mm256_shuffle_epi8(iq4nl_table(), nibbles(b.add(2)))
@@ -99,13 +113,14 @@ impl Block32 for Q5_0 {
     const BYTES: usize = 22;
     const MIN: bool = false;
     const NAME: &'static str = "Q5_0";
+    const UNSIGNED: bool = true;
+    const OFFSET: i32 = 16;
     #[inline(always)]
     unsafe fn quants(b: *const u8) -> __m256i {
-        let q = _mm256_or_si256(
+        _mm256_or_si256(
             nibbles(b.add(6)),
             fifth_bits((b.add(2) as *const u32).read_unaligned()),
-        );
-        _mm256_sub_epi8(q, _mm256_set1_epi8(16))
+        )
     }
 }
 
@@ -113,6 +128,8 @@ impl Block32 for Q4_1 {
     const BYTES: usize = 20;
     const MIN: bool = true;
     const NAME: &'static str = "Q4_1";
+    const UNSIGNED: bool = true;
+    const OFFSET: i32 = 0;
     #[inline(always)]
     unsafe fn quants(b: *const u8) -> __m256i {
         nibbles(b.add(4))
@@ -123,6 +140,8 @@ impl Block32 for Q5_1 {
     const BYTES: usize = 24;
     const MIN: bool = true;
     const NAME: &'static str = "Q5_1";
+    const UNSIGNED: bool = true;
+    const OFFSET: i32 = 0;
     #[inline(always)]
     unsafe fn quants(b: *const u8) -> __m256i {
         _mm256_or_si256(
@@ -160,13 +179,34 @@ unsafe fn finish<F: Block32>(
 }
 
 /// Token `k`'s activation sum `Σ qx` of a block (`k` = block · tokens +
-/// token) where the format has a min (else 0, not read).
+/// token) where the format has a min or an offset (else 0, not read).
 #[inline(always)]
 unsafe fn sx<F: Block32>(x: Act, k: usize) -> i16 {
-    if F::MIN {
+    if F::MIN || F::OFFSET != 0 {
         *x.sums.add(k)
     } else {
         0
+    }
+}
+
+/// `isum − OFFSET · sx` ([`Block32::OFFSET`]): `Σ q·qx` from `Σ u·qx`.
+#[inline(always)]
+unsafe fn offset<F: Block32>(isum: __m256i, sx: i16) -> __m256i {
+    if F::OFFSET != 0 {
+        _mm256_sub_epi32(isum, _mm256_set1_epi32(F::OFFSET * i32::from(sx)))
+    } else {
+        isum
+    }
+}
+
+/// One block's `vpmaddubsw` operands for the weights `wq` and activations
+/// `xv`: `(u, qx)` as they are ([`Block32::UNSIGNED`]) or `(|q|, ±qx)`.
+#[inline(always)]
+unsafe fn operands<F: Block32>(wq: __m256i, xv: __m256i) -> (__m256i, __m256i) {
+    if F::UNSIGNED {
+        (wq, xv)
+    } else {
+        (_mm256_abs_epi8(wq), _mm256_sign_epi8(xv, wq))
     }
 }
 
@@ -217,10 +257,12 @@ unsafe fn rows_side<F: Block32, const NT: usize, const VNNI: bool>(
             let d = scales(&rows, F::BYTES * i);
             let m = mins::<F>(&rows, F::BYTES * i);
             if VNNI {
-                // Σ (q + 128)·qx − 128 Σ qx
+                // Σ (q + 128)·qx − 128 Σ qx (unsigned: Σ u·qx − OFFSET Σ qx)
                 let mut u = q;
-                for u in u.iter_mut() {
-                    *u = _mm256_xor_si256(*u, bias);
+                if !F::UNSIGNED {
+                    for u in u.iter_mut() {
+                        *u = _mm256_xor_si256(*u, bias);
+                    }
                 }
                 for (t, f) in facc.iter_mut().enumerate() {
                     let xp = x.qs.add((i * NT + t) * 32) as *const i32;
@@ -232,26 +274,34 @@ unsafe fn rows_side<F: Block32, const NT: usize, const VNNI: bool>(
                         b = _mm256_dpbusd_avx_epi32(b, u[g + 1], xb);
                     }
                     let sx = *x.sums.add(i * NT + t);
-                    let s7 = _mm256_set1_epi32(i32::from(sx) << 7);
-                    let isum = _mm256_sub_epi32(_mm256_add_epi32(a, b), s7);
+                    let isum = if F::UNSIGNED {
+                        offset::<F>(_mm256_add_epi32(a, b), sx)
+                    } else {
+                        let s7 = _mm256_set1_epi32(i32::from(sx) << 7);
+                        _mm256_sub_epi32(_mm256_add_epi32(a, b), s7)
+                    };
                     *f = finish::<F>(*f, d, isum, *x.d.add(i * x.d_stride + t), m, sx);
                 }
             } else {
                 let mut qa = q;
-                for a in qa.iter_mut() {
-                    *a = _mm256_abs_epi8(*a);
+                if !F::UNSIGNED {
+                    for a in qa.iter_mut() {
+                        *a = _mm256_abs_epi8(*a);
+                    }
                 }
                 for (t, f) in facc.iter_mut().enumerate() {
                     let xp = x.qs.add((i * NT + t) * 32) as *const i32;
                     let mut isum = _mm256_setzero_si256();
                     for g in 0..8 {
-                        let xg =
-                            _mm256_sign_epi8(_mm256_set1_epi32(xp.add(g).read_unaligned()), q[g]);
+                        let mut xg = _mm256_set1_epi32(xp.add(g).read_unaligned());
+                        if !F::UNSIGNED {
+                            xg = _mm256_sign_epi8(xg, q[g]);
+                        }
                         let p = _mm256_madd_epi16(_mm256_maddubs_epi16(qa[g], xg), ones);
                         isum = _mm256_add_epi32(isum, p);
                     }
                     let (dx, sx) = (*x.d.add(i * x.d_stride + t), sx::<F>(x, i * NT + t));
-                    *f = finish::<F>(*f, d, isum, dx, m, sx);
+                    *f = finish::<F>(*f, d, offset::<F>(isum, sx), dx, m, sx);
                 }
             }
         }
@@ -316,10 +366,9 @@ unsafe fn seq_blocks<F: Block32, const NT: usize, const K: usize>(
             _mm_prefetch::<_MM_HINT_T1>(b.wrapping_add(super::dots::PF_FAR) as *const i8);
         }
         let wq = F::quants(b);
-        let wa = _mm256_abs_epi8(wq);
         for (t, p) in p.iter_mut().enumerate() {
             let xv = _mm256_loadu_si256(x.qs.add(((i + k) * NT + t) * 32) as *const __m256i);
-            let sx = _mm256_sign_epi8(xv, wq);
+            let (wa, sx) = operands::<F>(wq, xv);
             p[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, sx), ones);
         }
         // (i + k < nb, r < 8)
@@ -453,7 +502,7 @@ unsafe fn rows_seq<F: Block32, const NT: usize>(
                         _mm256_setzero_ps()
                     };
                     let (dx, sx) = (*x.d.add(i * x.d_stride + t), sx::<F>(x, i * NT + t));
-                    *f = finish::<F>(*f, d, v[k], dx, m, sx);
+                    *f = finish::<F>(*f, d, offset::<F>(v[k], sx), dx, m, sx);
                 }
             }
         }
@@ -526,8 +575,8 @@ unsafe fn rows_far<F: Block32>(
                     _mm_prefetch::<_MM_HINT_T1>(b.wrapping_add(super::dots::PF_FAR) as *const i8);
                 }
                 let wq = F::quants(b);
-                let sx = _mm256_sign_epi8(xv, wq);
-                p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wq), sx), ones);
+                let (wa, sx) = operands::<F>(wq, xv);
+                p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, sx), ones);
             }
             // lanes [r0 r1 r2 r3 | r0 r1 r2 r3] (halves of each sum), r4..r8
             let h0 =
@@ -540,7 +589,8 @@ unsafe fn rows_far<F: Block32>(
             );
             let d = scales(&rows, F::BYTES * i);
             let m = mins::<F>(&rows, F::BYTES * i);
-            f = finish::<F>(f, d, isum, *x.d.add(i * x.d_stride), m, sx::<F>(x, i));
+            let sx = sx::<F>(x, i);
+            f = finish::<F>(f, d, offset::<F>(isum, sx), *x.d.add(i * x.d_stride), m, sx);
         }
         let mut v = [0f32; ROWS];
         _mm256_storeu_ps(v.as_mut_ptr(), f);
@@ -570,7 +620,7 @@ pub(super) unsafe fn rows_one<F: Block32>(
             && w.len() >= n * rb
             && xq.len() >= nb * 32
             && xd.len() >= nb
-            && (!F::MIN || xs.len() >= nb),
+            && (!(F::MIN || F::OFFSET != 0) || xs.len() >= nb),
         "{} rows: bad shapes",
         F::NAME
     );

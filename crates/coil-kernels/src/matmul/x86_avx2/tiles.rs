@@ -222,8 +222,6 @@ unsafe fn rows_k45<const HIGH: bool, const NT: usize>(
     let nb = p.n_blocks;
     let (xq, xd, xs) = (p.qs.as_ptr(), p.d.as_ptr(), p.sums.as_ptr());
     let bsz = if HIGH { 176 } else { 144 };
-    let m4 = _mm256_set1_epi8(0xF);
-    let bit4 = _mm256_set1_epi8(0x10);
     let wp = w.as_ptr();
     for r in 0..n {
         let row = wp.add(r * rb);
@@ -246,13 +244,7 @@ unsafe fn rows_k45<const HIGH: bool, const NT: usize>(
             let mut iacc = [_mm256_setzero_si256(); NT];
             for j in 0..4 {
                 let q = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
-                let mut lo = _mm256_and_si256(q, m4);
-                let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-                if HIGH {
-                    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hbits, 4), bit4));
-                    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hbits, 3), bit4));
-                    hbits = _mm256_srli_epi16(hbits, 2);
-                }
+                let (mut lo, mut hi) = super::dots::k45_nibbles::<HIGH>(q, &mut hbits);
                 let (mut v1, mut v2) = (k4_scale(sp, 2 * j), k4_scale(sp, 2 * j + 1));
                 pin!(lo, hi, v1, v2);
                 // chunks 8i + 2j (low nibbles) and 8i + 2j + 1 (high)
