@@ -206,11 +206,12 @@ use GgmlType::*;
 ///   engine (`coil serve`) takes the lanes at every token count, whose
 ///   bits the AVX2 integer GEMM gives too, so its prompts are
 ///   batch-invariant at full speed. AMD Zen 3, 2 threads, `probe` 16384 x
-///   4096, one token, best of 10, rows / lanes ms, on a host at a load of
-///   10–12 from other builds (single runs spread up to 2×): Q4_0 3.7–7.6
-///   / 5.4–8.9, IQ4_NL 3.7–4.8 / 4.2–7.5, Q5_0 7.6–8.9 / 15.2–16.0, Q4_1
-///   2.9–5.2 / 5.2–9.2, Q5_1 5.2–6.2 / 6.7–8.4, Q5_K 3.3 / 3.7, Q8_0 7.8 /
-///   8.2; 8 tokens Q4_0 33.5 / 11.7, Q5_K 20.3 / 7.8.
+///   4096 (`COIL_AVX2_LANES=0` against the default), best of 10, the best
+///   of 3 such runs, rows / lanes ms, 2026-12-07 on a host at a load of
+///   9.2–9.6 from other builds (single runs spread up to 2×): one token
+///   Q4_0 2.00 / 2.43, IQ4_NL 1.91 / 2.67, Q5_0 2.99 / 4.76, Q4_1 2.36 /
+///   5.15, Q5_1 5.09 / 3.81, Q5_K 3.12 / 4.05; 8 tokens (best of 2) Q4_0
+///   19.2 / 11.3, Q5_K 9.7 / 8.2, Q4_1 28.6 / 31.1, Q5_0 27.3 / 32.4.
 #[rustfmt::skip]
 pub const FORMATS: &[Format] = &[
     //     type    (values, bytes) acts        tile     tile   AVX2     igemm     igemm AVX2        f32   repack
