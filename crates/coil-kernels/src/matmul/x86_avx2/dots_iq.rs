@@ -14,7 +14,7 @@
 //! 128-bit half) adds them into i32 lanes, exact over a block; the float
 //! scales are applied once per block.
 
-use crate::matmul::x86_avx2::dots::{f16c, hsum256};
+use crate::matmul::x86_avx2::dots::{f16c, hsum256, prefetch_block, prefetch_far, PF_STREAM};
 use coil_gguf::quant::grids::{
     IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS,
     KVALUES_MXFP4,
@@ -45,18 +45,15 @@ unsafe fn signs_pm1(s: u32) -> __m256i {
     _mm256_or_si256(set, _mm256_set1_epi8(1))
 }
 
-/// The four 7-bit sign indices of a u32 (bits `7l`) as four sign bytes.
-#[inline(always)]
-fn ksigns4(aux: u32) -> u32 {
-    (0..4).fold(0u32, |s, l| {
-        s | (KSIGNS_IQ2XS[(aux >> (7 * l) & 127) as usize] as u32) << (8 * l)
-    })
-}
-
 /// `Σ_pairs ls·(g·±x)` of 32 values as 8 i32 lanes: `g` unsigned
 /// magnitudes, `signs` ±1 bytes, `ls` the `vpmaddwd` scales (i16 lanes).
 #[inline(always)]
-unsafe fn signed_block(g: __m256i, signs: __m256i, x: *const i8, ls: __m256i) -> __m256i {
+pub(in crate::matmul) unsafe fn signed_block(
+    g: __m256i,
+    signs: __m256i,
+    x: *const i8,
+    ls: __m256i,
+) -> __m256i {
     let xv = _mm256_loadu_si256(x as *const __m256i);
     _mm256_madd_epi16(_mm256_maddubs_epi16(g, _mm256_sign_epi8(xv, signs)), ls)
 }
@@ -74,72 +71,76 @@ unsafe fn fold(acc: __m256, sumi: __m256i, d: f32) -> __m256 {
     _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d), acc)
 }
 
-/// IQ2_XXS; see [`spec::dot_iq2_xxs`].
-///
-/// # Safety
-/// AVX2 + FMA + F16C; `row` whole blocks, `xq`/`xd` Q8_K activations of
-/// its length.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(in crate::matmul) unsafe fn dot_iq2_xxs(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for (i, b) in row.chunks_exact(66).enumerate() {
-        let (bp, x) = (b.as_ptr(), xq.as_ptr().add(256 * i));
-        let mut sumi = _mm256_setzero_si256();
-        for ib in 0..8 {
+/// The five lattice formats whose sub-blocks are unsigned grid magnitudes
+/// with their signs apart ([`grid_sub`]), as `KIND` of [`dot_grid`] and
+/// the few-token tiles (`tiles.rs`).
+pub(in crate::matmul) const IQ2_XXS: u8 = 0;
+pub(in crate::matmul) const IQ2_XS: u8 = 1;
+pub(in crate::matmul) const IQ2_S: u8 = 2;
+pub(in crate::matmul) const IQ3_XXS: u8 = 3;
+pub(in crate::matmul) const IQ3_S: u8 = 4;
+
+/// Bytes per 256-value block of grid format `KIND`.
+#[inline(always)]
+pub(in crate::matmul) const fn grid_bytes(kind: u8) -> usize {
+    [66, 74, 82, 98, 110][kind as usize]
+}
+
+/// The ±1 sign bytes of each 7-bit sign index (`KSIGNS_IQ2XS`'s eight bits
+/// of entry `i`, bit `j` set: byte `j` is −1), one `u64` per index: four
+/// loads give a sub-block's 32 signs.
+const SIGNS64: [u64; 128] = {
+    let mut t = [0u64; 128];
+    let mut i = 0;
+    while i < 128 {
+        let mut j = 0;
+        while j < 8 {
+            let byte = if KSIGNS_IQ2XS[i] >> j & 1 != 0 {
+                0xff
+            } else {
+                1
+            };
+            t[i] |= byte << (8 * j);
+            j += 1;
+        }
+        i += 1;
+    }
+    t
+};
+
+/// The signs of four groups of 8 from their 7-bit sign indices `s(l)`.
+#[inline(always)]
+unsafe fn signs4(s: impl Fn(usize) -> usize) -> __m256i {
+    let g = |l: usize| SIGNS64[s(l) & 127] as i64;
+    _mm256_set_epi64x(g(3), g(2), g(1), g(0))
+}
+
+/// Sub-block `ib` (values `32ib..32ib + 32`) of the grid-format block at
+/// `bp`: its grid magnitudes (unsigned bytes), its ±1 signs and its
+/// `vpmaddwd` scales (i16 lanes); see `vecdot_iq.rs` for each layout.
+#[inline(always)]
+pub(in crate::matmul) unsafe fn grid_sub<const KIND: u8>(
+    bp: *const u8,
+    ib: usize,
+) -> (__m256i, __m256i, __m256i) {
+    match KIND {
+        IQ2_XXS => {
             let q = bp.add(2 + 8 * ib);
             let aux = rd32(q.add(4));
             let g = |l: usize| IQ2XXS_GRID[*q.add(l) as usize] as i64;
             let grid = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
             let ls = _mm256_set1_epi16((2 * (aux >> 28) + 1) as i16);
-            let p = signed_block(grid, signs_pm1(ksigns4(aux)), x.add(32 * ib), ls);
-            sumi = _mm256_add_epi32(sumi, p);
+            (grid, signs4(|l| (aux >> (7 * l)) as usize), ls)
         }
-        acc = fold(acc, sumi, 0.125 * f16c(rd16(bp)) * xd[i]);
-    }
-    hsum256(acc)
-}
-
-/// IQ2_XS; see [`spec::dot_iq2_xs`].
-///
-/// # Safety
-/// As [`dot_iq2_xxs`].
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(in crate::matmul) unsafe fn dot_iq2_xs(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for (i, b) in row.chunks_exact(74).enumerate() {
-        let (bp, x) = (b.as_ptr(), xq.as_ptr().add(256 * i));
-        let mut sumi = _mm256_setzero_si256();
-        for ib in 0..8 {
-            let q = |l: usize| rd16(bp.add(2 + 2 * (4 * ib + l)));
-            let grid = _mm256_set_epi64x(
-                IQ2XS_GRID[(q(3) & 511) as usize] as i64,
-                IQ2XS_GRID[(q(2) & 511) as usize] as i64,
-                IQ2XS_GRID[(q(1) & 511) as usize] as i64,
-                IQ2XS_GRID[(q(0) & 511) as usize] as i64,
-            );
-            let s = (0..4).fold(0u32, |s, l| {
-                s | (KSIGNS_IQ2XS[(q(l) >> 9) as usize] as u32) << (8 * l)
-            });
+        IQ2_XS => {
+            let q = |l: usize| rd16(bp.add(2 + 2 * (4 * ib + l))) as usize;
+            let g = |l: usize| IQ2XS_GRID[q(l) & 511] as i64;
+            let grid = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
             let sc = *bp.add(66 + ib) as i32;
             let ls = scale_halves(2 * (sc & 0xf) + 1, 2 * (sc >> 4) + 1);
-            sumi = _mm256_add_epi32(sumi, signed_block(grid, signs_pm1(s), x.add(32 * ib), ls));
+            (grid, signs4(|l| q(l) >> 9), ls)
         }
-        acc = fold(acc, sumi, 0.125 * f16c(rd16(bp)) * xd[i]);
-    }
-    hsum256(acc)
-}
-
-/// IQ2_S; see [`spec::dot_iq2_s`].
-///
-/// # Safety
-/// As [`dot_iq2_xxs`].
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(in crate::matmul) unsafe fn dot_iq2_s(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for (i, b) in row.chunks_exact(82).enumerate() {
-        let (bp, x) = (b.as_ptr(), xq.as_ptr().add(256 * i));
-        let mut sumi = _mm256_setzero_si256();
-        for ib in 0..8 {
+        IQ2_S => {
             let qh = *bp.add(66 + ib) as usize;
             let g = |l: usize| {
                 let index = *bp.add(2 + 4 * ib + l) as usize | (qh << (8 - 2 * l) & 0x300);
@@ -148,60 +149,99 @@ pub(in crate::matmul) unsafe fn dot_iq2_s(row: &[u8], xq: &[i8], xd: &[f32], _xs
             let grid = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
             let sc = *bp.add(74 + ib) as i32;
             let ls = scale_halves(2 * (sc & 0xf) + 1, 2 * (sc >> 4) + 1);
-            let signs = signs_pm1(rd32(bp.add(34 + 4 * ib)));
-            sumi = _mm256_add_epi32(sumi, signed_block(grid, signs, x.add(32 * ib), ls));
+            (grid, signs_pm1(rd32(bp.add(34 + 4 * ib))), ls)
         }
-        acc = fold(acc, sumi, 0.125 * f16c(rd16(bp)) * xd[i]);
-    }
-    hsum256(acc)
-}
-
-/// IQ3_XXS; see [`spec::dot_iq3_xxs`].
-///
-/// # Safety
-/// As [`dot_iq2_xxs`].
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(in crate::matmul) unsafe fn dot_iq3_xxs(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for (i, b) in row.chunks_exact(98).enumerate() {
-        let (bp, x) = (b.as_ptr(), xq.as_ptr().add(256 * i));
-        let mut sumi = _mm256_setzero_si256();
-        for ib in 0..8 {
+        IQ3_XXS => {
             let q = bp.add(2 + 8 * ib);
             let g = |k: usize| IQ3XXS_GRID[*q.add(k) as usize] as i32;
             let grid = _mm256_setr_epi32(g(0), g(1), g(2), g(3), g(4), g(5), g(6), g(7));
             let aux = rd32(bp.add(66 + 4 * ib));
             let ls = _mm256_set1_epi16((2 * (aux >> 28) + 1) as i16);
-            let p = signed_block(grid, signs_pm1(ksigns4(aux)), x.add(32 * ib), ls);
-            sumi = _mm256_add_epi32(sumi, p);
+            (grid, signs4(|l| (aux >> (7 * l)) as usize), ls)
         }
-        acc = fold(acc, sumi, 0.25 * f16c(rd16(bp)) * xd[i]);
-    }
-    hsum256(acc)
-}
-
-/// IQ3_S; see [`spec::dot_iq3_s`].
-///
-/// # Safety
-/// As [`dot_iq2_xxs`].
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(in crate::matmul) unsafe fn dot_iq3_s(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for (i, b) in row.chunks_exact(110).enumerate() {
-        let (bp, x) = (b.as_ptr(), xq.as_ptr().add(256 * i));
-        let mut sumi = _mm256_setzero_si256();
-        for ib in 0..8 {
+        _ => {
             let (q, qh) = (bp.add(2 + 8 * ib), *bp.add(66 + ib) as usize);
             let g = |k: usize| IQ3S_GRID[*q.add(k) as usize | (qh << (8 - k) & 256)] as i32;
             let grid = _mm256_setr_epi32(g(0), g(1), g(2), g(3), g(4), g(5), g(6), g(7));
             let sc = (*bp.add(106 + ib / 2) >> (4 * (ib % 2)) & 0xf) as i16;
             let ls = _mm256_set1_epi16(2 * sc + 1);
-            let signs = signs_pm1(rd32(bp.add(74 + 4 * ib)));
-            sumi = _mm256_add_epi32(sumi, signed_block(grid, signs, x.add(32 * ib), ls));
+            (grid, signs_pm1(rd32(bp.add(74 + 4 * ib))), ls)
         }
-        acc = fold(acc, sumi, f16c(rd16(bp)) * xd[i]);
+    }
+}
+
+/// The float factor of the grid-format block at `bp` (its `d` times the
+/// format's constant: IQ2 1/8, IQ3_XXS 1/4, IQ3_S 1), to multiply by the
+/// token's block scale.
+#[inline(always)]
+pub(in crate::matmul) unsafe fn grid_d<const KIND: u8>(bp: *const u8) -> f32 {
+    let d = f16c(rd16(bp));
+    match KIND {
+        IQ3_XXS => 0.25 * d,
+        IQ3_S => d,
+        _ => 0.125 * d,
+    }
+}
+
+/// `Σ` of the grid-format block at `bp` with the 256 activations at `x`
+/// as 8 i32 lanes, exact.
+#[inline(always)]
+pub(in crate::matmul) unsafe fn grid_block<const KIND: u8>(bp: *const u8, x: *const i8) -> __m256i {
+    let mut sumi = _mm256_setzero_si256();
+    for ib in 0..8 {
+        let (grid, signs, ls) = grid_sub::<KIND>(bp, ib);
+        sumi = _mm256_add_epi32(sumi, signed_block(grid, signs, x.add(32 * ib), ls));
+    }
+    sumi
+}
+
+/// IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S (`KIND`); see `spec::dot_iq2_xxs`
+/// and the others. `PF` > 0: each block prefetches the bytes `PF` ahead
+/// (and `dots::PF_FAR` ahead into L2), for the one-token rows ([`rows_grid`]).
+///
+/// # Safety
+/// AVX2 + FMA + F16C; `row` whole blocks, `xq`/`xd` Q8_K activations of
+/// its length.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(in crate::matmul) unsafe fn dot_grid<const KIND: u8, const PF: usize>(
+    row: &[u8],
+    xq: &[i8],
+    xd: &[f32],
+    _xs: &[i16],
+) -> f32 {
+    let bs = grid_bytes(KIND);
+    let mut acc = _mm256_setzero_ps();
+    for (i, b) in row.chunks_exact(bs).enumerate() {
+        let bp = b.as_ptr();
+        if PF > 0 {
+            prefetch_block(bp.wrapping_add(PF), bs);
+            prefetch_far(bp, bs);
+        }
+        let sumi = grid_block::<KIND>(bp, xq.as_ptr().add(256 * i));
+        acc = fold(acc, sumi, grid_d::<KIND>(bp) * xd[i]);
     }
     hsum256(acc)
+}
+
+/// One-token rows of a grid format: consecutive rows walked in order, each
+/// block prefetching as the K-quants' rows do (`dots::rows_stream`).
+///
+/// # Safety
+/// As [`dot_grid`]; `w` holds `out.len()` rows of `rb` bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in crate::matmul) unsafe fn rows_grid<const KIND: u8>(
+    w: &[u8],
+    rb: usize,
+    xq: &[i8],
+    xd: &[f32],
+    xs: &[i16],
+    out: &mut [f32],
+) {
+    assert!(w.len() >= out.len() * rb);
+    for (r, o) in out.iter_mut().enumerate() {
+        *o = dot_grid::<KIND, PF_STREAM>(&w[r * rb..(r + 1) * rb], xq, xd, xs);
+    }
 }
 
 /// The 32 values `8·g + δ` of four IQ1 groups (grid indices `i0..i3`, δ
@@ -240,7 +280,7 @@ unsafe fn signed_values(w: __m256i, x: *const i8, ls: __m256i) -> __m256i {
 /// IQ1_S; see [`spec::dot_iq1_s`].
 ///
 /// # Safety
-/// As [`dot_iq2_xxs`].
+/// As [`dot_grid`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(in crate::matmul) unsafe fn dot_iq1_s(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
     let mut acc = _mm256_setzero_ps();
@@ -265,7 +305,7 @@ pub(in crate::matmul) unsafe fn dot_iq1_s(row: &[u8], xq: &[i8], xd: &[f32], _xs
 /// IQ1_M; see [`spec::dot_iq1_m`].
 ///
 /// # Safety
-/// As [`dot_iq2_xxs`].
+/// As [`dot_grid`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(in crate::matmul) unsafe fn dot_iq1_m(row: &[u8], xq: &[i8], xd: &[f32], _xs: &[i16]) -> f32 {
     let mut acc = _mm256_setzero_ps();
@@ -298,7 +338,7 @@ fn block_sum(xs: &[i16], i: usize) -> i32 {
 /// TQ2_0; see [`spec::dot_tq2_0`].
 ///
 /// # Safety
-/// As [`dot_iq2_xxs`].
+/// As [`dot_grid`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(in crate::matmul) unsafe fn dot_tq2_0(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
     let m3 = _mm256_set1_epi8(3);
@@ -328,7 +368,7 @@ pub(in crate::matmul) unsafe fn dot_tq2_0(row: &[u8], xq: &[i8], xd: &[f32], xs:
 /// `((q·3ⁿ mod 256)·3) >> 8`, taken in 16-bit lanes.
 ///
 /// # Safety
-/// As [`dot_iq2_xxs`].
+/// As [`dot_grid`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(in crate::matmul) unsafe fn dot_tq1_0(row: &[u8], xq: &[i8], xd: &[f32], xs: &[i16]) -> f32 {
     const POW3: [i16; 5] = [1, 3, 9, 27, 81];
@@ -415,11 +455,11 @@ mod tests {
             return;
         }
         let formats: [(GgmlType, Dot, SimdDot); 10] = [
-            (GgmlType::IQ2_XXS, spec::dot_iq2_xxs, dot_iq2_xxs),
-            (GgmlType::IQ2_XS, spec::dot_iq2_xs, dot_iq2_xs),
-            (GgmlType::IQ2_S, spec::dot_iq2_s, dot_iq2_s),
-            (GgmlType::IQ3_XXS, spec::dot_iq3_xxs, dot_iq3_xxs),
-            (GgmlType::IQ3_S, spec::dot_iq3_s, dot_iq3_s),
+            (GgmlType::IQ2_XXS, spec::dot_iq2_xxs, dot_grid::<IQ2_XXS, 0>),
+            (GgmlType::IQ2_XS, spec::dot_iq2_xs, dot_grid::<IQ2_XS, 0>),
+            (GgmlType::IQ2_S, spec::dot_iq2_s, dot_grid::<IQ2_S, 0>),
+            (GgmlType::IQ3_XXS, spec::dot_iq3_xxs, dot_grid::<IQ3_XXS, 0>),
+            (GgmlType::IQ3_S, spec::dot_iq3_s, dot_grid::<IQ3_S, 0>),
             (GgmlType::IQ1_S, spec::dot_iq1_s, dot_iq1_s),
             (GgmlType::IQ1_M, spec::dot_iq1_m, dot_iq1_m),
             (GgmlType::TQ1_0, spec::dot_tq1_0, dot_tq1_0),

@@ -95,10 +95,10 @@ macro_rules! b32 {
 
 /// A one-token dot of `dots_iq.rs` against activations quantized as `$acts`.
 macro_rules! iq {
-    ($acts:expr, $dot:ident) => {
+    ($acts:expr, $($dot:tt)+) => {
         VecKernel::Quant(
             $acts,
-            |r, q, d, s| unsafe { dots_iq::$dot(r, q, d, s) },
+            |r, q, d, s| unsafe { dots_iq::$($dot)+(r, q, d, s) },
             None,
         )
     };
@@ -183,11 +183,11 @@ pub(super) fn vec_kernel(ty: GgmlType, lanes: bool) -> Option<VecKernel> {
             VecKernel::Quant(Q8K, |r, q, d, s| unsafe { dot_iq4_xs(r, q, d, s) }, None)
         }
         // the lattice, ternary and MXFP4 formats (`dots_iq.rs`)
-        GgmlType::IQ2_XXS => iq!(Q8K, dot_iq2_xxs),
-        GgmlType::IQ2_XS => iq!(Q8K, dot_iq2_xs),
-        GgmlType::IQ2_S => iq!(Q8K, dot_iq2_s),
-        GgmlType::IQ3_XXS => iq!(Q8K, dot_iq3_xxs),
-        GgmlType::IQ3_S => iq!(Q8K, dot_iq3_s),
+        GgmlType::IQ2_XXS => iq!(Q8K, dot_grid::<{ dots_iq::IQ2_XXS }, 0>),
+        GgmlType::IQ2_XS => iq!(Q8K, dot_grid::<{ dots_iq::IQ2_XS }, 0>),
+        GgmlType::IQ2_S => iq!(Q8K, dot_grid::<{ dots_iq::IQ2_S }, 0>),
+        GgmlType::IQ3_XXS => iq!(Q8K, dot_grid::<{ dots_iq::IQ3_XXS }, 0>),
+        GgmlType::IQ3_S => iq!(Q8K, dot_grid::<{ dots_iq::IQ3_S }, 0>),
         GgmlType::IQ1_S => iq!(Q8K, dot_iq1_s),
         GgmlType::IQ1_M => iq!(Q8K, dot_iq1_m),
         GgmlType::TQ1_0 => iq!(Q8K, dot_tq1_0),
@@ -235,6 +235,11 @@ pub(super) fn tile_kernel(ty: GgmlType, lanes: bool) -> Option<TileKernel> {
         ),
         GgmlType::Q6_K => (|w, rb, a, o| unsafe { tiles::tile_q6_k(w, rb, a, o) }, K),
         GgmlType::IQ4_XS => (|w, rb, a, o| unsafe { tiles::tile_iq4_xs(w, rb, a, o) }, K),
+        GgmlType::IQ2_XXS => (|w, rb, a, o| unsafe { tiles::tile_iq2_xxs(w, rb, a, o) }, K),
+        GgmlType::IQ2_XS => (|w, rb, a, o| unsafe { tiles::tile_iq2_xs(w, rb, a, o) }, K),
+        GgmlType::IQ2_S => (|w, rb, a, o| unsafe { tiles::tile_iq2_s(w, rb, a, o) }, K),
+        GgmlType::IQ3_XXS => (|w, rb, a, o| unsafe { tiles::tile_iq3_xxs(w, rb, a, o) }, K),
+        GgmlType::IQ3_S => (|w, rb, a, o| unsafe { tiles::tile_iq3_s(w, rb, a, o) }, K),
         _ => return None,
     };
     Some(TileKernel {
@@ -246,9 +251,17 @@ pub(super) fn tile_kernel(ty: GgmlType, lanes: bool) -> Option<TileKernel> {
     })
 }
 
+/// The one-token rows of grid format `$kind` (`dots_iq::rows_grid`).
+macro_rules! grid_rows {
+    ($kind:ident) => {
+        |w, rb, q, d, s, o| unsafe { dots_iq::rows_grid::<{ dots_iq::$kind }>(w, rb, q, d, s, o) }
+    };
+}
+
 /// The one-token row-range kernel of `ty` (decode: one call per chunk of
 /// rows; the dot is inlined). Q8_0/Q4_0/IQ4_NL and the K-quants prefetch
-/// [`PF_STREAM`] ahead block by block as they go, IQ4_XS whole rows
+/// [`PF_STREAM`] ahead block by block as they go (the grid formats too),
+/// IQ4_XS whole rows
 /// [`crate::matmul::kernel::pf_rows`] ahead.
 pub(super) fn rows_kernel(ty: GgmlType, lanes: bool) -> Option<QuantRows> {
     // SAFETY (all): selected only when the CPU has AVX2+FMA+F16C.
@@ -280,6 +293,11 @@ pub(super) fn rows_kernel(ty: GgmlType, lanes: bool) -> Option<QuantRows> {
         GgmlType::Q2_K => |w, rb, q, d, s, o| unsafe { k23::avx2::rows_q2_k(w, rb, q, d, s, o) },
         GgmlType::Q3_K => |w, rb, q, d, s, o| unsafe { k23::avx2::rows_q3_k(w, rb, q, d, s, o) },
         GgmlType::IQ4_XS => |w, rb, q, d, s, o| unsafe { rows_iq4_xs(w, rb, q, d, s, o) },
+        GgmlType::IQ2_XXS => grid_rows!(IQ2_XXS),
+        GgmlType::IQ2_XS => grid_rows!(IQ2_XS),
+        GgmlType::IQ2_S => grid_rows!(IQ2_S),
+        GgmlType::IQ3_XXS => grid_rows!(IQ3_XXS),
+        GgmlType::IQ3_S => grid_rows!(IQ3_S),
         _ => return None,
     })
 }

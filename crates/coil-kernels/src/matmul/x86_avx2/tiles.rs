@@ -1,7 +1,8 @@
 //! AVX2 integer dot products of a range of weight rows with up to four
 //! (32-value formats: Q8_0, Q4_0, IQ4_NL and, with their fifth bit or
-//! offset, Q5_0, Q5_1, Q4_1) or nine (K-quants and IQ4_XS: a verification
-//! of 8 drafts) tokens
+//! offset, Q5_0, Q5_1, Q4_1) or nine (K-quants, IQ4_XS and the grid
+//! formats IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S: a verification of 8
+//! drafts, an expert's few tokens of a prompt) tokens
 //! at once (batched decode of several sequences, speculative verification):
 //! each row is fetched and unpacked once (nibbles, high
 //! bits, scales) and multiplied with every token's quantized activations
@@ -24,6 +25,8 @@
 
 use super::super::act::{ActPanel, PANEL_LANES};
 use super::dots::{dot_us, f16c, hsum256, k4_scale, k4_scale_lanes, nibbles, rd16, PF_STREAM};
+use super::dots_iq::{grid_bytes, grid_d, grid_sub, signed_block};
+use super::dots_iq::{IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS};
 use crate::matmul::scalar::dequant::scales_mins_k4_words;
 use crate::matmul::scalar::dequant::{iq4xs_scales, KVALUES_IQ4NL};
 use std::arch::x86_64::*;
@@ -420,6 +423,52 @@ unsafe fn rows_iq4_xs<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &
     }
 }
 
+/// The grid formats (`KIND`: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S), as
+/// `dots_iq::dot_grid`, for `NT` (≤ [`MAX_TOKENS_K`]) tokens: each 32-value
+/// sub-block's grid magnitudes, signs and scales looked up once, its
+/// products with every token's chunk into one i32 accumulator per token,
+/// which meets the f32 accumulator once per block.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn rows_grid<const KIND: u8, const NT: usize>(
+    w: &[u8],
+    rb: usize,
+    p: &ActPanel,
+    out: &mut [&mut [f32]],
+) {
+    let bsz = grid_bytes(KIND);
+    let n = check::<NT>(w, rb, p, out, 256, 16);
+    let nb = p.n_blocks;
+    let (xq, xd) = (p.qs.as_ptr(), p.d.as_ptr());
+    let wp = w.as_ptr();
+    for r in 0..n {
+        let row = wp.add(r * rb);
+        let mut facc = [_mm256_setzero_ps(); NT];
+        for i in 0..nb {
+            let b = row.add(bsz * i);
+            super::dots::prefetch_block(b.wrapping_add(PF_STREAM), bsz);
+            super::dots::prefetch_far(b, bsz);
+            let mut iacc = [_mm256_setzero_si256(); NT];
+            for ib in 0..8 {
+                let (mut g, mut s, mut ls) = grid_sub::<KIND>(b, ib);
+                pin!(g, s, ls);
+                let c = xq.add(32 * NT * (8 * i + ib));
+                for (t, acc) in iacc.iter_mut().enumerate() {
+                    *acc = _mm256_add_epi32(*acc, signed_block(g, s, c.add(32 * t), ls));
+                }
+            }
+            let wd = grid_d::<KIND>(b);
+            for t in 0..NT {
+                let d = wd * *xd.add(i * PANEL_LANES + t);
+                facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[t]), _mm256_set1_ps(d), facc[t]);
+            }
+        }
+        for t in 0..NT {
+            *out[t].get_unchecked_mut(r) = hsum256(facc[t]);
+        }
+    }
+}
+
 /// Defines a `#[target_feature]` entry point `$name` that serves 1 to `$max`
 /// tokens by choosing the instantiation of `$kernel` for their count.
 macro_rules! tile_entry {
@@ -466,6 +515,11 @@ format_kernel!(q5_1_n, rows_b32, 24, 4);
 format_kernel!(q4_1_n, rows_b32, 20, 5);
 format_kernel!(q4_k_n, rows_k45, false);
 format_kernel!(q5_k_n, rows_k45, true);
+format_kernel!(iq2_xxs_n, rows_grid, IQ2_XXS);
+format_kernel!(iq2_xs_n, rows_grid, IQ2_XS);
+format_kernel!(iq2_s_n, rows_grid, IQ2_S);
+format_kernel!(iq3_xxs_n, rows_grid, IQ3_XXS);
+format_kernel!(iq3_s_n, rows_grid, IQ3_S);
 tile_entry!(tile_q8_0, q8_0_n, [1 2 3 4]);
 tile_entry!(tile_q4_0, q4_0_n, [1 2 3 4]);
 tile_entry!(tile_iq4_nl, iq4_nl_n, [1 2 3 4]);
@@ -476,6 +530,11 @@ tile_entry!(tile_q4_k, q4_k_n, [1 2 3 4 5 6 7 8 9]);
 tile_entry!(tile_q5_k, q5_k_n, [1 2 3 4 5 6 7 8 9]);
 tile_entry!(tile_q6_k, rows_q6_k, [1 2 3 4 5 6 7 8 9]);
 tile_entry!(tile_iq4_xs, rows_iq4_xs, [1 2 3 4 5 6 7 8 9]);
+tile_entry!(tile_iq2_xxs, iq2_xxs_n, [1 2 3 4 5 6 7 8 9]);
+tile_entry!(tile_iq2_xs, iq2_xs_n, [1 2 3 4 5 6 7 8 9]);
+tile_entry!(tile_iq2_s, iq2_s_n, [1 2 3 4 5 6 7 8 9]);
+tile_entry!(tile_iq3_xxs, iq3_xxs_n, [1 2 3 4 5 6 7 8 9]);
+tile_entry!(tile_iq3_s, iq3_s_n, [1 2 3 4 5 6 7 8 9]);
 
 #[cfg(test)]
 mod tests {
@@ -511,6 +570,11 @@ mod tests {
             (GgmlType::Q5_K, 512),
             (GgmlType::Q6_K, 512),
             (GgmlType::IQ4_XS, 512),
+            (GgmlType::IQ2_XXS, 512),
+            (GgmlType::IQ2_XS, 512),
+            (GgmlType::IQ2_S, 512),
+            (GgmlType::IQ3_XXS, 512),
+            (GgmlType::IQ3_S, 512),
         ] {
             // both choices of `plan::avx2_lanes` (Q8_0 and Q4_K); 29 rows:
             // four groups of 8 through the Q8_0 kernel's two buffers, and
