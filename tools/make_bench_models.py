@@ -444,20 +444,11 @@ def ling3_flash_config():
 
 
 def ling3_released_extra(cfg) -> dict:
-    """The released config's keys llama.cpp's converter reads (as
-    tools/make_fixtures_bailing.py writes them), `head_dim` the KDA head
-    width, without the keys transformers adds."""
-    return dict(
-        head_dim=cfg.linear_head_dim,
-        no_kda_lora=True,
-        gated_attention_proj_granularity_type="head_wise",
-        score_function="sigmoid",
-        n_group=cfg.n_group,
-        topk_group=cfg.topk_group,
-        num_experts_per_tok=cfg.num_experts_per_tok,
-        norm_topk_prob=cfg.norm_topk_prob,
-        moe_shared_expert_intermediate_size=cfg.moe_intermediate_size * cfg.n_shared_experts,
-    )
+    """The released config's keys llama.cpp's converter reads, as
+    tools/make_fixtures_bailing.py writes them for its checkpoints."""
+    from make_fixtures_bailing import released_extra
+
+    return released_extra(cfg)
 
 
 def ling3_tensors(cfg):
