@@ -21,7 +21,8 @@
 //! invariant path. The prompt cases run with `Numerics::CheapInvariant`
 //! too (what `coil serve` runs prompts with) wherever the engine says that
 //! is batch-invariant for the model (`Engine::prompts_invariant`: the Q8_0
-//! llama fixture at the AVX2 level, which the test requires).
+//! llama fixture at the AVX2 level, the fidelity test's trained Llama in
+//! Q8_0 and Q4_K_M at AVX2 and AVX-512, which the test requires).
 //!
 //! For a model with chunked recurrences (Mamba-2, Gated DeltaNet, KDA) the
 //! default's prompts are the chunked forms with chunks at fixed positions
@@ -183,6 +184,13 @@ fn check_model(name: &str, model: &Path, tokens: &[u32]) {
                 "{name}: prompts not invariant at AVX2"
             );
         }
+        if name.starts_with("lanes_") && level >= coil_kernels::simd::SimdLevel::Avx2 {
+            assert!(
+                e.prompts_invariant(),
+                "{name}: prompts not invariant at {}",
+                level.name()
+            );
+        }
 
         // A verification rejected part-way: roll back inside it (restore
         // the checkpoint before it, replay the accepted tokens with the
@@ -338,6 +346,28 @@ fn llama() {
     let f = common::llama_cpp_fixture("llama");
     let model = repo().join("tests/fixtures/models/llama/model.q8_0.gguf");
     check_model("llama_q8_0", &model, &f.tokens);
+}
+
+/// The trained Llama of the fidelity tests in Q8_0 and Q4_K_M (`coil
+/// quantize` of the Q8_0 file): every matrix is whole groups of 16 rows of
+/// multiples of 256 values, so at the AVX-512 level the loader rewrites
+/// them all into rows in lanes, whose integer GEMM keeps tokens — the
+/// default numerics are batch-invariant for them there (required), as at
+/// the AVX2 level.
+#[test]
+fn lanes_llama_q8_0_and_q4_k_m() {
+    let dir = repo().join("tests/fixtures/fidelity");
+    let tokens: Vec<u32> = (0..40).map(|i| ((i * 53 + 7) % 2048) as u32).collect();
+    check_model(
+        "lanes_q8_0",
+        &dir.join("shakespeare-llama-q8_0.gguf"),
+        &tokens,
+    );
+    check_model(
+        "lanes_q4_k_m",
+        &dir.join("shakespeare-llama-q4_k_m.gguf"),
+        &tokens,
+    );
 }
 
 /// The llama fixture in Q4_0 and in the Q5_K_M mixture (its 32-wide rows

@@ -437,33 +437,42 @@ fn int_gemm_sized(p: &Product) -> bool {
 /// order where their dot kernels keep 32 partial sums per row; Q2_K, Q3_K,
 /// IQ4_XS and the lattice, ternary and MXFP4 formats have row-at-a-time
 /// dots only (8 partial sums per row, added at the end; IQ4_XS's dots
-/// quantize the activations per 256, its GEMM per 32); every GEMM of the
-/// AVX-512 and scalar levels rounds differently from its dot kernels.
+/// quantize the activations per 256, its GEMM per 32).
+///
+/// Q4_K, Q6_K and Q8_0 at the AVX-512 level in the rows-in-lanes layout
+/// the loader gives them there ([`Layout::Lanes16`]; Q6_K not where
+/// 512-bit operations run as halves, [`Repack::UnlessSplit512`]): the
+/// integer GEMM's panels come out of that layout and its microkernel does
+/// per row lane and token the integer sums and float operations of the
+/// tiles (`x86_avx512/lanes.rs`, `lanes_q6_k.rs`, `lanes_q8_0.rs`) in their
+/// order. Not the plain rows there: the dot kernels add a row's partial
+/// sums across the vector lanes, the GEMM keeps a row in one lane. No
+/// GEMM of the scalar level rounds as its dot kernels do.
 ///
 /// Held by `matmul::tests::invariant_mode_rows_equal_one_token_calls_bit_for_bit`.
 pub(crate) fn gemm_keeps_tokens(p: &Product) -> bool {
-    match p.ty {
-        Q4_K | Q5_K | Q6_K | Q8_0 | Q4_0 | IQ4_NL | Q5_0 | Q4_1 | Q5_1 => {
-            cfg!(target_arch = "x86_64")
-                && p.level == SimdLevel::Avx2
-                && p.layout == Layout::Rows
-                && avx2_lanes(p.ty, p.single_stream)
-        }
+    if !cfg!(target_arch = "x86_64") {
+        return false;
+    }
+    match (p.ty, p.level, p.layout) {
+        (Q4_K | Q6_K | Q8_0, SimdLevel::Avx512, Layout::Lanes16) => true,
+        (
+            Q4_K | Q5_K | Q6_K | Q8_0 | Q4_0 | IQ4_NL | Q5_0 | Q4_1 | Q5_1,
+            SimdLevel::Avx2,
+            Layout::Rows,
+        ) => avx2_lanes(p.ty, p.single_stream),
         _ => false,
     }
 }
 
-/// Whether the products of a `ty` matrix (in the layout the loader gives
-/// it, [`repacks`]) at the process's SIMD level, on a pool that does
-/// (`single_stream`) or does not run one sequence at a time, give every
-/// token bit for bit its one-token result whatever the number of tokens in
-/// the call — the fast choice of kernel included ([`gemm_keeps_tokens`]).
-pub fn keeps_tokens(ty: GgmlType, single_stream: bool) -> bool {
-    let layout = if repacks(ty) {
-        Layout::Lanes16
-    } else {
-        Layout::Rows
-    };
+/// Whether the products of a `ty` matrix in `layout` (the one the loader
+/// gave it: [`Layout::Lanes16`] where it rewrote the matrix, see
+/// [`crate::matmul::repack`]) at the process's SIMD level, on a pool that
+/// does (`single_stream`) or does not run one sequence at a time, give
+/// every token bit for bit its one-token result whatever the number of
+/// tokens in the call — the fast choice of kernel included
+/// ([`gemm_keeps_tokens`]).
+pub fn keeps_tokens(ty: GgmlType, layout: Layout, single_stream: bool) -> bool {
     gemm_keeps_tokens(&Product {
         ty,
         layout,

@@ -421,15 +421,29 @@ fn rows_equal_one_token_calls(pool: &ThreadPool) {
         32 => vec![(ty, 672), (ty, 768)],
         _ => vec![(ty, 512)],
     });
-    for (ty, cols) in shapes {
-        let rows = 37;
+    // each in the plain rows (37: not whole groups of 16) and, where the
+    // loader rewrites the format (AVX-512), in the rows-in-lanes layout
+    let shapes =
+        shapes.flat_map(|(ty, cols)| [(ty, cols, Layout::Rows), (ty, cols, Layout::Lanes16)]);
+    for (ty, cols, layout) in shapes {
+        let rows = if layout == Layout::Lanes16 { 48 } else { 37 };
         seed += 1;
         let mut rng = Rng::new(seed);
-        let data = random_weights(&mut rng, ty, rows, cols);
-        let w = WeightRef::new(ty, &data, rows, cols).unwrap();
+        let mut data = random_weights(&mut rng, ty, rows, cols);
+        if layout == Layout::Lanes16 && !repack(ty, &mut data, rows, cols) {
+            continue;
+        }
+        let w = WeightRef {
+            layout,
+            ..WeightRef::new(ty, &data, rows, cols).unwrap()
+        };
         let n_max = 64;
         let x = rng.vec(n_max * cols);
-        for level in crate::simd::available_levels() {
+        // (a rewritten matrix exists only at the AVX-512 level)
+        let levels = crate::simd::available_levels()
+            .into_iter()
+            .filter(|&l| layout == Layout::Rows || l >= crate::simd::SimdLevel::Avx512);
+        for level in levels {
             let one: Vec<f32> = (0..n_max)
                 .flat_map(|t| {
                     let mut y = vec![f32::NAN; rows];
@@ -454,7 +468,7 @@ fn rows_equal_one_token_calls(pool: &ThreadPool) {
                 for (i, (a, b)) in y.iter().zip(&one).enumerate() {
                     assert!(
                         a.to_bits() == b.to_bits(),
-                        "{ty} {cols} {level:?} single {single} n {n} ({kernel:?}): token {} row {}: {a} vs {b} alone",
+                        "{ty} {cols} {layout:?} {level:?} single {single} n {n} ({kernel:?}): token {} row {}: {a} vs {b} alone",
                         i / rows,
                         i % rows
                     );

@@ -22,7 +22,7 @@ use crate::memory::session::{self, SessionError};
 use crate::memory::{CacheType, CheckpointPolicy, Memory, SeqId, SequenceMemory, StateType};
 use crate::models::{self, LogitRows, Model, ModelError, SeqChunk, UBatch};
 use coil_gguf::{GgufError, GgufFile};
-use coil_kernels::{Invariance, ThreadPool};
+use coil_kernels::{Invariance, Layout, ThreadPool};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -402,7 +402,8 @@ impl Engine {
     /// whose products give each token its one-token bits whatever the
     /// number of tokens ([`coil_kernels::matmul::keeps_tokens`]: Q4_K and
     /// Q6_K at the AVX2 level, and in a batched engine Q5_K and the 32-value
-    /// formats Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL), and, for a
+    /// formats Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; at AVX-512 the Q4_K,
+    /// Q6_K and Q8_0 matrices the loader rewrote into rows in lanes), and, for a
     /// model with chunked recurrences (Mamba-2, Gated DeltaNet, KDA), the
     /// recurrent state is f32 (a bf16 state is rounded at the end of each
     /// call). A prompt's logits and state are then the same bits however
@@ -441,7 +442,14 @@ impl Engine {
             .iter()
             .filter(|t| t.dims.iter().filter(|&&d| d > 1).count() >= 2 && product(&t.name))
             .filter(|t| tied || t.name != "token_embd.weight")
-            .all(|t| coil_kernels::matmul::keeps_tokens(t.ty, single))
+            .all(|t| {
+                let layout = if self.file.is_rewritten(t) {
+                    Layout::Lanes16
+                } else {
+                    Layout::Rows
+                };
+                coil_kernels::matmul::keeps_tokens(t.ty, layout, single)
+            })
     }
 
     pub fn n_vocab(&self) -> usize {
