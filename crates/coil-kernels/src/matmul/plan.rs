@@ -187,17 +187,25 @@ use GgmlType::*;
 ///   kernel, and 8 tokens' no faster ([`split_q6k_lanes`] takes its
 ///   few-token products to the AVX2 lanes there).
 /// * The lattice, ternary and MXFP4 formats (IQ1–IQ3, TQ1_0, TQ2_0,
-///   MXFP4): one-token dots at AVX2 (the AVX-512 level takes them too),
-///   the AVX2 integer GEMM (their rows decoded to i16,
-///   `x86_avx2/decode_iq.rs`) at both levels, from 8 tokens for those
-///   without few-token tiles. The grid formats (IQ2_XXS, IQ2_XS, IQ2_S,
-///   IQ3_XXS, IQ3_S) have AVX2 tiles (9 tokens a pass) that keep ahead of
-///   that GEMM to ~24 tokens (AMD Zen 3, 1024 x 1024, 2 threads, `probe`,
-///   tiles / GEMM, ms: IQ2_XXS 7 tokens 0.15 / 0.72, 12 tokens 0.37 /
-///   0.48, 18 tokens 0.47–0.48 / 0.62–0.82, 24 tokens 0.65–0.67 / 0.69,
-///   64 tokens 1.74–1.77 / 1.32; IQ3_XXS 9 tokens 0.25 / 0.52–0.53, 18
-///   tokens 0.51 / 0.67, 24 tokens 0.70–1.02 / 0.73–0.77, 64 tokens 1.88
-///   / 1.38): from 24.
+///   MXFP4): one-token dots at AVX2 (the AVX-512 level takes them too);
+///   the AVX2 integer GEMM at AVX2 (their rows decoded to i16 with the
+///   integer scales folded in, `x86_avx2/decode_iq.rs`), the AVX-512 VNNI
+///   GEMM at AVX-512 (the same rows decoded to i8 with a float per scale
+///   group), from 8 tokens for those without few-token tiles. The grid
+///   formats (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) have AVX2 tiles (9
+///   tokens a pass) that keep ahead of the AVX2 GEMM to ~24 tokens (AMD
+///   Zen 3, 1024 x 1024, 2 threads, `probe`, tiles / GEMM, ms: IQ2_XXS 7
+///   tokens 0.15 / 0.72, 12 tokens 0.37 / 0.48, 18 tokens 0.47–0.48 /
+///   0.62–0.82, 24 tokens 0.65–0.67 / 0.69, 64 tokens 1.74–1.77 / 1.32;
+///   IQ3_XXS 9 tokens 0.25 / 0.52–0.53, 18 tokens 0.51 / 0.67, 24 tokens
+///   0.70–1.02 / 0.73–0.77, 64 tokens 1.88 / 1.38): from 24; of the
+///   AVX-512 GEMM to 12 tokens, 16 for the formats with scales per 16 (AMD
+///   Zen 5, 4096 x 4096, 2 threads, a host at a load of 4, GEMM / tiles,
+///   ms: IQ2_XXS 9 tokens 2.95–3.04 / 2.14–2.30, 12 tokens 3.04–3.05 /
+///   3.32–5.15, 16 tokens 3.16 / 4.53–5.38; IQ3_XXS 9 tokens 3.45–3.52 /
+///   2.39–2.41, 12 tokens 3.35–3.53 / 3.58, 16 tokens 3.60–5.79 / 5.84–5.89;
+///   IQ2_S 12 tokens 5.49–5.54 / 5.03–5.08, 16 tokens 3.74–5.70 / 4.67–4.70,
+///   18 tokens 4.06–4.23 / 5.11–5.18).
 /// * AVX2 lanes: Q4_K, Q6_K and Q8_0 (Q5_K gained nothing). Intel Xeon
 ///   model 167 at `COIL_SIMD=avx2`, 2 threads, streamed: 8 tokens Q4_K
 ///   7.0–7.5 → 9.6–11.3 GB/s, Q8_0 8.0 → 11.3 (15.6 with AVX-VNNI); Q6_K
@@ -238,16 +246,16 @@ pub const FORMATS: &[Format] = &[
     format(Q5_K,   (256, 176),     Some(A256), Some(9), Some(9), Batched, Some(12), g2(12, 12, 12),   24,   Repack::No),
     format(Q6_K,   (256, 210),     Some(A256), Some(9), Some(9), Lanes,   Some(12), g2(12, 19, 49),   24,   Repack::UnlessSplit512),
     format(IQ4_XS, (256, 136),     Some(A256), None,    Some(9), Rows,    Some(12), g2(12, 12, 12),   24,   Repack::No),
-    format(IQ2_XXS,(256, 66),      Some(A256), None,    Some(9), Rows,    None,     g2(24, 24, 24),   24,   Repack::No),
-    format(IQ2_XS, (256, 74),      Some(A256), None,    Some(9), Rows,    None,     g2(24, 24, 24),   24,   Repack::No),
-    format(IQ2_S,  (256, 82),      Some(A256), None,    Some(9), Rows,    None,     g2(24, 24, 24),   24,   Repack::No),
-    format(IQ3_XXS,(256, 98),      Some(A256), None,    Some(9), Rows,    None,     g2(24, 24, 24),   24,   Repack::No),
-    format(IQ3_S,  (256, 110),     Some(A256), None,    Some(9), Rows,    None,     g2(24, 24, 24),   24,   Repack::No),
-    format(IQ1_S,  (256, 50),      Some(A256), None,    None,    Rows,    None,     g2(8, 8, 8),      8,    Repack::No),
-    format(IQ1_M,  (256, 56),      Some(A256), None,    None,    Rows,    None,     g2(8, 8, 8),      8,    Repack::No),
-    format(TQ1_0,  (256, 54),      Some(A256), None,    None,    Rows,    None,     g2(8, 8, 8),      8,    Repack::No),
-    format(TQ2_0,  (256, 66),      Some(A256), None,    None,    Rows,    None,     g2(8, 8, 8),      8,    Repack::No),
-    format(MXFP4,  (32, 17),       Some(A32),  None,    None,    Rows,    None,     g2(8, 8, 8),      8,    Repack::No),
+    format(IQ2_XXS,(256, 66),      Some(A256), None,    Some(9), Rows,    Some(12), g2(24, 24, 24),   24,   Repack::No),
+    format(IQ2_XS, (256, 74),      Some(A256), None,    Some(9), Rows,    Some(16), g2(24, 24, 24),   24,   Repack::No),
+    format(IQ2_S,  (256, 82),      Some(A256), None,    Some(9), Rows,    Some(16), g2(24, 24, 24),   24,   Repack::No),
+    format(IQ3_XXS,(256, 98),      Some(A256), None,    Some(9), Rows,    Some(12), g2(24, 24, 24),   24,   Repack::No),
+    format(IQ3_S,  (256, 110),     Some(A256), None,    Some(9), Rows,    Some(12), g2(24, 24, 24),   24,   Repack::No),
+    format(IQ1_S,  (256, 50),      Some(A256), None,    None,    Rows,    Some(8),  g2(8, 8, 8),      8,    Repack::No),
+    format(IQ1_M,  (256, 56),      Some(A256), None,    None,    Rows,    Some(8),  g2(8, 8, 8),      8,    Repack::No),
+    format(TQ1_0,  (256, 54),      Some(A256), None,    None,    Rows,    Some(8),  g2(8, 8, 8),      8,    Repack::No),
+    format(TQ2_0,  (256, 66),      Some(A256), None,    None,    Rows,    Some(8),  g2(8, 8, 8),      8,    Repack::No),
+    format(MXFP4,  (32, 17),       Some(A32),  None,    None,    Rows,    Some(8),  g2(8, 8, 8),      8,    Repack::No),
 ];
 
 /// The row of formats the table does not list (decoded through
@@ -1003,12 +1011,16 @@ mod tests {
         };
         assert!(matches!(choose(&inv), Kernel::Dots { .. }));
         assert_eq!(choose(&p(Q8_K, 2, SimdLevel::Scalar)), Kernel::DecodedDots);
-        // the lattice formats: the AVX2 integer GEMM at the AVX-512 level
-        // too, after the grid formats' tiles
+        // the lattice formats: each level's integer GEMM after the grid
+        // formats' tiles
         #[cfg(target_arch = "x86_64")]
         if int_gemm_enabled() && gemm_override().is_none() {
-            for level in [SimdLevel::Avx2, SimdLevel::Avx512] {
-                for (ty, from) in [(IQ1_S, 8), (IQ2_XXS, 24)] {
+            for (level, gemm) in [
+                (SimdLevel::Avx2, Kernel::IntGemmAvx2),
+                (SimdLevel::Avx512, Kernel::IntGemmAvx512),
+            ] {
+                for ty in [IQ1_S, IQ2_XXS] {
+                    let from = gemm_min_tokens(ty, level);
                     assert_eq!(
                         choose(&p(ty, from - 1, level)),
                         Kernel::Dots {
@@ -1016,7 +1028,7 @@ mod tests {
                             lanes: false
                         }
                     );
-                    assert_eq!(choose(&p(ty, from, level)), Kernel::IntGemmAvx2);
+                    assert_eq!(choose(&p(ty, from, level)), gemm);
                 }
             }
         }

@@ -1,12 +1,21 @@
 //! Weight rows decoded to small signed integers and float scales, for the
-//! integer GEMMs: `w = a·q − b` per scale group (32 values; Q6_K, Q3_K, Q2_K 16), `q`
-//! as i8. The AVX-512 GEMM packs them as they come; the AVX2 GEMM of the
+//! integer GEMMs: `w = a·q − b` per scale group (32 values; Q6_K, Q3_K, Q2_K, IQ2_XS,
+//! IQ2_S, IQ1_M 16: [`group16`]), `q` as i8 (the lattice, ternary and MXFP4 formats
+//! through `decode_iq.rs`). The AVX-512 GEMM packs them as they come; the AVX2 GEMM of the
 //! one-scale formats widens them to i16. 128-bit integer instructions only,
 //! so both levels share it.
 
 use crate::matmul::scalar::dequant::{iq4xs_scales, q3k_scales, scales_mins_k4, KVALUES_IQ4NL};
 use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
+
+/// Whether `ty`'s weights have a scale per 16 values in the integer GEMMs
+/// (Q6_K, Q3_K, Q2_K, and IQ2_XS, IQ2_S, IQ1_M: [`decode_row`]'s scale
+/// groups); the others one per 32.
+pub(in crate::matmul) fn group16(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(ty, Q6_K | Q3_K | Q2_K) || super::decode_iq::group16(ty)
+}
 
 /// Decodes one encoded row into 32-blocks: `q` (i8), and `a`, `b` per
 /// scale group `g` written at `a[g · st]`, `b[g · st]` (a panel's
@@ -25,6 +34,14 @@ pub(in crate::matmul) unsafe fn decode_row(
     st: usize,
 ) {
     use GgmlType::*;
+    if super::decode_iq::supported(ty) {
+        // the lattice, ternary and MXFP4 formats: no min
+        let g = if group16(ty) { 16 } else { 32 };
+        for k in 0..src.len() / ty.type_size() * ty.block_size() / g {
+            *b.add(k * st) = 0.0;
+        }
+        return super::decode_iq::decode_row_i8(ty, src, q, a, st);
+    }
     // the f16 at byte `off` of a block, converted by F16C (inlined here)
     let rd_f16 = |blk: &[u8], off: usize| {
         crate::matmul::x86_avx2::dots::f16c(u16::from_le_bytes([blk[off], blk[off + 1]]))
@@ -49,12 +66,7 @@ pub(in crate::matmul) unsafe fn decode_row(
     };
     for (bi, blk) in src.chunks_exact(ts).enumerate() {
         let qo = q.as_mut_ptr().add(bi * bs);
-        let nsub = bs
-            / if matches!(ty, Q6_K | Q3_K | Q2_K) {
-                16
-            } else {
-                32
-            };
+        let nsub = bs / if group16(ty) { 16 } else { 32 };
         // this block's scale groups, `st` apart
         let (a, b) = (a.add(bi * nsub * st), b.add(bi * nsub * st));
         let set = |p: *mut f32, g: usize, v: f32| *p.add(g * st) = v;

@@ -1,7 +1,9 @@
 //! Integer GEMM for many tokens (prefill) with AVX-512 VNNI, for the
 //! formats made of blocks with one scale (and optionally a min) per 32
-//! values (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, IQ4_XS) or per
-//! 16 (Q6_K, Q3_K, and Q2_K with a min per 16 too).
+//! values (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, IQ4_XS; the
+//! lattice, ternary and MXFP4 formats IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S,
+//! TQ1_0, TQ2_0, MXFP4) or per 16 (Q6_K, Q3_K, IQ2_XS, IQ2_S, IQ1_M, and
+//! Q2_K with a min per 16 too).
 //!
 //! A weight block decodes to `w = a·q − b` with `q` small integers (i8).
 //! Activations are quantized per 32 values (`x = dx·qx`, as for the dot
@@ -54,13 +56,34 @@ pub fn supported(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | IQ4_NL | Q4_K | Q5_K | IQ4_XS | Q6_K | Q3_K | Q2_K
+        Q8_0 | Q4_0
+            | Q4_1
+            | Q5_0
+            | Q5_1
+            | IQ4_NL
+            | Q4_K
+            | Q5_K
+            | IQ4_XS
+            | Q6_K
+            | Q3_K
+            | Q2_K
+            | IQ2_XXS
+            | IQ2_XS
+            | IQ2_S
+            | IQ3_XXS
+            | IQ3_S
+            | IQ1_S
+            | IQ1_M
+            | TQ1_0
+            | TQ2_0
+            | MXFP4
     )
 }
 
-/// Values per scale: 16 for Q6_K, Q3_K and Q2_K, 32 for the others.
+/// Values per scale: 16 for Q6_K, Q3_K, Q2_K, IQ2_XS, IQ2_S and IQ1_M, 32
+/// for the others.
 fn sub16(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q6_K | GgmlType::Q3_K | GgmlType::Q2_K)
+    crate::matmul::x86_avx2::decode_i8::group16(ty)
 }
 
 /// A min per scale group with one activation scale per 256 (Q4_K, Q5_K;
@@ -450,9 +473,9 @@ unsafe fn pack_mins(w: &WeightRef, r0: usize, p: &mut Panel) {
 /// one panel of 8 tokens). `SB`: one activation scale per 256 values,
 /// applied once per super-block; `MIN`: Q4_K/Q5_K/Q2_K (`a·Σq·qx` per
 /// group, `− dmin·Σ m·Σqx` per super-block from [`pack_mins`], with `SB`);
-/// `HALF`: a weight scale per 16 values (Q6_K, Q3_K, Q2_K; with `SB`);
-/// else one activation scale per 32 (`MIN32`: Q4_1/Q5_1, `− b·dx·Σqx` per
-/// block).
+/// `HALF`: a weight scale per 16 values (Q6_K, Q3_K, Q2_K with `SB`;
+/// IQ2_XS, IQ2_S, IQ1_M without); without `SB` one activation scale per 32
+/// (`MIN32`: Q4_1/Q5_1, `− b·dx·Σqx` per block).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn kernel<const MIN: bool, const HALF: bool, const MIN32: bool, const SB: bool>(
@@ -630,8 +653,9 @@ pub fn act_mode(ty: GgmlType) -> ActMode {
     let min = has_min(ty);
     // Q4_K, Q5_K, Q6_K, Q3_K, Q2_K: one activation scale per super-block;
     // with a min: the weights are the unsigned operand, the activations
-    // unbiased
-    let sb = min || sub16(ty);
+    // unbiased. The lattice formats with scales per 16 (IQ2_XS, IQ2_S,
+    // IQ1_M) keep one per 32 (finer; they have no min).
+    let sb = min || matches!(ty, GgmlType::Q6_K | GgmlType::Q3_K);
     ActMode {
         block: if sb { 256 } else { 32 },
         biased: !min,
@@ -673,6 +697,7 @@ fn run(pool: &ThreadPool, w: &WeightRef, acts: &Acts, y: &mut [f32], n_tokens: u
     let panels = rows.div_ceil(16);
     let yp = SendPtr(y.as_mut_ptr());
     let min32 = has_min32(w.ty);
+    let sb = act_mode(w.ty).block == 256;
     // Work items: pairs of panels; a last odd panel pairs with an empty one.
     let items = panels.div_ceil(2);
     pool.parallel_for(items, 1, |ir, _| {
@@ -714,8 +739,12 @@ fn run(pool: &ThreadPool, w: &WeightRef, acts: &Acts, y: &mut [f32], n_tokens: u
                                 kernel::<true, false, false, true>(
                                     pp, acts, cols, ts, nr, y, rows, r0,
                                 );
-                            } else if half {
+                            } else if half && sb {
                                 kernel::<false, true, false, true>(
+                                    pp, acts, cols, ts, nr, y, rows, r0,
+                                );
+                            } else if half {
+                                kernel::<false, true, false, false>(
                                     pp, acts, cols, ts, nr, y, rows, r0,
                                 );
                             } else if min32 {
@@ -758,7 +787,8 @@ mod tests {
         use GgmlType::*;
         let mut rng = Rng::new(17);
         for ty in [
-            Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K,
+            Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ2_XXS,
+            IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0, MXFP4,
         ] {
             for (rows, cols, n, threads) in [(16, 256, 5, 1), (40, 768, 13, 2), (64, 512, 9, 2)] {
                 let mut plain = random_weights(&mut rng, ty, rows, cols);
@@ -809,7 +839,9 @@ mod tests {
                     let wp = WeightRef::new(ty, &plain, rows, cols).unwrap();
                     let mut wr = vec![0f32; cols];
                     for r in 0..rows {
-                        assert!(dequant_row(ty, wp.row(r), &mut wr));
+                        if !dequant_row(ty, wp.row(r), &mut wr) {
+                            coil_gguf::quant::dequantize_row(ty, wp.row(r), &mut wr).unwrap();
+                        }
                         for t in 0..n {
                             let (mut want, mut mag) = (0f64, 0f64);
                             for (c, &wv) in wr.iter().enumerate() {
