@@ -22,7 +22,7 @@
 //! too (what `coil serve` runs prompts with) wherever the engine says that
 //! is batch-invariant for the model (`Engine::prompts_invariant`: the Q8_0
 //! llama fixture at the AVX2 level, the fidelity test's trained Llama in
-//! Q8_0 and Q4_K_M at AVX2 and AVX-512, which the test requires).
+//! Q8_0, Q4_K_M and Q5_K_M at AVX2 and AVX-512, which the test requires).
 //!
 //! For a model with chunked recurrences (Mamba-2, Gated DeltaNet, KDA) the
 //! default's prompts are the chunked forms with chunks at fixed positions
@@ -348,14 +348,14 @@ fn llama() {
     check_model("llama_q8_0", &model, &f.tokens);
 }
 
-/// The trained Llama of the fidelity tests in Q8_0 and Q4_K_M (`coil
-/// quantize` of the Q8_0 file): every matrix is whole groups of 16 rows of
+/// The trained Llama of the fidelity tests in Q8_0, Q4_K_M and Q5_K_M
+/// (`coil quantize` of the Q8_0 file): every matrix is whole groups of 16 rows of
 /// multiples of 256 values, so at the AVX-512 level the loader rewrites
 /// them all into rows in lanes, whose integer GEMM keeps tokens — the
 /// default numerics are batch-invariant for them there (required), as at
 /// the AVX2 level.
 #[test]
-fn lanes_llama_q8_0_and_q4_k_m() {
+fn lanes_llama_q8_0_q4_k_m_and_q5_k_m() {
     let dir = repo().join("tests/fixtures/fidelity");
     let tokens: Vec<u32> = (0..40).map(|i| ((i * 53 + 7) % 2048) as u32).collect();
     check_model(
@@ -366,6 +366,11 @@ fn lanes_llama_q8_0_and_q4_k_m() {
     check_model(
         "lanes_q4_k_m",
         &dir.join("shakespeare-llama-q4_k_m.gguf"),
+        &tokens,
+    );
+    check_model(
+        "lanes_q5_k_m",
+        &dir.join("shakespeare-llama-q5_k_m.gguf"),
         &tokens,
     );
 }

@@ -53,7 +53,7 @@ pub use scalar::{dequant, vecdot};
 use split::{balanced_groups, rows_for};
 pub use weight::{supported, Layout, WeightRef};
 
-/// Rewrites a Q4_K, Q6_K or Q8_0 matrix in place into [`Layout::Lanes16`] when
+/// Rewrites a Q4_K, Q5_K, Q6_K or Q8_0 matrix in place into [`Layout::Lanes16`] when
 /// the kernels of this process would use it (the selected SIMD level is
 /// AVX-512, `rows` is a multiple of 16, the type is wanted: see
 /// [`repacks`]), and says
@@ -66,7 +66,11 @@ pub fn repack(ty: GgmlType, data: &mut [u8], rows: usize, cols: usize) -> bool {
         let nb = cols / 256;
         match ty {
             GgmlType::Q4_K if data.len() == rows * nb * 144 => {
-                x86_avx512::lanes::repack(data, rows, cols);
+                x86_avx512::lanes::repack::<false>(data, rows, cols);
+                return true;
+            }
+            GgmlType::Q5_K if data.len() == rows * nb * 176 => {
+                x86_avx512::lanes::repack::<true>(data, rows, cols);
                 return true;
             }
             GgmlType::Q6_K if data.len() == rows * nb * 210 => {
@@ -102,7 +106,12 @@ impl WeightRef<'_> {
                     GgmlType::Q8_0 => {
                         x86_avx512::lanes_q8_0::unpack_row(self.data, self.cols, r, &mut plain)
                     }
-                    _ => x86_avx512::lanes::unpack_row(self.data, self.cols, r, &mut plain),
+                    GgmlType::Q5_K => {
+                        x86_avx512::lanes::unpack_row::<true>(self.data, self.cols, r, &mut plain)
+                    }
+                    _ => {
+                        x86_avx512::lanes::unpack_row::<false>(self.data, self.cols, r, &mut plain)
+                    }
                 }
                 decode_segment(self.ty, &plain, out, simd::level());
             }
@@ -298,7 +307,10 @@ fn matmul_lanes(
 ) {
     assert!(
         level >= SimdLevel::Avx512
-            && matches!(w.ty, GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_0),
+            && matches!(
+                w.ty,
+                GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_0
+            ),
         "matmul: a {} matrix repacked for AVX-512 at the {level:?} level",
         w.ty
     );

@@ -179,8 +179,14 @@ use GgmlType::*;
 /// * f32 GEMM: with the 4-token dot kernels the quantized formats cross
 ///   over at ~24 tokens, F16 at ~16 (2-core AVX-512 machine); formats
 ///   without few-token tiles from 8.
-/// * Repack: Q4_K and Q8_0 read 16 rows as one stretch in the
-///   rows-in-lanes layout at every token count. Q6_K not where 512-bit
+/// * Repack: Q4_K, Q5_K and Q8_0 read 16 rows as one stretch in the
+///   rows-in-lanes layout at every token count. Q5_K's fifth bits are
+///   stored as byte masks (one masked add per 64 values): AMD Zen 5, 2
+///   threads, `probe` `PROBE_AB=1 PROBE_HUGE=1` 16384 x 4096, plain rows /
+///   layout, ms, 2026-12-08 on a host busy with other builds: one token
+///   0.90–1.08 / 0.74–0.91 (with the bits as 8 vectors tested per use
+///   the layout was the slower, 0.81 / 0.93), 2 tokens 1.03–2.43 /
+///   0.98–2.22, 4 tokens 1.49 / 1.34, 8 tokens 5.10 / 2.78. Q6_K not where 512-bit
 ///   operations run as halves: on an AMD Zen 4 its lanes kernel's
 ///   unpacking (3 shifts, 2 merges and 4 masks per 64 values) read one
 ///   token's weights at 18–21 GB/s against 37–41 for the plain rows'
@@ -243,7 +249,7 @@ pub const FORMATS: &[Format] = &[
     format(Q2_K,   (256, 84),      Some(A256), None,    None,    Rows,    Some(12), g2(12, 12, 12),   24,   Repack::No),
     format(Q3_K,   (256, 110),     Some(A256), None,    None,    Rows,    Some(12), g2(12, 12, 12),   24,   Repack::No),
     format(Q4_K,   (256, 144),     Some(A256), Some(9), Some(9), Lanes,   Some(12), g2(12, 12, 33),   24,   Repack::Yes),
-    format(Q5_K,   (256, 176),     Some(A256), Some(9), Some(9), Batched, Some(12), g2(12, 12, 12),   24,   Repack::No),
+    format(Q5_K,   (256, 176),     Some(A256), Some(9), Some(9), Batched, Some(12), g2(12, 12, 12),   24,   Repack::Yes),
     format(Q6_K,   (256, 210),     Some(A256), Some(9), Some(9), Lanes,   Some(12), g2(12, 19, 49),   24,   Repack::UnlessSplit512),
     format(IQ4_XS, (256, 136),     Some(A256), None,    Some(9), Rows,    Some(12), g2(12, 12, 12),   24,   Repack::No),
     format(IQ2_XXS,(256, 66),      Some(A256), None,    Some(9), Rows,    Some(12), g2(24, 24, 24),   24,   Repack::No),
@@ -447,13 +453,13 @@ fn int_gemm_sized(p: &Product) -> bool {
 /// dots only (8 partial sums per row, added at the end; IQ4_XS's dots
 /// quantize the activations per 256, its GEMM per 32).
 ///
-/// Q4_K, Q6_K and Q8_0 at the AVX-512 level in the rows-in-lanes layout
+/// Q4_K, Q5_K, Q6_K and Q8_0 at the AVX-512 level in the rows-in-lanes layout
 /// the loader gives them there ([`Layout::Lanes16`]; Q6_K not where
 /// 512-bit operations run as halves, [`Repack::UnlessSplit512`]): the
 /// integer GEMM's panels come out of that layout and its microkernel does
 /// per row lane and token the integer sums and float operations of the
 /// tiles (`x86_avx512/lanes.rs`, `lanes_q6_k.rs`, `lanes_q8_0.rs`) in their
-/// order. Not the plain rows there: the dot kernels add a row's partial
+/// order, from activations quantized as theirs (ties away from zero). Not the plain rows there: the dot kernels add a row's partial
 /// sums across the vector lanes, the GEMM keeps a row in one lane. No
 /// GEMM of the scalar level rounds as its dot kernels do.
 ///
@@ -463,7 +469,7 @@ pub(crate) fn gemm_keeps_tokens(p: &Product) -> bool {
         return false;
     }
     match (p.ty, p.level, p.layout) {
-        (Q4_K | Q6_K | Q8_0, SimdLevel::Avx512, Layout::Lanes16) => true,
+        (Q4_K | Q5_K | Q6_K | Q8_0, SimdLevel::Avx512, Layout::Lanes16) => true,
         (
             Q4_K | Q5_K | Q6_K | Q8_0 | Q4_0 | IQ4_NL | Q5_0 | Q4_1 | Q5_1,
             SimdLevel::Avx2,

@@ -468,7 +468,7 @@ fn rows_equal_one_token_calls(pool: &ThreadPool) {
                 for (i, (a, b)) in y.iter().zip(&one).enumerate() {
                     assert!(
                         a.to_bits() == b.to_bits(),
-                        "{ty} {cols} {layout:?} {level:?} single {single} n {n} ({kernel:?}): token {} row {}: {a} vs {b} alone",
+                        "{ty} {cols} {layout:?} {level:?} single {single} n {n} ({kernel:?}) seed {seed}: token {} row {}: {a} vs {b} alone",
                         i / rows,
                         i % rows
                     );
@@ -783,21 +783,21 @@ fn shared_input_products_equal_separate_ones() {
     }
 }
 
-/// `COIL_REPACK`'s values: unset repacks Q4_K and Q8_0 everywhere and Q6_K
+/// `COIL_REPACK`'s values: unset repacks Q4_K, Q5_K and Q8_0 everywhere and Q6_K
 /// except where 512-bit operations run as halves; `0` nothing, `all`
 /// everything, `noq6` all but Q6_K.
 #[test]
 fn repack_settings_choose_the_formats() {
-    use GgmlType::{Q4_K, Q6_K, Q8_0};
+    use GgmlType::{Q4_K, Q5_K, Q6_K, Q8_0};
     let wants = |s: Option<&str>, split: bool| {
-        [Q4_K, Q6_K, Q8_0].map(|ty| repack_setting_wants(s, ty, split))
+        [Q4_K, Q5_K, Q6_K, Q8_0].map(|ty| repack_setting_wants(s, ty, split))
     };
-    assert_eq!(wants(None, false), [true, true, true]);
-    assert_eq!(wants(None, true), [true, false, true]);
-    assert_eq!(wants(Some("auto"), true), [true, false, true]);
-    assert_eq!(wants(Some("0"), false), [false, false, false]);
-    assert_eq!(wants(Some("all"), true), [true, true, true]);
-    assert_eq!(wants(Some(" noq6 "), false), [true, false, true]);
+    assert_eq!(wants(None, false), [true, true, true, true]);
+    assert_eq!(wants(None, true), [true, true, false, true]);
+    assert_eq!(wants(Some("auto"), true), [true, true, false, true]);
+    assert_eq!(wants(Some("0"), false), [false, false, false, false]);
+    assert_eq!(wants(Some("all"), true), [true, true, true, true]);
+    assert_eq!(wants(Some(" noq6 "), false), [true, true, false, true]);
 }
 
 /// The groups cover the tokens in order, none over `max`, as few as

@@ -122,7 +122,7 @@ pub struct EngineOptions {
     /// Rewrite the Q6_K matrices at load into the AVX-512 rows-in-lanes
     /// layout ([`crate::models::weights::repack_for_kernels`]), which
     /// several tokens per step — sequences decoding together, speculative
-    /// verification — run fastest on (Q4_K and Q8_0 are rewritten either
+    /// verification — run fastest on (Q4_K, Q5_K and Q8_0 are rewritten either
     /// way). With the weights in huge pages one token per step runs Q6_K
     /// faster on the file's layout (kernel bench 32.6–34.9 GB/s against
     /// 30.7–33.5; qwen35-0.8b-like Q4_K_M, whose output head is Q6_K, ~7%
@@ -403,7 +403,7 @@ impl Engine {
     /// number of tokens ([`coil_kernels::matmul::keeps_tokens`]: Q4_K and
     /// Q6_K at the AVX2 level, and in a batched engine Q5_K and the 32-value
     /// formats Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; at AVX-512 the Q4_K,
-    /// Q6_K and Q8_0 matrices the loader rewrote into rows in lanes), and, for a
+    /// Q5_K, Q6_K and Q8_0 matrices the loader rewrote into rows in lanes), and, for a
     /// model with chunked recurrences (Mamba-2, Gated DeltaNet, KDA), the
     /// recurrent state is f32 (a bf16 state is rounded at the end of each
     /// call). A prompt's logits and state are then the same bits however

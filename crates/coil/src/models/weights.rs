@@ -276,7 +276,7 @@ impl<'a> Loader<'a> {
     }
 }
 
-/// Rewrites the file's weight matrices of the types [`coil_kernels::repacks`] takes (Q4_K, Q6_K, Q8_0) in memory into the
+/// Rewrites the file's weight matrices of the types [`coil_kernels::repacks`] takes (Q4_K, Q5_K, Q6_K, Q8_0) in memory into the
 /// layout of the AVX-512 rows-in-lanes kernels ([`coil_kernels::repack`]: same
 /// bytes, reordered by groups of 16 rows), where this process's kernels
 /// use it. Not `token_embd.weight`, whose rows are looked up one by one,
@@ -325,11 +325,11 @@ mod tests {
     use coil_kernels::simd::SimdLevel;
     use coil_kernels::testutil::{random_weights, Rng};
 
-    /// A file with two Q4_K matrices (a weight and `token_embd`) and a Q6_K
-    /// `output`: repacking rewrites the weights but `token_embd` (where the
-    /// AVX-512 kernels run), in memory; without `output` (a tied table, Q6_K
-    /// as llama.cpp's quantizer makes it) `token_embd` is rewritten too (it
-    /// is the output head's matrix). The loader's matrix decodes to the
+    /// A file with two Q4_K matrices (a weight and `token_embd`), a Q5_K
+    /// weight and a Q6_K `output`: repacking rewrites the weights but
+    /// `token_embd` (where the AVX-512 kernels run), in memory; without
+    /// `output` (a tied table, Q6_K as llama.cpp's quantizer makes it)
+    /// `token_embd` is rewritten too (it is the output head's matrix). The loader's matrix decodes to the
     /// file's values, reading it as a vector too, and the file on disk is
     /// untouched.
     #[test]
@@ -346,6 +346,11 @@ mod tests {
                     "blk.0.ffn_up.weight",
                     &[cols as u64, rows as u64],
                     GgmlType::Q4_K,
+                ),
+                TensorSpec::new(
+                    "blk.0.ffn_gate.weight",
+                    &[cols as u64, rows as u64],
+                    GgmlType::Q5_K,
                 ),
                 TensorSpec::new("token_embd.weight", &[cols as u64, rows as u64], embd_ty),
             ];

@@ -44,8 +44,8 @@ use std::arch::x86_64::*;
 
 /// Rows per group: one per dword lane.
 pub(super) const ROWS: usize = 8;
-/// Bytes per block: Q4_K, or Q5_K (`HIGH`).
-const fn block(high: bool) -> usize {
+/// Bytes per block: Q4_K, or Q5_K (`HIGH`; the AVX-512 layout's too).
+pub(in crate::matmul) const fn block(high: bool) -> usize {
     if high {
         176
     } else {
@@ -54,7 +54,7 @@ const fn block(high: bool) -> usize {
 }
 
 /// Where a block's nibbles start (Q5_K: after its 32 bytes of fifth bits).
-const fn quants_at(high: bool) -> usize {
+pub(in crate::matmul) const fn quants_at(high: bool) -> usize {
     if high {
         48
     } else {

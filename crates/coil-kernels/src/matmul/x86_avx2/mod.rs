@@ -65,7 +65,7 @@ mod dots_iq;
 pub(super) mod float_pairs;
 pub(super) mod igemm;
 pub(super) mod k23;
-mod lanes;
+pub(super) mod lanes;
 mod lanes_b32;
 mod lanes_q6_k;
 mod legacy;

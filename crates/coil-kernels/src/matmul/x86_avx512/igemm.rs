@@ -161,7 +161,7 @@ fn quantize_acts(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, mode: ActM
 
 /// One token's activations: `xu = qx + 128`, `dx = amax / 127` per `block`
 /// values (a multiple of 32), `sums = sum qx` per 32 (`qx = round(x / dx)`,
-/// ties to even), `isums` the same as i16 (`sums16`: per 16).
+/// ties away from zero), `isums` the same as i16 (`sums16`: per 16).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn quantize_row(
@@ -178,6 +178,8 @@ unsafe fn quantize_row(
     let off = _mm512_set1_epi32(if biased { 128 } else { 0 });
     let lim = _mm512_set1_ps(127.0);
     let nlim = _mm512_set1_ps(-127.0);
+    let (half, one) = (_mm512_set1_ps(0.5), _mm512_set1_ps(1.0));
+    let signmask = _mm512_set1_ps(-0.0);
     let flip = _mm_set1_epi8(-128);
     for (bi, xs) in x.chunks_exact(block).enumerate() {
         let mut m = _mm512_setzero_ps();
@@ -193,11 +195,18 @@ unsafe fn quantize_row(
             (if amax.is_finite() { 0.0 } else { amax }, 0.0)
         };
         let idv = _mm512_set1_ps(id);
+        // ties away from zero, as the dot kernels' activations
+        // (`act::quantize_blocks_mv`; the rows-in-lanes tiles keep their
+        // bits in this GEMM): trunc, plus ±1 where |frac| ≥ 0.5 (p −
+        // trunc(p) is exact); clamped; NaN to 0
         let q = |v: __m512| {
-            let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-                _mm512_mul_ps(v, idv),
-            );
-            _mm512_cvtps_epi32(_mm512_max_ps(_mm512_min_ps(r, lim), nlim))
+            let p = _mm512_mul_ps(v, idv);
+            let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(p);
+            let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(_mm512_abs_ps(_mm512_sub_ps(p, t)), half);
+            let step = _mm512_or_ps(one, _mm512_and_ps(p, signmask));
+            let r = _mm512_mask_add_ps(t, up, t, step);
+            let ord = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(p, p);
+            _mm512_maskz_cvtps_epi32(ord, _mm512_max_ps(_mm512_min_ps(r, lim), nlim))
         };
         for (j, xb) in xs.chunks_exact(32).enumerate() {
             let q0 = q(_mm512_loadu_ps(xb.as_ptr()));
@@ -344,7 +353,7 @@ unsafe fn pack_panel(w: &WeightRef, r0: usize, p: &mut Panel) {
     }
 }
 
-/// [`pack_panel`] from a repacked Q4_K, Q6_K or Q8_0 matrix (16 rows from
+/// [`pack_panel`] from a repacked Q4_K, Q5_K, Q6_K or Q8_0 matrix (16 rows from
 /// `r0`, a multiple of 16): its blocks come out of the layout with the
 /// rows in the lanes already.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
@@ -400,10 +409,13 @@ unsafe fn pack_lanes(w: &WeightRef, r0: usize, p: &mut Panel) {
         }
         return;
     }
-    // Q4_K: the kernel multiplies its unsigned nibbles by signed activations,
-    // no offset to remove (`ws` unused)
+    // Q4_K, Q5_K: the kernel multiplies their unsigned values by signed
+    // activations, no offset to remove (`ws` unused)
     for i in 0..w.cols / 256 {
-        let (q, a, b) = crate::matmul::x86_avx512::lanes::packed_block(group, i);
+        let (q, a, b) = match w.ty {
+            GgmlType::Q5_K => crate::matmul::x86_avx512::lanes::packed_block::<true>(group, i),
+            _ => crate::matmul::x86_avx512::lanes::packed_block::<false>(group, i),
+        };
         for j in 0..8 {
             let kb = 8 * i + j;
             for (g, v) in q[j].iter().enumerate() {
@@ -432,23 +444,21 @@ unsafe fn pack_mins(w: &WeightRef, r0: usize, p: &mut Panel) {
     p.dmin.resize(nsb * 16);
     let nr = 16.min(w.rows.saturating_sub(r0));
     for sb in 0..nsb {
-        let dm =
-            if nr == 0 {
-                _mm512_setzero_ps()
-            } else if w.layout == crate::matmul::weight::Layout::Lanes16 {
-                let h0 =
-                    _mm512_loadu_si512(w.data.as_ptr().add(
-                        r0 * w.row_bytes() + crate::matmul::x86_avx512::lanes::PACKED_BLOCK * sb,
-                    ) as *const _);
-                _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(h0)))
-            } else {
-                let bs = w.ty.type_size();
-                let mut v = [0f32; 16];
-                for (r, v) in v.iter_mut().enumerate().take(nr) {
-                    *v = crate::matmul::scalar::dequant::rd_f16(w.row(r0 + r), sb * bs + dmin_at);
-                }
-                _mm512_loadu_ps(v.as_ptr())
-            };
+        let dm = if nr == 0 {
+            _mm512_setzero_ps()
+        } else if w.layout == crate::matmul::weight::Layout::Lanes16 {
+            let pb = crate::matmul::x86_avx512::lanes::packed_block_bytes(w.ty == GgmlType::Q5_K);
+            let h0 =
+                _mm512_loadu_si512(w.data.as_ptr().add(r0 * w.row_bytes() + pb * sb) as *const _);
+            _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(h0)))
+        } else {
+            let bs = w.ty.type_size();
+            let mut v = [0f32; 16];
+            for (r, v) in v.iter_mut().enumerate().take(nr) {
+                *v = crate::matmul::scalar::dequant::rd_f16(w.row(r0 + r), sb * bs + dmin_at);
+            }
+            _mm512_loadu_ps(v.as_ptr())
+        };
         _mm512_storeu_ps(p.dmin.as_mut_ptr().add(sb * 16), dm);
         let ok = _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(dm, _mm512_setzero_ps())
             & _mm512_cmp_ps_mask::<_CMP_LT_OQ>(_mm512_abs_ps(dm), _mm512_set1_ps(f32::INFINITY));
@@ -773,8 +783,8 @@ mod tests {
 
     /// The integer GEMM is the exact product of the decoded weights with the
     /// activations quantized as it quantizes them (one scale per 256 values
-    /// for the K-quants, per 32 for the others; `round(x · 127 / amax)` to
-    /// nearest even): per row and token, within f32 rounding of the
+    /// for the K-quants, per 32 for the others; `round(x · 127 / amax)`,
+    /// ties away from zero): per row and token, within f32 rounding of the
     /// products' magnitude — every format, the file's layout and the
     /// repacked one, ragged panels (an odd last one), ragged token tiles, one
     /// and two threads. (The f32-activation tolerance of the matmul tests
@@ -814,7 +824,7 @@ mod tests {
                         let (d, id) = (amax / 127.0, 127.0 / amax);
                         for (i, &v) in xb.iter().enumerate() {
                             let c = t * cols + b * block + i;
-                            qx[c] = (v * id).round_ties_even().clamp(-127.0, 127.0) as f64;
+                            qx[c] = (v * id).round().clamp(-127.0, 127.0) as f64;
                             dx[c] = d as f64;
                         }
                     }
@@ -858,6 +868,42 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The activations are quantized as the dot kernels quantize theirs
+    /// (`QuantAct`), ties after scaling included (away from zero): the
+    /// GEMMs on the rows-in-lanes layout give each token the tiles' bits.
+    #[test]
+    fn activations_quantized_as_the_dot_kernels() {
+        if detected_level() < SimdLevel::Avx512 {
+            return;
+        }
+        let cols = 512;
+        let mut rng = Rng::new(4);
+        // block 0: amax 127, so qx = round(x): halves of both signs; then
+        // random values
+        let mut x: Vec<f32> = (0..256).map(|c| (c as f32 - 128.0) * 0.5).collect();
+        x[0] = -127.0;
+        x.extend(rng.vec(256));
+        let pool = ThreadPool::new(1);
+        for ty in [GgmlType::Q4_K, GgmlType::Q8_0] {
+            let mode = act_mode(ty);
+            let mut a = Acts::default();
+            quantize_acts(&pool, &x, 1, cols, mode, &mut a);
+            let want = match mode.block {
+                256 => crate::matmul::act::QuantAct::q8_k(&x, cols),
+                _ => crate::matmul::act::QuantAct::q8_0(&x, cols),
+            };
+            for (c, &u) in a.xu[..cols].iter().enumerate() {
+                let q = if mode.biased {
+                    u as i32 - 128
+                } else {
+                    u as i8 as i32
+                };
+                assert_eq!(q, i32::from(want.qs[c]), "{ty} column {c} ({})", x[c]);
+            }
+            assert_eq!(&a.dx[..cols / mode.block], &want.d[..], "{ty}");
         }
     }
 }

@@ -1,8 +1,15 @@
-//! Q4_K with the rows in the vector lanes: coil's loader rewrites Q4_K
-//! weight matrices in memory ([`repack`]: per group of 16 rows and per
-//! 256-value block, the rows' heads and packed nibbles transposed so that
-//! row `r` sits in lane `r`; same bytes), and every product with them runs
-//! here or in the integer GEMM, whose panels come straight out of it.
+//! Q4_K and Q5_K with the rows in the vector lanes: coil's loader rewrites
+//! their weight matrices in memory ([`repack`]: per group of 16 rows and
+//! per 256-value block, the rows' heads, Q5_K's fifth bits and the packed
+//! nibbles transposed so that row `r` sits in lane `r`; same bytes), and
+//! every product with them runs here or in the integer GEMM, whose panels
+//! come straight out of it. The two formats differ only by Q5_K's fifth
+//! bits (`HIGH`: 32 bytes after the scales, bit `j` of byte `l` for value
+//! `32j + l`); their heads, scales, mins and float work are the same, so
+//! one body serves both (as `x86_avx2/lanes.rs` at the AVX2 level). The
+//! layout keeps Q5_K's fifth bits as byte masks ([`fifth`]: one masked add
+//! per vector of values; tested per use from the transposed bits, the
+//! one-token kernel ran slower than the plain rows').
 //!
 //! The dot kernels (`dot_k45`, the tiles in `tiles.rs`) put a row's values
 //! in the lanes: per block and token they convert and scale a vector of
@@ -26,17 +33,20 @@
 //! all give the same bits.
 //!
 //! Per block and token: `y += dx · (Σ_j d·sc_j · Σ q·qx − dmin · Σ_j m_j ·
-//! Σ qx)` over the 8 sub-blocks `j` (`q` the nibbles, `qx` the token's
-//! Q8_K values, `dx` its scale per 256; the second sum exact in i32).
+//! Σ qx)` over the 8 sub-blocks `j` (`q` the nibbles, with Q5_K their
+//! fifth bits, `qx` the token's Q8_K values, `dx` its scale per 256; the
+//! second sum exact in i32).
 
 use super::super::act::{ActPanel, QuantAct, PANEL_LANES};
+// bytes per plain block, where its nibbles start (Q4_K, or Q5_K: `true`)
+use super::super::x86_avx2::lanes::{block as block_bytes, quants_at};
 use std::arch::x86_64::*;
 
 /// Most tokens per kernel call (as the other tiles: a verification of 8
 /// drafts).
 pub(super) const MAX_TOKENS: usize = 9;
 
-/// The panel [`rows_q4_k`] reads: [`ActPanel::new`]'s chunks of 64 values
+/// The panel [`rows_k45`] reads: [`ActPanel::new`]'s chunks of 64 values
 /// and scales, plus in `hxs[(i · nt + t) · 8 + j]` the sum of token `t`'s
 /// quantized values over sub-block `j` of block `i` (at most 32 · 127: an
 /// i16).
@@ -169,29 +179,70 @@ unsafe fn decode_heads([h0, u0, u1, u2]: [__m512i; 4], blk: &mut Block) {
 
 /// Step `s`'s 8 transposed vectors of packed bytes (byte `k` of a step's
 /// 32: value `k` in the low nibble, value `32 + k` in the high one) split
-/// into the nibbles of sub-blocks `2s` and `2s + 1`.
+/// into the values of sub-blocks `2s` and `2s + 1` (Q5_K: with the fifth
+/// bits of the repacked block at `b`).
 #[inline(always)]
-unsafe fn split_step(v: &[__m512i; 8], s: usize, blk: &mut Block) {
+unsafe fn split_step<const HIGH: bool>(v: &[__m512i; 8], b: *const u8, s: usize, blk: &mut Block) {
     for (g, v) in v.iter().enumerate() {
-        [blk.w[2 * s][g], blk.w[2 * s + 1][g]] = nibbles(*v);
+        [blk.w[2 * s][g], blk.w[2 * s + 1][g]] = values::<HIGH>(*v, fifth::<HIGH>(b, s, g));
     }
 }
 
-/// The low and high nibbles of `v`'s bytes.
+/// The values of two sub-blocks in `v`'s bytes: its low and high nibbles,
+/// with Q5_K (`HIGH`) 16 added to the bytes `k[0]` (`k[1]`) marks: one
+/// masked add per vector.
 #[inline(always)]
-unsafe fn nibbles(v: __m512i) -> [__m512i; 2] {
+unsafe fn values<const HIGH: bool>(v: __m512i, k: [__mmask64; 2]) -> [__m512i; 2] {
     let low = _mm512_set1_epi8(0x0f);
-    [
+    let mut q = [
         _mm512_and_si512(v, low),
         _mm512_and_si512(_mm512_srli_epi16::<4>(v), low),
-    ]
+    ];
+    if HIGH {
+        let sixteen = _mm512_set1_epi8(16);
+        for (q, k) in q.iter_mut().zip(k) {
+            *q = _mm512_mask_add_epi8(*q, k, *q, sixteen);
+        }
+    }
+    q
+}
+
+/// Q5_K (`HIGH`): the fifth bits of sub-blocks `2s`, `2s + 1`, 4-column
+/// group `g` of the repacked block at `b`, as byte masks (bit `4r + c`:
+/// column `4g + c` of row `r`); none for Q4_K.
+#[inline(always)]
+unsafe fn fifth<const HIGH: bool>(b: *const u8, s: usize, g: usize) -> [__mmask64; 2] {
+    if !HIGH {
+        return [0; 2];
+    }
+    let m = b.add(256 + fifth_at(s, g)) as *const u64;
+    [m.read_unaligned(), m.add(1).read_unaligned()]
+}
+
+/// Where the masks of [`fifth`] lie after a repacked Q5_K block's heads.
+const fn fifth_at(s: usize, g: usize) -> usize {
+    8 * (16 * s + 2 * g)
+}
+
+/// Where a repacked block's steps of nibbles start: after the heads'
+/// 4 vectors and, for Q5_K, the fifth bits' 64 masks.
+const fn steps_at(high: bool) -> usize {
+    if high {
+        768
+    } else {
+        256
+    }
 }
 
 /// Step `s` (values `64s..64s + 64`) of the block at `off` of 16 plain
 /// rows, transposed: [`transpose_16x8`] of their packed bytes.
 #[inline(always)]
-unsafe fn step_plain(rows: &[*const u8; 16], off: usize, s: usize) -> [__m512i; 8] {
-    rows32(rows, off + 16 + 32 * s)
+unsafe fn step_plain<const HIGH: bool>(
+    rows: &[*const u8; 16],
+    off: usize,
+    s: usize,
+) -> [__m512i; 8] {
+    rows32(rows, off + quants_at(HIGH) + 32 * s)
 }
 
 /// Bytes `q..q + 32` of 16 rows, transposed ([`transpose_16x8`]).
@@ -206,8 +257,11 @@ pub(super) unsafe fn rows32(rows: &[*const u8; 16], q: usize) -> [__m512i; 8] {
     transpose_16x8(z)
 }
 
-/// Bytes of one block of 16 rows in the repacked layout ([`repack`]).
-pub(in crate::matmul) const PACKED_BLOCK: usize = 16 * 144;
+/// Bytes of one block of 16 rows in the repacked layout ([`repack`]):
+/// Q4_K, or Q5_K (`high`).
+pub(in crate::matmul) const fn packed_block_bytes(high: bool) -> usize {
+    16 * block_bytes(high)
+}
 
 #[inline(always)]
 pub(super) unsafe fn load16<const N: usize>(p: *const u8) -> [__m512i; N] {
@@ -218,13 +272,14 @@ pub(super) unsafe fn load16<const N: usize>(p: *const u8) -> [__m512i; N] {
     v
 }
 
-/// One block of 16 repacked rows at `b`: the heads' 4 vectors, then 4
-/// steps of 8 transposed vectors, as stored by [`repack`].
+/// One block of 16 repacked rows at `b`: the heads' 4 vectors, Q5_K's
+/// 64 masks of fifth bits, then 4 steps of 8 transposed vectors, as
+/// stored by [`repack`].
 #[inline(always)]
-unsafe fn unpack_packed(b: *const u8, blk: &mut Block) {
+unsafe fn unpack_packed<const HIGH: bool>(b: *const u8, blk: &mut Block) {
     decode_heads(load16::<4>(b), blk);
     for s in 0..4 {
-        split_step(&load16::<8>(b.add(256 + 512 * s)), s, blk);
+        split_step::<HIGH>(&load16::<8>(b.add(steps_at(HIGH) + 512 * s)), b, s, blk);
     }
 }
 
@@ -242,36 +297,39 @@ unsafe fn min_start(blk: &Block, h: *const i16) -> __m512 {
     _mm512_mul_ps(_mm512_cvtepi32_ps(m), blk.ndmin)
 }
 
-/// Repacked Q4_K rows (`out[t].len()` of them, a multiple of 16; `rb`
-/// bytes per row) times `NT` tokens of a [`panel`].
+/// Repacked Q4_K (Q5_K: `HIGH`) rows (`out[t].len()` of them, a multiple
+/// of 16; `rb` bytes per row) times `NT` tokens of a [`panel`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
 #[inline]
-unsafe fn rows_q4_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mut [&mut [f32]]) {
+unsafe fn rows_k45<const NT: usize, const HIGH: bool>(
+    w: &[u8],
+    rb: usize,
+    p: &ActPanel,
+    out: &mut [&mut [f32]],
+) {
     let nb = p.n_blocks;
     assert!(p.nt == NT && out.len() == NT && NT <= PANEL_LANES);
     assert!(p.qs.len() >= NT * nb * 256 && p.d.len() >= nb * PANEL_LANES);
     assert!(p.hxs.len() >= nb * NT * 8);
     let n = out[0].len();
     assert!(out.iter().all(|o| o.len() == n) && n.is_multiple_of(16));
-    assert!(rb == nb * 144 && w.len() >= n * rb);
+    assert!(rb == nb * block_bytes(HIGH) && w.len() >= n * rb);
     let (xq, xd, xs) = (p.qs.as_ptr(), p.d.as_ptr(), p.hxs.as_ptr());
+    let bytes = packed_block_bytes(HIGH);
     let mut blk: Block = std::mem::zeroed();
     for r0 in (0..n).step_by(16) {
         let mut facc = [_mm512_setzero_ps(); NT];
         for i in 0..nb {
             // one stream: the group's blocks follow each other
-            let b = w.as_ptr().add(r0 * rb + PACKED_BLOCK * i);
-            unpack_packed(b, &mut blk);
+            let b = w.as_ptr().add(r0 * rb + bytes * i);
+            unpack_packed::<HIGH>(b, &mut blk);
             let mut fsb: [__m512; NT] =
                 std::array::from_fn(|t| min_start(&blk, xs.add((i * NT + t) * 8)));
             for j in 0..8 {
                 // the block's lines ahead, spread over its sub-blocks (see
                 // `prefetch_part`)
                 super::dots::prefetch_part::<{ super::super::x86_avx2::dots::PF_STREAM }>(
-                    b,
-                    PACKED_BLOCK,
-                    j,
-                    8,
+                    b, bytes, j, 8,
                 );
                 let wv = blk.w[j];
                 let a = blk.a[j];
@@ -297,41 +355,48 @@ unsafe fn rows_q4_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
     }
 }
 
-/// [`rows_q4_k`] for one token, without staging the nibbles in a
+/// [`rows_k45`] for one token, without staging the nibbles in a
 /// [`Block`]: each step's transposed bytes split into the two sub-blocks'
-/// integer sums at once, the float part in [`rows_q4_k`]'s order (the
+/// integer sums at once, the float part in [`rows_k45`]'s order (the
 /// same operations on the same values: the same bits). One token does
 /// little work per byte, and the staged block's stores and loads were a
 /// good part of it.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
 #[inline]
-unsafe fn rows_q4_k_1<const PF: bool>(w: &[u8], rb: usize, p: &ActPanel, out: &mut [f32]) {
+unsafe fn rows_k45_1<const PF: bool, const HIGH: bool>(
+    w: &[u8],
+    rb: usize,
+    p: &ActPanel,
+    out: &mut [f32],
+) {
     let nb = p.n_blocks;
     assert!(p.nt == 1 && p.qs.len() >= nb * 256 && p.d.len() >= nb * PANEL_LANES);
     assert!(p.hxs.len() >= nb * 8);
     let n = out.len();
-    assert!(n.is_multiple_of(16) && rb == nb * 144 && w.len() >= n * rb);
+    assert!(n.is_multiple_of(16) && rb == nb * block_bytes(HIGH) && w.len() >= n * rb);
     let (xq, xd, xs) = (p.qs.as_ptr(), p.d.as_ptr(), p.hxs.as_ptr());
+    let bytes = packed_block_bytes(HIGH);
     let mut blk: Block = std::mem::zeroed();
     for r0 in (0..n).step_by(16) {
         let mut facc = _mm512_setzero_ps();
         for i in 0..nb {
-            let b = w.as_ptr().add(r0 * rb + PACKED_BLOCK * i);
+            let b = w.as_ptr().add(r0 * rb + bytes * i);
             decode_heads(load16::<4>(b), &mut blk);
             let mut fsb = min_start(&blk, xs.add(i * 8));
             for st in 0..4 {
-                let v = load16::<8>(b.add(256 + 512 * st));
+                let v = load16::<8>(b.add(steps_at(HIGH) + 512 * st));
                 let mut acc = [_mm512_setzero_si512(); 2];
                 for (g, v) in v.iter().enumerate() {
                     if PF {
                         super::dots::prefetch_part::<{ super::super::x86_avx2::dots::PF_STREAM }>(
                             b,
-                            PACKED_BLOCK,
+                            bytes,
                             8 * st + g,
                             32,
                         );
                     }
-                    for (h, q) in nibbles(*v).iter().enumerate() {
+                    let q = values::<HIGH>(*v, fifth::<HIGH>(b, st, g));
+                    for (h, q) in q.iter().enumerate() {
                         // sub-block j = 2st + h: columns 256i + 32j ..,
                         // chunk 4i + j/2 = 4i + st, half h
                         let x = xq.add(64 * (4 * i + st) + 32 * h + 4 * g);
@@ -351,34 +416,42 @@ unsafe fn rows_q4_k_1<const PF: bool>(w: &[u8], rb: usize, p: &ActPanel, out: &m
     }
 }
 
-/// Whether [`repack`] takes a Q4_K matrix of `rows` rows (its groups of
+/// Whether [`repack`] takes a Q4_K or Q5_K matrix of `rows` rows (its groups of
 /// 16 rows must not straddle the row ranges it is used in: whole matrices,
 /// experts of a multiple of 16 rows).
 pub fn can_repack(rows: usize) -> bool {
     rows > 0 && rows.is_multiple_of(16)
 }
 
-/// Rewrites a Q4_K matrix (`rows` rows of `cols` values, plain GGUF blocks)
-/// in place into the layout of the rows-in-lanes kernels: per group of 16
-/// rows and per block, the 16 rows' 16-byte heads as 4 vectors (dword `k`
-/// of row `r` in lane `r`), then per 64-value step their packed nibbles as
-/// 8 vectors (bytes `4g..4g + 4` of row `r` in lane `r`). Same size; no
-/// transposition left to do per product. The caller checks the CPU has
-/// the AVX-512 level (the kernels that read this layout need it).
+/// Rewrites a Q4_K matrix (Q5_K: `HIGH`; `rows` rows of `cols` values,
+/// plain GGUF blocks) in place into the layout of the rows-in-lanes
+/// kernels: per group of 16 rows and per block, the 16 rows' 16-byte heads
+/// as 4 vectors (dword `k` of row `r` in lane `r`), for Q5_K their fifth
+/// bits as 64 byte masks (per step and 4-column group those of its two
+/// vectors of values, [`fifth`]: where a masked add puts them, with no
+/// test or shift to do per product), then per 64-value step their packed
+/// nibbles as 8 vectors (bytes `4g..4g + 4` of row `r` in lane `r`).
+/// Same size; no transposition left to do per product. The caller checks
+/// the CPU has the AVX-512 level (the kernels that read this layout need
+/// it).
 ///
 /// # Panics
-/// If `rows` does not pass [`can_repack`] or `data` is not `rows` Q4_K rows.
-pub fn repack(data: &mut [u8], rows: usize, cols: usize) {
+/// If `rows` does not pass [`can_repack`] or `data` is not `rows` rows of
+/// the format.
+pub fn repack<const HIGH: bool>(data: &mut [u8], rows: usize, cols: usize) {
     assert!(can_repack(rows) && cols.is_multiple_of(256));
     let nb = cols / 256;
-    let rb = nb * 144;
+    let rb = nb * block_bytes(HIGH);
     assert_eq!(
         data.len(),
         rows * rb,
-        "repack: not {rows} Q4_K rows of {cols}"
+        "repack: not {rows} {} rows of {cols}",
+        if HIGH { "Q5_K" } else { "Q4_K" }
     );
     // SAFETY: AVX-512 checked by the caller.
-    for_each_group(data, rb, |g, out| unsafe { repack_group(g, rb, nb, out) });
+    for_each_group(data, rb, |g, out| unsafe {
+        repack_group::<HIGH>(g, rb, nb, out)
+    });
 }
 
 /// Runs `f(group, out)` on each group of 16 rows of `rb` bytes (`out`: a
@@ -392,81 +465,116 @@ pub(super) fn for_each_group(data: &mut [u8], rb: usize, f: impl Fn(&[u8], &mut 
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
-unsafe fn repack_group(group: &[u8], rb: usize, nb: usize, out: &mut [u8]) {
+unsafe fn repack_group<const HIGH: bool>(group: &[u8], rb: usize, nb: usize, out: &mut [u8]) {
     let mut rows = [group.as_ptr(); 16];
     for (k, row) in rows.iter_mut().enumerate() {
         *row = group.as_ptr().add(k * rb);
     }
+    let bsz = block_bytes(HIGH);
     for i in 0..nb {
-        let o = out.as_mut_ptr().add(PACKED_BLOCK * i);
-        for (k, v) in heads(&rows, 144 * i).iter().enumerate() {
+        let o = out.as_mut_ptr().add(packed_block_bytes(HIGH) * i);
+        for (k, v) in heads(&rows, bsz * i).iter().enumerate() {
             _mm512_storeu_si512(o.add(64 * k) as *mut _, *v);
         }
+        if HIGH {
+            // bit j of qh byte 4g + c of row r: mask (j, g)'s bit 4r + c
+            for (g, v) in rows32(&rows, bsz * i + 16).iter().enumerate() {
+                for j in 0..8 {
+                    let k = _mm512_test_epi8_mask(*v, _mm512_set1_epi8((1u8 << j) as i8));
+                    let at = o.add(256 + fifth_at(j / 2, g) + 8 * (j % 2));
+                    (at as *mut u64).write_unaligned(k);
+                }
+            }
+        }
         for s in 0..4 {
-            for (g, v) in step_plain(&rows, 144 * i, s).iter().enumerate() {
-                _mm512_storeu_si512(o.add(256 + 512 * s + 64 * g) as *mut _, *v);
+            for (g, v) in step_plain::<HIGH>(&rows, bsz * i, s).iter().enumerate() {
+                _mm512_storeu_si512(o.add(steps_at(HIGH) + 512 * s + 64 * g) as *mut _, *v);
             }
         }
     }
 }
 
-/// Row `r` of a repacked matrix ([`repack`]) back in its GGUF encoding
-/// (`out`: 144 bytes per block).
-pub fn unpack_row(data: &[u8], cols: usize, r: usize, out: &mut [u8]) {
+/// Row `r` of a repacked matrix ([`repack`]; Q5_K: `HIGH`) back in its
+/// GGUF encoding (`out`: 144 or 176 bytes per block).
+pub fn unpack_row<const HIGH: bool>(data: &[u8], cols: usize, r: usize, out: &mut [u8]) {
     let nb = cols / 256;
-    let rb = nb * 144;
+    let (bsz, pb) = (block_bytes(HIGH), packed_block_bytes(HIGH));
+    let rb = nb * bsz;
     assert_eq!(out.len(), rb);
     let (g, lane) = (r / 16, r % 16);
     let group = &data[g * 16 * rb..(g + 1) * 16 * rb];
+    // (a vector of the layout at `v`: bytes `4·lane..` are the row's 4)
+    let dword = |o: &mut [u8], at: usize, b: &[u8], v: usize| {
+        o[at..at + 4].copy_from_slice(&b[v + 4 * lane..v + 4 * lane + 4]);
+    };
     for i in 0..nb {
-        let b = &group[PACKED_BLOCK * i..PACKED_BLOCK * (i + 1)];
-        let o = &mut out[144 * i..144 * (i + 1)];
+        let b = &group[pb * i..pb * (i + 1)];
+        let o = &mut out[bsz * i..bsz * (i + 1)];
         for k in 0..4 {
-            o[4 * k..4 * k + 4].copy_from_slice(&b[64 * k + 4 * lane..64 * k + 4 * lane + 4]);
+            dword(o, 4 * k, b, 64 * k);
+        }
+        if HIGH {
+            for gq in 0..8 {
+                for c in 0..4 {
+                    o[16 + 4 * gq + c] = (0..8)
+                        .map(|j| {
+                            let at = 256 + fifth_at(j / 2, gq) + 8 * (j % 2);
+                            let m = u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+                            (((m >> (4 * lane + c)) & 1) as u8) << j
+                        })
+                        .sum();
+                }
+            }
         }
         for s in 0..4 {
             for gq in 0..8 {
-                let v = 256 + 512 * s + 64 * gq + 4 * lane;
-                o[16 + 32 * s + 4 * gq..16 + 32 * s + 4 * gq + 4].copy_from_slice(&b[v..v + 4]);
+                let at = quants_at(HIGH) + 32 * s + 4 * gq;
+                dword(o, at, b, steps_at(HIGH) + 512 * s + 64 * gq);
             }
         }
     }
 }
 
-/// [`rows_q4_k`] over repacked rows for a panel of 1 to [`MAX_TOKENS`]
-/// tokens.
+/// [`rows_k45`] over repacked rows (Q4_K, or Q5_K: `HIGH`) for a panel of
+/// 1 to [`MAX_TOKENS`] tokens.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
-pub(super) unsafe fn tile_packed(w: &[u8], rb: usize, p: &ActPanel, out: &mut [&mut [f32]]) {
+pub(super) unsafe fn tile_packed<const HIGH: bool>(
+    w: &[u8],
+    rb: usize,
+    p: &ActPanel,
+    out: &mut [&mut [f32]],
+) {
     match p.nt {
-        1 if super::dots::one_token_prefetch() => rows_q4_k_1::<true>(w, rb, p, out[0]),
-        1 => rows_q4_k_1::<false>(w, rb, p, out[0]),
-        2 => rows_q4_k::<2>(w, rb, p, out),
-        3 => rows_q4_k::<3>(w, rb, p, out),
-        4 => rows_q4_k::<4>(w, rb, p, out),
-        5 => rows_q4_k::<5>(w, rb, p, out),
-        6 => rows_q4_k::<6>(w, rb, p, out),
-        7 => rows_q4_k::<7>(w, rb, p, out),
-        8 => rows_q4_k::<8>(w, rb, p, out),
-        9 => rows_q4_k::<9>(w, rb, p, out),
+        1 if super::dots::one_token_prefetch() => rows_k45_1::<true, HIGH>(w, rb, p, out[0]),
+        1 => rows_k45_1::<false, HIGH>(w, rb, p, out[0]),
+        2 => rows_k45::<2, HIGH>(w, rb, p, out),
+        3 => rows_k45::<3, HIGH>(w, rb, p, out),
+        4 => rows_k45::<4, HIGH>(w, rb, p, out),
+        5 => rows_k45::<5, HIGH>(w, rb, p, out),
+        6 => rows_k45::<6, HIGH>(w, rb, p, out),
+        7 => rows_k45::<7, HIGH>(w, rb, p, out),
+        8 => rows_k45::<8, HIGH>(w, rb, p, out),
+        9 => rows_k45::<9, HIGH>(w, rb, p, out),
         n => panic!("tile_packed: unsupported token count {n}"),
     }
 }
 
 /// For the integer GEMM's panels: block `i`'s 32-value sub-blocks of 16
-/// repacked rows starting at `g`: per sub-block `j`, `q[j]` the 8 vectors
-/// of nibbles (columns `4k..4k + 4` of the 16 rows), `a[j]` = `d·sc_j` and
-/// `b[j]` = `dmin·m_j` per row lane.
+/// repacked rows (Q4_K, or Q5_K: `HIGH`) starting at `g`: per sub-block
+/// `j`, `q[j]` the 8 vectors of values (columns `4k..4k + 4` of the 16
+/// rows; Q5_K's with their fifth bits), `a[j]` = `d·sc_j` and `b[j]` =
+/// `dmin·m_j` per row lane.
 ///
 /// # Safety
 /// AVX-512 available; `g` points at a group of a repacked matrix with more
 /// than `i` blocks.
 #[inline(always)]
-pub(in crate::matmul) unsafe fn packed_block(
+pub(in crate::matmul) unsafe fn packed_block<const HIGH: bool>(
     g: *const u8,
     i: usize,
 ) -> ([[__m512i; 8]; 8], [__m512; 8], [__m512; 8]) {
     let mut blk: Block = std::mem::zeroed();
-    unpack_packed(g.add(PACKED_BLOCK * i), &mut blk);
+    unpack_packed::<HIGH>(g.add(packed_block_bytes(HIGH) * i), &mut blk);
     (blk.w, blk.a, blk.b)
 }
 
@@ -494,13 +602,13 @@ mod tests {
         let mut ys = vec![vec![f32::NAN; rows]; nt];
         let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
         // SAFETY: AVX-512 checked by the caller.
-        unsafe { tile_packed(packed, rb, &p, &mut outs) };
+        unsafe { tile_packed::<false>(packed, rb, &p, &mut outs) };
         ys
     }
 
-    /// The one-token kernels of Q4_K and Q6_K give the same bits with and
-    /// without their prefetches (`one_token_prefetch` picks one per CPU;
-    /// this runs both wherever AVX-512 is).
+    /// The one-token kernels of Q4_K, Q5_K and Q6_K give the same bits with
+    /// and without their prefetches (`one_token_prefetch` picks one per
+    /// CPU; this runs both wherever AVX-512 is).
     #[test]
     fn one_token_kernels_same_bits_with_or_without_prefetch() {
         if detected_level() < SimdLevel::Avx512 {
@@ -510,17 +618,22 @@ mod tests {
         let mut rng = Rng::new(77);
         let x = rng.vec(cols);
         let xa = QuantAct::q8_k(&x, cols);
-        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
             let mut w = random_weights(&mut rng, ty, rows, cols);
             let rb = w.len() / rows;
             let (mut on, mut off) = (vec![0f32; rows], vec![1f32; rows]);
             // SAFETY: AVX-512 checked above; whole groups of 16 rows.
             unsafe {
                 if ty == GgmlType::Q4_K {
-                    repack(&mut w, rows, cols);
+                    repack::<false>(&mut w, rows, cols);
                     let p = panel(&xa, 0, 1);
-                    rows_q4_k_1::<true>(&w, rb, &p, &mut on);
-                    rows_q4_k_1::<false>(&w, rb, &p, &mut off);
+                    rows_k45_1::<true, false>(&w, rb, &p, &mut on);
+                    rows_k45_1::<false, false>(&w, rb, &p, &mut off);
+                } else if ty == GgmlType::Q5_K {
+                    repack::<true>(&mut w, rows, cols);
+                    let p = panel(&xa, 0, 1);
+                    rows_k45_1::<true, true>(&w, rb, &p, &mut on);
+                    rows_k45_1::<false, true>(&w, rb, &p, &mut off);
                 } else {
                     super::super::lanes_q6_k::repack(&mut w, rows, cols);
                     let p = super::super::lanes_q6_k::panel(&xa, 0, 1);
@@ -552,11 +665,11 @@ mod tests {
             let plain = random_weights(&mut rng, GgmlType::Q4_K, rows, cols);
             let rb = plain.len() / rows;
             let mut packed = plain.clone();
-            repack(&mut packed, rows, cols);
+            repack::<false>(&mut packed, rows, cols);
             assert_ne!(packed, plain);
             let mut row = vec![0u8; rb];
             for r in 0..rows {
-                unpack_row(&packed, cols, r, &mut row);
+                unpack_row::<false>(&packed, cols, r, &mut row);
                 assert_eq!(row, plain[r * rb..(r + 1) * rb], "row {r}");
             }
             let x = rng.vec(12 * cols);
@@ -667,5 +780,24 @@ mod tests {
         matmul(&pool, &wp, &x, &mut yp, 40);
         matmul(&pool, &wl, &x, &mut yl, 40);
         assert_eq!(yp, yl);
+    }
+
+    /// Q5_K: the checks of every rows-in-lanes format
+    /// (`lanes_check::check`).
+    #[test]
+    fn q5_k_rows_in_lanes() {
+        if detected_level() < SimdLevel::Avx512 {
+            return;
+        }
+        let f = super::super::lanes_check::Format {
+            ty: GgmlType::Q5_K,
+            repack: repack::<true>,
+            unpack_row: unpack_row::<true>,
+            quantize: QuantAct::q8_k,
+            act_block: 256,
+            panel,
+            tile: tile_packed::<true>,
+        };
+        super::super::lanes_check::check(&f, 768, 25);
     }
 }

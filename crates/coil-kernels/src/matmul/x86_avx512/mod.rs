@@ -4,7 +4,8 @@
 //! * `dots.rs` — one-token dot products (and 4 tokens per unpacked row)
 //!   and one-token rows, their shared SIMD pieces, decoding to f32;
 //! * `tiles.rs` — few-token tiles (up to 9 tokens per unpacked row);
-//! * `lanes.rs` (Q4_K, the repacked layout's plumbing and its products),
+//! * `lanes.rs` (Q4_K and Q5_K, the repacked layout's plumbing and their
+//!   products),
 //!   `lanes_q6_k.rs`, `lanes_q8_0.rs` — rows in the vector lanes of a
 //!   matrix repacked at load time ([`crate::matmul::weight::Layout::Lanes16`]);
 //! * `float_pairs.rs` — F16 / BF16 one-token rows in pairs;

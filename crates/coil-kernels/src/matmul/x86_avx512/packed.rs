@@ -1,13 +1,13 @@
 //! Products of a matrix repacked into the rows-in-lanes layout
 //! ([`crate::matmul::Layout::Lanes16`]): per token group the format's
-//! rows-in-lanes tile over groups of 16 rows (`lanes.rs`, `lanes_q6_k.rs`,
-//! `lanes_q8_0.rs`).
+//! rows-in-lanes tile over groups of 16 rows (`lanes.rs` for Q4_K and
+//! Q5_K, `lanes_q6_k.rs`, `lanes_q8_0.rs`).
 
 use super::lanes::{self, MAX_TOKENS};
 use super::{lanes_q6_k, lanes_q8_0};
 use crate::matmul::act::{ActPanel, QuantAct};
 
-/// `y = x · wᵀ` for a repacked Q4_K, Q6_K or Q8_0 matrix ([`lanes::repack`],
+/// `y = x · wᵀ` for a repacked Q4_K, Q5_K, Q6_K or Q8_0 matrix ([`lanes::repack`],
 /// [`lanes_q6_k::repack`], [`lanes_q8_0::repack`]), `n_tokens`
 /// tokens through the rows-in-lanes kernels (from the plan's `gemm_from`
 /// tokens on, outside batch-invariant mode, the caller takes the integer
@@ -65,7 +65,8 @@ pub(in crate::matmul) unsafe fn matmul_packed(
             match ty {
                 GgmlType::Q6_K => lanes_q6_k::tile_packed(wr, rb, p, &mut outs[..p.nt]),
                 GgmlType::Q8_0 => lanes_q8_0::tile_packed(wr, rb, p, &mut outs[..p.nt]),
-                _ => lanes::tile_packed(wr, rb, p, &mut outs[..p.nt]),
+                GgmlType::Q5_K => lanes::tile_packed::<true>(wr, rb, p, &mut outs[..p.nt]),
+                _ => lanes::tile_packed::<false>(wr, rb, p, &mut outs[..p.nt]),
             }
         }
     });
