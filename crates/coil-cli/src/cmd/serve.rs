@@ -60,8 +60,10 @@ pub struct Args {
     /// that every greedy output is bit for bit that of the same request
     /// sent alone, whatever the load, the prompt's chunking and the prefix
     /// cache, for every model. Without it that holds already for a model
-    /// whose every weight's GEMM gives each token its one-token bits (Q4_K,
-    /// Q6_K, Q8_0 at the AVX2 level) and, with Mamba-2 / Gated DeltaNet /
+    /// whose every weight's GEMM gives each token its one-token bits (Q8_0,
+    /// Q6_K, Q5_K_M, Q5_0, Q5_1, Q4_K_M, Q4_0, Q4_1, IQ4_NL files at the
+    /// AVX2 level; Q8_0, Q6_K, Q5_K_M, Q4_K_M at AVX-512 where the matrices
+    /// are rewritten into rows in lanes) and, with Mamba-2 / Gated DeltaNet /
     /// KDA layers, an f32 recurrent state (their chunked scans then have
     /// chunks at fixed positions of each sequence; the server says at start
     /// whether it does); for the others this makes prompts slower
