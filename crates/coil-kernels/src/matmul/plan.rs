@@ -160,9 +160,13 @@ use GgmlType::*;
 /// * AVX-512 integer GEMM from 12: the two-panel GEMM overtakes the dot
 ///   kernels early (4096 x 4096, 2 threads: Q4_K 16 tokens 0.91 ms against
 ///   1.79, 8 tokens even; Q8_0 16 tokens 1.75–2.04 against 2.51). Q4_1,
-///   Q5_0, Q5_1 have no AVX-512 few-token tiles (their AVX2 ones, 4 tokens
-///   a pass, serve 2–7 tokens and verifications): from 8, as for their f32
-///   GEMM.
+///   Q5_0, Q5_1 take their tiles further: the GEMM packs the whole matrix
+///   per call, the tiles (9 tokens a pass) read it once a pass (AMD Zen 5,
+///   4096 x 4096, 2 threads, `probe`, tiles / GEMM, ms, 2026-12-08: Q4_1
+///   12 tokens 1.08–1.21 / 1.25–1.57, 13 1.37–1.47 / 1.49, 14 1.50–1.53 /
+///   1.51, 16 1.75–1.79 / 1.37–1.41; Q5_1 14 tokens 1.75–1.77 / 2.27–2.32,
+///   16 2.16–2.34 / 2.40–2.45, 18 2.51 / 2.38; Q5_0 16 tokens 1.93 /
+///   2.14, 18 2.35 / 2.18): Q4_1 from 14, Q5_0 and Q5_1 from 17.
 /// * AVX2 integer GEMM from 12: it crossed the row-at-a-time dot kernels
 ///   at about 8 tokens (4096 x 4096, 1 thread; at 12 tokens Q8_0 6.5 ms
 ///   against 8.3, Q4_K 6.1 against 14.0). Without AVX-VNNI the
@@ -243,9 +247,9 @@ pub const FORMATS: &[Format] = &[
     format(Q8_0,   (32, 34),       Some(A32),  Some(9), Some(4), Batched, Some(12), g2(12, 12, 12),   24,   Repack::Yes),
     format(Q4_0,   (32, 18),       Some(A32),  Some(9), Some(4), Batched, Some(12), g2(12, 12, 12),   24,   Repack::No),
     format(IQ4_NL, (32, 18),       Some(A32),  Some(9), Some(4), Batched, Some(12), g2(12, 12, 12),   24,   Repack::No),
-    format(Q4_1,   (32, 20),       Some(A32),  None,    Some(4), Batched, Some(8),  g2(8, 8, 8),      8,    Repack::No),
-    format(Q5_0,   (32, 22),       Some(A32),  None,    Some(4), Batched, Some(8),  g2(8, 8, 8),      8,    Repack::No),
-    format(Q5_1,   (32, 24),       Some(A32),  None,    Some(4), Batched, Some(8),  g2(8, 8, 8),      8,    Repack::No),
+    format(Q4_1,   (32, 20),       Some(A32),  Some(9), Some(4), Batched, Some(14), g2(8, 8, 8),      8,    Repack::No),
+    format(Q5_0,   (32, 22),       Some(A32),  Some(9), Some(4), Batched, Some(17), g2(8, 8, 8),      8,    Repack::No),
+    format(Q5_1,   (32, 24),       Some(A32),  Some(9), Some(4), Batched, Some(17), g2(8, 8, 8),      8,    Repack::No),
     format(Q2_K,   (256, 84),      Some(A256), None,    None,    Rows,    Some(12), g2(12, 12, 12),   24,   Repack::No),
     format(Q3_K,   (256, 110),     Some(A256), None,    None,    Rows,    Some(12), g2(12, 12, 12),   24,   Repack::No),
     format(Q4_K,   (256, 144),     Some(A256), Some(9), Some(9), Lanes,   Some(12), g2(12, 12, 33),   24,   Repack::Yes),
@@ -855,7 +859,7 @@ pub fn describe(k: Kernel, ty: GgmlType, cols: usize, n_tokens: usize, single: b
 }
 
 /// The level whose dot kernel [`vec_kernel`] picks for `ty` at `level`
-/// (Q4_1 / Q5_0 / Q5_1 at AVX-512: the AVX2 ones).
+/// (the lattice, ternary and MXFP4 formats at AVX-512: the AVX2 ones).
 fn kernel_level(ty: GgmlType, level: SimdLevel, single: bool) -> SimdLevel {
     #[cfg(target_arch = "x86_64")]
     {

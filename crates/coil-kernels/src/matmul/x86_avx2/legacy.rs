@@ -78,12 +78,13 @@ unsafe fn block<const BYTES: usize, const OFFSET: bool, const FIFTH: bool, const
 /// (`d`, `m` then the bits) or Q5_0 (`d`, values − 16); `FIFTH`: a 32-bit
 /// word of fifth bits before the nibbles; `PF`: prefetch distance in bytes
 /// (0: none). Blocks go in pairs so both accumulators stay in registers.
+/// (The AVX-512 level's kernels finish a row's last `nb % 8` blocks here.)
 ///
 /// # Safety
 /// `row` holds `xd.len()` blocks, `xq` as many 32-value chunks and `xs` as
 /// many sums; AVX2, FMA and F16C are available.
 #[inline(always)]
-unsafe fn dot<const BYTES: usize, const OFFSET: bool, const FIFTH: bool, const PF: usize>(
+pub(in crate::matmul) unsafe fn dot<const BYTES: usize, const OFFSET: bool, const FIFTH: bool, const PF: usize>(
     row: *const u8,
     xq: &[i8],
     xd: &[f32],

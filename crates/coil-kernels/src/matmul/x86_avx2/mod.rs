@@ -68,7 +68,7 @@ pub(super) mod k23;
 pub(super) mod lanes;
 mod lanes_b32;
 mod lanes_q6_k;
-mod legacy;
+pub(super) mod legacy;
 mod tiles;
 
 /// The rows-in-lanes kernels of a 32-value format (`lanes_b32.rs`): its

@@ -106,8 +106,11 @@ pub(in crate::matmul) struct B32 {
     gidx: __m256i,
     /// The block of each half-block lane (see [`B32::spread`]).
     lane_blk: __m512i,
-    /// `−OFFSET` of the format.
+    /// `−OFFSET` of the format (the formats with a min: −1, see
+    /// [`B32::offset16`]).
     noff: i32,
+    /// Q5_0 / Q5_1: the fifth bit of a value.
+    bit4: __m512i,
 }
 
 /// The lanes of the half-block sums that hold a block's first half (and
@@ -130,7 +133,12 @@ impl B32 {
                 _mm256_set1_epi32(BYTES as i32),
             ),
             lane_blk: _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 1, 3, 5, 7, 1, 3, 5, 7),
-            noff: -(b32_offset(KIND) as i32),
+            noff: if b32_min(KIND) {
+                -1
+            } else {
+                -(b32_offset(KIND) as i32)
+            },
+            bit4: _mm512_set1_epi8(0x10),
         }
     }
 
@@ -143,7 +151,8 @@ impl B32 {
     }
 
     /// The offset term `−OFFSET · Σx` of 8 blocks (`xs8` their activation
-    /// sums) in the lanes of their first halves, 0 in the others.
+    /// sums) in the lanes of their first halves, 0 in the others (Q4_1,
+    /// Q5_1: `−Σx`, for [`B32::min_term`]).
     #[inline(always)]
     pub(in crate::matmul) unsafe fn offset16(&self, xs8: __m256i) -> __m512i {
         let o8 = _mm256_mullo_epi32(xs8, _mm256_set1_epi32(self.noff));
@@ -180,11 +189,28 @@ impl B32 {
         *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), s16, *acc);
     }
 
+    /// Q4_1 / Q5_1: `acc += Σx · m·xd` for one token and 8 blocks (each
+    /// block's `m·xd·Σxq` of `w = d·q + m`): `nxs` the blocks' `−Σx` in the
+    /// lanes of their first halves, 0 in the others ([`B32::offset16`]),
+    /// `mx16` their `m·xd` spread. The float step after [`B32::finish`],
+    /// the same in the one-token kernel and the tiles (`Σx` converts
+    /// exactly).
+    #[inline(always)]
+    pub(in crate::matmul) unsafe fn min_term(nxs: __m512i, mx16: __m512, acc: &mut __m512) {
+        *acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(nxs), mx16, *acc);
+    }
+
     /// The scales of the 8 blocks at `base`.
     #[inline(always)]
     pub(in crate::matmul) unsafe fn d8(&self, base: *const u8) -> __m256 {
         let dbits = _mm256_i32gather_epi32::<1>(base as *const i32, self.gidx);
         _mm256_cvtph_ps(_mm256_cvtepi32_epi16(dbits))
+    }
+
+    /// Q4_1 / Q5_1: the mins of the 8 blocks at `base`.
+    #[inline(always)]
+    pub(in crate::matmul) unsafe fn m8(&self, base: *const u8) -> __m256 {
+        self.d8(base.add(2))
     }
 
     /// Step `k` of the 8 blocks at `base`: blocks `2k`, `2k + 1` as 64
@@ -205,13 +231,21 @@ impl B32 {
             );
             _mm512_xor_si512(wv, self.x80)
         } else {
-            let q = _mm256_loadu2_m128i(b1.add(2) as *const __m128i, b0.add(2) as *const __m128i);
+            let qs = b32_qs(KIND);
+            let q = _mm256_loadu2_m128i(b1.add(qs) as *const __m128i, b0.add(qs) as *const __m128i);
             let lo = _mm256_and_si256(q, self.m4);
             let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), self.m4);
             let tt = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+            // values 0..32 of block 2k, then of block 2k + 1
             let nib = _mm512_shuffle_i64x2(tt, tt, 0b11_01_10_00);
             if KIND == 2 {
                 _mm512_shuffle_epi8(self.tbl, nib)
+            } else if b32_fifth(KIND) {
+                // bit v of a block's `qh` word: value v's fifth bit
+                let qh = if KIND == 5 { 4 } else { 2 };
+                let h0 = (b0.add(qh) as *const u32).read_unaligned() as u64;
+                let h1 = (b1.add(qh) as *const u32).read_unaligned() as u64;
+                _mm512_mask_add_epi8(nib, h0 | h1 << 32, nib, self.bit4)
             } else {
                 nib
             }
@@ -237,30 +271,55 @@ pub(in crate::matmul) unsafe fn transpose4(v: [__m512i; 4]) -> [__m512i; 4] {
     ]
 }
 
-/// The weight offset of a 32-value block format (`KIND` as in [`dot_b32`]).
+/// The weight offset of a 32-value block format (`KIND` as in [`dot_b32`]):
+/// `w = d · (u − OFFSET)` with `u` unsigned, 0 for the formats with a min.
 pub(in crate::matmul) const fn b32_offset(kind: u8) -> f32 {
-    if kind == 1 {
-        8.0
-    } else {
-        128.0
+    match kind {
+        1 => 8.0,
+        3 => 16.0,
+        4 | 5 => 0.0,
+        _ => 128.0,
     }
 }
 
-/// Shared body of the 32-value block formats (Q8_0, Q4_0, IQ4_NL) against
-/// Q8_0-style activations of `NT` tokens, 8 blocks per step.
+/// Where a 32-value block's values start: after `d` (Q4_1, Q5_1: and the
+/// min `m`; Q5_0, Q5_1: and the 32 fifth bits).
+pub(in crate::matmul) const fn b32_qs(kind: u8) -> usize {
+    match kind {
+        3 => 6,
+        4 => 4,
+        5 => 8,
+        _ => 2,
+    }
+}
+
+/// Q5_0 / Q5_1: 5-bit values, their fifth bits in a word of their own.
+pub(in crate::matmul) const fn b32_fifth(kind: u8) -> bool {
+    kind == 3 || kind == 5
+}
+
+/// Q4_1 / Q5_1: `w = d · u + m`, a min `m` per block.
+pub(in crate::matmul) const fn b32_min(kind: u8) -> bool {
+    kind == 4 || kind == 5
+}
+
+/// Shared body of the 32-value block formats (`KIND` 0 Q8_0, 1 Q4_0,
+/// 2 IQ4_NL, 3 Q5_0, 4 Q4_1, 5 Q5_1) against Q8_0-style activations of
+/// `NT` tokens, 8 blocks per step.
 ///
 /// Weight values are made unsigned (`u = w + OFFSET`) for `vpdpbusd`; the
 /// offset is removed with the activation block sums:
-/// `sum (u - OFFSET)·x = dot(u, x) - OFFSET·sum(x)`. The 8 block scales are
-/// fetched with one gather and converted together. Weights are unpacked
-/// once for all `NT` tokens.
+/// `sum (u - OFFSET)·x = dot(u, x) - OFFSET·sum(x)`. Q4_1 and Q5_1 (`w =
+/// d·u + m`) add `m·xd·Σx` per block instead ([`B32::min_term`]). The 8
+/// block scales (and mins) are fetched with one gather and converted
+/// together. Weights are unpacked once for all `NT` tokens.
 ///
-/// Per token two accumulators of 16 lanes: per 8 blocks the first takes
-/// the offset term (`s·(−OFFSET)·Σx` of the 8 blocks in lanes 0..8,
-/// `s = d·xd`; the scaling by a power of two is exact) and steps 0 and 2,
-/// the second steps 1 and 3 (`s·dot` per block; two chains, as one token's
-/// latency bounds it when the weights are in cache). The few-token tiles
-/// (`tiles::rows_b32`) repeat these operations exactly, token by token.
+/// Per token one accumulator of 16 half-block lanes: per 8 blocks their
+/// exact integer dots with the offset term ([`B32::halves`],
+/// [`B32::offset16`]), one conversion and FMA ([`B32::finish`]), and for
+/// the formats with a min a second FMA ([`B32::min_term`]). The few-token
+/// tiles (`tiles::rows_b32`) repeat these float operations exactly, token
+/// by token.
 #[inline(always)]
 pub(in crate::matmul) unsafe fn dot_b32<
     const BYTES: usize,
@@ -271,7 +330,6 @@ pub(in crate::matmul) unsafe fn dot_b32<
     row: &[u8],
     xa: [Act; NT],
 ) -> [f32; NT] {
-    // KIND: 0 = Q8_0 (offset 128 via xor), 1 = Q4_0 (nibbles, offset 8), 2 = IQ4_NL (table + 128)
     let nb = xa[0].1.len();
     let w = row.as_ptr();
     let c = B32::new::<BYTES, KIND>();
@@ -281,6 +339,7 @@ pub(in crate::matmul) unsafe fn dot_b32<
         let base = w.add(BYTES * i);
         prefetch_ahead::<PF>(base, 8 * BYTES);
         let d8 = c.d8(base);
+        let m8 = if b32_min(KIND) { c.m8(base) } else { d8 };
         let wu: [__m512i; 4] = std::array::from_fn(|k| c.step::<BYTES, KIND>(base, k));
         for t in 0..NT {
             let (q, xd, xs) = xa[t];
@@ -289,9 +348,15 @@ pub(in crate::matmul) unsafe fn dot_b32<
                 _mm512_dpbusd_epi32(_mm512_setzero_si512(), wu[k], xv)
             });
             let xs8 = _mm256_cvtepi16_epi32(_mm_loadu_si128(xs.as_ptr().add(i) as *const __m128i));
-            let sums = _mm512_add_epi32(B32::halves(d), c.offset16(xs8));
-            let s16 = c.spread(_mm256_mul_ps(d8, _mm256_loadu_ps(xd.as_ptr().add(i))));
-            B32::finish(sums, s16, &mut acc[t]);
+            let xd8 = _mm256_loadu_ps(xd.as_ptr().add(i));
+            let s16 = c.spread(_mm256_mul_ps(d8, xd8));
+            if b32_min(KIND) {
+                B32::finish(B32::halves(d), s16, &mut acc[t]);
+                B32::min_term(c.offset16(xs8), c.spread(_mm256_mul_ps(m8, xd8)), &mut acc[t]);
+            } else {
+                let sums = _mm512_add_epi32(B32::halves(d), c.offset16(xs8));
+                B32::finish(sums, s16, &mut acc[t]);
+            }
         }
         i += 8;
     }
@@ -304,12 +369,14 @@ pub(in crate::matmul) unsafe fn dot_b32<
             // values: a small MoE's expert projections) with AVX2's dot
             let (q, d, xs) = (&q[32 * i..], &d[i..], &xs[i..]);
             debug_assert!(row.len() >= BYTES * nb && q.len() >= 32 * d.len());
-            out[t] += crate::matmul::x86_avx2::dots::dot_b32::<BYTES, KIND, 0>(
-                w.add(BYTES * i),
-                q,
-                d,
-                xs,
-            );
+            let wt = w.add(BYTES * i);
+            use crate::matmul::x86_avx2::legacy::dot as legacy;
+            out[t] += match KIND {
+                3 => legacy::<BYTES, false, true, 0>(wt, q, d, xs),
+                4 => legacy::<BYTES, true, false, 0>(wt, q, d, xs),
+                5 => legacy::<BYTES, true, true, 0>(wt, q, d, xs),
+                _ => crate::matmul::x86_avx2::dots::dot_b32::<BYTES, KIND, 0>(wt, q, d, xs),
+            };
         }
     }
     out
@@ -668,6 +735,9 @@ macro_rules! rows_stream {
 rows_stream!(rows_q8_0, dot_b32, 34, 0);
 rows_stream!(rows_q4_0, dot_b32, 18, 1);
 rows_stream!(rows_iq4_nl, dot_b32, 18, 2);
+rows_stream!(rows_q5_0, dot_b32, 22, 3);
+rows_stream!(rows_q4_1, dot_b32, 20, 4);
+rows_stream!(rows_q5_1, dot_b32, 24, 5);
 rows_stream!(rows_q4_k, dot_k45, false);
 rows_stream!(rows_q5_k, dot_k45, true);
 rows_stream!(rows_q6_k, dot_q6k);
@@ -748,6 +818,9 @@ pub(in crate::matmul) unsafe fn prefetch_part<const PF: usize>(
 entries!(dot_q8_0, dot4_q8_0, dot_b32, 34, 0, 0);
 entries!(dot_q4_0, dot4_q4_0, dot_b32, 18, 1, 0);
 entries!(dot_iq4_nl, dot4_iq4_nl, dot_b32, 18, 2, 0);
+entries!(dot_q5_0, dot4_q5_0, dot_b32, 22, 3, 0);
+entries!(dot_q4_1, dot4_q4_1, dot_b32, 20, 4, 0);
+entries!(dot_q5_1, dot4_q5_1, dot_b32, 24, 5, 0);
 entries!(dot_q4_k, dot4_q4_k, dot_k45, false, 0);
 entries!(dot_q5_k, dot4_q5_k, dot_k45, true, 0);
 entries!(dot_q6_k, dot4_q6_k, dot_q6k, 0);

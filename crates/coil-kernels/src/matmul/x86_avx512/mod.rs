@@ -59,6 +59,9 @@ pub(super) fn vec_kernel(ty: GgmlType) -> Option<VecKernel> {
         GgmlType::Q8_0 => quant!(Q8_0, dot_q8_0, dot4_q8_0),
         GgmlType::Q4_0 => quant!(Q8_0, dot_q4_0, dot4_q4_0),
         GgmlType::IQ4_NL => quant!(Q8_0, dot_iq4_nl, dot4_iq4_nl),
+        GgmlType::Q5_0 => quant!(Q8_0, dot_q5_0, dot4_q5_0),
+        GgmlType::Q4_1 => quant!(Q8_0, dot_q4_1, dot4_q4_1),
+        GgmlType::Q5_1 => quant!(Q8_0, dot_q5_1, dot4_q5_1),
         GgmlType::Q4_K => quant!(Q8K, dot_q4_k, dot4_q4_k),
         GgmlType::Q5_K => quant!(Q8K, dot_q5_k, dot4_q5_k),
         GgmlType::Q6_K => quant!(Q8K, dot_q6_k, dot4_q6_k),
@@ -75,6 +78,9 @@ pub(super) fn rows_kernel(ty: GgmlType) -> Option<QuantRows> {
         GgmlType::Q8_0 => |w, rb, q, d, s, o| unsafe { rows_q8_0(w, rb, q, d, s, o) },
         GgmlType::Q4_0 => |w, rb, q, d, s, o| unsafe { rows_q4_0(w, rb, q, d, s, o) },
         GgmlType::IQ4_NL => |w, rb, q, d, s, o| unsafe { rows_iq4_nl(w, rb, q, d, s, o) },
+        GgmlType::Q5_0 => |w, rb, q, d, s, o| unsafe { rows_q5_0(w, rb, q, d, s, o) },
+        GgmlType::Q4_1 => |w, rb, q, d, s, o| unsafe { rows_q4_1(w, rb, q, d, s, o) },
+        GgmlType::Q5_1 => |w, rb, q, d, s, o| unsafe { rows_q5_1(w, rb, q, d, s, o) },
         GgmlType::Q4_K => |w, rb, q, d, s, o| unsafe { rows_q4_k(w, rb, q, d, s, o) },
         GgmlType::Q5_K => |w, rb, q, d, s, o| unsafe { rows_q5_k(w, rb, q, d, s, o) },
         GgmlType::Q6_K => |w, rb, q, d, s, o| unsafe { rows_q6_k(w, rb, q, d, s, o) },
@@ -96,11 +102,14 @@ pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileKernel> {
         GgmlType::Q8_0 => |w, rb, a, o| unsafe { tiles::tile_q8_0(w, rb, a, o) },
         GgmlType::Q4_0 => |w, rb, a, o| unsafe { tiles::tile_q4_0(w, rb, a, o) },
         GgmlType::IQ4_NL => |w, rb, a, o| unsafe { tiles::tile_iq4_nl(w, rb, a, o) },
+        GgmlType::Q5_0 => |w, rb, a, o| unsafe { tiles::tile_q5_0(w, rb, a, o) },
+        GgmlType::Q4_1 => |w, rb, a, o| unsafe { tiles::tile_q4_1(w, rb, a, o) },
+        GgmlType::Q5_1 => |w, rb, a, o| unsafe { tiles::tile_q5_1(w, rb, a, o) },
         _ => return None,
     };
     // the 32-value formats' tiles take whole groups of 8 blocks (the dot
     // kernels finish a row's last nb % 8 blocks at AVX2)
-    let b32 = matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL);
+    let b32 = ty.block_size() == 32;
     Some(TileKernel {
         f,
         max_tokens: tiles::MAX_TOKENS,

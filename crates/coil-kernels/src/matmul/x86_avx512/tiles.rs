@@ -1,5 +1,5 @@
 //! AVX-512 (VNNI) integer dot products of a range of K-quant or 32-value
-//! block (Q8_0, Q4_0, IQ4_NL) weight rows with up to [`MAX_TOKENS`] tokens
+//! block (Q8_0, Q4_0, IQ4_NL, Q5_0, Q4_1, Q5_1) weight rows with up to [`MAX_TOKENS`] tokens
 //! at once (batched decode of several sequences, speculative
 //! verification): each row's 256 values are fetched and unpacked once
 //! (nibbles, high bits, scales) and multiplied with every token's
@@ -24,8 +24,8 @@
 use super::super::act::{ActPanel, QuantAct, PANEL_LANES};
 use super::super::x86_avx2::dots::{f16c, PF_STREAM};
 use super::dots::{
-    hsum256, k45_pair_idx, k45_step, k4_scales_mins, pair_dot, prefetch_ahead, q6k_half,
-    q6k_offset, q6k_pair_idx, rd16, transpose4, B32,
+    b32_min, hsum256, k45_pair_idx, k45_step, k4_scales_mins, pair_dot, prefetch_ahead,
+    q6k_half, q6k_offset, q6k_pair_idx, rd16, transpose4, B32,
 };
 use std::arch::x86_64::*;
 
@@ -192,14 +192,15 @@ unsafe fn rows_q6_k<const NT: usize>(w: &[u8], rb: usize, p: &ActPanel, out: &mu
 /// 23.0–23.9 at 4 KB, 22.2–24.7 at 8 KB).
 const PF_B32: usize = 4096;
 
-/// Q8_0 / Q4_0 / IQ4_NL (`KIND` 0 / 1 / 2, blocks of `BYTES`), as
+/// The 32-value formats (`KIND` as `dot_b32`'s, blocks of `BYTES`), as
 /// `dot_b32`, for `NT` tokens; rows of a multiple of 256 values. Per group
 /// of 8 blocks the weights' 4 steps are unpacked and transposed once
 /// ([`transpose4`]) for all the tokens, so each token's exact half-block
 /// dots come out of 4 `vpdpbusd` on its activations transposed the same way
 /// in the panel ([`panel_b32`]), starting from its offset terms; then one
-/// conversion and FMA per token ([`B32::finish`]), as `dot_b32` does with
-/// the sums it adds up from its natural-order products.
+/// conversion and FMA per token ([`B32::finish`]; Q4_1, Q5_1: then
+/// [`B32::min_term`]), as `dot_b32` does with the sums it adds up from its
+/// natural-order products.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")]
 #[inline]
 unsafe fn rows_b32<const BYTES: usize, const KIND: u8, const NT: usize>(
@@ -226,20 +227,29 @@ unsafe fn rows_b32<const BYTES: usize, const KIND: u8, const NT: usize>(
             let base = row.add(BYTES * 8 * g);
             prefetch_ahead::<PF_B32>(base, 8 * BYTES);
             let d16 = c.spread(c.d8(base));
+            let m16 = if b32_min(KIND) { c.spread(c.m8(base)) } else { d16 };
             let mut wt = transpose4(std::array::from_fn(|k| c.step::<BYTES, KIND>(base, k)));
             pin!(wt[0], wt[1], wt[2], wt[3]);
             for (t, acc) in acc.iter_mut().enumerate() {
-                // −128·Σx in the panel; Q4_0's offset is 8 (exact: Σx·128 / 16)
-                let mut sums = _mm512_loadu_si512(ho.add((t * ng + g) * 16) as *const _);
-                if KIND == 1 {
-                    sums = _mm512_srai_epi32::<4>(sums);
-                }
+                // −128·Σx in the panel: Q4_0's offset is 8, Q5_0's 16 and
+                // the mins' term takes −Σx (exact: Σx·128 / 16, / 8, / 128)
+                let off = _mm512_loadu_si512(ho.add((t * ng + g) * 16) as *const _);
+                let mut sums = match KIND {
+                    1 => _mm512_srai_epi32::<4>(off),
+                    3 => _mm512_srai_epi32::<3>(off),
+                    4 | 5 => _mm512_setzero_si512(),
+                    _ => off,
+                };
                 for (cc, wc) in wt.iter().enumerate() {
                     let xv = _mm512_loadu_si512(hq.add(((g * 4 + cc) * NT + t) * 64) as *const _);
                     sums = _mm512_dpbusd_epi32(sums, *wc, xv);
                 }
-                let s16 = _mm512_mul_ps(d16, _mm512_loadu_ps(hx.add((t * ng + g) * 16)));
-                B32::finish(sums, s16, acc);
+                let xd16 = _mm512_loadu_ps(hx.add((t * ng + g) * 16));
+                B32::finish(sums, _mm512_mul_ps(d16, xd16), acc);
+                if b32_min(KIND) {
+                    let nxs = _mm512_srai_epi32::<7>(off);
+                    B32::min_term(nxs, _mm512_mul_ps(m16, xd16), acc);
+                }
             }
         }
         for (t, acc) in acc.iter().enumerate() {
@@ -336,6 +346,9 @@ tile_entry!(tile_q6_k, rows_q6_k);
 tile_entry!(tile_q8_0, rows_b32, 34, 0);
 tile_entry!(tile_q4_0, rows_b32, 18, 1);
 tile_entry!(tile_iq4_nl, rows_b32, 18, 2);
+tile_entry!(tile_q5_0, rows_b32, 22, 3);
+tile_entry!(tile_q4_1, rows_b32, 20, 4);
+tile_entry!(tile_q5_1, rows_b32, 24, 5);
 
 #[cfg(test)]
 mod tests {
@@ -360,9 +373,12 @@ mod tests {
             (GgmlType::Q8_0, 512),
             (GgmlType::Q4_0, 768),
             (GgmlType::IQ4_NL, 256),
+            (GgmlType::Q5_0, 512),
+            (GgmlType::Q4_1, 768),
+            (GgmlType::Q5_1, 256),
         ] {
-            let (block, group) = match ty {
-                GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL => (32, 32),
+            let (block, group) = match ty.block_size() {
+                32 => (32, 32),
                 _ => (256, 16),
             };
             for rows in [1, 5, 13] {
