@@ -611,8 +611,8 @@ pub(crate) fn avx2_lanes(ty: GgmlType, single_stream: bool) -> bool {
 }
 
 /// [`avx2_lanes`] for the AVX2 kernels of a product at `level`: at the
-/// AVX2 level only (where the AVX-512 level takes AVX2 dots — Q4_1, Q5_0,
-/// Q5_1 — they stay row at a time).
+/// AVX2 level only (where the AVX-512 level takes AVX2 dots — the
+/// lattice, ternary and MXFP4 formats — they stay row at a time).
 fn avx2_lanes_at(ty: GgmlType, level: SimdLevel, single_stream: bool) -> bool {
     level == SimdLevel::Avx2 && avx2_lanes(ty, single_stream)
 }

@@ -84,7 +84,12 @@ unsafe fn block<const BYTES: usize, const OFFSET: bool, const FIFTH: bool, const
 /// `row` holds `xd.len()` blocks, `xq` as many 32-value chunks and `xs` as
 /// many sums; AVX2, FMA and F16C are available.
 #[inline(always)]
-pub(in crate::matmul) unsafe fn dot<const BYTES: usize, const OFFSET: bool, const FIFTH: bool, const PF: usize>(
+pub(in crate::matmul) unsafe fn dot<
+    const BYTES: usize,
+    const OFFSET: bool,
+    const FIFTH: bool,
+    const PF: usize,
+>(
     row: *const u8,
     xq: &[i8],
     xd: &[f32],

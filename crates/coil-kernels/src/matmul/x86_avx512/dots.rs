@@ -352,7 +352,11 @@ pub(in crate::matmul) unsafe fn dot_b32<
             let s16 = c.spread(_mm256_mul_ps(d8, xd8));
             if b32_min(KIND) {
                 B32::finish(B32::halves(d), s16, &mut acc[t]);
-                B32::min_term(c.offset16(xs8), c.spread(_mm256_mul_ps(m8, xd8)), &mut acc[t]);
+                B32::min_term(
+                    c.offset16(xs8),
+                    c.spread(_mm256_mul_ps(m8, xd8)),
+                    &mut acc[t],
+                );
             } else {
                 let sums = _mm512_add_epi32(B32::halves(d), c.offset16(xs8));
                 B32::finish(sums, s16, &mut acc[t]);

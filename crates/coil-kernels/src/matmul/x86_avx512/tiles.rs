@@ -24,8 +24,8 @@
 use super::super::act::{ActPanel, QuantAct, PANEL_LANES};
 use super::super::x86_avx2::dots::{f16c, PF_STREAM};
 use super::dots::{
-    b32_min, hsum256, k45_pair_idx, k45_step, k4_scales_mins, pair_dot, prefetch_ahead,
-    q6k_half, q6k_offset, q6k_pair_idx, rd16, transpose4, B32,
+    b32_min, hsum256, k45_pair_idx, k45_step, k4_scales_mins, pair_dot, prefetch_ahead, q6k_half,
+    q6k_offset, q6k_pair_idx, rd16, transpose4, B32,
 };
 use std::arch::x86_64::*;
 
@@ -227,7 +227,11 @@ unsafe fn rows_b32<const BYTES: usize, const KIND: u8, const NT: usize>(
             let base = row.add(BYTES * 8 * g);
             prefetch_ahead::<PF_B32>(base, 8 * BYTES);
             let d16 = c.spread(c.d8(base));
-            let m16 = if b32_min(KIND) { c.spread(c.m8(base)) } else { d16 };
+            let m16 = if b32_min(KIND) {
+                c.spread(c.m8(base))
+            } else {
+                d16
+            };
             let mut wt = transpose4(std::array::from_fn(|k| c.step::<BYTES, KIND>(base, k)));
             pin!(wt[0], wt[1], wt[2], wt[3]);
             for (t, acc) in acc.iter_mut().enumerate() {
