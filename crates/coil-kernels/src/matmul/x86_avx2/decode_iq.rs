@@ -28,7 +28,7 @@ use coil_gguf::GgmlType;
 use std::arch::x86_64::*;
 
 /// Whether [`decode_row`] decodes `ty`.
-pub(super) fn supported(ty: GgmlType) -> bool {
+pub(in crate::matmul) fn supported(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,

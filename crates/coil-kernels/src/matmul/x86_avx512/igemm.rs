@@ -56,28 +56,8 @@ pub fn supported(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        Q8_0 | Q4_0
-            | Q4_1
-            | Q5_0
-            | Q5_1
-            | IQ4_NL
-            | Q4_K
-            | Q5_K
-            | IQ4_XS
-            | Q6_K
-            | Q3_K
-            | Q2_K
-            | IQ2_XXS
-            | IQ2_XS
-            | IQ2_S
-            | IQ3_XXS
-            | IQ3_S
-            | IQ1_S
-            | IQ1_M
-            | TQ1_0
-            | TQ2_0
-            | MXFP4
-    )
+        Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | IQ4_NL | Q4_K | Q5_K | IQ4_XS | Q6_K | Q3_K | Q2_K
+    ) || crate::matmul::x86_avx2::decode_iq::supported(ty)
 }
 
 /// Values per scale: 16 for Q6_K, Q3_K, Q2_K, IQ2_XS, IQ2_S and IQ1_M, 32
