@@ -6,8 +6,9 @@
    output must equal the same request's output when it ran alone (taken
    first, one at a time), and no request may fail: else the script exits
    with an error. (The server's default numerics are batch-invariant for the
-   demo model; for a model whose formats they do not cover, pass
-   --serve-arg=--batch-invariant: docs/NUMERICS.md.) One request in
+   demo model at the AVX2 level; for a model or level they do not cover (the
+   demo model at AVX-512), pass --serve-arg=--batch-invariant:
+   docs/NUMERICS.md.) One request in
    --kill-every is a client that hangs up after a few chunks: afterwards
    the server must hold no request (running 0, waiting 0) and count them
    cancelled.
